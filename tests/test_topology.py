@@ -1,0 +1,406 @@
+"""Tests of tuna_lab.topology: presets, distances, hwloc agreement, sysfs, bad inputs."""
+
+import io
+import itertools
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from strategies import relabelled, synthetic_specs, topologies
+from tuna_lab.errors import TopologyError
+from tuna_lab.topology import DEFAULT_COSTS, PRESETS, Topology
+
+DATA = Path(__file__).parent / "data"
+LSTOPO = shutil.which("lstopo")
+needs_lstopo = pytest.mark.skipif(LSTOPO is None, reason="lstopo (hwloc) is not on PATH")
+
+
+def lstopo_xml(*args):
+    """XML text exported by lstopo (synthetic input or this machine)."""
+    return subprocess.run([LSTOPO, *args, "--of", "xml", "-"], check=True,
+                          capture_output=True, text=True, timeout=30).stdout
+
+
+def assert_same_machine(a, b):
+    assert a.cpus == b.cpus
+    for attr in ("core", "package", "numa"):
+        np.testing.assert_array_equal(getattr(a, attr), getattr(b, attr), err_msg=attr)
+    assert a.caches.keys() == b.caches.keys()
+    for level in a.caches:
+        np.testing.assert_array_equal(a.caches[level], b.caches[level], err_msg=level)
+    np.testing.assert_array_equal(a.distance(), b.distance())
+
+
+# ------------------------------------------------------------------ presets
+@pytest.mark.parametrize("name, C, P, packages, l3, numa", [
+    ("xeon-8272cl", 32, 16, 1, 1, 1),
+    ("xeon-8260-2s", 96, 48, 2, 2, 2),
+    ("epyc-7313p", 32, 16, 1, 4, 1),
+    ("epyc-9654", 192, 96, 1, 12, 1),
+    ("epyc-9654-2s", 384, 192, 2, 24, 2),
+])
+def test_preset_sizes(name, C, P, packages, l3, numa):
+    topo = Topology.preset(name)
+    assert name in PRESETS and topo.name == name
+    assert (topo.n_logical, topo.n_physical, topo.threads_per_core) == (C, P, 2)
+    assert topo.cpus == tuple(range(C))
+    assert topo.package.max() + 1 == packages
+    assert topo.caches["L3"].max() + 1 == l3
+    assert topo.numa.max() + 1 == numa
+    # Linux SMT numbering: physical core x owns logical cores x and x + P.
+    assert topo.siblings() == [(x, x + P) for x in range(P)]
+    assert repr(topo) == f"Topology({name!r}, C={C}, P={P}, packages={packages}, L3 domains={l3})"
+
+
+def test_preset_distances():
+    d = Topology.preset("xeon-8272cl").distance()
+    assert d.shape == (32, 32) and d.dtype == float
+    np.testing.assert_array_equal(np.diag(d), 1)
+    assert d[0, 16] == d[16, 0] == 4  # SMT siblings share L1
+    assert d[0, 1] == d[3, 30] == 50  # everything else shares the L3
+    np.testing.assert_array_equal(d, d.T)
+
+    d = Topology.preset("xeon-8260-2s").distance()
+    assert d[5, 53] == 4 and d[0, 23] == 50
+    assert d[0, 24] == d[0, 72] == d[47, 48] == 200  # across sockets
+
+    d = Topology.preset("epyc-9654").distance()
+    assert d[0, 7] == 50 and d[0, 8] == 200 and d[8, 104] == 4  # CCD = 8 cores
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_structure(name):
+    topo = Topology.preset(name)
+    d = topo.distance()
+    np.testing.assert_array_equal(d, d.T)
+    assert topo.is_ultrametric()
+    costs = [cost for cost, _ in topo.levels()]
+    assert costs == [4, 50]  # L1 = L2 = physical core, merged at the cheaper cost
+    g = topo.graph()
+    assert nx.is_tree(g) and g.nodes[("machine", 0)]["cpus"] == topo.cpus
+    assert {n for n in g if g.out_degree(n) == 0} == {("pu", c) for c in topo.cpus}
+    assert g.nodes[("core", 3)] == {"kind": "core", "index": 3,
+                                    "cpus": (3, 3 + topo.n_physical)}
+
+
+def test_unknown_preset_lists_names():
+    with pytest.raises(TopologyError, match="xeon-8272cl") as info:
+        Topology.preset("xeon-9999")
+    assert "\n" not in str(info.value)
+
+
+# -------------------------------------------------------------------- costs
+def test_costs_parameter():
+    topo = Topology.preset("epyc-7313p")
+    d = topo.distance({"L3": 60, "none": 500})
+    assert d[0, 1] == 60 and d[0, 4] == 500 and d[0, 16] == 4
+    custom = Topology.preset("epyc-7313p")
+    custom = Topology(custom.name, custom.cpus, custom.core, custom.package, custom.numa,
+                      custom.caches, costs={"L1": 2})
+    assert custom.costs == {**DEFAULT_COSTS, "L1": 2}
+    assert custom.distance()[0, 16] == 2
+    assert custom.distance({"L1": 3})[0, 16] == 3
+    assert [cost for cost, _ in topo.levels({"L3": 60})] == [4, 60]
+
+
+@pytest.mark.parametrize("costs", [
+    {"L1": -4}, {"L2": 0}, {"L3": "50"}, {"L3": float("nan")}, {"L1": True},
+    {"L2": 60},                # L2 > L3
+    {"none": 100},             # none < L4
+    {"same": 5},               # diagonal above L1
+    {"L5": 300},               # unknown level
+])
+def test_bad_costs(costs):
+    topo = Topology.synthetic("pack:2 l3:1 core:2 pu:2")
+    with pytest.raises(TopologyError):
+        topo.distance(costs)
+    with pytest.raises(TopologyError):
+        Topology("x", topo.cpus, topo.core, topo.package, topo.numa, topo.caches, costs)
+
+
+def test_levels_merge_and_nesting():
+    # L2 per L3 domain: identical partitions merge at the cheaper (L2) cost.
+    topo = Topology.synthetic("l3:2 l2:1 core:2 pu:2")
+    [(cost, labels)] = topo.levels()
+    assert cost == 10 and labels.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    # Equal costs merge to the coarser partition; L4 costs as much as "none" by default.
+    topo = Topology.synthetic("l4:2 l3:2 l2:2 core:1 pu:2")
+    assert [c for c, _ in topo.levels()] == [10, 50]
+    assert [c for c, _ in topo.levels({"L2": 50})] == [50]
+    assert [c for c, _ in topo.levels({"L4": 100})] == [10, 50, 100]
+
+    crossed = Topology("crossed", (0, 1, 2, 3), [0, 1, 2, 3], [0] * 4, [0] * 4,
+                       {"L2": [0, 0, 1, 1], "L3": [0, 1, 1, 2]})
+    with pytest.raises(TopologyError, match="not nested"):
+        crossed.levels()
+    assert not crossed.is_ultrametric()
+
+
+# -------------------------------------------------------------- synthetic
+@pytest.mark.parametrize("spec, C, P, packages", [
+    ("pack:2 l3:2 core:2 pu:2", 16, 8, 2),
+    ("numa:2 core:3 pu:1", 6, 6, 1),
+    ("package:1 l2:4 core:1 pu:2", 8, 4, 1),
+    ("core:4 pu:2", 8, 4, 1),
+    ("pack:2 pu:2", 4, 4, 2),  # no core level: each PU is its own core
+    ("Socket:2 NODE:1 L3Cache:1(size=32MB) l1d:2 core:1 pu:1", 4, 4, 2),
+    ("pack:1 l1i:2 core:1 pu:2", 4, 2, 1),  # instruction caches are ignored
+])
+def test_synthetic_shapes(spec, C, P, packages):
+    topo = Topology.synthetic(spec)
+    assert (topo.n_logical, topo.n_physical, topo.package.max() + 1) == (C, P, packages)
+    assert topo.name == f"synthetic:{spec}"
+    assert "L1i" not in topo.caches
+
+
+def test_synthetic_labels():
+    topo = Topology.synthetic("pack:2 l3:2 core:2 pu:2")
+    assert topo.caches["L3"].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]
+    assert topo.siblings()[:2] == [(0, 1), (2, 3)]
+    assert Topology.synthetic("numa:2 core:3 pu:1").numa.tolist() == [0, 0, 0, 1, 1, 1]
+    # An explicit PU index list renames the OS ids as hwloc does.
+    topo = Topology.synthetic("core:2 pu:2(indexes=0,2,1,3)")
+    assert topo.siblings() == [(0, 2), (1, 3)]
+
+
+@pytest.mark.parametrize("spec", [
+    "", "   ", "pack:2 core:2", "core:2", "pack:0 pu:1", "pack:-1 pu:2", "pack:2x pu:1",
+    "pack:2 core:2 pu:2 junk", "die:2 pu:1", "pack:2 core:2 pu:2 pu:1", "pack 2 pu 2",
+    "l2:2 l3:2 pu:1", "core:2 pack:2 pu:1", "pack:2 pu:2 (size=1)", "pack:1000 core:1000 pu:1000",
+    "core:2 pu:2(indexes=0,1,2)", "core:2 pu:2(indexes=pu:core)",
+])
+def test_bad_synthetic(spec):
+    with pytest.raises(TopologyError) as info:
+        Topology.synthetic(spec)
+    assert str(info.value) and "\n" not in str(info.value)
+
+
+@needs_lstopo
+@pytest.mark.parametrize("spec", [
+    "pack:2 l3:2 core:2 pu:2", "numa:2 core:3 pu:1", "pack:1 l3:2 l2:2 core:1 pu:2", "core:4 pu:2",
+    "pack:2 numa:2 l3:1 l2:2 l1:1 core:1 pu:2", "pack:2 l3:1 numa:2 core:2 pu:1", "pack:2 pu:2",
+    "l4:2 l3:2 core:1 pu:1", "pack:1 l3:2 core:2 pu:2(indexes=0,4,1,5,2,6,3,7)",
+])
+@pytest.mark.parametrize("xml_version", ["v2", "v1"])
+def test_synthetic_matches_lstopo(spec, xml_version):
+    flags = ["--export-xml-flags", "v1"] if xml_version == "v1" else []
+    xml = lstopo_xml("--input", spec, *flags)
+    assert_same_machine(Topology.synthetic(spec), Topology.from_hwloc_xml(xml))
+
+
+@needs_lstopo
+@settings(max_examples=10, deadline=None)
+@given(synthetic_specs())
+def test_random_synthetic_matches_lstopo(spec):
+    assert_same_machine(Topology.synthetic(spec), Topology.from_hwloc_xml(lstopo_xml("--input", spec)))
+
+
+# ---------------------------------------------------------------- hwloc XML
+def test_xml_fixtures():
+    # hwloc v1 XML: Socket objects, NUMA nodes as parents, type="Cache" depth="N".
+    v1 = Topology.from_hwloc_xml(DATA / "v1_pack2_l3_smt.xml")
+    assert v1.name == "v1_pack2_l3_smt.xml"
+    assert_same_machine(v1, Topology.synthetic("pack:2 numa:1 l3:1 l2:2 l1:1 core:1 pu:2"))
+    assert v1.numa.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    # hwloc v2 XML with Linux-style SMT numbering, read from an open file.
+    with open(DATA / "v2_linux_smt.xml", "rb") as f:
+        v2 = Topology.from_hwloc_xml(f)
+    assert v2.siblings() == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert v2.distance()[0, 4] == 4 and v2.distance()[0, 1] == 50 and v2.distance()[0, 2] == 200
+
+
+def test_xml_pus_without_core_and_text_input():
+    xml = """<topology version="2.0"><object type="Machine" os_index="0">
+      <object type="NUMANode" os_index="0"/>
+      <object type="L2Cache" cache_type="0"><object type="PU" os_index="3"/><object type="PU" os_index="1"/></object>
+      <object type="L1iCache" cache_type="2"><object type="PU" os_index="0"/></object>
+    </object></topology>"""
+    topo = Topology.from_hwloc_xml(xml)
+    assert topo.cpus == (0, 1, 3) and topo.n_physical == 3
+    assert list(topo.caches) == ["L2"]
+    assert topo.distance()[1, 2] == 10 and topo.distance()[0, 1] == 200
+
+
+@pytest.mark.parametrize("text, match", [
+    ("<topology><object type='Machine'><object type='PU' os_index='0'/>", "malformed"),
+    ("<topology version='2.0'><object type='Machine' os_index='0'/></topology>", "no PU"),
+    ("<html><body/></html>", "not hwloc XML"),
+    ("<topology><object type='PU'/></topology>", "os_index"),
+])
+def test_bad_xml(text, match):
+    with pytest.raises(TopologyError, match=match):
+        Topology.from_hwloc_xml(text)
+
+
+def test_bad_xml_file_names_the_file(tmp_path):
+    full = (DATA / "v1_pack2_l3_smt.xml").read_text()
+    truncated = tmp_path / "truncated.xml"
+    truncated.write_text(full[: len(full) // 2])
+    with pytest.raises(TopologyError, match="truncated.xml"):
+        Topology.from_hwloc_xml(truncated)
+    with pytest.raises(TopologyError, match="missing.xml"):
+        Topology.from_hwloc_xml(tmp_path / "missing.xml")
+    with pytest.raises(TopologyError, match="hwloc XML"):
+        Topology.from_hwloc_xml(io.BytesIO(b"<topology><object"))
+
+
+# -------------------------------------------------------------------- sysfs
+def write_sysfs(root, cpus, siblings, caches=(), nodes=None):
+    """A fake /sys/devices/system tree: ``caches`` is [(level, type, {cpu: shared})]."""
+    cpu_root = root / "cpu"
+    for cpu in cpus:
+        topo = cpu_root / f"cpu{cpu}" / "topology"
+        topo.mkdir(parents=True)
+        (topo / "thread_siblings_list").write_text(siblings[cpu] + "\n")
+        (topo / "physical_package_id").write_text("0\n")
+        (topo / "core_id").write_text("0\n")
+        for index, (level, kind, shared) in enumerate(caches):
+            d = cpu_root / f"cpu{cpu}" / "cache" / f"index{index}"
+            d.mkdir(parents=True)
+            (d / "level").write_text(f"{level}\n")
+            (d / "type").write_text(f"{kind}\n")
+            (d / "shared_cpu_list").write_text(shared[cpu] + "\n")
+    (cpu_root / "online").write_text(f"0-{max(cpus)}\n")
+    for node, cpulist in (nodes or {}).items():
+        (root / "node" / f"node{node}").mkdir(parents=True)
+        (root / "node" / f"node{node}" / "cpulist").write_text(cpulist + "\n")
+    (cpu_root / "cpufreq").mkdir()  # not a CPU, must be ignored
+    return cpu_root
+
+
+def test_fake_sysfs(tmp_path):
+    siblings = {0: "0,2", 1: "1,3", 2: "0,2", 3: "1,3"}
+    root = write_sysfs(tmp_path, range(4), siblings, caches=[
+        (1, "Data", siblings), (1, "Instruction", siblings), (2, "Unified", siblings),
+        (3, "Unified", dict.fromkeys(range(4), "0-3")),
+    ], nodes={0: "0-1", 1: "2-3"})
+    topo = Topology.from_sysfs(root)
+    assert topo.cpus == (0, 1, 2, 3) and topo.name == "this machine"
+    assert topo.siblings() == [(0, 2), (1, 3)]
+    assert list(topo.caches) == ["L1", "L2", "L3"]
+    assert topo.numa.tolist() == [0, 0, 1, 1]
+    d = topo.distance()
+    assert d[0, 2] == 4 and d[0, 1] == 50 and d[1, 1] == 1
+
+    two = Topology.from_sysfs(root, allowed={0, 1})
+    assert two.cpus == (0, 1) and two.n_physical == 2 and two.distance()[0, 1] == 50
+    with pytest.raises(TopologyError, match="not online"):
+        Topology.from_sysfs(root, allowed={0, 9})
+
+
+def test_fake_sysfs_without_caches_or_numa(tmp_path):
+    root = write_sysfs(tmp_path, range(2), {0: "0-1", 1: "0-1"})
+    topo = Topology.from_sysfs(root)
+    assert topo.caches == {} and topo.n_physical == 1 and topo.numa.tolist() == [0, 0]
+    assert topo.distance()[0, 1] == DEFAULT_COSTS["none"]
+    with pytest.raises(TopologyError):
+        Topology.from_sysfs(tmp_path / "nowhere")
+
+
+@pytest.mark.skipif(not Path("/sys/devices/system/cpu").is_dir(), reason="no Linux sysfs")
+def test_sysfs_of_this_machine():
+    topo = Topology.from_sysfs()
+    assert set(topo.cpus) == os.sched_getaffinity(0)
+    first = Topology.from_sysfs(allowed=[topo.cpus[0]])
+    assert first.cpus == topo.cpus[:1] and first.n_logical == 1
+
+
+@needs_lstopo
+@pytest.mark.skipif(not Path("/sys/devices/system/cpu").is_dir(), reason="no Linux sysfs")
+def test_sysfs_matches_lstopo():
+    mine, hwloc = Topology.from_sysfs(), Topology.from_hwloc_xml(lstopo_xml())
+    # lstopo shows the cgroup's cpuset; this process may be pinned to fewer CPUs.
+    if set(mine.cpus) < set(hwloc.cpus):
+        hwloc = hwloc.restrict(mine.cpus)
+    assert mine.cpus == hwloc.cpus
+    assert mine.siblings() == hwloc.siblings()
+    np.testing.assert_array_equal(mine.package, hwloc.package)
+    assert mine.caches.keys() == hwloc.caches.keys()
+    for level in mine.caches:
+        np.testing.assert_array_equal(mine.caches[level], hwloc.caches[level], err_msg=level)
+
+
+# ---------------------------------------------------- derived topologies
+def test_relabel_maps_pairs():
+    topo = Topology.preset("epyc-7313p")
+    perm = dict(zip(topo.cpus, np.random.default_rng(0).permutation(topo.cpus).tolist()))
+    moved = topo.relabel(perm)
+    d, e = topo.distance(), moved.distance()
+    pos = {c: i for i, c in enumerate(moved.cpus)}
+    for a, b in itertools.combinations(range(topo.n_logical), 2):
+        assert e[pos[perm[topo.cpus[a]]], pos[perm[topo.cpus[b]]]] == d[a, b]
+    with pytest.raises(TopologyError):
+        topo.relabel({0: 1})
+    with pytest.raises(TopologyError):
+        topo.relabel(dict.fromkeys(topo.cpus, 0))
+
+
+def test_restrict():
+    topo = Topology.preset("xeon-8260-2s").restrict([0, 1, 48, 24])
+    assert topo.cpus == (0, 1, 24, 48)
+    assert topo.core.tolist() == [0, 1, 2, 0] and topo.package.tolist() == [0, 0, 1, 0]
+    assert topo.distance()[0, 3] == 4 and topo.distance()[0, 2] == 200
+    with pytest.raises(TopologyError, match="unknown"):
+        topo.restrict([0, 500])
+    with pytest.raises(TopologyError):
+        topo.restrict([])
+
+
+def test_to_dict_is_json():
+    topo = Topology.preset("epyc-7313p")
+    data = json.loads(json.dumps(topo.to_dict()))
+    assert data["n_logical"] == 32 and data["n_physical"] == 16
+    assert data["logical_cores"] == list(range(32))
+    assert data["physical_core"][16] == 0 and data["caches"]["L3"][4] == 1
+    assert np.array_equal(np.array(data["distance"]), topo.distance())
+    assert data["costs"] == DEFAULT_COSTS and data["name"] == "epyc-7313p"
+
+
+def test_arrays_are_read_only():
+    topo = Topology.synthetic("core:2 pu:2")
+    with pytest.raises(ValueError):
+        topo.core[0] = 1
+    with pytest.raises(AttributeError):
+        topo.name = "other"
+
+
+# --------------------------------------------------------------- properties
+@settings(max_examples=60, deadline=None)
+@given(topologies())
+def test_distance_is_an_ultrametric(topo):
+    d = topo.distance()
+    np.testing.assert_array_equal(d, d.T)
+    np.testing.assert_array_equal(np.diag(d), DEFAULT_COSTS["same"])
+    # d(a, c) <= max(d(a, b), d(b, c)) for every triple.
+    assert np.all(d[:, None, :] <= np.maximum(d[:, :, None], d[None, :, :]))
+    assert topo.is_ultrametric()
+    # levels() rebuilds d: the first (finest) shared level gives the cost.
+    rebuilt = np.full_like(d, DEFAULT_COSTS["none"])
+    for cost, labels in reversed(topo.levels()):
+        rebuilt[labels[:, None] == labels[None, :]] = cost
+    np.fill_diagonal(rebuilt, DEFAULT_COSTS["same"])
+    np.testing.assert_array_equal(rebuilt, d)
+    chain = topo.levels()
+    assert all(a < b for (a, _), (b, _) in zip(chain, chain[1:]))
+    for (_, fine), (_, coarse) in zip(chain, chain[1:]):
+        assert len(set(zip(fine.tolist(), coarse.tolist()))) == fine.max() + 1  # nested
+
+
+@settings(max_examples=40, deadline=None)
+@given(relabelled())
+def test_relabel_keeps_distances(case):
+    topo, perm = case
+    moved = topo.relabel(perm)
+    assert moved.cpus == topo.cpus and sorted(map(len, moved.siblings())) == sorted(topo.smt)
+    d, e = topo.distance(), moved.distance()
+    np.testing.assert_array_equal(np.sort(d, axis=None), np.sort(e, axis=None))
+    idx = np.searchsorted(moved.cpus, [perm[c] for c in topo.cpus])
+    np.testing.assert_array_equal(e[np.ix_(idx, idx)], d)
+    assert nx.is_isomorphic(topo.graph(), moved.graph())

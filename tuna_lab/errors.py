@@ -1,0 +1,43 @@
+"""Exceptions raised by tuna_lab.
+
+Every error a user can cause derives from :class:`TunaError`, so a caller
+(the CLI, a widget) can catch one type and show one clear line.
+"""
+
+__all__ = [
+    "TunaError",
+    "TopologyError",
+    "ModelError",
+    "InfeasibleModelError",
+    "NoSolutionError",
+]
+
+
+class TunaError(Exception):
+    """Base class of every error tuna_lab raises on bad input or an unsolvable request."""
+
+
+class TopologyError(TunaError, ValueError):
+    """A topology could not be built: unknown preset, malformed synthetic spec or hwloc XML."""
+
+
+class ModelError(TunaError, ValueError):
+    """A model was asked for with invalid parameters (workers, threads, mode, families)."""
+
+
+class InfeasibleModelError(TunaError):
+    """The chosen constraint families admit no mapping.
+
+    Attributes
+    ----------
+    families : tuple of str
+        Names of the families in the model that was proven infeasible.
+    """
+
+    def __init__(self, message, families=()):
+        super().__init__(message)
+        self.families = tuple(families)
+
+
+class NoSolutionError(TunaError):
+    """The solver stopped (time limit) before it found any feasible mapping."""

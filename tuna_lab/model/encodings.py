@@ -1,0 +1,397 @@
+"""Two exact encodings of the same families as cvxpy variables.
+
+``pairwise``
+    The article's own: a binary ``Y[w, t, c]`` per thread and core, and one
+    product variable per pair of cores for the distance terms (the binary
+    products of (4), (6) and (11) linearised in full, as in the article).
+    Faithful and readable, and slow beyond small machines: it is kept for
+    teaching and cross-checking.
+
+``counts``
+    Exact and much smaller, built on three facts:
+
+    1. *Ranks aggregate.* Beyond the main thread, the ranks ``t >= 1`` of a
+       worker only matter through (2). Keep ``a[w, c]`` (main thread of ``w``
+       on ``c``, binary) and ``b[w, c]`` (how many other threads of ``w`` run
+       on ``c``). For ranks ``1..T-1``, (2) holds for *some* numbering of the
+       threads iff every core carries at most ``cap * (T - 1)`` non-main
+       threads: the threads form a bipartite multigraph workers x cores in
+       which every worker has degree ``T - 1``, and an equitable
+       ``(T-1)``-edge-colouring (de Werra) gives each worker every rank once
+       and each core at most ``ceil(deg/(T-1)) <= cap`` threads of a rank.
+       :func:`~tuna_lab.model.ranks.assign_ranks` recovers such a numbering.
+    2. *The distance is an ultrametric over the cache tree.* For counts
+       ``x_c`` with total ``X``, ``sum_{c<c'} x_c x_c' d(c,c')`` equals
+       ``1/2 [d_top X^2 - sum_l (d_{l+1} - d_l) S_l - d_1 S_0]`` where
+       ``S_l = sum_{D in level l} X_D^2`` over the cache domains of level
+       ``l`` (``S_0`` over single cores). No product of two cores remains:
+       maximising the distance minimises a separable convex function of the
+       domain counts (tangent rows at integer break points, no binaries);
+       minimising it (compact) maximises one, which takes incremental
+       binaries ``z_{D,k} = [X_D >= k]``.
+    3. *Workers are interchangeable.* Every family is invariant under
+       renumbering workers, so worker ``w``'s main thread may be required to
+       sit on a core position no later than worker ``w+1``'s.
+
+    (9)+(10) are substituted out when (2) makes ``A_c`` binary (then
+    ``M_c = A_c``), and (11) is linearised one-sidedly (only ``E_c >= ...``:
+    (12) bounds the events from above, so the solver never gains by raising
+    ``E_c``).
+"""
+
+import cvxpy as cp
+import numpy as np
+import scipy.sparse as sp
+
+from ..errors import ModelError
+from .ranks import assign_ranks
+
+__all__ = ["PairwiseEncoding", "CountEncoding", "ENCODINGS", "ultrametric_chain"]
+
+
+def _membership(labels):
+    """Sparse (C, n_groups) 0/1 matrix with a 1 at (c, labels[c])."""
+    labels = np.asarray(labels)
+    C = labels.size
+    n = int(labels.max()) + 1 if C else 0
+    return sp.csr_matrix((np.ones(C), (np.arange(C), labels)), shape=(C, n))
+
+
+def ultrametric_chain(topology, costs=None):
+    """Nested partitions of the cores with the distance of pairs first joined at each.
+
+    Returns a list ``[(d_j, labels_j)]`` from the cache level closest to the
+    cores to the whole machine: a pair of distinct cores is at distance
+    ``d_j`` for the first ``j`` whose partition puts them together. Raises
+    :class:`~tuna_lab.errors.TopologyError` when the caches are not nested.
+    """
+    costs = {**topology.costs, **(costs or {})}
+    chain = [(float(d), np.asarray(lab)) for d, lab in topology.levels(costs)]
+    C = topology.n_logical
+    if not chain or len(np.unique(chain[-1][1])) > 1:
+        chain.append((float(costs["none"]), np.zeros(C, dtype=int)))
+    return chain
+
+
+class _Encoding:
+    """Shared parts: the instance, sparse helpers and the result bookkeeping."""
+
+    name = ""
+
+    def __init__(self, inst, main_max, worker_max):
+        self.inst = inst
+        # Largest possible A_c and B_wc given the families in the model:
+        # (2)/(3) cap them; without those families only W/T bound them.
+        self.main_max = int(main_max)
+        self.worker_max = int(worker_max)
+        self.physical_matrix = _membership(inst.core)
+        self.main_indicator = None
+        self._phys_indicator = None
+
+    # The objects below are the ones families read.
+    main_count = None     # (C,)   A_c
+    worker_count = None   # (W, C) B_wc
+    load = None           # (C,)   N_c
+
+    def variables(self):
+        return []
+
+    def start(self, assign):
+        """Values of the *integer* decision variables for a known assignment (warm start)."""
+        return {}
+
+
+class PairwiseEncoding(_Encoding):
+    """The article's encoding: ``Y[w, t*C + c]`` binary, products of core pairs linearised."""
+
+    name = "pairwise"
+
+    def __init__(self, inst, main_max, worker_max):
+        super().__init__(inst, main_max, worker_max)
+        W, T, C = inst.W, inst.T, inst.C
+        self.Y = cp.Variable((W, T * C), boolean=True, name="Y")
+        # column t*C + c  ->  core c  /  thread t
+        self._to_core = sp.kron(np.ones((T, 1)), sp.identity(C), format="csr")
+        self._to_thread = sp.kron(sp.identity(T), np.ones((C, 1)), format="csr")
+        self.main_count = cp.sum(self.Y[:, :C], axis=0)
+        self.worker_count = self.Y @ self._to_core
+        self.load = cp.sum(self.worker_count, axis=0)
+        self._vars = [self.Y]
+
+    def variables(self):
+        return list(self._vars)
+
+    def assignment_constraints(self):
+        return [self.Y @ self._to_thread == 1]
+
+    def rank_constraints(self, cap):
+        return [cp.sum(self.Y, axis=0) <= cap]
+
+    def worker_constraints(self, cap):
+        return [self.worker_count <= cap]
+
+    def define_main_indicator(self):
+        C, W = self.inst.C, self.inst.W
+        M = cp.Variable(C, boolean=True, name="M")
+        self._vars.append(M)
+        self.main_indicator = M
+        return [self.Y[:, :C] <= np.ones((W, 1)) @ cp.reshape(M, (1, C), order="C"),  # (9)
+                M <= self.main_count]                                                   # (10)
+
+    def physical_main_indicator(self):
+        if self._phys_indicator is None:
+            inst = self.inst
+            Mp = cp.Variable(inst.P, boolean=True, name="M_phys")
+            self._vars.append(Mp)
+            per_core = Mp @ self.physical_matrix.T
+            self._phys_indicator = (Mp, [
+                self.Y[:, :inst.C] <= np.ones((inst.W, 1)) @ cp.reshape(per_core, (1, inst.C), order="C"),
+                Mp <= self.main_count @ self.physical_matrix])
+        return self._phys_indicator
+
+    def main_load_events(self, excess, indicator, label):
+        # Full linearisation of the product of two 0-1 quantities, as written.
+        E = cp.Variable(excess.shape, name=f"E_{label}")
+        self._vars.append(E)
+        return E, [E >= excess + indicator - 1, E >= 0, E <= excess, E <= indicator]
+
+    def pair_sum(self, label, counts, maximize):
+        """``sum_rows sum_{c<c'} X_c X_c' d(c,c')`` through one product variable per core pair."""
+        inst = self.inst
+        C = inst.C
+        i, j = np.triu_indices(C, 1)
+        d = inst.distance[i, j]
+        sel_i = sp.csr_matrix((np.ones(i.size), (i, np.arange(i.size))), shape=(C, i.size))
+        sel_j = sp.csr_matrix((np.ones(j.size), (j, np.arange(j.size))), shape=(C, j.size))
+        m = self.main_max if label == "main" else self.worker_max
+        k = counts.shape[0]
+        cons = []
+        if m <= 1:
+            units = [counts]
+        else:
+            # X_c = sum_u G_u[c], G_u = [X_c >= u]: products of integers become
+            # products of 0-1 indicators.
+            units = [cp.Variable((k, C), boolean=True, name=f"G_{label}_{u}") for u in range(m)]
+            self._vars.extend(units)
+            cons.append(counts == sum(units))
+            cons.extend(units[u] >= units[u + 1] for u in range(m - 1))
+        total = 0
+        for gu in units:
+            for gv in units:
+                Z = cp.Variable((k, i.size), name=f"Z_{label}")
+                self._vars.append(Z)
+                left, right = gu @ sel_i, gv @ sel_j
+                cons += [Z <= left, Z <= right, Z >= left + right - 1, Z >= 0]
+                total = total + cp.sum(Z @ d)
+        self._pending.extend(cons)
+        return total
+
+    _pending = None
+
+    def take_pending(self):
+        out, self._pending = self._pending, []
+        return out
+
+    def extract(self):
+        W, T, C = self.inst.W, self.inst.T, self.inst.C
+        Y = np.asarray(self.Y.value).reshape(W, T, C)
+        return np.argmax(Y, axis=2)
+
+    def start(self, assign):
+        W, T, C = self.inst.W, self.inst.T, self.inst.C
+        Y = np.zeros((W, T, C))
+        np.put_along_axis(Y, np.asarray(assign)[:, :, None], 1.0, axis=2)
+        return {self.Y.id: Y.reshape(W, T * C)}
+
+
+class CountEncoding(_Encoding):
+    """Aggregated ranks and per-domain counts; see the module docstring for why it is exact."""
+
+    name = "counts"
+
+    def __init__(self, inst, main_max, worker_max, chain):
+        super().__init__(inst, main_max, worker_max)
+        W, T, C = inst.W, inst.T, inst.C
+        self.chain = chain
+        self.a = cp.Variable((W, C), boolean=True, name="a")
+        self._vars = [self.a]
+        if T > 1:
+            ub = min(T - 1, self.worker_max)
+            self.b = cp.Variable((W, C), integer=True, name="b", bounds=[0, ub])
+            self._vars.append(self.b)
+            self.worker_count = self.a + self.b
+        else:
+            self.b = None
+            self.worker_count = self.a
+        self.main_count = cp.sum(self.a, axis=0)
+        self.load = cp.sum(self.worker_count, axis=0)
+        self._pending = []
+
+    def variables(self):
+        return list(self._vars)
+
+    def take_pending(self):
+        out, self._pending = self._pending, []
+        return out
+
+    def assignment_constraints(self):
+        cons = [cp.sum(self.a, axis=1) == 1]
+        if self.b is not None:
+            cons.append(cp.sum(self.b, axis=1) == self.inst.T - 1)
+        return cons
+
+    def rank_constraints(self, cap):
+        cons = [self.main_count <= cap]
+        if self.b is not None:
+            cons.append(cp.sum(self.b, axis=0) <= cap * (self.inst.T - 1))
+        return cons
+
+    def worker_constraints(self, cap):
+        return [self.worker_count <= cap] if (self.b is not None and cap < self.inst.T) else []
+
+    def symmetry_constraints(self):
+        """Worker ``w``'s main thread sits at a core position <= worker ``w+1``'s."""
+        if self.inst.W < 2:
+            return []
+        pos = self.a @ np.arange(self.inst.C, dtype=float)
+        return [pos[:-1] <= pos[1:]]
+
+    def define_main_indicator(self):
+        if self.main_max <= 1:
+            # (2) makes A_c binary: M_c = A_c satisfies (9) and (10) exactly.
+            self.main_indicator = self.main_count
+            return []
+        M = cp.Variable(self.inst.C, boolean=True, name="M")
+        self._vars.append(M)
+        self.main_indicator = M
+        return [self.main_count <= self.main_max * M, M <= self.main_count]
+
+    def physical_main_indicator(self):
+        if self._phys_indicator is None:
+            inst = self.inst
+            Mp = cp.Variable(inst.P, boolean=True, name="M_phys")
+            self._vars.append(Mp)
+            per_phys = self.main_count @ self.physical_matrix
+            big = min(inst.W, int(inst.smt.max()) * self.main_max)
+            self._phys_indicator = (Mp, [per_phys <= big * Mp, Mp <= per_phys])
+        return self._phys_indicator
+
+    def main_load_events(self, excess, indicator, label):
+        E = cp.Variable(excess.shape, name=f"E_{label}", nonneg=True)
+        self._vars.append(E)
+        return E, [E >= excess + indicator - 1]
+
+    def _squares(self, X, kmax, label, exact, capacity=None):
+        """``sum X_D^2`` over the entries of ``X`` (integers in 0..kmax).
+
+        ``exact=False``: a lower bound tight when minimised (epigraph of the
+        tangents at integer points). ``exact=True``: equal to it at every
+        integer point, via incremental binaries (needed when maximised).
+        """
+        if kmax <= 1:
+            return cp.sum(X)
+        if not exact:
+            q = cp.Variable(X.shape, name=f"q_{label}")
+            self._vars.append(q)
+            self._pending.extend(q >= (2 * k + 1) * X - k * (k + 1) for k in range(kmax))
+            return cp.sum(q)
+        rows, n_dom = X.shape
+        Z = cp.Variable((rows * n_dom, kmax), boolean=True, name=f"z_{label}")
+        self._vars.append(Z)
+        self._pending.append(cp.sum(Z, axis=1) == cp.vec(X, order="F"))
+        self._pending.append(Z[:, :-1] >= Z[:, 1:])
+        if capacity is not None and rows > 1:
+            # Valid cuts that the LP relaxation misses: at most floor(cap_D / k)
+            # rows (workers) can hold k or more threads in a domain that holds
+            # at most cap_D threads in all. Without them the relaxation
+            # believes every worker can fill its domains at once.
+            k = np.arange(1, kmax + 1)
+            limit = np.floor(np.asarray(capacity, float)[:, None] / k[None, :])
+            # rows of Z are ordered (row, domain) column-major: row index fastest
+            per_domain = sp.kron(sp.identity(n_dom), np.ones((1, rows)), format="csr")
+            self._pending.append(per_domain @ Z <= limit)
+        return cp.sum(Z @ (2.0 * np.arange(1, kmax + 1) - 1))
+
+    def pair_sum(self, label, counts, maximize):
+        """``sum_rows sum_{c<c'} X_c X_c' d(c,c')`` from per-domain counts (module docstring, 2.)."""
+        inst = self.inst
+        k = counts.shape[0]
+        per_core_max = self.main_max if label == "main" else self.worker_max
+        total = inst.W if label == "main" else inst.T
+        exact = not maximize
+        d = [0.0] + [c for c, _ in self.chain]       # d[0]: "same core" does not count in c<c'
+        labels = [None] + [lab for _, lab in self.chain]
+        top = len(d) - 1
+        expr = 0.5 * d[top] * total * total * k
+        for j in range(top):
+            weight = d[j + 1] - d[j]
+            if weight == 0:
+                continue
+            if j == 0:
+                G = sp.identity(inst.C, format="csr")
+                X = counts
+            else:
+                G = _membership(labels[j])
+                X = counts @ G
+            sizes = np.asarray(G.sum(axis=0)).ravel()
+            kmax = int(min(total, sizes.max() * per_core_max))
+            capacity = self.domain_capacity(G) if label == "worker" else None
+            expr = expr - 0.5 * weight * self._squares(X, kmax, f"{label}{j}", exact, capacity)
+        return expr
+
+    def domain_capacity(self, G):
+        """Most threads the load families allow in each domain (columns of ``G``)."""
+        inst = self.inst
+        per_core = np.full(inst.C, float(inst.W * inst.T))
+        if self.load_cap is not None:
+            per_core = np.minimum(per_core, self.load_cap)
+        cap = per_core @ G
+        if self.phys_load_cap is not None:
+            # physical cores wholly inside each domain
+            phys_in = (self.physical_matrix.T @ G).toarray() > 0
+            cap = np.minimum(cap, phys_in.sum(axis=0) * self.phys_load_cap)
+        return np.minimum(cap, inst.W * inst.T)
+
+    load_cap = None
+    phys_load_cap = None
+
+    def extract(self):
+        a = np.rint(np.asarray(self.a.value)).astype(int)
+        main = np.argmax(a, axis=1)
+        if self.b is None:
+            return main[:, None]
+        b = np.rint(np.asarray(self.b.value)).astype(int)
+        return assign_ranks(main, b, self.inst.cap_rank)
+
+    def start(self, assign):
+        from .families import worker_counts
+
+        assign = np.asarray(assign)
+        W, C = self.inst.W, self.inst.C
+        a = np.zeros((W, C))
+        a[np.arange(W), assign[:, 0]] = 1
+        out = {self.a.id: a}
+        if self.b is not None:
+            out[self.b.id] = worker_counts(assign, C) - a
+        return out
+
+
+ENCODINGS = ("auto", "counts", "pairwise")
+
+
+def make_encoding(name, inst, main_max, worker_max):
+    """Build the encoding ``name`` ("auto" picks counts where the caches are nested)."""
+    if name not in ENCODINGS:
+        raise ModelError(f"encoding must be one of {', '.join(ENCODINGS)}, got {name!r}")
+    if name in ("auto", "counts"):
+        try:
+            chain = ultrametric_chain(inst.topology, inst.costs)
+        except ValueError:
+            if name == "counts":
+                raise
+            chain = None
+        if chain is not None:
+            return CountEncoding(inst, main_max, worker_max, chain)
+    enc = PairwiseEncoding(inst, main_max, worker_max)
+    enc._pending = []
+    return enc

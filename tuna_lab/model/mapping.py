@@ -1,0 +1,184 @@
+"""The result of a solve: which logical core every thread of every worker runs on."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .families import DEFAULT_FAMILIES, loads, main_counts, pair_sums, worker_counts
+from .instance import Instance
+
+__all__ = ["Mapping"]
+
+
+@dataclass(frozen=True, eq=False)
+class Mapping:
+    """A thread-to-core mapping with the solver's evidence about it.
+
+    Parameters
+    ----------
+    instance : Instance
+        Workers, threads, topology and mode the mapping was made for.
+    assignment : array of int, shape (W, T)
+        OS cpu id of thread ``t`` of worker ``w``; column 0 = main threads.
+    families : tuple of Family
+        The families the mapping was solved under (what :meth:`verify` checks).
+    status : str
+        ``"optimal"``, ``"time_limit"``, ``"constructed"`` ...
+    proven_optimal : bool
+        The solver proved no better mapping exists (within ``gap``).
+    gap : float or None
+        Relative gap between the objective and the solver's bound.
+    build_seconds, solve_seconds : float
+        Model building (cvxpy) and solving (HiGHS) wall time.
+    encoding : str
+        Which encoding produced it.
+
+    Examples
+    --------
+    >>> from tuna_lab import solve, Topology
+    >>> m = solve(2, 2, Topology.preset("xeon-8272cl"))
+    >>> m.assignment.shape, m.verify()
+    ((2, 2), [])
+    """
+
+    instance: Instance
+    assignment: np.ndarray
+    families: tuple = DEFAULT_FAMILIES
+    status: str = "unknown"
+    proven_optimal: bool = False
+    gap: float | None = None
+    build_seconds: float = 0.0
+    solve_seconds: float = 0.0
+    encoding: str = ""
+    bound: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "assignment", np.asarray(self.assignment, dtype=int))
+
+    # -- basic facts -----------------------------------------------------------
+    @property
+    def topology(self):
+        return self.instance.topology
+
+    @property
+    def workers(self):
+        return self.instance.W
+
+    @property
+    def threads(self):
+        return self.instance.T
+
+    @property
+    def mode(self):
+        return self.instance.mode
+
+    @property
+    def positions(self):
+        """The assignment as core positions ``0..C-1`` (``-1`` for ids not in the topology)."""
+        cpus = self.instance.cpus
+        pos = np.searchsorted(cpus, self.assignment)
+        pos = np.clip(pos, 0, len(cpus) - 1)
+        return np.where(cpus[pos] == self.assignment, pos, -1)
+
+    @property
+    def logical_loads(self):
+        """Threads per logical core, aligned with ``topology.cpus``."""
+        return loads(self.positions, self.instance.C)
+
+    @property
+    def physical_loads(self):
+        """Threads per physical core (index = ``topology.core`` value)."""
+        inst = self.instance
+        return np.bincount(inst.core, weights=self.logical_loads, minlength=inst.P).astype(int)
+
+    # -- objective, recomputed from the assignment and the distance ------------
+    @property
+    def f_main(self):
+        return float(pair_sums(main_counts(self.positions, self.instance.C), self.instance.distance)[0])
+
+    @property
+    def f_mode(self):
+        inst = self.instance
+        return float(inst.sign * pair_sums(worker_counts(self.positions, inst.C), inst.distance).sum())
+
+    @property
+    def objective(self):
+        """``f_main + f_mode`` of this assignment (whatever families were active)."""
+        return self.f_main + self.f_mode
+
+    # -- checks ---------------------------------------------------------------
+    def verify(self, families=None):
+        """Run every family's numpy check; return the list of violations (empty = valid)."""
+        pos = self.positions
+        out = []
+        for fam in (self.families if families is None else families):
+            out.extend(fam.violations(pos, self.instance))
+        return out
+
+    # -- export ---------------------------------------------------------------
+    def to_frame(self):
+        """One row per thread: worker, thread, role, cpu, physical core, package, NUMA node."""
+        import pandas as pd
+
+        inst = self.instance
+        pos = self.positions
+        W, T = pos.shape
+        topo = self.topology
+        safe = np.where(pos >= 0, pos, 0)
+        return pd.DataFrame({
+            "worker": np.repeat(np.arange(W), T),
+            "thread": np.tile(np.arange(T), W),
+            "role": np.tile(np.where(np.arange(T) == 0, "main", "openmp"), W),
+            "cpu": self.assignment.ravel(),
+            "physical_core": np.asarray(topo.core)[safe].ravel(),
+            "package": np.asarray(topo.package)[safe].ravel(),
+            "numa": np.asarray(topo.numa)[safe].ravel(),
+            "mode": inst.mode,
+        })
+
+    def to_dict(self):
+        """The ``tuna-lab solve --json`` object (a stable interface)."""
+        inst = self.instance
+        return {
+            "workers": inst.W,
+            "threads": inst.T,
+            "mode": inst.mode,
+            "topology": self.topology.name,
+            "logical_cores": inst.C,
+            "physical_cores": inst.P,
+            "assignment": self.assignment.tolist(),
+            "logical_loads": dict(zip(map(str, inst.cpus.tolist()), self.logical_loads.tolist())),
+            "physical_loads": self.physical_loads.tolist(),
+            "f_main": self.f_main,
+            "f_mode": self.f_mode,
+            "objective": self.objective,
+            "status": self.status,
+            "proven_optimal": bool(self.proven_optimal),
+            "gap": None if self.gap is None else float(self.gap),
+            "bound": None if self.bound is None else float(self.bound),
+            "build_seconds": float(self.build_seconds),
+            "solve_seconds": float(self.solve_seconds),
+            "encoding": self.encoding,
+            "families": [f.key for f in self.families],
+            "violations": [v.message for v in self.verify()],
+        }
+
+    def describe(self):
+        """A short multi-line text: one line per worker, then the objective."""
+        inst = self.instance
+        lines = [inst.describe()]
+        width = len(str(int(inst.cpus.max()))) if inst.C else 1
+        for w, row in enumerate(self.assignment):
+            cores = " ".join(f"{c:>{width}}" for c in row)
+            lines.append(f"  worker {w:>2}: main {row[0]:>{width}} | all {cores}")
+        gap = "-" if self.gap is None else f"{self.gap:.2%}"
+        lines.append(f"  f_main={self.f_main:g} f_mode={self.f_mode:g} objective={self.objective:g} "
+                     f"status={self.status} proven_optimal={self.proven_optimal} gap={gap} "
+                     f"[{self.encoding}: build {self.build_seconds:.3f}s solve {self.solve_seconds:.3f}s]")
+        return "\n".join(lines)
+
+    def __repr__(self):
+        inst = self.instance
+        return (f"Mapping(W={inst.W}, T={inst.T}, {inst.mode}, topology={self.topology.name!r}, "
+                f"objective={self.objective:g}, status={self.status!r})")

@@ -1,0 +1,274 @@
+"""``TunaModel``: the families composed into one cvxpy problem, solved by HiGHS."""
+
+import time
+from collections import OrderedDict
+
+import cvxpy as cp
+import numpy as np
+
+from ..errors import InfeasibleModelError, ModelError, NoSolutionError
+from .encodings import make_encoding
+from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, PhysicalBalance
+from .instance import Instance
+from .mapping import Mapping
+
+__all__ = ["TunaModel", "solve"]
+
+# Built problems are kept so that toggling a mode or a family back and forth
+# re-solves without re-building or re-compiling (cvxpy caches the compiled
+# problem on the Problem object). Small: a notebook explores a few at a time.
+_BUILT = OrderedDict()
+_BUILT_MAX = 32
+
+
+def _resolve_family(spec):
+    """A family from an instance, a class, its key ("11-12"), its class name or an equation number."""
+    if isinstance(spec, Family):
+        return spec
+    if isinstance(spec, type) and issubclass(spec, Family):
+        return spec()
+    if isinstance(spec, (str, int)):
+        s = str(spec).strip().strip("()")
+        for ftype in FAMILY_TYPES:
+            if s in (ftype.key, ftype.__name__) or s in ftype.equations:
+                return ftype()
+    raise ModelError(f"unknown constraint family {spec!r}; known: "
+                     + ", ".join(f"{f.key} ({f.__name__})" for f in FAMILY_TYPES))
+
+
+def _topology_key(topo):
+    caches = tuple((k, np.asarray(v).tobytes()) for k, v in sorted(topo.caches.items()))
+    return (topo.name, tuple(topo.cpus), np.asarray(topo.core).tobytes(), caches,
+            tuple(sorted(topo.costs.items())))
+
+
+class TunaModel:
+    """The Tuna 0-1 ILP for ``workers`` x ``threads`` on ``topology``.
+
+    Parameters
+    ----------
+    workers, threads : int
+        Gunicorn workers and OpenMP threads per worker.
+    topology : Topology, optional
+        The machine; ``None`` reads this one (:meth:`Topology.from_sysfs`).
+    mode : {"scatter", "compact"}
+        Whether the threads of a worker are spread apart or packed together.
+    families : iterable, optional
+        The constraint families and objective terms; default: all of them.
+    encoding : {"auto", "counts", "pairwise"}
+        ``pairwise`` is the article's literal encoding; ``counts`` the exact
+        compact one (see :mod:`tuna_lab.model.encodings`); ``auto`` picks
+        ``counts`` whenever the caches are nested.
+    costs : dict, optional
+        Cache-distance costs overriding the topology's.
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology, TunaModel
+    >>> model = TunaModel(4, 4, Topology.preset("xeon-8272cl"))
+    >>> [f.key for f in model.without("11-12").families][-2:]
+    ['8p', '9-10']
+    >>> model.solve().proven_optimal
+    True
+    """
+
+    def __init__(self, workers, threads, topology=None, mode="scatter", families=None,
+                 encoding="auto", costs=None):
+        if topology is None:
+            from ..topology import Topology
+
+            topology = Topology.from_sysfs()
+        self.instance = Instance(workers, threads, topology, mode, costs)
+        fams = DEFAULT_FAMILIES if families is None else tuple(_resolve_family(f) for f in families)
+        # Keep the canonical build order whatever order the user gave.
+        order = {ftype: i for i, ftype in enumerate(FAMILY_TYPES)}
+        self.families = tuple(sorted(dict.fromkeys(fams), key=lambda f: order.get(type(f), 99)))
+        self.encoding = encoding
+        self._check_requirements()
+
+    # -- composition ----------------------------------------------------------------
+    def _replace(self, **changes):
+        inst = self.instance
+        args = dict(workers=inst.W, threads=inst.T, topology=inst.topology, mode=inst.mode,
+                    families=self.families, encoding=self.encoding, costs=inst.costs)
+        args.update(changes)
+        return TunaModel(**args)
+
+    def without(self, *families):
+        """A copy of the model without the given families (keys, names or classes)."""
+        drop = {type(_resolve_family(f)) for f in families}
+        return self._replace(families=[f for f in self.families if type(f) not in drop])
+
+    def with_(self, *families):
+        """A copy of the model with the given families added."""
+        return self._replace(families=list(self.families) + [_resolve_family(f) for f in families])
+
+    def with_mode(self, mode):
+        """A copy of the model in the other mode (same families and topology)."""
+        return self._replace(mode=mode)
+
+    def _check_requirements(self):
+        keys = {f.key for f in self.families}
+        for fam in self.families:
+            missing = [k for k in fam.requires if k not in keys]
+            if missing and fam.active(self.instance):
+                raise ModelError(f"family ({fam.key}) needs ({', '.join(missing)}) in the same model")
+
+    @property
+    def active_families(self):
+        return tuple(f for f in self.families if f.active(self.instance))
+
+    # -- building ---------------------------------------------------------------------
+    def _caps(self):
+        keys = {f.key for f in self.families}
+        inst = self.instance
+        main_max = inst.cap_rank if "2" in keys else inst.W
+        worker_max = inst.cap_worker if "3" in keys else inst.T
+        return min(main_max, inst.W), min(worker_max, inst.T)
+
+    def _key(self):
+        inst = self.instance
+        return (self.encoding, inst.W, inst.T, inst.mode, _topology_key(inst.topology),
+                tuple(f.key for f in self.families))
+
+    def build(self):
+        """Build (or fetch the cached) cvxpy problem; returns ``(problem, encoding, seconds)``."""
+        key = self._key()
+        if key in _BUILT:
+            _BUILT.move_to_end(key)
+            problem, enc = _BUILT[key]
+            return problem, enc, 0.0
+        t0 = time.perf_counter()
+        main_max, worker_max = self._caps()
+        enc = make_encoding(self.encoding, self.instance, main_max, worker_max)
+        keys = {f.key for f in self.families}
+        if "8" in keys:
+            enc.load_cap = self.instance.U
+        if "8p" in keys and PhysicalBalance().applies(self.instance):
+            enc.phys_load_cap = self.instance.U_phys
+        constraints, terms = [], []
+        for fam in self.families:
+            constraints.extend(fam.constraints(enc))
+            if fam.kind == "objective":
+                terms.append(fam.term(enc))
+            constraints.extend(enc.take_pending())
+        if hasattr(enc, "symmetry_constraints"):
+            constraints.extend(enc.symmetry_constraints())
+        objective = cp.Maximize(sum(terms) if terms else cp.Constant(0.0))
+        problem = cp.Problem(objective, constraints)
+        _BUILT[key] = (problem, enc)
+        if len(_BUILT) > _BUILT_MAX:
+            _BUILT.popitem(last=False)
+        return problem, enc, time.perf_counter() - t0
+
+    def size(self):
+        """Model size: variables (integer among them), constraint rows."""
+        problem, enc, _ = self.build()
+        n_vars = sum(v.size for v in problem.variables())
+        n_int = sum(v.size for v in problem.variables()
+                    if v.attributes.get("boolean") or v.attributes.get("integer"))
+        n_rows = sum(c.size for c in problem.constraints)
+        return {"encoding": enc.name, "variables": int(n_vars), "integer_variables": int(n_int),
+                "constraints": int(n_rows)}
+
+    # -- solving -------------------------------------------------------------------------
+    def solve(self, time_limit=None, gap=None, verbose=False):
+        """Solve with HiGHS and return a :class:`Mapping`.
+
+        Parameters
+        ----------
+        time_limit : float, optional
+            Seconds HiGHS may spend; on expiry the best mapping found is
+            returned with ``proven_optimal=False`` and its gap.
+        gap : float, optional
+            Relative MIP gap at which HiGHS stops (default: HiGHS's own, 1e-4).
+        verbose : bool
+            Show HiGHS's log.
+
+        Raises
+        ------
+        InfeasibleModelError
+            The families admit no mapping.
+        NoSolutionError
+            The time limit passed before any mapping was found.
+        """
+        if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
+            raise ModelError(f"time limit must be a positive number of seconds, got {time_limit!r}")
+        if gap is not None and not (isinstance(gap, (int, float)) and 0 <= gap < 1):
+            raise ModelError(f"gap must be a number in [0, 1), got {gap!r}")
+        problem, enc, build_s = self.build()
+        opts = {}
+        if time_limit is not None:
+            opts["time_limit"] = float(time_limit)
+        if gap is not None:
+            opts["mip_rel_gap"] = float(gap)
+        t0 = time.perf_counter()
+        try:
+            problem.solve(solver=cp.HIGHS, verbose=verbose, **opts)
+        except cp.error.SolverError as exc:
+            raise NoSolutionError(f"HiGHS failed: {exc}") from None
+        solve_s = time.perf_counter() - t0
+        return self._result(problem, enc, build_s, solve_s)
+
+    def _result(self, problem, enc, build_s, solve_s):
+        inst = self.instance
+        info = problem.solver_stats.extra_stats if problem.solver_stats else None
+        status = problem.status
+        if status in (cp.INFEASIBLE, "infeasible_or_unbounded"):
+            names = ", ".join(f"({f.key}) {f.name}" for f in self.active_families)
+            raise InfeasibleModelError(
+                f"no mapping of W={inst.W} x T={inst.T} on {inst.C} cores satisfies the families "
+                f"{names}", [f.key for f in self.active_families])
+        has_solution = status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE, cp.USER_LIMIT) and \
+            all(v.value is not None for v in enc.variables()[:1])
+        if has_solution and info is not None and getattr(info, "primal_solution_status", 2) != 2:
+            has_solution = False
+        if not has_solution:
+            raise NoSolutionError(
+                f"HiGHS found no feasible mapping for W={inst.W} x T={inst.T} ({status}); "
+                "raise the time limit")
+        positions = enc.extract()
+        assignment = inst.cpus[positions]
+        proven = status == cp.OPTIMAL
+        gap, bound = None, None
+        if info is not None:
+            abs_gap = abs(float(info.mip_dual_bound) - float(info.objective_function_value))
+            if np.isfinite(abs_gap):
+                mapping_obj = Mapping(inst, assignment, self.families).objective
+                gap = abs_gap / max(1.0, abs(mapping_obj))
+                bound = mapping_obj + abs_gap
+        return Mapping(inst, assignment, self.families,
+                       status="optimal" if proven else "time_limit",
+                       proven_optimal=proven, gap=gap, bound=bound,
+                       build_seconds=build_s, solve_seconds=solve_s, encoding=enc.name)
+
+    def __repr__(self):
+        inst = self.instance
+        return (f"TunaModel(W={inst.W}, T={inst.T}, {inst.mode}, topology={inst.topology.name!r}, "
+                f"families=[{', '.join(f.key for f in self.families)}], encoding={self.encoding!r})")
+
+
+def solve(workers, threads, topology=None, mode="scatter", **options):
+    """Solve the Tuna mapping for ``workers`` x ``threads``.
+
+    Parameters
+    ----------
+    workers, threads : int
+    topology : Topology, optional
+        ``None`` means this machine (the CPUs this process may use).
+    mode : {"scatter", "compact"}
+    **options
+        ``families``, ``encoding``, ``costs`` go to :class:`TunaModel`;
+        ``time_limit``, ``gap``, ``verbose`` to :meth:`TunaModel.solve`.
+
+    Examples
+    --------
+    >>> from tuna_lab import solve, Topology
+    >>> solve(2, 2, Topology.preset("xeon-8272cl"), mode="compact").proven_optimal
+    True
+    """
+    model_opts = {k: options.pop(k) for k in ("families", "encoding", "costs") if k in options}
+    unknown = set(options) - {"time_limit", "gap", "verbose"}
+    if unknown:
+        raise ModelError(f"unknown option(s): {', '.join(sorted(unknown))}")
+    return TunaModel(workers, threads, topology, mode, **model_opts).solve(**options)
