@@ -1,0 +1,35 @@
+# Every target sets itself up on a fresh machine: a virtual environment with
+# the project and its dev extras, and Debian's hwloc (lstopo) for the tests
+# that compare our topology readers with hwloc's.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench setup sysdeps clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# lstopo is optional for users but the test suite checks against it; install
+# it where we can (root on Debian), and let the tests skip with a reason where not.
+sysdeps:
+	@command -v lstopo >/dev/null 2>&1 || \
+	  { (apt-get update -qq && apt-get install -y -qq hwloc >/dev/null) 2>/dev/null \
+	    || echo "warning: could not install Debian's hwloc; tests that need lstopo will be skipped"; }
+
+demo: $(STAMP)
+	$(VENV)/bin/tuna-lab demo
+
+test: $(STAMP) sysdeps
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/tuna-lab bench solver --out bench/out/solver.csv
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis bench/out
