@@ -323,16 +323,20 @@ class CountEncoding(_Encoding):
         labels = [None] + [lab for _, lab in self.chain]
         top = len(d) - 1
         expr = 0.5 * d[top] * total * total * k
+        X, prev = counts, np.arange(inst.C)
         for j in range(top):
             weight = d[j + 1] - d[j]
+            G = sp.identity(inst.C, format="csr") if j == 0 else _membership(labels[j])
+            if j > 0:
+                # Domain counts as variables, each summed from the level below:
+                # a few nonzeros per row instead of one per core of the domain.
+                H = _membership(_parent_of(prev, labels[j]))
+                Xj = cp.Variable((k, H.shape[1]), name=f"X_{label}{j}")
+                self._vars.append(Xj)
+                self._pending.append(Xj == X @ H)
+                X, prev = Xj, labels[j]
             if weight == 0:
                 continue
-            if j == 0:
-                G = sp.identity(inst.C, format="csr")
-                X = counts
-            else:
-                G = _membership(labels[j])
-                X = counts @ G
             sizes = np.asarray(G.sum(axis=0)).ravel()
             kmax = int(min(total, sizes.max() * per_core_max))
             capacity = self.domain_capacity(G) if label == "worker" else None
@@ -374,6 +378,14 @@ class CountEncoding(_Encoding):
         if self.b is not None:
             out[self.b.id] = worker_counts(assign, C) - a
         return out
+
+
+def _parent_of(child_labels, parent_labels):
+    """For each child domain, the parent domain containing it (partitions must nest)."""
+    n = int(np.max(child_labels)) + 1
+    out = np.zeros(n, dtype=int)
+    out[np.asarray(child_labels)] = np.asarray(parent_labels)
+    return out
 
 
 ENCODINGS = ("auto", "counts", "pairwise")

@@ -7,6 +7,7 @@ import cvxpy as cp
 import numpy as np
 
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
+from .bounds import objective_bound
 from .construct import greedy_mapping
 from .encodings import make_encoding, ultrametric_chain
 from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, PhysicalBalance
@@ -187,11 +188,36 @@ class TunaModel:
         pos = greedy_mapping(inst, self.families, labels)
         if pos is None:
             return None
+        # The counts encoding orders workers by their main thread's core
+        # position (symmetry breaking); renumbering workers is always allowed.
+        pos = pos[np.argsort(pos[:, 0], kind="stable")]
         if any(f.violations(pos, inst) for f in self.families):
             return None
         return pos
 
-    def solve(self, time_limit=None, gap=None, verbose=False, warm_start=True):
+    def bound(self):
+        """An upper bound on the objective from per-level counting, or ``None`` (non-nested caches)."""
+        inst = self.instance
+        try:
+            chain = ultrametric_chain(inst.topology, inst.costs)
+        except ValueError:
+            return None
+        return objective_bound(inst, self.families, chain)
+
+    def _bound_certificate(self, start, build_s, construct_s):
+        """The constructive mapping, if it already reaches :meth:`bound` (then it is optimal)."""
+        bound = self.bound()
+        inst = self.instance
+        if bound is None:
+            return None
+        mapping = Mapping(inst, inst.cpus[start], self.families)
+        if mapping.objective < bound - 1e-9 * max(1.0, abs(bound)):
+            return None
+        return Mapping(inst, mapping.assignment, self.families, status="optimal",
+                       proven_optimal=True, gap=0.0, bound=bound, build_seconds=build_s,
+                       solve_seconds=construct_s, encoding="counts+bound")
+
+    def solve(self, time_limit=None, gap=None, verbose=False, warm_start=True, prove="auto"):
         """Solve with HiGHS and return a :class:`Mapping`.
 
         Parameters
@@ -205,6 +231,10 @@ class TunaModel:
             Show HiGHS's log.
         warm_start : bool
             Hand HiGHS the constructive mapping (:meth:`construct`) as its first incumbent.
+        prove : {"auto", "solver", "bound"}
+            ``"auto"``/``"bound"`` skip HiGHS when the constructive mapping already
+            reaches the counting bound (:meth:`bound`), which proves it optimal;
+            ``"solver"`` always lets HiGHS prove optimality.
 
         Raises
         ------
@@ -217,13 +247,24 @@ class TunaModel:
             raise ModelError(f"time limit must be a positive number of seconds, got {time_limit!r}")
         if gap is not None and not (isinstance(gap, (int, float)) and 0 <= gap < 1):
             raise ModelError(f"gap must be a number in [0, 1), got {gap!r}")
+        if prove not in ("auto", "solver", "bound"):
+            raise ModelError(f"prove must be auto, solver or bound, got {prove!r}")
         problem, enc, build_s = self.build()
         t0 = time.perf_counter()
-        data, _, _ = problem.get_problem_data(cp.HIGHS)      # compiled once, cached by cvxpy
+        data, _, inverse = problem.get_problem_data(cp.HIGHS)   # compiled once, cached by cvxpy
         build_s += time.perf_counter() - t0
+        # HiGHS minimises -(objective) - offset; keep the offset to turn its
+        # dual bound into a bound on our objective.
+        offset = float(inverse[-1].get("offset", 0.0)) if inverse else 0.0
         start = None
         if warm_start:
+            t1 = time.perf_counter()
             start = self.construct()
+            construct_s = time.perf_counter() - t1
+            if start is not None and prove in ("auto", "bound"):
+                mapping = self._bound_certificate(start, build_s, construct_s)
+                if mapping is not None:
+                    return mapping
             if start is not None:
                 _set_start(problem, data, enc.start(start))
         opts = {}
@@ -237,9 +278,9 @@ class TunaModel:
         except cp.error.SolverError as exc:
             raise NoSolutionError(f"HiGHS failed: {exc}") from None
         solve_s = time.perf_counter() - t0
-        return self._result(problem, enc, build_s, solve_s)
+        return self._result(problem, enc, build_s, solve_s, start, offset)
 
-    def _result(self, problem, enc, build_s, solve_s):
+    def _result(self, problem, enc, build_s, solve_s, start=None, offset=0.0):
         inst = self.instance
         info = problem.solver_stats.extra_stats if problem.solver_stats else None
         status = problem.status
@@ -252,22 +293,30 @@ class TunaModel:
             all(v.value is not None for v in enc.variables()[:1])
         if has_solution and info is not None and getattr(info, "primal_solution_status", 2) != 2:
             has_solution = False
+        dual = float(info.mip_dual_bound) if info is not None else float("nan")
+        bound = -(dual + offset) if np.isfinite(dual) else None
         if not has_solution:
-            raise NoSolutionError(
-                f"HiGHS found no feasible mapping for W={inst.W} x T={inst.T} ({status}); "
-                "raise the time limit")
-        positions = enc.extract()
+            if start is None:
+                raise NoSolutionError(
+                    f"HiGHS found no feasible mapping for W={inst.W} x T={inst.T} ({status}); "
+                    "raise the time limit")
+            # The solver ran out of time before improving on (or even loading)
+            # the constructive mapping: that mapping is the answer, with
+            # whatever bound HiGHS proved.
+            result_status, positions, proven = "constructed", start, False
+        else:
+            result_status = "optimal" if status == cp.OPTIMAL else "time_limit"
+            positions, proven = enc.extract(), status == cp.OPTIMAL
         assignment = inst.cpus[positions]
-        proven = status == cp.OPTIMAL
-        gap, bound = None, None
-        if info is not None:
-            abs_gap = abs(float(info.mip_dual_bound) - float(info.objective_function_value))
-            if np.isfinite(abs_gap):
-                mapping_obj = Mapping(inst, assignment, self.families).objective
-                gap = abs_gap / max(1.0, abs(mapping_obj))
-                bound = mapping_obj + abs_gap
+        mapping_obj = Mapping(inst, assignment, self.families).objective
+        gap = None
+        if bound is not None:
+            bound = max(bound, mapping_obj)
+            gap = (bound - mapping_obj) / max(1.0, abs(mapping_obj))
+        if proven:
+            gap = min(gap, 1e-4) if gap is not None else 0.0
         return Mapping(inst, assignment, self.families,
-                       status="optimal" if proven else "time_limit",
+                       status=result_status,
                        proven_optimal=proven, gap=gap, bound=bound,
                        build_seconds=build_s, solve_seconds=solve_s, encoding=enc.name)
 
@@ -326,7 +375,7 @@ def solve(workers, threads, topology=None, mode="scatter", **options):
     True
     """
     model_opts = {k: options.pop(k) for k in ("families", "encoding", "costs") if k in options}
-    unknown = set(options) - {"time_limit", "gap", "verbose"}
+    unknown = set(options) - {"time_limit", "gap", "verbose", "warm_start", "prove"}
     if unknown:
         raise ModelError(f"unknown option(s): {', '.join(sorted(unknown))}")
     return TunaModel(workers, threads, topology, mode, **model_opts).solve(**options)
