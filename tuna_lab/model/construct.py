@@ -61,8 +61,13 @@ def scatter_order(chain_labels, C):
     return np.lexsort(tuple(keys[::-1]))
 
 
-def greedy_mapping(inst, families, chain_labels=None):
-    """Place every thread greedily under the families' rules; positions (W, T) or ``None``."""
+def greedy_mapping(inst, families, chain_labels=None, order_by="rank"):
+    """Place every thread greedily under the families' rules; positions (W, T) or ``None``.
+
+    ``order_by="rank"`` places rank by rank across the workers (spreads each
+    rank, suits scatter); ``"worker"`` places all main threads, then worker
+    by worker (lets a worker fill a domain before the next one, suits compact).
+    """
     W, T, C = inst.W, inst.T, inst.C
     keys = {f.key for f in families}
     D = inst.distance
@@ -93,10 +98,14 @@ def greedy_mapping(inst, families, chain_labels=None):
     out = np.full((W, T), -1, dtype=int)
     at_U = at_Up = events = pevents = 0
 
-    for t in range(T):
-        per_rank = np.zeros(C, dtype=int)
-        for w in range(W):
-            ok = (per_rank < cap_rank) & (B[w] < cap_worker)
+    if order_by == "worker":
+        sequence = [(w, 0) for w in range(W)] + [(w, t) for w in range(W) for t in range(1, T)]
+    else:
+        sequence = [(w, t) for t in range(T) for w in range(W)]
+    per_rank = np.zeros((T, C), dtype=int)
+    for w, t in sequence:
+        if True:
+            ok = (per_rank[t] < cap_rank) & (B[w] < cap_worker)
             reach_U = load + 1 == U
             if use_load:
                 ok &= load < U
@@ -132,7 +141,7 @@ def greedy_mapping(inst, families, chain_labels=None):
             load[pick] += 1
             pload[x] += 1
             B[w, pick] += 1
-            per_rank[pick] += 1
+            per_rank[t, pick] += 1
             if t == 0:
                 mains[pick] += 1
                 pmain[x] += 1

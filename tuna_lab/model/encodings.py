@@ -250,11 +250,46 @@ class CountEncoding(_Encoding):
         return [self.worker_count <= cap] if (self.b is not None and cap < self.inst.T) else []
 
     def symmetry_constraints(self):
-        """Worker ``w``'s main thread sits at a core position <= worker ``w+1``'s."""
-        if self.inst.W < 2:
-            return []
-        pos = self.a @ np.arange(self.inst.C, dtype=float)
-        return [pos[:-1] <= pos[1:]]
+        """Break the symmetries of workers, of sibling cores and of interchangeable physical cores.
+
+        * Worker ``w``'s main thread sits at a core position <= worker ``w+1``'s.
+        * Among the SMT siblings of a physical core, and among the physical
+          cores sharing the same next cache domain (same sibling count), a
+          key ``(W*T+1) * A + N`` (main threads, then load) does not increase
+          with the position.
+
+        Each is valid alone and together: permuting interchangeable cores to
+        sort them by the key is a symmetry of every family, the physical
+        key is the sum of its siblings' keys (so sorting siblings keeps it),
+        and renumbering workers afterwards changes no key.
+        """
+        inst = self.inst
+        cons = []
+        if inst.W >= 2:
+            pos = self.a @ np.arange(inst.C, dtype=float)
+            cons.append(pos[:-1] <= pos[1:])
+        big = inst.W * inst.T + 1
+        key = big * self.main_count + self.load
+        sib_pairs = _consecutive_pairs(inst.core, np.arange(inst.C))
+        if sib_pairs is not None:
+            cons.append(key @ sib_pairs >= 0)
+        parent = self._physical_parent()
+        if parent is not None:
+            smt = np.bincount(inst.core)
+            group = parent * (smt.max() + 1) + smt          # only same-shaped cores swap
+            pairs = _consecutive_pairs(group, np.arange(inst.P))
+            if pairs is not None:
+                cons.append((key @ self.physical_matrix) @ pairs >= 0)
+        return cons
+
+    def _physical_parent(self):
+        """Label, per physical core, of the first cache domain strictly coarser than it."""
+        core = self.inst.core
+        for _, labels in self.chain:
+            parent = _parent_of(core, labels)
+            if len(np.unique(parent)) < self.inst.P:
+                return parent
+        return None
 
     def define_main_indicator(self):
         if self.main_max <= 1:
@@ -378,6 +413,22 @@ class CountEncoding(_Encoding):
         if self.b is not None:
             out[self.b.id] = worker_counts(assign, C) - a
         return out
+
+
+def _consecutive_pairs(groups, members):
+    """Sparse (n, k) matrix: column j = e_first - e_second for consecutive members of a group."""
+    groups = np.asarray(groups)
+    order = np.lexsort((members, groups))
+    g = groups[order]
+    same = np.flatnonzero(g[:-1] == g[1:])
+    if same.size == 0:
+        return None
+    first, second = order[same], order[same + 1]
+    n = groups.size
+    data = np.concatenate([np.ones(same.size), -np.ones(same.size)])
+    rows = np.concatenate([first, second])
+    cols = np.concatenate([np.arange(same.size)] * 2)
+    return sp.csr_matrix((data, (rows, cols)), shape=(n, same.size))
 
 
 def _parent_of(child_labels, parent_labels):

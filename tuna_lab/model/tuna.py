@@ -185,15 +185,19 @@ class TunaModel:
             labels += [lab for _, lab in ultrametric_chain(inst.topology, inst.costs)]
         except ValueError:
             pass
-        pos = greedy_mapping(inst, self.families, labels)
-        if pos is None:
+        best, best_value = None, -np.inf
+        for order_by in ("rank", "worker"):
+            pos = greedy_mapping(inst, self.families, labels, order_by)
+            if pos is None or any(f.violations(pos, inst) for f in self.families):
+                continue
+            value = sum(f.value(pos, inst) for f in self.families if f.kind == "objective")
+            if value > best_value:
+                best, best_value = pos, value
+        if best is None:
             return None
         # The counts encoding orders workers by their main thread's core
         # position (symmetry breaking); renumbering workers is always allowed.
-        pos = pos[np.argsort(pos[:, 0], kind="stable")]
-        if any(f.violations(pos, inst) for f in self.families):
-            return None
-        return pos
+        return best[np.argsort(best[:, 0], kind="stable")]
 
     def bound(self):
         """An upper bound on the objective from per-level counting, or ``None`` (non-nested caches)."""
@@ -204,7 +208,7 @@ class TunaModel:
             return None
         return objective_bound(inst, self.families, chain)
 
-    def _bound_certificate(self, start, build_s, construct_s):
+    def _bound_certificate(self, start, construct_s):
         """The constructive mapping, if it already reaches :meth:`bound` (then it is optimal)."""
         bound = self.bound()
         inst = self.instance
@@ -214,8 +218,8 @@ class TunaModel:
         if mapping.objective < bound - 1e-9 * max(1.0, abs(bound)):
             return None
         return Mapping(inst, mapping.assignment, self.families, status="optimal",
-                       proven_optimal=True, gap=0.0, bound=bound, build_seconds=build_s,
-                       solve_seconds=construct_s, encoding="counts+bound")
+                       proven_optimal=True, gap=0.0, bound=bound, build_seconds=0.0,
+                       solve_seconds=construct_s, encoding="constructive+bound")
 
     def solve(self, time_limit=None, gap=None, verbose=False, warm_start=True, prove="auto"):
         """Solve with HiGHS and return a :class:`Mapping`.
@@ -249,6 +253,15 @@ class TunaModel:
             raise ModelError(f"gap must be a number in [0, 1), got {gap!r}")
         if prove not in ("auto", "solver", "bound"):
             raise ModelError(f"prove must be auto, solver or bound, got {prove!r}")
+        start = None
+        if warm_start:
+            t1 = time.perf_counter()
+            start = self.construct()
+            construct_s = time.perf_counter() - t1
+            if start is not None and prove in ("auto", "bound"):
+                mapping = self._bound_certificate(start, construct_s)
+                if mapping is not None:
+                    return mapping
         problem, enc, build_s = self.build()
         t0 = time.perf_counter()
         data, _, inverse = problem.get_problem_data(cp.HIGHS)   # compiled once, cached by cvxpy
@@ -256,17 +269,8 @@ class TunaModel:
         # HiGHS minimises -(objective) - offset; keep the offset to turn its
         # dual bound into a bound on our objective.
         offset = float(inverse[-1].get("offset", 0.0)) if inverse else 0.0
-        start = None
-        if warm_start:
-            t1 = time.perf_counter()
-            start = self.construct()
-            construct_s = time.perf_counter() - t1
-            if start is not None and prove in ("auto", "bound"):
-                mapping = self._bound_certificate(start, build_s, construct_s)
-                if mapping is not None:
-                    return mapping
-            if start is not None:
-                _set_start(problem, data, enc.start(start))
+        if start is not None:
+            _set_start(problem, data, enc.start(start))
         opts = {}
         if time_limit is not None:
             opts["time_limit"] = float(time_limit)
@@ -309,6 +313,9 @@ class TunaModel:
             positions, proven = enc.extract(), status == cp.OPTIMAL
         assignment = inst.cpus[positions]
         mapping_obj = Mapping(inst, assignment, self.families).objective
+        counting = self.bound()
+        if counting is not None:
+            bound = counting if bound is None else min(bound, counting)
         gap = None
         if bound is not None:
             bound = max(bound, mapping_obj)
