@@ -29,7 +29,7 @@ test: $(STAMP) sysdeps
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
-	$(VENV)/bin/tuna-lab bench solver --out bench/out/solver.csv
+	$(VENV)/bin/tuna-lab bench solver --out bench/out/solver.csv --pairwise-limit 60 --doc docs/solver-bench.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis bench/out

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import ALL_KEYS, brute_force, feasible_mask, objective_of, small_specs
@@ -70,6 +70,14 @@ def check_mapping(m, model):
     assert m.objective == pytest.approx(m.f_main + m.f_mode)
     keys = [f.key for f in model.families]
     assert feasible_mask(m.positions[None], t, keys)[0]
+    scale = 1e-6 * max(1.0, abs(m.objective))
+    if getattr(m, "bound", None) is not None:
+        assert m.bound >= m.objective - scale
+    if m.gap is not None:
+        assert m.gap >= 0
+    if hasattr(model, "bound"):
+        bound = model.bound()
+        assert bound is None or bound >= m.objective - scale
 
 
 def solve_model(model, time_limit=None, via_solver=False):
@@ -219,27 +227,28 @@ def test_family_subsets_match_brute_force(spec, W, T, mode, keys):
 
 # -- 3. hypothesis properties --------------------------------------------------------------
 
-PROPERTY_SETTINGS = settings(max_examples=20, deadline=None, derandomize=True,
+PROPERTY_SETTINGS = settings(max_examples=25, deadline=None, derandomize=True,
                              suppress_health_check=[HealthCheck.too_slow,
                                                     HealthCheck.filter_too_much])
 
 
-def _solve_or_none(model, time_limit=20):
+def _solve_or_none(model, time_limit=20, via_solver=False):
     try:
-        return model.solve(time_limit=time_limit)
+        return solve_model(model, time_limit, via_solver)
     except InfeasibleModelError:
         return None
 
 
 @PROPERTY_SETTINGS
 @given(spec=spec_strategy(), W=st.integers(1, 5), T=st.integers(1, 5),
-       mode=st.sampled_from(["scatter", "compact"]))
-def test_property_counts_mapping_passes_every_check(spec, W, T, mode):
+       mode=st.sampled_from(["scatter", "compact"]), via_solver=st.booleans())
+def test_property_counts_mapping_passes_every_check(spec, W, T, mode, via_solver):
     t = Topology.synthetic(spec)
     model = TunaModel(W, T, t, mode=mode, encoding="counts")
-    m = _solve_or_none(model)
+    m = _solve_or_none(model, via_solver=via_solver)
     C = t.n_logical
     small = C ** (W * T) <= 20_000
+    event("infeasible" if m is None else "feasible")
     if m is None:
         if small:
             assert brute_force(W, T, t, mode)[0] is None
@@ -250,6 +259,7 @@ def test_property_counts_mapping_passes_every_check(spec, W, T, mode):
     else:
         assert m.f_mode >= 0
     if small and m.proven_optimal:
+        event("compared with brute force")
         assert m.objective == pytest.approx(brute_force(W, T, t, mode)[0])
 
 
@@ -263,6 +273,7 @@ def test_property_relabelling_keeps_the_optimum(spec, W, T, mode, data):
     a = _solve_or_none(TunaModel(W, T, t, mode=mode))
     b = _solve_or_none(TunaModel(W, T, r, mode=mode))
     assert (a is None) == (b is None)
+    event("infeasible" if a is None else "feasible")
     if a is None:
         return
     assert a.verify() == [] and b.verify() == []
@@ -290,6 +301,7 @@ def test_property_removing_a_family_never_lowers_the_optimum(spec, W, T, mode, d
         assume(False)
     a = _solve_or_none(full)
     b = _solve_or_none(reduced)
+    event("full model infeasible" if a is None else "full model feasible")
     if a is None:
         return
     assert b is not None, "removing a constraint family made the model infeasible"

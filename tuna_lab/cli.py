@@ -170,7 +170,8 @@ def _build_parser():
     b.add_argument("--out", default="bench/out/solver.csv", help="CSV to write")
     b.add_argument("--quick", action="store_true", help="a small subset (smoke run)")
     b.add_argument("--pairwise-limit", type=float, default=0.0, metavar="S",
-                   help="also run the literal encoding with this time limit per model (0: skip)")
+                   help="also run the literal encoding on small models with this time limit (0: skip)")
+    b.add_argument("--doc", default=None, metavar="FILE", help="also write a Markdown report")
     b.set_defaults(func=_cmd_bench)
     return p
 
