@@ -87,6 +87,8 @@ class _Encoding:
         self.physical_matrix = _membership(inst.core)
         self.main_indicator = None
         self._phys_indicator = None
+        # threads of one rank allowed per core; the model lowers it to (2)'s cap
+        self.rank_cap = inst.W
 
     # The objects below are the ones families read.
     main_count = None     # (C,)   A_c
@@ -400,7 +402,7 @@ class CountEncoding(_Encoding):
         if self.b is None:
             return main[:, None]
         b = np.rint(np.asarray(self.b.value)).astype(int)
-        return assign_ranks(main, b, self.inst.cap_rank)
+        return assign_ranks(main, b, self.rank_cap)
 
     def start(self, assign):
         from .families import worker_counts

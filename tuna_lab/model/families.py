@@ -21,7 +21,7 @@ Examples
 >>> from tuna_lab.model.instance import Instance
 >>> inst = Instance(2, 2, Topology.preset("xeon-8272cl"))
 >>> LogicalBalance().violations(np.array([[0, 0], [1, 2]]), inst)[0].message
-'logical core 0 carries 2 threads, above U=1'
+'cpu 0 carries 2 threads, above U=1'
 """
 
 from dataclasses import dataclass
@@ -227,7 +227,7 @@ class UniqueRankCores(Family):
     def violations(self, assign, inst):
         excess = _excess(rank_counts(assign, inst.C), inst.cap_rank)
         return [Violation(self.key, (int(t), int(c)), float(excess[t, c]),
-                          f"core {c} holds {int(excess[t, c] + inst.cap_rank)} threads of rank {t}, "
+                          f"cpu {inst.cpus[c]} holds {int(excess[t, c] + inst.cap_rank)} threads of rank {t}, "
                           f"above {inst.cap_rank}")
                 for t, c in np.argwhere(excess > 0)]
 
@@ -260,7 +260,7 @@ class UniqueWorkerCores(Family):
     def violations(self, assign, inst):
         excess = _excess(worker_counts(assign, inst.C), inst.cap_worker)
         return [Violation(self.key, (int(w), int(c)), float(excess[w, c]),
-                          f"core {c} holds {int(excess[w, c] + inst.cap_worker)} threads of worker {w}, "
+                          f"cpu {inst.cpus[c]} holds {int(excess[w, c] + inst.cap_worker)} threads of worker {w}, "
                           f"above {inst.cap_worker}")
                 for w, c in np.argwhere(excess > 0)]
 
@@ -344,10 +344,10 @@ class LogicalBalance(Family):
         out = []
         for c in np.flatnonzero(n > inst.U):
             out.append(Violation(self.key, (int(c),), float(n[c] - inst.U),
-                                 f"logical core {c} carries {n[c]} threads, above U={inst.U}"))
+                                 f"cpu {inst.cpus[c]} carries {n[c]} threads, above U={inst.U}"))
         for c in np.flatnonzero(n < inst.L):
             out.append(Violation(self.key, (int(c),), float(inst.L - n[c]),
-                                 f"logical core {c} carries {n[c]} threads, below L={inst.L}"))
+                                 f"cpu {inst.cpus[c]} carries {n[c]} threads, below L={inst.L}"))
         return out
 
 
@@ -466,7 +466,8 @@ class MainLoadCap(Family):
     description = "in scenario 3, at most max(0, W-C+r) main-thread cores carry U threads"
     latex = (r"\mathbb{1}(E_c)=\Big(\sum_{w}\sum_{t}Y_{w,t,c}-L\Big)M_c \;\forall c \qquad "
              r"\sum_{c}\mathbb{1}(E_c) \leq \max\{0, W-C+r\}")
-    requires = ("9-10",)
+    # (11) is a product of two 0-1 quantities only because (8) keeps N_c - L in {0, 1}.
+    requires = ("9-10", "8")
 
     def applies(self, inst):
         return inst.scenario3
@@ -500,7 +501,7 @@ class MainLoadCap(Family):
         ev = _main_load_events(assign, inst)
         return [Violation(self.key, (), float(res[0]),
                           f"{int(ev.sum())} cores with a main thread carry U={inst.U} threads "
-                          f"(cores {np.flatnonzero(ev).tolist()}), above {self.bound(inst)}")]
+                          f"(cpus {inst.cpus[np.flatnonzero(ev)].tolist()}), above {self.bound(inst)}")]
 
 
 class PhysicalMainLoadCap(Family):

@@ -40,8 +40,8 @@ def assign_ranks(main, others, cap):
     Examples
     --------
     >>> assign_ranks(np.array([0, 1]), np.array([[0, 1, 1], [1, 0, 1]]), cap=1)
-    array([[0, 1, 2],
-           [1, 2, 0]])
+    array([[0, 2, 1],
+           [1, 0, 2]])
     """
     main = np.asarray(main, dtype=int)
     rest = np.array(others, dtype=int, copy=True)

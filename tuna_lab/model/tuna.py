@@ -9,7 +9,7 @@ import numpy as np
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
 from .bounds import objective_bound
 from .construct import greedy_mapping
-from .encodings import make_encoding, ultrametric_chain
+from .encodings import ENCODINGS, make_encoding, ultrametric_chain
 from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, PhysicalBalance
 from .instance import Instance
 from .mapping import Mapping
@@ -85,6 +85,8 @@ class TunaModel:
         # Keep the canonical build order whatever order the user gave.
         order = {ftype: i for i, ftype in enumerate(FAMILY_TYPES)}
         self.families = tuple(sorted(dict.fromkeys(fams), key=lambda f: order.get(type(f), 99)))
+        if encoding not in ENCODINGS:
+            raise ModelError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
         self.encoding = encoding
         self._check_requirements()
 
@@ -130,8 +132,9 @@ class TunaModel:
 
     def _key(self):
         inst = self.instance
-        return (self.encoding, inst.W, inst.T, inst.mode, _topology_key(inst.topology),
-                tuple(f.key for f in self.families))
+        costs = tuple(sorted((inst.costs or {}).items()))
+        return (self.encoding, inst.W, inst.T, inst.mode, _topology_key(inst.topology), costs,
+                tuple(f.key for f in self.families), tuple(type(f) for f in self.families))
 
     def build(self):
         """Build (or fetch the cached) cvxpy problem; returns ``(problem, encoding, seconds)``."""
@@ -144,6 +147,8 @@ class TunaModel:
         main_max, worker_max = self._caps()
         enc = make_encoding(self.encoding, self.instance, main_max, worker_max)
         keys = {f.key for f in self.families}
+        if "2" in keys:
+            enc.rank_cap = self.instance.cap_rank
         if "8" in keys:
             enc.load_cap = self.instance.U
         if "8p" in keys and PhysicalBalance().applies(self.instance):
@@ -180,6 +185,8 @@ class TunaModel:
         It satisfies every family of the model whenever it is returned.
         """
         inst = self.instance
+        if any(type(f) not in FAMILY_TYPES for f in self.families):
+            return None             # a user's family may forbid what the greedy rules allow
         labels = [inst.core]
         try:
             labels += [lab for _, lab in ultrametric_chain(inst.topology, inst.costs)]
@@ -210,6 +217,10 @@ class TunaModel:
 
     def _bound_certificate(self, start, construct_s):
         """The constructive mapping, if it already reaches :meth:`bound` (then it is optimal)."""
+        # The bound and the numpy checks know the article's families only; a
+        # user's own family may add constraints the checks cannot see.
+        if any(type(f) not in FAMILY_TYPES for f in self.families):
+            return None
         bound = self.bound()
         inst = self.instance
         if bound is None:
@@ -313,7 +324,7 @@ class TunaModel:
             positions, proven = enc.extract(), status == cp.OPTIMAL
         assignment = inst.cpus[positions]
         mapping_obj = Mapping(inst, assignment, self.families).objective
-        counting = self.bound()
+        counting = self.bound() if all(type(f) in FAMILY_TYPES for f in self.families) else None
         if counting is not None:
             bound = counting if bound is None else min(bound, counting)
         gap = None
