@@ -124,7 +124,7 @@ def _cmd_demo(args):
     print("The Tuna mapping - offline phase (online serving and load tests arrive with later releases)\n")
     for title, topo, w, t in (("This machine", here, 2, 2),
                               ("The article's machine, Azure D32ds_v4 (xeon-8272cl)",
-                               Topology.preset("xeon-8272cl"), 4, 4)):
+                               Topology.preset("xeon-8272cl"), 4, 8)):
         print(f"== {title}: {topo!r}")
         for mode in ("scatter", "compact"):
             mapping = solve(w, t, topo, mode, time_limit=60)
