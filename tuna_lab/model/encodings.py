@@ -298,10 +298,13 @@ class CountEncoding(_Encoding):
             # (2) makes A_c binary: M_c = A_c satisfies (9) and (10) exactly.
             self.main_indicator = self.main_count
             return []
-        M = cp.Variable(self.inst.C, boolean=True, name="M")
+        W, C = self.inst.W, self.inst.C
+        M = cp.Variable(C, boolean=True, name="M")
         self._vars.append(M)
         self.main_indicator = M
-        return [self.main_count <= self.main_max * M, M <= self.main_count]
+        # (9) per worker, as the article writes it: tighter in the LP
+        # relaxation than the aggregated big-M form A_c <= W M_c.
+        return [self.a <= np.ones((W, 1)) @ cp.reshape(M, (1, C), order="C"), M <= self.main_count]
 
     def physical_main_indicator(self):
         if self._phys_indicator is None:
@@ -309,8 +312,9 @@ class CountEncoding(_Encoding):
             Mp = cp.Variable(inst.P, boolean=True, name="M_phys")
             self._vars.append(Mp)
             per_phys = self.main_count @ self.physical_matrix
-            big = min(inst.W, int(inst.smt.max()) * self.main_max)
-            self._phys_indicator = (Mp, [per_phys <= big * Mp, Mp <= per_phys])
+            # M+_x >= a[w, c] for every c in x (disaggregated, tight in the LP)
+            per_core = cp.reshape(Mp @ self.physical_matrix.T, (1, inst.C), order="C")
+            self._phys_indicator = (Mp, [self.a <= np.ones((inst.W, 1)) @ per_core, Mp <= per_phys])
         return self._phys_indicator
 
     def main_load_events(self, excess, indicator, label):
