@@ -269,7 +269,8 @@ class TunaModel:
             t1 = time.perf_counter()
             start = self.construct()
             construct_s = time.perf_counter() - t1
-            if start is not None and prove in ("auto", "bound"):
+            # An explicit encoding="pairwise" asks for the literal model: solve it.
+            if start is not None and prove in ("auto", "bound") and self.encoding != "pairwise":
                 mapping = self._bound_certificate(start, construct_s)
                 if mapping is not None:
                     return mapping
