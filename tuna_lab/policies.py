@@ -1,0 +1,512 @@
+"""Thread placement policies: where each thread of each server worker may run.
+
+A server runs ``W`` worker processes, each with ``T`` OpenMP threads (thread
+``0`` is the worker's main thread, which is also the OpenMP initial thread).
+A policy turns ``(W, T, topology)`` into a :class:`Placement`: for every
+thread, the set of logical cores (OS cpu ids) it is allowed on, plus who
+enforces it and the environment the workers need.
+
+===============  ==========================================================  ==========
+policy           placement                                                   pinned by
+===============  ==========================================================  ==========
+``cfs``          no binding: the kernel's scheduler (CFS/EEVDF) decides      none
+``round-robin``  OCC pinning: threads in worker order, ``cpus[k % C]``       tuna_lab
+``omp-spread``   ``OMP_PROC_BIND=spread``, same in every worker              openmp
+``omp-close``    ``OMP_PROC_BIND=close``, same in every worker               openmp
+``numa``         all threads of worker ``w`` on NUMA node ``w % nodes``      tuna_lab
+``tuna-scatter`` the Tuna ILP's mapping, scatter mode                        tuna_lab
+``tuna-compact`` the Tuna ILP's mapping, compact mode                        tuna_lab
+===============  ==========================================================  ==========
+
+The OpenMP policies are emulated from GNU libgomp's rules (``team.c``,
+``config/linux/affinity.c``), because that is what XGBoost wheels link:
+
+* The *place list* (``OMP_PLACES``) holds only the CPUs the process may use.
+  ``threads``: one place per logical cpu; ``cores``: one place per physical
+  core, the set of its SMT siblings. Places are ordered by their lowest cpu id.
+* The initial thread binds to the first place, and its *place partition* is
+  the whole list (``N`` places).
+* ``close`` with ``T <= N``: thread ``i`` binds to place ``i``. With
+  ``T > N``, ``s = T // N`` consecutive threads fill each place in turn, then
+  the last ``T mod N`` threads go one by one to places ``0, 1, ...`` (the
+  OpenMP spec asks for consecutive threads per place; libgomp keeps the same
+  counts per place but not the consecutive numbering).
+* ``spread`` with ``T <= N``: the partition is split into ``T`` contiguous
+  subpartitions, the first ``N mod T`` of ``N // T + 1`` places and the others
+  of ``N // T``; thread ``i`` binds to the first place of subpartition ``i``.
+  With ``T > N`` each place is its own subpartition and threads are placed as
+  with ``close``.
+
+Every worker starts from the same place list, so every worker binds the same
+way: the article's point about ``OMP_PROC_BIND`` in multi-process servers.
+
+Examples
+--------
+>>> from tuna_lab import Topology
+>>> p = placement("round-robin", 4, 4, Topology.synthetic("core:16 pu:1"))
+>>> p.as_array()[:, 0].tolist()  # four main threads, 4 cores apart
+[0, 4, 8, 12]
+>>> placement("omp-spread", 2, 2, Topology.preset("xeon-8272cl")).describe().splitlines()[2]
+'  worker 0: main 0,16 | 0,16 8,24'
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .errors import ModelError, TopologyError
+from .model import solve
+from .model.families import main_counts, pair_sums, worker_counts
+from .model.instance import MODES, check_positive_int
+from .topology import Topology
+
+__all__ = ["POLICIES", "Placement", "placement", "compare"]
+
+#: Every policy :func:`placement` knows, baselines first.
+POLICIES = ("cfs", "round-robin", "omp-spread", "omp-close", "numa", "tuna-scatter", "tuna-compact")
+
+_PLACES = ("cores", "threads")
+_PINNED_BY = ("none", "tuna_lab", "openmp")
+# Loads are sums of fractions 1/k: compare them with a little slack.
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, eq=False)
+class Placement:
+    """Where every thread of every worker may run under one policy.
+
+    Parameters
+    ----------
+    policy : str
+        One of :data:`POLICIES` (or any label, for hand-made placements).
+    workers, threads : int
+        ``W`` workers with ``T`` threads each; thread 0 is the main thread.
+    topology : Topology
+        The machine the placement is for.
+    allowed : nested sequence of sets of int, shape (W, T)
+        ``allowed[w][t]``: OS cpu ids thread ``t`` of worker ``w`` may run on.
+        Stored as a tuple of tuples of frozensets.
+    env : dict of str to str
+        Extra environment for the worker processes (``OMP_*`` for the OpenMP
+        policies, empty for the others).
+    pinned_by : {"none", "tuna_lab", "openmp"}
+        Who enforces ``allowed``: nobody (the kernel decides), tuna_lab
+        (``sched_setaffinity`` on each thread id) or the OpenMP runtime
+        (from ``env``; tuna_lab only reads the affinities back).
+    mapping : Mapping, optional
+        The solved Tuna mapping, for the ``tuna-*`` policies.
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology
+    >>> p = placement("numa", 2, 2, Topology.synthetic("pack:2 numa:1 core:2 pu:1"))
+    >>> sorted(p.allowed[1][0]), p.cpu(1, 0), p.expected_loads().tolist()
+    ([2, 3], None, [1.0, 1.0, 1.0, 1.0])
+    """
+
+    policy: str
+    workers: int
+    threads: int
+    topology: Topology
+    allowed: tuple
+    env: dict
+    pinned_by: str
+    mapping: object = None
+
+    def __post_init__(self):
+        W = check_positive_int("workers", self.workers)
+        T = check_positive_int("threads", self.threads)
+        if not isinstance(self.topology, Topology):
+            raise TopologyError(f"topology must be a Topology, got {type(self.topology).__name__}")
+        if self.pinned_by not in _PINNED_BY:
+            raise ModelError(f"pinned_by must be one of {', '.join(_PINNED_BY)}, got {self.pinned_by!r}")
+        rows = tuple(tuple(s if isinstance(s, frozenset) else frozenset(int(c) for c in s) for s in row)
+                     for row in self.allowed)
+        if len(rows) != W or any(len(row) != T for row in rows):
+            raise ModelError(f"allowed must hold {W} rows of {T} cpu sets, one per thread")
+        known = frozenset(self.topology.cpus)
+        if not all(s and s <= known for s in set(itertools.chain.from_iterable(rows))):
+            raise ModelError("every allowed cpu set must be a non-empty subset of the topology's cpus")
+        for name, value in (("workers", W), ("threads", T), ("allowed", rows),
+                            ("env", {str(k): str(v) for k, v in dict(self.env or {}).items()})):
+            object.__setattr__(self, name, value)
+
+    def __repr__(self):
+        return (f"Placement({self.policy!r}, W={self.workers}, T={self.threads}, "
+                f"topology={self.topology.name!r}, pinned_by={self.pinned_by!r})")
+
+    # -- the placement as arrays ------------------------------------------------
+    @cached_property
+    def _membership(self):
+        """Boolean (W, T, C): thread (w, t) may run on logical core position c."""
+        cpus = np.asarray(self.topology.cpus)
+        # Policies share a handful of distinct sets: build each row once.
+        rows = {}
+        index = [rows.setdefault(s, len(rows)) for s in itertools.chain.from_iterable(self.allowed)]
+        table = np.zeros((len(rows), len(cpus)), dtype=bool)
+        for s, r in rows.items():
+            table[r, np.searchsorted(cpus, sorted(s))] = True
+        member = table[np.asarray(index)].reshape(self.workers, self.threads, len(cpus))
+        member.setflags(write=False)
+        return member
+
+    @property
+    def _shares(self):
+        """(W, T, C) float: the fraction of its time each thread is expected on each cpu."""
+        member = self._membership
+        return member / member.sum(axis=-1, keepdims=True)
+
+    def cpu(self, w, t):
+        """The single cpu thread ``t`` of worker ``w`` is bound to, or None if it may move.
+
+        Examples
+        --------
+        >>> from tuna_lab import Topology
+        >>> p = placement("round-robin", 2, 2, Topology.synthetic("core:4 pu:1"))
+        >>> p.cpu(1, 0), placement("cfs", 2, 2, p.topology).cpu(1, 0)
+        (2, None)
+        """
+        cpus = self.allowed[w][t]
+        return next(iter(cpus)) if len(cpus) == 1 else None
+
+    def as_array(self):
+        """The single cpu of each thread, shape (W, T); ``-1`` where a thread may move.
+
+        Examples
+        --------
+        >>> from tuna_lab import Topology
+        >>> placement("round-robin", 2, 3, Topology.synthetic("core:4 pu:1")).as_array().tolist()
+        [[0, 1, 2], [3, 0, 1]]
+        """
+        member = self._membership
+        cpu = np.asarray(self.topology.cpus)[member.argmax(axis=-1)]
+        return np.where(member.sum(axis=-1) == 1, cpu, -1)
+
+    def expected_loads(self):
+        """Expected threads per logical core, aligned with ``topology.cpus``.
+
+        A thread allowed on ``k`` cpus adds ``1/k`` to each of them: exact for
+        pinned threads, the scheduler's fair share otherwise. The loads sum to ``W*T``.
+
+        Examples
+        --------
+        >>> from tuna_lab import Topology
+        >>> placement("omp-close", 2, 2, Topology.synthetic("core:4 pu:1")).expected_loads().tolist()
+        [2.0, 2.0, 0.0, 0.0]
+        """
+        return self._shares.sum(axis=(0, 1))
+
+    def to_frame(self):
+        """One row per thread: policy, worker, thread, role, allowed, n_allowed, cpu.
+
+        ``allowed`` is the sorted list of cpu ids, or ``"all"`` when the thread
+        may run on every cpu of the topology; ``cpu`` is the single cpu, or
+        ``<NA>`` when there is more than one.
+
+        Examples
+        --------
+        >>> from tuna_lab import Topology
+        >>> placement("cfs", 1, 2, Topology.synthetic("core:2 pu:1")).to_frame()[["role", "allowed"]]
+             role allowed
+        0    main     all
+        1  openmp     all
+        """
+        import pandas as pd
+
+        W, T = self.workers, self.threads
+        every = frozenset(self.topology.cpus)
+        sets = list(itertools.chain.from_iterable(self.allowed))
+        return pd.DataFrame({
+            "policy": self.policy,
+            "worker": np.repeat(np.arange(W), T),
+            "thread": np.tile(np.arange(T), W),
+            "role": np.tile(np.where(np.arange(T) == 0, "main", "openmp"), W),
+            "allowed": ["all" if s == every else sorted(s) for s in sets],
+            "n_allowed": [len(s) for s in sets],
+            "cpu": pd.array([c if c >= 0 else None for c in self.as_array().ravel().tolist()],
+                            dtype="Int64"),
+        })
+
+    def describe(self):
+        """A short text grid: a header, one line per worker, the expected loads.
+
+        Examples
+        --------
+        >>> from tuna_lab import Topology
+        >>> print(placement("round-robin", 2, 3, Topology.synthetic("core:4 pu:1")).describe())
+        round-robin: W=2 x T=3 on synthetic:core:4 pu:1 (C=4, P=4), pinned by tuna_lab
+          worker 0: main 0 | 0 1 2
+          worker 1: main 3 | 3 0 1
+          expected threads per logical core: min 1 max 2 std 0.5
+        """
+        topo = self.topology
+        lines = [f"{self.policy}: W={self.workers} x T={self.threads} on {topo.name} "
+                 f"(C={topo.n_logical}, P={topo.n_physical}), pinned by {self.pinned_by}"]
+        if self.env:
+            lines.append("  env: " + " ".join(f"{k}={v}" for k, v in self.env.items()))
+        every = frozenset(topo.cpus)
+        cells = [["all" if s == every else _cpulist(s) for s in row] for row in self.allowed]
+        width = max(len(c) for row in cells for c in row)
+        wid = len(str(self.workers - 1))
+        for w, row in enumerate(cells):
+            lines.append(f"  worker {w:>{wid}}: main {row[0]:>{width}} | " + " ".join(f"{c:>{width}}" for c in row))
+        loads = self.expected_loads()
+        lines.append(f"  expected threads per logical core: min {loads.min():.3g} max {loads.max():.3g} "
+                     f"std {loads.std():.3g}")
+        return "\n".join(lines)
+
+    def to_dict(self):
+        """A JSON-able description: policy, sizes, env, allowed sets, single cpus, loads.
+
+        ``cpus`` holds ``None`` for threads that may move; ``mapping`` is the
+        Tuna mapping's own :meth:`~tuna_lab.model.Mapping.to_dict` or None.
+
+        Examples
+        --------
+        >>> import json
+        >>> from tuna_lab import Topology
+        >>> d = placement("round-robin", 1, 2, Topology.synthetic("core:2 pu:1")).to_dict()
+        >>> json.loads(json.dumps(d))["cpus"]
+        [[0, 1]]
+        """
+        single = self.as_array()
+        return {
+            "policy": self.policy,
+            "workers": self.workers,
+            "threads": self.threads,
+            "topology": self.topology.name,
+            "logical_cores": self.topology.n_logical,
+            "physical_cores": self.topology.n_physical,
+            "pinned_by": self.pinned_by,
+            "env": dict(self.env),
+            "allowed": [[sorted(s) for s in row] for row in self.allowed],
+            "cpus": [[int(c) if c >= 0 else None for c in row] for row in single.tolist()],
+            "expected_loads": dict(zip(map(str, self.topology.cpus), self.expected_loads().tolist())),
+            "mapping": None if self.mapping is None else self.mapping.to_dict(),
+        }
+
+
+def placement(policy, workers, threads, topology=None, *, places="cores", mode=None, time_limit=None):
+    """The placement of ``workers`` x ``threads`` under ``policy``.
+
+    Parameters
+    ----------
+    policy : str
+        One of :data:`POLICIES`.
+    workers, threads : int
+        ``W`` server workers, ``T`` OpenMP threads each (thread 0 = main thread).
+    topology : Topology, optional
+        The machine; ``None`` reads this one (only the CPUs this process may use).
+    places : {"cores", "threads"}
+        ``OMP_PLACES`` of the ``omp-*`` policies; ignored by the others.
+    mode : {"scatter", "compact"}, optional
+        For the ``tuna-*`` policies, must agree with the policy's name (which
+        already fixes it); ignored by the others, which have no mode.
+    time_limit : float, optional
+        Seconds the ``tuna-*`` policies may give the solver.
+
+    Returns
+    -------
+    Placement
+
+    Raises
+    ------
+    ModelError
+        Bad workers, threads, policy name, places or mode.
+    TopologyError
+        ``topology`` is not a :class:`~tuna_lab.Topology`.
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology
+    >>> topo = Topology.preset("xeon-8272cl")
+    >>> p = placement("omp-spread", 4, 2, topo)
+    >>> p.env
+    {'OMP_PROC_BIND': 'spread', 'OMP_PLACES': 'cores', 'OMP_NUM_THREADS': '2'}
+    >>> [sorted(s) for s in p.allowed[3]]  # every worker binds the same places
+    [[0, 16], [8, 24]]
+    >>> placement("tuna-scatter", 4, 2, topo).mapping.verify()
+    []
+    """
+    W = check_positive_int("workers", workers)
+    T = check_positive_int("threads", threads)
+    if not isinstance(policy, str) or policy not in POLICIES:
+        raise ModelError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
+    _check_options(places, mode)
+    topology = _resolve_topology(topology)
+    if policy.startswith("tuna-"):
+        wanted = policy.removeprefix("tuna-")
+        if mode is not None and mode != wanted:
+            raise ModelError(f"policy {policy!r} solves in {wanted} mode, not {mode!r}")
+        mapping = solve(W, T, topology, wanted, time_limit=time_limit)
+        return Placement(policy, W, T, topology, _singletons(mapping.assignment, topology), {},
+                         "tuna_lab", mapping)
+    if policy == "cfs":
+        every = frozenset(topology.cpus)
+        return Placement(policy, W, T, topology, ((every,) * T,) * W, {}, "none")
+    if policy == "round-robin":
+        # OCC pinning (Algorithm 1): one counter over all threads, worker by
+        # worker, main thread first; no notion of load, hence the stacking.
+        counter = np.arange(W * T).reshape(W, T)
+        cpus = np.asarray(topology.cpus)[counter % topology.n_logical]
+        return Placement(policy, W, T, topology, _singletons(cpus, topology), {}, "tuna_lab")
+    if policy == "numa":
+        nodes = _groups(topology.numa, topology)
+        row = [(nodes[w % len(nodes)],) * T for w in range(W)]
+        return Placement(policy, W, T, topology, tuple(row), {}, "tuna_lab")
+    bind = policy.removeprefix("omp-")
+    if places == "cores":
+        place_list = _groups(topology.core, topology)
+    else:
+        place_list = [frozenset((c,)) for c in topology.cpus]
+    row = tuple(place_list[i] for i in _gomp_places(T, len(place_list), bind).tolist())
+    env = {"OMP_PROC_BIND": bind, "OMP_PLACES": places, "OMP_NUM_THREADS": str(T)}
+    return Placement(policy, W, T, topology, (row,) * W, env, "openmp")
+
+
+def compare(workers, threads, topology=None, policies=POLICIES, *, places="cores", time_limit=None):
+    """How evenly each policy loads the machine, and the Tuna objective where it applies.
+
+    Parameters
+    ----------
+    workers, threads : int
+    topology : Topology, optional
+        ``None`` reads this machine once for all policies.
+    policies : sequence of str
+        Which policies to compare, default all of :data:`POLICIES`.
+    places, time_limit
+        Passed to :func:`placement`.
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by ``policy``, one row per policy, with columns
+
+        * ``pinned_by``: who enforces the placement;
+        * ``max_logical_load``, ``max_physical_load``: largest expected thread
+          count on one logical / physical core (see :meth:`Placement.expected_loads`);
+        * ``load_std``: standard deviation of the logical-core loads;
+        * ``idle_cpus``: logical cores no thread may use;
+        * ``stacked_main_cpus``: logical cores expected to host more than one
+          main thread (a main thread allowed on ``k`` cpus counts ``1/k``);
+        * ``max_main_cpu_load``: largest expected load of a logical core a main
+          thread may use (the article's scenario 3: main threads should get the
+          cores with ``L``, not ``U``, threads);
+        * ``f_main``, ``f_mode``: the Tuna objective terms with the scatter
+          sign (``s = +1``), NaN unless every thread is bound to a single cpu.
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology
+    >>> df = compare(4, 4, Topology.synthetic("core:16 pu:1"), ["round-robin", "omp-close"])
+    >>> df["max_logical_load"].to_dict(), df["stacked_main_cpus"].to_dict()
+    ({'round-robin': 1.0, 'omp-close': 4.0}, {'round-robin': 0, 'omp-close': 1})
+    """
+    import pandas as pd
+
+    W = check_positive_int("workers", workers)
+    T = check_positive_int("threads", threads)
+    policies = (policies,) if isinstance(policies, str) else tuple(policies)
+    for policy in policies:
+        if policy not in POLICIES:
+            raise ModelError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
+    _check_options(places, None)
+    topology = _resolve_topology(topology)
+    distance = topology.distance()
+    rows = [_metrics(placement(p, W, T, topology, places=places, time_limit=time_limit), distance)
+            for p in policies]
+    return pd.DataFrame(rows, index=pd.Index(policies, name="policy"))
+
+
+# ---------------------------------------------------------------- helpers
+def _check_options(places, mode):
+    if places not in _PLACES:
+        raise ModelError(f"places must be one of {', '.join(_PLACES)}, got {places!r}")
+    if mode is not None and mode not in MODES:
+        raise ModelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def _resolve_topology(topology):
+    if topology is None:
+        return Topology.from_sysfs()
+    if not isinstance(topology, Topology):
+        raise TopologyError(f"topology must be a Topology or None, got {type(topology).__name__}")
+    return topology
+
+
+def _singletons(cpus, topology):
+    """(W, T) cpu ids -> the nested tuples of one-cpu frozensets, one shared set per cpu."""
+    one = {c: frozenset((c,)) for c in topology.cpus}
+    return tuple(tuple(one[c] for c in row) for row in np.asarray(cpus).tolist())
+
+
+def _groups(labels, topology):
+    """The cpu sets of each label (physical core, NUMA node), ordered by their lowest cpu."""
+    cpus = np.asarray(topology.cpus)
+    # Labels are dense by first appearance along the ascending cpus, so label
+    # order is lowest-cpu order; sorting keeps that true for any labelling.
+    sets = [frozenset(cpus[labels == k].tolist()) for k in np.unique(labels).tolist()]
+    return sorted(sets, key=min)
+
+
+def _gomp_places(T, N, bind):
+    """Place index of OpenMP threads ``0..T-1`` over ``N`` places, as libgomp binds them.
+
+    The initial thread sits on place 0 with the whole list as its partition;
+    see the module docstring for the rules (libgomp ``gomp_team_start``).
+
+    Examples
+    --------
+    >>> _gomp_places(3, 8, "spread").tolist(), _gomp_places(5, 2, "close").tolist()
+    ([0, 3, 6], [0, 0, 1, 1, 0])
+    """
+    i = np.arange(T)
+    if bind == "spread" and T <= N:
+        # T subpartitions, the first N mod T one place longer; bind to their first place.
+        s, rest = divmod(N, T)
+        return i * s + np.minimum(i, rest)
+    # close (and spread with T > N): s threads per place in order, then the
+    # T mod N leftovers one per place from place 0 again.
+    s = max(T // N, 1)
+    return np.where(i < s * N, i // s, i - s * N)
+
+
+def _metrics(p, distance):
+    """One row of :func:`compare` for placement ``p``."""
+    topo = p.topology
+    shares = p._shares
+    loads = shares.sum(axis=(0, 1))
+    physical = np.bincount(topo.core, weights=loads, minlength=topo.n_physical)
+    main = shares[:, 0].sum(axis=0)
+    single = p.as_array()
+    f_main = f_mode = np.nan
+    if np.all(single >= 0):
+        pos = np.searchsorted(topo.cpus, single)
+        f_main = float(pair_sums(main_counts(pos, topo.n_logical), distance)[0])
+        f_mode = float(pair_sums(worker_counts(pos, topo.n_logical), distance).sum())
+    return {
+        "pinned_by": p.pinned_by,
+        "max_logical_load": float(loads.max()),
+        "max_physical_load": float(physical.max()),
+        "load_std": float(loads.std()),
+        "idle_cpus": int(np.sum(loads < _EPS)),
+        "stacked_main_cpus": int(np.sum(main > 1 + _EPS)),
+        "max_main_cpu_load": float(loads[main > _EPS].max()),
+        "f_main": f_main,
+        "f_mode": f_mode,
+    }
+
+
+def _cpulist(cpus):
+    """Linux cpulist text of a set of ids: ``{0, 1, 2, 5}`` -> ``"0-2,5"``."""
+    ids = sorted(cpus)
+    runs, start = [], ids[0]
+    for prev, cur in zip(ids, ids[1:] + [None]):
+        if cur is None or cur != prev + 1:
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(runs)

@@ -1,0 +1,53 @@
+"""Gunicorn configuration (``-c python:tuna_lab.server.gunicorn_conf``): workers pinned by slot.
+
+The launcher writes the placement to ``$TUNA_LAB_STATE/placement.json``; this
+module reads it in the master (plain JSON: nothing here loads XGBoost or
+OpenMP before the fork) and installs three hooks:
+
+* ``pre_fork`` (master): give the new worker the lowest free slot;
+* ``post_worker_init`` (worker): warm up, bind the threads, mark ready;
+* ``child_exit`` (master): free the slot and drop its record, so the
+  replacement of a crashed or recycled worker is pinned to the same cores.
+"""
+
+import os
+
+from tuna_lab.server.pinning import pick_slot, pin_worker, read_plan, record_path
+
+_STATE = os.environ["TUNA_LAB_STATE"]
+_PLAN = read_plan(_STATE)
+
+workers = _PLAN["workers"]
+worker_class = "sync"
+# One request at a time per worker (the article's pre-fork sync model).
+threads = 1
+# A large model's first request builds the OpenMP pool and caches; be patient.
+timeout = int(os.environ.get("TUNA_LAB_TIMEOUT", "120"))
+graceful_timeout = 10
+max_requests = int(os.environ.get("TUNA_LAB_MAX_REQUESTS", "0"))
+loglevel = os.environ.get("TUNA_LAB_LOGLEVEL", "info")
+preload_app = False
+
+
+def pre_fork(server, worker):
+    live = [getattr(w, "tuna_slot", None) for w in server.WORKERS.values()]
+    worker.tuna_slot = pick_slot(live, _PLAN["workers"], worker.age)
+
+
+def post_worker_init(worker):
+    pin_worker(worker.wsgi, worker.tuna_slot, _PLAN, _STATE)
+
+
+def child_exit(server, worker):
+    slot = getattr(worker, "tuna_slot", None)
+    if slot is None:
+        return
+    path = record_path(_STATE, slot)
+    try:
+        import json
+
+        with open(path) as fh:
+            if json.load(fh).get("pid") == worker.pid:
+                os.remove(path)
+    except (OSError, ValueError):
+        pass

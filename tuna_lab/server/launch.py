@@ -1,0 +1,278 @@
+"""Start, watch and stop a pinned Gunicorn + XGBoost server.
+
+>>> from tuna_lab.server.launch import Server
+>>> with Server(2, 2, model="small", policy="round-robin") as srv:   # doctest: +SKIP
+...     srv.url, [w["slot"] for w in srv.worker_records()]
+('http://127.0.0.1:39215', [0, 1])
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..errors import TunaError
+from .binding import affinity_of, threads_of
+from .pinning import PLAN_FILE, record_path
+
+__all__ = ["Server", "ServerError", "status", "stop", "SERVER_ENV"]
+
+#: Thread pools other than the worker's OpenMP pool stay at one thread, so
+#: the only threads that compete are the ones the policy places.
+SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "BLIS_NUM_THREADS": "1",
+              "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}
+
+
+class ServerError(TunaError):
+    """The server could not be started, did not become ready, or could not be found."""
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as fh:
+            return [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+
+
+class Server:
+    """A Gunicorn server of ``workers`` sync workers, each with ``threads`` OpenMP threads, pinned by ``policy``.
+
+    Parameters
+    ----------
+    workers, threads : int
+    model : {"small", "medium", "large"}
+    policy : str
+        One of :data:`tuna_lab.policies.POLICIES`.
+    port : int, optional
+        0 (default) picks a free loopback port. The server binds 127.0.0.1 only.
+    pidfile : str, optional
+        Where Gunicorn writes the master's PID (default: in the state directory).
+    topology : Topology, optional
+        Default: this machine, restricted to the CPUs this process may use.
+    max_requests : int
+        Recycle each worker after this many requests (0: never).
+    request_log : str, optional
+        Directory for the per-request JSON lines.
+    places : {"cores", "threads"}
+        ``OMP_PLACES`` for the ``omp-*`` policies.
+    """
+
+    def __init__(self, workers, threads, model="medium", policy="cfs", port=0, pidfile=None,
+                 topology=None, max_requests=0, request_log=None, places="cores", state_dir=None,
+                 max_body_bytes=None, time_limit=60):
+        from ..policies import placement
+        from .models import MODEL_FEATURES
+
+        if model not in MODEL_FEATURES:
+            raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
+        self.placement = placement(policy, workers, threads, topology, places=places, time_limit=time_limit)
+        self.workers, self.threads, self.model, self.policy = workers, threads, model, policy
+        self.port = int(port) or _free_port()
+        self.state_dir = state_dir or tempfile.mkdtemp(prefix="tuna-lab-server-")
+        self.pidfile = os.path.abspath(pidfile or os.path.join(self.state_dir, "gunicorn.pid"))
+        self.max_requests = int(max_requests)
+        self.request_log = request_log
+        self.max_body_bytes = max_body_bytes
+        self.proc = None
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def _env(self):
+        env = dict(os.environ)
+        env.update(SERVER_ENV)
+        env.update({k: str(v) for k, v in self.placement.env.items()})
+        env.update({
+            "OMP_NUM_THREADS": str(self.threads),
+            "TUNA_LAB_STATE": self.state_dir,
+            "TUNA_LAB_MODEL": self.model,
+            "TUNA_LAB_THREADS": str(self.threads),
+            "TUNA_LAB_MAX_REQUESTS": str(self.max_requests),
+        })
+        if self.request_log:
+            os.makedirs(self.request_log, exist_ok=True)
+            env["TUNA_LAB_REQUEST_LOG"] = os.path.abspath(self.request_log)
+        if self.max_body_bytes:
+            env["TUNA_LAB_MAX_BODY"] = str(int(self.max_body_bytes))
+        return env
+
+    def start(self, ready_timeout=180):
+        """Start Gunicorn and wait until every worker is warm and pinned."""
+        from .models import ensure_model
+
+        # Train (or find) the model here, once, rather than in W racing workers.
+        ensure_model(self.model)
+        plan = self.placement.to_dict()
+        plan["allowed"] = [[sorted(cpus) for cpus in row] for row in self.placement.allowed]
+        with open(os.path.join(self.state_dir, PLAN_FILE), "w") as fh:
+            json.dump(plan, fh)
+        cmd = [sys.executable, "-m", "gunicorn", "-c", "python:tuna_lab.server.gunicorn_conf",
+               "--bind", f"127.0.0.1:{self.port}", "--pid", self.pidfile,
+               "tuna_lab.server.wsgi:app"]
+        self._log = open(os.path.join(self.state_dir, "gunicorn.log"), "ab")
+        self.proc = subprocess.Popen(cmd, env=self._env(), stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        with open(self.pidfile + ".tuna.json", "w") as fh:
+            json.dump({"state_dir": self.state_dir, "url": self.url, "policy": self.policy,
+                       "workers": self.workers, "threads": self.threads, "model": self.model}, fh)
+        try:
+            self.wait_ready(ready_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout=180):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise ServerError(f"gunicorn exited with status {self.proc.returncode}: {self._tail()}")
+            records = self.worker_records()
+            failed = [r for r in records if r.get("error")]
+            if failed:
+                raise ServerError(f"worker {failed[0]['pid']} could not be pinned: {failed[0]['error']}")
+            if len([r for r in records if r.get("ready")]) == self.workers:
+                return records
+            time.sleep(0.05)
+        raise ServerError(f"server not ready after {timeout:g} s: {self._tail()}")
+
+    def _tail(self, lines=3):
+        try:
+            with open(os.path.join(self.state_dir, "gunicorn.log"), "rb") as fh:
+                text = fh.read().decode(errors="replace").strip().splitlines()
+            return " | ".join(text[-lines:])
+        except OSError:
+            return ""
+
+    def worker_records(self):
+        """The binding records of the live workers, one per slot."""
+        return _records(self.state_dir, self.workers)
+
+    def master_pid(self):
+        return self.proc.pid if self.proc else None
+
+    def worker_pids(self):
+        return _children(self.proc.pid) if self.proc else []
+
+    def stop(self, timeout=15):
+        """Stop Gunicorn and make sure no worker survives."""
+        if self.proc is None:
+            return
+        pids = [self.proc.pid] + self.worker_pids()
+        _terminate(self.proc.pid, pids, timeout)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        self._log.close()
+        self.proc = None
+
+    def __enter__(self):
+        return self.start() if self.proc is None else self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _terminate(master, pids, timeout):
+    """SIGTERM the master (graceful), then SIGKILL whatever is left of the group."""
+    try:
+        os.kill(master, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    for p in pids:
+        if _alive(p):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    try:
+        os.killpg(master, signal.SIGKILL)        # the session started for Gunicorn
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _records(state_dir, workers):
+    out = []
+    for slot in range(workers):
+        try:
+            with open(record_path(state_dir, slot)) as fh:
+                rec = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if rec.get("error") or _alive(rec["pid"]):
+            out.append(rec)
+    return out
+
+
+def _sidecar(pidfile):
+    try:
+        with open(pidfile) as fh:
+            master = int(fh.read().strip())
+        with open(pidfile + ".tuna.json") as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        raise ServerError(f"no running tuna-lab server found for pidfile {pidfile}") from None
+    if not _alive(master):
+        raise ServerError(f"the server of pidfile {pidfile} (pid {master}) is not running")
+    return master, meta
+
+
+def status(pidfile):
+    """Live view of a server: worker -> thread (role, TID) -> allowed CPUs, read from /proc."""
+    master, meta = _sidecar(pidfile)
+    records = {r["pid"]: r for r in _records(meta["state_dir"], meta["workers"])}
+    workers = []
+    for pid in sorted(_children(master)):
+        rec = records.get(pid, {})
+        roles = {t["tid"]: t for t in rec.get("threads", [])}
+        threads = []
+        for tid in threads_of(pid):
+            try:
+                cpus = sorted(affinity_of(tid))
+            except TunaError:
+                continue
+            known = roles.get(tid, {})
+            threads.append({"tid": tid, "role": known.get("role", "other"), "rank": known.get("rank"),
+                            "cpus": cpus, "expected": known.get("expected")})
+        workers.append({"pid": pid, "slot": rec.get("slot"), "ready": bool(rec.get("ready")),
+                        "threads": threads})
+    workers.sort(key=lambda w: (w["slot"] is None, w["slot"]))
+    return {"master": master, "url": meta["url"], "policy": meta["policy"], "model": meta["model"],
+            "workers_expected": meta["workers"], "threads": meta["threads"],
+            "master_cpus": sorted(affinity_of(master)), "workers": workers}
+
+
+def stop(pidfile, timeout=15):
+    """Stop the server of ``pidfile``."""
+    master, meta = _sidecar(pidfile)
+    _terminate(master, [master] + _children(master), timeout)
