@@ -73,7 +73,7 @@ def test_unique_rank_cores_satisfied_and_violated():
     assert len(viol) == 1
     assert viol[0].index == (0, 0)
     assert viol[0].amount == 1.0
-    assert viol[0].message == "core 0 holds 2 threads of rank 0, above 1"
+    assert viol[0].message == "cpu 0 holds 2 threads of rank 0, above 1"
     viol = check_consistent(fam, arr([[0, 3], [1, 3]]), i)
     assert [(v.index, v.amount) for v in viol] == [((1, 3), 1.0)]
     assert "rank 1" in viol[0].message
@@ -88,7 +88,7 @@ def test_unique_rank_cores_generalised_when_more_workers_than_cores():
     assert check_consistent(fam, arr([[0], [0], [1], [2], [3]]), i) == []
     viol = check_consistent(fam, arr([[0], [0], [0], [1], [2]]), i)
     assert [(v.index, v.amount) for v in viol] == [((0, 0), 1.0)]
-    assert viol[0].message == "core 0 holds 3 threads of rank 0, above 2"
+    assert viol[0].message == "cpu 0 holds 3 threads of rank 0, above 2"
     viol = check_consistent(fam, arr([[0], [0], [0], [0], [0]]), i)
     assert viol[0].amount == 3.0
 
@@ -108,7 +108,7 @@ def test_unique_worker_cores_satisfied_and_violated():
     assert check_consistent(fam, arr([[0, 1], [0, 1]]), i) == []
     viol = check_consistent(fam, arr([[0, 0], [1, 2]]), i)
     assert [(v.index, v.amount) for v in viol] == [((0, 0), 1.0)]
-    assert viol[0].message == "core 0 holds 2 threads of worker 0, above 1"
+    assert viol[0].message == "cpu 0 holds 2 threads of worker 0, above 1"
 
 
 def test_unique_worker_cores_generalised_when_more_threads_than_cores():
@@ -120,7 +120,7 @@ def test_unique_worker_cores_generalised_when_more_threads_than_cores():
     assert check_consistent(fam, arr([[0, 0, 1, 2, 3]]), i) == []
     viol = check_consistent(fam, arr([[0, 0, 0, 1, 2]]), i)
     assert [(v.index, v.amount) for v in viol] == [((0, 0), 1.0)]
-    assert viol[0].message == "core 0 holds 3 threads of worker 0, above 2"
+    assert viol[0].message == "cpu 0 holds 3 threads of worker 0, above 2"
     assert fam.applies(inst(1, 4))
     assert "T <= C" in fam.note(inst(1, 4))
 
@@ -164,7 +164,7 @@ def test_worker_distance_note_names_the_mode():
 def test_logical_balance_docstring_example(xeon):
     i = Instance(2, 2, xeon)
     viol = check_consistent(LogicalBalance(), arr([[0, 0], [1, 2]]), i)
-    assert viol[0].message == "logical core 0 carries 2 threads, above U=1"
+    assert viol[0].message == "cpu 0 carries 2 threads, above U=1"
 
 
 def test_logical_balance_above_and_below():
@@ -174,8 +174,8 @@ def test_logical_balance_above_and_below():
     viol = check_consistent(fam, arr([[0, 0], [1, 2]]), i)
     assert {(v.index, v.amount) for v in viol} == {((0,), 1.0), ((3,), 1.0)}
     msgs = sorted(v.message for v in viol)
-    assert msgs == ["logical core 0 carries 2 threads, above U=1",
-                    "logical core 3 carries 0 threads, below L=1"]
+    assert msgs == ["cpu 0 carries 2 threads, above U=1",
+                    "cpu 3 carries 0 threads, below L=1"]
     viol = check_consistent(fam, arr([[0, 0], [0, 0]]), i)
     assert {(v.index, v.amount) for v in viol} == {((0,), 3.0), ((1,), 1.0), ((2,), 1.0), ((3,), 1.0)}
 
@@ -269,7 +269,7 @@ def test_main_load_cap_scenario_3_bound_zero():
     viol = check_consistent(fam, bad, i)
     assert len(viol) == 1
     assert viol[0].index == () and viol[0].amount == 1.0
-    assert viol[0].message == "1 cores with a main thread carry U=3 threads (cores [3]), above 0"
+    assert viol[0].message == "1 cores with a main thread carry U=3 threads (cpus [3]), above 0"
 
 
 def test_main_load_cap_positive_bound():
@@ -389,3 +389,20 @@ def test_checks_agree_with_independent_reference(W, T, topo):
         assert WorkerDistance().value(a, i) == pytest.approx(f_mode[n])
         assert WorkerDistance().value(a, ic) == pytest.approx(-f_mode[n])
     np.testing.assert_array_equal(np.array(ok), ref_ok)
+
+
+def test_messages_name_os_cpu_ids(xeon):
+    """Positions 2 and 3 of this sub-machine are OS cpus 16 and 17."""
+    t = xeon.restrict([0, 1, 16, 17])
+    i = Instance(2, 2, t)
+    viol = LogicalBalance().violations(arr([[2, 2], [0, 1]]), i)
+    assert sorted(v.message for v in viol) == ["cpu 16 carries 2 threads, above U=1",
+                                               "cpu 17 carries 0 threads, below L=1"]
+    assert sorted(v.index for v in viol) == [(2,), (3,)]          # indices stay positions
+    viol = UniqueRankCores().violations(arr([[2, 0], [2, 1]]), i)
+    assert [v.message for v in viol] == ["cpu 16 holds 2 threads of rank 0, above 1"]
+    viol = UniqueWorkerCores().violations(arr([[3, 3], [0, 1]]), i)
+    assert [v.message for v in viol] == ["cpu 17 holds 2 threads of worker 0, above 1"]
+    i3 = Instance(3, 3, xeon.restrict([0, 1, 2, 20]))             # scenario 3, bound 0
+    viol = MainLoadCap().violations(arr([[3, 0, 1], [1, 3, 2], [2, 3, 0]]), i3)
+    assert viol and "cpus [20]" in viol[0].message

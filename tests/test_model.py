@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from conftest import ALL_KEYS, brute_force, feasible_mask, objective_of, small_specs
 from tuna_lab import InfeasibleModelError, Mapping, ModelError, Topology, TunaModel, solve
 from tuna_lab.errors import NoSolutionError, TunaError
-from tuna_lab.model.families import (DEFAULT_FAMILIES, FAMILY_TYPES, Family, LogicalBalance,
-                                     MainIndicator, MainLoadCap, MainSpread, PhysicalBalance,
-                                     PhysicalMainLoadCap, UniqueRankCores, UniqueWorkerCores)
+from tuna_lab.model.families import (Family, LogicalBalance, MainIndicator, MainLoadCap,
+                                     PhysicalBalance,
+                                     PhysicalMainLoadCap, UniqueRankCores, UniqueWorkerCores,
+                                     Violation)
 
 try:  # the shared strategies, when the topology engineer's module provides them
     from strategies import synthetic_specs as _shared_specs
@@ -181,48 +182,35 @@ SUBSET_CASES = [(CORE4, 2, 2), (CORE4, 3, 2), (CORE4, 2, 3), (CORE4, 1, 5), (COR
                 (SMT2x2, 3, 2), (SMT2x2, 2, 3), (SMT2x2, 1, 3), (SMT2x2, 3, 1),
                 (PACK2, 3, 2), (PACK2, 2, 3), (CORE3, 2, 2), (CORE3, 1, 4), (CORE3, 4, 2)]
 DROPS = [("11-12",), ("3",), ("2",), ("8",), ("8", "3"), ("8p",), ("11p-12p",),
-         ("8p", "11p-12p"), ("2", "3", "8")]
+         ("8p", "11p-12p"), ("2", "3"), ("11-12", "9-10", "8"), ("11-12", "9-10", "8", "3"),
+         ("2", "3", "8", "11-12")]
 
 
-_BUG_RANKS = ("counts encoding recovers ranks with the cap of (2) although (2) is not in the "
-              "model: assign_ranks raises ModelError")
-_BUG_EVENTS = ("(11-12) without (8): the encodings count (N_c - L) M_c events, verify() counts "
-               "cores with N_c == U; the solver misses mappings the model's own checks accept")
-
-
-def _known_bug(spec, W, T, mode, drop, via_solver):
-    """Reason a case fails today because of a library bug (reported), else None."""
-    if not via_solver:
-        return None
-    if "2" in drop and (spec, W, T) in {(CORE4, 3, 2), (SMT2x2, 3, 2), (PACK2, 3, 2), (CORE3, 2, 2)}:
-        return _BUG_RANKS
-    if {"8", "3"} <= set(drop) and mode == "compact" and (spec, W, T) in {
-            (CORE4, 2, 3), (CORE4, 1, 5), (SMT2x2, 2, 3), (PACK2, 2, 3), (CORE3, 1, 4)}:
-        return _BUG_EVENTS
-    return None
+def _accepted(spec, W, T, keys):
+    try:
+        TunaModel(W, T, topo(spec), families=keys)
+    except ModelError:
+        return False
+    return True
 
 
 def _subset_params():
+    """Combinations the model accepts (refusals are tested on their own below)."""
     for spec, W, T in SUBSET_CASES:
         for drop in DROPS:
             keys = tuple(k for k in ALL_KEYS if k not in drop)
+            if not _accepted(spec, W, T, keys):
+                continue
             for mode in ("scatter", "compact"):
-                bug = _known_bug(spec, W, T, mode, drop, True)
-                marks = [pytest.mark.xfail(strict=True, reason=bug)] if bug else []
-                yield pytest.param(spec, W, T, mode, keys, marks=marks,
+                yield pytest.param(spec, W, T, mode, keys,
                                    id=f"{spec}-{W}x{T}-{mode}-no{'+'.join(drop)}")
 
 
 @pytest.mark.parametrize("spec,W,T,mode,keys", list(_subset_params()))
 def test_family_subsets_match_brute_force(spec, W, T, mode, keys):
-    """The counts encoding (solver path) under reduced family sets. The default solve path
-    (constructive mapping + counting bound) hits the same encoding bugs only when the
-    greedy mapping is not certified, so it is not swept here."""
-    try:
-        TunaModel(W, T, topo(spec), mode=mode, families=keys)
-    except ModelError:
-        pytest.skip("this combination of families is refused by the model")
+    """The counts encoding under reduced family sets, HiGHS-proven and by the default path."""
     compare_with_brute_force(W, T, spec, mode, "counts", keys, via_solver=True)
+    compare_with_brute_force(W, T, spec, mode, "counts", keys, via_solver=False)
 
 
 # -- 3. hypothesis properties --------------------------------------------------------------
@@ -282,16 +270,14 @@ def test_property_relabelling_keeps_the_optimum(spec, W, T, mode, data):
     assert a.objective == pytest.approx(b.objective)
 
 
-#: Non-objective families whose removal keeps the model's requirements valid.
-#: ("2" is left out: the counts encoding crashes without it, see
-#: test_counts_without_rank_family_extracts_a_mapping.)
-REMOVABLE = ["11-12", "8p", "3", "8", "11p-12p"]
+#: Non-objective families; removals the model refuses (requirements) are skipped.
+REMOVABLE = ["11-12", "8p", "2", "3", "8", "11p-12p", "9-10"]
 
 
 @PROPERTY_SETTINGS
 @given(spec=spec_strategy(), W=st.integers(1, 5), T=st.integers(1, 5),
        mode=st.sampled_from(["scatter", "compact"]),
-       drop=st.lists(st.sampled_from(REMOVABLE), min_size=1, max_size=2, unique=True))
+       drop=st.lists(st.sampled_from(REMOVABLE), min_size=1, max_size=3, unique=True))
 def test_property_removing_a_family_never_lowers_the_optimum(spec, W, T, mode, drop):
     t = Topology.synthetic(spec)
     full = TunaModel(W, T, t, mode=mode)
@@ -404,19 +390,6 @@ def test_bad_mode(mode):
         TunaModel(2, 2, topo(CORE4), mode=mode)
 
 
-def test_bad_encoding_when_the_solver_runs():
-    with pytest.raises(ModelError, match="encoding"):
-        solve_model(TunaModel(2, 2, topo(CORE4), encoding="dense"), via_solver=True)
-
-
-@pytest.mark.xfail(strict=True, reason="an unknown encoding is only rejected when the cvxpy problem "
-                   "is built; the default solve path (constructive mapping + counting bound) "
-                   "never builds it and returns a mapping")
-def test_bad_encoding():
-    with pytest.raises(ModelError, match="encoding"):
-        TunaModel(2, 2, topo(CORE4), encoding="dense").solve()
-
-
 @pytest.mark.parametrize("kw", [dict(time_limit=0), dict(time_limit=-1), dict(time_limit="5"),
                                 dict(gap=-0.1), dict(gap=1), dict(gap="0")])
 def test_bad_solve_options(kw):
@@ -451,8 +424,6 @@ class Impossible(Family):
         return np.bincount(np.asarray(assign).ravel(), minlength=inst.C).astype(float) + 1
 
     def violations(self, assign, inst):
-        from tuna_lab.model.families import Violation
-
         res = self.residual(assign, inst)
         return [Violation(self.key, (c,), float(res[c]), f"core {c} carries a thread")
                 for c in range(inst.C)]
@@ -493,10 +464,6 @@ def test_infeasible_rows_only_family_via_solver():
     assert "impossible-rows" in info.value.families
 
 
-@pytest.mark.xfail(strict=True, reason="the default solve path certifies the constructive mapping "
-                   "with the families' numpy checks and a bound over the built-in families only; "
-                   "a family added with with_() that contributes only cvxpy constraints is "
-                   "silently ignored and its violated mapping is returned as optimal")
 def test_infeasible_rows_only_family_default_path():
     model = TunaModel(2, 2, topo(CORE4)).with_(ImpossibleRowsOnly)
     with pytest.raises(InfeasibleModelError):
@@ -624,68 +591,96 @@ def test_resolving_twice_reuses_the_build(xeon):
     assert a.assignment.tolist() == b.assignment.tolist()
 
 
-# -- library bugs (strict xfail: they fail today) --------------------------------------------
+# -- regressions of library bugs found by these tests (fixed in 11c0d1c) -------------------
 
-@pytest.mark.xfail(strict=True, reason="counts encoding recovers ranks with the cap of (2) even "
-                   "when (2) is not in the model: assign_ranks raises ModelError")
 def test_counts_without_rank_family_extracts_a_mapping():
+    """The counts encoding once recovered ranks with (2)'s cap although (2) was removed."""
     model = TunaModel(3, 2, topo(CORE4)).without("2")
-    m = solve_model(model, via_solver=True)        # the same with warm_start=False
-    assert m.verify() == []
-    assert m.objective == pytest.approx(brute(3, 2, CORE4, "scatter",
-                                              tuple(k for k in ALL_KEYS if k != "2"))[0])
+    for via_solver in (True, False):
+        m = solve_model(model, via_solver=via_solver)
+        check_mapping(m, model)
+        assert m.objective == pytest.approx(brute(3, 2, CORE4, "scatter",
+                                                  tuple(k for k in ALL_KEYS if k != "2"))[0])
+    m = model.solve(warm_start=False) if "warm_start" in inspect.signature(model.solve).parameters \
+        else model.solve()
+    check_mapping(m, model)
 
 
-@pytest.mark.xfail(strict=True, reason="(11-12) without (8): the encodings use (N_c - L) M_c, "
-                   "the check counts cores with N_c == U; the solver misses mappings that "
-                   "the model's own verify() accepts")
-def test_main_load_cap_without_logical_balance_agrees_with_verify():
+def test_main_load_cap_requires_logical_balance_in_scenario_3():
+    """(11) is a product of 0-1 quantities only under (8): the encodings' (N_c - L) M_c and
+    the check's "N_c == U and a main thread" disagreed without it (and the pairwise
+    encoding forced N_c >= L everywhere), so the model refuses the combination."""
     t = topo(CORE4)
-    try:
-        model = TunaModel(1, 5, t, mode="compact").without("8", "3")
-    except ModelError:
-        return                       # refusing the combination is a fix too
-    stacked = Mapping(model.instance, [[0, 0, 0, 0, 0]], model.families)
-    assert stacked.verify() == []    # all five threads on one core: allowed
-    assert stacked.objective == 0.0
-    m = solve_model(model, via_solver=True)
-    assert m.proven_optimal
-    assert m.objective >= stacked.objective
+    for encoding in ("counts", "pairwise"):
+        with pytest.raises(ModelError, match="8"):
+            TunaModel(1, 5, t, mode="compact", encoding=encoding).without("8")
+        with pytest.raises(ModelError, match="8"):
+            TunaModel(3, 3, t, encoding=encoding).without(LogicalBalance)
+    # outside scenario 3 (11-12) is inactive and (8) may go
+    assert "8" not in keys_of(TunaModel(2, 2, t).without("8"))
+    # with (11-12) gone too, (8) may go in scenario 3
+    reduced = TunaModel(1, 5, t, mode="compact").without("8", "11-12", "9-10")
+    m = solve_model(reduced, via_solver=True)
+    check_mapping(m, reduced)
+    assert m.objective == pytest.approx(
+        brute(1, 5, CORE4, "compact", tuple(k for k in ALL_KEYS if k not in ("8", "11-12", "9-10")))[0])
 
 
-@pytest.mark.xfail(strict=True, reason="pairwise encoding linearises (11) with E_c <= N_c - L, "
-                   "which forces N_c >= L on every core even without (8): pairwise and "
-                   "counts disagree")
-def test_pairwise_and_counts_agree_without_logical_balance():
-    t = topo(CORE4)
-    try:
-        pair = TunaModel(1, 5, t, mode="compact", encoding="pairwise").without("8")
-        count = TunaModel(1, 5, t, mode="compact", encoding="counts").without("8")
-    except ModelError:
-        return
-    a = solve_model(pair, 30, via_solver=True)
-    b = solve_model(count, 30, via_solver=True)
-    assert a.proven_optimal and b.proven_optimal
-    assert a.objective == pytest.approx(b.objective)
+PAIRWISE_SUBSETS = [(CORE4, 2, 2, ("3",)), (CORE4, 2, 3, ("11-12",)), (CORE4, 3, 2, ("2",)),
+                    (CORE4, 1, 5, ("3",)), (SMT2x2, 1, 3, ("11p-12p",)),
+                    (SMT2x2, 2, 2, ("8p",)), (CORE3, 2, 2, ("11-12", "9-10", "8"))]
 
 
-@pytest.mark.xfail(strict=True, reason="the build cache key ignores TunaModel(costs=...): a "
-                   "model with other costs re-solves the problem built with the old ones")
+@pytest.mark.parametrize("mode", ["scatter", "compact"])
+@pytest.mark.parametrize("spec,W,T,drop", PAIRWISE_SUBSETS)
+def test_pairwise_under_reduced_families_matches_brute_force(spec, W, T, drop, mode):
+    keys = tuple(k for k in ALL_KEYS if k not in drop)
+    compare_with_brute_force(W, T, spec, mode, "pairwise", keys, time_limit=30)
+
+
 def test_costs_are_part_of_the_build_cache():
+    """A model with other costs once re-solved the problem built with the default ones."""
     t = Topology.synthetic("pack:2 l3:1 l2:2 core:1 pu:2")
     costs = {"L3": 200}
     best = brute_force(3, 2, t, "compact", costs=costs)[0]
-    solve_model(TunaModel(3, 2, t, mode="compact"), via_solver=True)   # default costs, cached
-    m = solve_model(TunaModel(3, 2, t, mode="compact", costs=costs), via_solver=True)
-    assert m.proven_optimal
-    assert m.objective == pytest.approx(best)
+    default_best = brute_force(3, 2, t, "compact")[0]
+    a = solve_model(TunaModel(3, 2, t, mode="compact"), via_solver=True)   # default costs, cached
+    assert a.objective == pytest.approx(default_best)
+    model = TunaModel(3, 2, t, mode="compact", costs=costs)
+    for via_solver in (True, False):
+        m = solve_model(model, via_solver=via_solver)
+        assert m.proven_optimal
+        assert m.objective == pytest.approx(best)
+        assert m.objective == pytest.approx(objective_of(m.positions, t, "compact", costs))
+    assert best == 190.0 and objective_of(a.positions, t, "compact", costs) < best
 
 
-@pytest.mark.xfail(strict=True, reason="Mapping.verify() messages name core positions, not the "
-                   "OS cpu ids the mapping and the SPEC use")
+def test_unknown_encoding_is_refused_at_construction():
+    with pytest.raises(ModelError, match="encoding"):
+        TunaModel(2, 2, topo(CORE4), encoding="dense")
+
+
+def test_infeasible_rows_only_family_default_path():
+    """A user's family given only as cvxpy rows must not be bypassed by the constructive
+    mapping and the counting bound, which know the built-in families only."""
+    model = TunaModel(2, 2, topo(CORE4)).with_(ImpossibleRowsOnly)
+    with pytest.raises(InfeasibleModelError):
+        model.solve()
+
+
 def test_verify_messages_name_os_cpu_ids(xeon):
     t = xeon.restrict([0, 1, 16, 17])                     # positions 2, 3 are cpus 16, 17
     model = TunaModel(2, 2, t)
     m = Mapping(model.instance, [[16, 16], [0, 1]], model.families)
-    messages = [v.message for v in m.verify() if v.family == "8"]
-    assert any("16" in msg for msg in messages), messages
+    messages = sorted(v.message for v in m.verify() if v.family == "8")
+    assert messages == ["cpu 16 carries 2 threads, above U=1", "cpu 17 carries 0 threads, below L=1"]
+    assert any("16" in msg for msg in m.to_dict()["violations"])
+
+
+def test_tuna_model_docstring_examples():
+    import doctest
+
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    for test in doctest.DocTestFinder().find(TunaModel):
+        runner.run(test, out=lambda _: None)
+    assert runner.failures == 0

@@ -69,7 +69,7 @@ class TunaModel:
     >>> from tuna_lab import Topology, TunaModel
     >>> model = TunaModel(4, 4, Topology.preset("xeon-8272cl"))
     >>> [f.key for f in model.without("11-12").families][-2:]
-    ['8p', '9-10']
+    ['9-10', '11p-12p']
     >>> model.solve().proven_optimal
     True
     """
@@ -258,9 +258,10 @@ class TunaModel:
         NoSolutionError
             The time limit passed before any mapping was found.
         """
-        if time_limit is not None and not (isinstance(time_limit, (int, float)) and time_limit > 0):
+        if time_limit is not None and (isinstance(time_limit, bool) or not (
+                isinstance(time_limit, (int, float)) and time_limit > 0)):
             raise ModelError(f"time limit must be a positive number of seconds, got {time_limit!r}")
-        if gap is not None and not (isinstance(gap, (int, float)) and 0 <= gap < 1):
+        if gap is not None and (isinstance(gap, bool) or not (isinstance(gap, (int, float)) and 0 <= gap < 1)):
             raise ModelError(f"gap must be a number in [0, 1), got {gap!r}")
         if prove not in ("auto", "solver", "bound"):
             raise ModelError(f"prove must be auto, solver or bound, got {prove!r}")
