@@ -10,6 +10,7 @@ __all__ = [
     "ModelError",
     "InfeasibleModelError",
     "NoSolutionError",
+    "ServerError",
 ]
 
 
@@ -41,3 +42,7 @@ class InfeasibleModelError(TunaError):
 
 class NoSolutionError(TunaError):
     """The solver stopped (time limit) before it found any feasible mapping."""
+
+
+class ServerError(TunaError):
+    """The inference server's models or app were asked for something invalid or failed to build."""

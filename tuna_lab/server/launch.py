@@ -90,9 +90,18 @@ class Server:
 
         if model not in MODEL_FEATURES:
             raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
+        usable = len(os.sched_getaffinity(0))
+        if isinstance(threads, int) and not isinstance(threads, bool) and threads > usable:
+            # XGBoost sizes its pool as min(nthread, omp_get_num_procs()), and
+            # libgomp counts the CPUs in the worker's affinity mask: a worker
+            # can never run more threads than this process may use.
+            raise ServerError(f"{threads} threads per worker cannot run here: XGBoost's OpenMP pool is "
+                              f"capped at the {usable} CPUs this process may use; oversubscribe with "
+                              f"more workers instead")
         self.placement = placement(policy, workers, threads, topology, places=places, time_limit=time_limit)
         self.workers, self.threads, self.model, self.policy = workers, threads, model, policy
         self.port = int(port) or _free_port()
+        self._own_state = state_dir is None
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="tuna-lab-server-")
         self.pidfile = os.path.abspath(pidfile or os.path.join(self.state_dir, "gunicorn.pid"))
         self.max_requests = int(max_requests)
@@ -192,6 +201,11 @@ class Server:
             pass
         self._log.close()
         self.proc = None
+        if self._own_state:
+            # our scratch directory: placement, records, Gunicorn's log and pidfile
+            import shutil
+
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self):
         return self.start() if self.proc is None else self

@@ -95,7 +95,7 @@ def pin_worker(app, slot, plan, state_dir):
             _fail(state_dir, slot, pid, f"read-back differs for TIDs {[t['tid'] for t in wrong]}")
     record = {"pid": pid, "slot": slot, "policy": plan["policy"], "pinned_by": plan["pinned_by"],
               "threads": threads, "omp_threads": len(omp_tids), "warm_seconds": warm - t0,
-              "pinned_at": time.time(), "ready": True}
+              "pinned_at": time.time(), "pin_seconds": time.time() - warm, "ready": True}
     _write_json(record_path(state_dir, slot), record)
     app.mark_ready()
     log.info("worker %s (slot %s) pinned: %s", pid, slot,

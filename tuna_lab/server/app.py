@@ -1,0 +1,401 @@
+"""The WSGI app of the article's pattern P: one XGBoost model, five timed stages per request.
+
+``POST /predict`` with ``{"rows": [[x1, ..., xn], ...]}`` runs, each timed
+with :func:`time.perf_counter`:
+
+1. ``deserialize`` - ``json.loads`` of the body (single-threaded);
+2. ``convert`` - validation and conversion to a float32 array (single-threaded);
+3. ``dmatrix`` - ``xgboost.DMatrix(X, nthread=threads)`` (OpenMP);
+4. ``predict`` - ``booster.predict`` (OpenMP);
+5. ``shap`` - ``booster.predict(pred_contribs=True)`` (OpenMP).
+
+``GET /healthz`` answers 200 only once :meth:`InferenceApp.mark_ready` was
+called (after the worker's threads were pinned), 503 before.
+
+The app is created in the Gunicorn master, before it forks, so creating it
+loads no XGBoost: GNU libgomp's thread pool does not survive ``fork``. Each
+worker loads the booster on its first request or in :meth:`~InferenceApp.warm_up`.
+
+Examples
+--------
+>>> from tuna_lab.server.app import create_app
+>>> app = create_app("small", threads=2)
+>>> app.ready
+False
+>>> tids = app.warm_up()   # doctest: +SKIP
+"""
+
+import json
+import logging
+import os
+import threading
+import time
+from http import HTTPStatus
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ServerError
+from .models import MODEL_FEATURES, load_booster, make_rows
+
+__all__ = ["InferenceApp", "create_app", "app_from_env", "STAGES"]
+
+log = logging.getLogger("tuna_lab.server")
+
+#: Names of the five timed stages, in pipeline order.
+STAGES = ("deserialize", "convert", "dmatrix", "predict", "shap")
+
+_DEFAULT_MAX_BODY = 50 * 1024 * 1024
+_ROUTES = {"/healthz": "GET", "/predict": "POST"}
+# Enough rows that every OpenMP loop in DMatrix/predict/SHAP uses all threads.
+_WARM_ROWS = 64
+_CHUNK = 1 << 16
+
+
+class _HTTPError(Exception):
+    """A request the app refuses: ``status`` and a one-line ``reason`` for the client."""
+
+    def __init__(self, status, reason, headers=()):
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, list(headers)
+
+
+class InferenceApp:
+    """A WSGI callable serving one model; build it with :func:`create_app`.
+
+    Attributes
+    ----------
+    model : str
+    threads : int
+        OpenMP threads of DMatrix construction, prediction and SHAP.
+    n_features : int
+    max_body_bytes : int
+    request_log : pathlib.Path or None
+        Directory of ``requests-<pid>.jsonl``; one JSON line per request
+        (``time``, ``pid``, ``method``, ``path``, ``status``, ``batch``,
+        ``stages`` as in the response, ``server_seconds``). Health checks
+        are not logged: a poller would drown the inference requests.
+    """
+
+    def __init__(self, model, threads, max_body_bytes, request_log):
+        self.model = model
+        self.threads = threads
+        self.n_features = MODEL_FEATURES[model]
+        self.max_body_bytes = max_body_bytes
+        self.request_log = request_log
+        self._booster = None
+        self._xgboost = None
+        self._ready = False
+        self._load_lock = threading.Lock()
+        self._log_lock = threading.Lock()
+        self._log_file = None
+        self._log_pid = None
+
+    def __repr__(self):
+        return f"InferenceApp(model={self.model!r}, threads={self.threads}, ready={self._ready})"
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    @property
+    def ready(self):
+        """Whether :meth:`mark_ready` was called on this app."""
+        return self._ready
+
+    def mark_ready(self):
+        """Let ``GET /healthz`` answer 200 (call it once the worker's threads are pinned).
+
+        Examples
+        --------
+        >>> app = create_app("small")
+        >>> app.mark_ready(); app.ready
+        True
+        """
+        self._ready = True
+
+    def warm_up(self):
+        """Load the booster and run DMatrix, predict and SHAP once, creating the OpenMP pool.
+
+        Returns
+        -------
+        list of int
+            Sorted TIDs of this process that appeared during the warm-up:
+            the pool's ``threads - 1`` workers (XGBoost runs at most as many
+            threads as CPUs); empty if the pool existed or ``/proc`` is missing.
+
+        Examples
+        --------
+        >>> create_app("small", threads=2).warm_up()   # doctest: +SKIP
+        [48213]
+        """
+        # Import first: XGBoost's imports (scipy's OpenBLAS) may start threads
+        # of their own, and only the OpenMP pool's TIDs should be reported.
+        import xgboost
+
+        before = _tids()
+        booster, _ = self._load()
+        # XGBoost hands out rows in blocks of 64 and starts no more threads
+        # than blocks: warm up with enough rows to wake every pool thread.
+        dm = xgboost.DMatrix(make_rows(self.model, _WARM_ROWS * max(2, 2 * self.threads)),
+                             nthread=self.threads)
+        booster.predict(dm)
+        booster.predict(dm, pred_contribs=True)
+        return sorted(_tids() - before)
+
+    def _load(self):
+        # A lock, not a flag: a threaded worker may get two first requests at once.
+        with self._load_lock:
+            if self._booster is None:
+                self._booster = load_booster(self.model, self.threads)
+                import xgboost
+
+                self._xgboost = xgboost
+        return self._booster, self._xgboost
+
+    # -- WSGI -------------------------------------------------------------------------
+
+    def __call__(self, environ, start_response):
+        t0 = time.perf_counter()
+        started = time.time()
+        method = environ.get("REQUEST_METHOD", "GET").upper()
+        path = environ.get("PATH_INFO") or "/"
+        stages = dict.fromkeys(STAGES)
+        info = {"batch": None}
+        headers = []
+        try:
+            status, body = self._route(method, path, environ, stages, info, t0)
+        except _HTTPError as exc:
+            status, body, headers = exc.status, {"error": exc.reason}, exc.headers
+        except Exception as exc:   # never a traceback to the client; the log gets it
+            log.exception("%s %s failed", method, path)
+            status, body = 500, {"error": _one_line(f"internal error: {type(exc).__name__}: {exc}")}
+        if path != "/healthz":
+            seconds = body.get("server_seconds", time.perf_counter() - t0)
+            self._record({"time": started, "pid": os.getpid(), "method": method, "path": path,
+                          "status": status, "batch": info["batch"], "stages": stages,
+                          "server_seconds": seconds})
+        data = json.dumps(body).encode()
+        phrase = HTTPStatus(status).phrase
+        start_response(f"{status} {phrase}", [("Content-Type", "application/json"),
+                                              ("Content-Length", str(len(data))), *headers])
+        return [data]
+
+    def _route(self, method, path, environ, stages, info, t0):
+        allowed = _ROUTES.get(path)
+        if allowed is None:
+            raise _HTTPError(404, f"no such path {path!r}; use POST /predict or GET /healthz")
+        if method != allowed:
+            raise _HTTPError(405, f"{method} is not allowed on {path}; use {allowed}", [("Allow", allowed)])
+        if path == "/healthz":
+            return self._health()
+        return self._predict(environ, stages, info, t0)
+
+    def _health(self):
+        body = {"status": "ok", "pid": os.getpid(), "ready": self._ready, "model": self.model,
+                "threads": self.threads}
+        if not self._ready:
+            body.update(status="unavailable",
+                        reason="worker not ready: threads not pinned yet (mark_ready not called)")
+            return 503, body
+        return 200, body
+
+    def _predict(self, environ, stages, info, t0):
+        body = self._read_body(environ)
+
+        t = time.perf_counter()
+        doc = _deserialize(body)
+        stages["deserialize"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        X = self._convert(doc, body)
+        stages["convert"] = time.perf_counter() - t
+        info["batch"] = len(X)
+
+        booster, xgboost = self._load()   # no-op after warm_up()
+
+        t = time.perf_counter()
+        dm = xgboost.DMatrix(X, nthread=self.threads)
+        stages["dmatrix"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        booster.predict(dm)
+        stages["predict"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        booster.predict(dm, pred_contribs=True)
+        stages["shap"] = time.perf_counter() - t
+
+        return 200, {"count": len(X), "stages": dict(stages), "server_seconds": time.perf_counter() - t0,
+                     "pid": os.getpid()}
+
+    def _read_body(self, environ):
+        try:
+            return self._read_stream(environ)
+        except _HTTPError:
+            raise
+        except Exception as exc:
+            # The server's input stream fails only on the client's bytes (bad
+            # chunked framing, a dropped connection); its classes vary by server.
+            reason = f"could not read the request body: {type(exc).__name__}: {exc}"
+            raise _HTTPError(400, _one_line(reason)) from None
+
+    def _read_stream(self, environ):
+        stream = environ["wsgi.input"]
+        length = environ.get("CONTENT_LENGTH") or ""
+        if length:
+            try:
+                n = int(length)
+                if n < 0:
+                    raise ValueError
+            except ValueError:
+                raise _HTTPError(400, f"invalid Content-Length {length!r}") from None
+            if n > self.max_body_bytes:
+                # Refused before reading: a huge body never reaches memory.
+                raise _HTTPError(413, f"body of {n} bytes exceeds the limit of {self.max_body_bytes} bytes")
+            return stream.read(n) if n else b""
+        # Without a length, reading to EOF is only safe where the server says
+        # the stream ends (Gunicorn does); elsewhere it could block forever.
+        if not environ.get("wsgi.input_terminated"):
+            return b""
+        chunks, size = [], 0
+        while True:
+            chunk = stream.read(min(_CHUNK, self.max_body_bytes + 1 - size))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _HTTPError(413, f"body exceeds the limit of {self.max_body_bytes} bytes")
+
+    def _convert(self, doc, body):
+        if not isinstance(doc, dict) or "rows" not in doc:
+            raise _HTTPError(400, 'body must be a JSON object with a "rows" key')
+        rows = doc["rows"]
+        if not isinstance(rows, list) or not rows:
+            raise _HTTPError(400, '"rows" must be a non-empty list of lists')
+        for i, row in enumerate(rows):
+            if not isinstance(row, list):
+                raise _HTTPError(400, f'"rows"[{i}] is not a list')
+        widths = {len(row) for row in rows}
+        if len(widths) > 1:
+            raise _HTTPError(400, f"rows have different lengths: {sorted(widths)[:5]}")
+        width = widths.pop()
+        if width != self.n_features:
+            raise _HTTPError(400, f"model {self.model!r} expects {self.n_features} features per row, got {width}")
+        # numpy would read true/false as 1/0 next to numbers; look only when the body has them.
+        if (b"true" in body or b"false" in body) and _has_bool(rows):
+            raise _HTTPError(400, "rows must hold numbers only, found true/false")
+        try:
+            arr = np.array(rows)
+        except (ValueError, TypeError, OverflowError):
+            arr = None
+        if arr is None or arr.ndim != 2 or arr.dtype.kind not in "iuf":
+            raise _HTTPError(400, "rows must hold numbers only (no strings, null or nested lists)")
+        with np.errstate(over="ignore", invalid="ignore"):
+            X = arr.astype(np.float32)
+        if not np.isfinite(X).all():
+            raise _HTTPError(400, "rows hold a non-finite value (NaN, Infinity or beyond float32 range)")
+        return X
+
+    def _record(self, record):
+        if self.request_log is None:
+            return
+        line = json.dumps(record) + "\n"
+        try:
+            with self._log_lock:
+                # Opened per pid: the app object was created in the master
+                # before the fork, so the file belongs to whichever worker runs.
+                if self._log_pid != os.getpid():
+                    self._log_pid = os.getpid()
+                    path = self.request_log / f"requests-{self._log_pid}.jsonl"
+                    # Line-buffered: each record is on disk even if the worker is SIGKILLed.
+                    self._log_file = open(path, "a", buffering=1)
+                self._log_file.write(line)
+        except OSError as exc:
+            log.warning("request log not written: %s", exc)
+
+
+def create_app(model="medium", threads=1, max_body_bytes=_DEFAULT_MAX_BODY, request_log=None):
+    """Build the WSGI app; cheap, and loads no XGBoost.
+
+    Parameters
+    ----------
+    model : {"small", "medium", "large"}
+    threads : int
+        OpenMP threads per worker.
+    max_body_bytes : int
+        Larger request bodies get 413.
+    request_log : str or path-like, optional
+        Directory for ``requests-<pid>.jsonl`` (created if missing).
+
+    Examples
+    --------
+    >>> create_app("small", threads=4)
+    InferenceApp(model='small', threads=4, ready=False)
+    """
+    if model not in MODEL_FEATURES:
+        raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
+    threads = _positive_int("threads", threads)
+    max_body_bytes = _positive_int("max_body_bytes", max_body_bytes)
+    if request_log is not None:
+        request_log = Path(request_log)
+        try:
+            request_log.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ServerError(f"cannot create request log directory {str(request_log)!r}: {exc.strerror}") from None
+    return InferenceApp(model, threads, max_body_bytes, request_log)
+
+
+def app_from_env(environ=None):
+    """Build the app from ``TUNA_LAB_MODEL``, ``TUNA_LAB_THREADS``, ``TUNA_LAB_MAX_BODY``, ``TUNA_LAB_REQUEST_LOG``.
+
+    Unset or empty variables take :func:`create_app`'s defaults.
+
+    Examples
+    --------
+    >>> app_from_env({"TUNA_LAB_MODEL": "large", "TUNA_LAB_THREADS": "4"}).threads
+    4
+    """
+    env = os.environ if environ is None else environ
+    kwargs = {}
+    if env.get("TUNA_LAB_MODEL"):
+        kwargs["model"] = env["TUNA_LAB_MODEL"]
+    for var, key in (("TUNA_LAB_THREADS", "threads"), ("TUNA_LAB_MAX_BODY", "max_body_bytes")):
+        if env.get(var):
+            try:
+                kwargs[key] = int(env[var])
+            except ValueError:
+                raise ServerError(f"{var} must be a positive integer, got {env[var]!r}") from None
+    return create_app(request_log=env.get("TUNA_LAB_REQUEST_LOG") or None, **kwargs)
+
+
+def _deserialize(body):
+    if not body.strip():
+        raise _HTTPError(400, 'empty body; send {"rows": [[x1, ..., xn], ...]}')
+    try:
+        return json.loads(body)
+    except ValueError as exc:   # JSONDecodeError and UnicodeDecodeError
+        raise _HTTPError(400, _one_line(f"malformed JSON: {exc}")) from None
+    except RecursionError:
+        raise _HTTPError(400, "malformed JSON: nested too deeply") from None
+
+
+def _has_bool(rows):
+    return any(type(v) is bool for row in rows for v in row)
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ServerError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _tids():
+    try:
+        return {int(t) for t in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+def _one_line(text, limit=300):
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

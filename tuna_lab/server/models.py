@@ -1,0 +1,323 @@
+"""Three XGBoost models shaped like the article's, trained on generated data and cached on disk.
+
+The article serves models trained on three Kaggle data sets (Credit Card
+Fraud, 29 features; Loan Defaulter, 155; MNIST, 784). None can be
+downloaded here, so each model is trained on generated data of the same
+shape with a fixed seed; see ``docs/server-models.md`` for how they differ.
+
+XGBoost is imported inside functions only, and training runs in a child
+interpreter: a Gunicorn master (or a notebook that launches one) must not
+start GNU libgomp's thread pool before it forks, as the pool does not
+survive ``fork``.
+
+Examples
+--------
+>>> from tuna_lab.server.models import make_rows, load_booster
+>>> make_rows("small", 100).shape
+(100, 29)
+>>> booster = load_booster("small", nthread=2)   # doctest: +SKIP
+"""
+
+import fcntl
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import astuple, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ServerError
+
+__all__ = ["MODEL_FEATURES", "cache_dir", "model_path", "ensure_model", "load_booster", "make_rows", "train_all"]
+
+#: Feature count of each model, as in the article.
+MODEL_FEATURES = {"small": 29, "medium": 155, "large": 784}
+
+#: Bump when the data generators change in a way the recipes below do not show.
+_GENERATOR_VERSION = 1
+
+
+@dataclass(frozen=True)
+class _Recipe:
+    features: int
+    rows: int
+    objective: str
+    num_class: int
+    rounds: int
+    max_depth: int
+    eta: float
+    seed: int
+
+
+# Sizes grow small < medium < large (trees x leaves), while a request of
+# 100 rows stays at tens of ms with one thread on a 2-core machine.
+_RECIPES = {
+    "small": _Recipe(29, 20_000, "binary:logistic", 1, 60, 4, 0.3, 20_241),
+    "medium": _Recipe(155, 10_000, "binary:logistic", 1, 70, 5, 0.3, 20_242),
+    "large": _Recipe(784, 4_000, "multi:softprob", 10, 12, 5, 0.3, 20_243),
+}
+
+
+def _recipe(name):
+    try:
+        return _RECIPES[name]
+    except (KeyError, TypeError):
+        raise ServerError(f"unknown model {name!r}; choose from {', '.join(MODEL_FEATURES)}") from None
+
+
+def cache_dir():
+    """Directory of the cached models: ``$TUNA_LAB_CACHE`` or ``~/.cache/tuna_lab``.
+
+    Examples
+    --------
+    >>> cache_dir().name   # doctest: +SKIP
+    'tuna_lab'
+    """
+    env = os.environ.get("TUNA_LAB_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "tuna_lab"
+
+
+def model_path(name):
+    """Path of the cached model ``name``; its file name changes whenever the recipe does.
+
+    Examples
+    --------
+    >>> model_path("small").name   # doctest: +SKIP
+    'small-g1-seed20241-446bfcba.ubj'
+    """
+    recipe = _recipe(name)
+    digest = hashlib.sha1(repr((_GENERATOR_VERSION, name, astuple(recipe))).encode()).hexdigest()[:8]
+    return cache_dir() / f"{name}-g{_GENERATOR_VERSION}-seed{recipe.seed}-{digest}.ubj"
+
+
+def ensure_model(name, nthread=None):
+    """Return the path of model ``name``, training it first if it is not cached.
+
+    Training runs in a child interpreter (so this process never starts
+    OpenMP) under a file lock (so racing processes train once), and the
+    file appears atomically.
+
+    Parameters
+    ----------
+    name : {"small", "medium", "large"}
+    nthread : int, optional
+        Training threads; default all CPUs this process may use.
+
+    Examples
+    --------
+    >>> ensure_model("small").exists()   # doctest: +SKIP
+    True
+    """
+    path = model_path(name)
+    if path.exists():
+        return path
+    if nthread is None:
+        nthread = len(os.sched_getaffinity(0))
+    _check_threads(nthread)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "w")
+    except OSError as exc:
+        raise ServerError(f"cannot use model cache {str(path.parent)!r}: {exc.strerror}") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():   # another process may have trained it while we waited
+            _train_in_child(name, path, nthread)
+    return path
+
+
+def train_all(nthread=None):
+    """Train (or find) every model; returns ``{name: path}``.
+
+    Examples
+    --------
+    >>> sorted(train_all())   # doctest: +SKIP
+    ['large', 'medium', 'small']
+    """
+    return {name: ensure_model(name, nthread) for name in MODEL_FEATURES}
+
+
+def load_booster(name, nthread):
+    """Load model ``name`` (training it if needed) to run ``nthread`` OpenMP threads.
+
+    XGBoost still runs no more threads than the CPUs OpenMP sees; see
+    ``docs/server-models.md``.
+
+    Examples
+    --------
+    >>> load_booster("medium", nthread=4).num_features()   # doctest: +SKIP
+    155
+    """
+    _check_threads(nthread)
+    path = ensure_model(name)
+    import xgboost
+    from threadpoolctl import ThreadpoolController
+
+    # XGBoost runs min(nthread, omp_get_max_threads(), CPUs) threads, and
+    # loading a model runs one parallel region at OpenMP's default size. So:
+    # exactly nthread while loading (the pool it creates is the pool we
+    # want), then at least nthread (never lowered: other boosters may live here).
+    omp = ThreadpoolController().select(user_api="openmp")
+    default = max((lib["num_threads"] for lib in omp.info()), default=nthread)
+    omp.limit(limits=nthread)
+    try:
+        booster = xgboost.Booster(params={"nthread": nthread}, model_file=str(path))
+    except xgboost.core.XGBoostError as exc:
+        first = (str(exc).strip().splitlines() or ["unknown error"])[0]
+        raise ServerError(f"cannot load model {name!r} from {str(path)!r}: {first}") from None
+    finally:
+        omp.limit(limits=max(default, nthread))
+    # Explicit, so neither OMP_NUM_THREADS nor XGBoost's all-cores default decides.
+    booster.set_param({"nthread": nthread})
+    return booster
+
+
+def make_rows(name, batch, seed=0):
+    """A request payload: ``batch`` records of model ``name``, drawn like its training data.
+
+    Examples
+    --------
+    >>> make_rows("large", 3, seed=1).shape
+    (3, 784)
+    """
+    recipe = _recipe(name)
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise ServerError(f"batch must be a positive integer, got {batch!r}")
+    # A different stream from the training rows (stream 0), so payloads are unseen data.
+    rng = np.random.default_rng([recipe.seed, 1, seed])
+    X, _ = _GENERATORS[name](int(batch), rng, recipe.seed)
+    return X
+
+
+def _check_threads(nthread):
+    if isinstance(nthread, bool) or not isinstance(nthread, (int, np.integer)) or nthread < 1:
+        raise ServerError(f"nthread must be a positive integer, got {nthread!r}")
+
+
+# -- data --------------------------------------------------------------------------------
+# Each generator draws rows from ``rng``; the hidden "world" (weights, digit
+# templates) comes from ``world_seed`` only, so training rows and payload
+# rows follow the same distribution. Labels cut a nonlinear score at a
+# quantile of the sample: only training uses them, so that is stable enough.
+
+def _card_fraud(n, rng, world_seed):
+    """28 PCA-like components of decreasing spread plus a log-normal amount; ~5 % positives."""
+    world = np.random.default_rng(world_seed)
+    scale = np.linspace(2.0, 0.3, 28)
+    V = rng.standard_normal((n, 28)) * scale
+    amount = rng.lognormal(3.5, 1.2, n)
+    w = world.standard_normal(28) / np.sqrt(28)
+    z = (1.5 * np.sin(V[:, 0]) - V[:, 1] * V[:, 2] + np.maximum(V[:, 3] - 1.0, 0.0) * 2.0
+         + 0.4 * np.log1p(amount) * (V[:, 4] > 0) + V @ w + 0.5 * rng.standard_normal(n))
+    X = np.column_stack([V, np.round(amount, 2)])
+    return X.astype(np.float32), (z > np.quantile(z, 0.95)).astype(np.float32)
+
+
+def _loan_default(n, rng, world_seed):
+    """60 numeric, 40 log-normal amounts, 40 integer codes, 15 flags; ~10 % defaults."""
+    world = np.random.default_rng(world_seed)
+    num = rng.standard_normal((n, 60))
+    amounts = rng.lognormal(world.uniform(6, 11, 40), 0.8, (n, 40))
+    levels = world.integers(3, 20, 40)
+    codes = np.floor(rng.random((n, 40)) * levels)
+    flags = rng.random((n, 15)) < world.uniform(0.05, 0.5, 15)
+    la = np.log(amounts)
+    w = world.standard_normal(60) * (world.random(60) < 0.3)
+    z = (num @ w / 3 + np.tanh(la[:, 0] - la[:, 1]) + 0.8 * (codes[:, 0] % 3 == 1)
+         - 0.6 * flags[:, 0] * num[:, 1] + 0.5 * np.sin(codes[:, 2]) * flags[:, 3]
+         + 0.3 * np.abs(num[:, 5] * num[:, 6]) + 0.7 * rng.standard_normal(n))
+    X = np.column_stack([num, np.round(amounts, 2), codes, flags])
+    return X.astype(np.float32), (z > np.quantile(z, 0.90)).astype(np.float32)
+
+
+def _digits(n, rng, world_seed):
+    """28x28 "digits": a shifted stroke template per class, blended with a second class.
+
+    Pixels are integers 0..255 with a zero background, like MNIST; the
+    blend with another class makes the classes overlap, so trees grow.
+    """
+    templates = _digit_templates(world_seed)                     # (10, 28, 28)
+    label = rng.integers(0, 10, n)
+    other = (label + rng.integers(1, 10, n)) % 10
+    mix = rng.uniform(0.0, 0.7, n)[:, None, None]
+    img = templates[label] * (1 - 0.5 * mix) + templates[other] * mix
+    # Shift each image by up to 2 pixels: group by shift so np.roll runs 25 times, not n.
+    shift = rng.integers(-2, 3, (n, 2))
+    for dy in range(-2, 3):
+        for dx in range(-2, 3):
+            sel = (shift[:, 0] == dy) & (shift[:, 1] == dx)
+            img[sel] = np.roll(img[sel], (dy, dx), axis=(1, 2))
+    img = img * rng.uniform(0.7, 1.0, (n, 1, 1)) + rng.normal(0, 25, img.shape)
+    img = np.clip(np.round(img), 0, 255)
+    img[img < 40] = 0
+    return img.reshape(n, 784).astype(np.float32), label.astype(np.float32)
+
+
+def _digit_templates(world_seed):
+    world = np.random.default_rng(world_seed)
+    yy, xx = np.mgrid[0:28, 0:28].astype(float)
+    out = np.zeros((10, 28, 28))
+    for k in range(10):
+        for _ in range(3):
+            (y0, x0), (y1, x1) = world.uniform(5, 23, (2, 2))
+            d = _segment_distance(yy, xx, y0, x0, y1, x1)
+            out[k] = np.maximum(out[k], 255 * np.exp(-(d / 1.5) ** 2))
+    return out
+
+
+def _segment_distance(yy, xx, y0, x0, y1, x1):
+    dy, dx = y1 - y0, x1 - x0
+    t = np.clip(((yy - y0) * dy + (xx - x0) * dx) / max(dy * dy + dx * dx, 1e-9), 0, 1)
+    return np.hypot(yy - (y0 + t * dy), xx - (x0 + t * dx))
+
+
+_GENERATORS = {"small": _card_fraud, "medium": _loan_default, "large": _digits}
+
+
+# -- training ----------------------------------------------------------------------------
+
+def _train_in_child(name, path, nthread):
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+    # Spinning OpenMP waiters make training 10x slower when another process
+    # holds a core (measured on a busy 2-core machine); sleeping ones do not.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    env["OMP_NUM_THREADS"] = str(nthread)   # XGBoost never runs more than OpenMP's maximum
+    code = ("import sys; from tuna_lab.server.models import _train; "
+            "_train(sys.argv[1], sys.argv[2], int(sys.argv[3]))")
+    proc = subprocess.run([sys.executable, "-c", code, name, str(path), str(nthread)],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0 or not path.exists():
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ServerError(f"training model {name!r} failed: {tail}")
+
+
+def _train(name, path, nthread):
+    """Train model ``name`` in this process and write it atomically to ``path``; returns seconds."""
+    import xgboost
+
+    recipe = _recipe(name)
+    t0 = time.perf_counter()
+    X, y = _GENERATORS[name](recipe.rows, np.random.default_rng([recipe.seed, 0]), recipe.seed)
+    params = {"objective": recipe.objective, "max_depth": recipe.max_depth, "eta": recipe.eta,
+              "tree_method": "hist", "subsample": 0.8, "seed": recipe.seed, "nthread": nthread}
+    if recipe.num_class > 1:
+        params["num_class"] = recipe.num_class
+    booster = xgboost.train(params, xgboost.DMatrix(X, label=y, nthread=nthread), recipe.rounds)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Write beside the target, then rename: a reader sees no file or a whole one.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".ubj", dir=path.parent)
+    os.close(fd)
+    try:
+        booster.save_model(tmp)
+        os.chmod(tmp, 0o644)   # mkstemp's 0600 would hide a shared cache from other users
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return time.perf_counter() - t0
