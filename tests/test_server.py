@@ -83,6 +83,28 @@ def test_every_thread_bound_as_the_policy_says(policy, workers, threads, tmp_pat
     assert any(line.get("batch") == 8 for line in lines)
 
 
+def _cpu_ticks(pid, tid):
+    fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])          # utime + stime
+
+
+@pytest.mark.skipif(CPUS < 2, reason="needs 2 CPUs for a 2-thread pool")
+@pytest.mark.parametrize("policy", POLICIES)
+def test_pinned_pool_threads_still_do_the_work(policy):
+    """Pinning the main thread must not make XGBoost single-threaded (libgomp's CPU count)."""
+    from tuna_lab.server.models import make_rows
+
+    body = json.dumps({"rows": make_rows("small", 2000).tolist()}).encode()
+    with Server(1, 2, model="small", policy=policy) as srv:
+        rec = srv.worker_records()[0]
+        omp = [t["tid"] for t in rec["threads"] if t["role"] == "openmp"]
+        before = {t: _cpu_ticks(rec["pid"], t) for t in omp}
+        for _ in range(8):
+            assert post(srv.url, body)[0] == 200
+        assert all(_cpu_ticks(rec["pid"], t) > before[t] for t in omp), "the OpenMP pool did no work"
+        assert_pinned_as_planned(srv)                 # and the binding held through the requests
+
+
 def test_more_threads_than_cpus_is_refused_with_a_reason():
     from tuna_lab.server.launch import ServerError
 

@@ -15,7 +15,7 @@ import sys
 import tempfile
 import time
 
-from ..errors import TunaError
+from ..errors import ServerError, TunaError
 from .binding import affinity_of, threads_of
 from .pinning import PLAN_FILE, record_path
 
@@ -25,10 +25,6 @@ __all__ = ["Server", "ServerError", "status", "stop", "SERVER_ENV"]
 #: the only threads that compete are the ones the policy places.
 SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "BLIS_NUM_THREADS": "1",
               "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}
-
-
-class ServerError(TunaError):
-    """The server could not be started, did not become ready, or could not be found."""
 
 
 def _free_port():
@@ -117,6 +113,15 @@ class Server:
         env = dict(os.environ)
         env.update(SERVER_ENV)
         env.update({k: str(v) for k, v in self.placement.env.items()})
+        if self.placement.pinned_by == "tuna_lab" and "OMP_PLACES" not in self.placement.env:
+            # XGBoost runs min(nthread, omp_get_num_procs()) threads, and without
+            # a place list GNU libgomp counts the CPUs of the *calling thread's*
+            # current affinity: once we pin the main thread to one CPU, every
+            # later request would run single-threaded while the pool idles.
+            # With OMP_PLACES set, libgomp fixes the count at start-up. (It also
+            # binds the pool itself at creation; we re-bind every TID after
+            # the warm-up, and the binding holds - the tests check both.)
+            env["OMP_PLACES"] = "threads"
         env.update({
             "OMP_NUM_THREADS": str(self.threads),
             "TUNA_LAB_STATE": self.state_dir,
