@@ -169,3 +169,44 @@ def test_status_cli_reports_roles_tids_and_cpus(tmp_path):
     p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "status", "--pidfile", pidfile],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_serve_detach_status_stop_from_the_cli(tmp_path):
+    import subprocess
+    import sys
+
+    from tuna_lab.server.launch import _free_port
+
+    pidfile = str(tmp_path / "cli.pid")
+    cli = [sys.executable, "-m", "tuna_lab.cli"]
+    p = subprocess.run(cli + ["serve", "-w", "2", "-t", "1", "--model", "small", "--policy", "tuna-scatter",
+                              "--port", str(_free_port()), "--pidfile", pidfile, "--detach"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    assert "serving http://127.0.0.1:" in p.stdout
+    try:
+        info = json.loads(subprocess.run(cli + ["status", "--pidfile", pidfile, "--json"], capture_output=True,
+                                         text=True, timeout=60).stdout)
+        assert len(info["workers"]) == 2 and all(w["ready"] for w in info["workers"])
+        mains = [t["cpus"] for w in info["workers"] for t in w["threads"] if t["role"] == "main"]
+        assert all(len(c) == 1 for c in mains)
+        if CPUS >= 2:
+            assert mains[0] != mains[1]            # scatter: main threads apart
+        workers = [w["pid"] for w in info["workers"]]
+    finally:
+        s = subprocess.run(cli + ["stop", "--pidfile", pidfile], capture_output=True, text=True, timeout=60)
+    assert s.returncode == 0, s.stderr
+    time.sleep(0.2)
+    assert not any(_alive(p) for p in [info["master"]] + workers)
+
+
+def test_serve_rejects_bad_input_with_one_line():
+    import subprocess
+    import sys
+
+    for args in (["-w", "0", "-t", "1"], ["-w", "1", "-t", "1", "--policy", "nope"],
+                 ["-w", "1", "-t", str(CPUS + 1)], ["-w", "1", "-t", "1", "--model", "huge"]):
+        p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "serve", *args], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 2, (args, p.stderr)
+        assert len(p.stderr.strip().splitlines()) == 1

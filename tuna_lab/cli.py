@@ -7,6 +7,7 @@ object or nothing.
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -117,20 +118,39 @@ def _cmd_solve(args):
 
 
 def _cmd_demo(args):
+    from .experiment import Config, run
     from .model import solve
+    from .report import write_report
     from .topology import Topology
 
     here = Topology.from_sysfs()
-    print("The Tuna mapping - offline phase (online serving and load tests arrive with later releases)\n")
-    for title, topo, w, t in (("This machine", here, 2, 2),
+    C = here.n_logical
+    # Sized to this machine: one worker per CPU, two OpenMP threads each - twice
+    # as many threads as cores, the oversubscribed regime where placement matters.
+    W, T = max(2, C), min(2, C)
+    print("== 1. The offline phase: the Tuna mapping\n")
+    for title, topo, w, t in ((f"This machine ({C} CPUs)", here, W, T),
                               ("The article's machine, Azure D32ds_v4 (xeon-8272cl)",
                                Topology.preset("xeon-8272cl"), 4, 8)):
-        print(f"== {title}: {topo!r}")
+        print(f"-- {title}: {topo!r}")
         for mode in ("scatter", "compact"):
             mapping = solve(w, t, topo, mode, time_limit=60)
             print(mapping.describe())
             bad = mapping.verify()
             print(f"  every family's check: {'passed' if not bad else f'{len(bad)} violations'}\n")
+    if args.offline:
+        return 0
+    print(f"== 2. The online phase: pin and measure ({W} workers x {T} threads, medium model, batch 100, "
+          f"3 trials x {args.requests} concurrent requests)\n", flush=True)
+    out = os.path.join(args.out, "demo")
+    config = Config(W, T, "medium", 100)
+    result = run(config, ["cfs", "round-robin", "tuna-scatter"], trials=args.trials, requests=args.requests,
+                 out=os.path.join(out, config.key), progress=lambda line: print("  " + line, flush=True))
+    print()
+    print(_trial_table(result.trials))
+    report = write_report(result.requests, result.trials, os.path.join(out, "report.html"),
+                          title="tuna_lab demo", manifest=result.manifest)
+    print(f"\nraw records: {result.path}\nreport: {report}")
     return 0
 
 
@@ -191,6 +211,63 @@ def _cmd_stop(args):
     return 0
 
 
+def _policies_arg(text):
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def _cmd_run(args):
+    from .experiment import Config, run
+
+    config = Config(args.workers, args.threads, args.model, args.batch)
+    out = os.path.join(args.out, config.key) if args.out else None
+    result = run(config, _policies_arg(args.policies), trials=args.trials, requests=args.requests, out=out,
+                 concurrency=args.concurrency, seed=args.seed, progress=lambda line: print(line, flush=True),
+                 csv=args.csv)
+    print(_trial_table(result.trials))
+    if out:
+        print(f"wrote {out}")
+    return 0
+
+
+def _trial_table(trials):
+    """p50/p99 per policy (mean over trials) and the p99 speedup over cfs."""
+    ok = trials[trials["trial_status"] == "ok"]
+    if ok.empty:
+        return "no successful trials"
+    t = ok.groupby("policy")[["p50", "p99"]].mean() * 1e3
+    lines = [f"{'policy':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99 speedup vs cfs':>21}"]
+    base = t["p99"].get("cfs")
+    for policy, row in t.iterrows():
+        sp = f"{base / row['p99']:.2f}x" if base is not None and row["p99"] > 0 else "-"
+        lines.append(f"{policy:<14}{row['p50']:>9.1f}{row['p99']:>9.1f}{sp:>21}")
+    return "\n".join(lines)
+
+
+def _cmd_sweep(args):
+    from .experiment import Config, grid, sweep
+
+    pairs = grid(args.grid)
+    models = [m for m in args.models.split(",") if m]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    configs = [Config(w, t, m, b) for (w, t) in pairs for m in models for b in batches]
+    sweep(configs, _policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
+          progress=lambda line: print(line, flush=True), seed=args.seed)
+    print(f"sweep results in {args.out}; `tuna-lab report {args.out} -o report.html` analyses them")
+    return 0
+
+
+def _cmd_report(args):
+    from .experiment import load_results
+    from .report import write_report
+
+    requests, trials, manifests = load_results(args.results)
+    path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
+                        manifest=manifests[0] if len(manifests) == 1 else {"cells": len(manifests),
+                                                                           **manifests[0]})
+    print(f"wrote {path}")
+    return 0
+
+
 def _cmd_bench(args):
     from .bench import run_solver_bench
 
@@ -243,7 +320,41 @@ def _build_parser():
     sp.add_argument("--pidfile", required=True)
     sp.set_defaults(func=_cmd_stop)
 
-    d = sub.add_parser("demo", help="the Tuna mapping for this machine and the article's")
+    r = sub.add_parser("run", help="measure one configuration under several policies")
+    r.add_argument("-w", "--workers", type=int, required=True)
+    r.add_argument("-t", "--threads", type=int, required=True)
+    r.add_argument("--model", default="medium")
+    r.add_argument("--batch", type=int, default=100)
+    r.add_argument("--policies", default="cfs,round-robin,tuna-scatter")
+    r.add_argument("--trials", type=int, default=5)
+    r.add_argument("--requests", type=int, default=1000)
+    r.add_argument("--concurrency", type=int, default=None, help="in flight (default: all, as the article)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--out", default=None, help="results folder (a cell folder is written inside)")
+    r.add_argument("--csv", action="store_true", help="also write CSV copies of the tables")
+    r.set_defaults(func=_cmd_run)
+
+    sw = sub.add_parser("sweep", help="a resumable grid of configurations x policies")
+    sw.add_argument("--grid", choices=("machine", "article"), default="machine")
+    sw.add_argument("--models", default="medium")
+    sw.add_argument("--batches", default="100")
+    sw.add_argument("--policies", default="cfs,round-robin,tuna-scatter")
+    sw.add_argument("--trials", type=int, default=5)
+    sw.add_argument("--requests", type=int, default=1000)
+    sw.add_argument("--seed", type=int, default=0)
+    sw.add_argument("--out", required=True)
+    sw.set_defaults(func=_cmd_sweep)
+
+    rp = sub.add_parser("report", help="analyse results into a self-contained HTML report")
+    rp.add_argument("results")
+    rp.add_argument("-o", "--output", default="report.html")
+    rp.set_defaults(func=_cmd_report)
+
+    d = sub.add_parser("demo", help="the Tuna mapping, then a short live pin-and-measure experiment")
+    d.add_argument("--out", default="results")
+    d.add_argument("--trials", type=int, default=3)
+    d.add_argument("--requests", type=int, default=200)
+    d.add_argument("--offline", action="store_true", help="only the mappings, no server")
     d.set_defaults(func=_cmd_demo)
 
     b = sub.add_parser("bench", help="benchmarks")

@@ -1,0 +1,131 @@
+"""A real pin-and-measure run at tiny size: records, statistics, report, resume, bad input."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tuna_lab.experiment import Config, ExperimentError, grid, load_results, run, sweep
+
+CPUS = len(os.sched_getaffinity(0))
+T = min(2, CPUS)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "cell"
+    result = run(Config(2, T, "small", 20), ["cfs", "round-robin"], trials=2, requests=50, out=str(out),
+                 concurrency=10, seed=3)
+    return result, out
+
+
+def test_records_are_complete_and_tidy(tiny):
+    result, _ = tiny
+    req = result.requests
+    assert len(req) == 2 * 2 * 50
+    assert set(req["policy"]) == {"cfs", "round-robin"} and set(req["trial"]) == {0, 1}
+    assert (req["status"] == 200).all()
+    for col in ("client_seconds", "server_seconds", "deserialize", "convert", "dmatrix", "predict", "shap"):
+        assert (req[col] > 0).all(), col
+    assert req["pid"].nunique() >= 2                     # both workers served
+    assert (req["client_seconds"] >= req["server_seconds"]).all()
+
+
+def test_trial_p99_is_numpys_p99_of_the_raw_rows(tiny):
+    result, _ = tiny
+    for _, row in result.trials.iterrows():
+        raw = result.requests[(result.requests.policy == row.policy) & (result.requests.trial == row.trial)]
+        assert row.p99 == pytest.approx(np.percentile(raw["server_seconds"], 99))
+        assert row.p50 == pytest.approx(np.percentile(raw["server_seconds"], 50))
+        assert row.trial_status == "ok" and row.ok == 50
+
+
+def test_policy_order_is_randomised_per_trial_and_recorded(tiny):
+    result, _ = tiny
+    orders = result.manifest["orders"]
+    assert len(orders) == 2 and all(sorted(o) == ["cfs", "round-robin"] for o in orders)
+    got = result.trials.sort_values(["trial", "order"]).groupby("trial")["policy"].apply(list).tolist()
+    assert got == orders
+
+
+def test_written_cell_reloads_with_its_manifest(tiny):
+    result, out = tiny
+    requests, trials, manifests = load_results(str(out))
+    pd.testing.assert_frame_equal(trials.reset_index(drop=True), result.trials.reset_index(drop=True))
+    assert len(requests) == len(result.requests)
+    m = manifests[0]
+    for key in ("cpu_model", "kernel", "topology", "versions", "git_commit", "seed", "command", "config"):
+        assert key in m
+    assert m["config"]["model"] == "small"
+
+
+def test_report_is_written_from_saved_results(tiny, tmp_path):
+    _, out = tiny
+    html = tmp_path / "report.html"
+    p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "report", str(out), "-o", str(html)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    text = html.read_text()
+    assert "round-robin" in text and "<html" in text.lower()
+
+
+def test_sweep_resumes_without_redoing_finished_cells(tmp_path):
+    out = tmp_path / "sweep"
+    configs = [Config(1, 1, "small", 10), Config(2, 1, "small", 10)]
+    sweep(configs, ["cfs"], str(out), trials=1, requests=20)
+    first = {c.key: os.path.getmtime(out / c.key / "manifest.json") for c in configs}
+    shutil.rmtree(out / configs[1].key)                  # as if interrupted before the second cell
+    lines = []
+    sweep(configs, ["cfs"], str(out), trials=1, requests=20, progress=lines.append)
+    assert "1 of 2 cells already finished" in lines[0]
+    assert os.path.getmtime(out / configs[0].key / "manifest.json") == first[configs[0].key]
+    assert (out / configs[1].key / "manifest.json").exists()
+    _, trials, manifests = load_results(str(out))
+    assert len(manifests) == 2 and len(trials) == 2
+
+
+def test_a_server_that_cannot_start_marks_the_trial_failed(tmp_path):
+    # More threads than CPUs cannot be served here; the trial fails with the reason, the run goes on.
+    result = run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=1, requests=5, out=str(tmp_path / "c"))
+    row = result.trials.iloc[0]
+    assert row.trial_status == "failed" and "capped" in row.reason
+    assert json.load(open(tmp_path / "c" / "manifest.json"))["config"]["threads"] == CPUS + 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda: Config(0, 1), lambda: Config(1, 1, "huge"), lambda: Config(1, 1, batch=0),
+    lambda: run(Config(1, 1, "small"), ["nope"]), lambda: grid("galaxy"),
+])
+def test_bad_input_raises_one_clear_error(make):
+    with pytest.raises(ExperimentError) as info:
+        make()
+    assert "\n" not in str(info.value)
+
+
+def test_corrupt_or_foreign_results_folder(tmp_path):
+    with pytest.raises(ExperimentError, match="no results folder"):
+        load_results(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ExperimentError, match="no finished"):
+        load_results(str(tmp_path / "empty"))
+    cell = tmp_path / "bad" / "w1-t1-small-b10"
+    cell.mkdir(parents=True)
+    (cell / "manifest.json").write_text("{}")
+    (cell / "trials.parquet").write_text("this is not parquet")
+    with pytest.raises(ExperimentError, match="not a readable"):
+        load_results(str(tmp_path / "bad"))
+    p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "report", str(tmp_path / "bad")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_machine_grid_keeps_threads_within_cpus_and_article_grid_is_36():
+    assert len(grid("article")) == 36
+    g = grid("machine", cpus=2)
+    assert all(1 <= t <= 2 and w >= 1 for w, t in g)
+    assert any(w * t > 2 for w, t in g) and any(w * t <= 2 for w, t in g)

@@ -1,0 +1,328 @@
+"""Pin-and-measure: run the article's experiment on this machine and keep every record.
+
+One *cell* is an application ``{W, T, model, batch}`` measured under several
+policies. For every trial the policies run in a fresh random order (seeded
+and recorded) so that drift - a warming machine, a noisy neighbour - does not
+favour one; each (trial, policy) starts its own server, warms it up, sends
+the load, and stops it. Every request becomes a row of a tidy table
+(Parquet, CSV on request) next to a manifest (machine, kernel, topology,
+library versions, git commit, seeds, command line), so a result can be
+re-analysed without re-running it. A sweep is a grid of cells; each finished
+cell is written at once, and a re-run skips the cells already finished.
+
+Examples
+--------
+>>> from tuna_lab.experiment import Config, run
+>>> result = run(Config(2, 2, "small", 100), ["cfs", "tuna-scatter"], trials=2,
+...              requests=50, out="results/x")                        # doctest: +SKIP
+>>> result.trials[["policy", "trial", "p99"]]                       # doctest: +SKIP
+"""
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import pandas as pd
+
+from .errors import TunaError
+from .model.instance import check_positive_int
+
+__all__ = ["Config", "Result", "ExperimentError", "run", "sweep", "grid", "load_results", "ARTICLE_GRID"]
+
+#: The article's server configurations (workers x OpenMP threads on 32 logical cores).
+ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
+
+_MANIFEST = "manifest.json"
+_REQUESTS = "requests.parquet"
+_TRIALS = "trials.parquet"
+
+
+class ExperimentError(TunaError):
+    """An experiment could not be run or its results could not be read."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """One application of the article: W workers x T threads serving ``model`` with batches of ``batch``."""
+
+    workers: int
+    threads: int
+    model: str = "medium"
+    batch: int = 100
+
+    def __post_init__(self):
+        from .errors import ModelError
+        from .server.models import MODEL_FEATURES
+
+        try:
+            check_positive_int("workers", self.workers)
+            check_positive_int("threads", self.threads)
+            check_positive_int("batch", self.batch)
+        except ModelError as exc:
+            raise ExperimentError(str(exc)) from None
+        if self.model not in MODEL_FEATURES:
+            raise ExperimentError(f"unknown model {self.model!r}; choose from {', '.join(MODEL_FEATURES)}")
+
+    @property
+    def key(self):
+        return f"w{self.workers}-t{self.threads}-{self.model}-b{self.batch}"
+
+
+@dataclass
+class Result:
+    """What one cell produced: the raw request rows, one row per trial, and the manifest."""
+
+    requests: pd.DataFrame
+    trials: pd.DataFrame
+    manifest: dict
+    path: str | None = None
+
+
+def _check_policies(policies):
+    from .policies import POLICIES
+
+    policies = list(dict.fromkeys(policies))
+    if not policies:
+        raise ExperimentError("no policies given")
+    bad = [p for p in policies if p not in POLICIES]
+    if bad:
+        raise ExperimentError(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
+    return policies
+
+
+def _git_commit():
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", here, "status", "--porcelain"], capture_output=True, text=True,
+                               timeout=10)
+        if out.returncode == 0:
+            return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return None
+
+
+def _versions():
+    from importlib import metadata
+
+    out = {}
+    for dist in ("tuna_lab", "xgboost-cpu", "xgboost", "gunicorn", "cvxpy", "highspy", "numpy", "pandas",
+                 "aiohttp", "pyarrow"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def _cpu_model():
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def manifest(config, policies, trials, requests, seed, extra=None):
+    """Everything needed to interpret (or repeat) a cell, as a JSON-able dict."""
+    from .topology import Topology
+
+    topo = Topology.from_sysfs()
+    return {
+        "config": asdict(config), "cell": config.key, "policies": list(policies), "trials": trials,
+        "requests": requests, "seed": seed, "cpu_model": _cpu_model(), "kernel": platform.release(),
+        "python": platform.python_version(), "cpus": list(topo.cpus),
+        "topology": {k: v for k, v in topo.to_dict().items() if k != "distance"},
+        "versions": _versions(), "git_commit": _git_commit(), "command": sys.argv,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {}),
+    }
+
+
+def _trial_row(config, policy, trial, order, cpus, frame, wall, status, reason):
+    ok = frame[frame["status"] == 200] if len(frame) else frame
+    server = ok["server_seconds"].to_numpy(float) if len(ok) else np.array([])
+    row = {"cell": config.key, "policy": policy, "workers": config.workers, "threads": config.threads,
+           "cpus": cpus, "model": config.model, "batch": config.batch, "trial": trial, "order": order,
+           "n": int(len(frame)), "ok": int(len(ok)), "failed": int(len(frame) - len(ok)),
+           "wall_seconds": wall, "trial_status": status, "reason": reason}
+    for q in (50, 95, 99):
+        row[f"p{q}"] = float(np.percentile(server, q)) if server.size else float("nan")
+    row["mean"] = float(server.mean()) if server.size else float("nan")
+    row["throughput"] = row["ok"] / wall if wall > 0 else float("nan")
+    return row
+
+
+def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, seed=0, warmup=20,
+        progress=None, csv=False):
+    """Measure ``config`` under each policy for ``trials`` trials of ``requests`` concurrent requests.
+
+    Parameters
+    ----------
+    config : Config
+    policies : list of str
+    trials, requests : int
+        The article: 5 trials x 1,000 concurrent requests.
+    out : str, optional
+        Directory to write the cell into (``requests.parquet``, ``trials.parquet``,
+        ``manifest.json``); nothing is written when ``None``.
+    concurrency : int, optional
+        Requests in flight; default all of them at once (the article's closed mode).
+    seed : int
+        Seeds the policy order of every trial and the payload.
+    warmup : int
+        Requests sent (and discarded) after each server start.
+    progress : callable, optional
+        Called with one line of text per finished trial.
+
+    Returns
+    -------
+    Result
+    """
+    from . import load
+    from .server.launch import Server
+
+    policies = _check_policies(policies)
+    trials = check_positive_int("trials", trials)
+    requests = check_positive_int("requests", requests)
+    cpus = len(os.sched_getaffinity(0))
+    rng = np.random.default_rng(seed)
+    body = load.payload(config.model, config.batch, seed=seed)
+    meta = manifest(config, policies, trials, requests, seed, {"concurrency": concurrency, "warmup": warmup})
+    frames, rows, orders = [], [], []
+    t_start = time.monotonic()
+    for trial in range(trials):
+        order = list(rng.permutation(policies))
+        orders.append(order)
+        for pos, policy in enumerate(order):
+            t0 = time.monotonic()
+            frame, status, reason = pd.DataFrame(), "ok", ""
+            try:
+                with Server(config.workers, config.threads, model=config.model, policy=policy) as srv:
+                    if warmup:
+                        load.closed_loop(srv.url, body, requests=warmup, concurrency=min(warmup, 4))
+                    frame = load.closed_loop(srv.url, body, requests=requests, concurrency=concurrency)
+                    if srv.proc is None or srv.proc.poll() is not None:
+                        status, reason = "failed", "the server died during the trial"
+            except TunaError as exc:
+                status, reason = "failed", str(exc).splitlines()[0]
+            wall = time.monotonic() - t0
+            if len(frame) and (frame["status"] != 200).any() and status == "ok":
+                bad = frame.loc[frame["status"] != 200, "error"].iloc[0]
+                status, reason = "failed", f"{int((frame['status'] != 200).sum())} requests failed: {bad}"
+            if len(frame):
+                frame = frame.assign(cell=config.key, policy=policy, workers=config.workers,
+                                     threads=config.threads, cpus=cpus, model=config.model,
+                                     batch=config.batch, trial=trial, order=pos, load_mode="closed")
+                frames.append(frame)
+            rows.append(_trial_row(config, policy, trial, pos, cpus, frame, wall, status, reason))
+            if progress:
+                r = rows[-1]
+                done = len(rows)
+                left = (time.monotonic() - t_start) / done * (trials * len(policies) - done)
+                progress(f"{config.key} trial {trial + 1}/{trials} {policy:<13} p50 {r['p50'] * 1e3:7.1f} ms "
+                         f"p99 {r['p99'] * 1e3:7.1f} ms  {r['trial_status']}{(': ' + reason) if reason else ''}"
+                         f"  [~{left:.0f} s left]")
+    meta["orders"] = orders
+    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result = Result(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), pd.DataFrame(rows), meta)
+    if out is not None:
+        result.path = _write_cell(out, result, csv)
+    return result
+
+
+def _write_cell(out, result, csv=False):
+    """Write a cell atomically: into a temporary directory, then renamed into place."""
+    os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
+    tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    result.requests.to_parquet(os.path.join(tmp, _REQUESTS), index=False)
+    result.trials.to_parquet(os.path.join(tmp, _TRIALS), index=False)
+    if csv:
+        result.requests.to_csv(os.path.join(tmp, "requests.csv"), index=False)
+        result.trials.to_csv(os.path.join(tmp, "trials.csv"), index=False)
+    with open(os.path.join(tmp, _MANIFEST), "w") as fh:
+        json.dump(result.manifest, fh, indent=1, default=str)
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def load_results(path):
+    """Read every finished cell under ``path`` (a cell directory or a sweep) -> (requests, trials, manifests)."""
+    if not os.path.isdir(path):
+        raise ExperimentError(f"no results folder at {path}")
+    cells = [path] if os.path.exists(os.path.join(path, _MANIFEST)) else sorted(
+        os.path.join(path, d) for d in os.listdir(path)
+        if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d)
+    reqs, trials, manifests = [], [], []
+    for cell in cells:
+        if not os.path.exists(os.path.join(cell, _MANIFEST)):
+            continue                                  # an unfinished cell: ignored, redone by a resume
+        try:
+            with open(os.path.join(cell, _MANIFEST)) as fh:
+                manifests.append(json.load(fh))
+            trials.append(pd.read_parquet(os.path.join(cell, _TRIALS)))
+            if os.path.exists(os.path.join(cell, _REQUESTS)) and os.path.getsize(os.path.join(cell, _REQUESTS)):
+                reqs.append(pd.read_parquet(os.path.join(cell, _REQUESTS)))
+        except Exception as exc:  # pyarrow and json raise many types for a damaged file
+            raise ExperimentError(f"{cell} is not a readable tuna-lab result ({type(exc).__name__}); "
+                                  "delete it to have a sweep redo it") from None
+    if not manifests:
+        raise ExperimentError(f"no finished tuna-lab results under {path}")
+    return (pd.concat(reqs, ignore_index=True) if reqs else pd.DataFrame(),
+            pd.concat(trials, ignore_index=True), manifests)
+
+
+def grid(kind="machine", cpus=None):
+    """The article's {W} x {T} grid, as is (``"article"``) or scaled to this machine (``"machine"``).
+
+    The scaled grid keeps the article's over/under-subscription ratios ``WT/C``
+    (C = 32 there) while respecting that XGBoost runs at most ``C`` threads per
+    worker: ``T' = clip(round(T C / 32), 1, C)``, ``W' = max(1, round(W T / 32 * C / T'))``.
+    """
+    W, T, C0 = ARTICLE_GRID["workers"], ARTICLE_GRID["threads"], ARTICLE_GRID["cpus"]
+    if kind == "article":
+        return [(w, t) for w in W for t in T]
+    if kind != "machine":
+        raise ExperimentError(f"grid must be 'machine' or 'article', got {kind!r}")
+    C = cpus or len(os.sched_getaffinity(0))
+    out = []
+    for w in W:
+        for t in T:
+            t2 = int(min(max(round(t * C / C0), 1), C))
+            w2 = max(1, round(w * t / C0 * C / t2))
+            if (w2, t2) not in out:
+                out.append((w2, t2))
+    return sorted(out)
+
+
+def sweep(configs, policies, out, trials=5, requests=1000, progress=None, **run_options):
+    """Run every config not already finished under ``out``; each cell is written as soon as it is done."""
+    policies = _check_policies(policies)
+    os.makedirs(out, exist_ok=True)
+    configs = list(configs)
+    done = [c for c in configs if os.path.exists(os.path.join(out, c.key, _MANIFEST))]
+    todo = [c for c in configs if c not in done]
+    if progress:
+        progress(f"sweep: {len(done)} of {len(configs)} cells already finished, {len(todo)} to run")
+    t0 = time.monotonic()
+    for i, config in enumerate(todo):
+        run(config, policies, trials=trials, requests=requests, out=os.path.join(out, config.key),
+            progress=progress, **run_options)
+        if progress:
+            per = (time.monotonic() - t0) / (i + 1)
+            progress(f"sweep: cell {len(done) + i + 1}/{len(configs)} done ({config.key}); "
+                     f"~{per * (len(todo) - i - 1):.0f} s left")
+    return out
