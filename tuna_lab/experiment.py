@@ -209,8 +209,10 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
             try:
                 with Server(config.workers, config.threads, model=config.model, policy=policy) as srv:
                     if warmup:
-                        load.closed_loop(srv.url, body, requests=warmup, concurrency=min(warmup, 4))
-                    frame = load.closed_loop(srv.url, body, requests=requests, concurrency=concurrency)
+                        load.closed_loop(f"{srv.url}/predict", body, requests=warmup,
+                                         concurrency=min(warmup, 4))
+                    frame = load.closed_loop(f"{srv.url}/predict", body, requests=requests,
+                                             concurrency=concurrency)
                     if srv.proc is None or srv.proc.poll() is not None:
                         status, reason = "failed", "the server died during the trial"
             except TunaError as exc:

@@ -1,0 +1,394 @@
+"""Analysis, figures and report on synthetic experiment tables with known numbers.
+
+The synthetic experiment: 2 (model, batch) x 4 configurations on a 16-core
+machine (2x16 and 4x8 oversubscribed) x 3 policies x 3 trials x 40 requests;
+some requests fail (HTTP 500, client failure), and one trial fails entirely.
+Reference values are recomputed here with plain numpy / scipy.
+"""
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from tuna_lab.analysis import (
+    STAGES,
+    compare_policies,
+    scenario_stats,
+    speedup_summary,
+    speedups,
+    trial_stats,
+)
+from tuna_lab.errors import AnalysisError, TunaError
+from tuna_lab.report import write_report
+from tuna_lab.viz import p99_by_configuration, speedup_bars, stage_p99_bars
+
+CPUS = 16
+CONFIGS = ((2, 2), (2, 16), (4, 2), (4, 8))           # ordered by W then T; 2x16 and 4x8 are over
+APPS = (("medium", 100), ("small", 500))
+POLICY_SCALE = {"cfs": 1.0, "round-robin": 0.9, "tuna-scatter": 0.5}
+TRIALS, N = 3, 40
+STAGE_SHARE = dict(zip(STAGES, (0.05, 0.05, 0.1, 0.3, 0.5), strict=True))
+TRIAL_KEYS = ["workers", "threads", "cpus", "model", "batch", "policy", "trial"]
+FAILED = {"policy": "cfs", "workers": 4, "threads": 8, "model": "medium", "batch": 100, "trial": 2}
+
+
+def _product(**levels):
+    return pd.MultiIndex.from_product(list(levels.values()), names=list(levels)).to_frame(index=False)
+
+
+def make_tables(seed=0):
+    """``(requests, trials)`` as the experiment runner writes them."""
+    rng = np.random.default_rng(seed)
+    df = _product(app=range(len(APPS)), config=range(len(CONFIGS)), policy=list(POLICY_SCALE),
+                  trial=range(TRIALS), request=range(N))
+    apps, configs = np.array(APPS, dtype=object), np.array(CONFIGS)
+    df["model"] = apps[df["app"], 0].astype(str)
+    df["batch"] = apps[df["app"], 1].astype(np.int64)
+    df["workers"], df["threads"] = configs[df["config"], 0], configs[df["config"], 1]
+    df["cpus"] = CPUS
+    df["cell"] = ("w" + df["workers"].astype(str) + "-t" + df["threads"].astype(str) + "-"
+                  + df["model"] + "-b" + df["batch"].astype(str))
+    df["order"] = df["policy"].map({p: i for i, p in enumerate(POLICY_SCALE)})
+    base = 0.01 * (1 + df["config"]) * (1 + df["app"])
+    server = base * df["policy"].map(POLICY_SCALE) * rng.uniform(0.5, 1.5, len(df))
+    df["status"] = np.where(df["request"] % 13 == 5, 500, np.where(df["request"] % 17 == 3, -1, 200))
+    failed_trial = np.logical_and.reduce([df[k].eq(v) for k, v in FAILED.items()])
+    df.loc[failed_trial, "status"] = -1
+    ok = df["status"].eq(200)
+    df["error"] = np.where(df["status"].eq(500), "HTTP 500", np.where(df["status"].eq(-1), "refused", ""))
+    df["server_seconds"] = server.where(ok)
+    for stage, share in STAGE_SHARE.items():
+        df[stage] = (server * share * rng.uniform(0.8, 1.2, len(df))).where(ok)
+    df["client_seconds"] = (df["server_seconds"] + 0.002).where(df["status"].ne(-1))
+    df["pid"] = 1000 + df["request"] % 4
+    df["sent_at"] = 100.0 * df["trial"] + 0.01 * df["request"]
+    df["scheduled_at"] = df["sent_at"]
+    df["send_lag"] = 0.0
+    df["load_mode"] = "closed"
+    requests = df.drop(columns=["app", "config"])
+
+    trials = (requests.assign(_ok=ok)
+              .groupby(["cell", *TRIAL_KEYS, "order"], as_index=False)
+              .agg(n=("request", "size"), ok=("_ok", "sum"), wall_seconds=("sent_at", "max")))
+    trials["failed"] = trials["n"] - trials["ok"]
+    dead = np.logical_and.reduce([trials[k].eq(v) for k, v in FAILED.items()])
+    trials["trial_status"] = np.where(dead, "failed", "ok")
+    trials["reason"] = np.where(dead, "server died: <worker 3> exited", "")
+    return requests, trials
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return make_tables()
+
+
+@pytest.fixture(scope="module")
+def per_trial(tables):
+    requests, trials = tables
+    return trial_stats(requests, trials)
+
+
+def hand_scenarios(rows):
+    """A scenario table from ``(workers, threads, model, batch, policy, mean_p99)`` rows."""
+    df = pd.DataFrame(rows, columns=["workers", "threads", "model", "batch", "policy", "mean_p99"])
+    return df.assign(cpus=32, std_p99=0.0, n_trials=5)
+
+
+# -- trial_stats --------------------------------------------------------------------------------
+
+
+def test_trial_percentiles_match_numpy_on_raw_rows(tables, per_trial):
+    requests, _ = tables
+    ok = requests[requests["status"].between(200, 299)]
+    grouped = ok.groupby(TRIAL_KEYS)
+    expected = pd.DataFrame({
+        "p50": grouped["server_seconds"].apply(lambda s: np.percentile(s, 50)),
+        "p95": grouped["server_seconds"].apply(lambda s: np.percentile(s, 95)),
+        "p99": grouped["server_seconds"].apply(lambda s: np.percentile(s, 99)),
+        "mean": grouped["server_seconds"].apply(np.mean),
+        "client_p99": grouped["client_seconds"].apply(lambda s: np.percentile(s, 99)),
+        **{f"{s}_p99": grouped[s].apply(lambda v: np.percentile(v, 99)) for s in STAGES},
+    })
+    got = per_trial.set_index(TRIAL_KEYS).loc[expected.index, expected.columns]
+    np.testing.assert_allclose(got.to_numpy(), expected.to_numpy(), rtol=1e-12)
+    # one row per trial, including the failed one (no ok request, so no p99)
+    assert len(per_trial) == len(APPS) * len(CONFIGS) * len(POLICY_SCALE) * TRIALS
+    dead = per_trial.set_index(TRIAL_KEYS).loc[tuple(FAILED[k] if k != "cpus" else CPUS for k in TRIAL_KEYS)]
+    assert dead["ok"] == 0 and dead["failed"] == N and math.isnan(dead["p99"])
+    assert dead["trial_status"] == "failed" and dead["reason"].startswith("server died")
+
+
+def test_trial_counts_throughput_and_subscription(tables, per_trial):
+    requests, _ = tables
+    row = per_trial.iloc[0]
+    raw = requests[np.logical_and.reduce([requests[k].eq(row[k]) for k in TRIAL_KEYS])]
+    n_ok = int(raw["status"].eq(200).sum())
+    assert (row["n"], row["ok"], row["failed"]) == (N, n_ok, N - n_ok)
+    span = (raw["sent_at"] + raw["client_seconds"]).max() - raw["sent_at"].min()
+    assert row["throughput"] == pytest.approx(n_ok / span)
+    over = per_trial["workers"] * per_trial["threads"] > CPUS
+    assert (per_trial["subscription"] == np.where(over, "over", "under")).all()
+    assert set(per_trial.loc[over, "threads"]) == {8, 16}
+
+
+# -- scenario_stats -------------------------------------------------------------------------------
+
+
+def test_scenario_means_and_student_t_interval(per_trial):
+    scen = scenario_stats(per_trial, confidence=0.9).set_index(TRIAL_KEYS[:-1])
+    valid = per_trial[per_trial["trial_status"].eq("ok")]
+    p99 = valid.groupby(TRIAL_KEYS[:-1])["p99"]
+    np.testing.assert_allclose(scen.loc[p99.mean().index, "mean_p99"], p99.mean(), rtol=1e-12)
+    key = (2, 2, CPUS, "medium", 100, "tuna-scatter")
+    values = valid.set_index(TRIAL_KEYS[:-1]).loc[key, "p99"].to_numpy()
+    low, high = stats.t.interval(0.9, len(values) - 1, loc=values.mean(), scale=stats.sem(values))
+    assert scen.loc[key, ["ci_low", "ci_high"]].tolist() == pytest.approx([low, high])
+    assert (scen["ci_low"] <= scen["mean_p99"]).all() and (scen["mean_p99"] <= scen["ci_high"]).all()
+    assert (scen.loc[scen["n_trials"] == TRIALS, "n_failed"] == 0).all()
+    assert set(scen["subscription"]) == {"over", "under"}
+    mean_shap = valid.groupby(TRIAL_KEYS[:-1])["shap_p99"].mean()
+    np.testing.assert_allclose(scen.loc[mean_shap.index, "mean_shap_p99"], mean_shap)
+
+
+def test_failed_trial_is_left_out(tables, per_trial):
+    requests, trials = tables
+    key = tuple(FAILED[k] if k != "cpus" else CPUS for k in TRIAL_KEYS[:-1])
+    row = scenario_stats(per_trial).set_index(TRIAL_KEYS[:-1]).loc[key]
+    assert (row["n_trials"], row["n_failed"]) == (TRIALS - 1, 1)
+    # a trial the runner marked failed is left out even if it has ok requests
+    marked = trials.assign(trial_status=np.where(trials["trial"].eq(0), "failed", trials["trial_status"]))
+    again = scenario_stats(trial_stats(requests, marked))
+    assert (again["n_trials"] <= TRIALS - 1).all()
+    # without the trials table, a trial without ok requests still drops out
+    bare = scenario_stats(trial_stats(requests)).set_index(TRIAL_KEYS[:-1]).loc[key]
+    assert bare["n_trials"] == TRIALS - 1
+
+
+def test_interval_shrinks_with_more_trials():
+    def scen(p99s):
+        table = pd.DataFrame({"workers": 4, "threads": 4, "cpus": 32, "model": "medium", "batch": 100,
+                              "policy": "cfs", "trial": range(len(p99s)), "p99": p99s})
+        return scenario_stats(table).iloc[0]
+
+    few, many = scen([0.1, 0.2, 0.3]), scen([0.1, 0.2, 0.3] * 4)
+    assert few["mean_p99"] == pytest.approx(0.2) and many["mean_p99"] == pytest.approx(0.2)
+    assert few["ci_low"] < 0.2 < few["ci_high"]
+    assert many["ci_high"] - many["ci_low"] < few["ci_high"] - few["ci_low"]
+    one = scen([0.1])
+    assert one["n_trials"] == 1 and math.isnan(one["ci_low"]) and math.isnan(one["std_p99"])
+
+
+# -- speedups -------------------------------------------------------------------------------------
+
+
+SPEEDUP_ROWS = [
+    # workers, threads, model, batch, policy, mean p99   (cpus = 32: 16x16 is over)
+    (4, 4, "medium", 100, "cfs", 0.2),
+    (4, 4, "medium", 100, "tuna-scatter", 0.1),       # 2.0
+    (4, 4, "medium", 100, "round-robin", 0.25),       # 0.8
+    (16, 16, "medium", 100, "cfs", 0.6),
+    (16, 16, "medium", 100, "tuna-scatter", 0.5),     # 1.2
+    (16, 16, "medium", 100, "round-robin", 0.6),      # 1.0
+    (4, 4, "large", 1000, "cfs", 1.0),
+    (4, 4, "large", 1000, "tuna-scatter", 1.0),       # 1.0
+    (4, 4, "large", 1000, "round-robin", 2.0),        # 0.5
+]
+
+
+def test_speedup_for_a_hand_built_case():
+    table = speedups(hand_scenarios(SPEEDUP_ROWS[:3])).set_index("policy")
+    assert table.loc["tuna-scatter", "speedup"] == pytest.approx(2.0)
+    assert table.loc["round-robin", "speedup"] == pytest.approx(0.8)
+    assert set(table["baseline"]) == {"cfs"} and "cfs" not in table.index
+
+
+def test_speedup_summary_overall_and_by_groups():
+    summary = speedup_summary(hand_scenarios(SPEEDUP_ROWS))
+    key = ["baseline", "policy", "group", "subscription", "model", "batch"]
+    got = summary.set_index(key)["speedup"]
+    na = pd.NA
+    assert got[("cfs", "tuna-scatter", "all", na, na, na)] == pytest.approx((2.0 + 1.2 + 1.0) / 3)
+    assert got[("cfs", "tuna-scatter", "subscription", "under", na, na)] == pytest.approx(1.5)
+    assert got[("cfs", "tuna-scatter", "subscription", "over", na, na)] == pytest.approx(1.2)
+    assert got[("cfs", "tuna-scatter", "model", na, "medium", na)] == pytest.approx(1.6)
+    assert got[("cfs", "round-robin", "batch", na, na, 1000)] == pytest.approx(0.5)
+    combo = ("cfs", "tuna-scatter", "subscription+model+batch", "under", "medium", 100)
+    assert got[combo] == pytest.approx(2.0)
+    # tuna over round-robin: 0.25/0.1, 0.6/0.5, 2.0/1.0
+    assert got[("round-robin", "tuna-scatter", "all", na, na, na)] == pytest.approx((2.5 + 1.2 + 2.0) / 3)
+    geo = summary.set_index(key)["geomean"][("cfs", "tuna-scatter", "all", na, na, na)]
+    assert geo == pytest.approx((2.0 * 1.2 * 1.0) ** (1 / 3))
+    assert set(summary["group"]) == {"all", "subscription", "model", "batch", "subscription+model+batch"}
+    assert summary["batch"].dtype == "Int64"
+
+
+def test_missing_baseline_gives_nan_not_a_crash():
+    rows = [r for r in SPEEDUP_ROWS if not (r[2] == "large" and r[4] == "cfs")]
+    table = speedups(hand_scenarios(rows))
+    assert table.loc[table["model"].eq("large"), "speedup"].isna().all()
+    summary = speedup_summary(hand_scenarios(rows), by=("model",)).set_index(["baseline", "policy", "model"])
+    large = summary.loc[("cfs", "tuna-scatter", "large")]
+    assert math.isnan(large["speedup"]) and large["n"] == 0
+    assert summary.loc[("cfs", "tuna-scatter", "medium"), "speedup"] == pytest.approx(1.6)
+    absent = speedup_summary(hand_scenarios(rows), baselines=("numa",), by=(None,))
+    assert absent["speedup"].isna().all() and (absent["n"] == 0).all()
+
+
+# -- compare_policies ----------------------------------------------------------------------------
+
+
+def _two_policy_scenarios(mean_a, mean_b, std_a, std_b, n=5):
+    return pd.DataFrame({"workers": 4, "threads": 4, "cpus": 32, "model": "medium", "batch": 100,
+                         "policy": ["cfs", "tuna-scatter"], "mean_p99": [mean_a, mean_b],
+                         "std_p99": [std_a, std_b], "n_trials": n})
+
+
+def test_compare_policies_on_known_data():
+    exact = compare_policies(_two_policy_scenarios(0.2, 0.1, 0.0, 0.0), "cfs", "tuna-scatter")
+    assert exact["ratio"] == pytest.approx(0.5) and exact["speedup"] == pytest.approx(2.0)
+    assert exact["ci_low"] == pytest.approx(0.5) and exact["ci_high"] == pytest.approx(0.5)
+    assert exact["method"] == "fieller" and exact["n_applications"] == 1
+
+    r = compare_policies(_two_policy_scenarios(0.2, 0.1, 0.02, 0.01), "cfs", "tuna-scatter")
+    assert r["ci_low"] < 0.5 < r["ci_high"] and r["dof"] == pytest.approx(4)
+    q = stats.t.ppf(0.975, 4)
+    var_a, var_b = 0.02**2 / 5, 0.01**2 / 5
+    for rho in (r["ci_low"], r["ci_high"]):      # the bounds solve Fieller's equation
+        assert (0.1 - rho * 0.2) ** 2 == pytest.approx(q**2 * (var_b + rho**2 * var_a))
+    assert r["speedup_ci_low"] == pytest.approx(1 / r["ci_high"])
+
+    wild = compare_policies(_two_policy_scenarios(0.2, 0.1, 0.3, 0.01), "cfs", "tuna-scatter")
+    assert wild["ci_high"] == math.inf            # denominator not significantly above 0
+    few = compare_policies(_two_policy_scenarios(0.2, 0.1, float("nan"), float("nan"), n=1),
+                           "cfs", "tuna-scatter")
+    assert few["ratio"] == pytest.approx(0.5) and math.isnan(few["ci_low"])
+
+
+def test_compare_policies_interval_covers_the_true_ratio():
+    rng = np.random.default_rng(1)
+    reps, n, hits = 300, 5, 0
+    trials_a = rng.normal(0.2, 0.02, (reps, n))
+    trials_b = rng.normal(0.1, 0.02, (reps, n))
+    for a, b in zip(trials_a, trials_b, strict=True):
+        r = compare_policies(_two_policy_scenarios(a.mean(), b.mean(), a.std(ddof=1), b.std(ddof=1)),
+                             "cfs", "tuna-scatter")
+        hits += r["ci_low"] <= 0.5 <= r["ci_high"]
+    assert 0.9 <= hits / reps <= 0.99
+
+
+def test_compare_policies_over_the_synthetic_experiment(per_trial):
+    scen = scenario_stats(per_trial)
+    r = compare_policies(scen, "cfs", "tuna-scatter")
+    both = scen[scen["policy"].isin(["cfs", "tuna-scatter"])].pivot_table(
+        index=["workers", "threads", "model", "batch"], columns="policy", values="mean_p99")
+    assert r["ratio"] == pytest.approx(both["tuna-scatter"].mean() / both["cfs"].mean())
+    assert r["n_applications"] == len(APPS) * len(CONFIGS)
+    assert r["ci_low"] < r["ratio"] < r["ci_high"] < 1
+
+
+# -- figures ------------------------------------------------------------------------------------------
+
+
+def test_p99_by_configuration_traces_and_shading(per_trial):
+    fig = p99_by_configuration(per_trial, model="medium", batch=100)
+    assert [t.mode for t in fig.data] == ["markers", "lines"] * len(POLICY_SCALE)
+    lines = {t.name: t for t in fig.data if t.mode == "lines"}
+    assert list(lines) == list(POLICY_SCALE)
+    assert list(fig.layout.xaxis.ticktext) == [f"{w}x{t}" for w, t in CONFIGS]
+    # one shaded rectangle per run of oversubscribed configurations: 2x16 (x=1) and 4x8 (x=3)
+    assert [(s.x0, s.x1) for s in fig.layout.shapes] == [(0.5, 1.5), (2.5, 3.5)]
+    scen = scenario_stats(per_trial).query("model == 'medium' and batch == 100 and policy == 'cfs'")
+    np.testing.assert_allclose(lines["cfs"].y, scen["mean_p99"] * 1e3)
+    markers = {t.name: t for t in fig.data if t.mode == "markers"}
+    assert len(markers["cfs trials"].x) == len(CONFIGS) * TRIALS - 1     # the failed trial is left out
+    assert "ms" in fig.layout.yaxis.title.text and fig.layout.title.text
+    with pytest.raises(AnalysisError, match="model"):
+        p99_by_configuration(per_trial)                                  # two models: ambiguous
+
+
+def test_stage_p99_bars(per_trial):
+    fig = stage_p99_bars(per_trial, 4, 8, model="medium", batch=100)
+    assert [t.name for t in fig.data] == list(POLICY_SCALE)
+    assert all(list(t.x) == list(STAGES) for t in fig.data) and fig.layout.barmode == "group"
+    sel = per_trial.query("workers == 4 and threads == 8 and model == 'medium' and batch == 100 "
+                          "and policy == 'cfs' and trial_status == 'ok'")
+    np.testing.assert_allclose(fig.data[0].y, sel[[f"{s}_p99" for s in STAGES]].mean() * 1e3)
+    assert "oversubscribed" in fig.layout.title.text
+    with pytest.raises(AnalysisError, match="3x3"):
+        stage_p99_bars(per_trial, 3, 3, model="medium", batch=100)
+
+
+def test_speedup_bars(per_trial):
+    summary = speedup_summary(scenario_stats(per_trial))
+    fig = speedup_bars(summary)
+    names = [t.name for t in fig.data]
+    assert "tuna-scatter vs cfs" in names and "tuna-scatter vs round-robin" in names
+    assert len(names) == len(set(names)) == 4                   # 2 policies x 2 baselines
+    assert len(fig.data[0].x) == len(APPS) * 2                  # (over, under) x (model, batch)
+    fig = speedup_bars(summary, group="all", baseline="cfs")
+    assert [list(t.x) for t in fig.data] == [["all"], ["all"]]
+    with pytest.raises(AnalysisError, match="group"):
+        speedup_bars(summary, group="nope")
+
+
+# -- report -------------------------------------------------------------------------------------------
+
+
+def test_write_report_is_one_self_contained_file(tables, per_trial, tmp_path):
+    requests, trials = tables
+    manifest = {"cpu_model": "Intel Xeon <8272CL>", "kernel": "5.15.0", "commit": "ba0cf89",
+                "command": ["tuna-lab", "sweep", "--policies", "cfs,tuna-scatter"], "date": "2025-10-31"}
+    out = write_report(requests, trials, tmp_path / "sub" / "report.html", title="Synthetic",
+                       manifest=manifest)
+    assert out == tmp_path / "sub" / "report.html"
+    assert [p.name for p in out.parent.iterdir()] == ["report.html"]      # no temp file left behind
+    text = out.read_text(encoding="utf-8")
+    assert text.count("* plotly.js v") == 1
+    assert not re.search(r"<script[^>]*\bsrc\s*=\s*[\"']?(https?:)?//", text, re.IGNORECASE)
+    assert text.count('class="plotly-graph-div"') >= 1 + len(APPS)
+    assert "Intel Xeon &lt;8272CL&gt;" in text and "tuna-lab sweep --policies cfs,tuna-scatter" in text
+    assert "server died: &lt;worker 3&gt; exited" in text
+    scen = scenario_stats(per_trial).set_index(TRIAL_KEYS[:-1])
+    row = scen.loc[(2, 2, CPUS, "medium", 100, "tuna-scatter")]
+    cell = f"{row['mean_p99'] * 1e3:.2f} [{row['ci_low'] * 1e3:.2f}, {row['ci_high'] * 1e3:.2f}]"
+    assert cell in text
+    speed = speedup_summary(scen.reset_index()).query("group == 'all'").set_index(["baseline", "policy"])
+    assert f"{speed.loc[('cfs', 'tuna-scatter'), 'speedup']:.3f} (n=8)" in text
+    assert f"{speed.loc[('round-robin', 'tuna-scatter'), 'speedup']:.3f} (n=8)" in text
+    # rewriting replaces the file in place
+    write_report(requests, trials, out)
+    assert [p.name for p in out.parent.iterdir()] == ["report.html"]
+
+
+# -- bad input ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda r, t: trial_stats(r.drop(columns=["server_seconds", "shap"])), "server_seconds, shap"),
+    (lambda r, t: trial_stats(r.iloc[:0]), "empty"),
+    (lambda r, t: trial_stats(r.to_dict()), "DataFrame"),
+    (lambda r, t: trial_stats(r.assign(status=r["status"].astype(str))), "numeric: status"),
+    (lambda r, t: trial_stats(r, t.drop(columns="trial_status")), "trial_status"),
+    (lambda r, t: scenario_stats(trial_stats(r), confidence=1.5), "confidence"),
+    (lambda r, t: scenario_stats(pd.DataFrame({"p99": [0.1]})), "workers"),
+    (lambda r, t: speedups(pd.DataFrame()), "empty"),
+    (lambda r, t: speedup_summary(scenario_stats(trial_stats(r)), by=("colour",)), "colour"),
+    (lambda r, t: compare_policies(scenario_stats(trial_stats(r)), "cfs", "numa"), "numa"),
+    (lambda r, t: compare_policies(scenario_stats(trial_stats(r)), "cfs", "cfs"), "different"),
+    (lambda r, t: write_report(r, t, "x.html", manifest=["not", "a", "dict"]), "manifest"),
+])
+def test_bad_inputs_raise_one_line_analysis_error(tables, call, message):
+    requests, trials = tables
+    with pytest.raises(AnalysisError, match=re.escape(message)) as info:
+        call(requests, trials)
+    assert isinstance(info.value, TunaError) and "\n" not in str(info.value)
+
+
+def test_duplicate_scenarios_are_refused():
+    rows = hand_scenarios(SPEEDUP_ROWS[:3] + SPEEDUP_ROWS[:1])
+    with pytest.raises(AnalysisError, match="duplicate"):
+        speedups(rows)

@@ -1,0 +1,582 @@
+"""Analysis of experiment tables: trial and scenario p99s, speedups, policy comparisons.
+
+The experiment runner writes two tidy tables: ``requests`` (one row per
+request) and ``trials`` (one row per cell, policy and trial). This module
+reduces them the way the Tuna article does:
+
+1. :func:`trial_stats` - per trial, the p99 of the server-side runtime of the
+   trial's successful requests (the article's figure of merit), plus p50,
+   p95, mean, client p99, throughput and the p99 of each pipeline stage;
+2. :func:`scenario_stats` - per scenario (one application under one policy),
+   the average of the trial p99s with a Student t confidence interval;
+3. :func:`speedups` / :func:`speedup_summary` - baseline mean p99 over policy
+   mean p99 per application, averaged overall and within groups (the
+   article's 1.15x over CFS and 1.13x over Round Robin are such averages);
+4. :func:`compare_policies` - one ratio of mean p99s with a Fieller
+   confidence interval.
+
+An *application* is one ``(workers, threads, cpus, model, batch)``: a server
+configuration ``W x T`` on ``C`` usable logical cores serving one model with
+one batch size. It is *oversubscribed* when ``W * T > C``. Times are seconds.
+
+Examples
+--------
+>>> import numpy as np, pandas as pd
+>>> rng = np.random.default_rng(0)
+>>> requests = pd.DataFrame({
+...     "policy": np.repeat(["cfs", "tuna-scatter"], 200), "trial": np.tile(np.repeat([0, 1], 100), 2),
+...     "workers": 4, "threads": 4, "cpus": 32, "model": "medium", "batch": 100, "status": 200,
+...     "server_seconds": np.r_[rng.uniform(0.1, 0.2, 200), rng.uniform(0.05, 0.1, 200)],
+...     "client_seconds": 0.3, "sent_at": np.tile(np.arange(100.0), 4),
+...     "deserialize": 0.001, "convert": 0.001, "dmatrix": 0.01, "predict": 0.02, "shap": 0.05})
+>>> scenarios = scenario_stats(trial_stats(requests))
+>>> summary = speedup_summary(scenarios, baselines=("cfs",), by=(None,))
+>>> round(float(summary["speedup"].iloc[0]), 1)
+2.0
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from pandas.api.types import is_bool_dtype, is_integer_dtype, is_numeric_dtype
+from scipy import stats
+
+from .errors import AnalysisError
+from .policies import POLICIES
+
+__all__ = [
+    "STAGES",
+    "trial_stats",
+    "scenario_stats",
+    "speedups",
+    "speedup_summary",
+    "compare_policies",
+]
+
+#: The five stages of the inference pipeline, in the order a request runs them.
+STAGES = ("deserialize", "convert", "dmatrix", "predict", "shap")
+
+#: Model sizes in the article's order (used to sort tables and figures).
+_MODELS = ("small", "medium", "large")
+_APP = ("workers", "threads", "cpus", "model", "batch")
+_SCENARIO = _APP + ("policy",)
+_TRIAL = _SCENARIO + ("trial",)
+_REQUEST_VALUES = ("status", "server_seconds", "client_seconds", "sent_at") + STAGES
+_DEFAULT_BY = (None, "subscription", "model", "batch", ("subscription", "model", "batch"))
+
+
+# -- validation ----------------------------------------------------------------------
+
+
+def _check_table(table, name, columns, numeric=(), keys=()):
+    """Raise :class:`AnalysisError` unless ``table`` is a non-empty frame with ``columns``."""
+    if not isinstance(table, pd.DataFrame):
+        raise AnalysisError(f"{name} must be a pandas DataFrame, not {type(table).__name__}")
+    missing = [c for c in columns if c not in table.columns]
+    if table.empty:
+        raise AnalysisError(f"{name} table is empty")
+    if missing:
+        raise AnalysisError(f"{name} table is missing column(s): {', '.join(missing)}")
+    bad = [c for c in numeric if not is_numeric_dtype(table[c]) or is_bool_dtype(table[c])]
+    if bad:
+        raise AnalysisError(f"{name} column(s) must be numeric: {', '.join(bad)}")
+    nulls = [c for c in keys if table[c].isna().any()]
+    if nulls:
+        raise AnalysisError(f"{name} key column(s) have missing values: {', '.join(nulls)}")
+
+
+def _check_unique(table, name, keys):
+    dup = table.duplicated(list(keys))
+    if dup.any():
+        first = ", ".join(f"{k}={v}" for k, v in table.loc[dup, list(keys)].iloc[0].items())
+        raise AnalysisError(f"{name} has {int(dup.sum())} duplicate row(s) for one "
+                            f"{'/'.join(keys)}, e.g. {first}")
+
+
+def _check_confidence(confidence):
+    if not (isinstance(confidence, (int, float)) and 0 < confidence < 1):
+        raise AnalysisError(f"confidence must be a number strictly between 0 and 1, got {confidence!r}")
+
+
+def _check_policy(table, policy, what):
+    if not isinstance(policy, str):
+        raise AnalysisError(f"{what} must be a policy name (str), got {policy!r}")
+    if what != "baseline" and not table["policy"].eq(policy).any():
+        have = ", ".join(map(str, _ordered(table["policy"].unique(), POLICIES)))
+        raise AnalysisError(f"{what} policy {policy!r} is not in the table (have: {have})")
+
+
+# -- small vectorised helpers ----------------------------------------------------------
+
+
+def _is_ok(status):
+    """Successful requests: HTTP 2xx."""
+    return status.ge(200) & status.lt(300)
+
+
+def _subscription(table):
+    """``"over"`` where ``workers * threads > cpus``, else ``"under"``."""
+    over = table["workers"].to_numpy() * table["threads"].to_numpy() > table["cpus"].to_numpy()
+    return pd.Series(np.where(over, "over", "under"), index=table.index, dtype=object)
+
+
+def _ordered(values, known):
+    """``values`` with the ``known`` ones first in their canonical order, then the rest sorted."""
+    values = list(values)
+    rest = [v for v in values if v not in known]
+    try:
+        rest.sort()
+    except TypeError:
+        rest.sort(key=str)
+    return [v for v in known if v in values] + rest
+
+
+def _rank_key(column):
+    """A ``sort_values`` key: canonical order for ``policy``/``baseline``/``model``, natural otherwise."""
+    known = {"policy": POLICIES, "baseline": POLICIES, "model": _MODELS}.get(column.name)
+    if known is None:
+        return column
+    order = _ordered(column.dropna().unique(), known)
+    return pd.Series(pd.Categorical(column, categories=order, ordered=True).codes, index=column.index)
+
+
+def _sorted(table, columns):
+    columns = [c for c in columns if c in table.columns]
+    return table.sort_values(columns, key=_rank_key, kind="stable").reset_index(drop=True)
+
+
+# -- per trial ------------------------------------------------------------------------------
+
+
+def trial_stats(requests, trials=None):
+    """Per-trial statistics of the server-side runtime.
+
+    Percentiles are numpy's default (linear interpolation) over the trial's
+    successful (HTTP 2xx) requests; NaN values are skipped.
+
+    Parameters
+    ----------
+    requests : pandas.DataFrame
+        One row per request, with at least ``workers, threads, cpus, model,
+        batch, policy, trial, status, server_seconds, client_seconds,
+        sent_at`` and the stage columns :data:`STAGES`.
+    trials : pandas.DataFrame, optional
+        The runner's trial table; when given, its ``trial_status`` (and
+        ``reason``) columns are attached, so that :func:`scenario_stats`
+        leaves failed trials out.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per ``(workers, threads, cpus, model, batch, policy, trial)``
+        with ``subscription``, ``n``, ``ok``, ``failed`` (request counts),
+        ``p50, p95, p99, mean`` of ``server_seconds``, ``client_p99``,
+        ``throughput`` (ok requests per second from the first send to the
+        last response) and ``<stage>_p99`` for every stage.
+
+    Raises
+    ------
+    AnalysisError
+        If a table is empty, misses a column or has a non-numeric value column.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> requests = pd.DataFrame({"workers": 2, "threads": 2, "cpus": 4, "model": "small",
+    ...     "batch": 100, "policy": "cfs", "trial": 0, "status": [200, 200, 500],
+    ...     "server_seconds": [0.1, 0.3, float("nan")], "client_seconds": [0.2, 0.4, 0.5],
+    ...     "sent_at": [0.0, 0.0, 0.5], "deserialize": 0.01, "convert": 0.01,
+    ...     "dmatrix": 0.01, "predict": 0.01, "shap": 0.01})
+    >>> trial_stats(requests)[["n", "ok", "p50", "throughput"]].round(3).to_dict("records")
+    [{'n': 3, 'ok': 2, 'p50': 0.2, 'throughput': 2.0}]
+    """
+    _check_table(requests, "requests", _TRIAL + _REQUEST_VALUES,
+                 numeric=("workers", "threads", "cpus") + _REQUEST_VALUES, keys=_TRIAL)
+    by = list(_TRIAL)
+    ok = _is_ok(requests["status"])
+    work = requests[by + list(_REQUEST_VALUES)].assign(
+        _ok=ok, _end=requests["sent_at"] + requests["client_seconds"])
+    counts = work.groupby(by, sort=True, observed=True).agg(
+        n=("status", "size"), ok=("_ok", "sum"), _start=("sent_at", "min"), _end=("_end", "max"))
+
+    good = work[ok].groupby(by, sort=True, observed=True)
+    server = good["server_seconds"]
+    values = pd.DataFrame({
+        "p50": server.quantile(0.50),
+        "p95": server.quantile(0.95),
+        "p99": server.quantile(0.99),
+        "mean": server.mean(),
+        "client_p99": good["client_seconds"].quantile(0.99),
+    })
+    per_stage = good[list(STAGES)].quantile(0.99).add_suffix("_p99")
+
+    out = counts.join(values).join(per_stage)
+    out["ok"] = out["ok"].astype(np.int64)
+    out["failed"] = out["n"] - out["ok"]
+    duration = out["_end"] - out["_start"]
+    out["throughput"] = (out["ok"] / duration).where(duration > 0)
+    out = out.reset_index()
+    out.insert(len(by), "subscription", _subscription(out))
+    columns = by + ["subscription", "n", "ok", "failed", "p50", "p95", "p99", "mean",
+                    "client_p99", "throughput"] + [f"{s}_p99" for s in STAGES]
+    out = out[columns]
+    if trials is not None:
+        out = _attach_trial_status(out, trials)
+    return _sorted(out, by)
+
+
+def _attach_trial_status(table, trials):
+    _check_table(trials, "trials", _TRIAL + ("trial_status",), keys=_TRIAL)
+    extra = ["trial_status"] + (["reason"] if "reason" in trials.columns else [])
+    info = trials[list(_TRIAL) + extra].drop_duplicates(list(_TRIAL), keep="last")
+    try:
+        return table.merge(info, on=list(_TRIAL), how="left", validate="one_to_one")
+    except (ValueError, TypeError) as exc:
+        raise AnalysisError(f"trials table does not match requests on {', '.join(_TRIAL)}: {exc}") from None
+
+
+def _valid_trials(trial_table):
+    """Trials that count: a p99 exists and the runner did not mark the trial failed."""
+    valid = trial_table["p99"].notna()
+    if "trial_status" in trial_table.columns:
+        valid &= trial_table["trial_status"].ne("failed").fillna(True).astype(bool)
+    return valid
+
+
+# -- per scenario ------------------------------------------------------------------------
+
+
+def scenario_stats(trial_table, confidence=0.95):
+    """Average trial p99 per scenario, with a Student t confidence interval.
+
+    A scenario is one application under one policy. Trials without a p99 (no
+    successful request) or marked ``trial_status == "failed"`` are left out
+    of the averages and counted in ``n_failed``.
+
+    Parameters
+    ----------
+    trial_table : pandas.DataFrame
+        The output of :func:`trial_stats` (at least the scenario keys,
+        ``trial`` and ``p99``).
+    confidence : float, default 0.95
+        Level of the interval ``mean +- t_{(1+confidence)/2, n-1} * std / sqrt(n)``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per ``(workers, threads, cpus, model, batch, policy)`` with
+        ``subscription`` ("over" if ``workers * threads > cpus``), ``n_trials``,
+        ``n_failed``, ``mean_p99``, ``std_p99`` (ddof 1), ``ci_low``, ``ci_high``
+        (NaN with fewer than two trials), and the trial averages
+        ``mean_<stage>_p99`` and ``mean_throughput`` where those columns exist.
+
+    Raises
+    ------
+    AnalysisError
+        If the table is empty or misses a column, or ``confidence`` is not in (0, 1).
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> trials = pd.DataFrame({"workers": 4, "threads": 4, "cpus": 32, "model": "medium",
+    ...     "batch": 100, "policy": "cfs", "trial": [0, 1, 2], "p99": [0.1, 0.2, 0.3]})
+    >>> row = scenario_stats(trials).iloc[0]
+    >>> row["subscription"], round(float(row["mean_p99"]), 6), bool(row["ci_low"] < 0.2 < row["ci_high"])
+    ('under', 0.2, True)
+    """
+    _check_confidence(confidence)
+    _check_table(trial_table, "trial_table", _SCENARIO + ("trial", "p99"),
+                 numeric=("workers", "threads", "cpus", "p99"), keys=_SCENARIO)
+    by = list(_SCENARIO)
+    valid = _valid_trials(trial_table)
+    averaged = [c for c in [f"{s}_p99" for s in STAGES] + ["throughput"] if c in trial_table.columns]
+    work = trial_table[by].assign(
+        _valid=valid, p99=trial_table["p99"].where(valid),
+        **{c: trial_table[c].where(valid) for c in averaged})
+    grouped = work.groupby(by, sort=True, observed=True)
+    out = grouped.agg(n_trials=("_valid", "sum"), _size=("_valid", "size"),
+                      mean_p99=("p99", "mean"), std_p99=("p99", "std"))
+    out = out.join(grouped[averaged].mean().add_prefix("mean_"))
+    n = out["n_trials"].astype(np.int64)
+    out["n_trials"] = n
+    out["n_failed"] = out.pop("_size") - n
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dof = np.where(n > 1, n - 1, np.nan)
+        half = stats.t.ppf(0.5 + confidence / 2, dof) * out["std_p99"] / np.sqrt(n)
+    out["ci_low"] = out["mean_p99"] - half
+    out["ci_high"] = out["mean_p99"] + half
+    out = out.reset_index()
+    out.insert(len(by), "subscription", _subscription(out))
+    columns = by + ["subscription", "n_trials", "n_failed", "mean_p99", "std_p99", "ci_low",
+                    "ci_high"] + [f"mean_{c}" for c in averaged]
+    return _sorted(out[columns], by)
+
+
+# -- speedups -------------------------------------------------------------------------------
+
+
+def speedups(scenarios, baseline="cfs"):
+    """Speedup of every policy over ``baseline`` for every application.
+
+    ``speedup = baseline mean p99 / policy mean p99``: above 1 the policy is
+    faster. Applications the baseline did not run get NaN.
+
+    Parameters
+    ----------
+    scenarios : pandas.DataFrame
+        The output of :func:`scenario_stats` (at least the scenario keys and
+        ``mean_p99``), one row per application and policy.
+    baseline : str, default "cfs"
+        The policy the others are compared with.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per application and non-baseline policy: the application
+        keys, ``subscription``, ``policy``, ``baseline``, ``policy_p99``,
+        ``baseline_p99`` and ``speedup``.
+
+    Raises
+    ------
+    AnalysisError
+        If the table is malformed or has two rows for one application and policy.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> scen = pd.DataFrame({"workers": 4, "threads": 4, "cpus": 32, "model": "medium",
+    ...     "batch": 100, "policy": ["cfs", "tuna-scatter"], "mean_p99": [0.2, 0.1]})
+    >>> speedups(scen)[["policy", "baseline", "speedup"]].to_dict("records")
+    [{'policy': 'tuna-scatter', 'baseline': 'cfs', 'speedup': 2.0}]
+    """
+    _check_table(scenarios, "scenarios", _SCENARIO + ("mean_p99",),
+                 numeric=("workers", "threads", "cpus", "mean_p99"), keys=_SCENARIO)
+    _check_policy(scenarios, baseline, "baseline")
+    _check_unique(scenarios, "scenarios", _SCENARIO)
+    app = list(_APP)
+    is_base = scenarios["policy"].eq(baseline)
+    base = scenarios.loc[is_base, app + ["mean_p99"]].rename(columns={"mean_p99": "baseline_p99"})
+    other = scenarios.loc[~is_base, app + ["policy", "mean_p99"]].rename(columns={"mean_p99": "policy_p99"})
+    out = other.merge(base, on=app, how="left", validate="many_to_one")
+    out["subscription"] = _subscription(out)
+    out["baseline"] = baseline
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["speedup"] = out["baseline_p99"] / out["policy_p99"]
+    columns = app + ["subscription", "policy", "baseline", "policy_p99", "baseline_p99", "speedup"]
+    return _sorted(out[columns], ["model", "batch", "workers", "threads", "cpus", "policy"])
+
+
+def _grouping(spec, available):
+    """``(label, columns)`` of one ``by`` entry: None, a column name or a sequence of them."""
+    if spec is None:
+        columns = ()
+    elif isinstance(spec, str):
+        columns = (spec,)
+    else:
+        columns = tuple(spec)
+    unknown = [c for c in columns if c not in available]
+    if unknown or not all(isinstance(c, str) for c in columns):
+        raise AnalysisError(f"cannot group speedups by {spec!r}: choose from {', '.join(available)}")
+    return ("+".join(columns) or "all"), columns
+
+
+def speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=_DEFAULT_BY):
+    """Average speedup of each policy over each baseline, overall and within groups.
+
+    Speedups are first computed per application (:func:`speedups`), then
+    averaged with the arithmetic mean, as the article does; the geometric
+    mean is given too. Applications without a baseline run are left out of
+    the averages; a group without any gets NaN.
+
+    Parameters
+    ----------
+    scenarios : pandas.DataFrame
+        The output of :func:`scenario_stats`.
+    baselines : str or sequence of str, default ("cfs", "round-robin")
+        The policies to compare with.
+    by : sequence, default (None, "subscription", "model", "batch", ("subscription", "model", "batch"))
+        Groupings: ``None`` for all applications together, a column name, or
+        a tuple of column names (the article's figure is over subscription x
+        model x batch).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per baseline, policy, grouping and group: ``baseline``,
+        ``policy``, ``group`` (the grouping's label: ``"all"``,
+        ``"subscription"``, ``"subscription+model+batch"``, ...), the grouping
+        columns (missing where a row is not grouped by them), ``n`` (number of
+        applications with a speedup), ``speedup`` (mean) and ``geomean``.
+
+    Raises
+    ------
+    AnalysisError
+        If the table is malformed or a grouping names an unknown column.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> scen = pd.DataFrame({"workers": [4, 4, 16, 16], "threads": [4, 4, 16, 16], "cpus": 32,
+    ...     "model": "medium", "batch": 100, "policy": ["cfs", "tuna-scatter"] * 2,
+    ...     "mean_p99": [0.2, 0.1, 0.3, 0.3]})
+    >>> s = speedup_summary(scen, baselines="cfs", by=(None, "subscription"))
+    >>> s[["group", "subscription", "speedup"]].values.tolist()
+    [['all', nan, 1.5], ['subscription', 'over', 1.0], ['subscription', 'under', 2.0]]
+    """
+    if isinstance(baselines, str):
+        baselines = (baselines,)
+    if not baselines:
+        raise AnalysisError("speedup_summary needs at least one baseline")
+    table = pd.concat([speedups(scenarios, b) for b in baselines], ignore_index=True)
+    available = [c for c in table.columns if c not in ("policy", "baseline", "policy_p99",
+                                                       "baseline_p99", "speedup")]
+    if isinstance(by, str) or by is None:
+        by = (by,)
+    groupings = [_grouping(spec, available) for spec in by]
+    if not groupings:
+        raise AnalysisError("speedup_summary needs at least one grouping in by")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        table["_log"] = np.log(table["speedup"])
+    parts = []
+    for label, columns in groupings:
+        part = (table.groupby(["baseline", "policy", *columns], sort=False, dropna=False, observed=True)
+                .agg(n=("speedup", "count"), speedup=("speedup", "mean"), _log=("_log", "mean"))
+                .reset_index())
+        part.insert(2, "group", label)
+        parts.append(part)
+    out = pd.concat(parts, ignore_index=True)
+    out["geomean"] = np.exp(out.pop("_log"))
+    grouped = list(dict.fromkeys(c for _, columns in groupings for c in columns))
+    for c in grouped:
+        if is_integer_dtype(table[c]):
+            out[c] = out[c].astype("Int64")
+    out["_g"] = pd.Categorical(out["group"], categories=[label for label, _ in groupings]).codes
+    out = _sorted(out, ["baseline", "_g", "policy", *grouped]).drop(columns="_g")
+    return out[["baseline", "policy", "group", *grouped, "n", "speedup", "geomean"]]
+
+
+# -- one comparison with an interval -----------------------------------------------------
+
+
+def compare_policies(scenarios, a, b, confidence=0.95):
+    """Ratio of the mean p99 of policy ``b`` over policy ``a``, with a Fieller interval.
+
+    Over the ``k`` applications both policies ran (with a mean p99), let
+    ``A`` and ``B`` be the averages of the scenario mean p99s of ``a`` and
+    ``b``. The ratio is ``B / A``: below 1, ``b`` is faster. To compare one
+    configuration, filter ``scenarios`` first.
+
+    The interval is Fieller's for a ratio of two independent means: the set
+    of ``rho`` with ``(B - rho A)**2 <= q**2 (var_B + rho**2 var_A)``, where
+    ``var_A = sum_i std_i**2 / n_i / k**2`` over the applications' trials and
+    ``q`` is the Student t quantile with the smaller of the two
+    Welch-Satterthwaite degrees of freedom. It is exact for normal trial p99s
+    and, unlike the delta method, not symmetric around the ratio. When ``A``
+    is not significantly above 0 the interval is unbounded (``inf``); with
+    fewer than two trials in some scenario it is NaN.
+
+    Parameters
+    ----------
+    scenarios : pandas.DataFrame
+        The output of :func:`scenario_stats` (scenario keys, ``mean_p99``,
+        ``std_p99``, ``n_trials``).
+    a, b : str
+        The reference policy and the compared one.
+    confidence : float, default 0.95
+        Level of the interval.
+
+    Returns
+    -------
+    dict
+        ``a``, ``b``, ``ratio`` (``B / A``), ``ci_low``, ``ci_high``,
+        ``speedup`` (``A / B``, how much faster ``b`` is) with
+        ``speedup_ci_low`` / ``speedup_ci_high``, ``mean_a``, ``mean_b``,
+        ``n_applications``, ``dof``, ``confidence`` and ``method``
+        (``"fieller"``).
+
+    Raises
+    ------
+    AnalysisError
+        If a policy is missing, ``a == b`` or no application has both.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> scen = pd.DataFrame({"workers": 4, "threads": 4, "cpus": 32, "model": "medium",
+    ...     "batch": 100, "policy": ["cfs", "tuna-scatter"], "mean_p99": [0.2, 0.1],
+    ...     "std_p99": [0.01, 0.01], "n_trials": 5})
+    >>> r = compare_policies(scen, "cfs", "tuna-scatter")
+    >>> r["ratio"], r["ci_low"] < 0.5 < r["ci_high"], r["speedup"]
+    (0.5, True, 2.0)
+    """
+    _check_confidence(confidence)
+    columns = ("mean_p99", "std_p99", "n_trials")
+    _check_table(scenarios, "scenarios", _SCENARIO + columns,
+                 numeric=("workers", "threads", "cpus") + columns, keys=_SCENARIO)
+    _check_policy(scenarios, a, "a")
+    _check_policy(scenarios, b, "b")
+    if a == b:
+        raise AnalysisError(f"compare_policies needs two different policies, got {a!r} twice")
+    _check_unique(scenarios, "scenarios", _SCENARIO)
+    app = list(_APP)
+    rows_a, rows_b = (scenarios.loc[scenarios["policy"].eq(p), app + list(columns)] for p in (a, b))
+    both = rows_a.merge(rows_b, on=app, suffixes=("_a", "_b")).dropna(subset=["mean_p99_a", "mean_p99_b"])
+    k = len(both)
+    if k == 0:
+        raise AnalysisError(f"no application has a mean p99 for both {a!r} and {b!r}")
+    mean_a, mean_b = both["mean_p99_a"].mean(), both["mean_p99_b"].mean()
+    var_a, dof_a = _average_variance(both["std_p99_a"], both["n_trials_a"], k)
+    var_b, dof_b = _average_variance(both["std_p99_b"], both["n_trials_b"], k)
+    dof = min(dof_a, dof_b)
+    q = float(stats.t.ppf(0.5 + confidence / 2, dof)) if dof > 0 else np.nan
+    low, high = _fieller(mean_a, mean_b, var_a, var_b, q)
+    ratio = mean_b / mean_a
+    return {
+        "a": a,
+        "b": b,
+        "ratio": float(ratio),
+        "ci_low": low,
+        "ci_high": high,
+        "speedup": float(1 / ratio),
+        "speedup_ci_low": _reciprocal(high),
+        "speedup_ci_high": _reciprocal(low),
+        "mean_a": float(mean_a),
+        "mean_b": float(mean_b),
+        "n_applications": k,
+        "dof": float(dof),
+        "confidence": confidence,
+        "method": "fieller",
+    }
+
+
+def _average_variance(std, n, k):
+    """Variance of the average of ``k`` independent means, and its Welch-Satterthwaite dof."""
+    n = n.to_numpy(dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        parts = std.to_numpy(dtype=float) ** 2 / n / k**2
+        var = float(parts.sum())
+        if not np.isfinite(var) or np.any(n < 2):
+            return np.nan, np.nan
+        if var == 0:
+            return 0.0, np.inf
+        return var, float(var**2 / np.sum(parts**2 / (n - 1)))
+
+
+def _fieller(mean_a, mean_b, var_a, var_b, q):
+    """Fieller's interval for ``mean_b / mean_a``; ``(-inf, inf)`` when unbounded."""
+    if not (np.isfinite(var_a) and np.isfinite(var_b) and np.isfinite(q)):
+        return np.nan, np.nan
+    lead = mean_a**2 - q**2 * var_a
+    half = mean_a * mean_b
+    disc = half**2 - lead * (mean_b**2 - q**2 * var_b)
+    if lead <= 0 or disc < 0:
+        return -np.inf, np.inf
+    root = np.sqrt(disc)
+    return float((half - root) / lead), float((half + root) / lead)
+
+
+def _reciprocal(x):
+    if np.isnan(x):
+        return np.nan
+    return float(1 / x) if x > 0 else np.inf

@@ -1,0 +1,315 @@
+"""A self-contained HTML report of one experiment.
+
+:func:`write_report` turns the runner's ``requests`` and ``trials`` tables
+into one HTML file that needs no network to view: plotly.js is inlined once,
+before the first figure, and every later figure reuses it.
+
+Examples
+--------
+>>> write_report(requests, trials, "out/report.html", manifest={"kernel": "6.8"})  # doctest: +SKIP
+PosixPath('out/report.html')
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import shlex
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from . import viz
+from .analysis import (
+    _check_table,
+    _ordered,
+    _sorted,
+    _valid_trials,
+    compare_policies,
+    scenario_stats,
+    speedup_summary,
+    trial_stats,
+)
+from .errors import AnalysisError
+from .policies import POLICIES
+
+__all__ = ["write_report"]
+
+_BASELINES = ("cfs", "round-robin")
+# The article profiles its stages on 4x4 (undersubscribed) and 16x16 (oversubscribed).
+_ARTICLE_STAGE_CONFIGS = ((4, 4), (16, 16))
+_MAX_STAGE_FIGURES = 6
+#: Manifest fields shown in the header, each with the keys it may be stored under.
+_HEADER = (
+    ("CPU", ("cpu_model", "cpu")),
+    ("kernel", ("kernel", "kernel_release")),
+    ("commit", ("commit", "git_commit")),
+    ("command line", ("command", "command_line", "cmdline", "argv")),
+    ("date", ("date", "started", "started_at", "created_at", "timestamp")),
+)
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+h1 { margin-bottom: 0.2em; } h2 { margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.85em; margin: 0.6em 0; }
+th, td { border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; }
+th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
+dl.manifest { display: grid; grid-template-columns: max-content auto; gap: 0.2em 1em; }
+dl.manifest dt { font-weight: 600; } dl.manifest dd { margin: 0; font-family: monospace; }
+p.note { color: #555; font-size: 0.9em; }
+"""
+
+
+def write_report(requests, trials, path, title="tuna_lab experiment", manifest=None):
+    """Write a self-contained HTML report of an experiment.
+
+    The report holds, in order: a header from ``manifest``; the scenario
+    table (mean p99 in ms with its 95% confidence interval, one column per
+    policy); the average speedups over cfs and over round-robin, overall and
+    by subscription, model, batch and their combinations (with a figure of
+    the combinations); one p99-by-configuration figure per model and batch;
+    per-stage p99 bars; and the failed trials with their reasons (and the
+    failed requests by error).
+
+    Per-stage bars are drawn for every configuration when there are at most
+    six ``(W, T, model, batch)``; otherwise for the article's 4x4 and 16x16
+    (or, missing those, the configurations with the fewest and the most
+    threads) of the article's medium model with batch 100 (or the first
+    model and batch present).
+
+    Parameters
+    ----------
+    requests, trials : pandas.DataFrame
+        The runner's tables (see :func:`tuna_lab.analysis.trial_stats`).
+    path : str or os.PathLike
+        Where to write; parent directories are created. The file is written
+        to a temporary file beside it and moved into place.
+    title : str, default "tuna_lab experiment"
+    manifest : mapping, optional
+        Run metadata; ``cpu_model``, ``kernel``, ``commit``, ``command``
+        (a string or an argv list) and ``date`` are shown in the header, the
+        whole mapping in a collapsed block.
+
+    Returns
+    -------
+    pathlib.Path
+        ``path``.
+
+    Raises
+    ------
+    AnalysisError
+        If a table is empty or misses a column, or ``manifest`` is not a mapping.
+
+    Examples
+    --------
+    >>> write_report(requests, trials, "report.html", manifest={"commit": "ba0cf89"})  # doctest: +SKIP
+    PosixPath('report.html')
+    """
+    if manifest is not None and not isinstance(manifest, Mapping):
+        raise AnalysisError(f"manifest must be a mapping, not {type(manifest).__name__}")
+    _check_table(trials, "trials", ("policy", "trial", "trial_status"))
+    per_trial = trial_stats(requests, trials)
+    scenarios = scenario_stats(per_trial)
+    summary = speedup_summary(scenarios, baselines=_BASELINES)
+
+    finest = summary[summary["group"].eq("subscription+model+batch") & summary["speedup"].notna()]
+    sections = [
+        ("Scenarios: mean p99 server time (ms)", [_scenario_table(scenarios)]),
+        ("Policy comparisons", [_comparisons(scenarios)]),
+        *[(f"Average speedup over {b}", [_speedup_table(summary, b)]) for b in _BASELINES],
+        ("Speedup by subscription, model and batch", [viz.speedup_bars(finest)] if not finest.empty else []),
+        ("p99 by configuration", [viz.p99_by_configuration(per_trial, model=m, batch=b)
+                                  for m, b in _model_batches(per_trial)]),
+        ("Per-stage p99", [viz.stage_p99_bars(per_trial, w, t, model=m, batch=b)
+                           for w, t, m, b in _stage_configurations(per_trial)]),
+        ("Failed trials", [_failures(requests, trials)]),
+    ]
+    parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), _overview(requests, per_trial, scenarios),
+             *_render(sections)]
+    document = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+                f"<title>{_esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+                + "\n".join(parts) + "\n</body>\n</html>\n")
+    return _write_atomic(Path(path), document)
+
+
+# -- pieces ---------------------------------------------------------------------------------
+
+
+def _render(sections):
+    """HTML of ``(heading, items)`` sections; plotly.js is inlined with the first figure only."""
+    html_parts, inlined = [], False
+    for heading, items in sections:
+        if not items:
+            continue
+        html_parts.append(f"<h2>{_esc(heading)}</h2>")
+        for item in items:
+            if isinstance(item, go.Figure):
+                item = item.to_html(full_html=False, include_plotlyjs=not inlined, default_height="480px",
+                                    config={"displaylogo": False})
+                inlined = True
+            html_parts.append(item)
+    return html_parts
+
+
+def _esc(value):
+    return html.escape(str(value))
+
+
+def _fmt(values, digits=2):
+    """Numbers as fixed-point strings, ``"-"`` where missing."""
+    values = pd.Series(values, dtype=float)
+    return values.map(lambda v: f"{v:.{digits}f}" if np.isfinite(v) else "-")
+
+
+def _table(frame, note=None):
+    body = frame.to_html(index=False, na_rep="-", border=0, escape=True)
+    return body + (f'<p class="note">{_esc(note)}</p>' if note else "")
+
+
+def _header(manifest):
+    if not manifest:
+        return '<p class="note">No manifest.</p>'
+    rows = []
+    for label, keys in _HEADER:
+        key = next((k for k in keys if manifest.get(k) not in (None, "")), None)
+        if key is None:
+            continue
+        value = manifest[key]
+        if isinstance(value, (list, tuple)):
+            value = shlex.join(map(str, value))
+        rows.append(f"<dt>{_esc(label)}</dt><dd>{_esc(value)}</dd>")
+    full = json.dumps(dict(manifest), indent=2, default=str, sort_keys=True)
+    return (f'<dl class="manifest">{"".join(rows)}</dl>'
+            f"<details><summary>Full manifest</summary><pre>{_esc(full)}</pre></details>")
+
+
+def _overview(requests, per_trial, scenarios):
+    ok = int(per_trial["ok"].sum())
+    cpus = ", ".join(map(str, sorted(per_trial["cpus"].unique())))
+    counts = scenarios["n_trials"]
+    return (f'<p class="note">{len(requests)} requests ({ok} ok) in {len(per_trial)} trials; '
+            f"{scenarios['policy'].nunique()} policies; "
+            f"{len(scenarios[['workers', 'threads', 'cpus', 'model', 'batch']].drop_duplicates())} "
+            f"applications on {cpus} logical cores; {counts.min()}-{counts.max()} valid trials "
+            "per scenario.</p>")
+
+
+def _model_batches(per_trial):
+    pairs = _sorted(per_trial.loc[_valid_trials(per_trial), ["model", "batch"]].drop_duplicates(),
+                    ["model", "batch"])
+    return list(pairs.itertuples(index=False, name=None))
+
+
+def _stage_configurations(per_trial):
+    """``(W, T, model, batch)`` to draw per-stage bars for (see :func:`write_report`)."""
+    valid = per_trial[_valid_trials(per_trial)]
+    present = _sorted(valid[["model", "batch", "workers", "threads"]].drop_duplicates(),
+                      ["model", "batch", "workers", "threads"])
+    if len(present) <= _MAX_STAGE_FIGURES:
+        return [(w, t, m, b) for m, b, w, t in present.itertuples(index=False, name=None)]
+    pairs = list(present[["model", "batch"]].drop_duplicates().itertuples(index=False, name=None))
+    model, batch = ("medium", 100) if ("medium", 100) in pairs else pairs[0]
+    configs = present[present["model"].eq(model) & present["batch"].eq(batch)]
+    have = set(configs[["workers", "threads"]].itertuples(index=False, name=None))
+    chosen = [c for c in _ARTICLE_STAGE_CONFIGS if c in have]
+    if not chosen:
+        by_size = configs.assign(_wt=configs["workers"] * configs["threads"]).sort_values(
+            ["_wt", "workers"], kind="stable")
+        chosen = list(dict.fromkeys([tuple(by_size.iloc[i][["workers", "threads"]]) for i in (0, -1)]))
+    return [(w, t, model, batch) for w, t in chosen]
+
+
+def _scenario_table(scenarios):
+    cell = _interval(scenarios["mean_p99"] * 1e3, scenarios["ci_low"] * 1e3, scenarios["ci_high"] * 1e3, 2)
+    label = scenarios["workers"].astype(str) + "x" + scenarios["threads"].astype(str)
+    table = scenarios.assign(configuration=label, cell=cell.to_numpy())
+    index = ["model", "batch", "configuration", "cpus", "subscription"]
+    wide = table.pivot_table(index=index, columns="policy", values="cell", aggfunc="first", sort=False)
+    wide = wide[_ordered(wide.columns, POLICIES)].reset_index()
+    wide.columns.name = None
+    return _table(wide, "Mean over valid trials of each trial's p99 of server-side runtime; "
+                        "[95% Student t confidence interval]; '-' where a policy was not run.")
+
+
+def _comparisons(scenarios):
+    """Every policy against each baseline present: p99 ratio and speedup with Fieller intervals."""
+    present = _ordered(scenarios["policy"].unique(), POLICIES)
+    rows = []
+    for baseline in (b for b in _BASELINES if b in present):
+        earlier = _BASELINES[:_BASELINES.index(baseline)]   # e.g. cfs vs round-robin is shown once
+        for policy in (p for p in present if p != baseline and p not in earlier):
+            try:
+                r = compare_policies(scenarios, baseline, policy)
+            except AnalysisError:
+                continue
+            rows.append({"policy": policy, "baseline": baseline, "applications": r["n_applications"],
+                         "p99 ratio": r["ratio"], "ratio low": r["ci_low"], "ratio high": r["ci_high"],
+                         "speedup": r["speedup"], "speedup low": r["speedup_ci_low"],
+                         "speedup high": r["speedup_ci_high"]})
+    if not rows:
+        return '<p class="note">No policy ran alongside cfs or round-robin.</p>'
+    table = pd.DataFrame(rows)
+    out = table[["policy", "baseline", "applications"]].assign(**{
+        "p99 ratio (policy / baseline)": _interval(table["p99 ratio"], table["ratio low"],
+                                                   table["ratio high"]),
+        "speedup": _interval(table["speedup"], table["speedup low"], table["speedup high"]),
+    })
+    return _table(out, "Ratio of the policy's to the baseline's mean p99, averaged over the applications "
+                       "both ran; [95% Fieller confidence interval from the trials' spread].")
+
+
+def _interval(value, low, high, digits=3):
+    """``"v [lo, hi]"`` strings; just ``"v"`` where the interval is missing."""
+    text = _fmt(value, digits)
+    return text.where(low.isna(), text + " [" + _fmt(low, digits) + ", " + _fmt(high, digits) + "]")
+
+
+def _speedup_table(summary, baseline):
+    rows = summary[summary["baseline"].eq(baseline)]
+    if rows.empty or rows["speedup"].notna().sum() == 0:
+        return (f'<p class="note">No speedups over {_esc(baseline)}: '
+                "it did not run alongside another policy.</p>")
+    columns = [c for c in ("subscription", "model", "batch") if c in rows.columns]
+    label = rows[columns].astype("string").fillna("").agg(" / ".join, axis=1).str.strip(" /")
+    table = rows.assign(grouping=rows["group"], group_value=label.replace("", "all"),
+                        cell=(_fmt(rows["speedup"], 3) + " (n=" + rows["n"].astype(str) + ")").to_numpy())
+    wide = table.pivot_table(index=["grouping", "group_value"], columns="policy", values="cell",
+                             aggfunc="first", sort=False)
+    wide = wide[_ordered(wide.columns, POLICIES)].reset_index().rename(columns={"group_value": "group"})
+    wide.columns.name = None
+    return _table(wide, f"Mean over applications of ({baseline} mean p99) / (policy mean p99); "
+                        "above 1 the policy is faster; n = applications averaged.")
+
+
+def _failures(requests, trials):
+    failed = trials[trials["trial_status"].ne("ok")]
+    keep = [c for c in ("policy", "workers", "threads", "model", "batch", "trial", "n", "ok", "failed",
+                        "trial_status", "reason") if c in failed.columns]
+    parts = [_table(_sorted(failed[keep], keep)) if not failed.empty
+             else '<p class="note">No failed trials.</p>']
+    bad = requests[~(requests["status"].ge(200) & requests["status"].lt(300))]
+    if not bad.empty:
+        errors = bad.assign(error=bad["error"] if "error" in bad.columns else "")
+        errors = (errors.groupby(["policy", "status", "error"], dropna=False, observed=True).size()
+                  .rename("requests").reset_index())
+        parts.append("<h3>Failed requests by error</h3>")
+        parts.append(_table(_sorted(errors, ["policy", "status"])))
+    return "\n".join(parts)
+
+
+def _write_atomic(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

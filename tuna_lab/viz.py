@@ -1,0 +1,303 @@
+"""Plotly figures of experiment results, after the Tuna article's figures.
+
+* :func:`p99_by_configuration` - trial p99s (markers) and their mean (line)
+  per policy over the server configurations ``W x T``, oversubscribed
+  configurations shaded;
+* :func:`stage_p99_bars` - average per-stage p99 of one configuration, one
+  bar per policy;
+* :func:`speedup_bars` - average speedups of the policies over the baselines
+  within groups.
+
+Every figure takes the tables of :mod:`tuna_lab.analysis` and returns a
+:class:`plotly.graph_objects.Figure`; times are shown in milliseconds.
+Policies keep one colour across figures.
+
+Examples
+--------
+>>> import pandas as pd
+>>> trials = pd.DataFrame({"workers": [4, 4, 16, 16], "threads": [4, 4, 16, 16], "cpus": 32,
+...     "model": "medium", "batch": 100, "policy": "cfs", "trial": [0, 1, 0, 1],
+...     "p99": [0.10, 0.12, 0.30, 0.34]})
+>>> fig = p99_by_configuration(trials)
+>>> [t.mode for t in fig.data], len(fig.layout.shapes)
+(['markers', 'lines'], 1)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.colors import qualitative
+
+from .analysis import _MODELS, STAGES, _check_table, _ordered, _valid_trials, scenario_stats
+from .errors import AnalysisError
+from .policies import POLICIES
+
+__all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars"]
+
+_MS = 1e3
+_PALETTE = qualitative.Plotly
+_TEMPLATE = "plotly_white"
+_OVER_FILL = "rgba(120, 120, 120, 0.15)"
+
+
+def _colors(policies):
+    """A fixed colour per policy: known policies by their place in :data:`POLICIES`."""
+    names = list(POLICIES) + sorted(set(policies) - set(POLICIES), key=str)
+    return {p: _PALETTE[names.index(p) % len(_PALETTE)] for p in policies}
+
+
+def _only(table, column, value):
+    """Rows with ``column == value``; ``value=None`` requires the column to hold one value."""
+    present = _ordered(table[column].unique(), _MODELS if column == "model" else ())
+    if value is None:
+        if len(present) > 1:
+            raise AnalysisError(f"several values of {column} in the table ({', '.join(map(str, present))}): "
+                                f"pass {column}=")
+        return table, present[0]
+    if value not in present:
+        raise AnalysisError(f"{column} {value!r} is not in the table (have: {', '.join(map(str, present))})")
+    return table[table[column].eq(value)], value
+
+
+def _config_labels(table):
+    """``"WxT"`` per row (``"WxT/C"`` when several core counts are present)."""
+    label = table["workers"].astype(str) + "x" + table["threads"].astype(str)
+    if table["cpus"].nunique() > 1:
+        label = label + "/" + table["cpus"].astype(str)
+    return label
+
+
+def _runs(mask):
+    """``(start, stop)`` index pairs of the runs of True in a boolean array."""
+    edges = np.diff(np.r_[0, np.asarray(mask, dtype=np.int8), 0])
+    return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True))
+
+
+def p99_by_configuration(trials_stats, model=None, batch=None):
+    """Trial p99s and their mean per policy over the server configurations.
+
+    Parameters
+    ----------
+    trials_stats : pandas.DataFrame
+        The output of :func:`tuna_lab.analysis.trial_stats`.
+    model, batch : optional
+        The model and batch size to draw; may be left out when the table
+        holds only one.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Per policy, one ``markers`` trace (every valid trial's p99) and one
+        ``lines`` trace (the mean of the trials), at configurations ``WxT``
+        ordered by workers then threads; each run of oversubscribed
+        configurations (``W * T > C``) is one shaded rectangle.
+
+    Raises
+    ------
+    AnalysisError
+        If the table is malformed, the selection is ambiguous or holds no valid trial.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> trials = pd.DataFrame({"workers": [2, 16], "threads": [2, 16], "cpus": 32,
+    ...     "model": "small", "batch": 100, "policy": "tuna-scatter", "trial": 0, "p99": [0.1, 0.3]})
+    >>> fig = p99_by_configuration(trials)
+    >>> list(fig.layout.xaxis.ticktext), fig.layout.shapes[0].x0
+    (['2x2', '16x16'], 0.5)
+    """
+    _check_table(trials_stats, "trials_stats", ("workers", "threads", "cpus", "model", "batch",
+                                                "policy", "trial", "p99"), numeric=("p99",))
+    data, model = _only(trials_stats, "model", model)
+    data, batch = _only(data, "batch", batch)
+    data = data[_valid_trials(data)]
+    if data.empty:
+        raise AnalysisError(f"no valid trial for model {model!r}, batch {batch!r}")
+    keys = ["workers", "threads", "cpus"]
+    configs = data[keys].drop_duplicates().sort_values(keys, ignore_index=True)
+    configs["x"] = np.arange(len(configs))
+    configs["label"] = _config_labels(configs)
+    over = (configs["workers"] * configs["threads"] > configs["cpus"]).to_numpy()
+
+    points = data.merge(configs, on=keys)
+    means = scenario_stats(data).merge(configs, on=keys).sort_values("x")
+    policies = _ordered(points["policy"].unique(), POLICIES)
+    colors = _colors(policies)
+    spread = np.linspace(-0.15, 0.15, len(policies)) if len(policies) > 1 else [0.0]
+    offsets = dict(zip(policies, spread, strict=True))
+
+    fig = go.Figure()
+    for policy in policies:
+        pts = points[points["policy"].eq(policy)]
+        avg = means[means["policy"].eq(policy)]
+        fig.add_trace(go.Scatter(
+            x=pts["x"] + offsets[policy], y=pts["p99"] * _MS, mode="markers", name=f"{policy} trials",
+            legendgroup=policy, showlegend=False, marker={"color": colors[policy], "size": 7, "opacity": 0.6},
+            customdata=np.c_[pts["label"], pts["trial"]],
+            hovertemplate=f"{policy}<br>%{{customdata[0]}} trial %{{customdata[1]}}<br>p99 %{{y:.2f}} ms"
+                          "<extra></extra>"))
+        fig.add_trace(go.Scatter(
+            x=avg["x"] + offsets[policy], y=avg["mean_p99"] * _MS, mode="lines", name=policy,
+            legendgroup=policy, line={"color": colors[policy], "width": 2},
+            customdata=np.c_[avg["label"], avg["n_trials"]],
+            hovertemplate=f"{policy}<br>%{{customdata[0]}}: mean p99 %{{y:.2f}} ms over "
+                          "%{customdata[1]} trials<extra></extra>"))
+    for start, stop in _runs(over):
+        fig.add_vrect(x0=float(start) - 0.5, x1=float(stop) - 0.5, fillcolor=_OVER_FILL, line_width=0,
+                      layer="below")
+    fig.update_layout(
+        template=_TEMPLATE,
+        title=f"p99 server time per configuration - model {model}, batch {batch}",
+        xaxis={"title": "configuration (workers x threads); shaded: oversubscribed (W*T > cores)",
+               "tickmode": "array", "tickvals": configs["x"].tolist(), "ticktext": configs["label"].tolist(),
+               "range": [-0.5, len(configs) - 0.5]},
+        yaxis={"title": "p99 server time (ms)", "rangemode": "tozero"},
+        legend={"title": "policy (line: mean of trials)"},
+    )
+    return fig
+
+
+def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None):
+    """Average per-stage p99 of one configuration, one bar per policy and stage.
+
+    Parameters
+    ----------
+    trials_stats : pandas.DataFrame
+        The output of :func:`tuna_lab.analysis.trial_stats` (with the
+        ``<stage>_p99`` columns).
+    workers, threads : int
+        The configuration ``W x T``.
+    model, batch : optional
+        May be left out when the table holds only one.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        Grouped bars: x = the five stages, one bar trace per policy whose
+        heights are the mean over valid trials of the stage p99 (error bars:
+        standard deviation over trials).
+
+    Raises
+    ------
+    AnalysisError
+        If the table is malformed or has no valid trial of that configuration.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> trials = pd.DataFrame({"workers": 4, "threads": 4, "cpus": 32, "model": "medium",
+    ...     "batch": 100, "policy": ["cfs", "tuna-scatter"], "trial": 0, "p99": 0.1,
+    ...     "deserialize_p99": 0.001, "convert_p99": 0.001, "dmatrix_p99": 0.01,
+    ...     "predict_p99": 0.02, "shap_p99": [0.06, 0.04]})
+    >>> fig = stage_p99_bars(trials, 4, 4)
+    >>> [t.name for t in fig.data], fig.data[1].y.round(1).tolist()
+    (['cfs', 'tuna-scatter'], [1.0, 1.0, 10.0, 20.0, 40.0])
+    """
+    stage_columns = [f"{s}_p99" for s in STAGES]
+    _check_table(trials_stats, "trials_stats", ("workers", "threads", "cpus", "model", "batch", "policy",
+                                                "trial", "p99", *stage_columns), numeric=stage_columns)
+    data, model = _only(trials_stats, "model", model)
+    data, batch = _only(data, "batch", batch)
+    data = data[data["workers"].eq(workers) & data["threads"].eq(threads) & _valid_trials(data)]
+    if data.empty:
+        raise AnalysisError(f"no valid trial for {workers}x{threads}, model {model!r}, batch {batch!r}")
+    cpus = sorted(data["cpus"].unique())
+    if len(cpus) > 1:
+        raise AnalysisError(f"{workers}x{threads} was run with several core counts {cpus}: filter the table")
+    long = data.melt(id_vars=["policy"], value_vars=stage_columns, var_name="stage", value_name="seconds")
+    summary = long.groupby(["policy", "stage"], sort=False, observed=True)["seconds"].agg(["mean", "std"]) * _MS
+    policies = _ordered(data["policy"].unique(), POLICIES)
+    colors = _colors(policies)
+
+    fig = go.Figure()
+    for policy in policies:
+        rows = summary.loc[policy].reindex(stage_columns)
+        fig.add_trace(go.Bar(
+            x=list(STAGES), y=rows["mean"], name=policy, marker_color=colors[policy],
+            error_y={"type": "data", "array": rows["std"].fillna(0), "visible": True},
+            hovertemplate=f"{policy}<br>%{{x}}: mean p99 %{{y:.2f}} ms<extra></extra>"))
+    state = "oversubscribed" if workers * threads > cpus[0] else "undersubscribed"
+    fig.update_layout(
+        template=_TEMPLATE, barmode="group",
+        title=f"Per-stage p99 - {workers}x{threads} ({state}, {cpus[0]} cores), model {model}, batch {batch}",
+        xaxis={"title": "pipeline stage"},
+        yaxis={"title": "mean p99 over trials (ms)", "rangemode": "tozero"},
+        legend={"title": "policy"},
+    )
+    return fig
+
+
+def speedup_bars(summary, *, group=None, baseline=None):
+    """Average speedups of the policies over the baselines within groups, as grouped bars.
+
+    Parameters
+    ----------
+    summary : pandas.DataFrame
+        The output of :func:`tuna_lab.analysis.speedup_summary`.
+    group : str, optional
+        The grouping to draw (a value of the ``group`` column, e.g.
+        ``"subscription+model+batch"``); default the finest one present.
+    baseline : str, optional
+        Draw only the speedups over this baseline; default all of them.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        One bar trace per ``policy vs baseline`` pair; x = the groups
+        (``"over / small / 100"``); a dashed line marks speedup 1.
+
+    Raises
+    ------
+    AnalysisError
+        If the table is malformed or the selection is empty.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> summary = pd.DataFrame({"baseline": "cfs", "policy": "tuna-scatter", "group": "subscription",
+    ...     "subscription": ["over", "under"], "n": 2, "speedup": [1.2, 1.1]})
+    >>> fig = speedup_bars(summary)
+    >>> fig.data[0].name, list(fig.data[0].x)
+    ('tuna-scatter vs cfs', ['over', 'under'])
+    """
+    _check_table(summary, "summary", ("baseline", "policy", "group", "n", "speedup"), numeric=("speedup",))
+    if baseline is not None:
+        summary = summary[summary["baseline"].eq(baseline)]
+        if summary.empty:
+            raise AnalysisError(f"no speedups over baseline {baseline!r} in the summary")
+    groups = list(pd.unique(summary["group"]))
+    if group is None:
+        group = max(groups, key=lambda g: 0 if g == "all" else g.count("+") + 1)
+    elif group not in groups:
+        raise AnalysisError(f"group {group!r} is not in the summary (have: {', '.join(map(str, groups))})")
+    rows = summary[summary["group"].eq(group)]
+    columns = [] if group == "all" else group.split("+")
+    missing = [c for c in columns if c not in rows.columns]
+    if missing:
+        raise AnalysisError(f"summary has no column(s) {', '.join(missing)} for group {group!r}")
+    label = (rows[columns].astype(str).agg(" / ".join, axis=1) if columns
+             else pd.Series("all", index=rows.index))
+    rows = rows.assign(_label=label)
+    colors = _colors(rows["policy"].unique())
+    pairs = rows[["baseline", "policy"]].drop_duplicates()
+    dashes = {b: i for i, b in enumerate(pd.unique(pairs["baseline"]))}
+
+    fig = go.Figure()
+    for b, policy in pairs.itertuples(index=False):
+        sel = rows[rows["baseline"].eq(b) & rows["policy"].eq(policy)]
+        fig.add_trace(go.Bar(
+            x=sel["_label"], y=sel["speedup"], name=f"{policy} vs {b}", customdata=sel["n"],
+            marker={"color": colors[policy], "pattern": {"shape": ["", "/", "x", "."][dashes[b] % 4]}},
+            hovertemplate=f"{policy} vs {b}<br>%{{x}}: %{{y:.3f}}x over %{{customdata}} applications"
+                          "<extra></extra>"))
+    fig.add_hline(y=1, line_dash="dash", line_color="grey")
+    fig.update_layout(
+        template=_TEMPLATE, barmode="group",
+        title=f"Average p99 speedup by {group.replace('+', ' x ')}",
+        xaxis={"title": " / ".join(columns) if columns else ""},
+        yaxis={"title": "mean speedup (baseline p99 / policy p99)"},
+        legend={"title": "policy vs baseline"},
+    )
+    return fig
