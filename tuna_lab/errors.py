@@ -11,6 +11,8 @@ __all__ = [
     "InfeasibleModelError",
     "NoSolutionError",
     "ServerError",
+    "AnalysisError",
+    "LoadError",
 ]
 
 
@@ -46,3 +48,11 @@ class NoSolutionError(TunaError):
 
 class ServerError(TunaError):
     """The inference server's models or app were asked for something invalid or failed to build."""
+
+
+class AnalysisError(TunaError, ValueError):
+    """Experiment tables could not be analysed: missing columns, empty tables, unknown policies."""
+
+
+class LoadError(TunaError):
+    """A load trial was asked for with invalid parameters (rate, counts, a non-loopback URL)."""
