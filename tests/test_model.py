@@ -464,12 +464,6 @@ def test_infeasible_rows_only_family_via_solver():
     assert "impossible-rows" in info.value.families
 
 
-def test_infeasible_rows_only_family_default_path():
-    model = TunaModel(2, 2, topo(CORE4)).with_(ImpossibleRowsOnly)
-    with pytest.raises(InfeasibleModelError):
-        model.solve()
-
-
 def test_article_families_are_infeasible_for_some_scenario_3_instances():
     """W=3, T=2 on 4 cores: (8) leaves two cores at U=2; at most max(0, 3-4+2)=1 of
     them may hold a main thread (11-12), so the other holds two rank-1 threads,

@@ -154,7 +154,7 @@ def test_status_cli_reports_roles_tids_and_cpus(tmp_path):
     import sys
 
     pidfile = str(tmp_path / "s.pid")
-    with Server(2, 2, model="small", policy="round-robin", pidfile=pidfile) as srv:
+    with Server(2, 2, model="small", policy="round-robin", pidfile=pidfile):
         p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "status", "--pidfile", pidfile, "--json"],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr

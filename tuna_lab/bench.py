@@ -205,7 +205,6 @@ def _machine():
 
 def _write_doc(path, df, summary):
     import cvxpy
-    import highspy  # noqa: F401
 
     cols = ["part", "route", "workers", "threads", "mode", "encoding", "build_s", "solve_s", "wall_s",
             "status", "objective", "gap"]

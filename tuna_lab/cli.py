@@ -148,6 +148,7 @@ def _cmd_demo(args):
                  out=os.path.join(out, config.key), progress=lambda line: print("  " + line, flush=True))
     print()
     print(_trial_table(result.trials))
+    print("\n".join(_comparisons(result.requests, result.trials)))
     report = write_report(result.requests, result.trials, os.path.join(out, "report.html"),
                           title="tuna_lab demo", manifest=result.manifest)
     print(f"\nraw records: {result.path}\nreport: {report}")
@@ -224,9 +225,29 @@ def _cmd_run(args):
                  concurrency=args.concurrency, seed=args.seed, progress=lambda line: print(line, flush=True),
                  csv=args.csv)
     print(_trial_table(result.trials))
+    print("\n".join(_comparisons(result.requests, result.trials)))
     if out:
         print(f"wrote {out}")
     return 0
+
+
+def _comparisons(requests, trials, against="cfs"):
+    """Lines "policy vs cfs: p99 speedup X [lo, hi] (95% CI, Fieller)" for every other policy."""
+    from .analysis import compare_policies, scenario_stats, trial_stats
+    from .errors import TunaError
+
+    try:
+        scen = scenario_stats(trial_stats(requests, trials))
+    except TunaError:
+        return []
+    lines = []
+    for policy in sorted(set(scen["policy"]) - {against}):
+        if against not in set(scen["policy"]):
+            break
+        c = compare_policies(scen, against, policy)
+        lines.append(f"{policy} vs {against}: p99 speedup {c['speedup']:.2f}x "
+                     f"[{c['speedup_ci_low']:.2f}, {c['speedup_ci_high']:.2f}] (95% CI, Fieller)")
+    return lines
 
 
 def _trial_table(trials):

@@ -189,7 +189,6 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     Result
     """
     from . import load
-    from .server.launch import Server
 
     policies = _check_policies(policies)
     trials = check_positive_int("trials", trials)
@@ -200,6 +199,31 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     meta = manifest(config, policies, trials, requests, seed, {"concurrency": concurrency, "warmup": warmup})
     frames, rows, orders = [], [], []
     t_start = time.monotonic()
+    try:
+        _trials(config, policies, trials, requests, concurrency, warmup, progress, body, cpus, rng,
+                frames, rows, orders, t_start)
+    except KeyboardInterrupt:
+        # Ctrl-C: the server of the running trial was stopped by its context
+        # manager; keep what finished next to the cell (a resume redoes the cell).
+        if out is not None and rows:
+            meta.update(orders=orders, interrupted=True)
+            _write_cell(f"{out.rstrip('/')}.partial", Result(
+                pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), pd.DataFrame(rows), meta),
+                csv)
+        raise
+    meta["orders"] = orders
+    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result = Result(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), pd.DataFrame(rows), meta)
+    if out is not None:
+        result.path = _write_cell(out, result, csv)
+    return result
+
+
+def _trials(config, policies, trials, requests, concurrency, warmup, progress, body, cpus, rng,
+            frames, rows, orders, t_start):
+    from . import load
+    from .server.launch import Server
+
     for trial in range(trials):
         order = list(rng.permutation(policies))
         orders.append(order)
@@ -234,12 +258,6 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
                 progress(f"{config.key} trial {trial + 1}/{trials} {policy:<13} p50 {r['p50'] * 1e3:7.1f} ms "
                          f"p99 {r['p99'] * 1e3:7.1f} ms  {r['trial_status']}{(': ' + reason) if reason else ''}"
                          f"  [~{left:.0f} s left]")
-    meta["orders"] = orders
-    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    result = Result(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), pd.DataFrame(rows), meta)
-    if out is not None:
-        result.path = _write_cell(out, result, csv)
-    return result
 
 
 def _write_cell(out, result, csv=False):
@@ -267,7 +285,7 @@ def load_results(path):
         raise ExperimentError(f"no results folder at {path}")
     cells = [path] if os.path.exists(os.path.join(path, _MANIFEST)) else sorted(
         os.path.join(path, d) for d in os.listdir(path)
-        if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d)
+        if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(".partial"))
     reqs, trials, manifests = [], [], []
     for cell in cells:
         if not os.path.exists(os.path.join(cell, _MANIFEST)):
