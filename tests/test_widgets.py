@@ -1,0 +1,235 @@
+"""The widgets: their controllers driven directly, the views built and clicked, a live run stopped."""
+
+import glob
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuna_lab import Topology
+from tuna_lab.model.families import MainLoadCap
+from tuna_lab.widgets import (COMPARED_POLICIES, ConstraintToggles, DistanceView, LiveExperiment, ModeExplorer,
+                              PolicyComparison, topology_from)
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def xeon():
+    return Topology.preset("xeon-8272cl")
+
+
+def child_pids():
+    """Children of every thread of this process (a runner thread's children are listed under its own task)."""
+    pids = set()
+    for path in glob.glob(f"/proc/{os.getpid()}/task/*/children"):
+        try:
+            pids.update(int(p) for p in Path(path).read_text().split())
+        except OSError:
+            pass                                # that thread just ended
+    return pids
+
+
+# -- ModeExplorer -------------------------------------------------------------------
+
+def test_mode_toggle_flips_the_sign_of_f_mode_and_moves_threads(xeon):
+    ex = ModeExplorer(xeon, workers=4, threads=8)
+    scatter = ex.mapping
+    assert ex.mode == "scatter" and scatter.f_mode > 0
+    assert ex.toggle_mode() and ex.error is None
+    assert ex.mode == "compact" and ex.mapping.f_mode < 0
+    assert not np.array_equal(scatter.assignment, ex.mapping.assignment)
+    assert ex.toggle_mode() and np.array_equal(ex.mapping.assignment, scatter.assignment)
+
+
+@pytest.mark.parametrize("spec", ["nonsense", "pack:2 core:x pu:2", "core:2", "<topology><object",
+                                  "<html></html>", 42])
+def test_bad_topology_sets_one_line_error_and_keeps_the_mapping(xeon, spec):
+    ex = ModeExplorer(xeon, workers=2, threads=2)
+    before = ex.mapping
+    assert ex.set_topology(spec) is False
+    assert ex.error and "\n" not in ex.error
+    assert ex.mapping is before and ex.topology is xeon
+    assert ex.set_workers(3) and ex.error is None          # a good change clears the error
+
+
+def test_bad_counts_are_refused_without_raising(xeon):
+    ex = ModeExplorer(xeon, workers=2, threads=2)
+    for bad in (0, -1, "3", 2.5, True):
+        assert ex.set_workers(bad) is False and ex.error and ex.workers == 2
+    assert ex.set_mode("spread") is False and ex.mode == "scatter"
+
+
+def test_every_kind_of_topology_input_is_read(xeon):
+    xml = (DATA / "v2_linux_smt.xml").read_text()
+    assert topology_from(xml).n_logical == 8
+    assert topology_from(str(DATA / "v2_linux_smt.xml")).n_logical == 8
+    assert topology_from("this machine").name == "this machine"
+    assert topology_from("synthetic:pack:2 core:2 pu:1").n_logical == 4
+    ex = ModeExplorer(xeon, 2, 2)
+    assert ex.set_topology(xml) and ex.topology.n_logical == 8
+    assert ex.set_topology("epyc-7313p") and ex.topology.name == "epyc-7313p"
+
+
+def test_grid_has_one_row_per_logical_core_with_the_threads_on_it(xeon):
+    ex = ModeExplorer(xeon, workers=4, threads=8)
+    grid = ex.grid()
+    assert grid["cpu"].tolist() == list(xeon.cpus)
+    assert grid["load"].sum() == 32 and (grid["workers"].map(len) == grid["load"]).all()
+    assert grid["mains"].sum() == 4 and set(grid.loc[grid["main"], "cpu"]) == set(ex.mapping.assignment[:, 0])
+    assert grid["load"].tolist() == ex.mapping.logical_loads.tolist()
+    # siblings x and x+16 share a column; one L3 domain on this machine
+    assert grid.set_index("cpu").loc[[3, 19], "column"].nunique() == 1 and grid["domain"].nunique() == 1
+    assert ex.table().shape == (4, 8) and "objective=" in ex.summary()
+
+
+# -- DistanceView -----------------------------------------------------------------------
+
+def test_distance_view_labels_levels_and_lays_out_a_tree():
+    ex = ModeExplorer("epyc-7313p", workers=2, threads=2)
+    dv = DistanceView("epyc-7313p", ex.mapping)
+    assert dv.level.loc[0, 0] == "same" and dv.level.loc[0, 16] == "L1" and dv.level.loc[0, 4] == "none"
+    assert dv.distance.loc[0, 1] == 50
+    nodes = dv.nodes()
+    assert len(nodes) == dv.graph.number_of_nodes()
+    assert set(nodes.loc[nodes["highlighted"], "label"]) == {f"cpu {c}" for c in ex.mapping.assignment.ravel()}
+    y = dict(zip(nodes["node"], nodes["y"]))
+    assert all(y[parent] > y[child] for parent, child in dv.edges())
+    assert dv.set_topology("bad spec") is False and dv.error and dv.topology.name == "epyc-7313p"
+
+
+# -- ConstraintToggles -------------------------------------------------------------------
+
+def test_dropping_11_12_on_scenario_3_reports_its_violation(xeon):
+    ct = ConstraintToggles(12, 6, xeon)
+    assert ct.mapping.instance.scenario3 and ct.violations == [] and ct.changed.empty
+    assert ct.toggle("11-12") and ct.error is None and ct.enabled["11-12"] is False
+    violated = bool(MainLoadCap().violations(ct.mapping.positions, ct.mapping.instance))
+    assert ("11-12" in ct.violated) == violated
+    # On this instance the cap binds: without it main threads land on cores carrying U.
+    assert violated and ct.violated == ("11-12",) and len(ct.changed) > 0
+    moved = ct.changed.iloc[0]
+    assert ct.mapping.assignment[moved.worker, moved.thread] == moved.cpu != moved.reference_cpu
+    assert ct.toggle("11-12") and ct.changed.empty and ct.violations == []
+
+
+def test_refused_toggle_sets_error_and_changes_nothing(xeon):
+    ct = ConstraintToggles(12, 6, xeon)
+    before = ct.mapping
+    assert ct.toggle("8") is False
+    assert "(8)" in ct.error and ct.enabled["8"] is True and ct.mapping is before
+    assert ct.set_enabled("99", False) is False and "unknown" in ct.error
+    assert ct.table()["enabled"].all() and len(ct.table()) == len(ct.families)
+
+
+def test_infeasible_toggle_is_refused(monkeypatch, xeon):
+    from tuna_lab.errors import InfeasibleModelError
+    from tuna_lab.model import TunaModel
+
+    ct = ConstraintToggles(4, 4, xeon)
+
+    def infeasible(self, **_):
+        raise InfeasibleModelError("no mapping satisfies the families", ["8"])
+
+    monkeypatch.setattr(TunaModel, "solve", infeasible)
+    assert ct.toggle("3") is False and ct.error.startswith("no mapping") and ct.enabled["3"]
+
+
+# -- PolicyComparison -----------------------------------------------------------------
+
+def test_policy_comparison_has_one_placement_per_policy_with_all_threads(xeon):
+    pc = PolicyComparison(4, 8, xeon)
+    assert list(pc.placements) == list(COMPARED_POLICIES) == list(pc.loads.columns)
+    assert np.allclose(pc.loads.sum(), 32)
+    assert pc.loads["tuna-scatter"].tolist() == pc.placements["tuna-scatter"].mapping.logical_loads.tolist()
+    assert set(pc.frame()["policy"]) == set(COMPARED_POLICIES) and list(pc.summary.index) == list(COMPARED_POLICIES)
+    assert pc.set_threads(0) is False and pc.error and pc.threads == 8
+    assert pc.set_workers(2) and np.allclose(pc.loads.sum(), 16)
+
+
+# -- LiveExperiment -----------------------------------------------------------------------
+
+def test_live_experiment_collects_trial_rows():
+    before = child_pids()
+    seen = []
+    live = LiveExperiment(1, 1, "small", batch=20, policies=["cfs"], trials=1, requests=20)
+    live.subscribe(lambda ctl: seen.append(len(ctl.results)))
+    assert live.start()
+    assert live.wait(timeout=180), "the run did not end"
+    assert live.state == "finished" and live.error is None, live.error
+    rows = live.results
+    assert rows[["trial", "policy"]].values.tolist() == [[0, "cfs"]]
+    assert rows["p99"].iloc[0] > 0 and rows["trial_status"].iloc[0] == "ok"
+    assert 1 in seen and live.lines
+    assert child_pids() <= before
+
+
+def test_live_experiment_stops_between_trials_and_leaves_no_server():
+    before = child_pids()
+    live = LiveExperiment(1, 1, "small", batch=20, policies=["cfs", "round-robin", "tuna-scatter"], trials=1,
+                          requests=20)
+    assert live.start() and live.running
+    assert live.start() is False and "already running" in live.error
+    live.stop(wait=False)
+    assert live.state == "stopping"
+    assert live.wait(timeout=180), "the run did not stop"
+    assert live.state == "stopped" and len(live.results) == 1      # only the trial in flight finished
+    assert live.lines[-1].startswith("stopped after 1 of 3")
+    assert child_pids() <= before
+
+
+def test_live_experiment_refuses_bad_settings():
+    from tuna_lab.experiment import ExperimentError
+    from tuna_lab.errors import ModelError
+
+    with pytest.raises(ExperimentError):
+        LiveExperiment(1, 1, policies=["nope"])
+    with pytest.raises(ModelError):
+        LiveExperiment(1, 1, trials=0)
+
+
+# -- views -----------------------------------------------------------------------------
+
+def test_views_build_and_the_mode_toggle_redraws_the_mapping():
+    widgets = pytest.importorskip("ipywidgets")
+    import plotly.graph_objects as go
+
+    from tuna_lab.widgets import (constraint_toggles, distance_view, live_experiment, mode_explorer,
+                                  policy_comparison)
+
+    view = mode_explorer("xeon-8272cl", workers=4, threads=8)
+    assert isinstance(view, widgets.Box) and isinstance(view.parts["figure"], go.FigureWidget)
+    before = [(t.name, tuple(t.x)) for t in view.parts["figure"].data if t.name.startswith("worker")]
+    view.parts["mode"].value = "compact"                      # what a click on "compact" does
+    after = [(t.name, tuple(t.x)) for t in view.parts["figure"].data if t.name.startswith("worker")]
+    assert view.controller.mode == "compact" and view.controller.mapping.f_mode < 0
+    assert before != after and "compact" in view.parts["figure"].layout.title.text
+    view.parts["workers"].value = 2
+    assert view.controller.workers == 2 and len([t for t in view.parts["figure"].data
+                                                 if t.name.startswith("worker")]) == 2
+    view.parts["topology"].value = "nonsense"
+    assert "unknown topology" in view.parts["status"].value and view.controller.topology.name == "xeon-8272cl"
+
+    follower = distance_view(explorer=view.controller)
+    assert follower.controller.highlighted == set(view.controller.mapping.assignment.ravel().tolist())
+
+    toggles = constraint_toggles(12, 6, "xeon-8272cl")
+    toggles.parts["checks"]["8"].value = False                # refused: (11-12) needs (8)
+    assert toggles.parts["checks"]["8"].value is True and "needs (8)" in toggles.parts["status"].value
+    toggles.parts["checks"]["11-12"].value = False
+    assert "moved" in [t.name for t in toggles.parts["figure"].data]
+
+    for built in (follower, toggles, policy_comparison(4, 4, "xeon-8272cl"), live_experiment()):
+        assert isinstance(built, widgets.Box) and built.controller is not None
+
+
+def test_importing_the_package_does_not_need_ipywidgets():
+    code = ("import sys; sys.modules['ipywidgets'] = None\n"
+            "import tuna_lab.widgets as w\n"
+            "assert w.ModeExplorer and 'tuna_lab.widgets.views' not in sys.modules\n"
+            "try:\n    w.mode_explorer\nexcept ImportError:\n    print('lazy')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "lazy", out.stderr

@@ -1,0 +1,48 @@
+"""What every controller shares: change notification and the refuse-and-keep-state rule."""
+
+from ..errors import TunaError
+
+__all__ = ["Controller", "one_line"]
+
+# What a user can get wrong; anything else is a bug and should be seen as one.
+BAD_INPUT = (TunaError, ValueError, OSError)
+
+
+def one_line(exc):
+    """The first line of an exception's message (a widget shows one line)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Controller:
+    """Change notification and the refuse-and-keep-state rule shared by the controllers."""
+
+    def __init__(self):
+        self.error = None
+        self._listeners = []
+
+    def subscribe(self, callback):
+        """Call ``callback(controller)`` after every change, accepted or refused; returns ``callback``."""
+        self._listeners.append(callback)
+        return callback
+
+    def unsubscribe(self, callback):
+        """Stop calling ``callback``."""
+        self._listeners = [cb for cb in self._listeners if cb is not callback]
+
+    def _notify(self):
+        for callback in list(self._listeners):
+            callback(self)
+
+    def _attempt(self, compute):
+        """Run ``compute`` (which commits state only at its very end); True if it succeeded."""
+        try:
+            compute()
+        except BAD_INPUT as exc:
+            self.error = one_line(exc)
+            ok = False
+        else:
+            self.error = None
+            ok = True
+        self._notify()
+        return ok

@@ -1,0 +1,535 @@
+"""Plain controllers behind the widgets: state and logic, no ipywidgets.
+
+Each controller holds the inputs of one widget, recomputes its outputs when
+an input changes and never raises on bad input: a refused change sets
+``.error`` to one line and leaves the previous state whole, so a view can
+always redraw from a consistent state. Views register a callback with
+:meth:`subscribe` and are called after every change, accepted or refused.
+
+Tests and notebooks drive these classes directly; :mod:`tuna_lab.widgets.views`
+only forwards widget events to them and redraws. :class:`LiveExperiment`
+lives in :mod:`tuna_lab.widgets.live` (threads and servers) and is
+re-exported here.
+
+Examples
+--------
+>>> ex = ModeExplorer("xeon-8272cl", workers=4, threads=8)
+>>> ex.toggle_mode(), ex.mode, ex.mapping.f_mode < 0
+(True, 'compact', True)
+>>> ex.set_topology("pack:2 core:zz pu:2"), ex.error is not None, ex.topology.name
+(False, True, 'xeon-8272cl')
+"""
+
+import os
+
+import networkx as nx
+import numpy as np
+import pandas as pd
+
+from ..errors import ModelError, TopologyError
+from ..model import DEFAULT_FAMILIES, TunaModel, solve
+from ..model.instance import MODES
+from ..topology import PRESETS, Topology
+from ._base import Controller
+from .live import LiveExperiment
+
+__all__ = ["ModeExplorer", "DistanceView", "ConstraintToggles", "PolicyComparison", "LiveExperiment",
+           "core_grid", "topology_from", "TOPOLOGY_CHOICES", "COMPARED_POLICIES"]
+
+THIS_MACHINE = "this machine"
+#: What a topology box offers; any synthetic spec or hwloc XML text is accepted too.
+TOPOLOGY_CHOICES = (THIS_MACHINE, *PRESETS)
+#: The placements :class:`PolicyComparison` shows by default (cfs pins nothing to draw).
+COMPARED_POLICIES = ("round-robin", "omp-spread", "omp-close", "numa", "tuna-scatter")
+
+
+def topology_from(spec):
+    """A :class:`~tuna_lab.Topology` from whatever a topology box may hold.
+
+    Parameters
+    ----------
+    spec : Topology, str or None
+        A topology (returned as is); ``None`` or ``"this machine"``; a preset
+        name; hwloc XML text or the path of an ``.xml`` file; or an hwloc
+        synthetic spec (``"pack:2 l3:2 core:4 pu:2"``, optionally prefixed
+        ``"synthetic:"`` as in a synthetic topology's name).
+
+    Raises
+    ------
+    TopologyError
+        Nothing usable could be read from ``spec``.
+
+    Examples
+    --------
+    >>> topology_from("epyc-7313p").n_logical, topology_from("core:2 pu:2").n_physical
+    (32, 2)
+    """
+    if isinstance(spec, Topology):
+        return spec
+    if spec is None:
+        return Topology.from_sysfs()
+    if not isinstance(spec, str):
+        raise TopologyError(f"a topology is a preset name, a synthetic spec or hwloc XML, not {type(spec).__name__}")
+    text = spec.strip()
+    if text.lower() in ("", THIS_MACHINE):
+        return Topology.from_sysfs()
+    if text in PRESETS:
+        return Topology.preset(text)
+    if text.startswith("<") or (text.endswith(".xml") and os.path.exists(text)):
+        return Topology.from_hwloc_xml(text)
+    if ":" not in text:
+        # A lone word is a mistyped preset far more often than a synthetic spec.
+        raise TopologyError(f"unknown topology {text!r}: use {THIS_MACHINE!r}, a preset "
+                            f"({', '.join(PRESETS)}), a synthetic spec or hwloc XML")
+    return Topology.synthetic(text.removeprefix("synthetic:"))
+
+# -- the machine drawn as a grid of cores -------------------------------------------
+
+def _domain_labels(topo):
+    """The cache domain each logical core is drawn in: the outermost cache level (or package)."""
+    level = next((lv for lv in ("L4", "L3", "L2", "L1") if lv in topo.caches), None)
+    labels = topo.caches[level] if level else topo.package
+    names = np.array([f"{level or 'package'} #{k}" for k in labels.tolist()], dtype=object)
+    if level and topo.package.max() > 0:
+        names = np.array([f"pkg {p} · {n}" for p, n in zip(topo.package.tolist(), names)], dtype=object)
+    return labels, names
+
+
+def core_grid(topology, mapping=None):
+    """One row per logical core of ``topology``, in drawing order, with ``mapping``'s threads on it.
+
+    Parameters
+    ----------
+    topology : Topology
+    mapping : Mapping or array of int (W, T), optional
+        The threads to place (OS cpu ids, column 0 = main threads).
+
+    Returns
+    -------
+    pandas.DataFrame
+        ``cpu``, ``physical_core``, ``sibling`` (SMT index in its core),
+        ``package``, ``numa``, one column per cache level (``L1``.. domain
+        labels), ``domain`` (the cache domain it is drawn in), ``column``
+        (the physical core's place in drawing order: grouped by domain),
+        then ``load``, ``workers`` (worker of each thread on it), ``threads``
+        (``"w.t"`` labels), ``mains`` and ``main``.
+
+    Examples
+    --------
+    >>> g = core_grid(Topology.synthetic("l3:2 core:1 pu:2"), [[0, 3]])
+    >>> g[["cpu", "domain", "column", "load", "main"]].values.tolist()
+    [[0, 'L3 #0', 0, 1, True], [1, 'L3 #0', 0, 0, False], [2, 'L3 #1', 1, 0, False], [3, 'L3 #1', 1, 1, False]]
+    """
+    topo = topology
+    cpus = np.asarray(topo.cpus)
+    domain_key, domain = _domain_labels(topo)
+    frame = pd.DataFrame({"cpu": cpus, "physical_core": topo.core, "package": topo.package, "numa": topo.numa,
+                          **{lv: labels for lv, labels in topo.caches.items()}, "domain": domain})
+    frame["sibling"] = frame.groupby("physical_core").cumcount()
+    # Physical cores ordered by domain, then by their lowest cpu; SMT siblings share a column.
+    by_core = frame.groupby("physical_core")
+    cores = pd.DataFrame({"domain": pd.Series(domain_key).groupby(frame["physical_core"]).first(),
+                          "low": by_core["cpu"].min()}).sort_values(["domain", "low"])
+    frame["column"] = frame["physical_core"].map(dict(zip(cores.index, range(len(cores)))))
+
+    assign = np.zeros((0, 0), dtype=int) if mapping is None else \
+        np.asarray(getattr(mapping, "assignment", mapping), dtype=int)
+    W, T = assign.shape
+    on = {c: [] for c in cpus.tolist()}
+    for w in range(W):
+        for t in range(T):
+            on.setdefault(int(assign[w, t]), []).append((w, t))
+    frame["load"] = [len(on[c]) for c in cpus.tolist()]
+    frame["workers"] = [tuple(w for w, _ in on[c]) for c in cpus.tolist()]
+    frame["threads"] = [tuple(f"{w}.{t}" for w, t in on[c]) for c in cpus.tolist()]
+    frame["mains"] = [sum(t == 0 for _, t in on[c]) for c in cpus.tolist()]
+    frame["main"] = frame["mains"] > 0
+    front = ["cpu", "physical_core", "sibling", "package", "numa", *topo.caches, "domain", "column"]
+    return frame[front + ["load", "workers", "threads", "mains", "main"]]
+
+
+# -- ModeExplorer ---------------------------------------------------------------------
+
+class ModeExplorer(Controller):
+    """The Tuna mapping of ``workers`` x ``threads`` on a topology, re-solved on every change.
+
+    Parameters
+    ----------
+    topology : Topology, str or None
+        Anything :func:`topology_from` reads; ``None`` is this machine.
+    workers, threads : int
+    mode : {"scatter", "compact"}
+    time_limit : float
+        Seconds the solver may take per change (the article's sizes take
+        milliseconds; a big preset may stop at the limit with a gap).
+
+    Raises
+    ------
+    TunaError
+        Only from the constructor, for bad initial inputs; the setters
+        set ``.error`` instead and return False.
+
+    Attributes
+    ----------
+    mapping : Mapping
+        The current solution.
+    error : str or None
+        Why the last change was refused.
+
+    Examples
+    --------
+    >>> ex = ModeExplorer("xeon-8272cl", workers=2, threads=2)
+    >>> ex.set_workers(0), ex.error, ex.workers
+    (False, 'workers must be a positive integer, got 0', 2)
+    >>> ex.grid().query("main")["cpu"].tolist()
+    [0, 1]
+    """
+
+    def __init__(self, topology=None, workers=2, threads=2, mode="scatter", *, time_limit=10.0):
+        super().__init__()
+        self.time_limit = time_limit
+        self.topology = topology_from(topology)
+        self.mapping = solve(workers, threads, self.topology, mode, time_limit=time_limit)
+        self.workers, self.threads, self.mode = self.mapping.workers, self.mapping.threads, mode
+
+    def _change(self, **changes):
+        def compute():
+            new = {k: changes.get(k, getattr(self, k)) for k in ("topology", "workers", "threads", "mode")}
+            new["topology"] = topology_from(new["topology"])
+            mapping = solve(new["workers"], new["threads"], new["topology"], new["mode"],
+                            time_limit=self.time_limit)
+            for key, value in new.items():
+                setattr(self, key, value)
+            self.workers, self.threads = mapping.workers, mapping.threads   # ints, even from numpy
+            self.mapping = mapping
+        return self._attempt(compute)
+
+    def set_topology(self, spec):
+        """Use another machine (see :func:`topology_from`); False and ``.error`` if refused."""
+        return self._change(topology=spec)
+
+    def set_workers(self, workers):
+        """Run ``workers`` server workers; False and ``.error`` if refused."""
+        return self._change(workers=workers)
+
+    def set_threads(self, threads):
+        """Give each worker ``threads`` OpenMP threads; False and ``.error`` if refused."""
+        return self._change(threads=threads)
+
+    def set_mode(self, mode):
+        """Solve in ``mode`` (``"scatter"`` or ``"compact"``); False and ``.error`` if refused."""
+        return self._change(mode=mode)
+
+    def toggle_mode(self):
+        """Switch scatter <-> compact."""
+        return self.set_mode(MODES[1 - MODES.index(self.mode)])
+
+    def grid(self):
+        """The current mapping on the machine, one row per logical core (see :func:`core_grid`)."""
+        return core_grid(self.topology, self.mapping)
+
+    def threads_frame(self):
+        """One row per thread (the mapping's :meth:`~tuna_lab.model.Mapping.to_frame`)."""
+        return self.mapping.to_frame()
+
+    def table(self):
+        """The assignment as a table: one row per worker, one column per thread (``main`` first).
+
+        Examples
+        --------
+        >>> ModeExplorer("xeon-8272cl", 2, 3).table().columns.tolist()
+        ['main', 't1', 't2']
+        """
+        cols = ["main"] + [f"t{t}" for t in range(1, self.threads)]
+        return pd.DataFrame(self.mapping.assignment, columns=cols,
+                            index=pd.RangeIndex(self.workers, name="worker"))
+
+    def terms(self):
+        """The objective terms and the solver's verdict, as a dict."""
+        m = self.mapping
+        return {"mode": self.mode, "f_main": m.f_main, "f_mode": m.f_mode, "objective": m.objective,
+                "status": m.status, "proven_optimal": bool(m.proven_optimal)}
+
+    def summary(self):
+        """Two deterministic lines (no timings): the instance and the objective terms.
+
+        Examples
+        --------
+        >>> print(ModeExplorer("xeon-8272cl", 4, 8).summary().splitlines()[1])
+        scatter: f_main=300 f_mode=5600 objective=5900; physical loads 2..2; optimal (proven)
+        """
+        m, t = self.mapping, self.terms()
+        phys = m.physical_loads
+        proof = "proven" if t["proven_optimal"] else f"gap {m.gap:.2%}" if m.gap is not None else "not proven"
+        return (f"{m.instance.describe()}\n"
+                f"{self.mode}: f_main={t['f_main']:g} f_mode={t['f_mode']:g} objective={t['objective']:g}; "
+                f"physical loads {phys.min()}..{phys.max()}; {m.status} ({proof})")
+
+
+# -- DistanceView -------------------------------------------------------------------
+
+def _tree_positions(graph, root=("machine", 0)):
+    """Tidy tree layout: leaves in depth-first order along x, parents centred over children, y = -depth."""
+    depth = nx.shortest_path_length(graph, root)
+    x, leaves = {}, 0
+    for node in nx.dfs_postorder_nodes(graph, root, sort_neighbors=sorted):
+        children = list(graph.successors(node))
+        if children:
+            x[node] = float(np.mean([x[c] for c in children]))
+        else:
+            x[node], leaves = float(leaves), leaves + 1
+    return {node: (x[node], -float(depth[node])) for node in x}
+
+
+class DistanceView(Controller):
+    """The cache distance matrix, which cache level each pair shares, and the topology tree.
+
+    Parameters
+    ----------
+    topology : Topology, str or None
+        Anything :func:`topology_from` reads.
+    cpus : iterable of int or Mapping, optional
+        Logical cores to highlight (a mapping highlights the cpus it uses).
+
+    Attributes
+    ----------
+    distance : pandas.DataFrame
+        ``d(c, c')`` indexed by cpu on both axes.
+    level : pandas.DataFrame
+        The closest cache level each pair shares: ``"same"``, ``"L1"``..``"L4"`` or ``"none"``.
+    graph : networkx.DiGraph
+        :meth:`Topology.graph`; ``positions`` maps its nodes to ``(x, y)``.
+
+    Examples
+    --------
+    >>> dv = DistanceView("epyc-7313p", cpus=[0, 1])
+    >>> dv.level.loc[0, [0, 16, 1, 4]].tolist()
+    ['same', 'L1', 'L3', 'none']
+    >>> dv.nodes().query("highlighted")["label"].tolist()
+    ['cpu 0', 'cpu 1']
+    """
+
+    def __init__(self, topology=None, cpus=()):
+        super().__init__()
+        self._set(topology_from(topology), cpus)
+
+    def _set(self, topology, cpus):
+        if hasattr(cpus, "assignment"):
+            cpus = np.ravel(cpus.assignment)
+        cpus = frozenset(int(c) for c in cpus)
+        ids = list(topology.cpus)
+        level = np.full((len(ids),) * 2, "none", dtype=object)
+        # Outermost level first, so that a closer shared level overwrites it (as Topology.distance does).
+        for lv in sorted(topology.caches, reverse=True):
+            labels = topology.caches[lv]
+            level[labels[:, None] == labels[None, :]] = lv
+        np.fill_diagonal(level, "same")
+        graph = topology.graph()
+        positions = _tree_positions(graph)
+        self.topology, self.highlighted = topology, cpus & set(ids)
+        self.distance = pd.DataFrame(topology.distance(), index=pd.Index(ids, name="cpu"), columns=ids)
+        self.level = pd.DataFrame(level, index=pd.Index(ids, name="cpu"), columns=ids)
+        self.graph, self.positions = graph, positions
+
+    def set_topology(self, spec):
+        """Show another machine (keeps the highlighted cpus it has)."""
+        return self._attempt(lambda: self._set(topology_from(spec), self.highlighted))
+
+    def highlight(self, cpus):
+        """Highlight these cpus; ids not in the topology are ignored.
+
+        A Mapping highlights the cpus it uses, on its own topology.
+        """
+        return self._attempt(lambda: self._set(getattr(cpus, "topology", self.topology), cpus))
+
+    def nodes(self):
+        """One row per tree node: ``node``, ``kind``, ``label``, ``cpus``, ``x``, ``y``, ``highlighted``."""
+        rows = []
+        for node, data in self.graph.nodes(data=True):
+            kind, index = node
+            label = f"cpu {index}" if kind == "pu" else f"{kind} #{index}" if kind != "machine" else "machine"
+            x, y = self.positions[node]
+            rows.append({"node": node, "kind": kind, "label": label, "cpus": data["cpus"], "x": x, "y": y,
+                         "highlighted": kind == "pu" and index in self.highlighted})
+        return pd.DataFrame(rows).sort_values(["y", "x"], ascending=[False, True], ignore_index=True)
+
+    def edges(self):
+        """``(parent, child)`` node pairs of the tree."""
+        return list(self.graph.edges())
+
+
+# -- ConstraintToggles ----------------------------------------------------------------
+
+class ConstraintToggles(Controller):
+    """Switch constraint families on and off and see what the mapping does without them.
+
+    Parameters
+    ----------
+    workers, threads : int
+    topology : Topology, str or None
+    mode : {"scatter", "compact"}
+    time_limit : float
+        Seconds the solver may take per toggle.
+
+    Attributes
+    ----------
+    enabled : dict of str to bool
+        Family key -> whether it is in the model.
+    reference : Mapping
+        The solution with every family.
+    mapping : Mapping
+        The solution with the enabled families.
+    changed : pandas.DataFrame
+        Threads whose core differs from ``reference``: ``worker``, ``thread``,
+        ``role``, ``reference_cpu``, ``cpu``.
+    violations : list of Violation
+        What *every* default family's check finds wrong with ``mapping`` -
+        the dropped families included, which is the point.
+
+    Examples
+    --------
+    >>> ct = ConstraintToggles(12, 6, "xeon-8272cl")
+    >>> ct.toggle("8"), ct.error
+    (False, 'family (11-12) needs (8) in the same model')
+    >>> ct.toggle("11-12"), ct.violated, len(ct.changed)
+    (True, ('11-12',), 8)
+    """
+
+    def __init__(self, workers, threads, topology=None, mode="scatter", *, time_limit=10.0):
+        super().__init__()
+        self.topology = topology_from(topology)
+        self.time_limit = time_limit
+        self.families = DEFAULT_FAMILIES
+        self.enabled = {f.key: True for f in self.families}
+        self.reference = TunaModel(workers, threads, self.topology, mode).solve(time_limit=time_limit)
+        self.workers, self.threads, self.mode = self.reference.workers, self.reference.threads, mode
+        self._commit(self.reference, dict(self.enabled))
+
+    def _key(self, family):
+        spec = str(family).strip().strip("()")
+        for fam in self.families:
+            if spec in (fam.key, fam.name) or spec in fam.equations:
+                return fam.key
+        raise ModelError(f"unknown constraint family {family!r}; known: "
+                         + ", ".join(f.key for f in self.families))
+
+    def _commit(self, mapping, enabled):
+        ref, cur = self.reference.assignment, mapping.assignment
+        w, t = np.nonzero(ref != cur)
+        self.changed = pd.DataFrame({"worker": w, "thread": t, "role": np.where(t == 0, "main", "openmp"),
+                                     "reference_cpu": ref[w, t], "cpu": cur[w, t]})
+        self.violations = mapping.verify(DEFAULT_FAMILIES)
+        self.mapping, self.enabled = mapping, enabled
+
+    def set_enabled(self, family, on=True):
+        """Put ``family`` (key, equation number or class name) in or out of the model and re-solve.
+
+        A refused toggle (a family another one needs, an infeasible model, a
+        solver without a solution) sets ``.error`` and changes nothing.
+        """
+        def compute():
+            enabled = dict(self.enabled)
+            enabled[self._key(family)] = bool(on)
+            families = [f for f in self.families if enabled[f.key]]
+            model = TunaModel(self.workers, self.threads, self.topology, self.mode, families=families)
+            self._commit(model.solve(time_limit=self.time_limit), enabled)
+        return self._attempt(compute)
+
+    def toggle(self, family):
+        """Flip ``family`` (see :meth:`set_enabled`)."""
+        key = next((f.key for f in self.families if str(family).strip("()") in (f.key, *f.equations)), None)
+        # An unknown family goes through set_enabled too, which reports it in .error.
+        return self.set_enabled(family, key is None or not self.enabled[key])
+
+    @property
+    def violated(self):
+        """Keys of the families whose checks ``mapping`` violates, in family order."""
+        hit = {v.family for v in self.violations}
+        return tuple(f.key for f in self.families if f.key in hit)
+
+    def table(self):
+        """One row per family: key, equations, name, kind, description, latex, note, active, enabled."""
+        inst = self.mapping.instance
+        return pd.DataFrame([{
+            "key": f.key, "equations": ", ".join(f"({e})" for e in f.equations), "name": f.name,
+            "kind": f.kind, "description": f.description, "latex": f.latex, "note": f.note(inst),
+            "active": bool(f.active(inst)), "enabled": self.enabled[f.key]} for f in self.families])
+
+    def grid(self):
+        """The current mapping on the machine (see :func:`core_grid`)."""
+        return core_grid(self.topology, self.mapping)
+
+
+# -- PolicyComparison --------------------------------------------------------------
+
+class PolicyComparison(Controller):
+    """The placements of several policies side by side, with the expected load of every core.
+
+    Parameters
+    ----------
+    workers, threads : int
+    topology : Topology, str or None
+    policies : sequence of str
+        Default :data:`COMPARED_POLICIES`.
+    time_limit : float
+        Seconds the ``tuna-*`` policies may give the solver.
+
+    Attributes
+    ----------
+    placements : dict of str to Placement
+        One entry per policy.
+    loads : pandas.DataFrame
+        Expected threads per logical core (index ``cpu``), one column per policy;
+        each column sums to ``workers * threads``.
+    summary : pandas.DataFrame
+        :func:`tuna_lab.policies.compare` of the policies.
+
+    Examples
+    --------
+    >>> pc = PolicyComparison(4, 4, "xeon-8272cl")
+    >>> pc.loads.sum().tolist()
+    [16.0, 16.0, 16.0, 16.0, 16.0]
+    >>> float(pc.loads["omp-close"].max())   # every worker on the same 4 physical cores
+    2.0
+    """
+
+    def __init__(self, workers, threads, topology=None, policies=COMPARED_POLICIES, *, time_limit=10.0):
+        super().__init__()
+        self.policies = tuple(policies)
+        self.time_limit = time_limit
+        self._compute(workers, threads, topology_from(topology))
+
+    def _compute(self, workers, threads, topology):
+        from ..policies import compare, placement
+
+        placements = {p: placement(p, workers, threads, topology, time_limit=self.time_limit)
+                      for p in self.policies}
+        summary = compare(workers, threads, topology, self.policies, time_limit=self.time_limit)
+        loads = pd.DataFrame({p: pl.expected_loads() for p, pl in placements.items()},
+                             index=pd.Index(topology.cpus, name="cpu"))
+        self.placements, self.summary, self.loads = placements, summary, loads
+        self.workers, self.threads, self.topology = int(workers), int(threads), topology
+
+    def _change(self, **changes):
+        def compute():
+            self._compute(changes.get("workers", self.workers), changes.get("threads", self.threads),
+                          topology_from(changes.get("topology", self.topology)))
+        return self._attempt(compute)
+
+    def set_workers(self, workers):
+        """Run ``workers`` server workers; False and ``.error`` if refused."""
+        return self._change(workers=workers)
+
+    def set_threads(self, threads):
+        """Give each worker ``threads`` OpenMP threads; False and ``.error`` if refused."""
+        return self._change(threads=threads)
+
+    def set_topology(self, spec):
+        """Compare on another machine (see :func:`topology_from`); False and ``.error`` if refused."""
+        return self._change(topology=spec)
+
+    def frame(self):
+        """Tidy loads for drawing: ``policy``, ``cpu``, ``physical_core``, ``column``, ``sibling``, ``load``."""
+        grid = core_grid(self.topology)[["cpu", "physical_core", "column", "sibling"]]
+        long = self.loads.reset_index().melt(id_vars="cpu", var_name="policy", value_name="load")
+        return long.merge(grid, on="cpu")[["policy", "cpu", "physical_core", "column", "sibling", "load"]]

@@ -1,0 +1,182 @@
+"""The live pin-and-measure experiment as a controller: a background run, results as they arrive."""
+
+import atexit
+import re
+import threading
+import weakref
+
+import pandas as pd
+
+from ..errors import TunaError
+from ._base import Controller, one_line
+
+__all__ = ["LiveExperiment"]
+
+# ``experiment.run`` reports a finished trial only as this line (see its
+# ``progress``); the exact numbers replace the parsed ones when the run ends.
+_PROGRESS = re.compile(r"trial (\d+)/\d+ (\S+)\s+p50\s+(\S+) ms p99\s+(\S+) ms\s+(\w+)(?:: (.*?))?\s+\[~")
+_RESULT_COLUMNS = ["trial", "order", "policy", "p50", "p99", "trial_status", "reason"]
+_RUNNING = weakref.WeakSet()
+
+
+class _StopRequested(KeyboardInterrupt):
+    """Raised from the progress callback to end a run between trials.
+
+    A KeyboardInterrupt so that ``experiment.run`` treats it as Ctrl-C: it
+    keeps the finished trials next to ``out`` (``.partial``) and re-raises.
+    """
+
+
+@atexit.register
+def _stop_all():
+    # The runner thread is a daemon: without this an exiting kernel could kill
+    # it mid-trial and leave a Gunicorn server (in its own session) behind.
+    for live in list(_RUNNING):
+        live.stop(wait=True, timeout=120)
+
+
+class LiveExperiment(Controller):
+    """The pin-and-measure experiment run in a background thread, with results as they arrive.
+
+    Parameters
+    ----------
+    workers, threads : int
+    model : {"small", "medium", "large"}
+    batch : int
+    policies : sequence of str
+    trials, requests : int
+        Passed to :func:`tuna_lab.experiment.run`.
+    out : str, optional
+        Directory to write the cell into (nothing is written by default).
+    seed : int
+
+    Attributes
+    ----------
+    state : {"idle", "running", "stopping", "stopped", "finished", "failed"}
+    lines : list of str
+        Progress lines so far.
+    result : Result or None
+        The experiment's result, once finished.
+
+    Notes
+    -----
+    Subscribed callbacks run in the runner thread. :meth:`stop` takes effect
+    between trials: the trial in flight finishes and its server is stopped
+    by the experiment's own context manager, so no server is left behind.
+
+    Examples
+    --------
+    >>> live = LiveExperiment(1, 1, policies=["cfs"], trials=1, requests=20)
+    >>> live.start(); live.wait()                                   # doctest: +SKIP
+    >>> live.results[["policy", "trial", "p99"]]                    # doctest: +SKIP
+    """
+
+    def __init__(self, workers, threads, model="small", batch=100,
+                 policies=("cfs", "round-robin", "tuna-scatter"), trials=3, requests=100, *, out=None, seed=0):
+        from ..experiment import Config, ExperimentError
+        from ..model.instance import check_positive_int
+        from ..policies import POLICIES
+
+        super().__init__()
+        self.config = Config(workers, threads, model, batch)
+        self.policies = list(dict.fromkeys([policies] if isinstance(policies, str) else policies))
+        unknown = [p for p in self.policies if p not in POLICIES]
+        if unknown or not self.policies:
+            raise ExperimentError(f"unknown policy {unknown[0]!r}" if unknown else "no policies given")
+        self.trials = check_positive_int("trials", trials)
+        self.requests = check_positive_int("requests", requests)
+        self.out, self.seed = out, seed
+        self.state, self.lines, self.result = "idle", [], None
+        self._rows, self._lock = [], threading.Lock()
+        self._stop, self._thread = threading.Event(), None
+
+    @property
+    def running(self):
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self):
+        """Start the run in a background thread; False (and ``.error``) if one is running."""
+        if self.running:
+            self.error = "an experiment is already running"
+            self._notify()
+            return False
+        self._stop.clear()
+        with self._lock:
+            self.lines, self._rows, self.result = [], [], None
+        self.state, self.error = "running", None
+        self._thread = threading.Thread(target=self._run, name="tuna-lab-live-experiment", daemon=True)
+        _RUNNING.add(self)
+        self._thread.start()
+        self._notify()
+        return True
+
+    def stop(self, wait=True, timeout=None):
+        """Ask the run to stop after the trial in flight; with ``wait``, block until it has.
+
+        Returns True when no run is left running.
+        """
+        if self.running:
+            self._stop.set()
+            if self.state == "running":
+                self.state = "stopping"
+                self._notify()
+            if wait:
+                self._thread.join(timeout)
+        return not self.running
+
+    def wait(self, timeout=None):
+        """Block until the run ends; Ctrl-C stops it cleanly (after the trial in flight) and re-raises."""
+        if self._thread is None:
+            return True
+        try:
+            self._thread.join(timeout)
+        except KeyboardInterrupt:
+            self.stop(wait=True)
+            raise
+        return not self.running
+
+    @property
+    def results(self):
+        """Trials finished so far: ``trial``, ``order``, ``policy``, ``p50``, ``p99`` (seconds),
+        ``trial_status``, ``reason``."""
+        with self._lock:
+            return pd.DataFrame(self._rows, columns=_RESULT_COLUMNS)
+
+    def _progress(self, line):
+        m = _PROGRESS.search(line)
+        with self._lock:
+            self.lines.append(line)
+            if m:
+                trial = int(m.group(1)) - 1
+                self._rows.append({
+                    "trial": trial, "order": sum(r["trial"] == trial for r in self._rows),
+                    "policy": m.group(2), "p50": float(m.group(3)) / 1e3, "p99": float(m.group(4)) / 1e3,
+                    "trial_status": m.group(5), "reason": m.group(6) or ""})
+        self._notify()
+        # Stopping after the very last trial would only throw the finished result away.
+        if self._stop.is_set() and len(self._rows) < self.trials * len(self.policies):
+            raise _StopRequested
+
+    def _run(self):
+        from ..experiment import run
+
+        try:
+            result = run(self.config, self.policies, trials=self.trials, requests=self.requests, out=self.out,
+                         seed=self.seed, progress=self._progress)
+        except _StopRequested:
+            state, error = "stopped", None
+            with self._lock:
+                self.lines.append(f"stopped after {len(self._rows)} of {self.trials * len(self.policies)} trials")
+        except TunaError as exc:
+            state, error = "failed", one_line(exc)
+        except Exception as exc:  # noqa: BLE001 - nobody above this thread would see it otherwise
+            state, error = "failed", f"{type(exc).__name__}: {one_line(exc)}"
+        else:
+            state, error = "finished", None
+            with self._lock:
+                self.result = result
+                self._rows = result.trials[_RESULT_COLUMNS].to_dict("records")
+        finally:
+            _RUNNING.discard(self)
+        self.state, self.error = state, error
+        self._notify()

@@ -1,0 +1,246 @@
+"""Thin ipywidgets views over the controllers: forward events, redraw from state.
+
+Every function returns a :class:`View` (an ``ipywidgets.VBox``) that keeps
+its controller in ``.controller`` and its widgets in ``.parts``, so a
+notebook can drive either and tests can click the buttons.
+
+Examples
+--------
+>>> from tuna_lab.widgets import mode_explorer
+>>> view = mode_explorer("xeon-8272cl", workers=4, threads=8)       # doctest: +SKIP
+>>> view.parts["mode"].value = "compact"    # same as clicking          # doctest: +SKIP
+>>> view.controller.mapping.f_mode < 0                                # doctest: +SKIP
+True
+"""
+
+import html
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from ..model.instance import MODES
+from . import figures
+from .controllers import (COMPARED_POLICIES, TOPOLOGY_CHOICES, ConstraintToggles, DistanceView, LiveExperiment,
+                          ModeExplorer, PolicyComparison)
+
+__all__ = ["View", "mode_explorer", "distance_view", "constraint_toggles", "policy_comparison", "live_experiment"]
+
+
+class View(widgets.VBox):
+    """A VBox with its ``controller`` and its named ``parts`` (widgets and figures)."""
+
+    def __init__(self, controller, parts, children, **kwargs):
+        super().__init__(children=children, **kwargs)
+        self.controller = controller
+        self.parts = parts
+
+
+def _redraw(widget, fig):
+    """Replace a FigureWidget's traces and layout with those of ``fig`` in one message."""
+    with widget.batch_update():
+        widget.data = ()
+        widget.add_traces(fig.data)
+        widget.layout = fig.layout
+
+
+def _status(error, text):
+    if error:
+        return f"<span style='color:#b00'>&#9888; {html.escape(error)}</span>"
+    return f"<pre style='margin:0;line-height:1.3'>{html.escape(text)}</pre>"
+
+
+def _topology_box(controller):
+    # Free text: a preset, "this machine", a synthetic spec or hwloc XML pasted in.
+    return widgets.Combobox(value=controller.topology.name.removeprefix("synthetic:"), options=TOPOLOGY_CHOICES,
+                            ensure_option=False, continuous_update=False, description="topology",
+                            placeholder="preset, this machine, synthetic spec or hwloc XML",
+                            layout={"width": "420px"})
+
+
+def _count_box(name, value):
+    return widgets.BoundedIntText(value=value, min=1, max=4096, description=name, layout={"width": "170px"})
+
+
+def _forward(widget, setter, current):
+    """Call ``setter(new)`` when ``widget`` changes to something other than the state ``current()``."""
+    def on_change(change):
+        # Snapping a refused value back re-fires this handler; the state already holds it.
+        if change["new"] != current():
+            setter(change["new"])
+    widget.observe(on_change, "value")
+
+
+def mode_explorer(topology=None, workers=2, threads=2, mode="scatter", *, controller=None):
+    """Explore the Tuna mapping: topology, workers, threads and a scatter/compact toggle.
+
+    Parameters
+    ----------
+    topology, workers, threads, mode
+        The :class:`~tuna_lab.widgets.ModeExplorer` to build (ignored if ``controller`` is given).
+    controller : ModeExplorer, optional
+
+    Returns
+    -------
+    View
+        ``parts``: ``topology``, ``workers``, ``threads``, ``mode`` (ToggleButtons),
+        ``status`` (objective terms or the error), ``figure`` (FigureWidget of the mapping).
+    """
+    ctl = controller or ModeExplorer(topology, workers, threads, mode)
+    parts = {"topology": _topology_box(ctl), "workers": _count_box("workers", ctl.workers),
+             "threads": _count_box("threads", ctl.threads),
+             "mode": widgets.ToggleButtons(options=MODES, value=ctl.mode, description="mode",
+                                           tooltips=("spread each worker's threads apart",
+                                                     "pack each worker's threads together")),
+             "status": widgets.HTML(), "figure": go.FigureWidget()}
+
+    def redraw(_=None):
+        # Widgets show the accepted state: a refused value snaps back (the topology text stays, to fix it).
+        parts["workers"].value, parts["threads"].value, parts["mode"].value = ctl.workers, ctl.threads, ctl.mode
+        parts["status"].value = _status(ctl.error, ctl.summary())
+        title = f"{ctl.topology.name}: W={ctl.workers} x T={ctl.threads}, {ctl.mode}"
+        _redraw(parts["figure"], figures.mapping_figure(ctl.grid(), ctl.threads_frame(), title))
+
+    ctl.subscribe(redraw)
+    _forward(parts["topology"], ctl.set_topology, lambda: None)
+    _forward(parts["workers"], ctl.set_workers, lambda: ctl.workers)
+    _forward(parts["threads"], ctl.set_threads, lambda: ctl.threads)
+    _forward(parts["mode"], ctl.set_mode, lambda: ctl.mode)
+    redraw()
+    controls = widgets.HBox([parts["topology"], parts["workers"], parts["threads"]])
+    return View(ctl, parts, [controls, parts["mode"], parts["status"], parts["figure"]])
+
+
+def distance_view(topology=None, *, explorer=None, controller=None):
+    """The cache distance matrix and the topology tree, the mapping's cpus highlighted.
+
+    Parameters
+    ----------
+    topology : Topology, str or None
+    explorer : ModeExplorer, optional
+        Follow this explorer: its topology, and its mapping's cpus highlighted.
+    controller : DistanceView, optional
+
+    Returns
+    -------
+    View
+        ``parts``: ``status``, ``matrix`` and ``tree`` (FigureWidgets).
+    """
+    ctl = controller or DistanceView(explorer.topology if explorer else topology,
+                                     explorer.mapping if explorer else ())
+    parts = {"status": widgets.HTML(), "matrix": go.FigureWidget(), "tree": go.FigureWidget()}
+
+    def redraw(_=None):
+        parts["status"].value = _status(ctl.error, f"{ctl.topology.name}: {len(ctl.highlighted)} cpus highlighted")
+        _redraw(parts["matrix"], figures.distance_figure(ctl.distance, ctl.level))
+        _redraw(parts["tree"], figures.tree_figure(ctl.nodes(), ctl.edges(), title=ctl.topology.name))
+
+    ctl.subscribe(redraw)
+    if explorer is not None:
+        # A refused change leaves the explorer's mapping as it was: nothing to redraw then.
+        explorer.subscribe(lambda ex: ex.error is None and ctl.highlight(ex.mapping))
+    redraw()
+    return View(ctl, parts, [parts["status"], widgets.HBox([parts["matrix"], parts["tree"]])])
+
+
+def constraint_toggles(workers=12, threads=6, topology="xeon-8272cl", mode="scatter", *, controller=None):
+    """One checkbox per constraint family; the mapping re-solved without the unchecked ones.
+
+    The default is a scenario-3 instance of the article's machine, where
+    dropping (11)+(12) moves threads and breaks its check.
+
+    Returns
+    -------
+    View
+        ``parts``: ``checks`` (dict key -> Checkbox), ``status``, ``figure``
+        (the mapping, moved threads ringed).
+    """
+    ctl = controller or ConstraintToggles(workers, threads, topology, mode)
+    table = ctl.table()
+    checks = {row.key: widgets.Checkbox(value=row.enabled, description=row.equations, indent=False,
+                                        layout={"width": "110px"}) for row in table.itertuples()}
+    rows = [widgets.HBox([checks[row.key], widgets.HTMLMath(
+        f"{html.escape(row.description)} &nbsp; ${row.latex}$ <br><small><i>{html.escape(row.note)}</i></small>")])
+        for row in table.itertuples()]
+    parts = {"checks": checks, "status": widgets.HTML(), "figure": go.FigureWidget()}
+
+    def redraw(_=None):
+        for key, box in checks.items():
+            box.value = ctl.enabled[key]
+        dropped = [k for k, on in ctl.enabled.items() if not on]
+        lines = [f"without: {', '.join(dropped) or 'nothing'}; {len(ctl.changed)} threads moved vs all families",
+                 "violated checks: " + (", ".join(ctl.violated) or "none")]
+        lines += [f"  ({v.family}) {v.message}" for v in ctl.violations[:8]]
+        parts["status"].value = _status(ctl.error, "\n".join(lines))
+        moved = list(zip(ctl.changed["worker"], ctl.changed["thread"]))
+        title = f"{ctl.topology.name}: W={ctl.workers} x T={ctl.threads}, {ctl.mode}"
+        _redraw(parts["figure"], figures.mapping_figure(ctl.grid(), ctl.mapping.to_frame(), title, moved))
+
+    ctl.subscribe(redraw)
+    for key, box in checks.items():
+        _forward(box, lambda on, key=key: ctl.set_enabled(key, on), lambda key=key: ctl.enabled[key])
+    redraw()
+    return View(ctl, parts, [widgets.VBox(rows), parts["status"], parts["figure"]])
+
+
+def policy_comparison(workers=4, threads=4, topology=None, policies=COMPARED_POLICIES, *, controller=None):
+    """The placements of several policies side by side: expected load per core and a summary table.
+
+    Returns
+    -------
+    View
+        ``parts``: ``topology``, ``workers``, ``threads``, ``status``, ``figure``, ``table`` (HTML).
+    """
+    ctl = controller or PolicyComparison(workers, threads, topology, policies)
+    parts = {"topology": _topology_box(ctl), "workers": _count_box("workers", ctl.workers),
+             "threads": _count_box("threads", ctl.threads), "status": widgets.HTML(),
+             "figure": go.FigureWidget(), "table": widgets.HTML()}
+
+    def redraw(_=None):
+        parts["workers"].value, parts["threads"].value = ctl.workers, ctl.threads
+        parts["status"].value = _status(ctl.error, f"{ctl.topology.name}: W={ctl.workers} x T={ctl.threads}")
+        _redraw(parts["figure"], figures.loads_figure(ctl.frame()))
+        parts["table"].value = ctl.summary.to_html(float_format=lambda v: f"{v:.3g}", na_rep="-")
+
+    ctl.subscribe(redraw)
+    _forward(parts["topology"], ctl.set_topology, lambda: None)
+    _forward(parts["workers"], ctl.set_workers, lambda: ctl.workers)
+    _forward(parts["threads"], ctl.set_threads, lambda: ctl.threads)
+    redraw()
+    controls = widgets.HBox([parts["topology"], parts["workers"], parts["threads"]])
+    return View(ctl, parts, [controls, parts["status"], parts["figure"], parts["table"]])
+
+
+def live_experiment(workers=1, threads=1, model="small", batch=100, policies=("cfs", "round-robin", "tuna-scatter"),
+                    trials=3, requests=100, *, controller=None):
+    """Start/stop the pin-and-measure experiment and watch each trial's p99 arrive.
+
+    Redraws run in the experiment's thread as results arrive.
+
+    Returns
+    -------
+    View
+        ``parts``: ``start``, ``stop`` (Buttons), ``status``, ``log`` (Textarea), ``figure``.
+    """
+    ctl = controller or LiveExperiment(workers, threads, model, batch, policies, trials, requests)
+    parts = {"start": widgets.Button(description="start", icon="play", button_style="success"),
+             "stop": widgets.Button(description="stop", icon="stop", button_style="warning", disabled=True),
+             "status": widgets.HTML(), "figure": go.FigureWidget(),
+             "log": widgets.Textarea(disabled=True, rows=8, layout={"width": "100%"})}
+    c = ctl.config
+    about = (f"W={c.workers} x T={c.threads}, model {c.model}, batch {c.batch}; {', '.join(ctl.policies)}; "
+             f"{ctl.trials} trials x {ctl.requests} requests")
+
+    def redraw(_=None):
+        parts["start"].disabled = ctl.running
+        parts["stop"].disabled = not ctl.running
+        parts["status"].value = _status(ctl.error, f"{ctl.state}: {about}")
+        parts["log"].value = "\n".join(ctl.lines)
+        _redraw(parts["figure"], figures.p99_figure(ctl.results))
+
+    ctl.subscribe(redraw)
+    parts["start"].on_click(lambda _: ctl.start())
+    # Never block the kernel on a click: the runner stops after the trial in flight.
+    parts["stop"].on_click(lambda _: ctl.stop(wait=False))
+    redraw()
+    return View(ctl, parts, [widgets.HBox([parts["start"], parts["stop"]]), parts["status"], parts["figure"],
+                             parts["log"]])
