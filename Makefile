@@ -6,7 +6,12 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench setup sysdeps clean
+.PHONY: demo test bench setup sysdeps clean notebooks notebooks-refresh lab
+
+# The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
+# compares every output except those of cells tagged nbval-ignore-output.
+NBVAL  := $(PY) -m pytest -q --nbval --nbval-current-env notebooks/
+LAB_STAMP := $(VENV)/.installed-lab
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +32,25 @@ demo: $(STAMP)
 
 test: $(STAMP) sysdeps
 	$(PY) -m pytest -q
+	$(NBVAL)
+
+# The notebooks alone, as `make test` runs them.
+notebooks: $(STAMP)
+	$(NBVAL)
+
+# Re-run the notebooks and store their outputs (what nbval compares against); review the diff.
+notebooks-refresh: $(STAMP)
+	$(PY) notebooks/_build.py
+
+$(LAB_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,lab]'
+	touch $(LAB_STAMP)
+
+# JupyterLab on the notebooks, on the loopback interface only (LAB_ARGS=--no-browser ...);
+# Jupyter refuses to run as root unless told, as it is in containers and on CI machines.
+lab: $(LAB_STAMP)
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=notebooks \
+	    $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 bench: $(STAMP)
 	$(VENV)/bin/tuna-lab bench solver --out bench/out/solver.csv --pairwise-limit 60 --doc docs/solver-bench.md
