@@ -678,3 +678,8 @@ def test_tuna_model_docstring_examples():
     for test in doctest.DocTestFinder().find(TunaModel):
         runner.run(test, out=lambda _: None)
     assert runner.failures == 0
+
+
+def test_family_1_cannot_be_removed():
+    with pytest.raises(ModelError, match=r"\(1\)"):
+        TunaModel(2, 2, topo(CORE4)).without("1")

@@ -11,7 +11,7 @@ from ..errors import InfeasibleModelError, ModelError, NoSolutionError
 from .bounds import objective_bound
 from .construct import greedy_mapping
 from .encodings import ENCODINGS, make_encoding, ultrametric_chain
-from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, PhysicalBalance
+from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, PhysicalBalance, SingleCore
 from .instance import Instance
 from .mapping import Mapping
 
@@ -86,6 +86,11 @@ class TunaModel:
         # Keep the canonical build order whatever order the user gave.
         order = {ftype: i for i, ftype in enumerate(FAMILY_TYPES)}
         self.families = tuple(sorted(dict.fromkeys(fams), key=lambda f: order.get(type(f), 99)))
+        if not any(isinstance(f, SingleCore) for f in self.families):
+            # Without (1) a solution need not place every thread exactly once,
+            # so there is no mapping to return.
+            raise ModelError("family (1) defines what a mapping is (every thread on exactly one core); "
+                             "it cannot be removed")
         if encoding not in ENCODINGS:
             raise ModelError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
         self.encoding = encoding
