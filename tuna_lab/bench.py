@@ -190,16 +190,9 @@ def run_solver_bench(args):
 
 
 def _machine():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{cpu}, {len(os.sched_getaffinity(0))} usable CPUs, Python {platform.python_version()}, " \
+    from .experiment import _cpu_model
+
+    return f"{_cpu_model()}, {len(os.sched_getaffinity(0))} usable CPUs, Python {platform.python_version()}, " \
            f"{platform.system()} {platform.release()}"
 
 

@@ -18,6 +18,7 @@ import os
 import time
 
 from ..errors import TunaError
+from ..topology import _parse_cpulist
 
 __all__ = ["BindingError", "threads_of", "affinity_of", "bind", "bind_all", "describe_threads"]
 
@@ -44,18 +45,10 @@ def affinity_of(tid):
         with open(f"/proc/{tid}/status") as fh:
             for line in fh:
                 if line.startswith("Cpus_allowed_list:"):
-                    return frozenset(_parse_cpulist(line.split(":", 1)[1].strip()))
+                    return frozenset(_parse_cpulist(line.split(":", 1)[1], f"/proc/{tid}/status"))
     except (FileNotFoundError, ProcessLookupError):
         pass
     raise BindingError(f"thread {tid} does not exist")
-
-
-def _parse_cpulist(text):
-    out = set()
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def bind(tid, cpus, retries=3):
