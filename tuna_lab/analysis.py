@@ -52,6 +52,7 @@ __all__ = [
     "speedups",
     "speedup_summary",
     "compare_policies",
+    "cpu_cost",
 ]
 
 #: The five stages of the inference pipeline, in the order a request runs them.
@@ -59,7 +60,9 @@ STAGES = ("deserialize", "convert", "dmatrix", "predict", "shap")
 
 #: Model sizes in the article's order (used to sort tables and figures).
 _MODELS = ("small", "medium", "large")
-_APP = ("workers", "threads", "cpus", "model", "batch")
+# The wait policy is a factor of the application like W and T: cells that
+# differ only by it must never be averaged together.
+_APP = ("workers", "threads", "cpus", "model", "batch", "wait_policy")
 _SCENARIO = _APP + ("policy",)
 _TRIAL = _SCENARIO + ("trial",)
 _REQUEST_VALUES = ("status", "server_seconds", "client_seconds", "sent_at") + STAGES
@@ -67,6 +70,13 @@ _DEFAULT_BY = (None, "subscription", "model", "batch", ("subscription", "model",
 
 
 # -- validation ----------------------------------------------------------------------
+
+
+def _with_defaults(table):
+    """``table`` with ``wait_policy`` = ``"default"`` where it has none (results older than the factor)."""
+    if isinstance(table, pd.DataFrame) and "wait_policy" not in table.columns:
+        return table.assign(wait_policy="default")
+    return table
 
 
 def _check_table(table, name, columns, numeric=(), keys=()):
@@ -191,6 +201,7 @@ def trial_stats(requests, trials=None):
     >>> trial_stats(requests)[["n", "ok", "p50", "throughput"]].round(3).to_dict("records")
     [{'n': 3, 'ok': 2, 'p50': 0.2, 'throughput': 2.0}]
     """
+    requests = _with_defaults(requests)
     _check_table(requests, "requests", _TRIAL + _REQUEST_VALUES,
                  numeric=("workers", "threads", "cpus") + _REQUEST_VALUES, keys=_TRIAL)
     by = list(_TRIAL)
@@ -227,6 +238,7 @@ def trial_stats(requests, trials=None):
 
 
 def _attach_trial_status(table, trials):
+    trials = _with_defaults(trials)
     _check_table(trials, "trials", _TRIAL + ("trial_status",), keys=_TRIAL)
     extra = ["trial_status"] + (["reason"] if "reason" in trials.columns else [])
     info = trials[list(_TRIAL) + extra].drop_duplicates(list(_TRIAL), keep="last")
@@ -286,6 +298,7 @@ def scenario_stats(trial_table, confidence=0.95):
     ('under', 0.2, True)
     """
     _check_confidence(confidence)
+    trial_table = _with_defaults(trial_table)
     _check_table(trial_table, "trial_table", _SCENARIO + ("trial", "p99"),
                  numeric=("workers", "threads", "cpus", "p99"), keys=_SCENARIO)
     by = list(_SCENARIO)
@@ -350,6 +363,7 @@ def speedups(scenarios, baseline="cfs"):
     >>> speedups(scen)[["policy", "baseline", "speedup"]].to_dict("records")
     [{'policy': 'tuna-scatter', 'baseline': 'cfs', 'speedup': 2.0}]
     """
+    scenarios = _with_defaults(scenarios)
     _check_table(scenarios, "scenarios", _SCENARIO + ("mean_p99",),
                  numeric=("workers", "threads", "cpus", "mean_p99"), keys=_SCENARIO)
     _check_policy(scenarios, baseline, "baseline")
@@ -379,6 +393,48 @@ def _grouping(spec, available):
     if unknown or not all(isinstance(c, str) for c in columns):
         raise AnalysisError(f"cannot group speedups by {spec!r}: choose from {', '.join(available)}")
     return ("+".join(columns) or "all"), columns
+
+
+_CPU = ("cpu_main_per_request", "cpu_openmp_per_request", "idle_cpu_share_main", "idle_cpu_share_openmp",
+        "cpu_seconds", "load_seconds")
+
+
+def cpu_cost(trials):
+    """Latency next to CPU cost, per application, wait policy and policy.
+
+    Parameters
+    ----------
+    trials : pandas.DataFrame
+        The runner's trial table with its CPU columns (see
+        :data:`tuna_lab.experiment.CPU_COLUMNS`); failed trials are left out.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per scenario: ``p99`` (mean over trials, seconds),
+        ``cpu_main_per_request`` and ``cpu_openmp_per_request`` (CPU-seconds),
+        ``idle_cpu_share_main`` and ``idle_cpu_share_openmp`` (share of the
+        role's CPU time spent while its worker had no request in flight),
+        ``cores_busy`` (server CPU-seconds per second of load) and ``trials``.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"workers": 2, "threads": 2, "cpus": 2, "model": "small", "batch": 10,
+    ...     "policy": "cfs", "trial": [0, 1], "trial_status": "ok", "p99": [0.02, 0.04],
+    ...     "cpu_main_per_request": 0.01, "cpu_openmp_per_request": 0.02,
+    ...     "idle_cpu_share_main": 0.1, "idle_cpu_share_openmp": 0.5,
+    ...     "cpu_seconds": [3.0, 3.0], "load_seconds": [2.0, 2.0]})
+    >>> cpu_cost(t)[["p99", "cores_busy", "idle_cpu_share_openmp"]].to_dict("records")
+    [{'p99': 0.03, 'cores_busy': 1.5, 'idle_cpu_share_openmp': 0.5}]
+    """
+    trials = _with_defaults(trials)
+    _check_table(trials, "trials", _SCENARIO + ("trial", "p99") + _CPU, numeric=("p99",) + _CPU, keys=_SCENARIO)
+    valid = trials[_valid_trials(trials)].assign(cores_busy=trials["cpu_seconds"] / trials["load_seconds"])
+    values = ["p99"] + list(_CPU[:4]) + ["cores_busy"]
+    out = valid.groupby(list(_SCENARIO), sort=True, observed=True)[values].mean()
+    out["trials"] = valid.groupby(list(_SCENARIO), sort=True, observed=True).size()
+    return _sorted(out.reset_index(), list(_SCENARIO))
 
 
 def speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=_DEFAULT_BY):
@@ -512,6 +568,7 @@ def compare_policies(scenarios, a, b, confidence=0.95):
     """
     _check_confidence(confidence)
     columns = ("mean_p99", "std_p99", "n_trials")
+    scenarios = _with_defaults(scenarios)
     _check_table(scenarios, "scenarios", _SCENARIO + columns,
                  numeric=("workers", "threads", "cpus") + columns, keys=_SCENARIO)
     _check_policy(scenarios, a, "a")

@@ -163,7 +163,8 @@ def _cmd_serve(args):
 
     server = Server(args.workers, args.threads, model=args.model, policy=args.policy, port=args.port,
                     pidfile=args.pidfile, max_requests=args.max_requests,
-                    request_log=args.request_log, places=args.places)
+                    request_log=args.request_log, places=args.places, wait_policy=args.wait_policy,
+                    spincount=args.spincount)
     server.start(ready_timeout=args.ready_timeout)
     print(f"serving {server.url} (policy {args.policy}, {args.workers} workers x {args.threads} threads, "
           f"model {args.model}); pidfile {server.pidfile}", flush=True)
@@ -212,6 +213,33 @@ def _cmd_stop(args):
     return 0
 
 
+def _nonnegative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _add_wait_options(p):
+    p.add_argument("--wait-policy", choices=("default", "passive", "active"), default="default",
+                   help="OMP_WAIT_POLICY of the workers (default: the OpenMP runtime's own, spin then sleep)")
+    p.add_argument("--spincount", type=_nonnegative_int, default=None,
+                   help="GOMP_SPINCOUNT: spins before an idle OpenMP thread sleeps")
+
+
+def _configs_arg(text):
+    pairs = []
+    for item in text.split(","):
+        w, sep, t = item.strip().lower().partition("x")
+        if not (sep and w.isdigit() and t.isdigit() and int(w) > 0 and int(t) > 0):
+            raise TunaError(f"--configs wants WxT pairs like 2x2,4x1, got {item.strip()!r}")
+        pairs.append((int(w), int(t)))
+    return pairs
+
+
 def _policies_arg(text):
     return [p.strip() for p in text.split(",") if p.strip()]
 
@@ -219,7 +247,8 @@ def _policies_arg(text):
 def _cmd_run(args):
     from .experiment import Config, run
 
-    config = Config(args.workers, args.threads, args.model, args.batch)
+    config = Config(args.workers, args.threads, args.model, args.batch, wait_policy=args.wait_policy,
+                    spincount=args.spincount)
     out = os.path.join(args.out, config.key) if args.out else None
     result = run(config, _policies_arg(args.policies), trials=args.trials, requests=args.requests, out=out,
                  concurrency=args.concurrency, seed=args.seed, progress=lambda line: print(line, flush=True),
@@ -255,22 +284,29 @@ def _trial_table(trials):
     ok = trials[trials["trial_status"] == "ok"]
     if ok.empty:
         return "no successful trials"
-    t = ok.groupby("policy")[["p50", "p99"]].mean() * 1e3
-    lines = [f"{'policy':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99 speedup vs cfs':>21}"]
+    cpu = [c for c in ("cpu_per_request", "idle_cpu_share_openmp") if c in ok.columns]
+    t = ok.groupby("policy")[["p50", "p99", *cpu]].mean()
+    lines = [f"{'policy':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99 speedup vs cfs':>21}"
+             + (f"{'CPU ms/req':>12}{'OpenMP idle':>13}" if cpu else "")]
     base = t["p99"].get("cfs")
     for policy, row in t.iterrows():
         sp = f"{base / row['p99']:.2f}x" if base is not None and row["p99"] > 0 else "-"
-        lines.append(f"{policy:<14}{row['p50']:>9.1f}{row['p99']:>9.1f}{sp:>21}")
+        line = f"{policy:<14}{row['p50'] * 1e3:>9.1f}{row['p99'] * 1e3:>9.1f}{sp:>21}"
+        if cpu:
+            line += f"{row['cpu_per_request'] * 1e3:>12.2f}{row['idle_cpu_share_openmp']:>13.0%}"
+        lines.append(line)
     return "\n".join(lines)
 
 
 def _cmd_sweep(args):
     from .experiment import Config, grid, sweep
 
-    pairs = grid(args.grid)
+    pairs = _configs_arg(args.configs) if args.configs else grid(args.grid)
     models = [m for m in args.models.split(",") if m]
     batches = [int(b) for b in args.batches.split(",") if b]
-    configs = [Config(w, t, m, b) for (w, t) in pairs for m in models for b in batches]
+    waits = [w for w in args.wait_policies.split(",") if w]
+    configs = [Config(w, t, m, b, wait_policy=wp, spincount=args.spincount)
+               for (w, t) in pairs for m in models for b in batches for wp in waits]
     sweep(configs, _policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
           progress=lambda line: print(line, flush=True), seed=args.seed)
     print(f"sweep results in {args.out}; `tuna-lab report {args.out} -o report.html` analyses them")
@@ -278,11 +314,13 @@ def _cmd_sweep(args):
 
 
 def _cmd_report(args):
-    from .experiment import load_results
+    from .experiment import load_results, load_thread_cpu
     from .report import write_report
 
     requests, trials, manifests = load_results(args.results)
+    threads = load_thread_cpu(args.results)
     path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
+                        threads=threads if len(threads) else None,
                         manifest=manifests[0] if len(manifests) == 1 else {"cells": len(manifests),
                                                                            **manifests[0]})
     print(f"wrote {path}")
@@ -330,6 +368,7 @@ def _build_parser():
     v.add_argument("--request-log", default=None, metavar="DIR", help="per-request JSON lines")
     v.add_argument("--ready-timeout", type=_positive_float, default=180.0, metavar="S")
     v.add_argument("--detach", action="store_true", help="return once ready; stop with `tuna-lab stop`")
+    _add_wait_options(v)
     v.set_defaults(func=_cmd_serve)
 
     st = sub.add_parser("status", help="worker -> thread (role, TID) -> allowed CPUs of a running server")
@@ -353,10 +392,13 @@ def _build_parser():
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--out", default=None, help="results folder (a cell folder is written inside)")
     r.add_argument("--csv", action="store_true", help="also write CSV copies of the tables")
+    _add_wait_options(r)
     r.set_defaults(func=_cmd_run)
 
     sw = sub.add_parser("sweep", help="a resumable grid of configurations x policies")
     sw.add_argument("--grid", choices=("machine", "article"), default="machine")
+    sw.add_argument("--configs", default=None, metavar="WxT,...",
+                    help="explicit workers x threads pairs instead of --grid, e.g. 1x2,2x2,4x1")
     sw.add_argument("--models", default="medium")
     sw.add_argument("--batches", default="100")
     sw.add_argument("--policies", default="cfs,round-robin,tuna-scatter")
@@ -364,6 +406,9 @@ def _build_parser():
     sw.add_argument("--requests", type=int, default=1000)
     sw.add_argument("--seed", type=int, default=0)
     sw.add_argument("--out", required=True)
+    sw.add_argument("--wait-policies", default="default",
+                    help="comma-separated OMP_WAIT_POLICY values to sweep: default,passive,active")
+    sw.add_argument("--spincount", type=_nonnegative_int, default=None, help="GOMP_SPINCOUNT for every cell")
     sw.set_defaults(func=_cmd_sweep)
 
     rp = sub.add_parser("report", help="analyse results into a self-contained HTML report")

@@ -30,17 +30,24 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from .cpu import CpuAccountingError, CpuSampler, account, summarise
 from .errors import TunaError
 from .model.instance import check_positive_int
 
-__all__ = ["Config", "Result", "ExperimentError", "run", "sweep", "grid", "load_results", "ARTICLE_GRID"]
+__all__ = ["Config", "Result", "ExperimentError", "run", "sweep", "grid", "load_results", "ARTICLE_GRID",
+           "LIBGOMP_DEFAULT_WAIT", "CPU_COLUMNS", "load_thread_cpu"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
 ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
 
+#: What "default" means for the wait policy with GNU libgomp (XGBoost's OpenMP runtime on Linux).
+LIBGOMP_DEFAULT_WAIT = ("OMP_WAIT_POLICY unset: an idle thread spins for GOMP_SPINCOUNT iterations "
+                        "(300,000 by default, 1,000 when there are more threads than CPUs), then sleeps")
+
 _MANIFEST = "manifest.json"
 _REQUESTS = "requests.parquet"
 _TRIALS = "trials.parquet"
+_THREADS = "threads.parquet"
 
 
 class ExperimentError(TunaError):
@@ -49,12 +56,19 @@ class ExperimentError(TunaError):
 
 @dataclass(frozen=True)
 class Config:
-    """One application of the article: W workers x T threads serving ``model`` with batches of ``batch``."""
+    """One application of the article: W workers x T threads serving ``model`` with batches of ``batch``.
+
+    ``wait_policy`` (``OMP_WAIT_POLICY``: ``"default"``, ``"passive"``,
+    ``"active"``) and ``spincount`` (``GOMP_SPINCOUNT``) set how the OpenMP
+    threads wait between requests; they are factors of the cell like W and T.
+    """
 
     workers: int
     threads: int
     model: str = "medium"
     batch: int = 100
+    wait_policy: str = "default"
+    spincount: int | None = None
 
     def __post_init__(self):
         from .errors import ModelError
@@ -68,20 +82,38 @@ class Config:
             raise ExperimentError(str(exc)) from None
         if self.model not in MODEL_FEATURES:
             raise ExperimentError(f"unknown model {self.model!r}; choose from {', '.join(MODEL_FEATURES)}")
+        from .cpu import CpuAccountingError, wait_policy_env
+
+        try:
+            wait_policy_env(self.wait_policy, self.spincount)
+        except CpuAccountingError as exc:
+            raise ExperimentError(str(exc)) from None
 
     @property
     def key(self):
-        return f"w{self.workers}-t{self.threads}-{self.model}-b{self.batch}"
+        # The library's default wait adds nothing, so cells measured before
+        # wait policies were a factor keep their names (and a sweep resumes).
+        key = f"w{self.workers}-t{self.threads}-{self.model}-b{self.batch}"
+        if self.wait_policy != "default":
+            key += f"-{self.wait_policy}"
+        if self.spincount is not None:
+            key += f"-spin{self.spincount}"
+        return key
 
 
 @dataclass
 class Result:
-    """What one cell produced: the raw request rows, one row per trial, and the manifest."""
+    """What one cell produced: the raw request rows, one row per trial, the manifest, and per-thread CPU."""
 
     requests: pd.DataFrame
     trials: pd.DataFrame
     manifest: dict
     path: str | None = None
+    threads: pd.DataFrame | None = None
+
+
+def _concat(frames):
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def _check_policies(policies):
@@ -148,13 +180,23 @@ def manifest(config, policies, trials, requests, seed, extra=None):
     }
 
 
-def _trial_row(config, policy, trial, order, cpus, frame, wall, status, reason):
+#: CPU columns of a trial row (NaN when the trial could not be accounted).
+CPU_COLUMNS = ("cpu_seconds", "cpu_per_request", "cpu_main_seconds", "cpu_main_per_request",
+               "idle_cpu_share_main", "cpu_openmp_seconds", "cpu_openmp_per_request", "idle_cpu_share_openmp",
+               "load_seconds", "numa_locality")
+
+
+def _trial_row(config, policy, trial, order, cpus, frame, wall, status, reason, cpu=None):
     ok = frame[frame["status"] == 200] if len(frame) else frame
     server = ok["server_seconds"].to_numpy(float) if len(ok) else np.array([])
     row = {"cell": config.key, "policy": policy, "workers": config.workers, "threads": config.threads,
-           "cpus": cpus, "model": config.model, "batch": config.batch, "trial": trial, "order": order,
+           "cpus": cpus, "model": config.model, "batch": config.batch, "wait_policy": config.wait_policy,
+           "spincount": -1 if config.spincount is None else config.spincount,
+           "trial": trial, "order": order,
            "n": int(len(frame)), "ok": int(len(ok)), "failed": int(len(frame) - len(ok)),
            "wall_seconds": wall, "trial_status": status, "reason": reason}
+    row.update({k: float("nan") for k in CPU_COLUMNS})
+    row.update(cpu or {})
     for q in (50, 95, 99):
         row[f"p{q}"] = float(np.percentile(server, q)) if server.size else float("nan")
     row["mean"] = float(server.mean()) if server.size else float("nan")
@@ -196,49 +238,94 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     cpus = len(os.sched_getaffinity(0))
     rng = np.random.default_rng(seed)
     body = load.payload(config.model, config.batch, seed=seed)
-    meta = manifest(config, policies, trials, requests, seed, {"concurrency": concurrency, "warmup": warmup})
-    frames, rows, orders = [], [], []
+    meta = manifest(config, policies, trials, requests, seed, {
+        "concurrency": concurrency, "warmup": warmup, "wait_policy": config.wait_policy,
+        "spincount": config.spincount,
+        "wait_policy_default": LIBGOMP_DEFAULT_WAIT if config.wait_policy == "default" else None,
+        "cpu_accounting": "schedstat" if os.path.exists("/proc/self/schedstat") else "stat utime+stime"})
+    frames, rows, orders, thread_frames = [], [], [], []
     t_start = time.monotonic()
     try:
         _trials(config, policies, trials, requests, concurrency, warmup, progress, body, cpus, rng,
-                frames, rows, orders, t_start)
+                frames, rows, orders, t_start, thread_frames)
     except KeyboardInterrupt:
         # Ctrl-C: the server of the running trial was stopped by its context
         # manager; keep what finished next to the cell (a resume redoes the cell).
         if out is not None and rows:
             meta.update(orders=orders, interrupted=True)
             _write_cell(f"{out.rstrip('/')}.partial", Result(
-                pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), pd.DataFrame(rows), meta),
-                csv)
+                pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), pd.DataFrame(rows), meta,
+                threads=_concat(thread_frames)), csv)
         raise
     meta["orders"] = orders
     meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    result = Result(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), pd.DataFrame(rows), meta)
+    result = Result(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), pd.DataFrame(rows), meta,
+                    threads=_concat(thread_frames))
     if out is not None:
         result.path = _write_cell(out, result, csv)
     return result
 
 
+def _cpu_of(sampler, frame, config, policy, trial):
+    """A trial's per-role CPU summary and its per-thread table (``(None, None)`` if not accountable)."""
+    try:
+        threads = account(sampler, frame)
+    except CpuAccountingError:
+        return None, None
+    ok = int((frame["status"] == 200).sum()) if len(frame) else 0
+    cpu = summarise(threads, ok)
+    cpu["load_seconds"] = float(sampler.times[-1] - sampler.times[0])
+    threads = threads.assign(cell=config.key, policy=policy, trial=trial, wait_policy=config.wait_policy)
+    return cpu, threads
+
+
+def _with_locality(per_thread, topo):
+    """Add each worker's NUMA locality (share of its resident pages on its main thread's node)."""
+    from .numa import worker_locality
+
+    found = {}
+    for pid in per_thread["pid"].unique():
+        try:
+            loc = worker_locality(int(pid), topo)
+            found[pid] = (loc.node, loc.share)
+        except TunaError:                      # the worker is gone, or /proc hides it: unknown
+            found[pid] = (-1, float("nan"))
+    per_thread = per_thread.assign(numa_node=per_thread["pid"].map(lambda p: found[p][0]),
+                                   numa_locality=per_thread["pid"].map(lambda p: found[p][1]))
+    shares = [share for _, share in found.values()]
+    return per_thread, float(np.nanmean(shares)) if np.isfinite(shares).any() else float("nan")
+
+
 def _trials(config, policies, trials, requests, concurrency, warmup, progress, body, cpus, rng,
-            frames, rows, orders, t_start):
+            frames, rows, orders, t_start, thread_frames):
     from . import load
     from .server.launch import Server
+    from .topology import Topology
+
+    topo = Topology.from_sysfs()
 
     for trial in range(trials):
         order = list(rng.permutation(policies))
         orders.append(order)
         for pos, policy in enumerate(order):
             t0 = time.monotonic()
-            frame, status, reason = pd.DataFrame(), "ok", ""
+            frame, status, reason, cpu = pd.DataFrame(), "ok", "", None
             try:
-                with Server(config.workers, config.threads, model=config.model, policy=policy) as srv:
+                with Server(config.workers, config.threads, model=config.model, policy=policy,
+                            wait_policy=config.wait_policy, spincount=config.spincount) as srv:
                     if warmup:
                         load.closed_loop(f"{srv.url}/predict", body, requests=warmup,
                                          concurrency=min(warmup, 4))
-                    frame = load.closed_loop(f"{srv.url}/predict", body, requests=requests,
-                                             concurrency=concurrency)
+                    # Every server thread's CPU time, sampled while the load runs.
+                    with CpuSampler(srv.server_threads(), period=0.1) as sampler:
+                        frame = load.closed_loop(f"{srv.url}/predict", body, requests=requests,
+                                                 concurrency=concurrency)
                     if srv.proc is None or srv.proc.poll() is not None:
                         status, reason = "failed", "the server died during the trial"
+                    cpu, per_thread = _cpu_of(sampler, frame, config, policy, trial)
+                    if per_thread is not None:
+                        per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
+                        thread_frames.append(per_thread)
             except TunaError as exc:
                 status, reason = "failed", str(exc).splitlines()[0]
             wall = time.monotonic() - t0
@@ -248,9 +335,11 @@ def _trials(config, policies, trials, requests, concurrency, warmup, progress, b
             if len(frame):
                 frame = frame.assign(cell=config.key, policy=policy, workers=config.workers,
                                      threads=config.threads, cpus=cpus, model=config.model,
-                                     batch=config.batch, trial=trial, order=pos, load_mode="closed")
+                                     batch=config.batch, wait_policy=config.wait_policy,
+                                     spincount=-1 if config.spincount is None else config.spincount,
+                                     trial=trial, order=pos, load_mode="closed")
                 frames.append(frame)
-            rows.append(_trial_row(config, policy, trial, pos, cpus, frame, wall, status, reason))
+            rows.append(_trial_row(config, policy, trial, pos, cpus, frame, wall, status, reason, cpu))
             if progress:
                 r = rows[-1]
                 done = len(rows)
@@ -268,6 +357,8 @@ def _write_cell(out, result, csv=False):
     os.makedirs(tmp)
     result.requests.to_parquet(os.path.join(tmp, _REQUESTS), index=False)
     result.trials.to_parquet(os.path.join(tmp, _TRIALS), index=False)
+    if result.threads is not None and len(result.threads):
+        result.threads.to_parquet(os.path.join(tmp, _THREADS), index=False)
     if csv:
         result.requests.to_csv(os.path.join(tmp, "requests.csv"), index=False)
         result.trials.to_csv(os.path.join(tmp, "trials.csv"), index=False)
@@ -303,6 +394,27 @@ def load_results(path):
         raise ExperimentError(f"no finished tuna-lab results under {path}")
     return (pd.concat(reqs, ignore_index=True) if reqs else pd.DataFrame(),
             pd.concat(trials, ignore_index=True), manifests)
+
+
+def load_thread_cpu(path):
+    """Per-thread CPU accounting of every finished cell under ``path`` (empty frame if none was recorded).
+
+    One row per (cell, policy, trial, thread): ``role``, ``cpu_seconds``,
+    ``busy_cpu_seconds``, ``idle_cpu_seconds``, ``requests``, ``wall_seconds``.
+    """
+    load_results(path)                                  # the same checks and errors
+    cells = [path] if os.path.exists(os.path.join(path, _MANIFEST)) else sorted(
+        os.path.join(path, d) for d in os.listdir(path)
+        if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(".partial"))
+    frames = []
+    for cell in cells:
+        file = os.path.join(cell, _THREADS)
+        if os.path.exists(os.path.join(cell, _MANIFEST)) and os.path.exists(file):
+            try:
+                frames.append(pd.read_parquet(file))
+            except Exception as exc:  # pyarrow raises many types for a damaged file
+                raise ExperimentError(f"{file} is not readable ({type(exc).__name__})") from None
+    return _concat(frames)
 
 
 def grid(kind="machine", cpus=None):

@@ -72,7 +72,9 @@ __all__ = [
 
 #: Columns of a trial's frame, one row per request.
 COLUMNS = ("request", "status", "error", "client_seconds", "server_seconds", *STAGES,
-           "pid", "sent_at", "scheduled_at", "send_lag")
+           "pid", "sent_at", "scheduled_at", "send_lag", "server_start", "cpu_main", "cpu_openmp")
+# Columns added after the first releases: frames written before them are still frames.
+_NEWER = ("server_start", "cpu_main", "cpu_openmp")
 
 _HEADERS = {"Content-Type": "application/json"}
 # Status of a request that has not finished (yet); never appears in a frame.
@@ -242,6 +244,11 @@ class _Records:
         self.scheduled = np.full(n, np.nan) if scheduled is None else np.asarray(scheduled, dtype=float)
         self.server = np.full((n, 1 + len(STAGES)), np.nan)
         self.pid = np.full(n, -1, dtype=np.int64)
+        # When the worker began the request, on the machine-wide monotonic clock
+        # (CLOCK_MONOTONIC): lets CPU samples be split into busy and idle time.
+        self.start = np.full(n, np.nan)
+        # CPU seconds the worker's main thread and OpenMP pool spent on the request.
+        self.cpu = np.full((n, 2), np.nan)
         # Response bodies, decoded only after the trial: keeps the event loop's
         # per-request work (and so the generator's own delay) as small as possible.
         self.raw = np.full(n, b"", dtype=object)
@@ -266,7 +273,8 @@ class _Records:
                 "client_seconds": self.done - self.scheduled, "server_seconds": self.server[:, 0]}
         data.update({name: self.server[:, k + 1] for k, name in enumerate(STAGES)})
         data.update({"pid": self.pid, "sent_at": self.sent, "scheduled_at": self.scheduled,
-                     "send_lag": self.sent - self.scheduled})
+                     "send_lag": self.sent - self.scheduled, "server_start": self.start,
+                     "cpu_main": self.cpu[:, 0], "cpu_openmp": self.cpu[:, 1]})
         frame = pd.DataFrame(data, columns=list(COLUMNS))
         frame.attrs.update(attrs)
         return frame
@@ -308,6 +316,10 @@ def _parse_ok(rec, i, raw):
     stages = doc.get("stages")
     stages = stages if isinstance(stages, dict) else {}
     rec.server[i] = [_number(doc.get("server_seconds")), *(_number(stages.get(k)) for k in STAGES)]
+    rec.start[i] = _number(doc.get("started"))
+    cpu = doc.get("cpu")
+    if isinstance(cpu, dict):
+        rec.cpu[i] = [_number(cpu.get("main")), _number(cpu.get("openmp"))]
     pid = doc.get("pid")
     if isinstance(pid, int) and not isinstance(pid, bool):
         rec.pid[i] = pid
@@ -573,7 +585,7 @@ def summary(frame):
     >>> summary(frame)["client_p99"]   # doctest: +SKIP
     0.0123
     """
-    missing = [c for c in COLUMNS if c not in getattr(frame, "columns", ())]
+    missing = [c for c in COLUMNS if c not in _NEWER and c not in getattr(frame, "columns", ())]
     if missing:
         raise LoadError(f"not a load frame: missing columns {', '.join(missing)}")
     # A frame read back from CSV has NaN where the error was "".

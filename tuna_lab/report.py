@@ -31,6 +31,7 @@ from .analysis import (
     _sorted,
     _valid_trials,
     compare_policies,
+    cpu_cost,
     scenario_stats,
     speedup_summary,
     trial_stats,
@@ -64,7 +65,7 @@ p.note { color: #555; font-size: 0.9em; }
 """
 
 
-def write_report(requests, trials, path, title="tuna_lab experiment", manifest=None):
+def write_report(requests, trials, path, title="tuna_lab experiment", manifest=None, threads=None):
     """Write a self-contained HTML report of an experiment.
 
     The report holds, in order: a header from ``manifest``; the scenario
@@ -89,6 +90,9 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         Where to write; parent directories are created. The file is written
         to a temporary file beside it and moved into place.
     title : str, default "tuna_lab experiment"
+    threads : pandas.DataFrame, optional
+        Per-worker CPU and NUMA records (:func:`tuna_lab.experiment.load_thread_cpu`);
+        adds each worker's NUMA locality next to its p99.
     manifest : mapping, optional
         Run metadata; ``cpu_model``, ``kernel``, ``commit``, ``command``
         (a string or an argv list) and ``date`` are shown in the header, the
@@ -126,6 +130,9 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
                                   for m, b in _model_batches(per_trial)]),
         ("Per-stage p99", [viz.stage_p99_bars(per_trial, w, t, model=m, batch=b)
                            for w, t, m, b in _stage_configurations(per_trial)]),
+        ("Latency and CPU cost", [_cpu_table(trials)]),
+        ("NUMA locality per worker", [_locality_table(requests, threads)] if threads is not None
+         and "numa_locality" in getattr(threads, "columns", ()) else []),
         ("Failed trials", [_failures(requests, trials)]),
     ]
     parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), _overview(requests, per_trial, scenarios),
@@ -227,7 +234,7 @@ def _scenario_table(scenarios):
     cell = _interval(scenarios["mean_p99"] * 1e3, scenarios["ci_low"] * 1e3, scenarios["ci_high"] * 1e3, 2)
     label = scenarios["workers"].astype(str) + "x" + scenarios["threads"].astype(str)
     table = scenarios.assign(configuration=label, cell=cell.to_numpy())
-    index = ["model", "batch", "configuration", "cpus", "subscription"]
+    index = ["model", "batch", "configuration", "cpus", "subscription", "wait_policy"]
     wide = table.pivot_table(index=index, columns="policy", values="cell", aggfunc="first", sort=False)
     wide = wide[_ordered(wide.columns, POLICIES)].reset_index()
     wide.columns.name = None
@@ -283,6 +290,45 @@ def _speedup_table(summary, baseline):
     wide.columns.name = None
     return _table(wide, f"Mean over applications of ({baseline} mean p99) / (policy mean p99); "
                         "above 1 the policy is faster; n = applications averaged.")
+
+
+def _cpu_table(trials):
+    try:
+        cost = cpu_cost(trials)
+    except AnalysisError:
+        return '<p class="note">No CPU accounting in these results (recorded since tuna_lab 0.1 trials).</p>'
+    label = cost["workers"].astype(str) + "x" + cost["threads"].astype(str)
+    table = pd.DataFrame({
+        "model": cost["model"], "batch": cost["batch"], "configuration": label, "wait policy": cost["wait_policy"],
+        "policy": cost["policy"], "p99 ms": _fmt(cost["p99"] * 1e3, 1),
+        "main CPU ms/req": _fmt(cost["cpu_main_per_request"] * 1e3, 2),
+        "OpenMP CPU ms/req": _fmt(cost["cpu_openmp_per_request"] * 1e3, 2),
+        "main idle share": _fmt(cost["idle_cpu_share_main"], 2),
+        "OpenMP idle share": _fmt(cost["idle_cpu_share_openmp"], 2),
+        "cores busy": _fmt(cost["cores_busy"], 2), "trials": cost["trials"]})
+    return _table(table, "CPU time of every server thread, sampled during the load (schedstat, else "
+                         "utime+stime). Idle share: the part of a role's CPU time spent while its worker had "
+                         "no request in flight - OpenMP threads spinning between requests, or the main thread "
+                         "in Gunicorn's accept/parse/write loop. Cores busy: server CPU-seconds per second of "
+                         "load. A lower p99 bought with many more busy cores only burns them.")
+
+
+def _locality_table(requests, threads):
+    workers = threads.drop_duplicates(["cell", "policy", "trial", "pid"])
+    ok = requests[requests["status"].eq(200)]
+    p99 = (ok.groupby(["cell", "policy", "trial", "pid"], observed=True)["server_seconds"].quantile(0.99)
+           .rename("worker_p99").reset_index()) if "cell" in ok.columns else None
+    if p99 is not None:
+        workers = workers.merge(p99, on=["cell", "policy", "trial", "pid"], how="left")
+    else:
+        workers = workers.assign(worker_p99=np.nan)
+    table = (workers.groupby(["cell", "policy", "slot"], dropna=False, observed=True)
+             .agg(node=("numa_node", "first"), locality=("numa_locality", "mean"),
+                  worker_p99=("worker_p99", "mean"), trials=("trial", "nunique")).reset_index())
+    table = table.assign(locality=_fmt(table["locality"], 3), worker_p99=_fmt(table["worker_p99"] * 1e3, 1))
+    return _table(table.rename(columns={"worker_p99": "worker p99 ms"}),
+                  "Locality: share of a worker's resident pages (/proc/PID/numa_maps) on the NUMA node its "
+                  "main thread runs on, read after the load; 1 on a single-node machine.")
 
 
 def _failures(requests, trials):

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..cpu import process_thread_cpu, request_cpu
 from ..errors import ServerError
 from .models import MODEL_FEATURES, load_booster, make_rows
 
@@ -156,10 +157,12 @@ class InferenceApp:
     def __call__(self, environ, start_response):
         t0 = time.perf_counter()
         started = time.time()
+        # CLOCK_MONOTONIC is machine-wide: the client can line this up with its
+        # own samples of this worker's CPU time (tuna_lab.cpu).
+        info = {"batch": None, "started": time.monotonic()}
         method = environ.get("REQUEST_METHOD", "GET").upper()
         path = environ.get("PATH_INFO") or "/"
         stages = dict.fromkeys(STAGES)
-        info = {"batch": None}
         headers = []
         try:
             status, body = self._route(method, path, environ, stages, info, t0)
@@ -187,7 +190,13 @@ class InferenceApp:
             raise _HTTPError(405, f"{method} is not allowed on {path}; use {allowed}", [("Allow", allowed)])
         if path == "/healthz":
             return self._health()
-        return self._predict(environ, stages, info, t0)
+        # The CPU clocks of this worker's threads at the request's boundaries:
+        # what the request cost, exactly, and (by difference with the whole
+        # trial) what the threads burn between requests.
+        before = process_thread_cpu()
+        status, body = self._predict(environ, stages, info, t0)
+        body["cpu"] = request_cpu(before, process_thread_cpu())
+        return status, body
 
     def _health(self):
         body = {"status": "ok", "pid": os.getpid(), "ready": self._ready, "model": self.model,
@@ -225,7 +234,7 @@ class InferenceApp:
         stages["shap"] = time.perf_counter() - t
 
         return 200, {"count": len(X), "stages": dict(stages), "server_seconds": time.perf_counter() - t0,
-                     "pid": os.getpid()}
+                     "pid": os.getpid(), "started": info["started"]}
 
     def _read_body(self, environ):
         try:

@@ -76,11 +76,17 @@ class Server:
         Directory for the per-request JSON lines.
     places : {"cores", "threads"}
         ``OMP_PLACES`` for the ``omp-*`` policies.
+    wait_policy : {"default", "passive", "active"}
+        ``OMP_WAIT_POLICY`` of the workers' OpenMP pools; ``"default"`` removes
+        it from the environment so libgomp's own default applies (spin, then sleep).
+    spincount : int, optional
+        ``GOMP_SPINCOUNT``: how long an idle libgomp thread spins before it sleeps.
     """
 
     def __init__(self, workers, threads, model="medium", policy="cfs", port=0, pidfile=None,
                  topology=None, max_requests=0, request_log=None, places="cores", state_dir=None,
-                 max_body_bytes=None, time_limit=60):
+                 max_body_bytes=None, time_limit=60, wait_policy="default", spincount=None):
+        from ..cpu import CpuAccountingError, wait_policy_env
         from ..policies import placement
         from .models import MODEL_FEATURES
 
@@ -94,6 +100,11 @@ class Server:
             raise ServerError(f"{threads} threads per worker cannot run here: XGBoost's OpenMP pool is "
                               f"capped at the {usable} CPUs this process may use; oversubscribe with "
                               f"more workers instead")
+        try:
+            self._wait_env = wait_policy_env(wait_policy, spincount)
+        except CpuAccountingError as exc:
+            raise ServerError(str(exc)) from None
+        self.wait_policy, self.spincount = wait_policy, spincount
         self.placement = placement(policy, workers, threads, topology, places=places, time_limit=time_limit)
         self.workers, self.threads, self.model, self.policy = workers, threads, model, policy
         self.port = int(port) or _free_port()
@@ -112,6 +123,10 @@ class Server:
     def _env(self):
         env = dict(os.environ)
         env.update(SERVER_ENV)
+        wait_set, wait_unset = self._wait_env
+        for name in wait_unset:
+            env.pop(name, None)
+        env.update(wait_set)
         env.update({k: str(v) for k, v in self.placement.env.items()})
         if self.placement.pinned_by == "tuna_lab" and "OMP_PLACES" not in self.placement.env:
             # XGBoost runs min(nthread, omp_get_num_procs()) threads, and without
@@ -154,7 +169,8 @@ class Server:
                                      start_new_session=True)
         with open(self.pidfile + ".tuna.json", "w") as fh:
             json.dump({"state_dir": self.state_dir, "url": self.url, "policy": self.policy,
-                       "workers": self.workers, "threads": self.threads, "model": self.model}, fh)
+                       "workers": self.workers, "threads": self.threads, "model": self.model,
+                       "wait_policy": self.wait_policy, "spincount": self.spincount}, fh)
         try:
             self.wait_ready(ready_timeout)
         except BaseException:
@@ -187,6 +203,11 @@ class Server:
     def worker_records(self):
         """The binding records of the live workers, one per slot."""
         return _records(self.state_dir, self.workers)
+
+    def server_threads(self):
+        """Every thread of the live workers: ``pid``, ``tid``, ``role`` (main/openmp/other), ``slot``."""
+        return [{"pid": rec["pid"], "tid": t["tid"], "role": t.get("role", "other"), "slot": rec.get("slot")}
+                for rec in self.worker_records() if not rec.get("error") for t in rec.get("threads", [])]
 
     def master_pid(self):
         return self.proc.pid if self.proc else None

@@ -1,0 +1,138 @@
+"""Per-thread CPU accounting and the OpenMP wait policy as an experiment factor."""
+
+import os
+import threading
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tuna_lab.cpu import (CpuAccountingError, CpuSampler, account, process_thread_cpu, request_cpu, summarise,
+                          thread_cpu_seconds, wait_policy_env)
+from tuna_lab.experiment import Config, ExperimentError, load_thread_cpu, run
+
+CPUS = len(os.sched_getaffinity(0))
+T = min(2, CPUS)
+
+
+def test_thread_cpu_seconds_grows_with_work_and_names_a_missing_thread():
+    me = (os.getpid(), threading.get_native_id())
+    before = thread_cpu_seconds(*me)
+    sum(i * i for i in range(300_000))
+    assert thread_cpu_seconds(*me) > before
+    with pytest.raises(CpuAccountingError, match="thread 999999999"):
+        thread_cpu_seconds(os.getpid(), 999_999_999)
+
+
+def test_sampler_keeps_the_last_value_of_a_thread_that_exited():
+    done = threading.Event()
+    box = {}
+
+    def work():
+        box["tid"] = threading.get_native_id()
+        sum(range(200_000))
+        done.wait(5)
+
+    t = threading.Thread(target=work)
+    t.start()
+    while "tid" not in box:
+        pass
+    sampler = CpuSampler([{"pid": os.getpid(), "tid": box["tid"], "role": "openmp"}], period=0.005).start()
+    done.set()
+    t.join()
+    sampler.stop()
+    cpu = sampler.cpu[:, 0]
+    assert np.isfinite(cpu).all() and np.all(np.diff(cpu) >= 0) and cpu[-1] > 0
+
+
+@given(st.dictionaries(st.integers(1, 50), st.floats(0, 100), min_size=1),
+       st.dictionaries(st.integers(1, 50), st.floats(0, 10)))
+def test_request_cpu_adds_each_threads_increase_to_its_role(before, increase):
+    after = {tid: before.get(tid, 0.0) + inc for tid, inc in increase.items()}
+    pid = min(before)
+    out = request_cpu(before, after, pid=pid)
+    assert out["main"] == pytest.approx(increase.get(pid, 0.0))
+    assert out["openmp"] == pytest.approx(sum(v for t, v in increase.items() if t != pid))
+
+
+def test_process_thread_cpu_sees_this_thread():
+    cpu = process_thread_cpu()
+    assert os.getpid() in cpu and cpu[os.getpid()] > 0
+    assert set(cpu) <= {int(t) for t in os.listdir("/proc/self/task")} | set(cpu)
+
+
+def test_account_splits_cpu_into_busy_and_idle_time():
+    class Fixed:                                   # samples at t = 0, 1, 2, 3 s
+        threads = [{"pid": 7, "tid": 7, "role": "main"}, {"pid": 7, "tid": 8, "role": "openmp"},
+                   {"pid": 7, "tid": 9, "role": "openmp"}]
+        times = np.array([0.0, 1.0, 2.0, 3.0])
+        cpu = np.array([[0.0, 0.0, 0.0], [0.5, 1.0, 0.5], [0.5, 2.0, np.nan], [1.0, 3.0, np.nan]])
+
+    requests = pd.DataFrame({"pid": [7, 7, 7], "status": [200, 200, 500], "cpu_main": [0.25, 0.25, 9.0],
+                             "cpu_openmp": [0.5, 1.0, 9.0]})
+    rows = account(Fixed, requests).set_index("role")
+    assert rows.loc["main", "cpu_seconds"] == 1.0 and rows.loc["main", "busy_cpu_seconds"] == 0.5
+    # The thread that exited keeps its last reading (0.5 s); the failed request does not count.
+    assert rows.loc["openmp", "cpu_seconds"] == 3.5 and rows.loc["openmp", "idle_cpu_seconds"] == 2.0
+    assert rows.loc["openmp", "threads"] == 2 and rows.loc["openmp", "max_thread_cpu_seconds"] == 3.0
+    s = summarise(rows.reset_index(), 2)
+    assert s["idle_cpu_share_openmp"] == pytest.approx(2 / 3.5) and s["cpu_main_per_request"] == 0.5
+
+
+def test_wait_policy_is_checked_and_default_unsets_the_variables():
+    assert wait_policy_env("active", 0) == ({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "0"}, [])
+    for bad in ({"wait_policy": "lazy"}, {"spincount": -1}, {"spincount": True}):
+        with pytest.raises(ExperimentError):
+            Config(1, 1, "small", **bad)
+    assert Config(1, 1, "small").key == "w1-t1-small-b100"          # old cells keep their names
+    assert Config(1, 1, "small", wait_policy="passive", spincount=10).key == "w1-t1-small-b100-passive-spin10"
+
+
+@pytest.fixture(scope="module")
+def waits(tmp_path_factory):
+    """One worker, T threads, a tiny model: the same run with passive and with active waiting."""
+    out = tmp_path_factory.mktemp("wait")
+    results = {}
+    for wait in ("passive", "active"):
+        results[wait] = run(Config(1, T, "small", 20, wait_policy=wait), ["cfs"], trials=1, requests=60,
+                            concurrency=1, out=str(out / wait), seed=1)
+    return results, out
+
+
+def test_cpu_accounting_adds_up(waits):
+    results, _ = waits
+    for wait, result in results.items():
+        threads = result.threads
+        assert set(threads["role"]) >= {"main", "openmp"}
+        wall = threads["wall_seconds"].iloc[0]
+        # No thread runs more than the trial's wall time; all of them at most wall x CPUs.
+        assert (threads["max_thread_cpu_seconds"] <= wall * 1.02 + 0.01).all(), wait
+        assert threads["cpu_seconds"].sum() <= wall * CPUS * 1.02 + 0.01
+        assert (threads["requests"] > 0).all() and (threads["cpu_seconds"] > 0).all(), wait
+        assert (threads["busy_cpu_seconds"] > 0).all() and (threads["idle_cpu_seconds"] >= 0).all()
+        # Every request reports what its threads spent on it.
+        assert (result.requests["cpu_main"] > 0).all() and (result.requests["cpu_openmp"] >= 0).all()
+        row = result.trials.iloc[0]
+        assert row["wait_policy"] == wait and row["cpu_per_request"] > 0
+        # Each worker's share of resident pages on its main thread's NUMA node.
+        assert 0 < row["numa_locality"] <= 1 and (threads["numa_node"] >= 0).all()
+        assert result.manifest["wait_policy"] == wait
+
+
+def test_passive_waiting_burns_less_idle_cpu_than_active(waits):
+    results, _ = waits
+    if T < 2:
+        pytest.skip("needs an OpenMP pool of 2 threads (2 usable CPUs)")
+    idle = {w: r.trials.iloc[0]["idle_cpu_share_openmp"] for w, r in results.items()}
+    # Active pool threads spin through every gap between requests.
+    assert idle["passive"] < idle["active"], idle
+
+
+def test_thread_cpu_is_saved_next_to_the_cell(waits):
+    results, out = waits
+    saved = load_thread_cpu(str(out / "active"))
+    assert len(saved) == len(results["active"].threads) and set(saved["wait_policy"]) == {"active"}
+    with pytest.raises(ExperimentError):
+        load_thread_cpu(str(out / "missing"))

@@ -1,0 +1,303 @@
+"""Per-thread CPU accounting of a running server: who burns CPU, and when.
+
+A thread pool that spins between bursts can use a core while doing no work
+(``seeds/002``); OpenMP's ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` set how
+long its threads spin before they sleep. To show what that costs, a
+:class:`CpuSampler` reads every server thread's CPU time while a trial runs,
+each worker reports with every response the CPU time its threads spent on
+that request (:func:`request_cpu`, read at the request's start and end), and
+:func:`account` splits each role's CPU time into *busy* (while its worker had
+a request in flight) and *idle* (between requests: spinning, Gunicorn's
+accept loop). Reading the CPU clocks at the request boundaries makes the
+split exact, where sampling would smear it over the sampling period.
+
+CPU time comes from ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds on the
+CPU) where the kernel has it, else from ``utime + stime`` of
+``/proc/<pid>/task/<tid>/stat`` (clock ticks, usually 10 ms).
+
+Examples
+--------
+>>> import os, threading
+>>> seconds = thread_cpu_seconds(os.getpid(), threading.get_native_id())
+>>> seconds > 0
+True
+"""
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from .errors import TunaError
+
+__all__ = ["CpuAccountingError", "thread_cpu_seconds", "process_thread_cpu", "request_cpu", "CpuSampler",
+           "account", "summarise", "WAIT_POLICIES", "wait_policy_env"]
+
+#: Wait policies an experiment can ask for; "default" leaves the OpenMP runtime's own.
+WAIT_POLICIES = ("default", "passive", "active")
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+class CpuAccountingError(TunaError):
+    """A thread's CPU time could not be read, or samples could not be accounted."""
+
+
+def wait_policy_env(wait_policy="default", spincount=None):
+    """Environment that asks libgomp for ``wait_policy`` (and ``GOMP_SPINCOUNT``).
+
+    Returns ``(set, unset)``: variables to set, and variables to remove from an
+    inherited environment so that ``"default"`` really is the runtime's default.
+
+    Examples
+    --------
+    >>> wait_policy_env("passive")
+    ({'OMP_WAIT_POLICY': 'PASSIVE'}, ['GOMP_SPINCOUNT'])
+    >>> wait_policy_env("default", spincount=1000)
+    ({'GOMP_SPINCOUNT': '1000'}, ['OMP_WAIT_POLICY'])
+    """
+    if wait_policy not in WAIT_POLICIES:
+        raise CpuAccountingError(f"unknown wait policy {wait_policy!r}; choose from {', '.join(WAIT_POLICIES)}")
+    env, unset = {}, []
+    if wait_policy == "default":
+        unset.append("OMP_WAIT_POLICY")
+    else:
+        env["OMP_WAIT_POLICY"] = wait_policy.upper()
+    if spincount is None:
+        unset.append("GOMP_SPINCOUNT")
+    else:
+        if isinstance(spincount, bool) or not isinstance(spincount, int) or spincount < 0:
+            raise CpuAccountingError(f"spincount must be a non-negative integer, got {spincount!r}")
+        env["GOMP_SPINCOUNT"] = str(spincount)
+    return env, unset
+
+
+def thread_cpu_seconds(pid, tid):
+    """CPU seconds thread ``tid`` of process ``pid`` has run so far.
+
+    Raises
+    ------
+    CpuAccountingError
+        If the thread does not exist (any more) or its files cannot be read.
+    """
+    base = f"/proc/{int(pid)}/task/{int(tid)}"
+    try:
+        with open(f"{base}/schedstat") as fh:
+            return int(fh.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open(f"{base}/stat") as fh:
+            # The command name may hold spaces and parentheses: split after the last ")".
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK      # utime, stime (fields 14, 15)
+    except (OSError, ValueError, IndexError):
+        raise CpuAccountingError(f"cannot read the CPU time of thread {tid} of process {pid}") from None
+
+
+class CpuSampler:
+    """Sample the CPU time of a fixed set of threads every ``period`` seconds, in a background thread.
+
+    Parameters
+    ----------
+    threads : list of dict
+        One per thread: ``pid``, ``tid``, ``role`` (``"main"``, ``"openmp"``,
+        ``"other"``) and optionally ``slot``.
+    period : float
+        Seconds between samples. The first and last samples give the totals;
+        the ones between keep the time of a thread that exits mid-trial.
+
+    Attributes
+    ----------
+    times : ndarray, shape (S,)
+        ``time.monotonic()`` of each sample.
+    cpu : ndarray, shape (S, N)
+        Cumulative CPU seconds of each thread; a thread that has exited keeps
+        its last value (its later time is unknown, not zero).
+
+    Examples
+    --------
+    >>> import os, threading
+    >>> me = [{"pid": os.getpid(), "tid": threading.get_native_id(), "role": "main"}]
+    >>> with CpuSampler(me, period=0.01) as s:
+    ...     _ = sum(range(10**6))
+    >>> bool(s.cpu.shape[0] >= 2 and s.cpu[-1, 0] >= s.cpu[0, 0])
+    True
+    """
+
+    def __init__(self, threads, period=0.1):
+        if not period > 0:
+            raise CpuAccountingError(f"period must be positive, got {period!r}")
+        self.threads = [dict(t) for t in threads]
+        self.period = float(period)
+        self._times, self._rows = [], []
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _sample(self):
+        row = []
+        last = self._rows[-1] if self._rows else None
+        for k, t in enumerate(self.threads):
+            try:
+                row.append(thread_cpu_seconds(t["pid"], t["tid"]))
+            except CpuAccountingError:
+                row.append(last[k] if last is not None else np.nan)
+        self._times.append(time.monotonic())
+        self._rows.append(row)
+
+    def _loop(self):
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self._sample()
+            next_at += self.period
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+    def start(self):
+        self._sample()
+        self._thread = threading.Thread(target=self._loop, name="tuna-lab-cpu-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._thread = None
+            self._sample()
+        return self
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    @property
+    def times(self):
+        return np.asarray(self._times, dtype=float)
+
+    @property
+    def cpu(self):
+        return np.asarray(self._rows, dtype=float).reshape(len(self._rows), len(self.threads))
+
+
+def process_thread_cpu(pid=None):
+    """CPU seconds of every thread of process ``pid`` (default: this one), as ``{tid: seconds}``.
+
+    Threads that exit while being read are left out.
+
+    Examples
+    --------
+    >>> import os
+    >>> os.getpid() in process_thread_cpu()
+    True
+    """
+    pid = os.getpid() if pid is None else int(pid)
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        raise CpuAccountingError(f"cannot list the threads of process {pid}") from None
+    for tid in tids:
+        try:
+            out[int(tid)] = thread_cpu_seconds(pid, tid)
+        except CpuAccountingError:
+            continue
+    return out
+
+
+def request_cpu(before, after, pid=None):
+    """CPU seconds spent between two :func:`process_thread_cpu` readings, per role.
+
+    The process's own thread is ``"main"``; every other thread of a worker is
+    one of its OpenMP pool (a sync Gunicorn worker starts no others). A thread
+    born in between counts from zero.
+
+    Examples
+    --------
+    >>> request_cpu({1: 1.0, 2: 5.0}, {1: 1.5, 2: 5.25, 3: 0.25}, pid=1)
+    {'main': 0.5, 'openmp': 0.5}
+    """
+    pid = os.getpid() if pid is None else int(pid)
+    out = {"main": 0.0, "openmp": 0.0}
+    for tid, seconds in after.items():
+        out["main" if tid == pid else "openmp"] += max(0.0, seconds - before.get(tid, 0.0))
+    return out
+
+
+def account(sampler, requests):
+    """CPU seconds of each worker's roles over a trial, split into busy and idle time.
+
+    Parameters
+    ----------
+    sampler : CpuSampler
+        Stopped, with at least two samples, over the worker threads.
+    requests : pandas.DataFrame
+        The trial's rows (:data:`tuna_lab.load.COLUMNS`): for each ok request,
+        ``pid`` (the worker) and ``cpu_main``/``cpu_openmp`` (the CPU time the
+        worker's threads spent on it).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (worker, role): ``pid``, ``slot``, ``role``, ``threads``,
+        ``cpu_seconds``, ``max_thread_cpu_seconds``, ``busy_cpu_seconds``,
+        ``idle_cpu_seconds``, ``requests`` (served by the worker) and
+        ``wall_seconds`` (of the sampling).
+    """
+    import pandas as pd
+
+    times, cpu = sampler.times, sampler.cpu
+    if len(times) < 2:
+        raise CpuAccountingError("need at least two CPU samples to account a trial")
+    first = np.array([col[np.isfinite(col)][0] if np.isfinite(col).any() else 0.0 for col in cpu.T])
+    last = np.array([col[np.isfinite(col)][-1] if np.isfinite(col).any() else 0.0 for col in cpu.T])
+    threads = pd.DataFrame(sampler.threads).assign(cpu_seconds=last - first)
+    if "slot" not in threads:
+        threads["slot"] = None
+    ok = requests[requests["status"] == 200] if len(requests) else requests
+    rows = []
+    for (pid, role), group in threads.groupby(["pid", "role"], sort=True):
+        mine = ok[ok["pid"] == pid] if len(ok) else ok
+        column = f"cpu_{role}"
+        busy = float(mine[column].sum()) if len(mine) and column in mine else float("nan")
+        total = float(group["cpu_seconds"].sum())
+        rows.append({"pid": int(pid), "slot": group["slot"].iloc[0], "role": role, "threads": len(group),
+                     "cpu_seconds": total, "max_thread_cpu_seconds": float(group["cpu_seconds"].max()),
+                     # the request clocks and the sampler read the same counters at
+                     # different instants: clip the few microseconds either way.
+                     "busy_cpu_seconds": min(busy, total), "idle_cpu_seconds": max(total - busy, 0.0),
+                     "requests": int(len(mine)), "wall_seconds": float(times[-1] - times[0])})
+    return pd.DataFrame(rows)
+
+
+def summarise(threads, requests_served):
+    """Per-role CPU cost of a trial: CPU-seconds per request and the idle share.
+
+    Returns a dict with, for each role ``r`` in ``main``, ``openmp``:
+    ``cpu_{r}_seconds``, ``cpu_{r}_per_request`` and ``idle_cpu_share_{r}``
+    (share of that role's CPU time spent while its worker had no request in
+    flight); plus ``cpu_seconds`` and ``cpu_per_request`` over all threads.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"role": ["main", "openmp"], "cpu_seconds": [1.0, 3.0],
+    ...                   "idle_cpu_seconds": [0.0, 1.5]})
+    >>> summarise(t, 10)["idle_cpu_share_openmp"]
+    0.5
+    """
+    out = {}
+    n = max(int(requests_served), 0)
+    for role in ("main", "openmp"):
+        mine = threads[threads["role"] == role] if len(threads) else threads
+        total = float(mine["cpu_seconds"].sum()) if len(mine) else 0.0
+        idle = float(mine["idle_cpu_seconds"].sum()) if len(mine) else 0.0
+        out[f"cpu_{role}_seconds"] = total
+        out[f"cpu_{role}_per_request"] = total / n if n else float("nan")
+        out[f"idle_cpu_share_{role}"] = idle / total if total > 0 else float("nan")
+    total = float(threads["cpu_seconds"].sum()) if len(threads) else 0.0
+    out["cpu_seconds"] = total
+    out["cpu_per_request"] = total / n if n else float("nan")
+    return out
