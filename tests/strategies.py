@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from tuna_lab.topology import Topology
 
-__all__ = ["synthetic_specs", "topologies", "relabelled"]
+__all__ = ["synthetic_specs", "topologies", "relabelled", "numa_specs", "numa_topologies"]
 
 MAX_PUS = 16
 
@@ -54,3 +54,37 @@ def relabelled(draw, max_pus=MAX_PUS):
     topo = draw(topologies(max_pus))
     new = draw(st.permutations(topo.cpus))
     return topo, dict(zip(topo.cpus, new))
+
+
+@st.composite
+def numa_specs(draw, max_pus=MAX_PUS):
+    """Synthetic specs with 2-3 NUMA nodes above (nested) caches.
+
+    The nodes are one per package (``pack:2 numa:1``), two per package or 2-3
+    without packages; then optional L3 (1-2 per node) and L2 (1-2 per L3),
+    1-2 cores and 1-2 PUs per core, at most ``max_pus`` PUs in all.
+    """
+    top = draw(st.sampled_from(["pack:2 numa:1", "pack:2 numa:2", "numa:2", "numa:3"]))
+    total = 1
+    for part in top.split():
+        total *= int(part.split(":")[1])
+    levels = [top]
+    for kind, most, optional in (("l3", 2, True), ("l2", 2, True), ("core", 2, False), ("pu", 2, False)):
+        if optional and not draw(st.booleans()):
+            continue
+        arity = draw(st.integers(1, max(1, min(most, max_pus // total))))
+        levels.append(f"{kind}:{arity}")
+        total *= arity
+    return " ".join(levels)
+
+
+@st.composite
+def numa_topologies(draw, max_pus=MAX_PUS):
+    """Small NUMA topologies with a ``"remote"`` cost >= ``"none"`` (sometimes equal).
+
+    ``"none"`` is drawn in 200..400 and ``"remote"`` up to 800 above it.
+    """
+    topo = Topology.synthetic(draw(numa_specs(max_pus)))
+    none = draw(st.integers(200, 400))
+    remote = none + draw(st.sampled_from([0, 1, 20, 220, 800]))
+    return topo.with_costs({"none": none, "remote": remote})

@@ -12,8 +12,9 @@ import networkx as nx
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from strategies import relabelled, synthetic_specs, topologies
+from strategies import numa_topologies, relabelled, synthetic_specs, topologies
 from tuna_lab.errors import TopologyError
 from tuna_lab.topology import DEFAULT_COSTS, PRESETS, Topology
 
@@ -404,3 +405,217 @@ def test_relabel_keeps_distances(case):
     idx = np.searchsorted(moved.cpus, [perm[c] for c in topo.cpus])
     np.testing.assert_array_equal(e[np.ix_(idx, idx)], d)
     assert nx.is_isomorphic(topo.graph(), moved.graph())
+
+
+# ------------------------------------------------------- NUMA (remote) level
+TWO_SOCKETS = "pack:2 numa:1 l3:1 l2:2 core:1 pu:2"   # L3 and NUMA node per socket
+
+
+def test_remote_cost_is_off_by_default():
+    for name in PRESETS:
+        assert "remote" not in Topology.preset(name).costs
+    topo = Topology.synthetic(TWO_SOCKETS)
+    assert topo.distance()[0, 4] == DEFAULT_COSTS["none"]
+    # "remote" equal to "none", or one NUMA node, leaves d and levels() as they are.
+    for same in (topo.with_costs({"remote": 200}), Topology.synthetic("pack:1 l3:2 core:2 pu:1")
+                 .with_costs({"remote": 420})):
+        base = same.with_costs({"remote": None})
+        np.testing.assert_array_equal(same.distance(), base.distance())
+        assert [(c, lab.tolist()) for c, lab in same.levels()] == \
+               [(c, lab.tolist()) for c, lab in base.levels()]
+
+
+def test_remote_level_distance_and_levels():
+    topo = Topology.synthetic(TWO_SOCKETS).with_costs({"remote": 420})
+    d = topo.distance()
+    assert d[0, 1] == 10 and d[0, 2] == 50 and d[0, 4] == d[3, 7] == 420
+    assert topo.is_ultrametric()
+    # L3 = NUMA node per socket: the node level merges into L3; the machine closes at 420.
+    assert [(c, lab.tolist()) for c, lab in topo.levels()] == [
+        (10.0, [0, 0, 1, 1, 2, 2, 3, 3]), (50.0, [0, 0, 0, 0, 1, 1, 1, 1]), (420.0, [0] * 8)]
+    # Two nodes per socket, no shared cache: the node level costs "none".
+    topo = Topology.synthetic("pack:2 numa:2 core:2 pu:1")
+    assert [c for c, _ in topo.levels({"remote": 300})] == [200.0, 300.0]
+    assert topo.distance({"remote": 300})[0, [1, 2, 4]].tolist() == [200.0, 300.0, 300.0]
+    # costs given per call, or removed per call
+    assert topo.with_costs({"remote": 300}).distance({"remote": None})[0, 4] == 200
+    assert topo.with_costs({"remote": 300}).to_dict()["costs"]["remote"] == 300
+
+
+@pytest.mark.parametrize("costs", [
+    {"remote": 100},                      # remote < none
+    {"none": 500, "remote": 450},
+    {"remote": "420"}, {"remote": True}, {"remote": float("inf")}, {"remote": 0},
+    {"Remote": 420},
+])
+def test_bad_remote_costs(costs):
+    topo = Topology.synthetic("numa:2 core:2 pu:1")
+    with pytest.raises(TopologyError, match="remote|Remote"):
+        topo.distance(costs)
+    with pytest.raises(TopologyError):
+        topo.with_costs(costs)
+
+
+def test_numa_node_splitting_a_cache_is_refused():
+    # L3 domain 1 holds cpus 1 and 2, which sit on different NUMA nodes.
+    split = Topology("split", (0, 1, 2, 3), [0, 1, 2, 3], [0] * 4, [0, 0, 1, 1],
+                     {"L3": [0, 1, 1, 2]}, {"remote": 420})
+    assert split.distance()[0, 1] == 200 and split.distance()[1, 2] == 50 and split.distance()[0, 2] == 420
+    assert not split.is_ultrametric()
+    with pytest.raises(TopologyError, match="NUMA nodes do not nest.*L3") as info:
+        split.levels()
+    assert "\n" not in str(info.value)
+    assert len(split.levels({"remote": None})) == 1      # without the remote cost: as before
+    # Nodes below one L3 (sub-NUMA clustering): refused as well.
+    with pytest.raises(TopologyError, match="NUMA nodes do not nest"):
+        Topology.synthetic("pack:2 l3:1 numa:2 core:2 pu:1").levels({"remote": 420})
+
+
+def test_numa_os_index_follows_restrict_and_relabel():
+    topo = Topology("t", (0, 1, 2, 3), [0, 1, 2, 3], [0, 0, 1, 1], [0, 0, 1, 1],
+                    numa_os_index=[2, 2, 5, 5])
+    assert topo.numa_nodes() == {2: (0, 1), 5: (2, 3)}
+    sub = topo.restrict([2, 3])
+    assert sub.numa.tolist() == [0, 0] and sub.numa_nodes() == {5: (2, 3)}
+    assert topo.relabel({0: 3, 1: 2, 2: 1, 3: 0}).numa_nodes() == {2: (2, 3), 5: (0, 1)}
+    assert topo.to_dict()["numa_os_index"] == [2, 2, 5, 5]
+    assert Topology.synthetic("numa:2 core:2 pu:1").numa_nodes() == {0: (0, 1), 1: (2, 3)}
+    with pytest.raises(TopologyError, match="numa_os_index"):
+        Topology("t", (0, 1), [0, 1], [0, 0], [0, 1], numa_os_index=[3, 3])
+    with pytest.raises(TopologyError, match="numa_os_index"):
+        Topology("t", (0, 1), [0, 1], [0, 0], [0, 1], numa_os_index=[0])
+
+
+@pytest.mark.parametrize("name, remote", [
+    ("v2_numa2_distances.xml", 420.0),   # 10 / 21
+    ("v1_numa2_distances.xml", 420.0),   # the same in hwloc 1.x form (1.0 / 2.1, base 10)
+    ("v2_numa4_distances.xml", 360.0),   # 10 / 12 (same socket) / 21: mean ratio 1.8
+])
+def test_remote_cost_from_hwloc_distances(name, remote):
+    topo = Topology.from_hwloc_xml(DATA / name)
+    assert topo.costs["remote"] == remote
+    assert topo.is_ultrametric() and topo.levels()[-1][0] == remote
+    nodes = topo.numa_nodes()
+    assert topo.distance()[0, -1] == remote
+    assert nodes[0][0] == topo.cpus[0] and topo.cpus[-1] in nodes[max(nodes)]
+
+
+def test_hwloc_distances_ignored_for_bandwidth_or_split_caches():
+    xml = (DATA / "v2_numa2_distances.xml").read_text()
+    assert 'kind="5"' in xml        # from the OS, latency
+    assert "remote" not in Topology.from_hwloc_xml(xml.replace('kind="5"', 'kind="9"')).costs
+    # Two nodes below each socket's one L3: a remote cost would break levels(), so none is set.
+    split = Topology.from_hwloc_xml(DATA / "v2_numa4_split_l3_distances.xml")
+    assert "remote" not in split.costs and split.numa_nodes()[3] == (6, 7)
+    assert [c for c, _ in split.levels()] == [50.0]
+    with pytest.raises(TopologyError, match="NUMA nodes do not nest"):
+        split.levels({"remote": 420})
+
+
+def test_remote_cost_from_sysfs_node_distance(tmp_path):
+    siblings = {c: str(c) for c in range(4)}
+    l2 = {0: "0-1", 1: "0-1", 2: "2-3", 3: "2-3"}
+    root = write_sysfs(tmp_path, range(4), siblings, caches=[(2, "Unified", l2)],
+                       nodes={0: "0-1", 1: "2-3"})
+    node = tmp_path / "node"
+    (node / "node0" / "distance").write_text("10 21\n")
+    (node / "node1" / "distance").write_text("21 10\n")
+    (node / "online").write_text("0-1\n")
+    topo = Topology.from_sysfs(root)
+    assert topo.costs["remote"] == 420 and topo.distance()[0, 2] == 420 and topo.distance()[0, 1] == 10
+    assert topo.numa_nodes() == {0: (0, 1), 1: (2, 3)}
+    # restricted to one node: the cost is kept but changes nothing
+    one = Topology.from_sysfs(root, allowed={2, 3})
+    assert one.numa_nodes() == {1: (2, 3)} and one.distance()[0, 1] == 10
+    # a malformed row is ignored
+    (node / "node1" / "distance").write_text("21\n")
+    assert "remote" not in Topology.from_sysfs(root).costs
+
+
+def test_remote_cost_from_sysfs_skips_split_caches(tmp_path):
+    # An L3 shared by both nodes (sub-NUMA clustering): the remote cost would break levels().
+    root = write_sysfs(tmp_path, range(4), {c: str(c) for c in range(4)},
+                       caches=[(3, "Unified", dict.fromkeys(range(4), "0-3"))],
+                       nodes={0: "0-1", 1: "2-3"})
+    for n in (0, 1):
+        (tmp_path / "node" / f"node{n}" / "distance").write_text("10 12\n" if n == 0 else "12 10\n")
+    topo = Topology.from_sysfs(root)
+    assert "remote" not in topo.costs and topo.levels()
+
+
+@settings(max_examples=60, deadline=None)
+@given(numa_topologies())
+def test_remote_level_is_an_ultrametric(topo):
+    d = topo.distance()
+    np.testing.assert_array_equal(d, d.T)
+    assert topo.is_ultrametric()
+    none, remote = topo.costs["none"], topo.costs["remote"]
+    cross = topo.numa[:, None] != topo.numa[None, :]
+    assert np.all(d[cross] == remote)          # no cache spans two nodes in these machines
+    assert np.all(d[~cross] <= none)
+    # levels() rebuilds d; with remote > none the whole machine closes the list.
+    chain = topo.levels()
+    rebuilt = np.full_like(d, none)
+    for cost, labels in reversed(chain):
+        rebuilt[labels[:, None] == labels[None, :]] = cost
+    np.fill_diagonal(rebuilt, topo.costs["same"])
+    np.testing.assert_array_equal(rebuilt, d)
+    assert all(a < b for (a, _), (b, _) in zip(chain, chain[1:]))
+    for (_, fine), (_, coarse) in zip(chain, chain[1:]):
+        assert len(set(zip(fine.tolist(), coarse.tolist()))) == fine.max() + 1  # nested
+    if remote > none:
+        assert chain[-1][0] == remote and chain[-1][1].max() == 0
+        assert any(np.array_equal(labels, topo.numa) for _, labels in chain)
+    else:
+        assert all(cost < none for cost, _ in chain)
+
+
+# The fast (counts) encoding against the literal one and brute force, with a remote level.
+NUMA_MODEL_CASES = [
+    ("numa:2 core:2 pu:1", 2, 2, None),
+    ("pack:2 numa:1 l2:1 core:2 pu:1", 2, 2, None),     # L2 = node: merged levels
+    ("numa:3 core:2 pu:1", 2, 2, None),
+    ("numa:2 core:1 pu:2", 1, 3, {"remote": 300}),      # costs given to the model
+    ("numa:2 core:2 pu:1", 5, 1, None),                 # scenario 3
+]
+
+
+@pytest.mark.parametrize("mode", ["scatter", "compact"])
+@pytest.mark.parametrize("spec, W, T, model_costs", NUMA_MODEL_CASES)
+def test_remote_level_fast_encoding_is_exact(spec, W, T, model_costs, mode):
+    from conftest import brute_force
+
+    from tuna_lab import TunaModel
+
+    topo = Topology.synthetic(spec)
+    if model_costs is None:
+        topo, model_costs = topo.with_costs({"remote": 420}), None
+    best = brute_force(W, T, topo, mode, costs=model_costs)[0]
+    counts = TunaModel(W, T, topo, mode, encoding="counts", costs=model_costs).solve(prove="solver")
+    auto = TunaModel(W, T, topo, mode, costs=model_costs).solve()
+    pairwise = TunaModel(W, T, topo, mode, encoding="pairwise", costs=model_costs).solve(time_limit=30)
+    assert counts.encoding == "counts" and counts.proven_optimal and pairwise.proven_optimal
+    assert counts.objective == auto.objective == pairwise.objective == pytest.approx(best)
+    if mode == "compact" and W * T <= topo.n_logical and T <= 2:
+        # each worker's threads stay on one NUMA node
+        node = dict(zip(topo.cpus, topo.numa.tolist()))
+        assert all(len({node[c] for c in row}) == 1 for row in counts.assignment.tolist())
+
+
+@settings(max_examples=8, deadline=None)
+@given(topo=numa_topologies(max_pus=6), W=st.integers(1, 3), T=st.integers(1, 2),
+       mode=st.sampled_from(["scatter", "compact"]))
+def test_property_remote_level_counts_matches_brute_force(topo, W, T, mode):
+    from conftest import brute_force
+
+    from tuna_lab import TunaModel
+    from tuna_lab.errors import InfeasibleModelError
+
+    best = brute_force(W, T, topo, mode)[0]
+    model = TunaModel(W, T, topo, mode, encoding="counts")
+    if best is None:
+        with pytest.raises(InfeasibleModelError):
+            model.solve(prove="solver")
+        return
+    assert model.solve(prove="solver").objective == pytest.approx(best)
+    assert model.bound() >= best - 1e-6

@@ -13,6 +13,7 @@ __all__ = [
     "ServerError",
     "AnalysisError",
     "LoadError",
+    "NumaError",
 ]
 
 
@@ -56,3 +57,21 @@ class AnalysisError(TunaError, ValueError):
 
 class LoadError(TunaError):
     """A load trial was asked for with invalid parameters (rate, counts, a non-loopback URL)."""
+
+
+class NumaError(TunaError):
+    """NUMA information about a process could not be read or parsed.
+
+    The process is gone, ``/proc/<pid>/numa_maps`` is missing (a kernel
+    without NUMA support) or not readable (another user's process), or the
+    text given as numa_maps is not.
+
+    Attributes
+    ----------
+    pid : int or None
+        The process asked about (None when parsing text).
+    """
+
+    def __init__(self, message, pid=None):
+        super().__init__(message)
+        self.pid = pid

@@ -4,6 +4,10 @@ A :class:`Topology` holds one label vector per level (which physical core,
 package, NUMA node and cache domain each logical core belongs to) and derives
 the Tuna cache distance ``d(c, c')`` from them. It is read from this machine's
 sysfs, hwloc XML, an hwloc synthetic description, or a named preset.
+
+An optional cost ``"remote"`` adds a NUMA level above the caches: two cores
+that share no cache cost ``"none"`` on the same NUMA node and ``"remote"``
+(>= ``"none"``) on different nodes. Without it the distance is the article's.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from tuna_lab.errors import TopologyError
 __all__ = ["Topology", "PRESETS", "DEFAULT_COSTS"]
 
 DEFAULT_COSTS = {"same": 1, "L1": 4, "L2": 10, "L3": 50, "L4": 200, "none": 200}
+
+# Costs that are absent unless set; absent, the model is exactly the article's.
+# "remote": two cores on different NUMA nodes that share no cache (>= "none").
+_OPTIONAL_COSTS = ("remote",)
 
 CACHE_LEVELS = ("L1", "L2", "L3", "L4")
 
@@ -84,7 +92,14 @@ class Topology:
     caches : dict of str to ndarray
         ``{"L1": labels, ...}`` for the data/unified cache levels present.
     costs : dict, optional
-        Cycle costs, merged with :data:`DEFAULT_COSTS`.
+        Cycle costs, merged with :data:`DEFAULT_COSTS`; may add ``"remote"``,
+        the cost of two cores on different NUMA nodes (see :meth:`distance`).
+    numa_os_index : ndarray of int, shape (C,), optional
+        OS index of each logical core's NUMA node (the ``k`` of
+        ``/sys/devices/system/node/node<k>`` and of ``N<k>=`` in
+        ``/proc/<pid>/numa_maps``); must group the cores as ``numa`` does.
+        By default the dense ``numa`` labels stand in (as for synthetic
+        machines, whose nodes hwloc numbers 0..).
 
     Examples
     --------
@@ -102,6 +117,7 @@ class Topology:
     numa: np.ndarray
     caches: dict = field(default_factory=dict)
     costs: dict = field(default_factory=lambda: dict(DEFAULT_COSTS))
+    numa_os_index: np.ndarray = None
 
     def __post_init__(self):
         cpus = tuple(int(c) for c in self.cpus)
@@ -120,6 +136,26 @@ class Topology:
         object.__setattr__(self, "caches", {lv: _labels(caches[lv], len(cpus), f"{self.name}: {lv}")
                                             for lv in CACHE_LEVELS if lv in caches})
         object.__setattr__(self, "costs", _merge_costs(DEFAULT_COSTS, self.costs))
+        object.__setattr__(self, "numa_os_index", self._checked_numa_os_index())
+
+    def _checked_numa_os_index(self):
+        """``numa_os_index`` validated (one id per NUMA label), or the labels themselves."""
+        if self.numa_os_index is None:
+            return self.numa
+        try:
+            ids = np.asarray(self.numa_os_index)
+            ok = ids.shape == (self.n_logical,) and ids.dtype.kind in "iu" and ids.min() >= 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise TopologyError(f"{self.name}: numa_os_index must be {self.n_logical} "
+                                "non-negative integers, one per logical core")
+        n_pairs = np.unique(np.stack([self.numa, ids]), axis=1).shape[1]
+        if not n_pairs == self.numa.max() + 1 == np.unique(ids).size:
+            raise TopologyError(f"{self.name}: numa_os_index must give one OS id to each NUMA node")
+        ids = ids.astype(np.int64)
+        ids.setflags(write=False)
+        return ids
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -154,13 +190,16 @@ class Topology:
         Parameters
         ----------
         costs : dict, optional
-            Costs overriding this topology's ``costs`` (validated the same way).
+            Costs overriding this topology's ``costs`` (validated the same way;
+            ``{"remote": None}`` removes the NUMA cost).
 
         Returns
         -------
         ndarray of float, shape (C, C)
             ``costs["same"]`` on the diagonal; elsewhere the cost of the lowest
             cache level the two cores share, ``costs["none"]`` if they share none.
+            With ``costs["remote"]`` set, cores on different NUMA nodes that
+            share no cache cost ``costs["remote"]`` instead.
 
         Examples
         --------
@@ -169,9 +208,17 @@ class Topology:
                [10.,  1., 50., 50.],
                [50., 50.,  1., 10.],
                [50., 50., 10.,  1.]])
+        >>> Topology.synthetic("numa:2 core:2 pu:1").distance({"remote": 420})
+        array([[  1., 200., 420., 420.],
+               [200.,   1., 420., 420.],
+               [420., 420.,   1., 200.],
+               [420., 420., 200.,   1.]])
         """
         costs = _merge_costs(self.costs, costs)
         d = np.full((self.n_logical, self.n_logical), float(costs["none"]))
+        remote = self._remote_cost(costs)
+        if remote is not None:
+            d[self.numa[:, None] != self.numa[None, :]] = remote
         # Outermost level first, so that a closer shared level overwrites it.
         for level in reversed(CACHE_LEVELS):
             if level in self.caches:
@@ -181,11 +228,19 @@ class Topology:
         return d
 
     def levels(self, costs=None) -> list:
-        """Nested cache partitions that write the distance as an ultrametric.
+        """Nested partitions that write the distance as an ultrametric.
 
         For distinct logical cores ``a, b``, ``d(a, b)`` is the cost of the first
         entry whose labels put ``a`` and ``b`` together, else ``costs["none"]``.
-        Neither the identity (same core) nor the top level is included.
+        Neither the identity (same core) nor the top level is included - except
+        with the NUMA level (below).
+
+        With ``costs["remote"]`` set above ``costs["none"]`` and several NUMA
+        nodes, the NUMA partition follows the cache levels at cost
+        ``costs["none"]`` (merged with a cache level that has the same domains),
+        and the whole machine closes the list at cost ``costs["remote"]``, so
+        every pair is joined by some entry. Otherwise the list is exactly the
+        cache levels' and the top cost is ``costs["none"]``.
 
         Parameters
         ----------
@@ -195,21 +250,26 @@ class Topology:
         Returns
         -------
         list of (float, ndarray)
-            ``(cost, labels)``, finest first, costs strictly ascending and below
-            ``costs["none"]``: identical partitions are merged (cheaper cost kept),
-            so are equal costs (coarser partition kept), and levels costing as
-            much as ``"none"`` are dropped; none of this changes ``d``.
+            ``(cost, labels)``, finest first, costs strictly ascending; cache
+            levels are below ``costs["none"]``: identical partitions are merged
+            (cheaper cost kept), so are equal costs (coarser partition kept),
+            and cache levels costing as much as ``"none"`` are dropped; none of
+            this changes ``d``.
 
         Raises
         ------
         TopologyError
-            If a level's domains are not unions of the level below's domains.
+            If a level's domains are not unions of the level below's domains,
+            or (with the NUMA level) a cache domain spans several NUMA nodes.
 
         Examples
         --------
         >>> [(cost, labels.tolist()) for cost, labels in
         ...  Topology.synthetic("l3:1 l2:2 core:1 pu:2").levels()]
         [(10.0, [0, 0, 1, 1]), (50.0, [0, 0, 0, 0])]
+        >>> [(cost, labels.tolist()) for cost, labels in
+        ...  Topology.synthetic("numa:2 l2:2 core:1 pu:1").levels({"remote": 420})]
+        [(10.0, [0, 1, 2, 3]), (200.0, [0, 0, 1, 1]), (420.0, [0, 0, 0, 0])]
         """
         costs = _merge_costs(self.costs, costs)
         chain = []
@@ -232,13 +292,29 @@ class Topology:
                 chain[-1] = (chain[-1][0], labels)
             else:
                 chain.append((cost, labels))
+        remote = self._remote_cost(costs)
+        if remote is not None:
+            split = self._numa_split()
+            if split is not None:
+                raise TopologyError(
+                    f"{self.name}: NUMA nodes do not nest with the cache domains (some {split} "
+                    f"domain spans several NUMA nodes), so a 'remote' cost does not make the "
+                    f"distance an ultrametric; leave costs['remote'] unset for this machine")
+            # Every cache level is now finer than the nodes; a level with the
+            # nodes' own domains already gives their pairs its cheaper cost.
+            if not (chain and np.array_equal(chain[-1][1], self.numa)):
+                chain.append((float(costs["none"]), self.numa))
+            whole = np.zeros(self.n_logical, dtype=np.int64)
+            whole.setflags(write=False)
+            chain.append((float(remote), whole))
         return chain
 
     def is_ultrametric(self, costs=None) -> bool:
         """Whether ``d(a, c) <= max(d(a, b), d(b, c))`` for all logical cores.
 
-        It holds whenever the cache domains nest (see :meth:`levels`), which is
-        what the model's fast encoding relies on.
+        It holds whenever the cache domains nest (see :meth:`levels`) - and,
+        with a ``"remote"`` cost, lie within the NUMA nodes - which is what
+        the model's fast encoding relies on.
 
         Examples
         --------
@@ -249,6 +325,46 @@ class Topology:
         # One pivot b at a time keeps memory at O(C^2) instead of O(C^3).
         return all(np.all(d <= np.maximum(d[:, b, None], d[None, b, :]))
                    for b in range(self.n_logical))
+
+    def _remote_cost(self, costs):
+        """``costs["remote"]`` when it changes ``d`` (above "none", several nodes), else None."""
+        remote = costs.get("remote")
+        if remote is None or remote <= costs["none"] or self.numa.max() == 0:
+            return None
+        return float(remote)
+
+    def _numa_split(self):
+        """The first cache level with a domain spanning several NUMA nodes, or None."""
+        for level, labels in self.caches.items():
+            n_pairs = np.unique(np.stack([labels, self.numa]), axis=1).shape[1]
+            if n_pairs != labels.max() + 1:
+                return level
+        return None
+
+    def with_costs(self, costs) -> "Topology":
+        """The same machine with some costs changed (``{"remote": None}`` removes the NUMA cost).
+
+        Examples
+        --------
+        >>> topo = Topology.preset("xeon-8260-2s").with_costs({"remote": 420})
+        >>> topo.distance()[0, [1, 24]].tolist()  # same socket, other socket
+        [50.0, 420.0]
+        >>> topo.with_costs({"remote": None}).costs == DEFAULT_COSTS
+        True
+        """
+        return dataclasses.replace(self, costs=_merge_costs(self.costs, costs))
+
+    def numa_nodes(self) -> dict:
+        """OS ids of the logical cores of each NUMA node, keyed by the node's OS index.
+
+        Examples
+        --------
+        >>> Topology.synthetic("numa:2 core:2 pu:1").numa_nodes()
+        {0: (0, 1), 1: (2, 3)}
+        """
+        cpus = np.asarray(self.cpus)
+        return {int(node): tuple(cpus[self.numa_os_index == node].tolist())
+                for node in np.unique(self.numa_os_index)}
 
     # ------------------------------------------------------------- structure
     def siblings(self) -> list:
@@ -341,7 +457,8 @@ class Topology:
         pick = np.arange(self.n_logical)[index][order]
         return type(self)(name, tuple(np.asarray(ids)[order].tolist()), self.core[pick],
                         self.package[pick], self.numa[pick],
-                        {lv: labels[pick] for lv, labels in self.caches.items()}, self.costs)
+                        {lv: labels[pick] for lv, labels in self.caches.items()}, self.costs,
+                        self.numa_os_index[pick])
 
     def to_dict(self) -> dict:
         """A JSON-able description, distance matrix included.
@@ -358,6 +475,7 @@ class Topology:
             "physical_core": self.core.tolist(),
             "package": self.package.tolist(),
             "numa": self.numa.tolist(),
+            "numa_os_index": self.numa_os_index.tolist(),
             "caches": {lv: labels.tolist() for lv, labels in self.caches.items()},
             "distance": self.distance().tolist(),
             "costs": dict(self.costs),
@@ -374,6 +492,10 @@ class Topology:
         Physical cores are groups of thread siblings; caches come from
         ``cpuN/cache/indexK`` (instruction caches skipped, missing directories
         mean the level is absent); NUMA nodes from ``<root>/../node/nodeN/cpulist``.
+        With several nodes holding cores, ``costs["remote"]`` is set from
+        ``nodeN/distance`` (relative latencies, 10 = local): ``"none"`` times
+        the mean remote/local ratio, rounded, e.g. 200 * 21/10 = 420 - unless a cache
+        domain spans several nodes (sub-NUMA clustering), where it stays unset.
 
         Parameters
         ----------
@@ -430,19 +552,32 @@ class Topology:
         caches = {lv: _dense_keys(keys[lv]) for lv in CACHE_LEVELS
                   if any(k[0] != "missing" for k in keys[lv])}
 
-        node_of = {}
+        node_of, rows = {}, {}
         node_root = root.parent / "node"
         if node_root.is_dir():
             for node in node_root.iterdir():
                 if (m := re.fullmatch(r"node(\d+)", node.name)) and (text := _read(node / "cpulist")):
                     node_of.update(dict.fromkeys(_parse_cpulist(text, node / "cpulist"), int(m.group(1))))
-        numa = _dense_keys([node_of.get(cpu, -1) for cpu in present])
-        return cls("this machine", tuple(present), _dense_keys(keys["core"]),
-                   _dense_keys(keys["package"]), numa, caches)
+                    rows[int(m.group(1))] = (_read(node / "distance") or "").split()
+        numa_ids = [node_of.get(cpu, -1) for cpu in present]
+        topo = cls("this machine", tuple(present), _dense_keys(keys["core"]),
+                   _dense_keys(keys["package"]), _dense_keys(numa_ids), caches,
+                   numa_os_index=None if -1 in numa_ids else numa_ids)
+        # nodeN/distance lists N's distance to every online node, in id order.
+        online = _read(node_root / "online")
+        columns = sorted(_parse_cpulist(online, node_root / "online") if online else rows)
+        matrix = [rows[n] for n in columns if n in rows]
+        if len(matrix) != len(columns) or any(len(row) != len(columns) for row in matrix):
+            matrix = None
+        return _with_remote(topo, columns, matrix)
 
     @classmethod
     def from_hwloc_xml(cls, path) -> "Topology":
         """A topology from hwloc XML (v1 or v2), e.g. from ``lstopo --of xml``.
+
+        With several NUMA nodes holding cores and a NUMA latency matrix in the
+        XML (v2 ``<distances2 type="NUMANode">``, v1 ``<distances>``),
+        ``costs["remote"]`` is set as in :meth:`from_sysfs`.
 
         Parameters
         ----------
@@ -509,9 +644,16 @@ class Topology:
         labels = {kind: _dense_keys([c.get(kind, ("own", n)) for n, c in enumerate(ctxs)])
                   for kind in ("core", *CACHE_LEVELS)}
         caches = {lv: labels[lv] for lv in CACHE_LEVELS if any(lv in c for c in ctxs)}
-        return cls(name, tuple(sorted(ids)), labels["core"],
-                   _dense_keys([c.get("package") for c in ctxs]),
-                   _dense_keys([c.get("numa") for c in ctxs]), caches)
+        nodes = [c.get("numa") for c in ctxs]
+        os_ids = None
+        if all(isinstance(n, str) and n.isdigit() for n in nodes):
+            os_ids = [int(n) for n in nodes]
+        topo = cls(name, tuple(sorted(ids)), labels["core"],
+                   _dense_keys([c.get("package") for c in ctxs]), _dense_keys(nodes), caches,
+                   numa_os_index=os_ids)
+        if os_ids is None:
+            return topo
+        return _with_remote(topo, *_xml_numa_latency(root))
 
     @classmethod
     def synthetic(cls, spec: str) -> "Topology":
@@ -601,15 +743,22 @@ def _labels(values, n, what):
 
 
 def _merge_costs(base, costs):
-    """``base`` updated with ``costs``, checked positive and non-decreasing outwards."""
+    """``base`` updated with ``costs``, checked positive and non-decreasing outwards.
+
+    Optional keys (``"remote"``) may be given as ``None`` to remove them.
+    """
     merged = dict(base)
     if costs is not None:
         if not isinstance(costs, Mapping):
             raise TopologyError(f"costs must be a dict, not {type(costs).__name__}")
-        unknown = set(costs) - set(DEFAULT_COSTS)
+        unknown = set(costs) - set(DEFAULT_COSTS) - set(_OPTIONAL_COSTS)
         if unknown:
-            raise TopologyError(f"unknown cost keys {sorted(unknown)}; valid keys: {', '.join(DEFAULT_COSTS)}")
+            raise TopologyError(f"unknown cost keys {sorted(unknown)}; valid keys: "
+                                f"{', '.join([*DEFAULT_COSTS, *_OPTIONAL_COSTS])}")
         merged.update(costs)
+    for key in _OPTIONAL_COSTS:
+        if key in merged and merged[key] is None:
+            del merged[key]
     for key, value in merged.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Real) \
                 or not np.isfinite(value) or value <= 0:
@@ -617,12 +766,56 @@ def _merge_costs(base, costs):
         merged[key] = value if isinstance(value, int) else float(value)
     # Non-decreasing costs make d an ultrametric over nested cache domains;
     # "same" lowest keeps the diagonal below every off-diagonal entry.
-    chain = list(DEFAULT_COSTS)
+    chain = list(DEFAULT_COSTS) + [key for key in _OPTIONAL_COSTS if key in merged]
     for low, high in zip(chain, chain[1:]):
         if merged[low] > merged[high]:
-            raise TopologyError(f"costs must be non-decreasing same <= L1 <= L2 <= L3 <= L4 <= none, "
+            raise TopologyError(f"costs must be non-decreasing same <= L1 <= L2 <= L3 <= L4 <= none"
+                                f"{' <= remote' if 'remote' in merged else ''}, "
                                 f"but {low}={merged[low]} > {high}={merged[high]}")
     return merged
+
+
+def _remote_from_latency(matrix, none_cost):
+    """``costs["remote"]`` from a NUMA latency matrix between the nodes holding cores, or None.
+
+    ``none_cost`` times the mean ratio of a remote latency to its row's local
+    one (hwloc and Linux report relative latencies such as 10 local, 21 remote:
+    ratio 2.1), rounded to an integer. None with fewer than two nodes,
+    unusable values, or no remote latency above the local one.
+    """
+    try:
+        m = np.asarray(matrix, dtype=float)
+    except (TypeError, ValueError):
+        return None
+    if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] < 2 \
+            or not np.all(np.isfinite(m)) or np.any(m <= 0):
+        return None
+    ratio = (m / np.diag(m)[:, None])[~np.eye(m.shape[0], dtype=bool)].mean()
+    # An integer keeps objective values on a grid (bounds use the costs' gcd).
+    remote = int(round(float(none_cost * ratio)))
+    return remote if remote > none_cost else None
+
+
+def _with_remote(topo, node_ids, matrix):
+    """``topo`` with ``costs["remote"]`` from a latency ``matrix`` over OS nodes ``node_ids``.
+
+    Only the nodes that hold cores of ``topo`` count. Unchanged when the matrix
+    does not cover them, gives no remote cost, or when some cache domain spans
+    several nodes (a remote cost would break the ultrametric; see ``levels``).
+    """
+    if matrix is None or topo.numa.max() == 0 or topo._numa_split() is not None:
+        return topo
+    pos = {int(n): i for i, n in enumerate(node_ids)}
+    used = np.unique(topo.numa_os_index).tolist()
+    if any(n not in pos for n in used):
+        return topo
+    idx = [pos[n] for n in used]
+    try:
+        matrix = np.asarray(matrix, dtype=float)[np.ix_(idx, idx)]
+    except (TypeError, ValueError, IndexError):
+        return topo
+    remote = _remote_from_latency(matrix, topo.costs["none"])
+    return topo if remote is None else topo.with_costs({"remote": remote})
 
 
 def _read(path):
@@ -667,6 +860,45 @@ def _xml_numa_child(obj):
         if kind == "MemCache" and (found := _xml_numa_child(child)) is not None:
             return found
     return None
+
+
+def _xml_numa_latency(root):
+    """``(node os ids, latency matrix)`` of the first NUMA latency matrix in hwloc XML, or ``((), None)``.
+
+    hwloc v2 writes ``<distances2 type="NUMANode" kind=... indexing="os">`` at
+    the top, with ``<indexes>`` and ``<u64values>`` split over several
+    elements; v1 writes ``<distances nbobjs=...>`` with ``<latency value=...>``
+    children inside the object whose NUMA nodes (in document order) they relate.
+    Anything that does not fit is ignored.
+    """
+    for dist in root.iterfind("distances2"):
+        kind = dist.get("kind", "")
+        # kind bits (hwloc/distances.h): 4 means latency, 8 bandwidth
+        if dist.get("type") != "NUMANode" or (kind.isdigit() and not int(kind) & 4):
+            continue
+        indexes = " ".join(e.text or "" for e in dist.iterfind("indexes")).split()
+        values = " ".join(e.text or "" for e in dist.iterfind("u64values")).split()
+        if dist.get("indexing", "os") == "gp":
+            gp = {o.get("gp_index"): o.get("os_index") for o in root.iter("object")
+                  if o.get("type") == "NUMANode"}
+            indexes = [gp.get(i, "?") for i in indexes]
+        n = len(indexes)
+        if n >= 2 and len(values) == n * n and all(i.isdigit() for i in indexes) \
+                and all(v.isdigit() for v in values):
+            return [int(i) for i in indexes], np.array(values, dtype=float).reshape(n, n)
+    for obj in root.iter("object"):
+        for dist in obj.iterfind("distances"):
+            nodes = [o.get("os_index", "?") for o in obj.iter("object")
+                     if o is not obj and o.get("type") == "NUMANode"]
+            values = [v.get("value", "") for v in dist.iterfind("latency")]
+            n = len(nodes)
+            try:
+                matrix = np.array(values, dtype=float).reshape(n, n)
+            except ValueError:
+                continue
+            if n >= 2 and str(n) == dist.get("nbobjs", str(n)) and all(i.isdigit() for i in nodes):
+                return [int(i) for i in nodes], matrix
+    return (), None
 
 
 def _parse_synthetic(spec):
