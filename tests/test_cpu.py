@@ -136,3 +136,47 @@ def test_thread_cpu_is_saved_next_to_the_cell(waits):
     assert len(saved) == len(results["active"].threads) and set(saved["wait_policy"]) == {"active"}
     with pytest.raises(ExperimentError):
         load_thread_cpu(str(out / "missing"))
+
+
+def _marked(mark):
+    """PIDs of live processes whose environment holds ``mark``."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if mark.encode() in fh.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+def test_sigterm_stops_a_run_and_its_servers(tmp_path):
+    """`kill` of a running `tuna-lab run` unwinds like Ctrl-C: no Gunicorn is left behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    mark = f"TUNA_LAB_TEST_MARK={uuid.uuid4().hex}"
+    env = dict(os.environ, TUNA_LAB_TEST_MARK=mark.split("=")[1])
+    proc = subprocess.Popen([sys.executable, "-m", "tuna_lab.cli", "run", "-w", "1", "-t", "1", "--model", "small",
+                             "--batch", "10", "--policies", "cfs", "--trials", "50", "--requests", "50",
+                             "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    try:
+        for line in proc.stdout:                         # the first trial has finished: a server ran
+            if "trial 1/50" in line:
+                break
+        time.sleep(1.0)                                  # the second trial's server is starting or serving
+        assert len(_marked(mark)) >= 2                   # the run and (at least) its Gunicorn master
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "interrupted" in err
+    deadline = time.monotonic() + 10
+    while _marked(mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _marked(mark)

@@ -434,9 +434,21 @@ def _build_parser():
     return p
 
 
+def _terminate_as_interrupt(signum, frame):
+    # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so every server the
+    # command started is stopped by its context manager instead of orphaned.
+    raise KeyboardInterrupt
+
+
 def main(argv=None):
+    import signal
+    import threading
+
     parser = _build_parser()
     args = parser.parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     try:
         return args.func(args)
     except TunaError as exc:
@@ -449,6 +461,9 @@ def main(argv=None):
         # `tuna-lab ... --json | head`: the reader left; that is not an error of ours.
         sys.stderr.close()
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
