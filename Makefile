@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench setup sysdeps clean notebooks notebooks-refresh lab
+.PHONY: demo test bench setup sysdeps clean notebooks notebooks-refresh lab docs
 
 # The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
 # compares every output except those of cells tagged nbval-ignore-output.
@@ -52,6 +52,17 @@ lab: $(LAB_STAMP)
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=notebooks \
 	    $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
+	touch $(DOCS_STAMP)
+
+# The documentation site into docs/_build/html: Jupyter Book (Sphinx + MyST-NB), offline,
+# no notebook executed. DOCS_ARGS=--all rebuilds every page.
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/jupyter-book build $(DOCS_ARGS) docs/
+
 bench: $(STAMP)
 	$(VENV)/bin/tuna-lab bench solver --out bench/out/solver.csv --pairwise-limit 60 --doc docs/solver-bench.md
 	$(PY) bench/load_bench.py
@@ -60,4 +71,4 @@ bench: $(STAMP)
 	$(VENV)/bin/tuna-lab report bench/out/experiment -o bench/out/experiment/report.html
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis bench/out
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis bench/out docs/_build

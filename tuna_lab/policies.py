@@ -6,17 +6,17 @@ A policy turns ``(W, T, topology)`` into a :class:`Placement`: for every
 thread, the set of logical cores (OS cpu ids) it is allowed on, plus who
 enforces it and the environment the workers need.
 
-===============  ==========================================================  ==========
-policy           placement                                                   pinned by
-===============  ==========================================================  ==========
-``cfs``          no binding: the kernel's scheduler (CFS/EEVDF) decides      none
-``round-robin``  OCC pinning: threads in worker order, ``cpus[k % C]``       tuna_lab
-``omp-spread``   ``OMP_PROC_BIND=spread``, same in every worker              openmp
-``omp-close``    ``OMP_PROC_BIND=close``, same in every worker               openmp
-``numa``         all threads of worker ``w`` on NUMA node ``w % nodes``      tuna_lab
-``tuna-scatter`` the Tuna ILP's mapping, scatter mode                        tuna_lab
-``tuna-compact`` the Tuna ILP's mapping, compact mode                        tuna_lab
-===============  ==========================================================  ==========
+================  ==========================================================  ==========
+policy            placement                                                   pinned by
+================  ==========================================================  ==========
+``cfs``           no binding: the kernel's scheduler (CFS/EEVDF) decides      none
+``round-robin``   OCC pinning: threads in worker order, ``cpus[k % C]``       tuna_lab
+``omp-spread``    ``OMP_PROC_BIND=spread``, same in every worker              openmp
+``omp-close``     ``OMP_PROC_BIND=close``, same in every worker               openmp
+``numa``          all threads of worker ``w`` on NUMA node ``w % nodes``      tuna_lab
+``tuna-scatter``  the Tuna ILP's mapping, scatter mode                        tuna_lab
+``tuna-compact``  the Tuna ILP's mapping, compact mode                        tuna_lab
+================  ==========================================================  ==========
 
 The OpenMP policies are emulated from GNU libgomp's rules (``team.c``,
 ``config/linux/affinity.c``), because that is what XGBoost wheels link:

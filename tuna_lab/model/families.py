@@ -112,7 +112,7 @@ class Family:
     Subclasses set the class attributes below and override the methods they need.
     """
 
-    #: short key used by ``TunaModel.without`` / ``with_``: the equation numbers
+    #: short key used by ``TunaModel.without`` / ``with_`` (the equation numbers)
     key = ""
     #: the article's equation numbers this family implements
     equations = ()
