@@ -296,7 +296,8 @@ class DistanceView(Controller):
     distance : pandas.DataFrame
         ``d(c, c')`` indexed by cpu on both axes.
     level : pandas.DataFrame
-        The closest cache level each pair shares: ``"same"``, ``"L1"``..``"L4"`` or ``"none"``.
+        The closest cache level each pair shares: ``"same"``, ``"L1"``..``"L4"``, ``"none"``, or
+        ``"remote"`` (different NUMA nodes, when the topology has a remote cost).
     graph : networkx.DiGraph
         :meth:`Topology.graph`; ``positions`` maps its nodes to ``(x, y)``.
 
@@ -323,11 +324,14 @@ class DistanceView(Controller):
         for lv in sorted(topology.caches, reverse=True):
             labels = topology.caches[lv]
             level[labels[:, None] == labels[None, :]] = lv
+        # With a remote-NUMA cost, cores on different nodes that share no cache cost more than "none".
+        distance = topology.distance()
+        level[(level == "none") & (distance > topology.costs["none"])] = "remote"
         np.fill_diagonal(level, "same")
         graph = topology.graph()
         positions = _tree_positions(graph)
         self.topology, self.highlighted = topology, cpus & set(ids)
-        self.distance = pd.DataFrame(topology.distance(), index=pd.Index(ids, name="cpu"), columns=ids)
+        self.distance = pd.DataFrame(distance, index=pd.Index(ids, name="cpu"), columns=ids)
         self.level = pd.DataFrame(level, index=pd.Index(ids, name="cpu"), columns=ids)
         self.graph, self.positions = graph, positions
 
