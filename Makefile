@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench setup sysdeps clean notebooks notebooks-refresh lab docs
+.PHONY: demo test bench setup sysdeps clean notebooks notebooks-refresh lab docs test-ui
 
 # The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
 # compares every output except those of cells tagged nbval-ignore-output.
@@ -51,6 +51,20 @@ $(LAB_STAMP): $(STAMP)
 lab: $(LAB_STAMP)
 	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --ServerApp.root_dir=notebooks \
 	    $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
+
+UI_STAMP := $(VENV)/.installed-ui
+
+$(UI_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,ui]'
+	touch $(UI_STAMP)
+
+# Notebook 03 in Voila on 127.0.0.1, clicked in headless chromium (Debian's; Playwright's own
+# browser download is not used); screenshots and logs in test-artifacts/ui/.
+test-ui: $(UI_STAMP)
+	@test -x /usr/bin/chromium || command -v chromium >/dev/null 2>&1 || \
+	  { (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) 2>/dev/null \
+	    || echo "warning: could not install Debian's chromium; the browser test will be skipped"; }
+	$(PY) -m pytest -q tests_ui
 
 DOCS_STAMP := $(VENV)/.installed-docs
 

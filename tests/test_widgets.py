@@ -226,6 +226,20 @@ def test_views_build_and_the_mode_toggle_redraws_the_mapping():
         assert isinstance(built, widgets.Box) and built.controller is not None
 
 
+def test_a_front_end_that_connects_later_draws_the_current_figure():
+    # plotly's FigureWidget sends edits as one-off messages; Voila or a reloaded page reads the synced state.
+    pytest.importorskip("ipywidgets")
+    from tuna_lab.widgets import mode_explorer
+
+    view = mode_explorer("xeon-8272cl", workers=4, threads=8)
+    figure = view.parts["figure"]
+    for mode in ("scatter", "compact"):
+        view.parts["mode"].value = mode
+        state = figure.get_state()
+        assert [t.get("name") for t in state["_widget_data"]] == [t.name for t in figure.data]
+        assert state["_widget_layout"]["title"]["text"].endswith(mode)
+
+
 def test_importing_the_package_does_not_need_ipywidgets():
     code = ("import sys; sys.modules['ipywidgets'] = None\n"
             "import tuna_lab.widgets as w\n"
@@ -233,3 +247,13 @@ def test_importing_the_package_does_not_need_ipywidgets():
             "try:\n    w.mode_explorer\nexcept ImportError:\n    print('lazy')\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "lazy", out.stderr
+
+
+def test_distance_view_names_the_remote_numa_level():
+    from tuna_lab.topology import Topology
+    from tuna_lab.widgets import DistanceView
+
+    topo = Topology.synthetic("numa:2 l3:1 core:2 pu:1")
+    assert "remote" not in set(DistanceView(topo).level.values.ravel())
+    level = DistanceView(topo.with_costs({"remote": 420})).level.to_numpy()
+    assert level[0, 2] == "remote" and level[0, 1] == "L3" and level[3, 3] == "same"

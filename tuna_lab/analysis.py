@@ -62,7 +62,7 @@ STAGES = ("deserialize", "convert", "dmatrix", "predict", "shap")
 _MODELS = ("small", "medium", "large")
 # The wait policy is a factor of the application like W and T: cells that
 # differ only by it must never be averaged together.
-_APP = ("workers", "threads", "cpus", "model", "batch", "wait_policy")
+_APP = ("workers", "threads", "cpus", "model", "batch", "wait_policy", "spincount")
 _SCENARIO = _APP + ("policy",)
 _TRIAL = _SCENARIO + ("trial",)
 _REQUEST_VALUES = ("status", "server_seconds", "client_seconds", "sent_at") + STAGES
@@ -73,9 +73,15 @@ _DEFAULT_BY = (None, "subscription", "model", "batch", ("subscription", "model",
 
 
 def _with_defaults(table):
-    """``table`` with ``wait_policy`` = ``"default"`` where it has none (results older than the factor)."""
-    if isinstance(table, pd.DataFrame) and "wait_policy" not in table.columns:
-        return table.assign(wait_policy="default")
+    """``table`` with the wait factors the runner records, at their defaults where absent.
+
+    ``wait_policy`` "default" and ``spincount`` -1 (the runtime's own): results
+    older than these factors, and hand-made tables, still analyse.
+    """
+    if isinstance(table, pd.DataFrame):
+        missing = {k: v for k, v in (("wait_policy", "default"), ("spincount", -1)) if k not in table.columns}
+        if missing:
+            return table.assign(**missing)
     return table
 
 

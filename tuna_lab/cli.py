@@ -431,6 +431,9 @@ def _build_parser():
                    help="also run the literal encoding on small models with this time limit (0: skip)")
     b.add_argument("--doc", default=None, metavar="FILE", help="also write a Markdown report")
     b.set_defaults(func=_cmd_bench)
+    from .advise import add_parser as _add_advise
+
+    _add_advise(sub)
     return p
 
 

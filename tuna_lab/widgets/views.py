@@ -14,6 +14,7 @@ True
 """
 
 import html
+from copy import deepcopy
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -36,11 +37,17 @@ class View(widgets.VBox):
 
 
 def _redraw(widget, fig):
-    """Replace a FigureWidget's traces and layout with those of ``fig`` in one message."""
+    """Replace a FigureWidget's traces and layout with those of ``fig`` in one message.
+
+    plotly (>= 6, an anywidget) sends such edits only as one-off messages and keeps its
+    synced state as it was built (empty) unless the figure itself is displayed; store the
+    new figure there too, or a front end that connects later (Voila, a reloaded page) draws nothing.
+    """
     with widget.batch_update():
         widget.data = ()
         widget.add_traces(fig.data)
         widget.layout = fig.layout
+    widget._widget_layout, widget._widget_data = deepcopy(widget._layout_obj._props), deepcopy(widget._data)
 
 
 def _status(error, text):
@@ -92,6 +99,7 @@ def mode_explorer(topology=None, workers=2, threads=2, mode="scatter", *, contro
                                            tooltips=("spread each worker's threads apart",
                                                      "pack each worker's threads together")),
              "status": widgets.HTML(), "figure": go.FigureWidget()}
+    parts["mode"].add_class("tuna-mode-toggle")     # a stable hook for the browser test (tests_ui/)
 
     def redraw(_=None):
         # Widgets show the accepted state: a refused value snaps back (the topology text stays, to fix it).
