@@ -683,3 +683,87 @@ def test_tuna_model_docstring_examples():
 def test_family_1_cannot_be_removed():
     with pytest.raises(ModelError, match=r"\(1\)"):
         TunaModel(2, 2, topo(CORE4)).without("1")
+
+
+# -- 5. the sibling-pattern bound and the objective lattice ----------------------------------
+
+MINI_XEON = "l3:1 l2:3 core:1 pu:2"      # the article's machine in small: SMT pairs under one L3
+
+
+@pytest.mark.parametrize("spec,W,T,drop", [
+    (MINI_XEON, 2, 2, ()), (MINI_XEON, 2, 2, ("11p-12p",)), (MINI_XEON, 1, 4, ()),
+    (TREE, 3, 2, ("11-12",)),
+])
+def test_sibling_pattern_bound_proves_what_the_counting_bound_cannot(spec, W, T, drop):
+    """Cases where (11+)-(12+), sibling capacity or worker competition cap the compact
+    pairs: the joint bound equals the brute-force optimum and the default path proves it."""
+    from tuna_lab.model.bounds import objective_bound
+    from tuna_lab.model.encodings import ultrametric_chain
+
+    keys = tuple(k for k in ALL_KEYS if k not in drop)
+    best, _ = brute(W, T, spec, "compact", keys)
+    model = TunaModel(W, T, topo(spec), mode="compact", families=keys)
+    chain = ultrametric_chain(topo(spec))
+    per_level = objective_bound(model.instance, model.families, chain, patterns=False)
+    assert per_level > best + 1
+    assert model.bound() == pytest.approx(best, abs=1e-4)
+    m = model.solve()
+    assert m.encoding == "constructive+bound" and m.proven_optimal
+    assert m.objective == pytest.approx(best)
+
+
+@pytest.mark.parametrize("mode", ["scatter", "compact"])
+@pytest.mark.parametrize("spec,W,T,drop", [
+    (TREE, 4, 2, ()), (TREE, 2, 4, ()), (TREE, 4, 2, ("8",)), (TREE, 4, 2, ("3",)),
+    (MINI_XEON, 3, 2, ()), (MINI_XEON, 3, 2, ("2", "3")),
+])
+def test_bounds_never_cut_off_the_optimum_on_smt_pairs(spec, W, T, drop, mode):
+    """Oversubscribed and reduced-family SMT-2 cases: bound >= brute-force optimum, and
+    the default path (which proves by bound and lattice step) returns the optimum."""
+    keys = tuple(k for k in ALL_KEYS if k not in drop)
+    compare_with_brute_force(W, T, spec, mode, "counts", keys, via_solver=False)
+
+
+def test_objective_granularity_is_a_step_of_every_objective_value():
+    """Feasible objective values differ by multiples of the lattice step."""
+    from tuna_lab.model.bounds import objective_granularity
+    from tuna_lab.model.encodings import ultrametric_chain
+
+    for spec, W, T, mode in [(MINI_XEON, 2, 2, "compact"), (TREE, 2, 3, "scatter"),
+                             (PACK2, 2, 3, "compact"), (TREE, 5, 1, "compact")]:
+        t = topo(spec)
+        _, feasible, values = brute_force(W, T, t, mode)
+        step = objective_granularity(TunaModel(W, T, t, mode).instance, set(ALL_KEYS), ultrametric_chain(t))
+        assert step >= 1
+        assert np.allclose(np.round((values - values.max()) / step), (values - values.max()) / step)
+    xeon_step = TunaModel(6, 4, Topology.preset("xeon-8272cl"), "compact").granularity()
+    assert xeon_step == 46           # sibling level only: the single-core level is constant
+
+
+def test_local_search_keeps_every_family_and_never_worsens():
+    """The polishing step on an oversubscribed compact case of a two-level SMT machine."""
+    t = Topology.synthetic("pack:2 l3:2 l2:2 core:1 pu:2")
+    model = TunaModel(5, 5, t, mode="compact")
+    start = model.construct()
+    better = model.improve(start, time_limit=2.0)
+    assert not any(f.violations(better, model.instance) for f in model.families)
+    assert objective_of(better, t, "compact") > objective_of(start, t, "compact")
+    m = Mapping(model.instance, np.asarray(t.cpus)[better], model.families)
+    assert m.verify() == [] and feasible_mask(better[None], t)[0]
+
+
+def test_warm_start_is_canonical_for_the_symmetry_breaking_rows():
+    """HiGHS drops a start that breaks the counts encoding's symmetry ordering."""
+    model = TunaModel(5, 4, Topology.preset("epyc-7313p"), mode="compact")
+    problem, enc, _ = model.build()
+    start = model.improve(model.construct())      # this one breaks the ordering as it is
+    canon = enc.canonical(start)
+    inst = model.instance
+    assert Mapping(inst, inst.cpus[canon], model.families).verify() == []
+    assert objective_of(canon, inst.topology, "compact") == pytest.approx(
+        objective_of(start, inst.topology, "compact"))
+    values = enc.start(start)
+    for var in problem.variables():
+        if var.id in values:
+            var.value = values[var.id]
+    assert max(float(np.max(c.violation())) for c in enc.symmetry_constraints()) <= 1e-9

@@ -7,15 +7,20 @@ every ``S_l`` on its own - smallest possible for a term to be maximised
 (spread the count as evenly as the domains' capacities allow), largest
 possible for a term to be minimised (fill the biggest domains first) - bounds
 the term, and treating the ``W`` workers independently bounds ``f_mode``.
-When the constructive mapping reaches this bound it is optimal, proven with
-no branching at all.
+Two pattern bounds tighten it where levels interact with the load and event
+families: :func:`sibling_pattern_bound` (single cores and SMT pairs
+together) and :func:`domain_pattern_bound` (a coarser level in compact mode),
+each a small integer program over "how many cores / domains take each
+pattern". :func:`objective_granularity` gives the lattice step of the
+objective values. When the constructive mapping reaches a bound (to within
+one step) it is optimal, proven with no branching at all.
 """
 
 import numpy as np
 
 from .families import PhysicalBalance
 
-__all__ = ["objective_bound"]
+__all__ = ["objective_bound", "objective_granularity", "sibling_pattern_bound"]
 
 
 def _min_sum_squares(total, caps):
@@ -52,24 +57,71 @@ def _max_sum_squares(total, caps):
     return out
 
 
-def _row_bound(chain, sizes_per_level, total, per_core, maximize, domain_caps=None):
-    """Best pair sum of one row of counts (a worker's threads, or the main threads)."""
+def _level_best(total, caps, want_small):
+    """Best ``sum x_i^2`` of one row at one level: smallest or largest possible."""
+    return _min_sum_squares(total, caps) if want_small else _max_sum_squares(total, caps)
+
+
+def _level_terms(inst, keys, chain):
+    """The objective's constant and, per level ``j``, an upper bound of that level's part.
+
+    The objective is ``const - 1/2 sum_j wt_j (S_j(A) + s sum_w S_j(B_w))``
+    with ``wt_j = d_{j+1} - d_j`` and ``S_j`` the sum of squared counts over
+    the domains of level ``j`` (level 0: single cores). Each level's part is
+    bounded on its own and each worker independently.
+    """
+    W, T, C = inst.W, inst.T, inst.C
     d = [0.0] + [c for c, _ in chain]
     top = len(d) - 1
-    value = 0.5 * d[top] * total * total
+    labels = [np.arange(C)] + [np.asarray(lab) for _, lab in chain]
+    sizes = [np.bincount(lab) for lab in labels[:-1]]
+    use_main = "4-5" in keys
+    s = inst.sign if "6-7" in keys else 0
+    const = 0.5 * d[top] * ((W * W if use_main else 0) + s * W * T * T)
+    main_cap = inst.cap_rank if "2" in keys else W
+    worker_cap = inst.cap_worker if "3" in keys else T
+    domain_caps = None
+    levels = []
     for j in range(top):
-        weight = d[j + 1] - d[j]
-        if weight == 0:
+        wt = d[j + 1] - d[j]
+        value = 0.0
+        if wt == 0:
+            levels.append(value)
             continue
-        caps = np.minimum(sizes_per_level[j] * per_core, total)
-        if domain_caps is not None and domain_caps[j] is not None:
-            caps = np.minimum(caps, domain_caps[j])
-        s = _min_sum_squares(total, caps) if maximize else _max_sum_squares(total, caps)
-        value -= 0.5 * weight * s
-    return value
+        if use_main:
+            caps = np.minimum(sizes[j] * main_cap, W)
+            value -= 0.5 * wt * _level_best(W, caps, want_small=wt > 0)
+        if s != 0:
+            caps = np.minimum(sizes[j] * worker_cap, T)
+            small = s * wt > 0
+            if not small:
+                # load families cap how many threads any domain can hold
+                if domain_caps is None:
+                    domain_caps = _load_caps(inst, keys, labels)
+                caps = np.minimum(caps, domain_caps[j])
+            value -= 0.5 * wt * s * W * _level_best(T, caps, want_small=small)
+        levels.append(value)
+    return const, levels
 
 
-def objective_bound(inst, families, chain):
+def _load_caps(inst, keys, labels):
+    """Most threads the load families allow in each domain of each level."""
+    C = inst.C
+    per_core = np.full(C, float(inst.W * inst.T))
+    if "8" in keys:
+        per_core = np.minimum(per_core, inst.U)
+    phys_ok = "8p" in keys and PhysicalBalance().applies(inst)
+    out = []
+    for lab in labels[:-1]:
+        cap = np.bincount(lab, weights=per_core)
+        if phys_ok:
+            n_phys = np.array([len(set(inst.core[lab == g].tolist())) for g in range(lab.max() + 1)])
+            cap = np.minimum(cap, n_phys * inst.U_phys)
+        out.append(np.floor(cap).astype(int))
+    return out
+
+
+def objective_bound(inst, families, chain, patterns=True, target=None):
     """Upper bound on ``f_main + f_mode`` for any mapping satisfying ``families``.
 
     Parameters
@@ -78,36 +130,289 @@ def objective_bound(inst, families, chain):
     families : iterable of Family
     chain : list of (cost, labels)
         :func:`~tuna_lab.model.encodings.ultrametric_chain` of the topology.
+    patterns : bool
+        Also bound the single-core and physical-core levels jointly by
+        :func:`sibling_pattern_bound` (SMT-2 machines), each coarser level by
+        :func:`domain_pattern_bound` (compact mode), and keep the smaller bound.
+    target : float, optional
+        An objective already reached (a known mapping's): when the per-level
+        bound is already within :func:`objective_granularity` of it, the
+        (slower) pattern bound is skipped.
 
     Returns
     -------
     float
     """
     keys = {f.key for f in families}
-    C = inst.C
-    labels = [np.arange(C)] + [np.asarray(lab) for _, lab in chain]
-    sizes = [np.bincount(lab) for lab in labels[:-1]]
-    bound = 0.0
-    if "4-5" in keys:
-        main_cap = inst.cap_rank if "2" in keys else inst.W
-        bound += _row_bound(chain, sizes, inst.W, main_cap, maximize=True)
-    if "6-7" in keys:
-        worker_cap = inst.cap_worker if "3" in keys else inst.T
-        if inst.sign > 0:
-            bound += inst.W * _row_bound(chain, sizes, inst.T, worker_cap, maximize=True)
-        else:
-            # load families cap how many threads any domain can hold
-            per_core = np.full(C, float(inst.W * inst.T))
-            if "8" in keys:
-                per_core = np.minimum(per_core, inst.U)
-            caps = []
-            phys_ok = "8p" in keys and PhysicalBalance().applies(inst)
-            for lab in labels[:-1]:
-                cap = np.bincount(lab, weights=per_core)
-                if phys_ok:
-                    n_phys = np.array([len(set(inst.core[lab == g].tolist())) for g in range(lab.max() + 1)])
-                    cap = np.minimum(cap, n_phys * inst.U_phys)
-                caps.append(np.floor(cap).astype(int))
-            bound -= inst.W * _row_bound(chain, sizes, inst.T, worker_cap, maximize=False,
-                                         domain_caps=caps)
+    const, levels = _level_terms(inst, keys, chain)
+    bound = const + sum(levels)
+    if target is not None and _closes(bound, target, objective_granularity(inst, keys, chain)):
+        return float(bound)
+    if patterns:
+        first = 0
+        if len(levels) >= 2:
+            joint = sibling_pattern_bound(inst, keys, chain)
+            if joint is not None and joint < levels[0] + levels[1]:
+                levels[:2] = [joint, 0.0]
+                first = 2
+        for j in range(max(first, 1), len(levels)):
+            coarse = domain_pattern_bound(inst, keys, chain, j)
+            if coarse is not None and coarse < levels[j]:
+                levels[j] = coarse
+        bound = min(bound, const + sum(levels))
     return float(bound)
+
+
+def _closes(bound, value, step):
+    """Whether no objective value of the lattice ``value + step Z`` lies above ``value`` and below ``bound``."""
+    tol = 1e-9 * max(1.0, abs(bound))
+    if step > 0:
+        return bound - value < step - max(tol, 1e-6 * step)
+    return value >= bound - tol
+
+
+def objective_granularity(inst, keys, chain):
+    """Step ``g`` such that every feasible objective value lies in ``c + g Z`` (0 if unknown).
+
+    Level ``j`` adds ``-1/2 wt_j (S_j(A) + s sum_w S_j(B_w))``. Since
+    ``x^2 = x (mod 2)``, ``S_j(A)`` has the parity of ``W`` and ``sum_w S_j(B_w)``
+    that of ``WT`` whatever the mapping, so that level moves the objective in
+    steps of ``wt_j``, and the objective in steps of the gcd of the weights
+    of the levels that can move (integer costs only). The single-core level
+    cannot move when (2) and (3) keep every count 0 or 1. Hence two objective
+    values closer than ``g`` are equal - a bound less than ``g`` above a
+    mapping's objective proves that mapping optimal.
+    """
+    keys = set(keys)
+    use_main = "4-5" in keys
+    s = inst.sign if "6-7" in keys else 0
+    if not use_main and s == 0:
+        return 0.0
+    d = [0.0] + [float(c) for c, _ in chain]
+    main_cap = min(inst.cap_rank if "2" in keys else inst.W, inst.W)
+    worker_cap = min(inst.cap_worker if "3" in keys else inst.T, inst.T)
+    g = 0
+    for j in range(len(d) - 1):
+        wt = d[j + 1] - d[j]
+        if wt == 0:
+            continue
+        if j == 0 and (not use_main or main_cap <= 1) and (s == 0 or worker_cap <= 1):
+            continue
+        if not float(wt).is_integer():
+            return 0.0
+        g = int(np.gcd(g, int(abs(wt))))
+    return float(g)
+
+
+#: Largest number of sibling patterns :func:`sibling_pattern_bound` enumerates.
+MAX_PATTERNS = 20000
+
+
+def sibling_pattern_bound(inst, keys, chain):
+    """Upper bound of the single-core and physical-core levels together, from sibling patterns.
+
+    On a machine whose physical cores are pairs of SMT siblings sharing the
+    first cache level, with at most one thread of a worker per logical core,
+    those two levels' part of the objective is a sum over physical cores of
+    a function of the core's *pattern*: its siblings' loads ``l1, l2``, main
+    threads ``m1, m2``, and how many workers have a thread on both siblings
+    (``q1``/``q2`` pairing a main on sibling 1/2 with the worker's own thread
+    on the other sibling, ``po`` pairing two non-main threads). Every family
+    is either local to a physical core (loads, rank caps, events) or a count
+    over them (the events budgets of (12) and (12+); the totals of threads and
+    main threads; and per worker, ``T - 1`` non-main threads make at most
+    ``floor((T-1)/2)`` non-main pairs, one fewer slot when its main is
+    paired). Forgetting which worker is which, the best count of physical
+    cores of each pattern is a small integer program (solved by HiGHS); its
+    optimum bounds those two levels of any mapping. It sees what the per-level
+    counting bound misses: (11+)-(12+) forbid pairing most main threads with
+    a sibling, sibling capacity limits pairs, and workers compete for them.
+
+    Returns ``None`` where it does not apply (no uniform 2-way SMT, siblings
+    not the first cache level, several threads of a worker per core, or too
+    many patterns).
+    """
+    W, T, C, P = inst.W, inst.T, inst.C, inst.P
+    if not (P < C and P * 2 == C and np.all(inst.smt == 2)):
+        return None
+    if len(chain) < 2 or not _same_partition(chain[0][1], inst.core):
+        return None
+    worker_cap = inst.cap_worker if "3" in keys else T
+    if min(worker_cap, T) > 1:
+        return None
+    d1, d2 = chain[0][0], chain[1][0]
+    w0, w1 = d1, d2 - d1
+    use_main = "4-5" in keys
+    s = inst.sign if "6-7" in keys else 0
+    main_cap = min(inst.cap_rank if "2" in keys else W, W)
+    nonmain_cap = inst.cap_rank * (T - 1) if "2" in keys else W
+    lo, hi = (inst.L, inst.U) if "8" in keys else (0, W)
+    hi = min(hi, W)                         # one thread of a worker per logical core
+    phys = "8p" in keys and PhysicalBalance().applies(inst)
+    if phys:
+        hi = min(hi, inst.U_phys)
+    if hi < lo:
+        return None
+    log_ev = "11-12" in keys and inst.scenario3
+    phys_ev = "11p-12p" in keys and phys and inst.scenario3_phys
+    n_l = hi - lo + 1
+    if n_l * n_l * (main_cap + 1) ** 2 > MAX_PATTERNS:
+        return None
+    rows = []      # (value, m, l, log events, phys events, main pairs, other pairs)
+    for l1 in range(lo, hi + 1):
+        for l2 in range(lo, hi + 1):
+            N = l1 + l2
+            if phys and not (inst.L_phys <= N <= inst.U_phys):
+                continue
+            for m1 in range(min(l1, main_cap) + 1):
+                if l1 - m1 > nonmain_cap:
+                    continue
+                for m2 in range(min(l2, main_cap) + 1):
+                    if l2 - m2 > nonmain_cap:
+                        continue
+                    ev_l = int(log_ev and l1 == inst.U and m1 > 0) + int(log_ev and l2 == inst.U and m2 > 0)
+                    ev_p = int(phys_ev and N == inst.U_phys and m1 + m2 > 0)
+                    base_main = (m1 * m1 + m2 * m2) * w0 + (m1 + m2) ** 2 * w1 if use_main else 0.0
+                    for q1 in range(min(m1, l2 - m2) + 1):
+                        for q2 in range(min(m2, l1 - m1) + 1):
+                            for po in range(min(l1 - m1 - q2, l2 - m2 - q1) + 1):
+                                pairs = q1 + q2 + po
+                                worker = s * ((l1 + l2) * (w0 + w1) + 2 * w1 * pairs)
+                                rows.append((-0.5 * (base_main + worker), m1 + m2, N, ev_l, ev_p,
+                                             q1 + q2, po))
+                                if len(rows) > MAX_PATTERNS:
+                                    return None
+    if not rows:
+        return None
+    R = np.array(rows, dtype=float)
+    value, mains, load, ev_l, ev_p, qm, po = R.T
+    f1 = max(T - 1, 0) // 2                 # non-main pairs of a worker whose main is unpaired
+    f2 = max(T - 2, 0) // 2                 # ... whose main is paired
+    A = [np.ones(len(R)), mains, load, po - (f2 - f1) * qm]
+    lb = [P, W, W * T, -np.inf]
+    ub = [P, W, W * T, W * f1]
+    if log_ev:
+        A.append(ev_l)
+        lb.append(-np.inf)
+        ub.append(max(0, W - C + inst.r))
+    if phys_ev:
+        A.append(ev_p)
+        lb.append(-np.inf)
+        ub.append(max(0, min(W, P) - P + inst.r_phys))
+    return _solve_counts(value, A, lb, ub, P)
+
+
+def _same_partition(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    pairs = np.unique(np.stack([a, b]), axis=1).shape[1]
+    return pairs == len(np.unique(a)) == len(np.unique(b))
+
+
+def _solve_counts(value, A, lb, ub, upper):
+    """max value @ n over integer n in [0, upper] with lb <= A n <= ub; the proven bound, or None."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    res = milp(-np.asarray(value, float), constraints=LinearConstraint(np.asarray(A, float), lb, ub),
+               integrality=np.ones(len(value)), bounds=Bounds(0, upper),
+               options={"mip_rel_gap": 0.0, "time_limit": 5.0})
+    if res.status not in (0, 1):             # infeasible or failed: no bound from here
+        return None
+    dual = getattr(res, "mip_dual_bound", None)
+    if dual is None or not np.isfinite(dual):
+        return None
+    return float(-dual) + 1e-7 * max(1.0, abs(float(dual)))
+
+
+def domain_pattern_bound(inst, keys, chain, j):
+    """Upper bound of level ``j``'s part of the objective from per-domain patterns (compact mode).
+
+    Level ``j`` adds ``-1/2 wt_j (S_j(A) - sum_w S_j(B_w))`` in compact mode:
+    the mains want to be spread over its domains, each worker's threads
+    packed into few of them. The per-level bound takes the two apart and lets
+    every worker have its domains to itself. Here a domain's part is bounded
+    from its *pattern* - threads ``n`` and main threads ``a`` in it, and the
+    events of (12)/(12+) it uses: ``n`` is capped by the load families
+    (a core hosting a main thread carries ``L``, a physical one ``L+``,
+    unless it spends an event), and a worker's share of the domain by its
+    cores, minus those that a main thread of another worker holds alone
+    (load 1); ``sum_w B_wD^2`` is then at most the biggest-first filling of
+    those shares. Choosing how many domains of each shape take each pattern,
+    with the totals of threads, mains and events fixed, is a small integer
+    program whose optimum bounds the level. Only loosened constraints are
+    used, so it is a relaxation; ``None`` where it does not apply.
+    """
+    W, T, C, P = inst.W, inst.T, inst.C, inst.P
+    s = inst.sign if "6-7" in keys else 0
+    d = [0.0] + [c for c, _ in chain]
+    wt = d[j + 1] - d[j]
+    if s >= 0 or wt <= 0 or j < 1:
+        return None
+    use_main = "4-5" in keys
+    labels = np.asarray(chain[j - 1][1])
+    n_dom = int(labels.max()) + 1
+    size = np.bincount(labels, minlength=n_dom)
+    whole = _same_partition(np.stack([labels, inst.core]).T @ np.array([C + 1, 1]), inst.core)
+    phys = "8p" in keys and PhysicalBalance().applies(inst) and whole
+    n_phys = np.array([len(np.unique(inst.core[labels == g])) for g in range(n_dom)])
+    worker_cap = min(inst.cap_worker if "3" in keys else T, T)
+    main_cap = min(inst.cap_rank if "2" in keys else W, W)
+    has_load = "8" in keys
+    log_ev = "11-12" in keys and inst.scenario3
+    phys_ev = "11p-12p" in keys and phys and inst.scenario3_phys
+    K = max(0, W - C + inst.r) if log_ev else None
+    Kp = max(0, min(W, P) - P + inst.r_phys) if phys_ev else None
+    classes = {}
+    for g in range(n_dom):
+        classes[(int(size[g]), int(n_phys[g]))] = classes.get((int(size[g]), int(n_phys[g])), 0) + 1
+    rows = []      # pattern rows: (class index, n, a, e_l, e_p, value)
+    for ci, (sz, npc) in enumerate(classes):
+        lo = max(sz * inst.L if has_load else 0, npc * inst.L_phys if phys else 0)
+        for a in range(min(sz * main_cap, W) + 1):
+            for el in range(min(a, K) + 1 if log_ev else 1):
+                for ep in range(min(a, Kp) + 1 if phys_ev else 1):
+                    hi = sz * worker_cap * W if not has_load else sz * inst.U
+                    if has_load and log_ev and main_cap <= 1:
+                        hi -= (a - el) * (inst.U - inst.L)     # main cores at L unless an event
+                    if phys:
+                        kp = -(-a // 2) if main_cap <= 1 else -(-a // (2 * main_cap))
+                        hp = npc * inst.U_phys
+                        if phys_ev:
+                            hp -= max(0, min(kp, npc) - ep) * (inst.U_phys - inst.L_phys)
+                        hi = min(hi, hp)
+                    hi = min(hi, W * T)
+                    # cores a main thread holds alone (at most one thread there)
+                    if main_cap > 1 or not has_load:
+                        blocked = 0
+                    elif log_ev:
+                        blocked = (a - el) if inst.L <= 1 else 0
+                    else:
+                        blocked = a if inst.U <= 1 else 0
+                    own = min(T, worker_cap * (sz - max(0, blocked - 1)))
+                    # a worker whose main thread is elsewhere has at most T - 1 threads here
+                    other = min(T - 1, worker_cap * (sz - blocked))
+                    caps = [own] * min(a, W) + [other] * (W - min(a, W))
+                    for n in range(max(lo, a), hi + 1):
+                        h = _max_sum_squares(n, caps)
+                        if sum(caps) < n:
+                            continue
+                        value = -0.5 * wt * ((a * a if use_main else 0) + s * h)
+                        rows.append((ci, n, a, el, ep, value))
+                        if len(rows) > MAX_PATTERNS:
+                            return None
+    if not rows:
+        return None
+    R = np.array(rows, dtype=float)
+    ci, n, a, el, ep, value = R.T
+    A = [(ci == k).astype(float) for k in range(len(classes))] + [n, a]
+    lb = list(classes.values()) + [W * T, W]
+    ub = list(classes.values()) + [W * T, W]
+    if log_ev:
+        A.append(el)
+        lb.append(-np.inf)
+        ub.append(K)
+    if phys_ev:
+        A.append(ep)
+        lb.append(-np.inf)
+        ub.append(Kp)
+    return _solve_counts(value, A, lb, ub, n_dom)
+

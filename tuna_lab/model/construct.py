@@ -11,14 +11,16 @@ the cores whose every prefix is spread evenly over the cache tree, like
 hwloc's ``distrib``), so equal choices fill the machine evenly.
 
 The greedy placement can dead-end on unusual family combinations; it then
-returns ``None`` and the solver starts cold.
+returns ``None`` and the solver starts cold. :func:`local_search` polishes a
+mapping (swaps, moves and two-move chains of non-main threads) when the
+bounds do not prove the greedy one optimal.
 """
 
 import numpy as np
 
 from .families import PhysicalBalance
 
-__all__ = ["scatter_order", "greedy_mapping"]
+__all__ = ["scatter_order", "greedy_mapping", "local_search"]
 
 
 def scatter_order(chain_labels, C):
@@ -147,3 +149,201 @@ def greedy_mapping(inst, families, chain_labels=None, order_by="rank"):
                 pmain[x] += 1
             out[w, t] = pick
     return out
+
+
+def local_search(pos, inst, families, time_limit=2.0, max_rounds=100000):
+    """Improve a valid mapping by moving and swapping non-main threads; positions (W, T).
+
+    Two moves, each keeping every family satisfied: *swap* a non-main thread
+    of one worker with one of another worker on a different core (no load,
+    main thread or event changes; only (3) to check), and *move* one non-main
+    thread to another core (the loads of two cores change: (8), (8+) and the
+    events of (12)/(12+) are re-counted for the move). Each round takes the
+    best improving move of either kind, with the gains of all candidates
+    computed at once with numpy; the search stops at a local optimum or the
+    time limit. Ranks are re-numbered at the end (:func:`assign_ranks`),
+    since only the per-core counts of non-main threads matter to (2), and
+    those the swaps keep.
+    """
+    import time
+
+    from .families import worker_counts
+    from .ranks import assign_ranks
+
+    t_end = time.perf_counter() + time_limit
+    keys = {f.key for f in families}
+    pos = np.array(pos, dtype=int)
+    W, T = pos.shape
+    C = inst.C
+    if T < 2 or "6-7" not in keys:
+        return pos
+    sign = inst.sign
+    cap_worker = inst.cap_worker if "3" in keys else T
+    D0 = np.array(inst.distance, dtype=float)
+    np.fill_diagonal(D0, 0.0)
+    core = inst.core
+    B = worker_counts(pos, C)
+    g = B @ D0                                      # g[w, c] = sum_c' B[w, c'] d(c, c')
+    load = B.sum(axis=0)
+    pload = np.bincount(core, weights=load, minlength=inst.P).astype(int)
+    mains = np.bincount(pos[:, 0], minlength=C)
+    pmains = np.bincount(core, weights=mains, minlength=inst.P) > 0
+    use_load = "8" in keys
+    use_phys = "8p" in keys and PhysicalBalance().applies(inst)
+    use_events = "11-12" in keys and inst.scenario3
+    use_pevents = "11p-12p" in keys and use_phys and inst.scenario3_phys
+    L, U, Lp, Up = inst.L, inst.U, inst.L_phys, inst.U_phys
+    K = max(0, inst.W - C + inst.r)
+    Kp = max(0, min(inst.W, inst.P) - inst.P + inst.r_phys)
+    rank_ok = "2" not in keys or inst.cap_rank * (T - 1) >= W   # moves may then change per-core counts
+    rank_cap = inst.cap_rank * (T - 1) if "2" in keys else W * T
+    wi = np.repeat(np.arange(W), T - 1)
+    ti = np.tile(np.arange(1, T), W)
+    cores = np.arange(C)
+    for _ in range(max_rounds):
+        if time.perf_counter() > t_end:
+            break
+        ci = pos[wi, ti]
+        gi = g[wi, ci]
+        # swaps: thread i (w, c) <-> thread j (v, c')
+        swap = sign * (g[wi[:, None], ci[None, :]] - gi[:, None] + g[wi[None, :], ci[:, None]]
+                       - gi[None, :] - 2.0 * D0[ci[:, None], ci[None, :]])
+        ok = (wi[:, None] != wi[None, :]) & (B[wi[:, None], ci[None, :]] < cap_worker) \
+            & (B[wi[None, :], ci[:, None]] < cap_worker)
+        swap = np.where(ok, swap, -np.inf)
+        best_swap = np.unravel_index(np.argmax(swap), swap.shape)
+        # moves: thread i (w, c) -> core c'
+        move = sign * (g[wi] - gi[:, None] - D0[ci])
+        ok = B[wi] < cap_worker
+        ok &= cores[None, :] != ci[:, None]
+        nonmain = load - mains
+        ok &= (nonmain[None, :] + 1 <= rank_cap) | rank_ok
+        same_phys = core[ci][:, None] == core[None, :]
+        if use_load:
+            ok &= (load[ci] - 1 >= L)[:, None] & (load[None, :] + 1 <= U)
+        if use_phys:
+            ok &= same_phys | ((pload[core[ci]] - 1 >= Lp)[:, None] & (pload[core][None, :] + 1 <= Up))
+        if use_events:
+            ev = int(((load == U) & (mains > 0)).sum())
+            lost = ((load[ci] == U) & (mains[ci] > 0)).astype(int)
+            won = ((load + 1 == U) & (mains > 0)).astype(int)
+            ok &= ev - lost[:, None] + won[None, :] <= K
+        if use_pevents:
+            pev = int(((pload == Up) & pmains).sum())
+            plost = ((pload[core[ci]] == Up) & pmains[core[ci]]).astype(int)
+            pwon = ((pload[core] + 1 == Up) & pmains[core]).astype(int)
+            ok &= same_phys | (pev - plost[:, None] + pwon[None, :] <= Kp)
+        move = np.where(ok, move, -np.inf)
+        best_move = np.unravel_index(np.argmax(move), move.shape)
+        gain_swap, gain_move = swap[best_swap], move[best_move]
+        if max(gain_swap, gain_move) <= 1e-9:
+            # No single move or swap improves: try chains "thread i to c', and
+            # another thread j into the core i left" (loads of i's core kept).
+            if not _chain(pos, B, g, load, pload, mains, pmains, wi, ti, D0, core, sign, cap_worker,
+                          rank_cap, (use_load, L, U), (use_phys, Lp, Up), (use_events, K),
+                          (use_pevents, Kp), t_end):
+                break
+            continue
+        if gain_swap >= gain_move:
+            # Apply the best swaps of this round whose workers are all distinct:
+            # a swap's gain depends only on its two workers' rows.
+            flat = swap.ravel()
+            top = np.argpartition(-flat, min(4 * W, flat.size - 1))[:4 * W]
+            top = top[np.argsort(-flat[top])]
+            used = np.zeros(W, dtype=bool)
+            for k in top:
+                if flat[k] <= 1e-9:
+                    break
+                i, j = divmod(int(k), swap.shape[1])
+                w, c, v, c2 = wi[i], ci[i], wi[j], ci[j]
+                if used[w] or used[v]:
+                    continue
+                used[w] = used[v] = True
+                pos[w, ti[i]], pos[v, ti[j]] = c2, c
+                B[w, c] -= 1; B[w, c2] += 1; B[v, c2] -= 1; B[v, c] += 1
+                g[w] += D0[c2] - D0[c]
+                g[v] += D0[c] - D0[c2]
+        else:
+            i, c2 = best_move
+            w, c = wi[i], ci[i]
+            pos[w, ti[i]] = c2
+            B[w, c] -= 1; B[w, c2] += 1
+            g[w] += D0[c2] - D0[c]
+            load[c] -= 1; load[c2] += 1
+            pload[core[c]] -= 1; pload[core[c2]] += 1
+    if "2" in keys and T > 1:
+        others = B.copy()
+        others[np.arange(W), pos[:, 0]] -= 1
+        pos = assign_ranks(pos[:, 0], others, inst.cap_rank)
+    return pos
+
+
+def _feasible_loads(load, pload, mains, pmains, nonmain, rank_cap, logical, physical, events, pevents):
+    use_load, L, U = logical
+    use_phys, Lp, Up = physical
+    if use_load and (load.min() < L or load.max() > U):
+        return False
+    if use_phys and (pload.min() < Lp or pload.max() > Up):
+        return False
+    if nonmain.max() > rank_cap:
+        return False
+    if events[0] and int(((load == U) & (mains > 0)).sum()) > events[1]:
+        return False
+    if pevents[0] and int(((pload == Up) & pmains).sum()) > pevents[1]:
+        return False
+    return True
+
+
+def _chain(pos, B, g, load, pload, mains, pmains, wi, ti, D0, core, sign, cap_worker, rank_cap,
+           logical, physical, events, pevents, t_end, n_first=60, n_second=4):
+    """One improving two-move chain, applied in place; whether one was found."""
+    import time
+
+    ci = pos[wi, ti]
+    gi = g[wi, ci]
+    first = sign * (g[wi] - gi[:, None] - D0[ci])
+    ok = (B[wi] < cap_worker) & (np.arange(D0.shape[0])[None, :] != ci[:, None])
+    first = np.where(ok, first, -np.inf).ravel()
+    n_first = min(n_first, first.size - 1)
+    top = np.argpartition(-first, n_first)[:n_first]
+    top = top[np.argsort(-first[top])]
+    C = D0.shape[0]
+    for k in top:
+        if time.perf_counter() > t_end or not np.isfinite(first[k]):
+            return False
+        i, c2 = divmod(int(k), C)
+        w, c = wi[i], ci[i]
+        g_w = g[w] + D0[c2] - D0[c]
+        # second move: thread j (u, c3) -> c
+        gj = np.where(wi == w, g_w[c] - g_w[ci] - D0[ci, c], g[wi, c] - gi - D0[ci, c])
+        second = sign * gj
+        bw = B[wi, c] - (wi == w)
+        okj = (bw < cap_worker) & (ci != c) & (np.arange(len(wi)) != i)
+        okj &= ~((wi == w) & (ci == c2))
+        second = np.where(okj, second, -np.inf)
+        need = -first[k]
+        cand = np.flatnonzero(second > need + 1e-9)
+        if cand.size == 0:
+            continue
+        cand = cand[np.argsort(-second[cand])][:n_second]
+        for j in cand:
+            u, c3 = wi[j], ci[j]
+            new_load = load.copy()
+            new_load[c2] += 1
+            new_load[c3] -= 1
+            new_pload = pload.copy()
+            new_pload[core[c2]] += 1
+            new_pload[core[c3]] -= 1
+            if not _feasible_loads(new_load, new_pload, mains, pmains, new_load - mains, rank_cap,
+                                   logical, physical, events, pevents):
+                continue
+            pos[w, ti[i]] = c2
+            B[w, c] -= 1; B[w, c2] += 1
+            g[w] += D0[c2] - D0[c]
+            pos[u, ti[j]] = c
+            B[u, c3] -= 1; B[u, c] += 1
+            g[u] += D0[c] - D0[c3]
+            load[:] = new_load
+            pload[:] = new_pload
+            return True
+    return False

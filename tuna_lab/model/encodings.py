@@ -408,10 +408,44 @@ class CountEncoding(_Encoding):
         b = np.rint(np.asarray(self.b.value)).astype(int)
         return assign_ranks(main, b, self.rank_cap)
 
+    def canonical(self, assign):
+        """``assign`` renumbered so that it satisfies :meth:`symmetry_constraints`.
+
+        Physical cores of one interchangeable group are reordered by their
+        key, and the siblings of each by theirs (both symmetries of every
+        family, which keep the objective), then the workers by the position
+        of their main thread. A warm start must be canonical, else HiGHS
+        finds it infeasible and discards it.
+        """
+        from .families import loads, main_counts
+
+        inst = self.inst
+        assign = np.asarray(assign)
+        W, T, C = inst.W, inst.T, inst.C
+        key = (W * T + 1) * main_counts(assign, C) + loads(assign, C)
+        core = inst.core
+        members = [np.flatnonzero(core == x) for x in range(inst.P)]   # ascending positions
+        pkey = np.bincount(core, weights=key, minlength=inst.P)
+        parent = self._physical_parent()
+        smt = np.bincount(core, minlength=inst.P)
+        if parent is None:
+            group = np.arange(inst.P)
+        else:
+            group = parent * (smt.max() + 1) + smt
+        new = np.arange(C)
+        for g in np.unique(group):
+            phys = np.flatnonzero(group == g)
+            order = phys[np.argsort(-pkey[phys], kind="stable")]
+            for src, dst in zip(order, phys):
+                cores = members[src]
+                new[cores[np.argsort(-key[cores], kind="stable")]] = members[dst]
+        out = new[assign]
+        return out[np.argsort(out[:, 0], kind="stable")]
+
     def start(self, assign):
         from .families import worker_counts
 
-        assign = np.asarray(assign)
+        assign = self.canonical(assign)
         W, C = self.inst.W, self.inst.C
         a = np.zeros((W, C))
         a[np.arange(W), assign[:, 0]] = 1

@@ -7,11 +7,10 @@ rank per core. Numbering the threads is an edge-colouring problem on the
 bipartite multigraph workers x cores (one edge per non-main thread, one
 colour per rank); an equitable colouring exists whenever every core carries
 at most ``cap * (T - 1)`` non-main threads (de Werra). We peel one colour
-class at a time with a feasibility flow (networkx network simplex), keeping
+class at a time with a feasibility flow (a maximum flow, scipy), keeping
 every core's remaining degree within ``cap`` times the colours left.
 """
 
-import networkx as nx
 import numpy as np
 
 from ..errors import ModelError
@@ -58,29 +57,36 @@ def assign_ranks(main, others, cap):
 
 
 def _colour_class(rest, k, cap):
-    """One edge per worker such that every core keeps degree <= cap * (k - 1)."""
+    """One edge per worker such that every core keeps degree <= cap * (k - 1).
+
+    A feasible flow with lower bounds (core ``c`` must take at least
+    ``deg_c - cap (k-1)`` of the edges), found as a maximum flow between a
+    super source and sink (scipy's Dinic): the usual reduction of lower bounds.
+    """
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import maximum_flow
+
     W, C = rest.shape
     deg = rest.sum(axis=0)
     lo = np.maximum(deg - cap * (k - 1), 0)
     hi = np.minimum(deg, cap)
     if np.any(lo > hi):
         raise ModelError("thread counts admit no rank numbering satisfying (2)")
-    G = nx.DiGraph()
-    G.add_node("sink", demand=int(W - lo.sum()))
-    for w in range(W):
-        G.add_node(("w", w), demand=-1)
-    used = np.flatnonzero(deg > 0)
-    for c in used:
-        G.add_node(("c", int(c)), demand=int(lo[c]))
-        if hi[c] > lo[c]:
-            G.add_edge(("c", int(c)), "sink", capacity=int(hi[c] - lo[c]), weight=0)
-    for w, c in np.argwhere(rest > 0):
-        G.add_edge(("w", int(w)), ("c", int(c)), capacity=1, weight=0)
-    try:
-        _, flow = nx.network_simplex(G)
-    except nx.NetworkXUnfeasible:
-        raise ModelError("thread counts admit no rank numbering satisfying (2)") from None
-    choice = np.empty(W, dtype=int)
-    for w in range(W):
-        choice[w] = next(c for (_, c), f in flow[("w", w)].items() if f > 0)
-    return choice
+    s, t, S, T = W + C, W + C + 1, W + C + 2, W + C + 3
+    ww, cc = np.nonzero(rest > 0)
+    cores = np.arange(C)
+    src = [ww, W + cores, [t], np.full(W, S), [s], W + cores, [S]]
+    dst = [W + cc, np.full(C, t), [s], np.arange(W), [T], np.full(C, T), [t]]
+    cap_ = [np.ones(ww.size), hi - lo, [W], np.ones(W), [W], lo, [lo.sum()]]
+    src, dst = np.concatenate(src).astype(np.int32), np.concatenate(dst).astype(np.int32)
+    cap_ = np.concatenate(cap_).astype(np.int32)
+    keep = cap_ > 0
+    graph = sp.csr_array((cap_[keep], (src[keep], dst[keep])), shape=(T + 1, T + 1))
+    graph.sum_duplicates()
+    res = maximum_flow(graph, S, T)
+    if res.flow_value != W + lo.sum():
+        raise ModelError("thread counts admit no rank numbering satisfying (2)")
+    flow = res.flow.tocsr()[:W, W:W + C].toarray()
+    if np.any((flow > 0).sum(axis=1) != 1):
+        raise ModelError("thread counts admit no rank numbering satisfying (2)")
+    return np.argmax(flow > 0, axis=1)

@@ -8,14 +8,19 @@ import cvxpy as cp
 import numpy as np
 
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
-from .bounds import objective_bound
-from .construct import greedy_mapping
+from .bounds import _closes, objective_bound, objective_granularity
+from .construct import greedy_mapping, local_search
 from .encodings import ENCODINGS, make_encoding, ultrametric_chain
 from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, PhysicalBalance, SingleCore
 from .instance import Instance
 from .mapping import Mapping
 
 __all__ = ["TunaModel", "solve"]
+
+# HiGHS's presolve does not stop at its time limit; on large models it alone
+# takes about this long per nonzero of the constraint matrix (measured on the
+# 494k-nonzero epyc-9654-2s 32x16 compact model: 3-9 s on 2 shared CPUs).
+_PRESOLVE_S_PER_NONZERO = 1e-5
 
 # Built problems are kept so that toggling a mode or a family back and forth
 # re-solves without re-building or re-compiling (cvxpy caches the compiled
@@ -41,7 +46,8 @@ def _resolve_family(spec):
 
 def _topology_key(topo):
     caches = tuple((k, np.asarray(v).tobytes()) for k, v in sorted(topo.caches.items()))
-    return (topo.name, tuple(topo.cpus), np.asarray(topo.core).tobytes(), caches,
+    # NUMA nodes matter once a remote cost prices them.
+    return (topo.name, tuple(topo.cpus), np.asarray(topo.core).tobytes(), np.asarray(topo.numa).tobytes(), caches,
             tuple(sorted(topo.costs.items())))
 
 
@@ -212,14 +218,61 @@ class TunaModel:
         # position (symmetry breaking); renumbering workers is always allowed.
         return best[np.argsort(best[:, 0], kind="stable")]
 
-    def bound(self):
-        """An upper bound on the objective from per-level counting, or ``None`` (non-nested caches)."""
+    def _chain(self):
         inst = self.instance
         try:
-            chain = ultrametric_chain(inst.topology, inst.costs)
+            return ultrametric_chain(inst.topology, inst.costs)
         except ValueError:
             return None
-        return objective_bound(inst, self.families, chain)
+
+    def improve(self, start, time_limit=2.0):
+        """A mapping at least as good as ``start`` (positions ``(W, T)``), by local search.
+
+        See :func:`~tuna_lab.model.construct.local_search`; the result is
+        checked against every family and ``start`` is kept if it fails or is
+        not better.
+        """
+        inst = self.instance
+        if start is None or any(type(f) not in FAMILY_TYPES for f in self.families):
+            return start
+        try:
+            better = local_search(start, inst, self.families, time_limit=time_limit)
+        except ModelError:
+            return start
+        if any(f.violations(better, inst) for f in self.families):
+            return start
+
+        def value(pos):
+            return sum(f.value(pos, inst) for f in self.families if f.kind == "objective")
+
+        if value(better) <= value(start) + 1e-9:
+            return start
+        return better[np.argsort(better[:, 0], kind="stable")]
+
+    def bound(self, target=None):
+        """An upper bound on the objective from per-level counting, or ``None`` (non-nested caches).
+
+        ``target``: an objective already reached; the slower sibling-pattern
+        part of the bound is skipped when the counting bound alone proves it
+        optimal (see :func:`~tuna_lab.model.bounds.objective_bound`).
+        """
+        chain = self._chain()
+        if chain is None:
+            return None
+        if target is None and getattr(self, "_full_bound", None) is not None:
+            return self._full_bound
+        value = objective_bound(self.instance, self.families, chain, target=target)
+        if target is None:
+            self._full_bound = value
+        return value
+
+    def granularity(self):
+        """Step of the lattice every objective value lies on (0 if unknown); see
+        :func:`~tuna_lab.model.bounds.objective_granularity`."""
+        chain = self._chain()
+        if chain is None:
+            return 0.0
+        return objective_granularity(self.instance, {f.key for f in self.families}, chain)
 
     def _bound_certificate(self, start, construct_s):
         """The constructive mapping, if it already reaches :meth:`bound` (then it is optimal)."""
@@ -227,16 +280,16 @@ class TunaModel:
         # user's own family may add constraints the checks cannot see.
         if any(type(f) not in FAMILY_TYPES for f in self.families):
             return None
-        bound = self.bound()
         inst = self.instance
-        if bound is None:
-            return None
         mapping = Mapping(inst, inst.cpus[start], self.families)
-        if mapping.objective < bound - 1e-9 * max(1.0, abs(bound)):
+        t0 = time.perf_counter()
+        bound = self.bound(target=mapping.objective)
+        if bound is None or not _closes(bound, mapping.objective, self.granularity()):
             return None
         return Mapping(inst, mapping.assignment, self.families, status="optimal",
-                       proven_optimal=True, gap=0.0, bound=bound, build_seconds=0.0,
-                       solve_seconds=construct_s, encoding="constructive+bound")
+                       proven_optimal=True, gap=0.0, bound=max(bound, mapping.objective),
+                       build_seconds=0.0, solve_seconds=construct_s + time.perf_counter() - t0,
+                       encoding="constructive+bound")
 
     def solve(self, time_limit=None, gap=None, verbose=False, warm_start=True, prove="auto"):
         """Solve with HiGHS and return a :class:`Mapping`.
@@ -244,8 +297,9 @@ class TunaModel:
         Parameters
         ----------
         time_limit : float, optional
-            Seconds HiGHS may spend; on expiry the best mapping found is
-            returned with ``proven_optimal=False`` and its gap.
+            Seconds the solve may spend (construction, local search, building
+            and HiGHS; HiGHS keeps at least a fifth of it); on expiry the best
+            mapping found is returned with ``proven_optimal=False`` and its gap.
         gap : float, optional
             Relative MIP gap at which HiGHS stops (default: HiGHS's own, 1e-4).
         verbose : bool
@@ -271,16 +325,29 @@ class TunaModel:
             raise ModelError(f"gap must be a number in [0, 1), got {gap!r}")
         if prove not in ("auto", "solver", "bound"):
             raise ModelError(f"prove must be auto, solver or bound, got {prove!r}")
+        t_begin = time.perf_counter()
         start = None
+        # An explicit encoding="pairwise" asks for the literal model: solve it.
+        by_bound = prove in ("auto", "bound") and self.encoding != "pairwise"
         if warm_start:
             t1 = time.perf_counter()
             start = self.construct()
             construct_s = time.perf_counter() - t1
-            # An explicit encoding="pairwise" asks for the literal model: solve it.
-            if start is not None and prove in ("auto", "bound") and self.encoding != "pairwise":
+            if start is not None and by_bound:
                 mapping = self._bound_certificate(start, construct_s)
                 if mapping is not None:
                     return mapping
+            if start is not None:
+                # Not proven yet: polish the greedy mapping by local search
+                # (its time comes out of the time limit), then try the bound again.
+                budget = 2.0 if time_limit is None else min(2.0, 0.3 * float(time_limit))
+                t1 = time.perf_counter()
+                start = self.improve(start, time_limit=budget)
+                construct_s += time.perf_counter() - t1
+                if by_bound:
+                    mapping = self._bound_certificate(start, construct_s)
+                    if mapping is not None:
+                        return mapping
         problem, enc, build_s = self.build()
         t0 = time.perf_counter()
         data, _, inverse = problem.get_problem_data(cp.HIGHS)   # compiled once, cached by cvxpy
@@ -292,7 +359,15 @@ class TunaModel:
             _set_start(problem, data, enc.start(start))
         opts = {}
         if time_limit is not None:
-            opts["time_limit"] = float(time_limit)
+            # the limit covers the whole solve: what construction, local search
+            # and building took comes out of HiGHS's share (it keeps at least a fifth)
+            left = float(time_limit) - (time.perf_counter() - t_begin)
+            nnz = data[cp.settings.A].nnz if cp.settings.A in data else 0
+            if start is not None and left < _PRESOLVE_S_PER_NONZERO * nnz and by_bound:
+                # HiGHS's presolve alone would overrun the time left (it does not
+                # stop mid-way): the polished mapping, with its certified gap, is the answer.
+                return self._unsolved(start, build_s, construct_s)
+            opts["time_limit"] = max(0.2 * float(time_limit), left)
         if gap is not None:
             opts["mip_rel_gap"] = float(gap)
         t0 = time.perf_counter()
@@ -305,9 +380,25 @@ class TunaModel:
         except cp.error.SolverError as exc:
             raise NoSolutionError(f"HiGHS failed: {exc}") from None
         solve_s = time.perf_counter() - t0
-        return self._result(problem, enc, build_s, solve_s, start, offset)
+        return self._result(problem, enc, build_s, solve_s, start, offset, prove)
 
-    def _result(self, problem, enc, build_s, solve_s, start=None, offset=0.0):
+    def _unsolved(self, start, build_s, solve_s):
+        """The mapping ``start`` as the answer without HiGHS, with the counting bound's gap."""
+        inst = self.instance
+        mapping = Mapping(inst, inst.cpus[start], self.families)
+        obj = mapping.objective
+        bound = self.bound()
+        gap, proven = None, False
+        if bound is not None:
+            bound = max(bound, obj)
+            proven = _closes(bound, obj, self.granularity())
+            gap = 0.0 if proven else (bound - obj) / max(1.0, abs(obj))
+        return Mapping(inst, mapping.assignment, self.families,
+                       status="optimal" if proven else "constructed", proven_optimal=proven,
+                       gap=gap, bound=bound, build_seconds=build_s, solve_seconds=solve_s,
+                       encoding="constructive")
+
+    def _result(self, problem, enc, build_s, solve_s, start=None, offset=0.0, prove="auto"):
         inst = self.instance
         info = problem.solver_stats.extra_stats if problem.solver_stats else None
         status = problem.status
@@ -343,6 +434,10 @@ class TunaModel:
         if bound is not None:
             bound = max(bound, mapping_obj)
             gap = (bound - mapping_obj) / max(1.0, abs(mapping_obj))
+        if not proven and prove != "solver" and bound is not None \
+                and _closes(bound, mapping_obj, self.granularity()):
+            # the bound is less than one lattice step above: nothing better exists
+            proven, result_status, gap = True, "optimal", 0.0
         if proven:
             gap = min(gap, 1e-4) if gap is not None else 0.0
         return Mapping(inst, assignment, self.families,
