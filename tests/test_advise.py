@@ -28,7 +28,6 @@ from tuna_lab.advise import (
     grouped_folds,
     train,
 )
-from tuna_lab.errors import TunaError
 from tuna_lab.experiment import ExperimentError
 
 CPUS = 8
@@ -338,15 +337,10 @@ def test_missing_or_corrupt_results_folder_is_one_clear_error(tmp_path):
 
 
 def _cli(argv, capsys):
-    """``tuna-lab advise`` as cli.main runs a subcommand: TunaError -> one stderr line, status 2."""
-    parser = argparse.ArgumentParser(prog="tuna-lab")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        code = args.func(args)
-    except TunaError as exc:
-        print(f"tuna-lab: error: {exc}", file=os.sys.stderr)
-        code = 2
+    """``tuna-lab ARGV`` through the real entry point: status, stdout, stderr."""
+    from tuna_lab import cli
+
+    code = cli.main(argv)
     out = capsys.readouterr()
     return code, out.out, out.err
 
@@ -390,11 +384,8 @@ def test_cli_default_results_folder():
 def test_cli_wired_into_tuna_lab(sweep_dir, capsys):
     from tuna_lab import cli
 
-    try:
+    with pytest.raises(SystemExit) as exc:
         cli._build_parser().parse_args(["advise", "-h"])
-    except SystemExit as exc:
-        if exc.code != 0:
-            pytest.skip("`tuna-lab advise` is not wired into tuna_lab.cli yet")
-    capsys.readouterr()
+    assert exc.value.code == 0 and "--results" in capsys.readouterr().out
     assert cli.main(["advise", "-w", "2", "-t", "1", "--model", "huge", "--results", str(sweep_dir)]) == 2
     assert "unknown model 'huge'" in capsys.readouterr().err

@@ -58,9 +58,13 @@ def test_request_cpu_adds_each_threads_increase_to_its_role(before, increase):
 
 
 def test_process_thread_cpu_sees_this_thread():
+    listing = lambda: {int(t) for t in os.listdir("/proc/self/task")}  # noqa: E731
+    before = listing()
     cpu = process_thread_cpu()
-    assert os.getpid() in cpu and cpu[os.getpid()] > 0
-    assert set(cpu) <= {int(t) for t in os.listdir("/proc/self/task")} | set(cpu)
+    after = listing()
+    # Only threads that exist, and every thread alive throughout.
+    assert before & after <= set(cpu) <= before | after
+    assert cpu[os.getpid()] > 0 and all(v >= 0 for v in cpu.values())
 
 
 def test_account_splits_cpu_into_busy_and_idle_time():

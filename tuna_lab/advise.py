@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from .analysis import STAGES, scenario_stats, speedups
+from .cpu import WAIT_POLICIES
 from .errors import ModelError, TunaError
 from .model.instance import check_positive_int
 
@@ -53,9 +54,6 @@ __all__ = ["AdviseError", "Advisor", "Recommendation", "train", "feature_table",
 #: Where ``tuna-lab advise`` looks for results unless given ``--results``: the
 #: folder the README's ``tuna-lab sweep ... --out results/sweep`` writes.
 DEFAULT_RESULTS = os.path.join("results", "sweep")
-
-#: OpenMP wait policies a configuration may run with (``default``: OMP_WAIT_POLICY unset).
-WAIT_POLICIES = ("default", "passive", "active")
 
 #: Fewest configurations (with cfs and another policy) to train on and still hold some out.
 MIN_CONFIGURATIONS = 4
@@ -198,10 +196,8 @@ def _cell_key(workers, threads, model, batch, wait_policy="default", spincount=-
 def _speedups(trials):
     """The target, from :mod:`tuna_lab.analysis`, one wait policy and spin count at a time.
 
-    ``analysis`` keys an application by ``(workers, threads, cpus, model,
-    batch, wait_policy)``, not by spin count: configurations that differ only
-    by it would be pooled, so each (wait policy, spin count) is analysed on
-    its own.
+    ``analysis`` keys applications by wait policy and spin count too; grouping
+    here as well keeps each group's baseline check (a cfs row) explicit.
     """
     parts = []
     for (wait, spin), group in trials.groupby(list(_FACTORS), sort=True):

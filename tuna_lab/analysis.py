@@ -76,13 +76,14 @@ def _with_defaults(table):
     """``table`` with the wait factors the runner records, at their defaults where absent.
 
     ``wait_policy`` "default" and ``spincount`` -1 (the runtime's own): results
-    older than these factors, and hand-made tables, still analyse.
+    older than these factors, a sweep mixing old and new cells, and hand-made
+    tables still analyse.
     """
-    if isinstance(table, pd.DataFrame):
-        missing = {k: v for k, v in (("wait_policy", "default"), ("spincount", -1)) if k not in table.columns}
-        if missing:
-            return table.assign(**missing)
-    return table
+    if not isinstance(table, pd.DataFrame):
+        return table
+    wait = table["wait_policy"].fillna("default") if "wait_policy" in table.columns else "default"
+    spin = table["spincount"].fillna(-1).astype(np.int64) if "spincount" in table.columns else -1
+    return table.assign(wait_policy=wait, spincount=spin)
 
 
 def _check_table(table, name, columns, numeric=(), keys=()):

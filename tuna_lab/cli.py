@@ -224,7 +224,9 @@ def _nonnegative_int(text):
 
 
 def _add_wait_options(p):
-    p.add_argument("--wait-policy", choices=("default", "passive", "active"), default="default",
+    from .cpu import WAIT_POLICIES
+
+    p.add_argument("--wait-policy", choices=WAIT_POLICIES, default="default",
                    help="OMP_WAIT_POLICY of the workers (default: the OpenMP runtime's own, spin then sleep)")
     p.add_argument("--spincount", type=_nonnegative_int, default=None,
                    help="GOMP_SPINCOUNT: spins before an idle OpenMP thread sleeps")
@@ -234,7 +236,8 @@ def _configs_arg(text):
     pairs = []
     for item in text.split(","):
         w, sep, t = item.strip().lower().partition("x")
-        if not (sep and w.isdigit() and t.isdigit() and int(w) > 0 and int(t) > 0):
+        if not (sep and w.isdecimal() and t.isdecimal() and w.isascii() and t.isascii()
+                and int(w) > 0 and int(t) > 0):
             raise TunaError(f"--configs wants WxT pairs like 2x2,4x1, got {item.strip()!r}")
         pairs.append((int(w), int(t)))
     return pairs

@@ -253,7 +253,12 @@ def account(sampler, requests):
         raise CpuAccountingError("need at least two CPU samples to account a trial")
     first = np.array([col[np.isfinite(col)][0] if np.isfinite(col).any() else 0.0 for col in cpu.T])
     last = np.array([col[np.isfinite(col)][-1] if np.isfinite(col).any() else 0.0 for col in cpu.T])
+    if not sampler.threads:
+        raise CpuAccountingError("no server threads were sampled")
+    # Every thread of a worker but its main one counts as OpenMP, as in request_cpu:
+    # a sync Gunicorn worker starts no other threads.
     threads = pd.DataFrame(sampler.threads).assign(cpu_seconds=last - first)
+    threads["role"] = threads["role"].where(threads["role"].eq("main"), "openmp")
     if "slot" not in threads:
         threads["slot"] = None
     ok = requests[requests["status"] == 200] if len(requests) else requests
@@ -261,7 +266,8 @@ def account(sampler, requests):
     for (pid, role), group in threads.groupby(["pid", "role"], sort=True):
         mine = ok[ok["pid"] == pid] if len(ok) else ok
         column = f"cpu_{role}"
-        busy = float(mine[column].sum()) if len(mine) and column in mine else float("nan")
+        # A worker that served nothing was busy for 0 s: all its CPU time is idle.
+        busy = float(mine[column].sum()) if column in ok.columns else float("nan")
         total = float(group["cpu_seconds"].sum())
         rows.append({"pid": int(pid), "slot": group["slot"].iloc[0], "role": role, "threads": len(group),
                      "cpu_seconds": total, "max_thread_cpu_seconds": float(group["cpu_seconds"].max()),

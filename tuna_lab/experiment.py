@@ -42,7 +42,7 @@ ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16)
 
 #: What "default" means for the wait policy with GNU libgomp (XGBoost's OpenMP runtime on Linux).
 LIBGOMP_DEFAULT_WAIT = ("OMP_WAIT_POLICY unset: an idle thread spins for GOMP_SPINCOUNT iterations "
-                        "(300,000 by default, 1,000 when there are more threads than CPUs), then sleeps")
+                        "(300,000 by default, 100 when there are more threads than CPUs), then sleeps")
 
 _MANIFEST = "manifest.json"
 _REQUESTS = "requests.parquet"

@@ -121,15 +121,18 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     summary = speedup_summary(scenarios, baselines=_BASELINES)
 
     finest = summary[summary["group"].eq("subscription+model+batch") & summary["speedup"].notna()]
+    # Per-stage bars for one wait policy: the runtime's default when it was measured.
+    stage_trials, wp, sc = _one_wait(per_trial)
     sections = [
         ("Scenarios: mean p99 server time (ms)", [_scenario_table(scenarios)]),
         ("Policy comparisons", [_comparisons(scenarios)]),
         *[(f"Average speedup over {b}", [_speedup_table(summary, b)]) for b in _BASELINES],
         ("Speedup by subscription, model and batch", [viz.speedup_bars(finest)] if not finest.empty else []),
-        ("p99 by configuration", [viz.p99_by_configuration(per_trial, model=m, batch=b)
-                                  for m, b in _model_batches(per_trial)]),
-        ("Per-stage p99", [viz.stage_p99_bars(per_trial, w, t, model=m, batch=b)
-                           for w, t, m, b in _stage_configurations(per_trial)]),
+        ("p99 by configuration", [viz.p99_by_configuration(per_trial, model=m, batch=b, wait_policy=wp,
+                                                           spincount=sc)
+                                  for m, b, wp, sc in _model_batches(per_trial)]),
+        ("Per-stage p99", [viz.stage_p99_bars(stage_trials, w, t, model=m, batch=b, wait_policy=wp, spincount=sc)
+                           for w, t, m, b in _stage_configurations(stage_trials)]),
         ("Latency and CPU cost", [_cpu_table(trials)]),
         ("NUMA locality per worker", [_locality_table(requests, threads)] if threads is not None
          and "numa_locality" in getattr(threads, "columns", ()) else []),
@@ -205,10 +208,21 @@ def _overview(requests, per_trial, scenarios):
             "per scenario.</p>")
 
 
+_WAIT = ["wait_policy", "spincount"]
+
+
 def _model_batches(per_trial):
-    pairs = _sorted(per_trial.loc[_valid_trials(per_trial), ["model", "batch"]].drop_duplicates(),
-                    ["model", "batch"])
+    keys = ["model", "batch", *_WAIT]
+    pairs = _sorted(per_trial.loc[_valid_trials(per_trial), keys].drop_duplicates(), keys)
     return list(pairs.itertuples(index=False, name=None))
+
+
+def _one_wait(per_trial):
+    """``per_trial`` restricted to one (wait policy, spin count): the default if present, else the first."""
+    waits = list(per_trial[_WAIT].drop_duplicates().itertuples(index=False, name=None))
+    wait = ("default", -1) if ("default", -1) in waits else sorted(waits, key=str)[0]
+    keep = per_trial["wait_policy"].eq(wait[0]) & per_trial["spincount"].eq(wait[1])
+    return per_trial[keep], wait[0], wait[1]
 
 
 def _stage_configurations(per_trial):
@@ -234,7 +248,7 @@ def _scenario_table(scenarios):
     cell = _interval(scenarios["mean_p99"] * 1e3, scenarios["ci_low"] * 1e3, scenarios["ci_high"] * 1e3, 2)
     label = scenarios["workers"].astype(str) + "x" + scenarios["threads"].astype(str)
     table = scenarios.assign(configuration=label, cell=cell.to_numpy())
-    index = ["model", "batch", "configuration", "cpus", "subscription", "wait_policy"]
+    index = ["model", "batch", "configuration", "cpus", "subscription", "wait_policy", "spincount"]
     wide = table.pivot_table(index=index, columns="policy", values="cell", aggfunc="first", sort=False)
     wide = wide[_ordered(wide.columns, POLICIES)].reset_index()
     wide.columns.name = None
@@ -296,10 +310,11 @@ def _cpu_table(trials):
     try:
         cost = cpu_cost(trials)
     except AnalysisError:
-        return '<p class="note">No CPU accounting in these results (recorded since tuna_lab 0.1 trials).</p>'
+        return '<p class="note">No CPU accounting in these results (they were recorded before it was added).</p>'
     label = cost["workers"].astype(str) + "x" + cost["threads"].astype(str)
     table = pd.DataFrame({
         "model": cost["model"], "batch": cost["batch"], "configuration": label, "wait policy": cost["wait_policy"],
+        "spincount": cost["spincount"].astype(int).astype(str).replace("-1", "default"),
         "policy": cost["policy"], "p99 ms": _fmt(cost["p99"] * 1e3, 1),
         "main CPU ms/req": _fmt(cost["cpu_main_per_request"] * 1e3, 2),
         "OpenMP CPU ms/req": _fmt(cost["cpu_openmp_per_request"] * 1e3, 2),

@@ -30,7 +30,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from .analysis import _MODELS, STAGES, _check_table, _ordered, _valid_trials, scenario_stats
+from .analysis import _MODELS, STAGES, _check_table, _ordered, _valid_trials, _with_defaults, scenario_stats
 from .errors import AnalysisError
 from .policies import POLICIES
 
@@ -61,6 +61,20 @@ def _only(table, column, value):
     return table[table[column].eq(value)], value
 
 
+def _wait_only(table, wait_policy, spincount):
+    """Rows of one wait policy and spin count (the runtime's default where the table has none).
+
+    Cells that differ only by how OpenMP threads wait are different applications:
+    a figure never draws them as one.
+    """
+    table = _with_defaults(table)
+    data, wait_policy = _only(table, "wait_policy", wait_policy)
+    data, spincount = _only(data, "spincount", spincount)
+    suffix = "" if wait_policy == "default" else f", wait {wait_policy}"
+    suffix += "" if spincount in (-1, None) else f", spincount {spincount}"
+    return data, suffix
+
+
 def _config_labels(table):
     """``"WxT"`` per row (``"WxT/C"`` when several core counts are present)."""
     label = table["workers"].astype(str) + "x" + table["threads"].astype(str)
@@ -75,7 +89,7 @@ def _runs(mask):
     return list(zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1), strict=True))
 
 
-def p99_by_configuration(trials_stats, model=None, batch=None):
+def p99_by_configuration(trials_stats, model=None, batch=None, wait_policy=None, spincount=None):
     """Trial p99s and their mean per policy over the server configurations.
 
     Parameters
@@ -112,6 +126,7 @@ def p99_by_configuration(trials_stats, model=None, batch=None):
                                                 "policy", "trial", "p99"), numeric=("p99",))
     data, model = _only(trials_stats, "model", model)
     data, batch = _only(data, "batch", batch)
+    data, wait = _wait_only(data, wait_policy, spincount)
     data = data[_valid_trials(data)]
     if data.empty:
         raise AnalysisError(f"no valid trial for model {model!r}, batch {batch!r}")
@@ -149,7 +164,7 @@ def p99_by_configuration(trials_stats, model=None, batch=None):
                       layer="below")
     fig.update_layout(
         template=_TEMPLATE,
-        title=f"p99 server time per configuration - model {model}, batch {batch}",
+        title=f"p99 server time per configuration - model {model}, batch {batch}{wait}",
         xaxis={"title": "configuration (workers x threads); shaded: oversubscribed (W*T > cores)",
                "tickmode": "array", "tickvals": configs["x"].tolist(), "ticktext": configs["label"].tolist(),
                "range": [-0.5, len(configs) - 0.5]},
@@ -159,7 +174,7 @@ def p99_by_configuration(trials_stats, model=None, batch=None):
     return fig
 
 
-def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None):
+def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None, wait_policy=None, spincount=None):
     """Average per-stage p99 of one configuration, one bar per policy and stage.
 
     Parameters
@@ -200,6 +215,7 @@ def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None):
                                                 "trial", "p99", *stage_columns), numeric=stage_columns)
     data, model = _only(trials_stats, "model", model)
     data, batch = _only(data, "batch", batch)
+    data, wait = _wait_only(data, wait_policy, spincount)
     data = data[data["workers"].eq(workers) & data["threads"].eq(threads) & _valid_trials(data)]
     if data.empty:
         raise AnalysisError(f"no valid trial for {workers}x{threads}, model {model!r}, batch {batch!r}")
@@ -221,7 +237,7 @@ def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None):
     state = "oversubscribed" if workers * threads > cpus[0] else "undersubscribed"
     fig.update_layout(
         template=_TEMPLATE, barmode="group",
-        title=f"Per-stage p99 - {workers}x{threads} ({state}, {cpus[0]} cores), model {model}, batch {batch}",
+        title=f"Per-stage p99 - {workers}x{threads} ({state}, {cpus[0]} cores), model {model}, batch {batch}{wait}",
         xaxis={"title": "pipeline stage"},
         yaxis={"title": "mean p99 over trials (ms)", "rangemode": "tozero"},
         legend={"title": "policy"},

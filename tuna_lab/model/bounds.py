@@ -20,7 +20,7 @@ import numpy as np
 
 from .families import PhysicalBalance
 
-__all__ = ["objective_bound", "objective_granularity", "sibling_pattern_bound"]
+__all__ = ["objective_bound", "objective_granularity", "sibling_pattern_bound", "domain_pattern_bound"]
 
 
 def _min_sum_squares(total, caps):
