@@ -11,9 +11,11 @@ a request in flight) and *idle* (between requests: spinning, Gunicorn's
 accept loop). Reading the CPU clocks at the request boundaries makes the
 split exact, where sampling would smear it over the sampling period.
 
-CPU time comes from ``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds on the
-CPU) where the kernel has it, else from ``utime + stime`` of
-``/proc/<pid>/task/<tid>/stat`` (clock ticks, usually 10 ms).
+CPU time comes from the thread's own CPU clock inside its process (the
+workers' per-request readings: exact), and from another process from
+``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds, brought up to date at
+ticks and context switches) where the kernel has it, else from ``utime +
+stime`` of ``/proc/<pid>/task/<tid>/stat`` (clock ticks, usually 10 ms).
 
 Examples
 --------
@@ -73,6 +75,11 @@ def wait_policy_env(wait_policy="default", spincount=None):
     return env, unset
 
 
+def _thread_clock(tid):
+    """The clock id of thread ``tid``'s CPU clock (the kernel's CPUCLOCK_SCHED, per thread)."""
+    return ((~tid) << 3) | 6
+
+
 def thread_cpu_seconds(pid, tid):
     """CPU seconds thread ``tid`` of process ``pid`` has run so far.
 
@@ -81,7 +88,16 @@ def thread_cpu_seconds(pid, tid):
     CpuAccountingError
         If the thread does not exist (any more) or its files cannot be read.
     """
-    base = f"/proc/{int(pid)}/task/{int(tid)}"
+    pid, tid = int(pid), int(tid)
+    if pid == os.getpid():
+        try:
+            # The thread's own CPU clock: exact to the nanosecond, also for a thread
+            # that is running now (schedstat only moves at ticks and context
+            # switches). Linux serves it only inside the thread's own process.
+            return time.clock_gettime(_thread_clock(tid))
+        except OSError:
+            pass
+    base = f"/proc/{pid}/task/{tid}"
     try:
         with open(f"{base}/schedstat") as fh:
             return int(fh.read().split()[0]) / 1e9
