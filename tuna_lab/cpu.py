@@ -95,7 +95,7 @@ def thread_cpu_seconds(pid, tid):
             # that is running now (schedstat only moves at ticks and context
             # switches). Linux serves it only inside the thread's own process.
             return time.clock_gettime(_thread_clock(tid))
-        except OSError:
+        except (OSError, OverflowError):     # no such thread; a TID beyond the clock id range
             pass
     base = f"/proc/{pid}/task/{tid}"
     try:
