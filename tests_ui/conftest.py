@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tuna_lab.server.launch import _free_port  # the launcher's own loopback port picker
+
 try:
     from playwright.sync_api import sync_playwright
 except ImportError as exc:        # a missing extra is a setup error, not a reason to skip
@@ -73,12 +75,6 @@ def chromium_path():
             return path
     pytest.skip(f"no runnable chromium ({wanted or ', '.join(CHROMIUM_CANDIDATES)}): "
                 "install Debian's with `apt-get install -y chromium` (make test-ui does) or set TUNA_CHROMIUM")
-
-
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start_time(pid):

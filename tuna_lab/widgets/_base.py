@@ -2,7 +2,7 @@
 
 from ..errors import TunaError
 
-__all__ = ["Controller", "one_line"]
+__all__ = ["Controller", "SizedController", "one_line"]
 
 # What a user can get wrong; anything else is a bug and should be seen as one.
 BAD_INPUT = (TunaError, ValueError, OSError)
@@ -46,3 +46,19 @@ class Controller:
             ok = True
         self._notify()
         return ok
+
+
+class SizedController(Controller):
+    """A controller of W workers x T threads on a machine: the setters, over the subclass's ``_change``."""
+
+    def set_workers(self, workers):
+        """Run ``workers`` server workers; False and ``.error`` if refused."""
+        return self._change(workers=workers)
+
+    def set_threads(self, threads):
+        """Give each worker ``threads`` OpenMP threads; False and ``.error`` if refused."""
+        return self._change(threads=threads)
+
+    def set_topology(self, spec):
+        """Use another machine (see :func:`topology_from`); False and ``.error`` if refused."""
+        return self._change(topology=spec)

@@ -30,7 +30,7 @@ from ..errors import ModelError, TopologyError
 from ..model import DEFAULT_FAMILIES, TunaModel, solve
 from ..model.instance import MODES
 from ..topology import PRESETS, Topology
-from ._base import Controller
+from ._base import Controller, SizedController
 from .live import LiveExperiment
 
 __all__ = ["ModeExplorer", "DistanceView", "ConstraintToggles", "PolicyComparison", "LiveExperiment",
@@ -150,7 +150,7 @@ def core_grid(topology, mapping=None):
 
 # -- ModeExplorer ---------------------------------------------------------------------
 
-class ModeExplorer(Controller):
+class ModeExplorer(SizedController):
     """The Tuna mapping of ``workers`` x ``threads`` on a topology, re-solved on every change.
 
     Parameters
@@ -203,18 +203,6 @@ class ModeExplorer(Controller):
             self.workers, self.threads = mapping.workers, mapping.threads   # ints, even from numpy
             self.mapping = mapping
         return self._attempt(compute)
-
-    def set_topology(self, spec):
-        """Use another machine (see :func:`topology_from`); False and ``.error`` if refused."""
-        return self._change(topology=spec)
-
-    def set_workers(self, workers):
-        """Run ``workers`` server workers; False and ``.error`` if refused."""
-        return self._change(workers=workers)
-
-    def set_threads(self, threads):
-        """Give each worker ``threads`` OpenMP threads; False and ``.error`` if refused."""
-        return self._change(threads=threads)
 
     def set_mode(self, mode):
         """Solve in ``mode`` (``"scatter"`` or ``"compact"``); False and ``.error`` if refused."""
@@ -466,7 +454,7 @@ class ConstraintToggles(Controller):
 
 # -- PolicyComparison --------------------------------------------------------------
 
-class PolicyComparison(Controller):
+class PolicyComparison(SizedController):
     """The placements of several policies side by side, with the expected load of every core.
 
     Parameters
@@ -519,18 +507,6 @@ class PolicyComparison(Controller):
             self._compute(changes.get("workers", self.workers), changes.get("threads", self.threads),
                           topology_from(changes.get("topology", self.topology)))
         return self._attempt(compute)
-
-    def set_workers(self, workers):
-        """Run ``workers`` server workers; False and ``.error`` if refused."""
-        return self._change(workers=workers)
-
-    def set_threads(self, threads):
-        """Give each worker ``threads`` OpenMP threads; False and ``.error`` if refused."""
-        return self._change(threads=threads)
-
-    def set_topology(self, spec):
-        """Compare on another machine (see :func:`topology_from`); False and ``.error`` if refused."""
-        return self._change(topology=spec)
 
     def frame(self):
         """Tidy loads for drawing: ``policy``, ``cpu``, ``physical_core``, ``column``, ``sibling``, ``load``."""
