@@ -44,9 +44,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .analysis import STAGES, scenario_stats, speedups
+from .analysis import STAGES, _with_defaults, scenario_stats, speedups
 from .cpu import WAIT_POLICIES
 from .errors import ModelError, TunaError
+from .experiment import cell_key
 from .model.instance import check_positive_int
 
 __all__ = ["AdviseError", "Advisor", "Recommendation", "train", "feature_table", "grouped_folds", "add_parser"]
@@ -164,33 +165,15 @@ def _normalise_trials(trials):
     if trials.empty or missing:
         raise AdviseError("the trials table is empty" if trials.empty else
                           f"the trials table is missing column(s): {', '.join(missing)}")
-    trials = trials.copy()
-    # Results written before wait policies existed ran with OMP_WAIT_POLICY unset.
-    if "wait_policy" not in trials.columns:
-        trials["wait_policy"] = "default"
-    trials["wait_policy"] = trials["wait_policy"].fillna("default").astype(str)
-    # The runner writes GOMP_SPINCOUNT unset as -1.
-    spin = trials["spincount"] if "spincount" in trials.columns else -1
-    trials["spincount"] = pd.Series(spin, index=trials.index).fillna(-1).astype(np.int64)
+    # Results written before wait policies existed ran with the runtime's defaults.
+    trials = _with_defaults(trials)
     return trials if "cell" in trials.columns else _with_cell(trials)
 
 
 def _with_cell(frame):
     """``frame`` with the ``cell`` key the runner would have written (frames built by hand lack it)."""
-    wait = frame["wait_policy"].fillna("default") if "wait_policy" in frame.columns else "default"
-    spin = frame["spincount"].fillna(-1) if "spincount" in frame.columns else -1
-    keys = frame[["workers", "threads", "model", "batch"]].assign(wait_policy=wait, spincount=spin)
-    return frame.assign(cell=[_cell_key(*row) for row in keys.itertuples(index=False)])
-
-
-def _cell_key(workers, threads, model, batch, wait_policy="default", spincount=-1):
-    """The key ``experiment.Config.key`` gives a configuration."""
-    key = f"w{workers}-t{threads}-{model}-b{batch}"
-    if wait_policy != "default":
-        key += f"-{wait_policy}"
-    if spincount is not None and spincount >= 0:
-        key += f"-spin{int(spincount)}"
-    return key
+    keys = _with_defaults(frame)[["workers", "threads", "model", "batch", "wait_policy", "spincount"]]
+    return frame.assign(cell=[cell_key(*row) for row in keys.itertuples(index=False)])
 
 
 def _speedups(trials):
@@ -530,7 +513,7 @@ class Advisor:
         self.policies = sorted(table["policy"].unique())
         self._seed, self._nthread = seed, nthread
         X, y = self.table[self.features].to_numpy(float), np.log(self.table["speedup"].to_numpy(float))
-        groups = [_cell_key(*r) for r in self.table[list(_CONFIG)].itertuples(index=False)]
+        groups = [cell_key(*r) for r in self.table[list(_CONFIG)].itertuples(index=False)]
         folds = grouped_folds(groups, n_splits, seed)
         held = {"xgboost": np.empty(len(y)), "linear": np.empty(len(y))}
         fold_of = np.empty(len(y), dtype=np.int64)

@@ -35,7 +35,7 @@ from .errors import TunaError
 from .model.instance import check_positive_int
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "sweep", "grid", "load_results", "ARTICLE_GRID",
-           "LIBGOMP_DEFAULT_WAIT", "CPU_COLUMNS", "load_thread_cpu"]
+           "LIBGOMP_DEFAULT_WAIT", "CPU_COLUMNS", "load_thread_cpu", "cell_key"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
 ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
@@ -52,6 +52,21 @@ _THREADS = "threads.parquet"
 
 class ExperimentError(TunaError):
     """An experiment could not be run or its results could not be read."""
+
+
+def cell_key(workers, threads, model, batch, wait_policy="default", spincount=None):
+    """The name of a cell's folder, e.g. ``w2-t2-medium-b100-passive``.
+
+    The library's default wait adds nothing, so cells measured before wait
+    policies were a factor keep their names (and a sweep resumes); a
+    ``spincount`` of ``None`` or -1 (the runner's "unset") adds nothing either.
+    """
+    key = f"w{workers}-t{threads}-{model}-b{batch}"
+    if wait_policy != "default":
+        key += f"-{wait_policy}"
+    if spincount is not None and spincount >= 0:
+        key += f"-spin{int(spincount)}"
+    return key
 
 
 @dataclass(frozen=True)
@@ -91,14 +106,7 @@ class Config:
 
     @property
     def key(self):
-        # The library's default wait adds nothing, so cells measured before
-        # wait policies were a factor keep their names (and a sweep resumes).
-        key = f"w{self.workers}-t{self.threads}-{self.model}-b{self.batch}"
-        if self.wait_policy != "default":
-            key += f"-{self.wait_policy}"
-        if self.spincount is not None:
-            key += f"-spin{self.spincount}"
-        return key
+        return cell_key(self.workers, self.threads, self.model, self.batch, self.wait_policy, self.spincount)
 
 
 @dataclass
@@ -370,17 +378,25 @@ def _write_cell(out, result, csv=False):
     return out
 
 
-def load_results(path):
-    """Read every finished cell under ``path`` (a cell directory or a sweep) -> (requests, trials, manifests)."""
+def _finished_cells(path):
+    """The finished cell directories under ``path`` (itself, when it is a cell), sorted."""
     if not os.path.isdir(path):
         raise ExperimentError(f"no results folder at {path}")
     cells = [path] if os.path.exists(os.path.join(path, _MANIFEST)) else sorted(
         os.path.join(path, d) for d in os.listdir(path)
         if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(".partial"))
+    # An unfinished cell (no manifest yet) is ignored here and redone by a resume.
+    cells = [cell for cell in cells if os.path.exists(os.path.join(cell, _MANIFEST))]
+    if not cells:
+        raise ExperimentError(f"no finished tuna-lab results under {path}")
+    return cells
+
+
+def load_results(path):
+    """Read every finished cell under ``path`` (a cell directory or a sweep) -> (requests, trials, manifests)."""
+    cells = _finished_cells(path)
     reqs, trials, manifests = [], [], []
     for cell in cells:
-        if not os.path.exists(os.path.join(cell, _MANIFEST)):
-            continue                                  # an unfinished cell: ignored, redone by a resume
         try:
             with open(os.path.join(cell, _MANIFEST)) as fh:
                 manifests.append(json.load(fh))
@@ -390,8 +406,6 @@ def load_results(path):
         except Exception as exc:  # pyarrow and json raise many types for a damaged file
             raise ExperimentError(f"{cell} is not a readable tuna-lab result ({type(exc).__name__}); "
                                   "delete it to have a sweep redo it") from None
-    if not manifests:
-        raise ExperimentError(f"no finished tuna-lab results under {path}")
     return (pd.concat(reqs, ignore_index=True) if reqs else pd.DataFrame(),
             pd.concat(trials, ignore_index=True), manifests)
 
@@ -399,17 +413,14 @@ def load_results(path):
 def load_thread_cpu(path):
     """Per-thread CPU accounting of every finished cell under ``path`` (empty frame if none was recorded).
 
-    One row per (cell, policy, trial, thread): ``role``, ``cpu_seconds``,
-    ``busy_cpu_seconds``, ``idle_cpu_seconds``, ``requests``, ``wall_seconds``.
+    One row per (cell, policy, trial, worker, role): ``threads``, ``cpu_seconds``,
+    ``max_thread_cpu_seconds``, ``busy_cpu_seconds``, ``idle_cpu_seconds``, ``requests``,
+    ``wall_seconds``, ``numa_node``, ``numa_locality`` (see :func:`tuna_lab.cpu.account`).
     """
-    load_results(path)                                  # the same checks and errors
-    cells = [path] if os.path.exists(os.path.join(path, _MANIFEST)) else sorted(
-        os.path.join(path, d) for d in os.listdir(path)
-        if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(".partial"))
     frames = []
-    for cell in cells:
+    for cell in _finished_cells(path):
         file = os.path.join(cell, _THREADS)
-        if os.path.exists(os.path.join(cell, _MANIFEST)) and os.path.exists(file):
+        if os.path.exists(file):
             try:
                 frames.append(pd.read_parquet(file))
             except Exception as exc:  # pyarrow raises many types for a damaged file
