@@ -1,6 +1,6 @@
 """The load generator's own limits: ``.venv/bin/python bench/load_bench.py``.
 
-Runs :func:`tuna_lab.load.measure_generator` against a trivial in-process
+Runs :func:`tuna_lab.measure.load.measure_generator` against a trivial in-process
 endpoint on 127.0.0.1 and checks two targets:
 
 * closed mode drives at least 2,000 requests/s;
@@ -18,7 +18,7 @@ import os
 import platform
 import sys
 
-from tuna_lab.load import measure_generator
+from tuna_lab.measure.load import measure_generator
 
 TARGET_RPS = 2000.0
 TARGET_LAG = 0.002

@@ -6,7 +6,7 @@ quickly, and still cover packages, NUMA nodes, shared and private caches and SMT
 
 from hypothesis import strategies as st
 
-from tuna_lab.topology import Topology
+from tuna_lab.machine.topology import Topology
 
 __all__ = ["synthetic_specs", "topologies", "relabelled", "numa_specs", "numa_topologies"]
 

@@ -18,9 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tuna_lab import Topology
-from tuna_lab.advise import (
+from tuna_lab.analysis.advise import (
     DEFAULT_RESULTS,
-    AdviseError,
     Recommendation,
     _cmd_advise,
     add_parser,
@@ -28,7 +27,7 @@ from tuna_lab.advise import (
     grouped_folds,
     train,
 )
-from tuna_lab.experiment import ExperimentError
+from tuna_lab.errors import AdviseError, ExperimentError
 
 CPUS = 8
 TOPOLOGY = Topology.synthetic("core:4 pu:2")

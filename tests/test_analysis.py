@@ -14,8 +14,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from tuna_lab.analysis import (
-    STAGES,
+from tuna_lab.analysis.stats import (
     compare_policies,
     scenario_stats,
     speedup_summary,
@@ -23,8 +22,9 @@ from tuna_lab.analysis import (
     trial_stats,
 )
 from tuna_lab.errors import AnalysisError, TunaError
-from tuna_lab.report import write_report
-from tuna_lab.viz import p99_by_configuration, speedup_bars, stage_p99_bars
+from tuna_lab.server.models import STAGES
+from tuna_lab.analysis.report import write_report
+from tuna_lab.analysis.figures import p99_by_configuration, speedup_bars, stage_p99_bars
 
 CPUS = 16
 CONFIGS = ((2, 2), (2, 16), (4, 2), (4, 8))           # ordered by W then T; 2x16 and 4x8 are over

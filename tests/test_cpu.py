@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tuna_lab.cpu import (CpuAccountingError, CpuSampler, account, process_thread_cpu, request_cpu, summarise,
-                          thread_cpu_seconds, wait_policy_env)
-from tuna_lab.experiment import Config, ExperimentError, load_thread_cpu, run
+from tuna_lab.errors import CpuAccountingError, ExperimentError
+from tuna_lab.measure.cpu import CpuSampler, account, summarise
+from tuna_lab.server.cpuclock import process_thread_cpu, request_cpu, thread_cpu_seconds
+from tuna_lab.server.openmp import wait_policy_env
+from tuna_lab.measure.experiment import Config, load_thread_cpu, run
 
 CPUS = len(os.sched_getaffinity(0))
 T = min(2, CPUS)

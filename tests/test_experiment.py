@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tuna_lab.experiment import Config, ExperimentError, grid, load_results, run, sweep
+from tuna_lab.errors import ExperimentError
+from tuna_lab.measure.experiment import Config, grid, load_results, run, sweep
 
 CPUS = len(os.sched_getaffinity(0))
 T = min(2, CPUS)

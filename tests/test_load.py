@@ -1,4 +1,4 @@
-"""Tests of tuna_lab.load against in-test aiohttp endpoints on 127.0.0.1.
+"""Tests of tuna_lab.measure.load against in-test aiohttp endpoints on 127.0.0.1.
 
 No assertion here is about speed (see bench/load_bench.py); timing enters
 only through relations that hold by construction, e.g. a server that serves
@@ -19,11 +19,11 @@ import pytest
 from aiohttp import web
 from scipy import stats
 
-from tuna_lab import load
+from tuna_lab.measure import load
 from tuna_lab.errors import LoadError, TunaError
-from tuna_lab.load import (COLUMNS, aclosed_loop, aopen_loop, bounded_throughput, closed_loop, measure_generator,
+from tuna_lab.measure.load import (COLUMNS, aclosed_loop, aopen_loop, bounded_throughput, closed_loop, measure_generator,
                            open_loop, payload, poisson_schedule, summary)
-from tuna_lab.server.app import STAGES
+from tuna_lab.server.models import STAGES
 
 SERVICE = 0.05  # seconds per request of the /slow endpoint
 

@@ -1,4 +1,4 @@
-"""Tests of tuna_lab.numa: the numa_maps parser on recorded samples, and live locality."""
+"""Tests of tuna_lab.machine.numa: the numa_maps parser on recorded samples, and live locality."""
 
 import json
 import math
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tuna_lab.errors import NumaError, TopologyError, TunaError
-from tuna_lab.numa import Locality, NumaMaps, locality, parse_numa_maps, read_numa_maps, worker_locality
-from tuna_lab.topology import Topology
+from tuna_lab.machine.numa import Locality, NumaMaps, locality, parse_numa_maps, read_numa_maps, worker_locality
+from tuna_lab.machine.topology import Topology
 
 DATA = Path(__file__).parent / "data"
 NODE_ROOT = Path("/sys/devices/system/node")
@@ -127,7 +127,7 @@ def test_read_errors(tmp_path, monkeypatch):
     (tmp_path / "44" / "numa_maps").write_text("7f00 default N1=2 kernelpagesize_kB=4\n")
     assert read_numa_maps(44, proc=tmp_path).pages == {1: 2}
 
-    import tuna_lab.numa as numa
+    import tuna_lab.machine.numa as numa
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied")

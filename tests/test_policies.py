@@ -1,4 +1,4 @@
-"""Tests of tuna_lab.policies: each policy's placement, its loads, exports and compare()."""
+"""Tests of tuna_lab.placement.policies: each policy's placement, its loads, exports and compare()."""
 
 import json
 
@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from tuna_lab import ModelError, Topology, TopologyError, solve
-from tuna_lab.policies import POLICIES, Placement, compare, placement
+from tuna_lab.placement.policies import POLICIES, Placement, compare, placement
 
 XEON = Topology.preset("xeon-8272cl")        # 16 cores, siblings c and c+16
 XEON2S = Topology.preset("xeon-8260-2s")     # 2 NUMA nodes, 48 cores, siblings c and c+48

@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
-from tuna_lab.policies import POLICIES
-from tuna_lab.server.binding import affinity_of, threads_of
+from tuna_lab.placement.policies import POLICIES
+from tuna_lab.placement.binding import affinity_of, threads_of
 from tuna_lab.server.launch import Server, _alive, _children, status
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 1, reason="needs a CPU")

@@ -22,7 +22,8 @@ import pytest
 
 from tuna_lab.errors import ServerError, TunaError
 from tuna_lab.server import models
-from tuna_lab.server.app import STAGES, app_from_env, create_app
+from tuna_lab.server.app import app_from_env, create_app
+from tuna_lab.server.models import STAGES
 from tuna_lab.server.models import MODEL_FEATURES, ensure_model, load_booster, make_rows, model_path
 
 MAX_BODY = 200_000   # a 100-row "small" payload is ~60 kB

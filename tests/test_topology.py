@@ -1,4 +1,4 @@
-"""Tests of tuna_lab.topology: presets, distances, hwloc agreement, sysfs, bad inputs."""
+"""Tests of tuna_lab.machine.topology: presets, distances, hwloc agreement, sysfs, bad inputs."""
 
 import io
 import itertools
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from strategies import numa_topologies, relabelled, synthetic_specs, topologies
 from tuna_lab.errors import TopologyError
-from tuna_lab.topology import DEFAULT_COSTS, PRESETS, Topology
+from tuna_lab.machine.topology import DEFAULT_COSTS, PRESETS, Topology
 
 DATA = Path(__file__).parent / "data"
 LSTOPO = shutil.which("lstopo")

@@ -182,7 +182,7 @@ def test_live_experiment_stops_between_trials_and_leaves_no_server():
 
 
 def test_live_experiment_refuses_bad_settings():
-    from tuna_lab.experiment import ExperimentError
+    from tuna_lab.errors import ExperimentError
     from tuna_lab.errors import ModelError
 
     with pytest.raises(ExperimentError):
@@ -250,7 +250,7 @@ def test_importing_the_package_does_not_need_ipywidgets():
 
 
 def test_distance_view_names_the_remote_numa_level():
-    from tuna_lab.topology import Topology
+    from tuna_lab.machine.topology import Topology
     from tuna_lab.widgets import DistanceView
 
     topo = Topology.synthetic("numa:2 l3:1 core:2 pu:1")

@@ -14,6 +14,10 @@ __all__ = [
     "AnalysisError",
     "LoadError",
     "NumaError",
+    "CpuAccountingError",
+    "BindingError",
+    "ExperimentError",
+    "AdviseError",
 ]
 
 
@@ -75,3 +79,19 @@ class NumaError(TunaError):
     def __init__(self, message, pid=None):
         super().__init__(message)
         self.pid = pid
+
+
+class CpuAccountingError(TunaError):
+    """A thread's CPU time could not be read, or samples could not be accounted."""
+
+
+class BindingError(TunaError):
+    """A thread could not be bound to the CPUs asked for (gone, not permitted, or trimmed)."""
+
+
+class ExperimentError(TunaError):
+    """An experiment could not be run or its results could not be read."""
+
+
+class AdviseError(TunaError, ValueError):
+    """Results cannot train an advisor (no cfs, too few configurations) or a question is malformed."""

@@ -1,11 +1,10 @@
-"""The Tuna ILP: constraint families, encodings, the model and its result."""
+"""The Tuna ILP: constraint families, encodings, the model and its result.
 
-from .families import (DEFAULT_FAMILIES, FAMILY_TYPES, Family, LogicalBalance, MainIndicator,
-                       MainLoadCap, MainSpread, PhysicalBalance, PhysicalMainLoadCap, SingleCore,
-                       UniqueRankCores, UniqueWorkerCores, Violation, WorkerDistance)
-from .instance import Instance
-from .mapping import Mapping
-from .tuna import TunaModel, solve
+Names are loaded on first use: the families and the instance need only numpy,
+while :class:`TunaModel` and :func:`solve` load cvxpy and HiGHS.
+"""
+
+import lazy_loader as _lazy
 
 __all__ = [
     "TunaModel", "Mapping", "Instance", "solve", "Family", "Violation", "DEFAULT_FAMILIES",
@@ -13,3 +12,12 @@ __all__ = [
     "WorkerDistance", "LogicalBalance", "PhysicalBalance", "MainIndicator", "MainLoadCap",
     "PhysicalMainLoadCap",
 ]
+
+__getattr__, __dir__, _ = _lazy.attach(__name__, submod_attrs={
+    "families": ["DEFAULT_FAMILIES", "FAMILY_TYPES", "Family", "LogicalBalance", "MainIndicator",
+                 "MainLoadCap", "MainSpread", "PhysicalBalance", "PhysicalMainLoadCap", "SingleCore",
+                 "UniqueRankCores", "UniqueWorkerCores", "Violation", "WorkerDistance"],
+    "instance": ["Instance"],
+    "mapping": ["Mapping"],
+    "tuna": ["TunaModel", "solve"],
+})

@@ -10,6 +10,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .._checks import positive_int
 from ..errors import ModelError
 
 __all__ = ["Instance", "MODES", "check_positive_int"]
@@ -20,12 +21,7 @@ MODES = ("scatter", "compact")
 
 def check_positive_int(name, value):
     """Return ``value`` as an int, or raise :class:`ModelError` if it is not a positive integer."""
-    # bool is an int subclass; "True workers" is a bug, not a request.
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ModelError(f"{name} must be a positive integer, got {value!r}")
-    if value < 1:
-        raise ModelError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
+    return positive_int(name, value, ModelError)
 
 
 @dataclass(frozen=True, eq=False)

@@ -84,7 +84,7 @@ class TunaModel:
     def __init__(self, workers, threads, topology=None, mode="scatter", families=None,
                  encoding="auto", costs=None):
         if topology is None:
-            from ..topology import Topology
+            from ..machine.topology import Topology
 
             topology = Topology.from_sysfs()
         self.instance = Instance(workers, threads, topology, mode, costs)

@@ -35,16 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cpu import process_thread_cpu, request_cpu
 from ..errors import ServerError
-from .models import MODEL_FEATURES, load_booster, make_rows
+from .cpuclock import process_thread_cpu, request_cpu
+from .models import MODEL_FEATURES, STAGES, load_booster, make_rows
 
 __all__ = ["InferenceApp", "create_app", "app_from_env", "STAGES"]
 
 log = logging.getLogger("tuna_lab.server")
-
-#: Names of the five timed stages, in pipeline order.
-STAGES = ("deserialize", "convert", "dmatrix", "predict", "shap")
 
 _DEFAULT_MAX_BODY = 50 * 1024 * 1024
 _ROUTES = {"/healthz": "GET", "/predict": "POST"}

@@ -16,7 +16,7 @@ import tempfile
 import time
 
 from ..errors import ServerError, TunaError
-from .binding import affinity_of, threads_of
+from ..placement.binding import affinity_of, threads_of
 from .pinning import PLAN_FILE, record_path
 
 __all__ = ["Server", "ServerError", "status", "stop", "SERVER_ENV"]
@@ -86,8 +86,9 @@ class Server:
     def __init__(self, workers, threads, model="medium", policy="cfs", port=0, pidfile=None,
                  topology=None, max_requests=0, request_log=None, places="cores", state_dir=None,
                  max_body_bytes=None, time_limit=60, wait_policy="default", spincount=None):
-        from ..cpu import CpuAccountingError, wait_policy_env
-        from ..policies import placement
+        from ..errors import CpuAccountingError
+        from .openmp import wait_policy_env
+        from ..placement.policies import placement
         from .models import MODEL_FEATURES
 
         if model not in MODEL_FEATURES:

@@ -32,7 +32,10 @@ import numpy as np
 
 from ..errors import ServerError
 
-__all__ = ["MODEL_FEATURES", "cache_dir", "model_path", "ensure_model", "load_booster", "make_rows", "train_all"]
+__all__ = ["STAGES", "MODEL_FEATURES", "model_trees", "cache_dir", "model_path", "ensure_model", "load_booster", "make_rows", "train_all"]
+
+#: Names of the five timed stages of a request, in pipeline order.
+STAGES = ("deserialize", "convert", "dmatrix", "predict", "shap")
 
 #: Feature count of each model, as in the article.
 MODEL_FEATURES = {"small": 29, "medium": 155, "large": 784}
@@ -67,6 +70,20 @@ def _recipe(name):
         return _RECIPES[name]
     except (KeyError, TypeError):
         raise ServerError(f"unknown model {name!r}; choose from {', '.join(MODEL_FEATURES)}") from None
+
+
+def model_trees(name):
+    """Number of trees of catalogue model ``name`` (one per class per boosting round).
+
+    Known from the recipe, without training or loading the model.
+
+    Examples
+    --------
+    >>> model_trees("large")
+    120
+    """
+    recipe = _recipe(name)
+    return recipe.rounds * recipe.num_class
 
 
 def cache_dir():

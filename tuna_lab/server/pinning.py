@@ -13,7 +13,7 @@ import os
 import sys
 import time
 
-from .binding import BindingError, affinity_of, bind_all, threads_of
+from ..placement.binding import BindingError, affinity_of, bind_all, threads_of
 
 __all__ = ["pick_slot", "pin_worker", "read_plan", "record_path", "PLAN_FILE"]
 

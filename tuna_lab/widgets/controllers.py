@@ -29,7 +29,7 @@ import pandas as pd
 from ..errors import ModelError, TopologyError
 from ..model import DEFAULT_FAMILIES, TunaModel, solve
 from ..model.instance import MODES
-from ..topology import PRESETS, Topology
+from ..machine.topology import PRESETS, Topology
 from ._base import Controller, SizedController
 from .live import LiveExperiment
 
@@ -492,7 +492,7 @@ class PolicyComparison(SizedController):
         self._compute(workers, threads, topology_from(topology))
 
     def _compute(self, workers, threads, topology):
-        from ..policies import compare, placement
+        from ..placement.policies import compare, placement
 
         placements = {p: placement(p, workers, threads, topology, time_limit=self.time_limit)
                       for p in self.policies}

@@ -73,9 +73,9 @@ class LiveExperiment(Controller):
 
     def __init__(self, workers, threads, model="small", batch=100,
                  policies=("cfs", "round-robin", "tuna-scatter"), trials=3, requests=100, *, out=None, seed=0):
-        from ..experiment import Config, ExperimentError
+        from ..measure.experiment import Config, ExperimentError
         from ..model.instance import check_positive_int
-        from ..policies import POLICIES
+        from ..placement.policies import POLICIES
 
         super().__init__()
         self.config = Config(workers, threads, model, batch)
@@ -158,7 +158,7 @@ class LiveExperiment(Controller):
             raise _StopRequested
 
     def _run(self):
-        from ..experiment import run
+        from ..measure.experiment import run
 
         try:
             result = run(self.config, self.policies, trials=self.trials, requests=self.requests, out=self.out,

@@ -17,14 +17,10 @@ True
 import os
 import time
 
-from ..errors import TunaError
-from ..topology import _parse_cpulist
+from .._checks import parse_cpulist
+from ..errors import BindingError
 
-__all__ = ["BindingError", "threads_of", "affinity_of", "bind", "bind_all", "describe_threads"]
-
-
-class BindingError(TunaError):
-    """A thread could not be bound to the CPUs asked for (gone, not permitted, or trimmed)."""
+__all__ = ["threads_of", "affinity_of", "bind", "bind_all", "describe_threads"]
 
 
 def threads_of(pid):
@@ -45,7 +41,7 @@ def affinity_of(tid):
         with open(f"/proc/{tid}/status") as fh:
             for line in fh:
                 if line.startswith("Cpus_allowed_list:"):
-                    return frozenset(_parse_cpulist(line.split(":", 1)[1], f"/proc/{tid}/status"))
+                    return frozenset(parse_cpulist(line.split(":", 1)[1], f"/proc/{tid}/status", BindingError))
     except (FileNotFoundError, ProcessLookupError):
         pass
     raise BindingError(f"thread {tid} does not exist")

@@ -30,9 +30,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from .analysis import _MODELS, STAGES, _check_table, _ordered, _valid_trials, _with_defaults, scenario_stats
-from .errors import AnalysisError
-from .policies import POLICIES
+from ..server.models import STAGES
+from .stats import _MODELS, _check_table, _ordered, _valid_trials, _with_defaults, scenario_stats
+from ..errors import AnalysisError
+from ..placement.policies import POLICIES
 
 __all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars"]
 

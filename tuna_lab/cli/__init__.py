@@ -12,7 +12,7 @@ import sys
 
 import numpy as np
 
-from .errors import TunaError
+from ..errors import TunaError
 
 __all__ = ["main"]
 
@@ -34,7 +34,7 @@ def _add_topology_options(p):
 
 
 def _topology(args):
-    from .topology import Topology
+    from ..machine.topology import Topology
 
     if args.preset:
         return Topology.preset(args.preset)
@@ -103,7 +103,7 @@ def _ranges(ids):
 
 
 def _cmd_solve(args):
-    from .model import TunaModel
+    from ..model import TunaModel
 
     topo = _topology(args)
     model = TunaModel(args.workers, args.threads, topo, args.mode, encoding=args.encoding)
@@ -118,10 +118,10 @@ def _cmd_solve(args):
 
 
 def _cmd_demo(args):
-    from .experiment import Config, run
-    from .model import solve
-    from .report import write_report
-    from .topology import Topology
+    from ..measure.experiment import Config, run
+    from ..model import solve
+    from ..analysis.report import write_report
+    from ..machine.topology import Topology
 
     here = Topology.from_sysfs()
     C = here.n_logical
@@ -159,7 +159,7 @@ def _cmd_serve(args):
     import signal
     import time
 
-    from .server.launch import Server
+    from ..server.launch import Server
 
     server = Server(args.workers, args.threads, model=args.model, policy=args.policy, port=args.port,
                     pidfile=args.pidfile, max_requests=args.max_requests,
@@ -189,7 +189,7 @@ def _cmd_serve(args):
 
 
 def _cmd_status(args):
-    from .server.launch import status
+    from ..server.launch import status
 
     info = status(args.pidfile)
     if args.json:
@@ -207,7 +207,7 @@ def _cmd_status(args):
 
 
 def _cmd_stop(args):
-    from .server.launch import stop
+    from ..server.launch import stop
 
     stop(args.pidfile)
     return 0
@@ -224,7 +224,7 @@ def _nonnegative_int(text):
 
 
 def _add_wait_options(p):
-    from .cpu import WAIT_POLICIES
+    from ..server.openmp import WAIT_POLICIES
 
     p.add_argument("--wait-policy", choices=WAIT_POLICIES, default="default",
                    help="OMP_WAIT_POLICY of the workers (default: the OpenMP runtime's own, spin then sleep)")
@@ -248,7 +248,7 @@ def _policies_arg(text):
 
 
 def _cmd_run(args):
-    from .experiment import Config, run
+    from ..measure.experiment import Config, run
 
     config = Config(args.workers, args.threads, args.model, args.batch, wait_policy=args.wait_policy,
                     spincount=args.spincount)
@@ -265,8 +265,8 @@ def _cmd_run(args):
 
 def _comparisons(requests, trials, against="cfs"):
     """Lines "policy vs cfs: p99 speedup X [lo, hi] (95% CI, Fieller)" for every other policy."""
-    from .analysis import compare_policies, scenario_stats, trial_stats
-    from .errors import TunaError
+    from ..analysis.stats import compare_policies, scenario_stats, trial_stats
+    from ..errors import TunaError
 
     try:
         scen = scenario_stats(trial_stats(requests, trials))
@@ -302,7 +302,7 @@ def _trial_table(trials):
 
 
 def _cmd_sweep(args):
-    from .experiment import Config, grid, sweep
+    from ..measure.experiment import Config, grid, sweep
 
     pairs = _configs_arg(args.configs) if args.configs else grid(args.grid)
     models = [m for m in args.models.split(",") if m]
@@ -317,8 +317,8 @@ def _cmd_sweep(args):
 
 
 def _cmd_report(args):
-    from .experiment import load_results, load_thread_cpu
-    from .report import write_report
+    from ..measure.experiment import load_results, load_thread_cpu
+    from ..analysis.report import write_report
 
     requests, trials, manifests = load_results(args.results)
     threads = load_thread_cpu(args.results)
@@ -331,7 +331,7 @@ def _cmd_report(args):
 
 
 def _cmd_bench(args):
-    from .bench import run_solver_bench
+    from ..model.bench import run_solver_bench
 
     return run_solver_bench(args)
 
@@ -434,7 +434,7 @@ def _build_parser():
                    help="also run the literal encoding on small models with this time limit (0: skip)")
     b.add_argument("--doc", default=None, metavar="FILE", help="also write a Markdown report")
     b.set_defaults(func=_cmd_bench)
-    from .advise import add_parser as _add_advise
+    from ..analysis.advise import add_parser as _add_advise
 
     _add_advise(sub)
     return p

@@ -44,13 +44,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .analysis import STAGES, _with_defaults, scenario_stats, speedups
-from .cpu import WAIT_POLICIES
-from .errors import ModelError, TunaError
-from .experiment import cell_key
-from .model.instance import check_positive_int
+from ..stats import _with_defaults, scenario_stats, speedups
+from ...server.models import STAGES
+from ...server.openmp import WAIT_POLICIES
+from ...errors import AdviseError, ModelError, TunaError
+from ...measure.experiment import cell_key
+from ...model.instance import check_positive_int
 
-__all__ = ["AdviseError", "Advisor", "Recommendation", "train", "feature_table", "grouped_folds", "add_parser"]
+__all__ = ["Advisor", "Recommendation", "train", "feature_table", "grouped_folds", "add_parser"]
 
 #: Where ``tuna-lab advise`` looks for results unless given ``--results``: the
 #: folder the README's ``tuna-lab sweep ... --out results/sweep`` writes.
@@ -82,10 +83,6 @@ _REQUIRED_TRIAL = ("policy", "workers", "threads", "cpus", "model", "batch", "tr
 _XGB_PARAMS = {"objective": "reg:squarederror", "max_depth": 3, "eta": 0.15, "min_child_weight": 1.0,
                "subsample": 1.0, "lambda": 1.0, "tree_method": "exact", "seed": 0}
 _XGB_ROUNDS = 100
-
-
-class AdviseError(TunaError, ValueError):
-    """Results cannot train an advisor (no cfs, too few configurations) or a question is malformed."""
 
 
 # -- the feature table ----------------------------------------------------------------------
@@ -207,12 +204,11 @@ def _model_size(name):
     cache gives different answers on the same results. With three models it
     would order them as these two already do.
     """
-    from .server.models import _RECIPES
+    from ...server.models import MODEL_FEATURES, model_trees
 
-    recipe = _RECIPES.get(name)
-    if recipe is None:
+    if name not in MODEL_FEATURES:
         return np.nan, np.nan
-    return float(recipe.features), float(recipe.rounds * recipe.num_class)
+    return float(MODEL_FEATURES[name]), float(model_trees(name))
 
 
 def _topology_shape(topology, cpus=None):
@@ -444,7 +440,7 @@ def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1):
     """
     where = "the results"
     if isinstance(results, (str, os.PathLike)):
-        from .experiment import load_results
+        from ...measure.experiment import load_results
 
         where = os.fspath(results)
         if not os.path.isdir(where):
@@ -751,7 +747,7 @@ def _spin_text(spincount):
 
 def _check_question(workers, threads, model, batch, wait_policy, spincount=None):
     """``(workers, threads, batch, spincount)`` as ints (-1: unset), or :class:`AdviseError`."""
-    from .server.models import MODEL_FEATURES
+    from ...server.models import MODEL_FEATURES
 
     workers, threads, batch = (_positive(n, v) for n, v in
                                (("workers", workers), ("threads", threads), ("batch", batch)))
@@ -768,7 +764,7 @@ def _check_question(workers, threads, model, batch, wait_policy, spincount=None)
 
 def _asked_topology(topology):
     """``(cpus, physical_cores, smt_ways, l3_domains, numa_nodes)`` of the machine a question is about."""
-    from .topology import Topology
+    from ...machine.topology import Topology
 
     if topology is None:
         return _topology_shape(Topology.from_sysfs().to_dict(), len(os.sched_getaffinity(0)))

@@ -30,28 +30,22 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from .cpu import CpuAccountingError, CpuSampler, account, summarise
-from .errors import TunaError
-from .model.instance import check_positive_int
+from ..errors import CpuAccountingError, ExperimentError, TunaError
+from ..machine import host
+from ..model.instance import check_positive_int
+from ..server.openmp import LIBGOMP_DEFAULT_WAIT
+from .cpu import CpuSampler, account, summarise
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "sweep", "grid", "load_results", "ARTICLE_GRID",
-           "LIBGOMP_DEFAULT_WAIT", "CPU_COLUMNS", "load_thread_cpu", "cell_key"]
+           "CPU_COLUMNS", "load_thread_cpu", "cell_key"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
 ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
-
-#: What "default" means for the wait policy with GNU libgomp (XGBoost's OpenMP runtime on Linux).
-LIBGOMP_DEFAULT_WAIT = ("OMP_WAIT_POLICY unset: an idle thread spins for GOMP_SPINCOUNT iterations "
-                        "(300,000 by default, 100 when there are more threads than CPUs), then sleeps")
 
 _MANIFEST = "manifest.json"
 _REQUESTS = "requests.parquet"
 _TRIALS = "trials.parquet"
 _THREADS = "threads.parquet"
-
-
-class ExperimentError(TunaError):
-    """An experiment could not be run or its results could not be read."""
 
 
 def cell_key(workers, threads, model, batch, wait_policy="default", spincount=None):
@@ -86,8 +80,8 @@ class Config:
     spincount: int | None = None
 
     def __post_init__(self):
-        from .errors import ModelError
-        from .server.models import MODEL_FEATURES
+        from ..errors import ModelError
+        from ..server.models import MODEL_FEATURES
 
         try:
             check_positive_int("workers", self.workers)
@@ -97,7 +91,7 @@ class Config:
             raise ExperimentError(str(exc)) from None
         if self.model not in MODEL_FEATURES:
             raise ExperimentError(f"unknown model {self.model!r}; choose from {', '.join(MODEL_FEATURES)}")
-        from .cpu import CpuAccountingError, wait_policy_env
+        from ..server.openmp import wait_policy_env
 
         try:
             wait_policy_env(self.wait_policy, self.spincount)
@@ -125,7 +119,7 @@ def _concat(frames):
 
 
 def _check_policies(policies):
-    from .policies import POLICIES
+    from ..placement.policies import POLICIES
 
     policies = list(dict.fromkeys(policies))
     if not policies:
@@ -162,25 +156,14 @@ def _versions():
     return out
 
 
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def manifest(config, policies, trials, requests, seed, extra=None):
     """Everything needed to interpret (or repeat) a cell, as a JSON-able dict."""
-    from .topology import Topology
+    from ..machine.topology import Topology
 
     topo = Topology.from_sysfs()
     return {
         "config": asdict(config), "cell": config.key, "policies": list(policies), "trials": trials,
-        "requests": requests, "seed": seed, "cpu_model": _cpu_model(), "kernel": platform.release(),
+        "requests": requests, "seed": seed, "cpu_model": host.cpu_model(), "kernel": platform.release(),
         "python": platform.python_version(), "cpus": list(topo.cpus),
         "topology": {k: v for k, v in topo.to_dict().items() if k != "distance"},
         "versions": _versions(), "git_commit": _git_commit(), "command": sys.argv,
@@ -289,7 +272,7 @@ def _cpu_of(sampler, frame, config, policy, trial):
 
 def _with_locality(per_thread, topo):
     """Add each worker's NUMA locality (share of its resident pages on its main thread's node)."""
-    from .numa import worker_locality
+    from ..machine.numa import worker_locality
 
     found = {}
     for pid in per_thread["pid"].unique():
@@ -307,8 +290,8 @@ def _with_locality(per_thread, topo):
 def _trials(config, policies, trials, requests, concurrency, warmup, progress, body, cpus, rng,
             frames, rows, orders, t_start, thread_frames):
     from . import load
-    from .server.launch import Server
-    from .topology import Topology
+    from ..server.launch import Server
+    from ..machine.topology import Topology
 
     topo = Topology.from_sysfs()
 

@@ -53,9 +53,9 @@ import numpy as np
 import pandas as pd
 from aiohttp import web
 
-from .errors import LoadError
-from .server.app import STAGES
-from .server.models import make_rows
+from ..errors import LoadError
+from ..server.models import STAGES
+from ..server.models import make_rows
 
 __all__ = [
     "COLUMNS",

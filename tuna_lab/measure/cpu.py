@@ -5,111 +5,25 @@ A thread pool that spins between bursts can use a core while doing no work
 long its threads spin before they sleep. To show what that costs, a
 :class:`CpuSampler` reads every server thread's CPU time while a trial runs,
 each worker reports with every response the CPU time its threads spent on
-that request (:func:`request_cpu`, read at the request's start and end), and
+that request (:func:`~tuna_lab.server.cpuclock.request_cpu`, read at the
+request's start and end), and
 :func:`account` splits each role's CPU time into *busy* (while its worker had
 a request in flight) and *idle* (between requests: spinning, Gunicorn's
 accept loop). Reading the CPU clocks at the request boundaries makes the
 split exact, where sampling would smear it over the sampling period.
 
-CPU time comes from the thread's own CPU clock inside its process (the
-workers' per-request readings: exact), and from another process from
-``/proc/<pid>/task/<tid>/schedstat`` (nanoseconds, brought up to date at
-ticks and context switches) where the kernel has it, else from ``utime +
-stime`` of ``/proc/<pid>/task/<tid>/stat`` (clock ticks, usually 10 ms).
-
-Examples
---------
->>> import os, threading
->>> seconds = thread_cpu_seconds(os.getpid(), threading.get_native_id())
->>> seconds > 0
-True
+The clocks themselves are read by :mod:`tuna_lab.server.cpuclock`.
 """
 
-import os
 import threading
 import time
 
 import numpy as np
 
-from .errors import TunaError
+from ..errors import CpuAccountingError
+from ..server.cpuclock import thread_cpu_seconds
 
-__all__ = ["CpuAccountingError", "thread_cpu_seconds", "process_thread_cpu", "request_cpu", "CpuSampler",
-           "account", "summarise", "WAIT_POLICIES", "wait_policy_env"]
-
-#: Wait policies an experiment can ask for; "default" leaves the OpenMP runtime's own.
-WAIT_POLICIES = ("default", "passive", "active")
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-class CpuAccountingError(TunaError):
-    """A thread's CPU time could not be read, or samples could not be accounted."""
-
-
-def wait_policy_env(wait_policy="default", spincount=None):
-    """Environment that asks libgomp for ``wait_policy`` (and ``GOMP_SPINCOUNT``).
-
-    Returns ``(set, unset)``: variables to set, and variables to remove from an
-    inherited environment so that ``"default"`` really is the runtime's default.
-
-    Examples
-    --------
-    >>> wait_policy_env("passive")
-    ({'OMP_WAIT_POLICY': 'PASSIVE'}, ['GOMP_SPINCOUNT'])
-    >>> wait_policy_env("default", spincount=1000)
-    ({'GOMP_SPINCOUNT': '1000'}, ['OMP_WAIT_POLICY'])
-    """
-    if wait_policy not in WAIT_POLICIES:
-        raise CpuAccountingError(f"unknown wait policy {wait_policy!r}; choose from {', '.join(WAIT_POLICIES)}")
-    env, unset = {}, []
-    if wait_policy == "default":
-        unset.append("OMP_WAIT_POLICY")
-    else:
-        env["OMP_WAIT_POLICY"] = wait_policy.upper()
-    if spincount is None:
-        unset.append("GOMP_SPINCOUNT")
-    else:
-        if isinstance(spincount, bool) or not isinstance(spincount, int) or spincount < 0:
-            raise CpuAccountingError(f"spincount must be a non-negative integer, got {spincount!r}")
-        env["GOMP_SPINCOUNT"] = str(spincount)
-    return env, unset
-
-
-def _thread_clock(tid):
-    """The clock id of thread ``tid``'s CPU clock (the kernel's CPUCLOCK_SCHED, per thread)."""
-    return ((~tid) << 3) | 6
-
-
-def thread_cpu_seconds(pid, tid):
-    """CPU seconds thread ``tid`` of process ``pid`` has run so far.
-
-    Raises
-    ------
-    CpuAccountingError
-        If the thread does not exist (any more) or its files cannot be read.
-    """
-    pid, tid = int(pid), int(tid)
-    if pid == os.getpid():
-        try:
-            # The thread's own CPU clock: exact to the nanosecond, also for a thread
-            # that is running now (schedstat only moves at ticks and context
-            # switches). Linux serves it only inside the thread's own process.
-            return time.clock_gettime(_thread_clock(tid))
-        except (OSError, OverflowError):     # no such thread; a TID beyond the clock id range
-            pass
-    base = f"/proc/{pid}/task/{tid}"
-    try:
-        with open(f"{base}/schedstat") as fh:
-            return int(fh.read().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        with open(f"{base}/stat") as fh:
-            # The command name may hold spaces and parentheses: split after the last ")".
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK      # utime, stime (fields 14, 15)
-    except (OSError, ValueError, IndexError):
-        raise CpuAccountingError(f"cannot read the CPU time of thread {tid} of process {pid}") from None
+__all__ = ["CpuSampler", "account", "summarise"]
 
 
 class CpuSampler:
@@ -196,50 +110,6 @@ class CpuSampler:
     @property
     def cpu(self):
         return np.asarray(self._rows, dtype=float).reshape(len(self._rows), len(self.threads))
-
-
-def process_thread_cpu(pid=None):
-    """CPU seconds of every thread of process ``pid`` (default: this one), as ``{tid: seconds}``.
-
-    Threads that exit while being read are left out.
-
-    Examples
-    --------
-    >>> import os
-    >>> os.getpid() in process_thread_cpu()
-    True
-    """
-    pid = os.getpid() if pid is None else int(pid)
-    out = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        raise CpuAccountingError(f"cannot list the threads of process {pid}") from None
-    for tid in tids:
-        try:
-            out[int(tid)] = thread_cpu_seconds(pid, tid)
-        except CpuAccountingError:
-            continue
-    return out
-
-
-def request_cpu(before, after, pid=None):
-    """CPU seconds spent between two :func:`process_thread_cpu` readings, per role.
-
-    The process's own thread is ``"main"``; every other thread of a worker is
-    one of its OpenMP pool (a sync Gunicorn worker starts no others). A thread
-    born in between counts from zero.
-
-    Examples
-    --------
-    >>> request_cpu({1: 1.0, 2: 5.0}, {1: 1.5, 2: 5.25, 3: 0.25}, pid=1)
-    {'main': 0.5, 'openmp': 0.5}
-    """
-    pid = os.getpid() if pid is None else int(pid)
-    out = {"main": 0.0, "openmp": 0.0}
-    for tid, seconds in after.items():
-        out["main" if tid == pid else "openmp"] += max(0.0, seconds - before.get(tid, 0.0))
-    return out
 
 
 def account(sampler, requests):

@@ -16,15 +16,15 @@ Plus the peak RSS of ``tuna-lab solve`` on the largest scale case.
 """
 
 import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
 import time
 
-from .model import TunaModel
-from .topology import Topology
+from ..machine import host
+from ..machine.topology import Topology
+from .tuna import TunaModel
 
 __all__ = ["run_solver_bench", "ARTICLE_WORKERS", "ARTICLE_THREADS", "SCALE_CASES"]
 
@@ -194,13 +194,6 @@ def run_solver_bench(args):
     return 0
 
 
-def _machine():
-    from .experiment import _cpu_model
-
-    return f"{_cpu_model()}, {len(os.sched_getaffinity(0))} usable CPUs, Python {platform.python_version()}, " \
-           f"{platform.system()} {platform.release()}"
-
-
 def _write_doc(path, df, summary):
     import cvxpy
 
@@ -213,7 +206,7 @@ def _write_doc(path, df, summary):
     text = (
         "# Solver benchmark\n\n"
         f"Produced by `make bench` (`tuna-lab bench solver`) on {time.strftime('%Y-%m-%d')}; "
-        f"machine: {_machine()}; cvxpy {cvxpy.__version__}.\n\n"
+        f"machine: {host.describe()}; cvxpy {cvxpy.__version__}.\n\n"
         "## Summary\n\n" + "\n".join(summary) + "\n\n## All rows\n\n" + header + body)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:

@@ -42,11 +42,11 @@ import pandas as pd
 from pandas.api.types import is_bool_dtype, is_integer_dtype, is_numeric_dtype
 from scipy import stats
 
-from .errors import AnalysisError
-from .policies import POLICIES
+from ..errors import AnalysisError
+from ..server.models import STAGES
+from ..placement.policies import POLICIES
 
 __all__ = [
-    "STAGES",
     "trial_stats",
     "scenario_stats",
     "speedups",
@@ -55,8 +55,6 @@ __all__ = [
     "cpu_cost",
 ]
 
-#: The five stages of the inference pipeline, in the order a request runs them.
-STAGES = ("deserialize", "convert", "dmatrix", "predict", "shap")
 
 #: Model sizes in the article's order (used to sort tables and figures).
 _MODELS = ("small", "medium", "large")

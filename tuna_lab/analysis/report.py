@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from . import viz
-from .analysis import (
+from . import figures as viz
+from .stats import (
     _check_table,
     _ordered,
     _sorted,
@@ -36,8 +36,8 @@ from .analysis import (
     speedup_summary,
     trial_stats,
 )
-from .errors import AnalysisError
-from .policies import POLICIES
+from ..errors import AnalysisError
+from ..placement.policies import POLICIES
 
 __all__ = ["write_report"]
 

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .errors import NumaError, TopologyError
+from ..errors import NumaError, TopologyError
 
 __all__ = ["NumaMaps", "Locality", "parse_numa_maps", "read_numa_maps", "locality", "worker_locality"]
 

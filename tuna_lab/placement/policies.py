@@ -58,11 +58,10 @@ from functools import cached_property
 
 import numpy as np
 
-from .errors import ModelError, TopologyError
-from .model import solve
-from .model.families import main_counts, pair_sums, worker_counts
-from .model.instance import MODES, check_positive_int
-from .topology import Topology
+from ..errors import ModelError, TopologyError
+from ..machine.topology import Topology
+from ..model.families import main_counts, pair_sums, worker_counts
+from ..model.instance import MODES, check_positive_int
 
 __all__ = ["POLICIES", "Placement", "placement", "compare"]
 
@@ -342,6 +341,8 @@ def placement(policy, workers, threads, topology=None, *, places="cores", mode=N
         wanted = policy.removeprefix("tuna-")
         if mode is not None and mode != wanted:
             raise ModelError(f"policy {policy!r} solves in {wanted} mode, not {mode!r}")
+        from ..model.tuna import solve     # the solver loads only for the tuna-* policies
+
         mapping = solve(W, T, topology, wanted, time_limit=time_limit)
         return Placement(policy, W, T, topology, _singletons(mapping.assignment, topology), {},
                          "tuna_lab", mapping)

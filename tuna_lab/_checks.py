@@ -1,0 +1,89 @@
+"""The one set of input validators every stage uses.
+
+Each validator takes the name the user knows the value by and the exception
+class of the calling stage, so a bad ``batch`` in the load generator raises
+:class:`~tuna_lab.errors.LoadError` and a bad ``workers`` in the model raises
+:class:`~tuna_lab.errors.ModelError`, both with the same one-line message.
+This module imports nothing heavier than numpy.
+
+Examples
+--------
+>>> from tuna_lab.errors import ModelError
+>>> positive_int("workers", 4, ModelError)
+4
+>>> parse_cpulist("0-3,8,10-11")
+(0, 1, 2, 3, 8, 10, 11)
+"""
+
+import math
+import re
+
+import numpy as np
+
+from .errors import TopologyError, TunaError
+
+__all__ = ["positive_int", "non_negative_int", "positive_number", "parse_cpulist", "format_cpulist",
+           "one_line"]
+
+
+def _is_int(value):
+    # bool is an int subclass; "True workers" is a bug, not a request.
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def positive_int(name, value, error=TunaError):
+    """``value`` as an int, or raise ``error`` if it is not an integer >= 1."""
+    if not _is_int(value) or value < 1:
+        raise error(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def non_negative_int(name, value, error=TunaError):
+    """``value`` as an int, or raise ``error`` if it is not an integer >= 0."""
+    if not _is_int(value) or value < 0:
+        raise error(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def positive_number(name, value, error=TunaError):
+    """``value`` as a float, or raise ``error`` if it is not a finite number > 0."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value <= 0:
+        raise error(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+_RANGE = re.compile(r"\s*(\d+)(?:-(\d+))?\s*")
+
+
+def parse_cpulist(text, where="cpulist", error=TopologyError):
+    """Linux cpulist syntax (``"0-3,8,10-11"``) to a tuple of CPU ids.
+
+    ``where`` names the file or option the text came from, for the message.
+    """
+    cpus = []
+    for item in filter(None, text.strip().split(",")):
+        m = _RANGE.fullmatch(item)
+        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+            raise error(f"{where}: bad cpulist {text!r}")
+        cpus.extend(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
+    return tuple(cpus)
+
+
+def format_cpulist(cpus):
+    """The shortest cpulist string for a set of CPU ids (``{0, 1, 2, 5}`` -> ``"0-2,5"``)."""
+    out, ids = [], sorted(set(int(c) for c in cpus))
+    i = 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def one_line(exc):
+    """The first line of an exception's message: what the CLI and a widget show."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,18 @@
+"""Analysis as the article does it: statistics, figures, the HTML report, and the advisor.
+
+:mod:`~tuna_lab.analysis.stats` turns per-request records into per-trial and
+per-scenario p99s and speedups, :mod:`~tuna_lab.analysis.figures` draws them,
+:mod:`~tuna_lab.analysis.report` writes the report, and
+:mod:`~tuna_lab.analysis.advise` answers "should I pin?".
+"""
+
+import lazy_loader as _lazy
+
+__all__ = ["trial_stats", "scenario_stats", "speedups", "speedup_summary", "compare_policies", "cpu_cost",
+           "write_report"]
+
+__getattr__, __dir__, _ = _lazy.attach(__name__, submodules=["stats", "figures", "report", "advise"],
+                                       submod_attrs={
+    "stats": ["trial_stats", "scenario_stats", "speedups", "speedup_summary", "compare_policies", "cpu_cost"],
+    "report": ["write_report"],
+})
