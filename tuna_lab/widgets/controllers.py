@@ -20,68 +20,26 @@ Examples
 (False, True, 'xeon-8272cl')
 """
 
-import os
 
 import networkx as nx
 import numpy as np
 import pandas as pd
 
 from ..errors import ModelError, TopologyError
+from ..machine import PRESETS, THIS_MACHINE, Topology, topology_from
 from ..model import DEFAULT_FAMILIES, TunaModel, solve
 from ..model.instance import MODES
-from ..machine.topology import PRESETS, Topology
 from ._base import Controller, SizedController
 from .live import LiveExperiment
 
 __all__ = ["ModeExplorer", "DistanceView", "ConstraintToggles", "PolicyComparison", "LiveExperiment",
            "core_grid", "topology_from", "TOPOLOGY_CHOICES", "COMPARED_POLICIES"]
 
-THIS_MACHINE = "this machine"
 #: What a topology box offers; any synthetic spec or hwloc XML text is accepted too.
 TOPOLOGY_CHOICES = (THIS_MACHINE, *PRESETS)
 #: The placements :class:`PolicyComparison` shows by default (cfs pins nothing to draw).
 COMPARED_POLICIES = ("round-robin", "omp-spread", "omp-close", "numa", "tuna-scatter")
 
-
-def topology_from(spec):
-    """A :class:`~tuna_lab.Topology` from whatever a topology box may hold.
-
-    Parameters
-    ----------
-    spec : Topology, str or None
-        A topology (returned as is); ``None`` or ``"this machine"``; a preset
-        name; hwloc XML text or the path of an ``.xml`` file; or an hwloc
-        synthetic spec (``"pack:2 l3:2 core:4 pu:2"``, optionally prefixed
-        ``"synthetic:"`` as in a synthetic topology's name).
-
-    Raises
-    ------
-    TopologyError
-        Nothing usable could be read from ``spec``.
-
-    Examples
-    --------
-    >>> topology_from("epyc-7313p").n_logical, topology_from("core:2 pu:2").n_physical
-    (32, 2)
-    """
-    if isinstance(spec, Topology):
-        return spec
-    if spec is None:
-        return Topology.from_sysfs()
-    if not isinstance(spec, str):
-        raise TopologyError(f"a topology is a preset name, a synthetic spec or hwloc XML, not {type(spec).__name__}")
-    text = spec.strip()
-    if text.lower() in ("", THIS_MACHINE):
-        return Topology.from_sysfs()
-    if text in PRESETS:
-        return Topology.preset(text)
-    if text.startswith("<") or (text.endswith(".xml") and os.path.exists(text)):
-        return Topology.from_hwloc_xml(text)
-    if ":" not in text:
-        # A lone word is a mistyped preset far more often than a synthetic spec.
-        raise TopologyError(f"unknown topology {text!r}: use {THIS_MACHINE!r}, a preset "
-                            f"({', '.join(PRESETS)}), a synthetic spec or hwloc XML")
-    return Topology.synthetic(text.removeprefix("synthetic:"))
 
 # -- the machine drawn as a grid of cores -------------------------------------------
 

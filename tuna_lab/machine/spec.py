@@ -1,0 +1,62 @@
+"""One way from what a user types to a :class:`~tuna_lab.machine.topology.Topology`.
+
+The CLI's topology options, the widgets' topology box, the advisor and the
+placement policies all read a machine through :func:`topology_from`, so a spec
+that works in one place works in every other.
+
+Examples
+--------
+>>> topology_from("core:2 pu:2").n_logical
+4
+"""
+
+import os
+
+from ..errors import TopologyError
+from .topology import PRESETS, Topology
+
+__all__ = ["THIS_MACHINE", "topology_from"]
+
+#: The name a user gives for the machine this process runs on.
+THIS_MACHINE = "this machine"
+
+
+def topology_from(spec):
+    """A :class:`~tuna_lab.Topology` from whatever a topology box may hold.
+
+    Parameters
+    ----------
+    spec : Topology, str or None
+        A topology (returned as is); ``None`` or ``"this machine"``; a preset
+        name; hwloc XML text or the path of an ``.xml`` file; or an hwloc
+        synthetic spec (``"pack:2 l3:2 core:4 pu:2"``, optionally prefixed
+        ``"synthetic:"`` as in a synthetic topology's name).
+
+    Raises
+    ------
+    TopologyError
+        Nothing usable could be read from ``spec``.
+
+    Examples
+    --------
+    >>> topology_from("epyc-7313p").n_logical, topology_from("core:2 pu:2").n_physical
+    (32, 2)
+    """
+    if isinstance(spec, Topology):
+        return spec
+    if spec is None:
+        return Topology.from_sysfs()
+    if not isinstance(spec, str):
+        raise TopologyError(f"a topology is a preset name, a synthetic spec or hwloc XML, not {type(spec).__name__}")
+    text = spec.strip()
+    if text.lower() in ("", THIS_MACHINE):
+        return Topology.from_sysfs()
+    if text in PRESETS:
+        return Topology.preset(text)
+    if text.startswith("<") or (text.endswith(".xml") and os.path.exists(text)):
+        return Topology.from_hwloc_xml(text)
+    if ":" not in text:
+        # A lone word is a mistyped preset far more often than a synthetic spec.
+        raise TopologyError(f"unknown topology {text!r}: use {THIS_MACHINE!r}, a preset "
+                            f"({', '.join(PRESETS)}), a synthetic spec or hwloc XML")
+    return Topology.synthetic(text.removeprefix("synthetic:"))
