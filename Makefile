@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench setup sysdeps clean notebooks notebooks-refresh lab docs test-ui
+.PHONY: demo test bench setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui
 
 # The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
 # compares every output except those of cells tagged nbval-ignore-output.
@@ -76,6 +76,10 @@ $(DOCS_STAMP): $(STAMP)
 # no notebook executed. DOCS_ARGS=--all rebuilds every page.
 docs: $(DOCS_STAMP)
 	$(VENV)/bin/jupyter-book build $(DOCS_ARGS) docs/
+
+# Rewrite docs/api/*.rst and the API part of docs/_toc.yml from the package (after adding or moving a module).
+api-docs: $(STAMP)
+	$(PY) docs/_ext/api_pages.py
 
 bench: $(STAMP)
 	$(VENV)/bin/tuna-lab bench solver --out bench/out/solver.csv --pairwise-limit 60 --doc docs/solver-bench.md
