@@ -23,7 +23,7 @@ import numpy as np
 from .errors import TopologyError, TunaError
 
 __all__ = ["positive_int", "non_negative_int", "positive_number", "parse_cpulist", "format_cpulist",
-           "one_line"]
+           "one_line", "shorten"]
 
 
 def _is_int(value):
@@ -87,3 +87,20 @@ def one_line(exc):
     """The first line of an exception's message: what the CLI and a widget show."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def shorten(text, limit=300):
+    """``text`` on one line (whitespace runs collapsed), cut to ``limit`` characters with ``...``.
+
+    What an HTTP error body or a recorded error holds: the message of a
+    traceback or a server's reply, never several lines.
+
+    Examples
+    --------
+    >>> shorten("bad\n  request", limit=20)
+    'bad request'
+    >>> shorten("x" * 10, limit=6)
+    'xxx...'
+    """
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,17 +1,12 @@
 """What every controller shares: change notification and the refuse-and-keep-state rule."""
 
+from .._checks import one_line
 from ..errors import TunaError
 
-__all__ = ["Controller", "SizedController", "one_line"]
+__all__ = ["Controller", "SizedController"]
 
 # What a user can get wrong; anything else is a bug and should be seen as one.
 BAD_INPUT = (TunaError, ValueError, OSError)
-
-
-def one_line(exc):
-    """The first line of an exception's message (a widget shows one line)."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 class Controller:

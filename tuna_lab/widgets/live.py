@@ -7,8 +7,9 @@ import weakref
 
 import pandas as pd
 
+from .._checks import one_line
 from ..errors import TunaError
-from ._base import Controller, one_line
+from ._base import Controller
 
 __all__ = ["LiveExperiment"]
 
