@@ -97,7 +97,7 @@ def shorten(text, limit=300):
 
     Examples
     --------
-    >>> shorten("bad\n  request", limit=20)
+    >>> shorten("bad   request", limit=20)
     'bad request'
     >>> shorten("x" * 10, limit=6)
     'xxx...'
