@@ -18,6 +18,8 @@ __all__ = [
     "BindingError",
     "ExperimentError",
     "AdviseError",
+    "PlanError",
+    "PinError",
 ]
 
 
@@ -95,3 +97,11 @@ class ExperimentError(TunaError):
 
 class AdviseError(TunaError, ValueError):
     """Results cannot train an advisor (no cfs, too few configurations) or a question is malformed."""
+
+
+class PlanError(TunaError, ValueError):
+    """A placement plan is malformed, or was made for another machine (its fingerprint differs)."""
+
+
+class PinError(TunaError):
+    """A running server cannot be pinned: no such process, no workers, or no permission."""

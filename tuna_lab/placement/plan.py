@@ -1,0 +1,270 @@
+"""A placement plan you can take away: per worker slot, where its main and pool threads go.
+
+A :class:`Plan` is a :class:`~tuna_lab.placement.policies.Placement` reduced to
+what applying it needs - the CPUs of every thread of every worker slot, the
+OpenMP environment, and the machine it was made for (its CPU ids and
+:func:`~tuna_lab.machine.fingerprint.fingerprint`). It is plain JSON, so it
+can be made on one machine (or in a notebook, or by ``tuna-lab plan``) and
+applied by the Gunicorn hooks (:mod:`tuna_lab.integrations.gunicorn`) or by
+``tuna-lab pin --pid``. A plan made for another machine is refused with a
+reason unless forced.
+
+Formats (:meth:`Plan.render`):
+
+* ``json``: the plan itself (:meth:`Plan.to_dict`);
+* ``omp-places``: each slot's ``OMP_PLACES`` string - with
+  ``OMP_PROC_BIND=close``, OpenMP thread ``t`` binds to place ``t``;
+* ``taskset``: ``taskset -p -c CPUS TID`` for every thread (the TIDs of a
+  running server, or placeholders);
+* ``gunicorn``: a config snippet for a user's ``gunicorn.conf.py``.
+
+Examples
+--------
+>>> from tuna_lab.machine import Topology
+>>> from tuna_lab.placement import placement
+>>> plan = placement("round-robin", 2, 2, Topology.synthetic("core:4 pu:1")).plan()
+>>> plan.slots
+(((0,), (1,)), ((2,), (3,)))
+>>> plan.omp_places(1)
+'{2},{3}'
+>>> Plan.from_dict(plan.to_dict()) == plan
+True
+"""
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from .._checks import format_cpulist, positive_int
+from ..errors import PlanError
+
+__all__ = ["Plan", "FORMATS", "PLAN_FORMAT", "parse_omp_places"]
+
+#: What :meth:`Plan.render` can write.
+FORMATS = ("json", "omp-places", "taskset", "gunicorn")
+#: The ``format`` field of a plan's JSON: its schema's name and version.
+PLAN_FORMAT = "tuna_lab.plan/1"
+
+_PINNED_BY = ("none", "tuna_lab", "openmp")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where every thread of every worker slot may run, and the machine that holds for.
+
+    Parameters
+    ----------
+    policy : str
+        The policy the plan comes from (``"tuna-scatter"``, ``"round-robin"`` ...).
+    workers, threads : int
+        ``W`` worker slots with ``T`` threads each: rank 0 is the worker's main
+        thread, ranks ``1..T-1`` its OpenMP pool threads.
+    slots : tuple
+        ``slots[w][t]``: sorted tuple of the CPU ids thread ``t`` of slot ``w`` may use.
+    cpus : tuple of int
+        The CPU ids of the machine the plan was made for.
+    fingerprint : str
+        That machine's :func:`~tuna_lab.machine.fingerprint.fingerprint`.
+    topology : str
+        That machine's name (for people; the fingerprint decides).
+    pinned_by : {"tuna_lab", "openmp", "none"}
+        Who binds: tuna_lab by TID, the OpenMP runtime from ``env``, or nobody (``cfs``).
+    env : dict
+        Environment the workers need (``OMP_*`` of the ``omp-*`` policies).
+    """
+
+    policy: str
+    workers: int
+    threads: int
+    slots: tuple
+    cpus: tuple
+    fingerprint: str
+    topology: str = ""
+    pinned_by: str = "tuna_lab"
+    env: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        W = positive_int("workers", self.workers, PlanError)
+        T = positive_int("threads", self.threads, PlanError)
+        if self.pinned_by not in _PINNED_BY:
+            raise PlanError(f"pinned_by must be one of {', '.join(_PINNED_BY)}, got {self.pinned_by!r}")
+        try:
+            slots = tuple(tuple(tuple(sorted(int(c) for c in cpus)) for cpus in row) for row in self.slots)
+            cpus = tuple(int(c) for c in self.cpus)
+        except (TypeError, ValueError):
+            raise PlanError("a plan's slots and cpus must hold CPU ids (integers)") from None
+        if len(slots) != W or any(len(row) != T for row in slots):
+            raise PlanError(f"a plan of {W} workers x {T} threads needs {W} slots of {T} CPU sets")
+        known = set(cpus)
+        bad = sorted({c for row in slots for s in row for c in s} - known)
+        if any(not s for row in slots for s in row) or bad:
+            raise PlanError("every thread of a plan needs a non-empty set of the plan's own CPUs"
+                            + (f" (CPU {bad[0]} is not one of them)" if bad else ""))
+        if not isinstance(self.fingerprint, str) or not self.fingerprint:
+            raise PlanError("a plan needs the fingerprint of the machine it was made for")
+        for name, value in (("workers", W), ("threads", T), ("slots", slots), ("cpus", cpus),
+                            ("env", {str(k): str(v) for k, v in dict(self.env or {}).items()})):
+            object.__setattr__(self, name, value)
+
+    # -- building and reading ---------------------------------------------------------------
+    @classmethod
+    def from_placement(cls, placement):
+        """The plan of a :class:`~tuna_lab.placement.policies.Placement`."""
+        from ..machine.fingerprint import fingerprint
+
+        topo = placement.topology
+        return cls(placement.policy, placement.workers, placement.threads, placement.allowed,
+                   tuple(topo.cpus), fingerprint(topo), topo.name, placement.pinned_by, dict(placement.env))
+
+    def to_dict(self):
+        """The plan as JSON-able data (the ``json`` format).
+
+        Per slot: ``main`` (the main thread's CPUs) and ``pool`` (each pool
+        thread's CPUs, by rank 1..T-1); plus the machine it was made for.
+        """
+        return {
+            "format": PLAN_FORMAT,
+            "policy": self.policy,
+            "workers": self.workers,
+            "threads": self.threads,
+            "pinned_by": self.pinned_by,
+            "env": dict(self.env),
+            "topology": {"name": self.topology, "cpus": list(self.cpus), "fingerprint": self.fingerprint},
+            "slots": [{"slot": w, "main": list(row[0]), "pool": [list(s) for s in row[1:]]}
+                      for w, row in enumerate(self.slots)],
+        }
+
+    @classmethod
+    def from_dict(cls, data):
+        """A plan from :meth:`to_dict`'s data; :class:`~tuna_lab.errors.PlanError` if it is not one."""
+        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT:
+            raise PlanError(f"not a tuna_lab plan (expected \"format\": \"{PLAN_FORMAT}\")")
+        try:
+            topo = data["topology"]
+            slots = sorted(data["slots"], key=lambda s: s["slot"])
+            if [s["slot"] for s in slots] != list(range(len(slots))):
+                raise PlanError("a plan's slots must be numbered 0..W-1")
+            return cls(data["policy"], data["workers"], data["threads"],
+                       [[s["main"], *s["pool"]] for s in slots], topo["cpus"], topo["fingerprint"],
+                       topo.get("name", ""), data.get("pinned_by", "tuna_lab"), data.get("env") or {})
+        except (KeyError, TypeError) as exc:
+            raise PlanError(f"malformed plan: missing or wrong field {exc}") from None
+
+    @classmethod
+    def read(cls, path_or_text):
+        """A plan from a JSON file, or from JSON text (what ``TUNA_LAB_PLAN`` may hold)."""
+        text = str(path_or_text)
+        if not text.lstrip().startswith("{"):
+            try:
+                with open(text) as fh:
+                    text = fh.read()
+            except OSError as exc:
+                raise PlanError(f"cannot read plan {path_or_text}: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise PlanError(f"plan {str(path_or_text)[:60]!r} is not JSON: {exc}") from None
+        return cls.from_dict(data)
+
+    def write(self, path):
+        """Write the plan as JSON to ``path``."""
+        with open(path, "w") as fh:
+            json.dump(self.to_dict(), fh, indent=1)
+            fh.write("\n")
+
+    # -- the machine it is for --------------------------------------------------------------
+    def check_machine(self, topology, force=False):
+        """Refuse (:class:`~tuna_lab.errors.PlanError`) a plan made for another machine than ``topology``.
+
+        With ``force``, a plan whose CPUs all exist on ``topology`` is accepted
+        whatever its fingerprint; one naming CPUs the machine lacks never is.
+        Returns the plan.
+        """
+        from ..machine.fingerprint import fingerprint
+
+        here = fingerprint(topology)
+        if here != self.fingerprint and not force:
+            raise PlanError(f"the plan was made for another machine ({self.topology or 'unnamed'}, "
+                            f"fingerprint {self.fingerprint}; this one is {here}): make a plan here, "
+                            "or use --force to apply it anyway")
+        used = sorted({c for row in self.slots for s in row for c in s} - set(topology.cpus))
+        if used:
+            raise PlanError(f"the plan uses CPUs {format_cpulist(used)} that this machine does not let us use")
+        return self
+
+    # -- formats ------------------------------------------------------------------------------
+    def omp_places(self, slot):
+        """Slot ``slot``'s ``OMP_PLACES``: one place per thread, in rank order.
+
+        With ``OMP_PROC_BIND=close`` and ``OMP_NUM_THREADS=T``, libgomp binds
+        OpenMP thread ``t`` (the main thread is thread 0) to place ``t``.
+        """
+        return ",".join("{" + ",".join(map(str, cpus)) + "}" for cpus in self.slots[slot])
+
+    def render(self, kind="json", tids=None):
+        """The plan in one of :data:`FORMATS`.
+
+        Parameters
+        ----------
+        kind : str
+            ``json``, ``omp-places``, ``taskset`` or ``gunicorn``.
+        tids : list of dict, optional
+            For ``taskset``: the threads of a running server, each with
+            ``slot``, ``rank`` and ``tid`` (from
+            :func:`tuna_lab.placement.pin.server_threads`); without them the
+            lines hold placeholders.
+        """
+        if kind not in FORMATS:
+            raise PlanError(f"unknown plan format {kind!r}; choose from {', '.join(FORMATS)}")
+        if kind == "json":
+            return json.dumps(self.to_dict(), indent=1)
+        head = (f"{self.policy}: {self.workers} workers x {self.threads} threads on {self.topology or 'a machine'} "
+                f"(fingerprint {self.fingerprint})")
+        if kind == "omp-places":
+            return "\n".join([f"# {head}; OpenMP thread t binds to place t",
+                              *(f'slot {w}: OMP_PLACES="{self.omp_places(w)}" OMP_PROC_BIND=close '
+                                f"OMP_NUM_THREADS={self.threads}" for w in range(self.workers))])
+        if kind == "taskset":
+            lines = [f"# {head}"]
+            if tids is None:
+                lines.append("# TIDs unknown: give --pid MASTER to fill in a running server's threads")
+                tids = [{"slot": w, "rank": t, "tid": f"<TID of slot {w} rank {t}>"}
+                        for w in range(self.workers) for t in range(self.threads)]
+            for th in tids:
+                if th.get("rank") is not None and th["rank"] < self.threads and th.get("slot") is not None:
+                    cpus = format_cpulist(self.slots[th["slot"]][th["rank"]])
+                    lines.append(f"taskset -p -c {cpus} {th['tid']}")
+            return "\n".join(lines)
+        plan_json = json.dumps(self.to_dict(), separators=(",", ":"))
+        return "\n".join([
+            f"# tuna_lab plan - {head}",
+            "# Paste into your gunicorn.conf.py. Each worker takes a slot, wakes its OpenMP pool once",
+            "# and binds its main and pool threads by TID; a replacement worker gets the same slot.",
+            "import os",
+            "",
+            f"os.environ[\"TUNA_LAB_PLAN\"] = '{plan_json}'",
+            "from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit  # noqa: E402,F401",
+            "",
+            f"workers = {self.workers}",
+            'worker_class = "sync"',
+        ])
+
+
+def parse_omp_places(text):
+    """The CPU sets of an explicit ``OMP_PLACES`` list (``{0,1},{2}`` or ``{0:2},{2}``).
+
+    Examples
+    --------
+    >>> parse_omp_places("{0,16},{8:2}")
+    [(0, 16), (8, 9)]
+    """
+    places = []
+    for m in re.finditer(r"\{([^{}]*)\}", text):
+        cpus = []
+        for item in m.group(1).split(","):
+            start, _, length = item.strip().partition(":")
+            cpus.extend(range(int(start), int(start) + (int(length) if length else 1)))
+        places.append(tuple(cpus))
+    if ",".join("{" + p + "}" for p in re.findall(r"\{([^{}]*)\}", text)) != text.strip():
+        raise PlanError(f"not an explicit OMP_PLACES list: {text!r}")
+    return places
