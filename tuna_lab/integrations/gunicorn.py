@@ -1,0 +1,265 @@
+"""Pin your own Gunicorn server: three hooks for an existing ``gunicorn.conf.py``.
+
+Add to the config of any pre-fork WSGI app (Flask, Django, plain WSGI) whose
+workers run XGBoost or another OpenMP library::
+
+    from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit
+
+and say what to apply, in the environment or in the config before that line:
+
+* ``TUNA_LAB_PLAN``: a plan file from ``tuna-lab plan ... > plan.json`` (or the
+  plan's JSON itself, as the ``gunicorn`` format of ``tuna-lab plan`` writes); or
+* ``TUNA_LAB_POLICY`` and ``TUNA_LAB_THREADS``: a policy (``tuna-scatter``,
+  ``round-robin`` ...) and the OpenMP threads of each worker; the plan is then
+  made on this machine for the configured number of workers (the solver runs
+  in a separate process, so neither the master nor a worker loads it).
+
+:func:`configure` sets the same from Python. ``TUNA_LAB_FORCE=1`` applies a
+plan made on another machine.
+
+What each worker does:
+
+1. ``post_fork``: takes the lowest free *slot* (a lock file per slot, held for
+   the worker's life: the kernel frees it when the worker dies, so a
+   replacement takes its predecessor's slot), and sets ``OMP_PLACES`` if no
+   OpenMP runtime is loaded yet, so that libgomp keeps its pool size once the
+   main thread is pinned.
+2. ``post_worker_init`` (the app is loaded): wakes the OpenMP pool once by
+   running an empty parallel region of ``T`` threads in every loaded libgomp,
+   takes the TIDs that appear as the pool (ranked by creation), and binds the
+   main thread and each pool thread by TID to the slot's CPUs, reading each
+   binding back. If the app already started its pool, the pool threads are
+   found as ``tuna-lab pin --pid`` finds them.
+3. ``child_exit`` (master): logs the freed slot.
+
+The master is never pinned. Only Gunicorn's ``sync`` worker class is
+supported; any other is refused when the first worker starts.
+
+If your config already defines one of these hooks, call ours from yours::
+
+    from tuna_lab.integrations import gunicorn as tuna_lab_hooks
+
+    def post_worker_init(worker):
+        tuna_lab_hooks.post_worker_init(worker)
+        ...  # your own code
+"""
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+__all__ = ["post_fork", "post_worker_init", "child_exit", "configure", "SUPPORTED_WORKER_CLASSES"]
+
+#: Worker classes whose workers serve one request at a time on their main thread.
+SUPPORTED_WORKER_CLASSES = ("sync",)
+
+# Gunicorn's exit code for a worker that failed to boot: the master then stops.
+_BOOT_ERROR = 3
+
+# This worker's slot, its lock (held open for the worker's life) and how its main thread may be pinned.
+_worker = {"slot": None, "lock": None, "exact_main": False, "plan": None}
+
+
+def configure(policy=None, threads=None, plan=None, force=False):
+    """Say what to apply, from ``gunicorn.conf.py`` (the same as the ``TUNA_LAB_*`` variables).
+
+    Parameters
+    ----------
+    policy : str, optional
+        A policy of :data:`tuna_lab.placement.POLICIES`.
+    threads : int, optional
+        OpenMP threads per worker (with ``policy``).
+    plan : str or Plan, optional
+        A plan, the path of a plan file, or a plan's JSON.
+    force : bool
+        Apply a plan made on another machine.
+
+    Examples
+    --------
+    >>> configure(policy="round-robin", threads=2)        # doctest: +SKIP
+    """
+    if plan is not None:
+        os.environ["TUNA_LAB_PLAN"] = plan if isinstance(plan, str) else json.dumps(plan.to_dict())
+    if policy is not None:
+        os.environ["TUNA_LAB_POLICY"] = str(policy)
+    if threads is not None:
+        os.environ["TUNA_LAB_THREADS"] = str(threads)
+    if force:
+        os.environ["TUNA_LAB_FORCE"] = "1"
+
+
+def _refuse(log, message):
+    # Gunicorn's own logger: the line lands wherever the user's server logs go.
+    log.error("tuna_lab: %s", message)
+    sys.exit(_BOOT_ERROR)
+
+
+def _run_dir(master):
+    path = os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{os.getuid()}-{master}")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def _make_plan(workers):
+    """The plan for ``workers`` workers, from TUNA_LAB_PLAN or TUNA_LAB_POLICY + TUNA_LAB_THREADS."""
+    from .._checks import positive_int
+    from ..errors import PlanError
+    from ..machine import topology_from
+    from ..placement.plan import Plan
+
+    here = topology_from(None)
+    if os.environ.get("TUNA_LAB_PLAN"):
+        plan = Plan.read(os.environ["TUNA_LAB_PLAN"])
+        return plan.check_machine(here, force=os.environ.get("TUNA_LAB_FORCE") == "1")
+    policy = os.environ.get("TUNA_LAB_POLICY")
+    if not policy:
+        raise PlanError("set TUNA_LAB_PLAN, or TUNA_LAB_POLICY and TUNA_LAB_THREADS, before importing "
+                        "tuna_lab.integrations.gunicorn")
+    text = os.environ.get("TUNA_LAB_THREADS", "")
+    threads = positive_int("TUNA_LAB_THREADS", int(text) if text.strip().isdigit() else text, PlanError)
+    if policy.startswith("tuna-"):
+        # The solver stays out of the server: a worker forked from a master that
+        # imported cvxpy would carry it for its whole life.
+        done = subprocess.run([sys.executable, "-m", "tuna_lab", "plan", "-w", str(workers), "-t", str(threads),
+                               "--policy", policy, "--format", "json"], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise PlanError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "tuna-lab plan failed")
+        return Plan.from_dict(json.loads(done.stdout))
+    from ..placement import placement
+
+    return placement(policy, workers, threads, here).plan()
+
+
+def _shared_plan(run_dir, workers):
+    """The server's plan, made by its first worker and read by the others (under a lock)."""
+    from ..placement.plan import Plan
+
+    path = os.path.join(run_dir, "plan.json")
+    with open(os.path.join(run_dir, "plan.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(path):
+            return Plan.read(path)
+        plan = _make_plan(workers)
+        plan.write(path + ".tmp")
+        os.replace(path + ".tmp", path)
+        return plan
+
+
+def _take_slot(run_dir, workers):
+    """The lowest slot whose lock no live worker holds; the lock stays held until this process exits."""
+    for slot in range(workers):
+        fd = os.open(os.path.join(run_dir, f"slot-{slot}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return slot, fd
+    return None, None
+
+
+def _openmp_loaded():
+    with open("/proc/self/maps") as fh:
+        return any("libgomp" in line or "libiomp" in line or "libomp" in line for line in fh)
+
+
+def post_fork(server, worker):
+    """Gunicorn hook (worker, right after the fork): check the worker class, take a slot, prepare OpenMP."""
+    from .._checks import one_line
+    from ..errors import TunaError
+
+    kind = getattr(server.cfg, "worker_class_str", "sync")
+    if kind not in SUPPORTED_WORKER_CLASSES:
+        _refuse(server.log, f"worker class {kind!r} is not supported: tuna_lab pins 'sync' workers "
+                "(one request at a time on the main thread); use worker_class = \"sync\"")
+    run_dir = _run_dir(server.pid)
+    try:
+        plan = _shared_plan(run_dir, server.cfg.workers)
+    except (TunaError, OSError, ValueError) as exc:
+        _refuse(server.log, one_line(exc))
+    if plan.workers != server.cfg.workers:
+        _refuse(server.log, f"the plan has {plan.workers} slots but the server runs {server.cfg.workers} workers")
+    slot, fd = _take_slot(run_dir, plan.workers)
+    # libgomp reads OMP_PLACES once, when it loads; with a place list it counts CPUs
+    # from it instead of from the calling thread's current affinity, so pinning
+    # the main thread to one CPU does not shrink the pool XGBoost asks for.
+    exact = "OMP_PLACES" in os.environ
+    if not exact and not _openmp_loaded():
+        os.environ["OMP_PLACES"] = "threads"
+        exact = True
+    _worker.update(slot=slot, lock=fd, exact_main=exact, plan=plan)
+    worker.tuna_slot = slot
+
+
+def _wake_pools(threads):
+    """Run one empty parallel region of ``threads`` threads in every libgomp this process has loaded."""
+    import ctypes
+
+    paths = set()
+    with open("/proc/self/maps") as fh:
+        for line in fh:
+            name = line.rsplit(None, 1)[-1]
+            if name.startswith("/") and os.path.basename(name).startswith("libgomp"):
+                paths.add(name)
+    libc = ctypes.CDLL(None)
+    # The region's body is libc's getpid: it ignores its argument and needs no GIL.
+    body = ctypes.cast(libc.getpid, ctypes.c_void_p)
+    for path in sorted(paths):
+        gomp = ctypes.CDLL(path)
+        gomp.GOMP_parallel.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
+        gomp.GOMP_parallel(body, None, threads, 0)
+    return sorted(paths)
+
+
+def post_worker_init(worker):
+    """Gunicorn hook (worker, app loaded): wake the OpenMP pool, bind main and pool threads by TID."""
+    import psutil
+
+    from ..errors import BindingError, PinError
+    from ..placement.binding import bind
+    from ..placement.pin import classify_threads
+
+    log = worker.log
+    plan, slot = _worker["plan"], _worker["slot"]
+    pid = os.getpid()
+    if plan is None or slot is None:
+        log.warning("tuna_lab: worker %s has no slot (more workers than the plan's %s?): left unpinned",
+                    pid, plan.workers if plan else "?")
+        return
+    if plan.pinned_by == "none":
+        log.info("tuna_lab: worker %s slot %s: policy %s pins nothing", pid, slot, plan.policy)
+        return
+    before = {t.id for t in psutil.Process(pid).threads()}
+    libs = _wake_pools(plan.threads) if plan.threads > 1 else []
+    new = sorted({t.id for t in psutil.Process(pid).threads()} - before)
+    if plan.threads > 1 and not new:
+        # The app had started its pool already: find it as `tuna-lab pin --pid` does.
+        try:
+            new = [t.tid for t in classify_threads(pid) if t.role == "pool"]
+        except PinError:
+            new = []
+    row = plan.slots[slot]
+    union = sorted({c for cpus in row for c in cpus})
+    wanted = {pid: row[0] if _worker["exact_main"] or plan.threads == 1 else union}
+    for rank, tid in enumerate(new, start=1):
+        wanted[tid] = row[rank] if rank < plan.threads else union
+    bound = {}
+    for tid, cpus in wanted.items():
+        try:
+            bound[tid] = sorted(bind(tid, cpus))
+        except BindingError as exc:
+            log.error("tuna_lab: worker %s slot %s: %s (the worker keeps serving)", pid, slot, exc)
+    if plan.threads > 1 and len(new) < plan.threads - 1:
+        log.warning("tuna_lab: worker %s slot %s found %d pool thread(s) for T=%d (OpenMP runtimes: %s)",
+                    pid, slot, len(new), plan.threads, ", ".join(map(os.path.basename, libs)) or "none loaded")
+    log.info("tuna_lab: worker %s slot %s (%s): %s", pid, slot, plan.policy,
+             ", ".join(f"{'main' if tid == pid else 'pool'} {tid} -> {','.join(map(str, cpus))}"
+                       for tid, cpus in bound.items()))
+
+
+def child_exit(server, worker):
+    """Gunicorn hook (master, a worker exited): its slot's lock is free for the replacement."""
+    server.log.info("tuna_lab: worker %s exited; its slot goes to its replacement", worker.pid)
