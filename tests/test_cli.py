@@ -77,6 +77,26 @@ def test_bad_input_is_one_line_on_stderr_and_exit_2(args):
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (("--hwloc-xml", "/no/such/file.xml"), "file.xml: cannot read hwloc XML"),
+    # a preset's name given as a synthetic spec is a spec that does not parse, not the preset
+    (("--synthetic", "xeon-8272cl"), "synthetic spec 'xeon-8272cl': cannot parse"),
+    (("--preset", "nope"), "unknown preset 'nope'; valid presets: xeon-8272cl"),
+])
+def test_each_topology_option_is_read_as_what_it_names(args, message):
+    p = run("topology", *args)
+    assert p.returncode == 2 and p.stderr.startswith(f"tuna-lab: error: {message}")
+
+
+def test_topology_from_an_hwloc_xml_file():
+    from pathlib import Path
+
+    xml = Path(__file__).resolve().parent / "data" / "v1_pack2_l3_smt.xml"
+    p = run("topology", "--hwloc-xml", str(xml))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.startswith("Topology('v1_pack2_l3_smt.xml', C=8, P=4, packages=2")
+
+
 def test_truncated_hwloc_xml_is_a_clear_error(tmp_path):
     bad = tmp_path / "cut.xml"
     bad.write_text('<?xml version="1.0"?>\n<topology version="2.0">\n  <object type="Machine"')

@@ -1,0 +1,79 @@
+"""``tuna-lab advise``: should I pin? Train on sweep results and advise one configuration.
+
+The advisor itself is :mod:`tuna_lab.analysis.advise`; this module only turns
+options into a question and the answer into text or one JSON object. Building
+the parser loads neither pandas nor scikit-learn nor XGBoost.
+
+Examples
+--------
+>>> import argparse
+>>> parser = argparse.ArgumentParser(prog="tuna-lab")
+>>> _ = add_parser(parser.add_subparsers(dest="command"))
+>>> parser.parse_args(["advise", "-w", "2", "-t", "2", "--model", "small"]).results
+'results/sweep'
+"""
+
+import json
+import math
+import os
+
+from ..analysis.advise import DEFAULT_RESULTS
+from .options import add_wait_options
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers):
+    """Add ``advise`` to a ``tuna-lab`` subparsers object; returns the new parser.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="tuna-lab")
+    >>> _ = add_parser(parser.add_subparsers(dest="command"))
+    >>> parser.parse_args(["advise", "-w", "2", "-t", "2", "--model", "small", "--json"]).json
+    True
+    """
+    a = subparsers.add_parser(
+        "advise", help="should I pin? predict each policy's p99 speedup over cfs from sweep results",
+        description="Train on sweep results (XGBoost and a linear baseline, evaluated on held-out "
+                    "configurations) and advise one configuration: the best policy, every policy's "
+                    "predicted speedup, the nearest measured configurations, and whether the question "
+                    "lies outside what the results cover.")
+    a.add_argument("-w", "--workers", type=int, required=True)
+    a.add_argument("-t", "--threads", type=int, required=True)
+    a.add_argument("--model", required=True, help="small, medium or large")
+    a.add_argument("--batch", type=int, default=100)
+    add_wait_options(a)
+    a.add_argument("--results", default=DEFAULT_RESULTS, metavar="DIR",
+                   help=f"sweep results to learn from (default: {DEFAULT_RESULTS})")
+    a.add_argument("--json", action="store_true", help="print one JSON object")
+    a.set_defaults(func=_cmd_advise)
+    return a
+
+
+def _cmd_advise(args):
+    # An AdviseError (a malformed question, unusable results) reaches cli.main: one line, status 2.
+    from ..analysis.advise import check_question, train
+
+    # Check the question before learning from the results: a typo should not cost a training.
+    check_question(args.workers, args.threads, args.model, args.batch, args.wait_policy, args.spincount)
+    advisor = train(args.results)
+    rec = advisor.recommend(args.workers, args.threads, args.model, batch=args.batch,
+                            wait_policy=args.wait_policy, spincount=args.spincount)
+    e = advisor.evaluation.set_index("model")
+    if args.json:
+        out = rec.to_dict()
+        out["evaluation"] = {name: {"mae": float(row["mae"]), "r2": None if math.isnan(row["r2"]) else
+                                    float(row["r2"])} for name, row in e.iterrows()}
+        out["evaluation"].update(configurations=int(e.loc["xgboost", "configurations"]),
+                                 rows=int(e.loc["xgboost", "rows"]), scheme=str(e.loc["xgboost", "scheme"]))
+        out["results"] = os.fspath(args.results)
+        print(json.dumps(out))
+        return 0
+    print(rec)
+    print(f"  learnt from {args.results}: {e.loc['xgboost', 'rows']} rows, "
+          f"{e.loc['xgboost', 'configurations']} configurations; held out ({e.loc['xgboost', 'scheme']}): "
+          f"xgboost MAE {e.loc['xgboost', 'mae']:.3f} R^2 {e.loc['xgboost', 'r2']:.2f}, "
+          f"linear MAE {e.loc['linear', 'mae']:.3f} R^2 {e.loc['linear', 'r2']:.2f}")
+    return 0

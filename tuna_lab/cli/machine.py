@@ -1,0 +1,59 @@
+"""``tuna-lab topology``: a machine's cores, caches and distances."""
+
+import json
+
+from .options import add_topology_options, topology_of
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers):
+    """Add ``topology`` to a ``tuna-lab`` subparsers object; returns the new parser.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="tuna-lab")
+    >>> _ = add_parser(parser.add_subparsers(dest="command"))
+    >>> parser.parse_args(["topology", "--preset", "epyc-7313p", "--json"]).json
+    True
+    """
+    t = subparsers.add_parser("topology", help="show a machine's cores, caches and distances")
+    add_topology_options(t)
+    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.set_defaults(func=_cmd_topology)
+    return t
+
+
+def _cmd_topology(args):
+    topo = topology_of(args)
+    if args.json:
+        print(json.dumps(topo.to_dict()))
+        return 0
+    print(_describe_topology(topo))
+    return 0
+
+
+def _describe_topology(topo):
+    import numpy as np
+
+    from .._checks import format_cpulist
+
+    lines = [repr(topo)]
+    lines.append(f"  logical cores (OS ids): {format_cpulist(topo.cpus)}")
+    lines.append(f"  physical cores: {topo.n_physical}, threads per core: {topo.threads_per_core}")
+    lines.append(f"  packages: {len(np.unique(topo.package))}, NUMA nodes: {len(np.unique(topo.numa))}")
+    for level, labels in sorted(topo.caches.items()):
+        lines.append(f"  {level}: {len(np.unique(labels))} domains")
+    sib = topo.siblings()
+    shown = ", ".join("(" + ",".join(map(str, s)) + ")" for s in sib[:8])
+    lines.append(f"  SMT siblings: {shown}{' ...' if len(sib) > 8 else ''}")
+    d = topo.distance()
+    values, counts = np.unique(d[np.triu_indices_from(d, 1)], return_counts=True)
+    lines.append("  distances between distinct cores: "
+                 + ", ".join(f"{v:g} x{c}" for v, c in zip(values, counts)))
+    if topo.n_logical <= 16:
+        lines.append("  distance matrix:")
+        for cpu, row in zip(topo.cpus, d):
+            lines.append(f"    {cpu:>3}: " + " ".join(f"{v:>3g}" for v in row))
+    return "\n".join(lines)

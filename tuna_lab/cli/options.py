@@ -1,0 +1,170 @@
+"""Options and argument parsers that several ``tuna-lab`` command groups share.
+
+Only the standard library is imported here at module level: building the
+parser must stay cheap, so that ``tuna-lab topology`` does not pay for the
+solver or the analysis (what an option needs is imported when it is used).
+
+Examples
+--------
+>>> import argparse
+>>> parser = argparse.ArgumentParser()
+>>> add_topology_options(parser)
+>>> topology_of(parser.parse_args(["--synthetic", "core:2 pu:2"])).n_logical
+4
+"""
+
+import argparse
+
+from ..errors import TunaError
+
+__all__ = ["add_topology_options", "topology_of", "positive_float_arg", "non_negative_int_arg",
+           "add_wait_options", "configs_arg", "policies_arg"]
+
+
+def add_topology_options(parser):
+    """Add ``--preset``, ``--hwloc-xml`` and ``--synthetic`` (at most one of them) to ``parser``.
+
+    :func:`topology_of` reads the machine they name; none of them means this machine.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> add_topology_options(parser)
+    >>> parser.parse_args(["--preset", "epyc-7313p"]).preset
+    'epyc-7313p'
+    """
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--preset", metavar="NAME",
+                   help="a machine from the seeds: xeon-8272cl, xeon-8260-2s, epyc-7313p, epyc-9654, "
+                        "epyc-9654-2s")
+    g.add_argument("--hwloc-xml", metavar="FILE", help="XML written by `lstopo --of xml`")
+    g.add_argument("--synthetic", metavar="SPEC", help='hwloc synthetic spec, e.g. "pack:2 l3:2 core:4 pu:2"')
+
+
+def topology_of(args):
+    """The :class:`~tuna_lab.Topology` that the options of :func:`add_topology_options` name.
+
+    The one place where the CLI turns those options into a machine. Each option
+    names its reader, so the text is read only as what the user said it is:
+    ``--hwloc-xml`` is always a file (a missing one says so), ``--synthetic`` is
+    always a synthetic spec (a typo is a parse error, not taken for a preset)
+    and ``--preset`` lists the presets when the name is unknown. With no option,
+    :func:`tuna_lab.machine.topology_from` reads this machine, as everywhere else.
+
+    Raises
+    ------
+    TopologyError
+        The preset, file or spec could not be read.
+
+    Examples
+    --------
+    >>> from argparse import Namespace
+    >>> topology_of(Namespace(preset="xeon-8272cl", hwloc_xml=None, synthetic=None)).n_logical
+    32
+    """
+    from ..machine import Topology, topology_from
+
+    if args.preset:
+        return Topology.preset(args.preset)
+    if args.hwloc_xml:
+        return Topology.from_hwloc_xml(args.hwloc_xml)
+    if args.synthetic:
+        return Topology.synthetic(args.synthetic)
+    return topology_from(None)
+
+
+def positive_float_arg(text):
+    """An argparse ``type``: ``text`` as a float > 0.
+
+    Examples
+    --------
+    >>> positive_float_arg("2.5")
+    2.5
+    >>> positive_float_arg("0")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: must be positive: '0'
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
+    return value
+
+
+def non_negative_int_arg(text):
+    """An argparse ``type``: ``text`` as an int >= 0.
+
+    Examples
+    --------
+    >>> non_negative_int_arg("0")
+    0
+    >>> non_negative_int_arg("-1")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: expected a non-negative integer, got '-1'
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def add_wait_options(parser):
+    """Add the workers' OpenMP wait options ``--wait-policy`` and ``--spincount`` to ``parser``.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> add_wait_options(parser)
+    >>> args = parser.parse_args(["--wait-policy", "passive"])
+    >>> args.wait_policy, args.spincount
+    ('passive', None)
+    """
+    from ..server.openmp import WAIT_POLICIES
+
+    parser.add_argument("--wait-policy", choices=WAIT_POLICIES, default="default",
+                        help="OMP_WAIT_POLICY of the workers (default: the OpenMP runtime's own, spin then "
+                             "sleep)")
+    parser.add_argument("--spincount", type=non_negative_int_arg, default=None,
+                        help="GOMP_SPINCOUNT: spins before an idle OpenMP thread sleeps")
+
+
+def configs_arg(text):
+    """``"2x2,4x1"`` (``--configs``) as ``[(workers, threads), ...]``.
+
+    Raises
+    ------
+    TunaError
+        An item is not two positive integers joined by ``x``.
+
+    Examples
+    --------
+    >>> configs_arg("1x2, 4X1")
+    [(1, 2), (4, 1)]
+    """
+    pairs = []
+    for item in text.split(","):
+        w, sep, t = item.strip().lower().partition("x")
+        # isascii: str.isdecimal accepts other scripts' digits, which are no worker count.
+        if not (sep and w.isdecimal() and t.isdecimal() and w.isascii() and t.isascii()
+                and int(w) > 0 and int(t) > 0):
+            raise TunaError(f"--configs wants WxT pairs like 2x2,4x1, got {item.strip()!r}")
+        pairs.append((int(w), int(t)))
+    return pairs
+
+
+def policies_arg(text):
+    """``"cfs, tuna-scatter"`` (``--policies``) as a list of names, empty items dropped.
+
+    Examples
+    --------
+    >>> policies_arg("cfs, tuna-scatter,")
+    ['cfs', 'tuna-scatter']
+    """
+    return [p.strip() for p in text.split(",") if p.strip()]

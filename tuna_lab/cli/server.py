@@ -1,0 +1,117 @@
+"""``tuna-lab serve``, ``status`` and ``stop``: the pinned Gunicorn + XGBoost server.
+
+``status`` and ``stop`` import only :mod:`tuna_lab.server.launch`: they
+answer in a fraction of a second and load no solver, XGBoost or plotting.
+"""
+
+import json
+
+from .options import add_wait_options, positive_float_arg
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers):
+    """Add ``serve``, ``status`` and ``stop`` to a ``tuna-lab`` subparsers object.
+
+    Returns
+    -------
+    list of argparse.ArgumentParser
+        The three new parsers, in that order.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="tuna-lab")
+    >>> _ = add_parser(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["serve", "-w", "2", "-t", "1", "--detach"])
+    >>> args.policy, args.port, args.detach, args.wait_policy
+    ('tuna-scatter', 8000, True, 'default')
+    """
+    v = subparsers.add_parser("serve", help="start the Gunicorn + XGBoost server with every thread pinned")
+    v.add_argument("-w", "--workers", type=int, required=True)
+    v.add_argument("-t", "--threads", type=int, required=True)
+    v.add_argument("--model", choices=("small", "medium", "large"), default="medium")
+    v.add_argument("--policy", default="tuna-scatter",
+                   help="cfs, round-robin, omp-spread, omp-close, numa, tuna-scatter, tuna-compact")
+    v.add_argument("--places", choices=("cores", "threads"), default="cores", help="OMP_PLACES for omp-*")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--pidfile", default=None)
+    v.add_argument("--max-requests", type=int, default=0, help="recycle workers after N requests")
+    v.add_argument("--request-log", default=None, metavar="DIR", help="per-request JSON lines")
+    v.add_argument("--ready-timeout", type=positive_float_arg, default=180.0, metavar="S")
+    v.add_argument("--detach", action="store_true", help="return once ready; stop with `tuna-lab stop`")
+    add_wait_options(v)
+    v.set_defaults(func=_cmd_serve)
+
+    st = subparsers.add_parser("status",
+                               help="worker -> thread (role, TID) -> allowed CPUs of a running server")
+    st.add_argument("--pidfile", required=True)
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(func=_cmd_status)
+
+    sp = subparsers.add_parser("stop", help="stop a server started with --detach")
+    sp.add_argument("--pidfile", required=True)
+    sp.set_defaults(func=_cmd_stop)
+    return [v, st, sp]
+
+
+def _cmd_serve(args):
+    import signal
+    import time
+
+    from .._checks import format_cpulist
+    from ..server.launch import Server
+
+    server = Server(args.workers, args.threads, model=args.model, policy=args.policy, port=args.port,
+                    pidfile=args.pidfile, max_requests=args.max_requests,
+                    request_log=args.request_log, places=args.places, wait_policy=args.wait_policy,
+                    spincount=args.spincount)
+    server.start(ready_timeout=args.ready_timeout)
+    print(f"serving {server.url} (policy {args.policy}, {args.workers} workers x {args.threads} threads, "
+          f"model {args.model}); pidfile {server.pidfile}", flush=True)
+    for rec in server.worker_records():
+        cpus = " ".join(f"{t['role'][0]}{t['tid']}:{format_cpulist(t['cpus'])}" for t in rec["threads"])
+        print(f"  worker slot {rec['slot']} pid {rec['pid']}: {cpus}", flush=True)
+    if args.detach:
+        # Leave it running; `tuna-lab stop --pidfile` ends it.
+        server.proc = None
+        return 0
+    # SIGTERM ends the wait loop below, so the server is stopped as after Ctrl-C.
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
+    try:
+        while not stopping and server.proc.poll() is None:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    print("stopped", flush=True)
+    return 0
+
+
+def _cmd_status(args):
+    from .._checks import format_cpulist
+    from ..server.launch import status
+
+    info = status(args.pidfile)
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    print(f"{info['url']}  master {info['master']}  policy {info['policy']}  model {info['model']}  "
+          f"{len(info['workers'])}/{info['workers_expected']} workers x {info['threads']} threads")
+    for w in info["workers"]:
+        print(f"  worker slot {w['slot']} pid {w['pid']} {'ready' if w['ready'] else 'starting'}")
+        for t in w["threads"]:
+            mark = "" if t["expected"] is None or t["expected"] == t["cpus"] else \
+                f"  (expected {format_cpulist(t['expected'])})"
+            print(f"    {t['role']:<6} tid {t['tid']:<8} cpus {format_cpulist(t['cpus'])}{mark}")
+    return 0
+
+
+def _cmd_stop(args):
+    from ..server.launch import stop
+
+    stop(args.pidfile)
+    return 0
