@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import networkx as nx
@@ -326,6 +327,62 @@ def test_sysfs_matches_lstopo():
     assert mine.caches.keys() == hwloc.caches.keys()
     for level in mine.caches:
         np.testing.assert_array_equal(mine.caches[level], hwloc.caches[level], err_msg=level)
+
+
+# ------------------------------------------------------ readers, import cost
+def test_each_classmethod_is_its_reader():
+    from tuna_lab.machine import hwloc_xml, synthetic, sysfs
+    from tuna_lab.machine import topology as topology_module
+
+    assert topology_module.PRESETS is synthetic.PRESETS
+    spec = "pack:2 l3:1 core:2 pu:2(indexes=0,4,1,5,2,6,3,7)"
+    assert_same_machine(synthetic.read_synthetic(spec), Topology.synthetic(spec))
+    preset = synthetic.read_preset("epyc-7313p")
+    assert preset.name == "epyc-7313p"
+    assert_same_machine(preset, Topology.preset("epyc-7313p"))
+    path = DATA / "v2_numa2_distances.xml"
+    from_xml = hwloc_xml.read_hwloc_xml(path)
+    assert from_xml.name == path.name and from_xml.costs == Topology.from_hwloc_xml(path).costs
+    assert_same_machine(from_xml, Topology.from_hwloc_xml(path))
+    if Path("/sys/devices/system/cpu").is_dir():
+        assert_same_machine(sysfs.read_sysfs(), Topology.from_sysfs())
+
+
+def test_from_keys_groups_equal_keys():
+    topo = Topology.from_keys("keys", [1, 4, 6], [(1, 6), (4,), (1, 6)], ["p"] * 3, [None] * 3,
+                              {"L2": ["a", "b", "a"], "L3": [7, 7, 7]}, numa_os_index=[3, 3, 3])
+    assert topo.cpus == (1, 4, 6) and topo.siblings() == [(1, 6), (4,)]
+    assert topo.caches["L2"].tolist() == [0, 1, 0] and topo.caches["L3"].tolist() == [0, 0, 0]
+    assert topo.numa_nodes() == {3: (1, 4, 6)}
+    with pytest.raises(TopologyError, match="one per logical core"):
+        Topology.from_keys("short", [0, 1], ["a"], ["p", "p"], [0, 0])
+
+
+def test_with_numa_latency():
+    topo = Topology.synthetic(TWO_SOCKETS)  # nodes 0 and 1, an L3 each
+    assert topo.with_numa_latency([0, 1], [[10, 21], [21, 10]]).costs["remote"] == 420
+    # Rows are matched by OS node id; nodes without cores of ours are ignored.
+    matrix = [[10, 99, 32], [99, 10, 99], [32, 99, 10]]
+    assert topo.with_numa_latency([1, 5, 0], matrix).costs["remote"] == 640
+    for ids, matrix in [([0, 1], None), ([0, 2], [[10, 21], [21, 10]]),  # node 1 not covered
+                        ([0, 1], [[10, 10], [10, 10]]), ([0, 1], [["x", 1], [1, 1]])]:
+        assert topo.with_numa_latency(ids, matrix) is topo
+    one_node = Topology.synthetic("core:2 pu:1")
+    assert one_node.with_numa_latency([0, 1], [[10, 21], [21, 10]]) is one_node
+
+
+@pytest.mark.skipif(not Path("/sys/devices/system/cpu").is_dir(), reason="no Linux sysfs")
+def test_reading_this_machine_loads_no_heavy_module():
+    # `tuna-lab topology --json` must start fast: numpy, and nothing heavier.
+    code = ("import json, sys\n"
+            "from tuna_lab.machine import Topology, topology_from\n"
+            "json.dumps(Topology.from_sysfs().to_dict())\n"
+            "json.dumps(topology_from('xeon-8260-2s').to_dict())\n"
+            "print(sorted(m for m in ('networkx', 'xml.etree.ElementTree', 'scipy', 'pandas', 'cvxpy')\n"
+            "             if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
+                         timeout=60).stdout
+    assert out.strip() == "[]"
 
 
 # ---------------------------------------------------- derived topologies

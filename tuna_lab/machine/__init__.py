@@ -1,16 +1,24 @@
 """The machine: its topology (cores, SMT siblings, caches, NUMA) and what a process may use.
 
-:class:`Topology` is a value object; the readers that build one (sysfs,
-hwloc XML, synthetic specs and presets) are its classmethods, and
-:func:`topology_from` turns anything a user may type into one.
-:mod:`tuna_lab.machine.numa` reads a process's NUMA locality.
+:class:`Topology` is a value object (:mod:`~tuna_lab.machine.topology`); each
+reader that builds one has a module of its own - :mod:`~tuna_lab.machine.sysfs`
+(this machine), :mod:`~tuna_lab.machine.hwloc_xml` and
+:mod:`~tuna_lab.machine.synthetic` (synthetic specs and :data:`PRESETS`) - and
+is called through a classmethod of :class:`Topology`. :func:`topology_from`
+turns anything a user may type into one. :mod:`tuna_lab.machine.numa` reads a
+process's NUMA locality.
 """
 
 import lazy_loader as _lazy
 
 __all__ = ["Topology", "PRESETS", "DEFAULT_COSTS", "THIS_MACHINE", "topology_from"]
 
-__getattr__, __dir__, _ = _lazy.attach(__name__, submodules=["numa"], submod_attrs={
-    "topology": ["Topology", "PRESETS", "DEFAULT_COSTS"],
-    "spec": ["THIS_MACHINE", "topology_from"],
-})
+__getattr__, __dir__, _ = _lazy.attach(
+    __name__,
+    submodules=["numa", "sysfs", "hwloc_xml", "synthetic"],
+    submod_attrs={
+        "topology": ["Topology", "DEFAULT_COSTS"],
+        "synthetic": ["PRESETS"],
+        "spec": ["THIS_MACHINE", "topology_from"],
+    },
+)

@@ -19,12 +19,12 @@ already appear as base pages in ordinary mappings.
 
 Examples
 --------
->>> from tuna_lab.numa import parse_numa_maps
+>>> from tuna_lab.machine.numa import parse_numa_maps
 >>> maps = parse_numa_maps("7f00 default anon=3 N0=2 N1=1 kernelpagesize_kB=4\\n")
 >>> maps.pages, maps.kib
 ({0: 2, 1: 1}, {0: 8, 1: 4})
 >>> import os
->>> from tuna_lab.numa import worker_locality
+>>> from tuna_lab.machine.numa import worker_locality
 >>> worker_locality(os.getpid()).share        # doctest: +SKIP
 1.0
 """
@@ -258,7 +258,7 @@ def worker_locality(pid, topology=None) -> Locality:
 
     The main thread's node comes from its CPU affinity
     (``os.sched_getaffinity(pid)``) and the topology's NUMA nodes
-    (:meth:`~tuna_lab.topology.Topology.numa_nodes`, OS indexes as in
+    (:meth:`~tuna_lab.machine.topology.Topology.numa_nodes`, OS indexes as in
     numa_maps).
 
     Parameters

@@ -13,7 +13,8 @@ Examples
 import os
 
 from ..errors import TopologyError
-from .topology import PRESETS, Topology
+from .synthetic import PRESETS
+from .topology import Topology
 
 __all__ = ["THIS_MACHINE", "topology_from"]
 

@@ -2,33 +2,36 @@
 
 A :class:`Topology` holds one label vector per level (which physical core,
 package, NUMA node and cache domain each logical core belongs to) and derives
-the Tuna cache distance ``d(c, c')`` from them. It is read from this machine's
-sysfs, hwloc XML, an hwloc synthetic description, or a named preset.
+the Tuna cache distance ``d(c, c')`` from them. Its readers each live in a
+module of their own - :mod:`~tuna_lab.machine.sysfs` (this machine),
+:mod:`~tuna_lab.machine.hwloc_xml` and :mod:`~tuna_lab.machine.synthetic`
+(hwloc synthetic descriptions and the named presets) - and are reached through
+the classmethods :meth:`Topology.from_sysfs`, :meth:`Topology.from_hwloc_xml`,
+:meth:`Topology.synthetic` and :meth:`Topology.preset`. Readers build a
+topology with :meth:`Topology.from_keys` and :meth:`Topology.with_numa_latency`.
 
 An optional cost ``"remote"`` adds a NUMA level above the caches: two cores
 that share no cache cost ``"none"`` on the same NUMA node and ``"remote"``
 (>= ``"none"``) on different nodes. Without it the distance is the article's.
+
+numpy is this module's only dependency, so that reading this machine and
+printing :meth:`Topology.to_dict` (``tuna-lab topology --json``) stays fast:
+networkx loads with :meth:`Topology.graph`, the XML parser with
+:meth:`Topology.from_hwloc_xml`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import io
-import itertools
 import numbers
-import os
-import re
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import networkx as nx
 import numpy as np
 
-from tuna_lab.errors import TopologyError
+from ..errors import TopologyError
 
-__all__ = ["Topology", "PRESETS", "DEFAULT_COSTS"]
+__all__ = ["Topology", "PRESETS", "DEFAULT_COSTS", "CACHE_LEVELS"]
 
 DEFAULT_COSTS = {"same": 1, "L1": 4, "L2": 10, "L3": 50, "L4": 200, "none": 200}
 
@@ -36,41 +39,18 @@ DEFAULT_COSTS = {"same": 1, "L1": 4, "L2": 10, "L3": 50, "L4": 200, "none": 200}
 # "remote": two cores on different NUMA nodes that share no cache (>= "none").
 _OPTIONAL_COSTS = ("remote",)
 
+#: The cache levels a topology may have, innermost first.
 CACHE_LEVELS = ("L1", "L2", "L3", "L4")
 
-PRESETS = {
-    "xeon-8272cl": "Azure D32ds_v4 (Tuna article): 1 socket, 16 cores, 2-way SMT, "
-    "private L1/L2, one shared L3; C=32",
-    "xeon-8260-2s": "2 sockets x 24 cores x 2-way SMT, private L1/L2, L3 and NUMA node "
-    "per socket; C=96",
-    "epyc-7313p": "1 socket, 4 CCDs x 4 cores x 2-way SMT, private L1/L2, L3 per CCD; C=32",
-    "epyc-9654": "1 socket, 12 CCDs x 8 cores x 2-way SMT, private L1/L2, L3 per CCD; C=192",
-    "epyc-9654-2s": "2 x epyc-9654, NUMA node per socket; C=384",
-}
 
-# Each preset is a synthetic spec (hwloc numbers its PUs core by core) renumbered
-# the way Linux usually numbers SMT siblings: physical core x owns cpus x, x+P, ...
-_PRESET_SPECS = {
-    "xeon-8272cl": "pack:1 l3:1 l2:16 l1:1 core:1 pu:2",
-    "xeon-8260-2s": "pack:2 numa:1 l3:1 l2:24 l1:1 core:1 pu:2",
-    "epyc-7313p": "pack:1 l3:4 l2:4 l1:1 core:1 pu:2",
-    "epyc-9654": "pack:1 l3:12 l2:8 l1:1 core:1 pu:2",
-    "epyc-9654-2s": "pack:2 numa:1 l3:12 l2:8 l1:1 core:1 pu:2",
-}
+def __getattr__(name):
+    # PRESETS lives with the synthetic specs it names (machine.synthetic, which
+    # builds on this module); it stays importable from here, as it always was.
+    if name == "PRESETS":
+        from .synthetic import PRESETS
 
-_SYSFS_CPU = "/sys/devices/system/cpu"
-
-_MAX_SYNTHETIC_PUS = 1 << 16  # more is surely a typo, and would allocate huge arrays
-
-# Position of each non-NUMA synthetic level from the top; levels must appear in
-# this order. NUMA nodes may sit anywhere above the PUs (per package, per L3,
-# or above the packages), as on real machines.
-_SYNTHETIC_RANK = {"package": 0, "L4": 1, "L3": 2, "L2": 3, "L1": 4, "core": 5, "pu": 6}
-
-_SYNTHETIC_LEVEL = re.compile(r"\s*([A-Za-z][A-Za-z0-9]*):(\d+)(?:\(([^()]*)\))?(?=\s|$)")
-_CACHE_WORD = re.compile(r"l([1-4])([dui]?)(?:cache)?")
-_ALIASES = {**dict.fromkeys(("package", "pack", "socket"), "package"),
-            **dict.fromkeys(("numa", "node", "numanode"), "numa"), "core": "core", "pu": "pu"}
+        return PRESETS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -354,6 +334,48 @@ class Topology:
         """
         return dataclasses.replace(self, costs=_merge_costs(self.costs, costs))
 
+    def with_numa_latency(self, node_ids, matrix) -> "Topology":
+        """The same machine with ``costs["remote"]`` set from a NUMA latency matrix.
+
+        The cost is ``costs["none"]`` times the mean ratio of a remote latency
+        to its row's local one (hwloc and Linux report relative latencies such
+        as 10 local, 21 remote: ratio 2.1), rounded to an integer, over the
+        nodes that hold cores of this topology. The topology comes back
+        unchanged when the matrix does not cover those nodes, has unusable
+        values, gives no remote latency above the local one, when there is a
+        single node, or when some cache domain spans several nodes (a remote
+        cost would break the ultrametric; see :meth:`levels`).
+
+        Parameters
+        ----------
+        node_ids : sequence of int
+            OS index of the NUMA node of each row (and column) of ``matrix``,
+            as in :attr:`numa_os_index`.
+        matrix : array-like of shape (n, n), or None
+            Relative latencies between those nodes; ``None`` changes nothing.
+
+        Examples
+        --------
+        >>> topo = Topology.synthetic("numa:2 core:2 pu:1")
+        >>> topo.with_numa_latency([0, 1], [[10, 21], [21, 10]]).costs["remote"]
+        420
+        >>> "remote" in topo.with_numa_latency([0, 1], [[10, 10], [10, 10]]).costs
+        False
+        """
+        if matrix is None or self.numa.max() == 0 or self._numa_split() is not None:
+            return self
+        pos = {int(n): i for i, n in enumerate(node_ids)}
+        used = np.unique(self.numa_os_index).tolist()
+        if any(n not in pos for n in used):
+            return self
+        idx = [pos[n] for n in used]
+        try:
+            matrix = np.asarray(matrix, dtype=float)[np.ix_(idx, idx)]
+        except (TypeError, ValueError, IndexError):
+            return self
+        remote = _remote_from_latency(matrix, self.costs["none"])
+        return self if remote is None else self.with_costs({"remote": remote})
+
     def numa_nodes(self) -> dict:
         """OS ids of the logical cores of each NUMA node, keyed by the node's OS index.
 
@@ -378,7 +400,7 @@ class Topology:
         cpus = np.asarray(self.cpus)
         return [tuple(cpus[self.core == k].tolist()) for k in range(self.n_physical)]
 
-    def graph(self) -> nx.DiGraph:
+    def graph(self) -> "networkx.DiGraph":
         """The hierarchy as a directed graph, from ``("machine", 0)`` down to ``("pu", id)``.
 
         Levels go machine, package, numa, L4, L3, L2, L1, core, pu, except that
@@ -396,6 +418,8 @@ class Topology:
         >>> g.nodes[("core", 1)]["cpus"]
         (2, 3)
         """
+        import networkx as nx  # only here: it takes longer to import than the rest of tuna_lab.machine
+
         kinds = [("package", self.package), ("numa", self.numa)]
         kinds += [(lv, self.caches[lv]) for lv in reversed(CACHE_LEVELS) if lv in self.caches]
         kinds.append(("core", self.core))
@@ -486,7 +510,38 @@ class Topology:
 
     # ---------------------------------------------------------- constructors
     @classmethod
-    def from_sysfs(cls, root=_SYSFS_CPU, allowed=None) -> "Topology":
+    def from_keys(cls, name, cpus, core, package, numa, caches=None, *, numa_os_index=None) -> "Topology":
+        """A topology from per-core keys of any hashable type, as a reader finds them.
+
+        Two logical cores belong to the same domain when their keys are equal
+        (a sibling list, an XML object's number, an OS node id...); the keys
+        become dense integer labels, numbered by first appearance along
+        ``cpus``.
+
+        Parameters
+        ----------
+        name : str
+        cpus : sequence of int
+            OS ids of the logical cores, strictly ascending.
+        core, package, numa : sequence of hashable, one per logical core
+        caches : dict of str to sequence of hashable, optional
+            ``{"L1": keys, ...}`` for the cache levels present.
+        numa_os_index : sequence of int, optional
+            As for :class:`Topology`.
+
+        Examples
+        --------
+        >>> topo = Topology.from_keys("two cores", [0, 1, 2, 3], [(0, 2), (1, 3), (0, 2), (1, 3)],
+        ...                           ["p0"] * 4, [None] * 4, {"L3": ["x"] * 4})
+        >>> topo.core.tolist(), topo.siblings()
+        ([0, 1, 0, 1], [(0, 2), (1, 3)])
+        """
+        return cls(name, tuple(cpus), _dense_keys(core), _dense_keys(package), _dense_keys(numa),
+                   {lv: _dense_keys(keys) for lv, keys in (caches or {}).items()},
+                   numa_os_index=numa_os_index)
+
+    @classmethod
+    def from_sysfs(cls, root=None, allowed=None) -> "Topology":
         """This machine, read from Linux sysfs.
 
         Physical cores are groups of thread siblings; caches come from
@@ -496,10 +551,12 @@ class Topology:
         ``nodeN/distance`` (relative latencies, 10 = local): ``"none"`` times
         the mean remote/local ratio, rounded, e.g. 200 * 21/10 = 420 - unless a cache
         domain spans several nodes (sub-NUMA clustering), where it stays unset.
+        The reader is :func:`tuna_lab.machine.sysfs.read_sysfs`.
 
         Parameters
         ----------
-        root : str or path, default "/sys/devices/system/cpu"
+        root : str or path, optional
+            The sysfs cpu directory, by default ``/sys/devices/system/cpu``.
         allowed : iterable of int, optional
             Logical cores to keep. By default the CPUs this process may run on
             (``os.sched_getaffinity``) when reading the live sysfs, so a
@@ -511,65 +568,9 @@ class Topology:
         >>> Topology.from_sysfs(allowed={0, 1})  # doctest: +SKIP
         Topology('this machine', C=2, P=2, packages=1, L3 domains=1)
         """
-        root = Path(root)
-        if not root.is_dir():
-            raise TopologyError(f"no sysfs cpu directory at {root}")
-        present = sorted(int(m.group(1)) for p in root.iterdir()
-                         if (m := re.fullmatch(r"cpu(\d+)", p.name)))
-        online = _read(root / "online")
-        if online is not None:
-            present = sorted(set(present) & set(_parse_cpulist(online, root / "online")))
-        if allowed is None and root.resolve() == Path(_SYSFS_CPU).resolve():
-            allowed = os.sched_getaffinity(0)
-        if allowed is not None:
-            allowed = {int(c) for c in allowed}
-            if allowed - set(present):
-                raise TopologyError(f"{root}: allowed CPUs {sorted(allowed - set(present))} are not online")
-            present = sorted(allowed)
-        if not present:
-            raise TopologyError(f"{root}: no online CPU found")
+        from .sysfs import read_sysfs  # the readers build on this module
 
-        keys = {"core": [], "package": [], **{lv: [] for lv in CACHE_LEVELS}}
-        for cpu in present:
-            topo = root / f"cpu{cpu}" / "topology"
-            siblings = _read(topo / "core_cpus_list") or _read(topo / "thread_siblings_list")
-            package = _read(topo / "physical_package_id") or "0"
-            # Without a sibling list, fall back to the (package, core_id) pair.
-            keys["core"].append(_parse_cpulist(siblings, topo) if siblings
-                                else (package, _read(topo / "core_id") or f"cpu{cpu}"))
-            keys["package"].append(package)
-            shared = {}
-            cache_dir = root / f"cpu{cpu}" / "cache"
-            for index in sorted(cache_dir.glob("index*")) if cache_dir.is_dir() else ():
-                level, kind = _read(index / "level"), _read(index / "type")
-                if kind == "Instruction" or level not in ("1", "2", "3", "4"):
-                    continue
-                cpulist = _read(index / "shared_cpu_list")
-                shared[f"L{level}"] = _parse_cpulist(cpulist, index) if cpulist else (cpu,)
-            for lv in CACHE_LEVELS:
-                # A CPU missing a level others have gets a domain of its own.
-                keys[lv].append(shared.get(lv, ("missing", cpu)))
-        caches = {lv: _dense_keys(keys[lv]) for lv in CACHE_LEVELS
-                  if any(k[0] != "missing" for k in keys[lv])}
-
-        node_of, rows = {}, {}
-        node_root = root.parent / "node"
-        if node_root.is_dir():
-            for node in node_root.iterdir():
-                if (m := re.fullmatch(r"node(\d+)", node.name)) and (text := _read(node / "cpulist")):
-                    node_of.update(dict.fromkeys(_parse_cpulist(text, node / "cpulist"), int(m.group(1))))
-                    rows[int(m.group(1))] = (_read(node / "distance") or "").split()
-        numa_ids = [node_of.get(cpu, -1) for cpu in present]
-        topo = cls("this machine", tuple(present), _dense_keys(keys["core"]),
-                   _dense_keys(keys["package"]), _dense_keys(numa_ids), caches,
-                   numa_os_index=None if -1 in numa_ids else numa_ids)
-        # nodeN/distance lists N's distance to every online node, in id order.
-        online = _read(node_root / "online")
-        columns = sorted(_parse_cpulist(online, node_root / "online") if online else rows)
-        matrix = [rows[n] for n in columns if n in rows]
-        if len(matrix) != len(columns) or any(len(row) != len(columns) for row in matrix):
-            matrix = None
-        return _with_remote(topo, columns, matrix)
+        return read_sysfs(root, allowed)
 
     @classmethod
     def from_hwloc_xml(cls, path) -> "Topology":
@@ -577,7 +578,8 @@ class Topology:
 
         With several NUMA nodes holding cores and a NUMA latency matrix in the
         XML (v2 ``<distances2 type="NUMANode">``, v1 ``<distances>``),
-        ``costs["remote"]`` is set as in :meth:`from_sysfs`.
+        ``costs["remote"]`` is set as in :meth:`from_sysfs`. The reader is
+        :func:`tuna_lab.machine.hwloc_xml.read_hwloc_xml`.
 
         Parameters
         ----------
@@ -590,70 +592,9 @@ class Topology:
         >>> Topology.from_hwloc_xml("machine.xml")  # from `lstopo machine.xml`  # doctest: +SKIP
         Topology('machine.xml', C=32, P=16, packages=1, L3 domains=1)
         """
-        if isinstance(path, bytes) or (isinstance(path, str) and path.lstrip().startswith("<")):
-            name, source = "hwloc XML", io.BytesIO(path.encode() if isinstance(path, str) else path)
-        elif hasattr(path, "read"):
-            name, source = Path(str(getattr(path, "name", "hwloc XML"))).name, path
-        else:
-            name, source = Path(path).name, path
-        try:
-            root = ET.parse(source).getroot()
-        except ET.ParseError as exc:
-            raise TopologyError(f"{name}: malformed hwloc XML ({exc})") from None
-        except OSError as exc:
-            raise TopologyError(f"{name}: cannot read hwloc XML ({exc.strerror or exc})") from None
-        if root.tag != "topology":
-            raise TopologyError(f"{name}: not hwloc XML (root element <{root.tag}>, expected <topology>)")
+        from .hwloc_xml import read_hwloc_xml
 
-        pus = []  # (os_index, {kind: key}) for every PU, in document order
-        counter = itertools.count()  # unique keys for the objects met
-
-        def walk(obj, ctx):
-            kind = obj.get("type", "")
-            ctx = dict(ctx)
-            if kind in ("Package", "Socket"):
-                ctx["package"] = next(counter)
-            elif kind == "NUMANode":  # hwloc v1: NUMA nodes are ordinary parents
-                ctx["numa"] = obj.get("os_index", next(counter))
-            elif kind == "Core":
-                ctx["core"] = next(counter)
-            elif (level := _xml_cache_level(obj)) is not None:
-                ctx[level] = next(counter)
-            elif kind == "PU":
-                if obj.get("os_index") is None or not obj.get("os_index").isdigit():
-                    raise TopologyError(f"{name}: PU without a valid os_index")
-                pus.append((int(obj.get("os_index")), ctx))
-                return
-            # hwloc v2: NUMA nodes hang below the object whose CPUs they serve.
-            memory = _xml_numa_child(obj)
-            if memory is not None:
-                ctx["numa"] = memory
-            for child in obj.iterfind("object"):
-                walk(child, ctx)
-
-        for top in root.iterfind("object"):
-            walk(top, {})
-        if not pus:
-            raise TopologyError(f"{name}: no PU objects in hwloc XML")
-        ids = [pu for pu, _ in pus]
-        if len(set(ids)) != len(ids):
-            raise TopologyError(f"{name}: duplicate PU os_index in hwloc XML")
-        order = np.argsort(ids)
-        ctxs = [pus[i][1] for i in order]
-        # PUs without a Core parent are each their own physical core.
-        labels = {kind: _dense_keys([c.get(kind, ("own", n)) for n, c in enumerate(ctxs)])
-                  for kind in ("core", *CACHE_LEVELS)}
-        caches = {lv: labels[lv] for lv in CACHE_LEVELS if any(lv in c for c in ctxs)}
-        nodes = [c.get("numa") for c in ctxs]
-        os_ids = None
-        if all(isinstance(n, str) and n.isdigit() for n in nodes):
-            os_ids = [int(n) for n in nodes]
-        topo = cls(name, tuple(sorted(ids)), labels["core"],
-                   _dense_keys([c.get("package") for c in ctxs]), _dense_keys(nodes), caches,
-                   numa_os_index=os_ids)
-        if os_ids is None:
-            return topo
-        return _with_remote(topo, *_xml_numa_latency(root))
+        return read_hwloc_xml(path)
 
     @classmethod
     def synthetic(cls, spec: str) -> "Topology":
@@ -665,7 +606,8 @@ class Topology:
         ``l1i`` instruction caches are accepted and ignored), ``core`` and a
         final ``pu``. Attributes in parentheses are ignored, except a PU list
         ``pu:2(indexes=0,2,1,3)`` which sets the OS ids as hwloc does.
-        Without ``core`` each PU is its own physical core.
+        Without ``core`` each PU is its own physical core. The reader is
+        :func:`tuna_lab.machine.synthetic.read_synthetic`.
 
         Examples
         --------
@@ -673,29 +615,16 @@ class Topology:
         >>> topo.package.tolist(), topo.core.tolist()
         ([0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 2, 2, 3, 3])
         """
-        if not isinstance(spec, str) or not spec.strip():
-            raise TopologyError(f"empty synthetic spec {spec!r}")
-        levels = _parse_synthetic(spec)
-        n_pus = int(np.prod([arity for _, arity, _ in levels]))
-        position = np.arange(n_pus)
-        labels, above = {}, 1
-        for kind, arity, _ in levels[:-1]:
-            above *= arity
-            if kind is not None:
-                labels[kind] = position // (n_pus // above)
-        ids = _synthetic_indexes(spec, levels[-1][2], n_pus)
-        core = labels.get("core", position)
-        zeros = np.zeros(n_pus, dtype=int)
-        topo = cls(f"synthetic:{' '.join(spec.split())}", tuple(range(n_pus)), core,
-                   labels.get("package", zeros), labels.get("numa", zeros),
-                   {lv: labels[lv] for lv in CACHE_LEVELS if lv in labels})
-        return topo if ids is None else topo.relabel(dict(enumerate(ids)))
+        from .synthetic import read_synthetic
+
+        return read_synthetic(spec)
 
     @classmethod
     def preset(cls, name: str) -> "Topology":
         """A named machine from :data:`PRESETS`, with Linux-style SMT numbering.
 
-        Logical cores ``x`` and ``x + P`` are the two hyperthreads of physical core ``x``.
+        Logical cores ``x`` and ``x + P`` are the two hyperthreads of physical
+        core ``x``. The reader is :func:`tuna_lab.machine.synthetic.read_preset`.
 
         Examples
         --------
@@ -703,14 +632,9 @@ class Topology:
         >>> topo.distance()[0, [16, 1, 4]].tolist()  # sibling, same CCD, other CCD
         [4.0, 50.0, 200.0]
         """
-        if name not in _PRESET_SPECS:
-            raise TopologyError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
-        topo = cls.synthetic(_PRESET_SPECS[name])
-        n_phys, smt = topo.n_physical, topo.threads_per_core
-        # hwloc numbers PU i as thread i % smt of core i // smt; Linux as core + thread * P.
-        i = np.arange(topo.n_logical)
-        linux = dict(zip(i.tolist(), (i // smt + (i % smt) * n_phys).tolist()))
-        return dataclasses.replace(topo.relabel(linux), name=name)
+        from .synthetic import read_preset
+
+        return read_preset(name)
 
 
 # ---------------------------------------------------------------- helpers
@@ -794,161 +718,3 @@ def _remote_from_latency(matrix, none_cost):
     # An integer keeps objective values on a grid (bounds use the costs' gcd).
     remote = int(round(float(none_cost * ratio)))
     return remote if remote > none_cost else None
-
-
-def _with_remote(topo, node_ids, matrix):
-    """``topo`` with ``costs["remote"]`` from a latency ``matrix`` over OS nodes ``node_ids``.
-
-    Only the nodes that hold cores of ``topo`` count. Unchanged when the matrix
-    does not cover them, gives no remote cost, or when some cache domain spans
-    several nodes (a remote cost would break the ultrametric; see ``levels``).
-    """
-    if matrix is None or topo.numa.max() == 0 or topo._numa_split() is not None:
-        return topo
-    pos = {int(n): i for i, n in enumerate(node_ids)}
-    used = np.unique(topo.numa_os_index).tolist()
-    if any(n not in pos for n in used):
-        return topo
-    idx = [pos[n] for n in used]
-    try:
-        matrix = np.asarray(matrix, dtype=float)[np.ix_(idx, idx)]
-    except (TypeError, ValueError, IndexError):
-        return topo
-    remote = _remote_from_latency(matrix, topo.costs["none"])
-    return topo if remote is None else topo.with_costs({"remote": remote})
-
-
-def _read(path):
-    """Stripped text of a small sysfs file, or None if it cannot be read."""
-    try:
-        return Path(path).read_text().strip()
-    except OSError:
-        return None
-
-
-def _parse_cpulist(text, where):
-    """Linux cpulist syntax ("0-3,8,10-11") to a tuple of ids."""
-    cpus = []
-    for item in filter(None, text.strip().split(",")):
-        m = re.fullmatch(r"\s*(\d+)(?:-(\d+))?\s*", item)
-        if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
-            raise TopologyError(f"{where}: bad cpulist {text!r}")
-        cpus.extend(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
-    return tuple(cpus)
-
-
-def _xml_cache_level(obj):
-    """"L1".."L4" for a data or unified cache object (v1 or v2 XML), else None."""
-    kind = obj.get("type", "")
-    if obj.get("cache_type") == "2":  # instruction cache
-        return None
-    m = re.fullmatch(r"L([1-4])Cache", kind)
-    if m:
-        return f"L{m.group(1)}"
-    if kind == "Cache" and obj.get("depth") in ("1", "2", "3", "4"):
-        return f"L{obj.get('depth')}"
-    return None
-
-
-def _xml_numa_child(obj):
-    """os_index of the first NUMA node attached as a memory child (possibly behind MemCache)."""
-    for child in obj.iterfind("object"):
-        kind = child.get("type")
-        # A v2 memory child is a leaf; a v1 NUMA node with children is handled by walk().
-        if kind == "NUMANode" and child.find("object") is None:
-            return child.get("os_index", "?")
-        if kind == "MemCache" and (found := _xml_numa_child(child)) is not None:
-            return found
-    return None
-
-
-def _xml_numa_latency(root):
-    """``(node os ids, latency matrix)`` of the first NUMA latency matrix in hwloc XML, or ``((), None)``.
-
-    hwloc v2 writes ``<distances2 type="NUMANode" kind=... indexing="os">`` at
-    the top, with ``<indexes>`` and ``<u64values>`` split over several
-    elements; v1 writes ``<distances nbobjs=...>`` with ``<latency value=...>``
-    children inside the object whose NUMA nodes (in document order) they relate.
-    Anything that does not fit is ignored.
-    """
-    for dist in root.iterfind("distances2"):
-        kind = dist.get("kind", "")
-        # kind bits (hwloc/distances.h): 4 means latency, 8 bandwidth
-        if dist.get("type") != "NUMANode" or (kind.isdigit() and not int(kind) & 4):
-            continue
-        indexes = " ".join(e.text or "" for e in dist.iterfind("indexes")).split()
-        values = " ".join(e.text or "" for e in dist.iterfind("u64values")).split()
-        if dist.get("indexing", "os") == "gp":
-            gp = {o.get("gp_index"): o.get("os_index") for o in root.iter("object")
-                  if o.get("type") == "NUMANode"}
-            indexes = [gp.get(i, "?") for i in indexes]
-        n = len(indexes)
-        if n >= 2 and len(values) == n * n and all(i.isdigit() for i in indexes) \
-                and all(v.isdigit() for v in values):
-            return [int(i) for i in indexes], np.array(values, dtype=float).reshape(n, n)
-    for obj in root.iter("object"):
-        for dist in obj.iterfind("distances"):
-            nodes = [o.get("os_index", "?") for o in obj.iter("object")
-                     if o is not obj and o.get("type") == "NUMANode"]
-            values = [v.get("value", "") for v in dist.iterfind("latency")]
-            n = len(nodes)
-            try:
-                matrix = np.array(values, dtype=float).reshape(n, n)
-            except ValueError:
-                continue
-            if n >= 2 and str(n) == dist.get("nbobjs", str(n)) and all(i.isdigit() for i in nodes):
-                return [int(i) for i in nodes], matrix
-    return (), None
-
-
-def _parse_synthetic(spec):
-    """``[(kind or None, arity, attributes), ...]`` of a synthetic spec, validated."""
-    levels, pos, end = [], 0, len(spec.rstrip())
-    while pos < end:
-        m = _SYNTHETIC_LEVEL.match(spec, pos)
-        if not m:
-            raise TopologyError(f"synthetic spec {spec!r}: cannot parse at {spec[pos:].strip()!r}")
-        word, arity = m.group(1).lower(), int(m.group(2))
-        cache = _CACHE_WORD.fullmatch(word)
-        if cache:
-            kind = None if cache.group(2) == "i" else f"L{cache.group(1)}"  # skip l1i
-        elif word in _ALIASES:
-            kind = _ALIASES[word]
-        else:
-            raise TopologyError(f"synthetic spec {spec!r}: unknown type {m.group(1)!r}; use "
-                                "package, numa, l4, l3, l2, l1, core, pu")
-        if arity < 1:
-            raise TopologyError(f"synthetic spec {spec!r}: arity of {m.group(1)!r} must be positive")
-        levels.append((kind, arity, m.group(3) or ""))
-        pos = m.end()
-    kinds = [kind for kind, _, _ in levels if kind is not None]
-    if not kinds or kinds[-1] != "pu" or levels[-1][0] != "pu":
-        raise TopologyError(f"synthetic spec {spec!r}: the last level must be pu")
-    if len(set(kinds)) != len(kinds):
-        raise TopologyError(f"synthetic spec {spec!r}: a type appears twice")
-    ranked = [k for k in kinds if k != "numa"]
-    for upper, lower in zip(ranked, ranked[1:]):
-        if _SYNTHETIC_RANK[upper] > _SYNTHETIC_RANK[lower]:
-            raise TopologyError(f"synthetic spec {spec!r}: {upper!r} cannot be below {lower!r} "
-                                "(order: package, l4, l3, l2, l1, core, pu)")
-    n_pus = 1
-    for _, arity, _ in levels:
-        n_pus *= arity
-        if n_pus > _MAX_SYNTHETIC_PUS:
-            raise TopologyError(f"synthetic spec {spec!r}: more than {_MAX_SYNTHETIC_PUS} PUs")
-    return levels
-
-
-def _synthetic_indexes(spec, attributes, n_pus):
-    """OS ids from a PU level's ``indexes=`` list, or None for hwloc's default 0..C-1."""
-    for attribute in attributes.split():
-        if attribute.lower().startswith("indexes="):
-            value = attribute.split("=", 1)[1]
-            if not re.fullmatch(r"\d+(,\d+)*", value):
-                raise TopologyError(f"synthetic spec {spec!r}: only explicit PU index lists "
-                                    "(indexes=0,2,1,3) are supported")
-            ids = [int(x) for x in value.split(",")]
-            if len(ids) != n_pus or len(set(ids)) != n_pus:
-                raise TopologyError(f"synthetic spec {spec!r}: indexes must list {n_pus} distinct PU ids")
-            return ids
-    return None

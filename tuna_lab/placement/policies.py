@@ -59,7 +59,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import ModelError, TopologyError
-from ..machine.topology import Topology
+from ..machine import Topology, topology_from
 from ..model.families import main_counts, pair_sums, worker_counts
 from ..model.instance import MODES, check_positive_int
 
@@ -258,6 +258,19 @@ class Placement:
                      f"std {loads.std():.3g}")
         return "\n".join(lines)
 
+    def plan(self):
+        """The :class:`~tuna_lab.placement.plan.Plan` of this placement: what applying it needs, as JSON.
+
+        Examples
+        --------
+        >>> from tuna_lab import Topology
+        >>> placement("round-robin", 2, 1, Topology.synthetic("core:2 pu:1")).plan().slots
+        (((0,),), ((1,),))
+        """
+        from .plan import Plan
+
+        return Plan.from_placement(self)
+
     def to_dict(self):
         """A JSON-able description: policy, sizes, env, allowed sets, single cpus, loads.
 
@@ -432,11 +445,11 @@ def _check_options(places, mode):
 
 
 def _resolve_topology(topology):
-    if topology is None:
-        return Topology.from_sysfs()
-    if not isinstance(topology, Topology):
+    """``topology``, or this machine for None, read the one way every stage reads a machine."""
+    # Policies take a Topology, not a user's spec: a string here is a bug in the caller.
+    if topology is not None and not isinstance(topology, Topology):
         raise TopologyError(f"topology must be a Topology or None, got {type(topology).__name__}")
-    return topology
+    return topology_from(topology)
 
 
 def _singletons(cpus, topology):

@@ -1,0 +1,177 @@
+"""Topologies from hwloc XML (v1 and v2), as written by ``lstopo --of xml``.
+
+The reader behind :meth:`Topology.from_hwloc_xml
+<tuna_lab.machine.topology.Topology.from_hwloc_xml>`: packages, NUMA nodes (v1
+parents or v2 memory children), cores, data and unified caches, PUs, and the
+first NUMA latency matrix, which sets ``costs["remote"]``.
+
+Examples
+--------
+>>> xml = ('<topology><object type="Machine"><object type="Core">'
+...        '<object type="PU" os_index="0"/><object type="PU" os_index="1"/>'
+...        '</object></object></topology>')
+>>> read_hwloc_xml(xml).siblings()
+[(0, 1)]
+"""
+
+import io
+import itertools
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import TopologyError
+from .topology import CACHE_LEVELS, Topology
+
+__all__ = ["read_hwloc_xml"]
+
+
+def read_hwloc_xml(path) -> Topology:
+    """A :class:`~tuna_lab.machine.topology.Topology` from hwloc XML.
+
+    Parameters
+    ----------
+    path : str, path or file-like
+        A file name, an open file, or the XML text itself (``bytes``, or a
+        ``str`` starting with ``"<"``); the topology is named after the file.
+
+    Raises
+    ------
+    TopologyError
+        The file cannot be read, is not XML, is not hwloc's, or has no (or
+        duplicate) PUs.
+
+    Examples
+    --------
+    >>> read_hwloc_xml(b'<topology><object type="PU" os_index="3"/></topology>').cpus
+    (3,)
+    """
+    name, root = _parse(path)
+    pus = []  # (os_index, {kind: key}) for every PU, in document order
+    counter = itertools.count()  # unique keys for the objects met
+
+    def walk(obj, ctx):
+        kind = obj.get("type", "")
+        ctx = dict(ctx)
+        if kind in ("Package", "Socket"):
+            ctx["package"] = next(counter)
+        elif kind == "NUMANode":  # hwloc v1: NUMA nodes are ordinary parents
+            ctx["numa"] = obj.get("os_index", next(counter))
+        elif kind == "Core":
+            ctx["core"] = next(counter)
+        elif (level := _cache_level(obj)) is not None:
+            ctx[level] = next(counter)
+        elif kind == "PU":
+            if obj.get("os_index") is None or not obj.get("os_index").isdigit():
+                raise TopologyError(f"{name}: PU without a valid os_index")
+            pus.append((int(obj.get("os_index")), ctx))
+            return
+        # hwloc v2: NUMA nodes hang below the object whose CPUs they serve.
+        memory = _numa_child(obj)
+        if memory is not None:
+            ctx["numa"] = memory
+        for child in obj.iterfind("object"):
+            walk(child, ctx)
+
+    for top in root.iterfind("object"):
+        walk(top, {})
+    if not pus:
+        raise TopologyError(f"{name}: no PU objects in hwloc XML")
+    ids = [pu for pu, _ in pus]
+    if len(set(ids)) != len(ids):
+        raise TopologyError(f"{name}: duplicate PU os_index in hwloc XML")
+    ctxs = [pus[i][1] for i in np.argsort(ids)]
+    # PUs without a Core parent (or cache) are each their own physical core (domain).
+    own = {kind: [c.get(kind, ("own", n)) for n, c in enumerate(ctxs)] for kind in ("core", *CACHE_LEVELS)}
+    caches = {lv: own[lv] for lv in CACHE_LEVELS if any(lv in c for c in ctxs)}
+    nodes = [c.get("numa") for c in ctxs]
+    os_ids = [int(n) for n in nodes] if all(isinstance(n, str) and n.isdigit() for n in nodes) else None
+    topo = Topology.from_keys(name, sorted(ids), own["core"], [c.get("package") for c in ctxs], nodes,
+                              caches, numa_os_index=os_ids)
+    # Without OS ids for the nodes, a latency matrix cannot be matched to them.
+    return topo if os_ids is None else topo.with_numa_latency(*_numa_latency(root))
+
+
+def _parse(path):
+    """``(name, root element)`` of an hwloc XML file, file object or text."""
+    if isinstance(path, bytes) or (isinstance(path, str) and path.lstrip().startswith("<")):
+        name, source = "hwloc XML", io.BytesIO(path.encode() if isinstance(path, str) else path)
+    elif hasattr(path, "read"):
+        name, source = Path(str(getattr(path, "name", "hwloc XML"))).name, path
+    else:
+        name, source = Path(path).name, path
+    try:
+        root = ET.parse(source).getroot()
+    except ET.ParseError as exc:
+        raise TopologyError(f"{name}: malformed hwloc XML ({exc})") from None
+    except OSError as exc:
+        raise TopologyError(f"{name}: cannot read hwloc XML ({exc.strerror or exc})") from None
+    if root.tag != "topology":
+        raise TopologyError(f"{name}: not hwloc XML (root element <{root.tag}>, expected <topology>)")
+    return name, root
+
+
+def _cache_level(obj):
+    """"L1".."L4" for a data or unified cache object (v1 or v2 XML), else None."""
+    kind = obj.get("type", "")
+    if obj.get("cache_type") == "2":  # instruction cache
+        return None
+    m = re.fullmatch(r"L([1-4])Cache", kind)
+    if m:
+        return f"L{m.group(1)}"
+    if kind == "Cache" and obj.get("depth") in ("1", "2", "3", "4"):
+        return f"L{obj.get('depth')}"
+    return None
+
+
+def _numa_child(obj):
+    """os_index of the first NUMA node attached as a memory child (possibly behind MemCache)."""
+    for child in obj.iterfind("object"):
+        kind = child.get("type")
+        # A v2 memory child is a leaf; a v1 NUMA node with children is handled by walk().
+        if kind == "NUMANode" and child.find("object") is None:
+            return child.get("os_index", "?")
+        if kind == "MemCache" and (found := _numa_child(child)) is not None:
+            return found
+    return None
+
+
+def _numa_latency(root):
+    """``(node os ids, latency matrix)`` of the first NUMA latency matrix in hwloc XML, or ``((), None)``.
+
+    hwloc v2 writes ``<distances2 type="NUMANode" kind=... indexing="os">`` at
+    the top, with ``<indexes>`` and ``<u64values>`` split over several
+    elements; v1 writes ``<distances nbobjs=...>`` with ``<latency value=...>``
+    children inside the object whose NUMA nodes (in document order) they relate.
+    Anything that does not fit is ignored.
+    """
+    for dist in root.iterfind("distances2"):
+        kind = dist.get("kind", "")
+        # kind bits (hwloc/distances.h): 4 means latency, 8 bandwidth
+        if dist.get("type") != "NUMANode" or (kind.isdigit() and not int(kind) & 4):
+            continue
+        indexes = " ".join(e.text or "" for e in dist.iterfind("indexes")).split()
+        values = " ".join(e.text or "" for e in dist.iterfind("u64values")).split()
+        if dist.get("indexing", "os") == "gp":
+            gp = {o.get("gp_index"): o.get("os_index") for o in root.iter("object")
+                  if o.get("type") == "NUMANode"}
+            indexes = [gp.get(i, "?") for i in indexes]
+        n = len(indexes)
+        if n >= 2 and len(values) == n * n and all(i.isdigit() for i in indexes) \
+                and all(v.isdigit() for v in values):
+            return [int(i) for i in indexes], np.array(values, dtype=float).reshape(n, n)
+    for obj in root.iter("object"):
+        for dist in obj.iterfind("distances"):
+            nodes = [o.get("os_index", "?") for o in obj.iter("object")
+                     if o is not obj and o.get("type") == "NUMANode"]
+            values = [v.get("value", "") for v in dist.iterfind("latency")]
+            n = len(nodes)
+            try:
+                matrix = np.array(values, dtype=float).reshape(n, n)
+            except ValueError:
+                continue
+            if n >= 2 and str(n) == dist.get("nbobjs", str(n)) and all(i.isdigit() for i in nodes):
+                return [int(i) for i in nodes], matrix
+    return (), None
