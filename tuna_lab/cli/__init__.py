@@ -19,12 +19,12 @@ import argparse
 import sys
 
 from ..errors import TunaError
-from . import advise, bench, experiment, machine, model, server
+from . import advise, bench, experiment, machine, model, placement, server
 
 __all__ = ["main"]
 
 # The order of `tuna-lab --help`'s list of commands.
-_GROUPS = (machine, model, server, experiment, bench, advise)
+_GROUPS = (machine, model, placement, server, experiment, bench, advise)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -27,6 +27,8 @@ def add_parser(subparsers):
     >>> args = parser.parse_args(["serve", "-w", "2", "-t", "1", "--detach"])
     >>> args.policy, args.port, args.detach, args.wait_policy
     ('tuna-scatter', 8000, True, 'default')
+    >>> parser.parse_args(["status", "--pid", "123"]).pid
+    123
     """
     v = subparsers.add_parser("serve", help="start the Gunicorn + XGBoost server with every thread pinned")
     v.add_argument("-w", "--workers", type=int, required=True)
@@ -46,7 +48,10 @@ def add_parser(subparsers):
 
     st = subparsers.add_parser("status",
                                help="worker -> thread (role, TID) -> allowed CPUs of a running server")
-    st.add_argument("--pidfile", required=True)
+    which = st.add_mutually_exclusive_group(required=True)
+    which.add_argument("--pidfile", help="a server started by `tuna-lab serve`")
+    which.add_argument("--pid", type=int, metavar="MASTER", help="any pre-fork server, by its master's PID")
+    st.add_argument("--plan", default=None, metavar="FILE", help="with --pid: show the plan's CPUs beside")
     st.add_argument("--json", action="store_true")
     st.set_defaults(func=_cmd_status)
 
@@ -93,6 +98,9 @@ def _cmd_serve(args):
 
 def _cmd_status(args):
     from .._checks import format_cpulist
+
+    if args.pid is not None:
+        return _status_of_pid(args)
     from ..server.launch import status
 
     info = status(args.pidfile)
@@ -107,6 +115,16 @@ def _cmd_status(args):
             mark = "" if t["expected"] is None or t["expected"] == t["cpus"] else \
                 f"  (expected {format_cpulist(t['expected'])})"
             print(f"    {t['role']:<6} tid {t['tid']:<8} cpus {format_cpulist(t['cpus'])}{mark}")
+    return 0
+
+
+def _status_of_pid(args):
+    from ..placement.pin import PinReport, server_threads
+    from ..placement.plan import Plan
+
+    plan = Plan.read(args.plan) if args.plan else None
+    report = PinReport(args.pid, plan, server_threads(args.pid, plan))
+    print(json.dumps(report.to_dict()) if args.json else report.describe())
     return 0
 
 

@@ -217,7 +217,11 @@ class Plan:
         if kind not in FORMATS:
             raise PlanError(f"unknown plan format {kind!r}; choose from {', '.join(FORMATS)}")
         if kind == "json":
-            return json.dumps(self.to_dict(), indent=1)
+            # One line per field and per slot: readable, and diffable between two plans.
+            data = self.to_dict()
+            slots = ",\n".join(f"  {json.dumps(s)}" for s in data.pop("slots"))
+            head = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items())
+            return f"{{\n{head},\n \"slots\": [\n{slots}\n ]\n}}"
         head = (f"{self.policy}: {self.workers} workers x {self.threads} threads on {self.topology or 'a machine'} "
                 f"(fingerprint {self.fingerprint})")
         if kind == "omp-places":
