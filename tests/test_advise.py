@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 from tuna_lab import Topology
 from tuna_lab.analysis.advise import (
     DEFAULT_RESULTS,
+    Advisor,
     Recommendation,
-    _cmd_advise,
-    add_parser,
     feature_table,
     grouped_folds,
     train,
 )
+from tuna_lab.cli.advise import add_parser
 from tuna_lab.errors import AdviseError, ExperimentError
 
 CPUS = 8
@@ -120,6 +120,17 @@ def test_boosted_regressor_beats_the_linear_baseline_on_held_out_configurations(
     # The metrics are those of the stored held-out predictions.
     p = advisor.predictions
     assert e.loc["linear", "mae"] == pytest.approx(np.mean(np.abs(p["speedup"] - p["linear"])))
+
+
+def test_fit_is_explicit_and_the_constructor_only_stores(frames, advisor):
+    table = feature_table(*frames)
+    fitted = Advisor.fit(table, n_splits=6)
+    pd.testing.assert_frame_equal(fitted.evaluation, advisor.evaluation)     # what train() does
+    pd.testing.assert_frame_equal(fitted.predictions, advisor.predictions)
+    # Built from its parts, an advisor trains nothing: no regressor, yet its evaluation is there.
+    stored = Advisor(table, {}, advisor.evaluation, advisor.predictions)
+    assert stored.mae == advisor.mae and stored.policies == ["round-robin", "tuna-scatter"]
+    assert stored.features == advisor.features and "speedup" not in stored.features
 
 
 def test_importance_finds_the_feature_the_speedup_depends_on(advisor):
@@ -377,7 +388,7 @@ def test_cli_default_results_folder():
     add_parser(parser.add_subparsers())
     args = parser.parse_args(["advise", "-w", "1", "-t", "1", "--model", "small"])
     assert args.results == DEFAULT_RESULTS == os.path.join("results", "sweep")
-    assert args.func is _cmd_advise and args.wait_policy == "default" and args.batch == 100
+    assert args.func.__module__ == "tuna_lab.cli.advise" and args.wait_policy == "default" and args.batch == 100
 
 
 def test_cli_wired_into_tuna_lab(sweep_dir, capsys):

@@ -22,6 +22,7 @@ from tuna_lab.analysis.stats import (
     trial_stats,
 )
 from tuna_lab.errors import AnalysisError, TunaError
+from tuna_lab.measure.schema import PERCENTILES, percentiles
 from tuna_lab.server.models import STAGES
 from tuna_lab.analysis.report import write_report
 from tuna_lab.analysis.figures import p99_by_configuration, speedup_bars, stage_p99_bars
@@ -120,6 +121,32 @@ def test_trial_percentiles_match_numpy_on_raw_rows(tables, per_trial):
     dead = per_trial.set_index(TRIAL_KEYS).loc[tuple(FAILED[k] if k != "cpus" else CPUS for k in TRIAL_KEYS)]
     assert dead["ok"] == 0 and dead["failed"] == N and math.isnan(dead["p99"])
     assert dead["trial_status"] == "failed" and dead["reason"].startswith("server died")
+
+
+def test_trial_percentiles_are_the_schema_ones(tables, per_trial):
+    # The percentile columns are those measure.schema defines for every summary, in its order,
+    # and agree with its percentiles() on one trial's requests.
+    assert [c for c in per_trial.columns if re.fullmatch(r"p\d+", c)] == [f"p{q}" for q in PERCENTILES]
+    requests, _ = tables
+    key = per_trial.iloc[0][TRIAL_KEYS]
+    mine = requests[requests[TRIAL_KEYS].eq(key).all(axis=1) & requests["status"].between(200, 299)]
+    expected = percentiles(mine["server_seconds"].dropna())
+    assert per_trial.iloc[0][list(expected)].astype(float).to_dict() == pytest.approx(expected, rel=1e-12)
+
+
+def test_no_analysis_module_imports_a_private_name():
+    import ast
+    from pathlib import Path
+
+    import tuna_lab.analysis
+
+    root = Path(tuna_lab.analysis.__file__).parent
+    private = [f"{path.relative_to(root)}: {alias.name}"
+               for path in sorted(root.rglob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text()))
+               if isinstance(node, ast.ImportFrom) and node.module != "__future__"
+               for alias in node.names if alias.name.startswith("_")]
+    assert private == []
 
 
 def test_trial_counts_throughput_and_subscription(tables, per_trial):

@@ -3,7 +3,9 @@
 :mod:`~tuna_lab.analysis.stats` turns per-request records into per-trial and
 per-scenario p99s and speedups, :mod:`~tuna_lab.analysis.figures` draws them,
 :mod:`~tuna_lab.analysis.report` writes the report, and
-:mod:`~tuna_lab.analysis.advise` answers "should I pin?".
+:mod:`~tuna_lab.analysis.advise` answers "should I pin?". All of them read the
+runner's tables through :mod:`~tuna_lab.analysis.tables` (keys, defaults,
+checks, the article's order of policies and models).
 """
 
 import lazy_loader as _lazy
@@ -11,7 +13,7 @@ import lazy_loader as _lazy
 __all__ = ["trial_stats", "scenario_stats", "speedups", "speedup_summary", "compare_policies", "cpu_cost",
            "write_report"]
 
-__getattr__, __dir__, _ = _lazy.attach(__name__, submodules=["stats", "figures", "report", "advise"],
+__getattr__, __dir__, _ = _lazy.attach(__name__, submodules=["tables", "stats", "figures", "report", "advise"],
                                        submod_attrs={
     "stats": ["trial_stats", "scenario_stats", "speedups", "speedup_summary", "compare_policies", "cpu_cost"],
     "report": ["write_report"],

@@ -30,10 +30,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import qualitative
 
-from ..server.models import STAGES
-from .stats import _MODELS, _check_table, _ordered, _valid_trials, _with_defaults, scenario_stats
 from ..errors import AnalysisError
-from ..placement.policies import POLICIES
+from ..placement import POLICIES
+from ..server.models import STAGES
+from .stats import scenario_stats
+from .tables import MODELS, check_table, ordered, valid_trials, with_defaults
 
 __all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars"]
 
@@ -51,7 +52,7 @@ def _colors(policies):
 
 def _only(table, column, value):
     """Rows with ``column == value``; ``value=None`` requires the column to hold one value."""
-    present = _ordered(table[column].unique(), _MODELS if column == "model" else ())
+    present = ordered(table[column].unique(), MODELS if column == "model" else ())
     if value is None:
         if len(present) > 1:
             raise AnalysisError(f"several values of {column} in the table ({', '.join(map(str, present))}): "
@@ -68,7 +69,7 @@ def _wait_only(table, wait_policy, spincount):
     Cells that differ only by how OpenMP threads wait are different applications:
     a figure never draws them as one.
     """
-    table = _with_defaults(table)
+    table = with_defaults(table)
     data, wait_policy = _only(table, "wait_policy", wait_policy)
     data, spincount = _only(data, "spincount", spincount)
     suffix = "" if wait_policy == "default" else f", wait {wait_policy}"
@@ -123,12 +124,12 @@ def p99_by_configuration(trials_stats, model=None, batch=None, wait_policy=None,
     >>> list(fig.layout.xaxis.ticktext), fig.layout.shapes[0].x0
     (['2x2', '16x16'], 0.5)
     """
-    _check_table(trials_stats, "trials_stats", ("workers", "threads", "cpus", "model", "batch",
-                                                "policy", "trial", "p99"), numeric=("p99",))
+    check_table(trials_stats, "trials_stats", ("workers", "threads", "cpus", "model", "batch",
+                                               "policy", "trial", "p99"), numeric=("p99",))
     data, model = _only(trials_stats, "model", model)
     data, batch = _only(data, "batch", batch)
     data, wait = _wait_only(data, wait_policy, spincount)
-    data = data[_valid_trials(data)]
+    data = data[valid_trials(data)]
     if data.empty:
         raise AnalysisError(f"no valid trial for model {model!r}, batch {batch!r}")
     keys = ["workers", "threads", "cpus"]
@@ -139,7 +140,7 @@ def p99_by_configuration(trials_stats, model=None, batch=None, wait_policy=None,
 
     points = data.merge(configs, on=keys)
     means = scenario_stats(data).merge(configs, on=keys).sort_values("x")
-    policies = _ordered(points["policy"].unique(), POLICIES)
+    policies = ordered(points["policy"].unique(), POLICIES)
     colors = _colors(policies)
     spread = np.linspace(-0.15, 0.15, len(policies)) if len(policies) > 1 else [0.0]
     offsets = dict(zip(policies, spread, strict=True))
@@ -212,12 +213,12 @@ def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None, wait_
     (['cfs', 'tuna-scatter'], [1.0, 1.0, 10.0, 20.0, 40.0])
     """
     stage_columns = [f"{s}_p99" for s in STAGES]
-    _check_table(trials_stats, "trials_stats", ("workers", "threads", "cpus", "model", "batch", "policy",
-                                                "trial", "p99", *stage_columns), numeric=stage_columns)
+    check_table(trials_stats, "trials_stats", ("workers", "threads", "cpus", "model", "batch", "policy",
+                                               "trial", "p99", *stage_columns), numeric=stage_columns)
     data, model = _only(trials_stats, "model", model)
     data, batch = _only(data, "batch", batch)
     data, wait = _wait_only(data, wait_policy, spincount)
-    data = data[data["workers"].eq(workers) & data["threads"].eq(threads) & _valid_trials(data)]
+    data = data[data["workers"].eq(workers) & data["threads"].eq(threads) & valid_trials(data)]
     if data.empty:
         raise AnalysisError(f"no valid trial for {workers}x{threads}, model {model!r}, batch {batch!r}")
     cpus = sorted(data["cpus"].unique())
@@ -225,7 +226,7 @@ def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None, wait_
         raise AnalysisError(f"{workers}x{threads} was run with several core counts {cpus}: filter the table")
     long = data.melt(id_vars=["policy"], value_vars=stage_columns, var_name="stage", value_name="seconds")
     summary = long.groupby(["policy", "stage"], sort=False, observed=True)["seconds"].agg(["mean", "std"]) * _MS
-    policies = _ordered(data["policy"].unique(), POLICIES)
+    policies = ordered(data["policy"].unique(), POLICIES)
     colors = _colors(policies)
 
     fig = go.Figure()
@@ -279,7 +280,7 @@ def speedup_bars(summary, *, group=None, baseline=None):
     >>> fig.data[0].name, list(fig.data[0].x)
     ('tuna-scatter vs cfs', ['over', 'under'])
     """
-    _check_table(summary, "summary", ("baseline", "policy", "group", "n", "speedup"), numeric=("speedup",))
+    check_table(summary, "summary", ("baseline", "policy", "group", "n", "speedup"), numeric=("speedup",))
     if baseline is not None:
         summary = summary[summary["baseline"].eq(baseline)]
         if summary.empty:

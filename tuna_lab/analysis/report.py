@@ -24,20 +24,11 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from . import figures as viz
-from .stats import (
-    _check_table,
-    _ordered,
-    _sorted,
-    _valid_trials,
-    compare_policies,
-    cpu_cost,
-    scenario_stats,
-    speedup_summary,
-    trial_stats,
-)
 from ..errors import AnalysisError
-from ..placement.policies import POLICIES
+from ..placement import POLICIES
+from . import figures as viz
+from .stats import compare_policies, cpu_cost, scenario_stats, speedup_summary, trial_stats
+from .tables import check_table, ordered, sort_table, valid_trials
 
 __all__ = ["write_report"]
 
@@ -91,7 +82,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         to a temporary file beside it and moved into place.
     title : str, default "tuna_lab experiment"
     threads : pandas.DataFrame, optional
-        Per-worker CPU and NUMA records (:func:`tuna_lab.experiment.load_thread_cpu`);
+        Per-worker CPU and NUMA records (:func:`tuna_lab.measure.load_thread_cpu`);
         adds each worker's NUMA locality next to its p99.
     manifest : mapping, optional
         Run metadata; ``cpu_model``, ``kernel``, ``commit``, ``command``
@@ -115,7 +106,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     """
     if manifest is not None and not isinstance(manifest, Mapping):
         raise AnalysisError(f"manifest must be a mapping, not {type(manifest).__name__}")
-    _check_table(trials, "trials", ("policy", "trial", "trial_status"))
+    check_table(trials, "trials", ("policy", "trial", "trial_status"))
     per_trial = trial_stats(requests, trials)
     scenarios = scenario_stats(per_trial)
     summary = speedup_summary(scenarios, baselines=_BASELINES)
@@ -213,7 +204,7 @@ _WAIT = ["wait_policy", "spincount"]
 
 def _model_batches(per_trial):
     keys = ["model", "batch", *_WAIT]
-    pairs = _sorted(per_trial.loc[_valid_trials(per_trial), keys].drop_duplicates(), keys)
+    pairs = sort_table(per_trial.loc[valid_trials(per_trial), keys].drop_duplicates(), keys)
     return list(pairs.itertuples(index=False, name=None))
 
 
@@ -227,9 +218,9 @@ def _one_wait(per_trial):
 
 def _stage_configurations(per_trial):
     """``(W, T, model, batch)`` to draw per-stage bars for (see :func:`write_report`)."""
-    valid = per_trial[_valid_trials(per_trial)]
-    present = _sorted(valid[["model", "batch", "workers", "threads"]].drop_duplicates(),
-                      ["model", "batch", "workers", "threads"])
+    valid = per_trial[valid_trials(per_trial)]
+    present = sort_table(valid[["model", "batch", "workers", "threads"]].drop_duplicates(),
+                         ["model", "batch", "workers", "threads"])
     if len(present) <= _MAX_STAGE_FIGURES:
         return [(w, t, m, b) for m, b, w, t in present.itertuples(index=False, name=None)]
     pairs = list(present[["model", "batch"]].drop_duplicates().itertuples(index=False, name=None))
@@ -250,7 +241,7 @@ def _scenario_table(scenarios):
     table = scenarios.assign(configuration=label, cell=cell.to_numpy())
     index = ["model", "batch", "configuration", "cpus", "subscription", "wait_policy", "spincount"]
     wide = table.pivot_table(index=index, columns="policy", values="cell", aggfunc="first", sort=False)
-    wide = wide[_ordered(wide.columns, POLICIES)].reset_index()
+    wide = wide[ordered(wide.columns, POLICIES)].reset_index()
     wide.columns.name = None
     return _table(wide, "Mean over valid trials of each trial's p99 of server-side runtime; "
                         "[95% Student t confidence interval]; '-' where a policy was not run.")
@@ -258,7 +249,7 @@ def _scenario_table(scenarios):
 
 def _comparisons(scenarios):
     """Every policy against each baseline present: p99 ratio and speedup with Fieller intervals."""
-    present = _ordered(scenarios["policy"].unique(), POLICIES)
+    present = ordered(scenarios["policy"].unique(), POLICIES)
     rows = []
     for baseline in (b for b in _BASELINES if b in present):
         earlier = _BASELINES[:_BASELINES.index(baseline)]   # e.g. cfs vs round-robin is shown once
@@ -300,7 +291,7 @@ def _speedup_table(summary, baseline):
                         cell=(_fmt(rows["speedup"], 3) + " (n=" + rows["n"].astype(str) + ")").to_numpy())
     wide = table.pivot_table(index=["grouping", "group_value"], columns="policy", values="cell",
                              aggfunc="first", sort=False)
-    wide = wide[_ordered(wide.columns, POLICIES)].reset_index().rename(columns={"group_value": "group"})
+    wide = wide[ordered(wide.columns, POLICIES)].reset_index().rename(columns={"group_value": "group"})
     wide.columns.name = None
     return _table(wide, f"Mean over applications of ({baseline} mean p99) / (policy mean p99); "
                         "above 1 the policy is faster; n = applications averaged.")
@@ -350,7 +341,7 @@ def _failures(requests, trials):
     failed = trials[trials["trial_status"].ne("ok")]
     keep = [c for c in ("policy", "workers", "threads", "model", "batch", "trial", "n", "ok", "failed",
                         "trial_status", "reason") if c in failed.columns]
-    parts = [_table(_sorted(failed[keep], keep)) if not failed.empty
+    parts = [_table(sort_table(failed[keep], keep)) if not failed.empty
              else '<p class="note">No failed trials.</p>']
     bad = requests[~(requests["status"].ge(200) & requests["status"].lt(300))]
     if not bad.empty:
@@ -358,7 +349,7 @@ def _failures(requests, trials):
         errors = (errors.groupby(["policy", "status", "error"], dropna=False, observed=True).size()
                   .rename("requests").reset_index())
         parts.append("<h3>Failed requests by error</h3>")
-        parts.append(_table(_sorted(errors, ["policy", "status"])))
+        parts.append(_table(sort_table(errors, ["policy", "status"])))
     return "\n".join(parts)
 
 

@@ -39,12 +39,14 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from pandas.api.types import is_bool_dtype, is_integer_dtype, is_numeric_dtype
+from pandas.api.types import is_integer_dtype
 from scipy import stats
 
 from ..errors import AnalysisError
+from ..measure.schema import PERCENTILES
+from ..placement import POLICIES
 from ..server.models import STAGES
-from ..placement.policies import POLICIES
+from .tables import APPLICATION, check_table, ordered, sort_table, valid_trials, with_defaults
 
 __all__ = [
     "trial_stats",
@@ -56,49 +58,15 @@ __all__ = [
 ]
 
 
-#: Model sizes in the article's order (used to sort tables and figures).
-_MODELS = ("small", "medium", "large")
-# The wait policy is a factor of the application like W and T: cells that
-# differ only by it must never be averaged together.
-_APP = ("workers", "threads", "cpus", "model", "batch", "wait_policy", "spincount")
-_SCENARIO = _APP + ("policy",)
+_SCENARIO = APPLICATION + ("policy",)
 _TRIAL = _SCENARIO + ("trial",)
 _REQUEST_VALUES = ("status", "server_seconds", "client_seconds", "sent_at") + STAGES
 _DEFAULT_BY = (None, "subscription", "model", "batch", ("subscription", "model", "batch"))
+# The server-time percentiles every trial reports, as quantile levels -> column names (p50, p95, p99).
+_LEVELS = {p / 100: f"p{p}" for p in PERCENTILES}
 
 
 # -- validation ----------------------------------------------------------------------
-
-
-def _with_defaults(table):
-    """``table`` with the wait factors the runner records, at their defaults where absent.
-
-    ``wait_policy`` "default" and ``spincount`` -1 (the runtime's own): results
-    older than these factors, a sweep mixing old and new cells, and hand-made
-    tables still analyse.
-    """
-    if not isinstance(table, pd.DataFrame):
-        return table
-    wait = table["wait_policy"].fillna("default") if "wait_policy" in table.columns else "default"
-    spin = table["spincount"].fillna(-1).astype(np.int64) if "spincount" in table.columns else -1
-    return table.assign(wait_policy=wait, spincount=spin)
-
-
-def _check_table(table, name, columns, numeric=(), keys=()):
-    """Raise :class:`AnalysisError` unless ``table`` is a non-empty frame with ``columns``."""
-    if not isinstance(table, pd.DataFrame):
-        raise AnalysisError(f"{name} must be a pandas DataFrame, not {type(table).__name__}")
-    missing = [c for c in columns if c not in table.columns]
-    if table.empty:
-        raise AnalysisError(f"{name} table is empty")
-    if missing:
-        raise AnalysisError(f"{name} table is missing column(s): {', '.join(missing)}")
-    bad = [c for c in numeric if not is_numeric_dtype(table[c]) or is_bool_dtype(table[c])]
-    if bad:
-        raise AnalysisError(f"{name} column(s) must be numeric: {', '.join(bad)}")
-    nulls = [c for c in keys if table[c].isna().any()]
-    if nulls:
-        raise AnalysisError(f"{name} key column(s) have missing values: {', '.join(nulls)}")
 
 
 def _check_unique(table, name, keys):
@@ -118,7 +86,7 @@ def _check_policy(table, policy, what):
     if not isinstance(policy, str):
         raise AnalysisError(f"{what} must be a policy name (str), got {policy!r}")
     if what != "baseline" and not table["policy"].eq(policy).any():
-        have = ", ".join(map(str, _ordered(table["policy"].unique(), POLICIES)))
+        have = ", ".join(map(str, ordered(table["policy"].unique(), POLICIES)))
         raise AnalysisError(f"{what} policy {policy!r} is not in the table (have: {have})")
 
 
@@ -136,31 +104,6 @@ def _subscription(table):
     return pd.Series(np.where(over, "over", "under"), index=table.index, dtype=object)
 
 
-def _ordered(values, known):
-    """``values`` with the ``known`` ones first in their canonical order, then the rest sorted."""
-    values = list(values)
-    rest = [v for v in values if v not in known]
-    try:
-        rest.sort()
-    except TypeError:
-        rest.sort(key=str)
-    return [v for v in known if v in values] + rest
-
-
-def _rank_key(column):
-    """A ``sort_values`` key: canonical order for ``policy``/``baseline``/``model``, natural otherwise."""
-    known = {"policy": POLICIES, "baseline": POLICIES, "model": _MODELS}.get(column.name)
-    if known is None:
-        return column
-    order = _ordered(column.dropna().unique(), known)
-    return pd.Series(pd.Categorical(column, categories=order, ordered=True).codes, index=column.index)
-
-
-def _sorted(table, columns):
-    columns = [c for c in columns if c in table.columns]
-    return table.sort_values(columns, key=_rank_key, kind="stable").reset_index(drop=True)
-
-
 # -- per trial ------------------------------------------------------------------------------
 
 
@@ -168,7 +111,9 @@ def trial_stats(requests, trials=None):
     """Per-trial statistics of the server-side runtime.
 
     Percentiles are numpy's default (linear interpolation) over the trial's
-    successful (HTTP 2xx) requests; NaN values are skipped.
+    successful (HTTP 2xx) requests; NaN values are skipped. The server-time
+    percentiles are those every summary reports,
+    :data:`tuna_lab.measure.schema.PERCENTILES`.
 
     Parameters
     ----------
@@ -206,9 +151,9 @@ def trial_stats(requests, trials=None):
     >>> trial_stats(requests)[["n", "ok", "p50", "throughput"]].round(3).to_dict("records")
     [{'n': 3, 'ok': 2, 'p50': 0.2, 'throughput': 2.0}]
     """
-    requests = _with_defaults(requests)
-    _check_table(requests, "requests", _TRIAL + _REQUEST_VALUES,
-                 numeric=("workers", "threads", "cpus") + _REQUEST_VALUES, keys=_TRIAL)
+    requests = with_defaults(requests)
+    check_table(requests, "requests", _TRIAL + _REQUEST_VALUES,
+                numeric=("workers", "threads", "cpus") + _REQUEST_VALUES, keys=_TRIAL)
     by = list(_TRIAL)
     ok = _is_ok(requests["status"])
     work = requests[by + list(_REQUEST_VALUES)].assign(
@@ -218,13 +163,9 @@ def trial_stats(requests, trials=None):
 
     good = work[ok].groupby(by, sort=True, observed=True)
     server = good["server_seconds"]
-    values = pd.DataFrame({
-        "p50": server.quantile(0.50),
-        "p95": server.quantile(0.95),
-        "p99": server.quantile(0.99),
-        "mean": server.mean(),
-        "client_p99": good["client_seconds"].quantile(0.99),
-    })
+    # Every level in one grouped pass; reindex keeps the columns when no trial has a successful request.
+    values = (server.quantile(list(_LEVELS)).unstack().reindex(columns=list(_LEVELS)).rename(columns=_LEVELS)
+              .assign(mean=server.mean(), client_p99=good["client_seconds"].quantile(0.99)))
     per_stage = good[list(STAGES)].quantile(0.99).add_suffix("_p99")
 
     out = counts.join(values).join(per_stage)
@@ -234,31 +175,23 @@ def trial_stats(requests, trials=None):
     out["throughput"] = (out["ok"] / duration).where(duration > 0)
     out = out.reset_index()
     out.insert(len(by), "subscription", _subscription(out))
-    columns = by + ["subscription", "n", "ok", "failed", "p50", "p95", "p99", "mean",
+    columns = by + ["subscription", "n", "ok", "failed", *_LEVELS.values(), "mean",
                     "client_p99", "throughput"] + [f"{s}_p99" for s in STAGES]
     out = out[columns]
     if trials is not None:
         out = _attach_trial_status(out, trials)
-    return _sorted(out, by)
+    return sort_table(out, by)
 
 
 def _attach_trial_status(table, trials):
-    trials = _with_defaults(trials)
-    _check_table(trials, "trials", _TRIAL + ("trial_status",), keys=_TRIAL)
+    trials = with_defaults(trials)
+    check_table(trials, "trials", _TRIAL + ("trial_status",), keys=_TRIAL)
     extra = ["trial_status"] + (["reason"] if "reason" in trials.columns else [])
     info = trials[list(_TRIAL) + extra].drop_duplicates(list(_TRIAL), keep="last")
     try:
         return table.merge(info, on=list(_TRIAL), how="left", validate="one_to_one")
     except (ValueError, TypeError) as exc:
         raise AnalysisError(f"trials table does not match requests on {', '.join(_TRIAL)}: {exc}") from None
-
-
-def _valid_trials(trial_table):
-    """Trials that count: a p99 exists and the runner did not mark the trial failed."""
-    valid = trial_table["p99"].notna()
-    if "trial_status" in trial_table.columns:
-        valid &= trial_table["trial_status"].ne("failed").fillna(True).astype(bool)
-    return valid
 
 
 # -- per scenario ------------------------------------------------------------------------
@@ -303,11 +236,11 @@ def scenario_stats(trial_table, confidence=0.95):
     ('under', 0.2, True)
     """
     _check_confidence(confidence)
-    trial_table = _with_defaults(trial_table)
-    _check_table(trial_table, "trial_table", _SCENARIO + ("trial", "p99"),
-                 numeric=("workers", "threads", "cpus", "p99"), keys=_SCENARIO)
+    trial_table = with_defaults(trial_table)
+    check_table(trial_table, "trial_table", _SCENARIO + ("trial", "p99"),
+                numeric=("workers", "threads", "cpus", "p99"), keys=_SCENARIO)
     by = list(_SCENARIO)
-    valid = _valid_trials(trial_table)
+    valid = valid_trials(trial_table)
     averaged = [c for c in [f"{s}_p99" for s in STAGES] + ["throughput"] if c in trial_table.columns]
     work = trial_table[by].assign(
         _valid=valid, p99=trial_table["p99"].where(valid),
@@ -328,7 +261,7 @@ def scenario_stats(trial_table, confidence=0.95):
     out.insert(len(by), "subscription", _subscription(out))
     columns = by + ["subscription", "n_trials", "n_failed", "mean_p99", "std_p99", "ci_low",
                     "ci_high"] + [f"mean_{c}" for c in averaged]
-    return _sorted(out[columns], by)
+    return sort_table(out[columns], by)
 
 
 # -- speedups -------------------------------------------------------------------------------
@@ -368,12 +301,12 @@ def speedups(scenarios, baseline="cfs"):
     >>> speedups(scen)[["policy", "baseline", "speedup"]].to_dict("records")
     [{'policy': 'tuna-scatter', 'baseline': 'cfs', 'speedup': 2.0}]
     """
-    scenarios = _with_defaults(scenarios)
-    _check_table(scenarios, "scenarios", _SCENARIO + ("mean_p99",),
-                 numeric=("workers", "threads", "cpus", "mean_p99"), keys=_SCENARIO)
+    scenarios = with_defaults(scenarios)
+    check_table(scenarios, "scenarios", _SCENARIO + ("mean_p99",),
+                numeric=("workers", "threads", "cpus", "mean_p99"), keys=_SCENARIO)
     _check_policy(scenarios, baseline, "baseline")
     _check_unique(scenarios, "scenarios", _SCENARIO)
-    app = list(_APP)
+    app = list(APPLICATION)
     is_base = scenarios["policy"].eq(baseline)
     base = scenarios.loc[is_base, app + ["mean_p99"]].rename(columns={"mean_p99": "baseline_p99"})
     other = scenarios.loc[~is_base, app + ["policy", "mean_p99"]].rename(columns={"mean_p99": "policy_p99"})
@@ -383,7 +316,7 @@ def speedups(scenarios, baseline="cfs"):
     with np.errstate(divide="ignore", invalid="ignore"):
         out["speedup"] = out["baseline_p99"] / out["policy_p99"]
     columns = app + ["subscription", "policy", "baseline", "policy_p99", "baseline_p99", "speedup"]
-    return _sorted(out[columns], ["model", "batch", "workers", "threads", "cpus", "policy"])
+    return sort_table(out[columns], ["model", "batch", "workers", "threads", "cpus", "policy"])
 
 
 def _grouping(spec, available):
@@ -411,7 +344,7 @@ def cpu_cost(trials):
     ----------
     trials : pandas.DataFrame
         The runner's trial table with its CPU columns (see
-        :data:`tuna_lab.experiment.CPU_COLUMNS`); failed trials are left out.
+        :data:`tuna_lab.measure.schema.CPU_COLUMNS`); failed trials are left out.
 
     Returns
     -------
@@ -433,13 +366,13 @@ def cpu_cost(trials):
     >>> cpu_cost(t)[["p99", "cores_busy", "idle_cpu_share_openmp"]].to_dict("records")
     [{'p99': 0.03, 'cores_busy': 1.5, 'idle_cpu_share_openmp': 0.5}]
     """
-    trials = _with_defaults(trials)
-    _check_table(trials, "trials", _SCENARIO + ("trial", "p99") + _CPU, numeric=("p99",) + _CPU, keys=_SCENARIO)
-    valid = trials[_valid_trials(trials)].assign(cores_busy=trials["cpu_seconds"] / trials["load_seconds"])
+    trials = with_defaults(trials)
+    check_table(trials, "trials", _SCENARIO + ("trial", "p99") + _CPU, numeric=("p99",) + _CPU, keys=_SCENARIO)
+    valid = trials[valid_trials(trials)].assign(cores_busy=trials["cpu_seconds"] / trials["load_seconds"])
     values = ["p99"] + list(_CPU[:4]) + ["cores_busy"]
     out = valid.groupby(list(_SCENARIO), sort=True, observed=True)[values].mean()
     out["trials"] = valid.groupby(list(_SCENARIO), sort=True, observed=True).size()
-    return _sorted(out.reset_index(), list(_SCENARIO))
+    return sort_table(out.reset_index(), list(_SCENARIO))
 
 
 def speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=_DEFAULT_BY):
@@ -513,7 +446,7 @@ def speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=_DEFAULT_BY)
         if is_integer_dtype(table[c]):
             out[c] = out[c].astype("Int64")
     out["_g"] = pd.Categorical(out["group"], categories=[label for label, _ in groupings]).codes
-    out = _sorted(out, ["baseline", "_g", "policy", *grouped]).drop(columns="_g")
+    out = sort_table(out, ["baseline", "_g", "policy", *grouped]).drop(columns="_g")
     return out[["baseline", "policy", "group", *grouped, "n", "speedup", "geomean"]]
 
 
@@ -573,15 +506,15 @@ def compare_policies(scenarios, a, b, confidence=0.95):
     """
     _check_confidence(confidence)
     columns = ("mean_p99", "std_p99", "n_trials")
-    scenarios = _with_defaults(scenarios)
-    _check_table(scenarios, "scenarios", _SCENARIO + columns,
-                 numeric=("workers", "threads", "cpus") + columns, keys=_SCENARIO)
+    scenarios = with_defaults(scenarios)
+    check_table(scenarios, "scenarios", _SCENARIO + columns,
+                numeric=("workers", "threads", "cpus") + columns, keys=_SCENARIO)
     _check_policy(scenarios, a, "a")
     _check_policy(scenarios, b, "b")
     if a == b:
         raise AnalysisError(f"compare_policies needs two different policies, got {a!r} twice")
     _check_unique(scenarios, "scenarios", _SCENARIO)
-    app = list(_APP)
+    app = list(APPLICATION)
     rows_a, rows_b = (scenarios.loc[scenarios["policy"].eq(p), app + list(columns)] for p in (a, b))
     both = rows_a.merge(rows_b, on=app, suffixes=("_a", "_b")).dropna(subset=["mean_p99_a", "mean_p99_b"])
     k = len(both)

@@ -1,0 +1,503 @@
+"""The advisor: trained on sweep results, judged on held-out configurations, asked about one configuration.
+
+:func:`train` reads the results, builds the :func:`~tuna_lab.analysis.advise.feature_table`
+and calls :meth:`Advisor.fit`, which cross-validates both regressors over
+grouped folds (:func:`~tuna_lab.analysis.advise.grouped_folds`), then fits
+them on every row. :meth:`Advisor.recommend` answers one question with a
+:class:`~tuna_lab.analysis.advise.Recommendation`.
+
+Examples
+--------
+>>> advisor = train("results/sweep")                                # doctest: +SKIP
+>>> advisor.recommend(2, 2, "medium", batch=100).best_policy        # doctest: +SKIP
+'tuna-scatter'
+"""
+
+import math
+import os
+from functools import cached_property
+
+import numpy as np
+import pandas as pd
+
+from ..._checks import non_negative_int, positive_int
+from ...errors import AdviseError, TopologyError
+from ...machine import topology_from
+from ...measure import cell_key
+from ...server.models import MODEL_FEATURES
+from ...server.openmp import WAIT_POLICIES
+from . import DEFAULT_RESULTS
+from .features import (
+    CONFIGURATION,
+    ID_COLUMNS,
+    STAGE_COLUMNS,
+    TOPOLOGY_COLUMNS,
+    feature_columns,
+    feature_table,
+    model_size,
+    topology_shape,
+)
+from .folds import grouped_folds
+from .recommendation import Recommendation
+from .regressors import regressors
+
+__all__ = ["Advisor", "train", "check_question", "MIN_CONFIGURATIONS"]
+
+#: Fewest configurations (with cfs and another policy) to train on and still hold some out.
+MIN_CONFIGURATIONS = 4
+
+
+def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1):
+    """Train an :class:`Advisor` on sweep results and evaluate it on held-out configurations.
+
+    Parameters
+    ----------
+    results : str or os.PathLike or tuple, default "results/sweep"
+        A results folder (a sweep, or one cell), read with
+        :func:`tuna_lab.measure.load_results`; or the frames it returns,
+        ``(requests, trials)`` or ``(requests, trials, manifests)``.
+    n_splits : int, optional
+        Folds of the grouped cross-validation (see :func:`grouped_folds`);
+        default leave-one-configuration-out up to 12 configurations, else 10.
+    seed : int
+        Seeds the folds and XGBoost.
+    nthread : int
+        XGBoost threads (the data are small: one is enough).
+
+    Returns
+    -------
+    Advisor
+
+    Raises
+    ------
+    AdviseError
+        If the folder is missing, the results have no cfs or no pinning
+        policy, or fewer than 4 configurations have both.
+    tuna_lab.errors.ExperimentError
+        If a cell in the folder cannot be read.
+
+    Examples
+    --------
+    >>> advisor = train("results/sweep")       # doctest: +SKIP
+    >>> advisor.evaluation                     # doctest: +SKIP
+    """
+    where = "the results"
+    if isinstance(results, (str, os.PathLike)):
+        from ...measure import load_results
+
+        where = os.fspath(results)
+        if not os.path.isdir(where):
+            raise AdviseError(f"no results folder at {where}: the advisor learns from a sweep; make one with "
+                              f"`tuna-lab sweep --policies cfs,round-robin,tuna-scatter --out {where}` "
+                              "(or point --results at one)")
+        requests, trials, manifests = load_results(where)
+    elif isinstance(results, (tuple, list)) and len(results) in (2, 3):
+        requests, trials, *rest = results
+        manifests = rest[0] if rest else None
+    else:
+        raise AdviseError("results must be a results folder or a (requests, trials[, manifests]) tuple, "
+                          f"not {type(results).__name__}")
+    nthread = positive_int("nthread", nthread, AdviseError)
+    table = feature_table(requests, trials, manifests)
+    configs = table[list(CONFIGURATION)].drop_duplicates()
+    if len(configs) < MIN_CONFIGURATIONS:
+        raise AdviseError(f"{where} has {len(configs)} configuration(s) measured under cfs and a pinning policy; "
+                          f"the advisor needs at least {MIN_CONFIGURATIONS} to train and to test on held-out "
+                          "ones: sweep more W x T, models, batches or wait policies")
+    return Advisor.fit(table, n_splits=n_splits, seed=seed, nthread=nthread)
+
+
+def check_question(workers, threads, model, batch=100, wait_policy="default", spincount=None):
+    """``(workers, threads, batch, spincount)`` of a well-formed question, as ints (spincount -1: unset).
+
+    :meth:`Advisor.recommend` checks its question with this; the CLI calls it
+    before training, so that a typo does not cost a training.
+
+    Raises
+    ------
+    AdviseError
+        A size is not a positive integer, the model or wait policy is
+        unknown, or ``spincount`` is neither None nor a non-negative integer.
+
+    Examples
+    --------
+    >>> check_question(2, 2, "medium")
+    (2, 2, 100, -1)
+    >>> check_question(2, 2, "huge")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.AdviseError: unknown model 'huge'; choose from small, medium, large
+    """
+    workers, threads, batch = (positive_int(n, v, AdviseError) for n, v in
+                               (("workers", workers), ("threads", threads), ("batch", batch)))
+    if model not in MODEL_FEATURES:
+        raise AdviseError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
+    if wait_policy not in WAIT_POLICIES:
+        raise AdviseError(f"unknown wait policy {wait_policy!r}; choose from {', '.join(WAIT_POLICIES)}")
+    spin = -1 if spincount is None else non_negative_int("spincount", spincount, AdviseError)
+    return workers, threads, batch, spin
+
+
+def _held_out(table, features, n_splits, seed, nthread):
+    """Held-out predictions of both regressors over grouped folds, and their evaluation."""
+    from sklearn.metrics import mean_absolute_error, r2_score
+
+    X, y = table[features].to_numpy(float), np.log(table["speedup"].to_numpy(float))
+    groups = [cell_key(*r) for r in table[list(CONFIGURATION)].itertuples(index=False)]
+    folds = grouped_folds(groups, n_splits, seed)
+    held = {name: np.empty(len(y)) for name in regressors()}
+    fold_of = np.empty(len(y), dtype=np.int64)
+    for f, (tr, te) in enumerate(folds):
+        for name, reg in regressors(nthread, seed).items():
+            held[name][te] = reg.fit(X[tr], y[tr]).predict(X[te])
+        fold_of[te] = f
+    predictions = table[list(ID_COLUMNS) + ["speedup"]].assign(
+        **{name: np.exp(values) for name, values in held.items()}, fold=fold_of)
+    n_configs = len(set(groups))
+    scheme = ("leave one configuration out" if len(folds) == n_configs
+              else f"{len(folds)}-fold, grouped by configuration")
+    measured = predictions["speedup"]
+    # R^2 is undefined when every measured speedup is the same.
+    evaluation = pd.DataFrame([
+        {"model": name, "mae": float(mean_absolute_error(measured, predictions[name])),
+         "r2": float(r2_score(measured, predictions[name])) if np.ptp(measured) > 0 else math.nan,
+         "rows": len(y), "configurations": n_configs, "folds": len(folds), "scheme": scheme}
+        for name in held])
+    return predictions, evaluation
+
+
+class Advisor:
+    """Predicts the p99 speedup over cfs of every pinning policy the results measured.
+
+    Build one with :func:`train` (from results) or :meth:`Advisor.fit` (from
+    a :func:`feature_table`); the constructor only stores what they computed.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        The training rows (:func:`feature_table`).
+    fitted : dict
+        The regressors fitted on every row, by name (``xgboost``, ``linear``),
+        predicting ``log(speedup)`` from the ``features`` columns.
+    evaluation, predictions : pandas.DataFrame
+        What the grouped cross-validation measured (see below).
+
+    Attributes
+    ----------
+    table : pandas.DataFrame
+        The training rows (:func:`feature_table`).
+    features : list of str
+        The feature columns: ``workers, threads, oversubscription``
+        (``W*T/cpus``), ``model_features, model_trees``,
+        ``batch``, ``wait_passive, wait_active``, ``spincount`` (-1:
+        unset), ``physical_cores,
+        smt_ways, l3_domains, numa_nodes`` (with ``cpus``), the cfs medians
+        ``cfs_<stage>_ms`` and ``cfs_server_seconds_ms`` (and ``cfs_<cpu
+        column>`` when present), ``policy_<name>``.
+    policies : list of str
+        The pinning policies it can predict (cfs is the baseline, 1.0).
+    evaluation : pandas.DataFrame
+        One row per regressor (``xgboost``, ``linear``): ``mae`` and ``r2``
+        of the predicted speedup over held-out configurations, ``rows``,
+        ``configurations``, ``folds`` and ``scheme``.
+    predictions : pandas.DataFrame
+        The held-out predictions behind ``evaluation``: the table's
+        identification columns, ``speedup`` (measured), ``xgboost``,
+        ``linear`` and ``fold``.
+    """
+
+    def __init__(self, table, fitted, evaluation, predictions):
+        self.table = table
+        self.features = feature_columns(table)
+        self.policies = sorted(table["policy"].unique())
+        self.evaluation = evaluation
+        self.predictions = predictions
+        self._fitted = fitted
+
+    @classmethod
+    def fit(cls, table, n_splits=None, seed=0, nthread=1):
+        """Cross-validate both regressors on grouped folds, then fit them on every row of ``table``.
+
+        Parameters
+        ----------
+        table : pandas.DataFrame
+            A :func:`feature_table`.
+        n_splits, seed, nthread
+            As for :func:`train`.
+
+        Returns
+        -------
+        Advisor
+
+        Raises
+        ------
+        AdviseError
+            If ``table`` has fewer than two configurations or ``n_splits`` is out of range.
+
+        Examples
+        --------
+        >>> advisor = Advisor.fit(feature_table(requests, trials, manifests))   # doctest: +SKIP
+        """
+        table = table.reset_index(drop=True)
+        features = feature_columns(table)
+        predictions, evaluation = _held_out(table, features, n_splits, seed, nthread)
+        X, y = table[features].to_numpy(float), np.log(table["speedup"].to_numpy(float))
+        fitted = {name: reg.fit(X, y) for name, reg in regressors(nthread, seed).items()}
+        return cls(table, fitted, evaluation, predictions)
+
+    def __repr__(self):
+        e = self.evaluation.set_index("model")
+        return (f"<Advisor: {len(self.table)} rows, {e.loc['xgboost', 'configurations']} configurations, "
+                f"policies {', '.join(self.policies)}; held-out MAE xgboost {e.loc['xgboost', 'mae']:.3f}, "
+                f"linear {e.loc['linear', 'mae']:.3f}>")
+
+    @property
+    def mae(self):
+        """Held-out mean absolute error of the XGBoost regressor (speedup units)."""
+        return float(self.evaluation.set_index("model").loc["xgboost", "mae"])
+
+    def importance(self):
+        """The XGBoost regressor's feature importance, highest first (MAO's figure 10 does the same).
+
+        Returns
+        -------
+        pandas.DataFrame
+            ``feature``, ``gain`` (total gain of the splits on it) and
+            ``share`` (of all gain); features never split on have 0.
+
+        Examples
+        --------
+        >>> advisor.importance().head(3)        # doctest: +SKIP
+        """
+        score = self._fitted["xgboost"].booster.get_score(importance_type="total_gain")
+        # Trained from a numpy array, the booster names feature i "f{i}".
+        gain = np.array([score.get(f"f{i}", 0.0) for i in range(len(self.features))])
+        out = pd.DataFrame({"feature": self.features, "gain": gain,
+                            "share": gain / gain.sum() if gain.sum() > 0 else gain})
+        return out.sort_values("gain", ascending=False, kind="stable").reset_index(drop=True)
+
+    @cached_property
+    def _ranges(self):
+        t = self.table
+        return {
+            "workers": (int(t["workers"].min()), int(t["workers"].max())),
+            "threads": (int(t["threads"].min()), int(t["threads"].max())),
+            "oversubscription": (float(t["oversubscription"].min()), float(t["oversubscription"].max())),
+            "batch": (int(t["batch"].min()), int(t["batch"].max())),
+            "models": sorted(t["model"].unique()),
+            "wait_policies": sorted(t["wait_policy"].unique()),
+            "spincounts": sorted(int(v) for v in t["spincount"].unique()),
+            "topologies": sorted({tuple(r) for r in t[list(TOPOLOGY_COLUMNS)].itertuples(index=False)}),
+        }
+
+    @property
+    def coverage(self):
+        """What the results cover: ranges of W, T, W*T/cpus, batch; models, wait policies, spin counts, machines."""
+        return dict(self._ranges)
+
+    @cached_property
+    def _configs(self):
+        """One row per measured configuration (and machine), with its feature values and measured speedups."""
+        keys = ["cell", "cpus"]     # the cell key names the configuration; cpus the machine it ran on
+        measured = self.table.pivot(index=keys, columns="policy", values="speedup")
+        measured.columns = [f"measured {p}" for p in measured.columns]
+        first = self.table.drop_duplicates(keys).set_index(keys)
+        return first.join(measured).reset_index()
+
+    def recommend(self, workers, threads, model, batch=100, wait_policy="default", spincount=None, topology=None,
+                  stages=None, neighbours=3):
+        """Should this configuration pin, and with which policy?
+
+        Parameters
+        ----------
+        workers, threads : int
+        model : {"small", "medium", "large"}
+        batch : int, default 100
+        wait_policy : {"default", "passive", "active"}
+        spincount : int, optional
+            ``GOMP_SPINCOUNT``; default unset.
+        topology : tuna_lab.Topology or dict or str, optional
+            The machine to advise for: a Topology, its ``to_dict()``, or
+            anything :func:`tuna_lab.machine.topology_from` reads (a preset
+            name, a synthetic spec, hwloc XML). Default: this machine, with
+            the CPUs this process may use.
+        stages : dict, optional
+            Median stage times in seconds measured under cfs for this very
+            configuration (``deserialize, convert, dmatrix, predict, shap,
+            server_seconds``). Default: those of the configuration itself if
+            it was measured, else of the nearest measured one (said in
+            ``notes``).
+        neighbours : int, default 3
+            Measured configurations to show as evidence.
+
+        Returns
+        -------
+        Recommendation
+
+        Raises
+        ------
+        AdviseError
+            For a malformed question (non-positive sizes, unknown model or
+            wait policy, bad topology).
+
+        Examples
+        --------
+        >>> rec = advisor.recommend(2, 2, "medium", batch=100)     # doctest: +SKIP
+        >>> print(rec)                                             # doctest: +SKIP
+        """
+        workers, threads, batch, spin = check_question(workers, threads, model, batch, wait_policy, spincount)
+        neighbours = positive_int("neighbours", neighbours, AdviseError)
+        shape = _asked_shape(topology)
+        cpus = int(shape[0])
+        asked = {"workers": workers, "threads": threads, "cpus": cpus, "model": model, "batch": batch,
+                 "wait_policy": wait_policy, "spincount": spin, "oversubscription": workers * threads / cpus,
+                 **dict(zip(TOPOLOGY_COLUMNS[1:], shape[1:]))}
+        configs = self._configs
+        distance = _distance(configs, asked)
+        order = np.argsort(distance.to_numpy(), kind="stable")
+        notes = []
+        measured = self._measured_features(configs, distance, order, stages, notes)
+        rows = self._rows(asked, measured)
+        X = rows[self.features].to_numpy(float)
+        predicted = pd.DataFrame({
+            "policy": ["cfs", *self.policies],
+            "xgboost": [1.0, *np.exp(self._fitted["xgboost"].predict(X))],
+            "linear": [1.0, *np.exp(self._fitted["linear"].predict(X))]})
+        predicted = predicted.sort_values("xgboost", ascending=False, kind="stable").reset_index(drop=True)
+        pinning = predicted[predicted["policy"] != "cfs"].iloc[0]
+        coverage = self._outside(asked)
+        evidence = self._evidence(configs, distance, order[:neighbours])
+        e = self.evaluation.set_index("model")
+        if e.loc["linear", "mae"] < e.loc["xgboost", "mae"]:
+            notes.append(f"the linear baseline did better than XGBoost on held-out configurations (MAE "
+                         f"{e.loc['linear', 'mae']:.3f} vs {e.loc['xgboost', 'mae']:.3f}): the results may be too "
+                         "few or too noisy for the boosted model")
+        mae = self.mae
+        return Recommendation(
+            workers=workers, threads=threads, model=model, batch=batch, wait_policy=wait_policy,
+            spincount=None if spin < 0 else spin, cpus=cpus,
+            oversubscription=asked["oversubscription"], best_policy=str(pinning["policy"]),
+            predicted_speedup=float(pinning["xgboost"]), pin=bool(pinning["xgboost"] > 1 + mae),
+            mae=mae, predictions=predicted, evidence=evidence, covered=not coverage, coverage=coverage,
+            notes=notes)
+
+    # -- recommend's parts --
+
+    def _measured_features(self, configs, distance, order, stages, notes):
+        """The cfs-measured features (stage medians, CPU columns) to predict with."""
+        columns = [c for c in self.features if c.startswith("cfs_")]
+        near = configs.iloc[order[0]]
+        values = {c: float(near[c]) for c in columns}
+        if distance.iloc[order[0]] == 0:
+            notes.append(f"this configuration was measured ({near['cell']}): its cfs stage times are used and "
+                         "its measured speedups are in the evidence")
+        else:
+            notes.append(f"cfs stage times are those of the nearest measured configuration, {near['cell']}, "
+                         "while the held-out MAE is for configurations with their own: run this one under cfs "
+                         "and pass stages= for a prediction as good as that")
+        if stages is not None:
+            if not isinstance(stages, dict):
+                raise AdviseError(f"stages must be a dict of stage -> seconds, not {type(stages).__name__}")
+            unknown = sorted(set(stages) - set(STAGE_COLUMNS))
+            if unknown:
+                raise AdviseError(f"unknown stage(s) {', '.join(map(str, unknown))}; "
+                                  f"choose from {', '.join(STAGE_COLUMNS)}")
+            for stage, seconds in stages.items():
+                if f"cfs_{stage}_ms" in values:
+                    values[f"cfs_{stage}_ms"] = float(seconds) * 1e3
+            notes[-1] = "cfs stage times as given" + ("" if set(stages) >= set(STAGE_COLUMNS) else
+                                                      f"; the others from {near['cell']}")
+        return values
+
+    def _rows(self, asked, measured):
+        rows = []
+        for policy in self.policies:
+            own = ("workers", "threads", "cpus", "batch", "spincount", "oversubscription", *TOPOLOGY_COLUMNS[1:])
+            row = {**{k: asked[k] for k in own}, **measured}
+            row["model_features"], row["model_trees"] = model_size(asked["model"])
+            for wait in WAIT_POLICIES[1:]:
+                row[f"wait_{wait}"] = float(asked["wait_policy"] == wait)
+            for p in self.policies:
+                row[f"policy_{p}"] = float(p == policy)
+            rows.append(row)
+        return pd.DataFrame(rows).reindex(columns=self.features)
+
+    def _outside(self, asked):
+        """Plain statements of every way the question lies outside the training data."""
+        r, out = self._ranges, []
+        for key, label, fmt in (("workers", "W", "{}"), ("threads", "T", "{}"),
+                                ("oversubscription", "W*T/cpus", "{:g}"), ("batch", "batch", "{}")):
+            lo, hi = r[key]
+            value = asked[key]
+            if not lo - 1e-9 <= value <= hi + 1e-9:
+                out.append(f"{label} = {fmt.format(value)} is outside the measured range "
+                           f"{fmt.format(lo)}-{fmt.format(hi)}")
+        if asked["model"] not in r["models"]:
+            out.append(f"model {asked['model']!r} was not measured (measured: {', '.join(r['models'])})")
+        if asked["wait_policy"] not in r["wait_policies"]:
+            out.append(f"wait policy {asked['wait_policy']!r} was not measured "
+                       f"(measured: {', '.join(r['wait_policies'])})")
+        if asked["spincount"] not in r["spincounts"]:
+            out.append(f"spin count {_spin_text(asked['spincount'])} was not measured "
+                       f"(measured: {', '.join(map(_spin_text, r['spincounts']))})")
+        shape = tuple(float(asked[k]) for k in TOPOLOGY_COLUMNS)
+        if not any(_same_shape(shape, s) for s in r["topologies"]):
+            out.append(f"the machine ({_shape_text(shape)}) was not measured "
+                       f"(measured: {'; '.join(_shape_text(s) for s in r['topologies'])})")
+        return out
+
+    def _evidence(self, configs, distance, index):
+        near = configs.iloc[index]
+        columns = ["cell", "workers", "threads", "cpus", "model", "batch", "wait_policy", "spincount",
+                   "oversubscription"]
+        measured = [c for c in configs.columns if c.startswith("measured ")]
+        out = near[columns + measured].assign(distance=distance.iloc[index].to_numpy())
+        return out[columns + ["distance"] + measured].reset_index(drop=True)
+
+
+def _spin_text(spincount):
+    return "unset" if spincount < 0 else str(spincount)
+
+
+def _asked_shape(topology):
+    """``(cpus, physical_cores, smt_ways, l3_domains, numa_nodes)`` of the machine a question is about."""
+    if isinstance(topology, dict):
+        shape = topology_shape(topology)
+    else:
+        try:
+            # None is this machine, restricted to the CPUs this process may use.
+            shape = topology_shape(topology_from(topology).to_dict())
+        except TopologyError as exc:
+            raise AdviseError(str(exc)) from None
+    if not shape[0] >= 1:
+        raise AdviseError("topology has no logical cores")
+    return shape
+
+
+def _same_shape(a, b):
+    return all((x == y) or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+
+
+def _shape_text(shape):
+    cpus, cores, smt, l3, numa = (("?" if math.isnan(v) else f"{v:g}") for v in shape)
+    return f"{cpus} cpus, {cores} cores x {smt}-way SMT, {l3} L3, {numa} NUMA"
+
+
+def _distance(configs, asked):
+    """How far each measured configuration is from the question, in plain units.
+
+    One unit per doubling (log2) of W, T, W*T/cpus and batch, plus 2 for a
+    different model, 2 for a different machine shape and 1 for a different
+    wait policy or spin count: a neighbour with the same model on the same machine beats
+    one a factor of two closer in W.
+    """
+    d = sum(np.abs(np.log2(configs[k].astype(float) / asked[k]))
+            for k in ("workers", "threads", "oversubscription", "batch"))
+    d = d + 2.0 * configs["model"].ne(asked["model"])
+    d = d + 1.0 * configs["wait_policy"].ne(asked["wait_policy"])
+    d = d + 1.0 * configs["spincount"].ne(asked["spincount"])
+    shape = tuple(float(asked[k]) for k in TOPOLOGY_COLUMNS)
+    same = [_same_shape(tuple(r), shape)
+            for r in configs[list(TOPOLOGY_COLUMNS)].astype(float).itertuples(index=False)]
+    d = d + 2.0 * ~np.asarray(same, bool)
+    return pd.Series(np.round(np.asarray(d, float), 6), index=configs.index)
