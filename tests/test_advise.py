@@ -395,7 +395,7 @@ def test_cli_wired_into_tuna_lab(sweep_dir, capsys):
     from tuna_lab import cli
 
     with pytest.raises(SystemExit) as exc:
-        cli._build_parser().parse_args(["advise", "-h"])
+        cli.build_parser().parse_args(["advise", "-h"])
     assert exc.value.code == 0 and "--results" in capsys.readouterr().out
     assert cli.main(["advise", "-w", "2", "-t", "1", "--model", "huge", "--results", str(sweep_dir)]) == 2
     assert "unknown model 'huge'" in capsys.readouterr().err

@@ -256,7 +256,7 @@ def cli_help_texts():
 
     from tuna_lab import cli
 
-    parser = cli._build_parser()
+    parser = cli.build_parser()
     out = [("tuna-lab --help", parser.format_help())]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):

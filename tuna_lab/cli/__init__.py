@@ -21,7 +21,7 @@ import sys
 from ..errors import TunaError
 from . import advise, bench, experiment, machine, model, placement, server
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 # The order of `tuna-lab --help`'s list of commands.
 _GROUPS = (machine, model, placement, server, experiment, bench, advise)
@@ -34,7 +34,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def _build_parser():
+def build_parser():
+    """The ``tuna-lab`` argument parser, every command group registered (what the docs render)."""
     p = _Parser(prog="tuna-lab", description="Static thread-to-core mapping after the Tuna article.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for group in _GROUPS:
@@ -63,7 +64,7 @@ def main(argv=None):
     import signal
     import threading
 
-    parser = _build_parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     previous = None
     if threading.current_thread() is threading.main_thread():

@@ -58,6 +58,7 @@ from functools import cached_property
 
 import numpy as np
 
+from .._checks import format_cpulist
 from ..errors import ModelError, TopologyError
 from ..machine import Topology, topology_from
 from ..model.families import main_counts, pair_sums, worker_counts
@@ -248,7 +249,7 @@ class Placement:
         if self.env:
             lines.append("  env: " + " ".join(f"{k}={v}" for k, v in self.env.items()))
         every = frozenset(topo.cpus)
-        cells = [["all" if s == every else _cpulist(s) for s in row] for row in self.allowed]
+        cells = [["all" if s == every else format_cpulist(s) for s in row] for row in self.allowed]
         width = max(len(c) for row in cells for c in row)
         wid = len(str(self.workers - 1))
         for w, row in enumerate(cells):
@@ -513,14 +514,3 @@ def _metrics(p, distance):
         "f_main": f_main,
         "f_mode": f_mode,
     }
-
-
-def _cpulist(cpus):
-    """Linux cpulist text of a set of ids: ``{0, 1, 2, 5}`` -> ``"0-2,5"``."""
-    ids = sorted(cpus)
-    runs, start = [], ids[0]
-    for prev, cur in zip(ids, ids[1:] + [None]):
-        if cur is None or cur != prev + 1:
-            runs.append(str(start) if start == prev else f"{start}-{prev}")
-            start = cur
-    return ",".join(runs)
