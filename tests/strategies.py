@@ -1,14 +1,18 @@
-"""Hypothesis strategies shared by the tuna_lab tests.
+"""Hypothesis strategies shared by the tuna_lab tests (all of them live here).
 
 Kept small on purpose: machines of at most 16 logical cores solve and compare
 quickly, and still cover packages, NUMA nodes, shared and private caches and SMT.
+The model tests draw machines of at most 8 PUs (``synthetic_specs(max_pus=8)``)
+so that brute force can check the optimum.
 """
 
+import numpy as np
 from hypothesis import strategies as st
 
 from tuna_lab.machine.topology import Topology
 
-__all__ = ["synthetic_specs", "topologies", "relabelled", "numa_specs", "numa_topologies"]
+__all__ = ["synthetic_specs", "topologies", "relabelled", "numa_specs", "numa_topologies",
+           "rank_problems"]
 
 MAX_PUS = 16
 
@@ -88,3 +92,34 @@ def numa_topologies(draw, max_pus=MAX_PUS):
     none = draw(st.integers(200, 400))
     remote = none + draw(st.sampled_from([0, 1, 20, 220, 800]))
     return topo.with_costs({"none": none, "remote": remote})
+
+
+@st.composite
+def rank_problems(draw):
+    """``(main, others, cap)`` meeting :func:`~tuna_lab.model.ranks.assign_ranks`' condition.
+
+    Every worker has ``T - 1`` non-main threads; every core carries at most
+    ``cap * (T - 1)`` of them and at most ``cap`` main threads.
+    """
+    C = draw(st.integers(1, 6))
+    cap = draw(st.integers(1, 3))
+    W = draw(st.integers(1, min(8, C * cap)))
+    T = draw(st.integers(1, 6))
+    room_main = np.full(C, cap)
+    main = []
+    for _ in range(W):
+        choices = np.flatnonzero(room_main > 0).tolist()
+        c = draw(st.sampled_from(choices))
+        room_main[c] -= 1
+        main.append(c)
+    room = np.full(C, cap * (T - 1))
+    others = np.zeros((W, C), dtype=int)
+    # Skewed draws reach the capacity of some cores, the hard cases.
+    skew = draw(st.booleans())
+    for w in range(W):
+        for _ in range(T - 1):
+            choices = np.flatnonzero(room > 0).tolist()
+            c = choices[0] if skew and draw(st.booleans()) else draw(st.sampled_from(choices))
+            room[c] -= 1
+            others[w, c] += 1
+    return np.array(main, dtype=int), others, cap

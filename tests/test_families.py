@@ -3,19 +3,23 @@
 Each family is checked on assignments that satisfy it and on ones that
 violate it (messages, indices and amounts), for the generalised caps when
 ``W > C`` or ``T > C``, and for its self-description. The last tests compare
-the families' checks with the independent reference in ``conftest.py`` on
-random assignments.
+the families' checks, and the rows each family builds in both encodings,
+with the independent reference in ``reference.py`` on random assignments.
 """
 
+import math
+
+import cvxpy as cp
 import numpy as np
 import pytest
 
-from conftest import feasible_mask, objective_parts
-from tuna_lab import Topology
+from reference import ALL_KEYS, feasible_mask, objective_parts
+from tuna_lab import Topology, TunaModel
 from tuna_lab.model.families import (DEFAULT_FAMILIES, FAMILY_TYPES, Family, LogicalBalance,
                                      MainIndicator, MainLoadCap, MainSpread, PhysicalBalance,
                                      PhysicalMainLoadCap, SingleCore, UniqueRankCores,
                                      UniqueWorkerCores, Violation, WorkerDistance)
+from tuna_lab.model.caps import Caps
 from tuna_lab.model.instance import Instance
 
 CORE4 = Topology.synthetic("core:4 pu:1")        # C=4, P=4, no shared cache: d=200
@@ -329,27 +333,40 @@ def test_physical_main_load_cap_does_not_apply():
 
 # -- every family ---------------------------------------------------------------------
 
+CAP_FIELDS = {"rank_cap", "worker_cap", "load", "phys_load", "event_budget", "phys_event_budget",
+              "spread_main", "sign"}
+
+
 def test_every_family_describes_itself():
-    keys = set()
+    keys, equations = set(), []
     for ftype in FAMILY_TYPES:
         fam = ftype()
-        assert isinstance(fam, Family)
         assert fam.key and fam.key not in keys
         keys.add(fam.key)
         assert isinstance(fam.equations, tuple) and fam.equations
         assert all(isinstance(e, str) and e for e in fam.equations)
+        equations += fam.equations
         assert isinstance(fam.latex, str) and fam.latex.strip()
         assert isinstance(fam.description, str) and fam.description.strip()
         assert fam.kind in ("constraint", "objective")
         assert fam.name == ftype.__name__
-        assert fam.key in repr(fam) or ",".join(fam.equations) in repr(fam)
+        assert fam.symmetric is True          # the counts encoding's symmetry rows rely on it
+        # a family implements what its kind needs, not the base class's empty defaults
+        assert ftype.constraints is not Family.constraints
+        if fam.kind == "objective":
+            assert ftype.term is not Family.term and ftype.value is not Family.value
         for W, T in [(1, 1), (2, 2), (3, 3), (5, 1), (1, 5), (6, 3)]:
             for topo in (CORE4, SMT2x2):
                 i = inst(W, T, topo)
                 assert isinstance(fam.applies(i), bool)
                 assert isinstance(fam.active(i), bool)
                 assert isinstance(fam.note(i), str) and fam.note(i)
+                # every article family speaks to the constructive route and the bound
+                part = fam.caps(i)
+                assert isinstance(part, dict) and set(part) <= CAP_FIELDS
     assert keys == {"1", "2", "3", "4-5", "6-7", "8", "8p", "9-10", "11-12", "11p-12p"}
+    assert len(equations) == len(set(equations)), "an equation number is claimed by two families"
+    assert all(set(ftype.requires) <= keys for ftype in FAMILY_TYPES)
     assert {type(f) for f in DEFAULT_FAMILIES} == set(FAMILY_TYPES)
     assert [k for f in FAMILY_TYPES for k in f.equations][:12] == \
         ["1", "2", "3", "4", "5", "6", "7", "8", "8+", "9", "10", "11"]
@@ -389,6 +406,109 @@ def test_checks_agree_with_independent_reference(W, T, topo):
         assert WorkerDistance().value(a, i) == pytest.approx(f_mode[n])
         assert WorkerDistance().value(a, ic) == pytest.approx(-f_mode[n])
     np.testing.assert_array_equal(np.array(ok), ref_ok)
+
+
+def test_caps_of_the_default_families():
+    """Each rule comes from the family that imposes it, with the instance's numbers."""
+    i = inst(3, 3, SMT2x2)                  # scenario 3 (U=3, r=1); P=2: L+=4, U+=5, r+=1
+    caps = Caps.of(i, DEFAULT_FAMILIES)
+    assert caps.understood and caps.unknown == () and caps.symmetric
+    assert (caps.rank_cap, caps.worker_cap) == (1, 1)
+    assert caps.load == (2, 3) and caps.phys_load == (4, 5)
+    assert caps.event_budget == MainLoadCap().bound(i) == 0
+    assert caps.phys_event_budget == PhysicalMainLoadCap().bound(i) == 1
+    assert caps.spread_main and caps.sign == 1
+    assert Caps.of(inst(3, 3, SMT2x2, "compact"), DEFAULT_FAMILIES).sign == -1
+    # rules of absent or inapplicable families are absent
+    bare = Caps.of(inst(2, 2), [SingleCore(), PhysicalBalance(), MainLoadCap()])
+    assert bare.understood
+    assert (bare.rank_cap, bare.load, bare.phys_load, bare.event_budget) == (None, None, None, None)
+    assert (bare.rank_limit, bare.worker_limit, bare.spread_main, bare.sign) == (2, 2, False, 0)
+
+
+#: Instances on which every family is active at least once: scenario 3 with (2)
+#: generalised (W > C), physical scenario 3, SMT with and without it, three cache levels.
+ROW_CASES = [(3, 3, CORE4), (5, 2, TREE), (1, 3, SMT2x2), (3, 2, SMT2x2)]
+
+
+def _with_requirements(key):
+    """``key``, (1) and what ``key`` needs, in the default build order."""
+    need, todo = {"1", key}, [key]
+    while todo:
+        key = todo.pop()
+        ftype = next(f for f in FAMILY_TYPES if f.key == key)
+        todo += [k for k in ftype.requires if k not in need]
+        need |= set(ftype.requires)
+    return tuple(k for k in ALL_KEYS if k in need)
+
+
+def _reference_verdict(batch, topo, keys, encoding):
+    """The reference feasibility of each assignment under ``keys``.
+
+    The counts encoding states (2) for ranks ``t >= 1`` in aggregate (at most
+    ``cap * (T - 1)`` non-main threads per core), which holds for *some*
+    numbering of the threads (module docstring of the encodings); the rows
+    are then compared with that form.
+    """
+    if encoding != "counts" or "2" not in keys:
+        return feasible_mask(batch, topo, keys)
+    N, W, T = batch.shape
+    C = topo.n_logical
+    cap = 1 if W <= C else math.ceil(W / C)
+    main = (batch[:, :, 0, None] == np.arange(C)).sum(axis=1)
+    nonmain = (batch[:, :, 1:, None] == np.arange(C)).sum(axis=(1, 2))
+    aggregated = (main <= cap).all(axis=1) & (nonmain <= cap * (T - 1)).all(axis=1)
+    return feasible_mask(batch, topo, [k for k in keys if k != "2"]) & aggregated
+
+
+def _assignments(W, T, topo, keys, key, rng, n=4):
+    """Assignments the reference accepts under ``keys``, ones that break family ``key`` only,
+    and others it rejects: up to ``n`` of each (balanced loads mostly)."""
+    C = topo.n_logical
+    flat = np.tile(np.arange(C), -(-W * T // C))[: W * T]
+    batch = np.concatenate([rng.integers(0, C, size=(40, W, T)),
+                            np.stack([rng.permutation(flat).reshape(W, T) for _ in range(400)])])
+    ok = feasible_mask(batch, topo, keys)
+    only = ~ok & feasible_mask(batch, topo, [k for k in keys if k != key])
+    return np.concatenate([batch[ok][:n], batch[only][:n], batch[~ok & ~only][:n]])
+
+
+@pytest.mark.parametrize("encoding", ["pairwise", "counts"])
+@pytest.mark.parametrize("ftype", FAMILY_TYPES, ids=lambda f: f.key)
+def test_family_rows_agree_with_its_check_in_both_encodings(ftype, encoding):
+    """With the assignment variables fixed to a mapping, the rows the family builds (and
+    those of what it requires) are feasible exactly when the reference accepts the
+    mapping and the library's checks find no violation; an objective family's term
+    then equals its value and the reference's."""
+    rng = np.random.default_rng(len(ftype.key) * 7 + len(encoding))
+    keys = _with_requirements(ftype.key)
+    for W, T, topo in ROW_CASES:
+        model = TunaModel(W, T, topo, families=keys, encoding=encoding)
+        assert model.caps.understood
+        problem, enc, _ = model.build()
+        assert enc.name == encoding
+        assert any(type(f) is ftype for f in model.families)
+        batch = _assignments(W, T, topo, keys, ftype.key, rng)
+        # Fix the decision variables through parameters: compiled once, re-solved per mapping.
+        fixed = {var.id: var for var in problem.variables() if var.id in enc.start(batch[0])}
+        params = {vid: cp.Parameter(var.shape) for vid, var in fixed.items()}
+        pinned = cp.Problem(problem.objective,
+                            problem.constraints + [fixed[v] == params[v] for v in fixed])
+        expected = _reference_verdict(batch, topo, keys, encoding)
+        for assign, want in zip(batch, expected):
+            for vid, value in enc.start(assign).items():
+                params[vid].value = value
+            pinned.solve(solver=cp.HIGHS)
+            feasible = pinned.status == cp.OPTIMAL
+            assert feasible == bool(want), (ftype.key, encoding, W, T, assign.tolist(), pinned.status)
+            if encoding == "pairwise" or "2" not in keys:
+                checks = [v for fam in model.families for v in fam.violations(assign, model.instance)]
+                assert feasible == (checks == [])
+            if feasible and ftype.kind == "objective":
+                i = model.instance
+                f_main, f_mode = objective_parts(assign, topo, i.mode)
+                assert pinned.value == pytest.approx(ftype().value(assign, i))
+                assert pinned.value == pytest.approx(f_main if ftype is MainSpread else f_mode)
 
 
 def test_messages_name_os_cpu_ids(xeon):

@@ -3,41 +3,10 @@
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
+from strategies import rank_problems
 from tuna_lab.errors import ModelError
 from tuna_lab.model.ranks import assign_ranks
-
-
-@st.composite
-def rank_problems(draw):
-    """``(main, others, cap)`` meeting assign_ranks' condition.
-
-    Every worker has ``T - 1`` non-main threads; every core carries at most
-    ``cap * (T - 1)`` of them and at most ``cap`` main threads.
-    """
-    C = draw(st.integers(1, 6))
-    cap = draw(st.integers(1, 3))
-    W = draw(st.integers(1, min(8, C * cap)))
-    T = draw(st.integers(1, 6))
-    room_main = np.full(C, cap)
-    main = []
-    for _ in range(W):
-        choices = np.flatnonzero(room_main > 0).tolist()
-        c = draw(st.sampled_from(choices))
-        room_main[c] -= 1
-        main.append(c)
-    room = np.full(C, cap * (T - 1))
-    others = np.zeros((W, C), dtype=int)
-    # Skewed draws reach the capacity of some cores, the hard cases.
-    skew = draw(st.booleans())
-    for w in range(W):
-        for _ in range(T - 1):
-            choices = np.flatnonzero(room > 0).tolist()
-            c = choices[0] if skew and draw(st.booleans()) else draw(st.sampled_from(choices))
-            room[c] -= 1
-            others[w, c] += 1
-    return np.array(main, dtype=int), others, cap
 
 
 def check_ranks(main, others, cap, out):

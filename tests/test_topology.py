@@ -640,7 +640,7 @@ NUMA_MODEL_CASES = [
 @pytest.mark.parametrize("mode", ["scatter", "compact"])
 @pytest.mark.parametrize("spec, W, T, model_costs", NUMA_MODEL_CASES)
 def test_remote_level_fast_encoding_is_exact(spec, W, T, model_costs, mode):
-    from conftest import brute_force
+    from reference import brute_force
 
     from tuna_lab import TunaModel
 
@@ -663,7 +663,7 @@ def test_remote_level_fast_encoding_is_exact(spec, W, T, model_costs, mode):
 @given(topo=numa_topologies(max_pus=6), W=st.integers(1, 3), T=st.integers(1, 2),
        mode=st.sampled_from(["scatter", "compact"]))
 def test_property_remote_level_counts_matches_brute_force(topo, W, T, mode):
-    from conftest import brute_force
+    from reference import brute_force
 
     from tuna_lab import TunaModel
     from tuna_lab.errors import InfeasibleModelError

@@ -13,14 +13,18 @@ together) and :func:`domain_pattern_bound` (a coarser level in compact mode),
 each a small integer program over "how many cores / domains take each
 pattern". :func:`objective_granularity` gives the lattice step of the
 objective values. When the constructive mapping reaches a bound (to within
-one step) it is optimal, proven with no branching at all.
+one step) it is optimal (:func:`bound_closes`), proven with no branching at all.
+
+Every function reads the model's rules from a
+:class:`~tuna_lab.model.caps.Caps`, so the bound is the bound of the families
+that contributed to it; with a family it does not know
+(:attr:`Caps.understood` false) the model does not use it.
 """
 
 import numpy as np
 
-from .families import PhysicalBalance
-
-__all__ = ["objective_bound", "objective_granularity", "sibling_pattern_bound", "domain_pattern_bound"]
+__all__ = ["objective_bound", "objective_granularity", "bound_closes", "sibling_pattern_bound",
+           "domain_pattern_bound"]
 
 
 def _min_sum_squares(total, caps):
@@ -62,7 +66,7 @@ def _level_best(total, caps, want_small):
     return _min_sum_squares(total, caps) if want_small else _max_sum_squares(total, caps)
 
 
-def _level_terms(inst, keys, chain):
+def _level_terms(caps, chain):
     """The objective's constant and, per level ``j``, an upper bound of that level's part.
 
     The objective is ``const - 1/2 sum_j wt_j (S_j(A) + s sum_w S_j(B_w))``
@@ -70,16 +74,17 @@ def _level_terms(inst, keys, chain):
     the domains of level ``j`` (level 0: single cores). Each level's part is
     bounded on its own and each worker independently.
     """
+    inst = caps.instance
     W, T, C = inst.W, inst.T, inst.C
     d = [0.0] + [c for c, _ in chain]
     top = len(d) - 1
     labels = [np.arange(C)] + [np.asarray(lab) for _, lab in chain]
     sizes = [np.bincount(lab) for lab in labels[:-1]]
-    use_main = "4-5" in keys
-    s = inst.sign if "6-7" in keys else 0
+    use_main = caps.spread_main
+    s = caps.sign
     const = 0.5 * d[top] * ((W * W if use_main else 0) + s * W * T * T)
-    main_cap = inst.cap_rank if "2" in keys else W
-    worker_cap = inst.cap_worker if "3" in keys else T
+    main_cap = caps.rank_limit
+    worker_cap = caps.worker_limit
     domain_caps = None
     levels = []
     for j in range(top):
@@ -89,45 +94,47 @@ def _level_terms(inst, keys, chain):
             levels.append(value)
             continue
         if use_main:
-            caps = np.minimum(sizes[j] * main_cap, W)
-            value -= 0.5 * wt * _level_best(W, caps, want_small=wt > 0)
+            room = np.minimum(sizes[j] * main_cap, W)
+            value -= 0.5 * wt * _level_best(W, room, want_small=wt > 0)
         if s != 0:
-            caps = np.minimum(sizes[j] * worker_cap, T)
+            room = np.minimum(sizes[j] * worker_cap, T)
             small = s * wt > 0
             if not small:
                 # load families cap how many threads any domain can hold
                 if domain_caps is None:
-                    domain_caps = _load_caps(inst, keys, labels)
-                caps = np.minimum(caps, domain_caps[j])
-            value -= 0.5 * wt * s * W * _level_best(T, caps, want_small=small)
+                    domain_caps = _load_caps(caps, labels)
+                room = np.minimum(room, domain_caps[j])
+            value -= 0.5 * wt * s * W * _level_best(T, room, want_small=small)
         levels.append(value)
     return const, levels
 
 
-def _load_caps(inst, keys, labels):
+def _load_caps(caps, labels):
     """Most threads the load families allow in each domain of each level."""
+    inst = caps.instance
     C = inst.C
     per_core = np.full(C, float(inst.W * inst.T))
-    if "8" in keys:
-        per_core = np.minimum(per_core, inst.U)
-    phys_ok = "8p" in keys and PhysicalBalance().applies(inst)
+    if caps.load is not None:
+        per_core = np.minimum(per_core, caps.load[1])
     out = []
     for lab in labels[:-1]:
         cap = np.bincount(lab, weights=per_core)
-        if phys_ok:
+        if caps.phys_load is not None:
             n_phys = np.array([len(set(inst.core[lab == g].tolist())) for g in range(lab.max() + 1)])
-            cap = np.minimum(cap, n_phys * inst.U_phys)
+            cap = np.minimum(cap, n_phys * caps.phys_load[1])
         out.append(np.floor(cap).astype(int))
     return out
 
 
-def objective_bound(inst, families, chain, patterns=True, target=None):
-    """Upper bound on ``f_main + f_mode`` for any mapping satisfying ``families``.
+def objective_bound(caps, chain, patterns=True, target=None):
+    """Upper bound on the objective of any mapping that keeps the rules ``caps``.
 
     Parameters
     ----------
-    inst : Instance
-    families : iterable of Family
+    caps : Caps
+        The model's rules (:meth:`Caps.of <tuna_lab.model.caps.Caps.of>`);
+        the objective is ``f_main`` (if ``caps.spread_main``) plus ``f_mode``
+        (if ``caps.sign`` is not 0).
     chain : list of (cost, labels)
         :func:`~tuna_lab.model.encodings.ultrametric_chain` of the topology.
     patterns : bool
@@ -143,35 +150,38 @@ def objective_bound(inst, families, chain, patterns=True, target=None):
     -------
     float
     """
-    keys = {f.key for f in families}
-    const, levels = _level_terms(inst, keys, chain)
+    const, levels = _level_terms(caps, chain)
     bound = const + sum(levels)
-    if target is not None and _closes(bound, target, objective_granularity(inst, keys, chain)):
+    if target is not None and bound_closes(bound, target, objective_granularity(caps, chain)):
         return float(bound)
     if patterns:
         first = 0
         if len(levels) >= 2:
-            joint = sibling_pattern_bound(inst, keys, chain)
+            joint = sibling_pattern_bound(caps, chain)
             if joint is not None and joint < levels[0] + levels[1]:
                 levels[:2] = [joint, 0.0]
                 first = 2
         for j in range(max(first, 1), len(levels)):
-            coarse = domain_pattern_bound(inst, keys, chain, j)
+            coarse = domain_pattern_bound(caps, chain, j)
             if coarse is not None and coarse < levels[j]:
                 levels[j] = coarse
         bound = min(bound, const + sum(levels))
     return float(bound)
 
 
-def _closes(bound, value, step):
-    """Whether no objective value of the lattice ``value + step Z`` lies above ``value`` and below ``bound``."""
+def bound_closes(bound, value, step):
+    """Whether ``bound`` proves ``value`` optimal on the lattice of step ``step``.
+
+    True when no objective value of ``value + step Z`` lies above ``value``
+    and at or below ``bound`` (``step = 0``: when ``value`` reaches ``bound``).
+    """
     tol = 1e-9 * max(1.0, abs(bound))
     if step > 0:
         return bound - value < step - max(tol, 1e-6 * step)
     return value >= bound - tol
 
 
-def objective_granularity(inst, keys, chain):
+def objective_granularity(caps, chain):
     """Step ``g`` such that every feasible objective value lies in ``c + g Z`` (0 if unknown).
 
     Level ``j`` adds ``-1/2 wt_j (S_j(A) + s sum_w S_j(B_w))``. Since
@@ -183,14 +193,13 @@ def objective_granularity(inst, keys, chain):
     values closer than ``g`` are equal - a bound less than ``g`` above a
     mapping's objective proves that mapping optimal.
     """
-    keys = set(keys)
-    use_main = "4-5" in keys
-    s = inst.sign if "6-7" in keys else 0
+    use_main = caps.spread_main
+    s = caps.sign
     if not use_main and s == 0:
         return 0.0
     d = [0.0] + [float(c) for c, _ in chain]
-    main_cap = min(inst.cap_rank if "2" in keys else inst.W, inst.W)
-    worker_cap = min(inst.cap_worker if "3" in keys else inst.T, inst.T)
+    main_cap = caps.main_max
+    worker_cap = caps.worker_max
     g = 0
     for j in range(len(d) - 1):
         wt = d[j + 1] - d[j]
@@ -208,7 +217,7 @@ def objective_granularity(inst, keys, chain):
 MAX_PATTERNS = 20000
 
 
-def sibling_pattern_bound(inst, keys, chain):
+def sibling_pattern_bound(caps, chain):
     """Upper bound of the single-core and physical-core levels together, from sibling patterns.
 
     On a machine whose physical cores are pairs of SMT siblings sharing the
@@ -232,29 +241,29 @@ def sibling_pattern_bound(inst, keys, chain):
     not the first cache level, several threads of a worker per core, or too
     many patterns).
     """
+    inst = caps.instance
     W, T, C, P = inst.W, inst.T, inst.C, inst.P
     if not (P < C and P * 2 == C and np.all(inst.smt == 2)):
         return None
     if len(chain) < 2 or not _same_partition(chain[0][1], inst.core):
         return None
-    worker_cap = inst.cap_worker if "3" in keys else T
-    if min(worker_cap, T) > 1:
+    if caps.worker_max > 1:
         return None
     d1, d2 = chain[0][0], chain[1][0]
     w0, w1 = d1, d2 - d1
-    use_main = "4-5" in keys
-    s = inst.sign if "6-7" in keys else 0
-    main_cap = min(inst.cap_rank if "2" in keys else W, W)
-    nonmain_cap = inst.cap_rank * (T - 1) if "2" in keys else W
-    lo, hi = (inst.L, inst.U) if "8" in keys else (0, W)
+    use_main = caps.spread_main
+    s = caps.sign
+    main_cap = caps.main_max
+    nonmain_cap = W if caps.rank_cap is None else caps.rank_cap * (T - 1)
+    lo, hi = (0, W) if caps.load is None else caps.load
     hi = min(hi, W)                         # one thread of a worker per logical core
-    phys = "8p" in keys and PhysicalBalance().applies(inst)
+    phys = caps.phys_load is not None
     if phys:
-        hi = min(hi, inst.U_phys)
+        hi = min(hi, caps.phys_load[1])
     if hi < lo:
         return None
-    log_ev = "11-12" in keys and inst.scenario3
-    phys_ev = "11p-12p" in keys and phys and inst.scenario3_phys
+    log_ev = caps.event_budget is not None
+    phys_ev = caps.phys_event_budget is not None and phys
     n_l = hi - lo + 1
     if n_l * n_l * (main_cap + 1) ** 2 > MAX_PATTERNS:
         return None
@@ -262,7 +271,7 @@ def sibling_pattern_bound(inst, keys, chain):
     for l1 in range(lo, hi + 1):
         for l2 in range(lo, hi + 1):
             N = l1 + l2
-            if phys and not (inst.L_phys <= N <= inst.U_phys):
+            if phys and not (caps.phys_load[0] <= N <= caps.phys_load[1]):
                 continue
             for m1 in range(min(l1, main_cap) + 1):
                 if l1 - m1 > nonmain_cap:
@@ -294,11 +303,11 @@ def sibling_pattern_bound(inst, keys, chain):
     if log_ev:
         A.append(ev_l)
         lb.append(-np.inf)
-        ub.append(max(0, W - C + inst.r))
+        ub.append(caps.event_budget)
     if phys_ev:
         A.append(ev_p)
         lb.append(-np.inf)
-        ub.append(max(0, min(W, P) - P + inst.r_phys))
+        ub.append(caps.phys_event_budget)
     return _solve_counts(value, A, lb, ub, P)
 
 
@@ -323,7 +332,7 @@ def _solve_counts(value, A, lb, ub, upper):
     return float(-dual) + 1e-7 * max(1.0, abs(float(dual)))
 
 
-def domain_pattern_bound(inst, keys, chain, j):
+def domain_pattern_bound(caps, chain, j):
     """Upper bound of level ``j``'s part of the objective from per-domain patterns (compact mode).
 
     Level ``j`` adds ``-1/2 wt_j (S_j(A) - sum_w S_j(B_w))`` in compact mode:
@@ -341,26 +350,28 @@ def domain_pattern_bound(inst, keys, chain, j):
     program whose optimum bounds the level. Only loosened constraints are
     used, so it is a relaxation; ``None`` where it does not apply.
     """
+    inst = caps.instance
     W, T, C, P = inst.W, inst.T, inst.C, inst.P
-    s = inst.sign if "6-7" in keys else 0
+    s = caps.sign
     d = [0.0] + [c for c, _ in chain]
     wt = d[j + 1] - d[j]
     if s >= 0 or wt <= 0 or j < 1:
         return None
-    use_main = "4-5" in keys
+    use_main = caps.spread_main
     labels = np.asarray(chain[j - 1][1])
     n_dom = int(labels.max()) + 1
     size = np.bincount(labels, minlength=n_dom)
     whole = _same_partition(np.stack([labels, inst.core]).T @ np.array([C + 1, 1]), inst.core)
-    phys = "8p" in keys and PhysicalBalance().applies(inst) and whole
+    # the physical load cap bounds a domain only if it holds whole physical cores
+    phys = caps.phys_load is not None and whole
     n_phys = np.array([len(np.unique(inst.core[labels == g])) for g in range(n_dom)])
-    worker_cap = min(inst.cap_worker if "3" in keys else T, T)
-    main_cap = min(inst.cap_rank if "2" in keys else W, W)
-    has_load = "8" in keys
-    log_ev = "11-12" in keys and inst.scenario3
-    phys_ev = "11p-12p" in keys and phys and inst.scenario3_phys
-    K = max(0, W - C + inst.r) if log_ev else None
-    Kp = max(0, min(W, P) - P + inst.r_phys) if phys_ev else None
+    worker_cap = caps.worker_max
+    main_cap = caps.main_max
+    has_load = caps.load is not None
+    log_ev = caps.event_budget is not None
+    phys_ev = caps.phys_event_budget is not None and phys
+    K = caps.event_budget if log_ev else None
+    Kp = caps.phys_event_budget if phys_ev else None
     classes = {}
     for g in range(n_dom):
         classes[(int(size[g]), int(n_phys[g]))] = classes.get((int(size[g]), int(n_phys[g])), 0) + 1
@@ -390,10 +401,10 @@ def domain_pattern_bound(inst, keys, chain, j):
                     own = min(T, worker_cap * (sz - max(0, blocked - 1)))
                     # a worker whose main thread is elsewhere has at most T - 1 threads here
                     other = min(T - 1, worker_cap * (sz - blocked))
-                    caps = [own] * min(a, W) + [other] * (W - min(a, W))
+                    shares = [own] * min(a, W) + [other] * (W - min(a, W))
                     for n in range(max(lo, a), hi + 1):
-                        h = _max_sum_squares(n, caps)
-                        if sum(caps) < n:
+                        h = _max_sum_squares(n, shares)
+                        if sum(shares) < n:
                             continue
                         value = -0.5 * wt * ((a * a if use_main else 0) + s * h)
                         rows.append((ci, n, a, el, ep, value))

@@ -14,11 +14,19 @@ The greedy placement can dead-end on unusual family combinations; it then
 returns ``None`` and the solver starts cold. :func:`local_search` polishes a
 mapping (swaps, moves and two-move chains of non-main threads) when the
 bounds do not prove the greedy one optimal.
+
+Both read the model's rules from a :class:`~tuna_lab.model.caps.Caps` and
+know nothing else: a family that contributes no caps cannot be honoured
+here, which is why the model does not call them then.
 """
+
+import time
+from dataclasses import dataclass
 
 import numpy as np
 
-from .families import PhysicalBalance
+from .families import worker_counts
+from .ranks import assign_ranks
 
 __all__ = ["scatter_order", "greedy_mapping", "local_search"]
 
@@ -63,15 +71,15 @@ def scatter_order(chain_labels, C):
     return np.lexsort(tuple(keys[::-1]))
 
 
-def greedy_mapping(inst, families, chain_labels=None, order_by="rank"):
-    """Place every thread greedily under the families' rules; positions (W, T) or ``None``.
+def greedy_mapping(caps, chain_labels=None, order_by="rank"):
+    """Place every thread greedily under the rules ``caps``; positions (W, T) or ``None``.
 
     ``order_by="rank"`` places rank by rank across the workers (spreads each
     rank, suits scatter); ``"worker"`` places all main threads, then worker
     by worker (lets a worker fill a domain before the next one, suits compact).
     """
+    inst = caps.instance
     W, T, C = inst.W, inst.T, inst.C
-    keys = {f.key for f in families}
     D = inst.distance
     if chain_labels is None:
         chain_labels = [inst.core]
@@ -80,17 +88,14 @@ def greedy_mapping(inst, families, chain_labels=None, order_by="rank"):
     rank_in_order[order] = np.arange(C)
     core = inst.core
 
-    cap_rank = inst.cap_rank if "2" in keys else W
-    cap_worker = inst.cap_worker if "3" in keys else T
-    use_load = "8" in keys
-    use_phys = "8p" in keys and PhysicalBalance().applies(inst)
-    use_events = "11-12" in keys and inst.scenario3
-    use_phys_events = "11p-12p" in keys and use_phys and inst.scenario3_phys
-    ev_bound = max(0, W - C + inst.r)
-    pev_bound = max(0, min(W, inst.P) - inst.P + inst.r_phys)
+    cap_rank, cap_worker = caps.rank_limit, caps.worker_limit
+    use_load = caps.load is not None
+    use_phys = caps.phys_load is not None
+    use_events = caps.event_budget is not None
+    use_phys_events = caps.phys_event_budget is not None
+    ev_bound, pev_bound = caps.event_budget, caps.phys_event_budget
+    # r cores end at U (and r+ physical cores at U+) whatever the mapping
     U, r, Up, rp = inst.U, inst.r, inst.U_phys, inst.r_phys
-    sign = inst.sign if "6-7" in keys else 0
-    spread_main = "4-5" in keys
 
     load = np.zeros(C, dtype=int)
     mains = np.zeros(C, dtype=int)
@@ -106,55 +111,97 @@ def greedy_mapping(inst, families, chain_labels=None, order_by="rank"):
         sequence = [(w, t) for t in range(T) for w in range(W)]
     per_rank = np.zeros((T, C), dtype=int)
     for w, t in sequence:
-        if True:
-            ok = (per_rank[t] < cap_rank) & (B[w] < cap_worker)
-            reach_U = load + 1 == U
-            if use_load:
-                ok &= load < U
-                if r > 0:
-                    ok &= ~reach_U | (at_U < r)
-            preach = pload[core] + 1 == Up
-            if use_phys:
-                ok &= pload[core] < Up
-                if rp > 0:
-                    ok &= ~preach | (at_Up < rp)
-            has_main = mains > 0 if t > 0 else np.ones(C, bool)
-            if use_events:
-                ok &= ~(reach_U & has_main) | (events < ev_bound)
-            phas_main = pmain[core] > 0 if t > 0 else np.ones(C, bool)
-            if use_phys_events:
-                ok &= ~(preach & phas_main) | (pevents < pev_bound)
-            if not ok.any():
-                return None
-            if t == 0:
-                gain = (mains @ D) if spread_main else np.zeros(C)
-            else:
-                gain = sign * (B[w] @ D)
-            # best gain; then least loaded; then least loaded physical core; then scatter order
-            cand = np.flatnonzero(ok)
-            pick = cand[np.lexsort((rank_in_order[cand], pload[core[cand]], load[cand], -gain[cand]))[0]]
-            x = core[pick]
-            if use_events and load[pick] + 1 == U and (mains[pick] > 0 or t == 0):
-                events += 1
-            if use_phys_events and pload[x] + 1 == Up and (pmain[x] > 0 or t == 0):
-                pevents += 1
-            at_U += load[pick] + 1 == U
-            at_Up += pload[x] + 1 == Up
-            load[pick] += 1
-            pload[x] += 1
-            B[w, pick] += 1
-            per_rank[t, pick] += 1
-            if t == 0:
-                mains[pick] += 1
-                pmain[x] += 1
-            out[w, t] = pick
+        ok = (per_rank[t] < cap_rank) & (B[w] < cap_worker)
+        reach_U = load + 1 == U
+        if use_load:
+            ok &= load < U
+            if r > 0:
+                ok &= ~reach_U | (at_U < r)
+        preach = pload[core] + 1 == Up
+        if use_phys:
+            ok &= pload[core] < Up
+            if rp > 0:
+                ok &= ~preach | (at_Up < rp)
+        has_main = mains > 0 if t > 0 else np.ones(C, bool)
+        if use_events:
+            ok &= ~(reach_U & has_main) | (events < ev_bound)
+        phas_main = pmain[core] > 0 if t > 0 else np.ones(C, bool)
+        if use_phys_events:
+            ok &= ~(preach & phas_main) | (pevents < pev_bound)
+        if not ok.any():
+            return None
+        if t == 0:
+            gain = (mains @ D) if caps.spread_main else np.zeros(C)
+        else:
+            gain = caps.sign * (B[w] @ D)
+        # best gain; then least loaded; then least loaded physical core; then scatter order
+        cand = np.flatnonzero(ok)
+        pick = cand[np.lexsort((rank_in_order[cand], pload[core[cand]], load[cand], -gain[cand]))[0]]
+        x = core[pick]
+        if use_events and load[pick] + 1 == U and (mains[pick] > 0 or t == 0):
+            events += 1
+        if use_phys_events and pload[x] + 1 == Up and (pmain[x] > 0 or t == 0):
+            pevents += 1
+        at_U += load[pick] + 1 == U
+        at_Up += pload[x] + 1 == Up
+        load[pick] += 1
+        pload[x] += 1
+        B[w, pick] += 1
+        per_rank[t, pick] += 1
+        if t == 0:
+            mains[pick] += 1
+            pmain[x] += 1
+        out[w, t] = pick
     return out
 
 
-def local_search(pos, inst, families, time_limit=2.0, max_rounds=100000):
+@dataclass
+class _Search:
+    """What :func:`local_search` and its moves read and update in place.
+
+    ``wi``/``ti`` list the non-main threads (worker, rank); ``g[w, c]`` is
+    ``sum_c' B[w, c'] d(c, c')``, the distance of core ``c`` to worker ``w``'s threads.
+    """
+
+    caps: object
+    pos: np.ndarray
+    B: np.ndarray
+    g: np.ndarray
+    load: np.ndarray
+    pload: np.ndarray
+    mains: np.ndarray
+    pmains: np.ndarray
+    wi: np.ndarray
+    ti: np.ndarray
+    D0: np.ndarray
+    core: np.ndarray
+    #: most non-main threads a core may hold under (2)
+    nonmain_cap: int
+    t_end: float
+
+    def loads_feasible(self, load, pload):
+        """Whether loads ``load``/``pload`` (with the current mains) keep (8), (8+), (2), (12), (12+)."""
+        caps, inst = self.caps, self.caps.instance
+        if caps.load is not None and (load.min() < caps.load[0] or load.max() > caps.load[1]):
+            return False
+        if caps.phys_load is not None and \
+                (pload.min() < caps.phys_load[0] or pload.max() > caps.phys_load[1]):
+            return False
+        if (load - self.mains).max() > self.nonmain_cap:
+            return False
+        if caps.event_budget is not None and \
+                int(((load == inst.U) & (self.mains > 0)).sum()) > caps.event_budget:
+            return False
+        if caps.phys_event_budget is not None and \
+                int(((pload == inst.U_phys) & self.pmains).sum()) > caps.phys_event_budget:
+            return False
+        return True
+
+
+def local_search(pos, caps, time_limit=2.0, max_rounds=100000):
     """Improve a valid mapping by moving and swapping non-main threads; positions (W, T).
 
-    Two moves, each keeping every family satisfied: *swap* a non-main thread
+    Two moves, each keeping every rule of ``caps``: *swap* a non-main thread
     of one worker with one of another worker on a different core (no load,
     main thread or event changes; only (3) to check), and *move* one non-main
     thread to another core (the loads of two cores change: (8), (8+) and the
@@ -165,40 +212,34 @@ def local_search(pos, inst, families, time_limit=2.0, max_rounds=100000):
     since only the per-core counts of non-main threads matter to (2), and
     those the swaps keep.
     """
-    import time
-
-    from .families import worker_counts
-    from .ranks import assign_ranks
-
     t_end = time.perf_counter() + time_limit
-    keys = {f.key for f in families}
+    inst = caps.instance
     pos = np.array(pos, dtype=int)
     W, T = pos.shape
     C = inst.C
-    if T < 2 or "6-7" not in keys:
+    if T < 2 or caps.sign == 0:
         return pos
-    sign = inst.sign
-    cap_worker = inst.cap_worker if "3" in keys else T
+    sign = caps.sign
+    cap_worker = caps.worker_limit
     D0 = np.array(inst.distance, dtype=float)
     np.fill_diagonal(D0, 0.0)
     core = inst.core
     B = worker_counts(pos, C)
-    g = B @ D0                                      # g[w, c] = sum_c' B[w, c'] d(c, c')
     load = B.sum(axis=0)
-    pload = np.bincount(core, weights=load, minlength=inst.P).astype(int)
     mains = np.bincount(pos[:, 0], minlength=C)
-    pmains = np.bincount(core, weights=mains, minlength=inst.P) > 0
-    use_load = "8" in keys
-    use_phys = "8p" in keys and PhysicalBalance().applies(inst)
-    use_events = "11-12" in keys and inst.scenario3
-    use_pevents = "11p-12p" in keys and use_phys and inst.scenario3_phys
+    s = _Search(caps=caps, pos=pos, B=B, g=B @ D0, load=load,
+                pload=np.bincount(core, weights=load, minlength=inst.P).astype(int), mains=mains,
+                pmains=np.bincount(core, weights=mains, minlength=inst.P) > 0,
+                wi=np.repeat(np.arange(W), T - 1), ti=np.tile(np.arange(1, T), W), D0=D0, core=core,
+                nonmain_cap=W * T if caps.rank_cap is None else caps.rank_cap * (T - 1), t_end=t_end)
+    g, pload, wi, ti = s.g, s.pload, s.wi, s.ti
+    use_load, use_phys = caps.load is not None, caps.phys_load is not None
+    use_events, use_pevents = caps.event_budget is not None, caps.phys_event_budget is not None
     L, U, Lp, Up = inst.L, inst.U, inst.L_phys, inst.U_phys
-    K = max(0, inst.W - C + inst.r)
-    Kp = max(0, min(inst.W, inst.P) - inst.P + inst.r_phys)
-    rank_ok = "2" not in keys or inst.cap_rank * (T - 1) >= W   # moves may then change per-core counts
-    rank_cap = inst.cap_rank * (T - 1) if "2" in keys else W * T
-    wi = np.repeat(np.arange(W), T - 1)
-    ti = np.tile(np.arange(1, T), W)
+    K, Kp = caps.event_budget, caps.phys_event_budget
+    # moves may change per-core counts of non-main threads when (2) cannot bind
+    rank_ok = caps.rank_cap is None or caps.rank_cap * (T - 1) >= W
+    pmains = s.pmains
     cores = np.arange(C)
     for _ in range(max_rounds):
         if time.perf_counter() > t_end:
@@ -217,7 +258,7 @@ def local_search(pos, inst, families, time_limit=2.0, max_rounds=100000):
         ok = B[wi] < cap_worker
         ok &= cores[None, :] != ci[:, None]
         nonmain = load - mains
-        ok &= (nonmain[None, :] + 1 <= rank_cap) | rank_ok
+        ok &= (nonmain[None, :] + 1 <= s.nonmain_cap) | rank_ok
         same_phys = core[ci][:, None] == core[None, :]
         if use_load:
             ok &= (load[ci] - 1 >= L)[:, None] & (load[None, :] + 1 <= U)
@@ -239,9 +280,7 @@ def local_search(pos, inst, families, time_limit=2.0, max_rounds=100000):
         if max(gain_swap, gain_move) <= 1e-9:
             # No single move or swap improves: try chains "thread i to c', and
             # another thread j into the core i left" (loads of i's core kept).
-            if not _chain(pos, B, g, load, pload, mains, pmains, wi, ti, D0, core, sign, cap_worker,
-                          rank_cap, (use_load, L, U), (use_phys, Lp, Up), (use_events, K),
-                          (use_pevents, Kp), t_end):
+            if not _chain(s):
                 break
             continue
         if gain_swap >= gain_move:
@@ -271,34 +310,17 @@ def local_search(pos, inst, families, time_limit=2.0, max_rounds=100000):
             g[w] += D0[c2] - D0[c]
             load[c] -= 1; load[c2] += 1
             pload[core[c]] -= 1; pload[core[c2]] += 1
-    if "2" in keys and T > 1:
+    if caps.rank_cap is not None and T > 1:
         others = B.copy()
         others[np.arange(W), pos[:, 0]] -= 1
-        pos = assign_ranks(pos[:, 0], others, inst.cap_rank)
+        pos = assign_ranks(pos[:, 0], others, caps.rank_cap)
     return pos
 
 
-def _feasible_loads(load, pload, mains, pmains, nonmain, rank_cap, logical, physical, events, pevents):
-    use_load, L, U = logical
-    use_phys, Lp, Up = physical
-    if use_load and (load.min() < L or load.max() > U):
-        return False
-    if use_phys and (pload.min() < Lp or pload.max() > Up):
-        return False
-    if nonmain.max() > rank_cap:
-        return False
-    if events[0] and int(((load == U) & (mains > 0)).sum()) > events[1]:
-        return False
-    if pevents[0] and int(((pload == Up) & pmains).sum()) > pevents[1]:
-        return False
-    return True
-
-
-def _chain(pos, B, g, load, pload, mains, pmains, wi, ti, D0, core, sign, cap_worker, rank_cap,
-           logical, physical, events, pevents, t_end, n_first=60, n_second=4):
-    """One improving two-move chain, applied in place; whether one was found."""
-    import time
-
+def _chain(s, n_first=60, n_second=4):
+    """One improving two-move chain of the search ``s``, applied in place; whether one was found."""
+    pos, B, g, wi, ti, D0, core = s.pos, s.B, s.g, s.wi, s.ti, s.D0, s.core
+    sign, cap_worker = s.caps.sign, s.caps.worker_limit
     ci = pos[wi, ti]
     gi = g[wi, ci]
     first = sign * (g[wi] - gi[:, None] - D0[ci])
@@ -309,7 +331,7 @@ def _chain(pos, B, g, load, pload, mains, pmains, wi, ti, D0, core, sign, cap_wo
     top = top[np.argsort(-first[top])]
     C = D0.shape[0]
     for k in top:
-        if time.perf_counter() > t_end or not np.isfinite(first[k]):
+        if time.perf_counter() > s.t_end or not np.isfinite(first[k]):
             return False
         i, c2 = divmod(int(k), C)
         w, c = wi[i], ci[i]
@@ -328,14 +350,13 @@ def _chain(pos, B, g, load, pload, mains, pmains, wi, ti, D0, core, sign, cap_wo
         cand = cand[np.argsort(-second[cand])][:n_second]
         for j in cand:
             u, c3 = wi[j], ci[j]
-            new_load = load.copy()
+            new_load = s.load.copy()
             new_load[c2] += 1
             new_load[c3] -= 1
-            new_pload = pload.copy()
+            new_pload = s.pload.copy()
             new_pload[core[c2]] += 1
             new_pload[core[c3]] -= 1
-            if not _feasible_loads(new_load, new_pload, mains, pmains, new_load - mains, rank_cap,
-                                   logical, physical, events, pevents):
+            if not s.loads_feasible(new_load, new_pload):
                 continue
             pos[w, ti[i]] = c2
             B[w, c] -= 1; B[w, c2] += 1
@@ -343,7 +364,7 @@ def _chain(pos, B, g, load, pload, mains, pmains, wi, ti, D0, core, sign, cap_wo
             pos[u, ti[j]] = c
             B[u, c3] -= 1; B[u, c] += 1
             g[u] += D0[c] - D0[c3]
-            load[:] = new_load
-            pload[:] = new_pload
+            s.load[:] = new_load
+            s.pload[:] = new_pload
             return True
     return False

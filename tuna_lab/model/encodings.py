@@ -29,9 +29,12 @@
        domain counts (tangent rows at integer break points, no binaries);
        minimising it (compact) maximises one, which takes incremental
        binaries ``z_{D,k} = [X_D >= k]``.
-    3. *Workers are interchangeable.* Every family is invariant under
-       renumbering workers, so worker ``w``'s main thread may be required to
-       sit on a core position no later than worker ``w+1``'s.
+    3. *Workers are interchangeable.* Every family of the article is
+       invariant under renumbering workers (and permuting interchangeable
+       cores), so worker ``w``'s main thread may be required to sit on a
+       core position no later than worker ``w+1``'s. A family that is not
+       says so (``Family.symmetric = False``) and the model keeps every
+       symmetry.
 
     (9)+(10) are substituted out when (2) makes ``A_c`` binary (then
     ``M_c = A_c``), and (11) is linearised one-sidedly (only ``E_c >= ...``:
@@ -39,14 +42,18 @@
     ``E_c``).
 """
 
+import abc
+
 import cvxpy as cp
 import numpy as np
 import scipy.sparse as sp
 
 from ..errors import ModelError
+from .families import loads, main_counts, worker_counts
 from .ranks import assign_ranks
 
-__all__ = ["PairwiseEncoding", "CountEncoding", "ENCODINGS", "ultrametric_chain"]
+__all__ = ["Encoding", "PairwiseEncoding", "CountEncoding", "ENCODINGS", "ultrametric_chain",
+           "make_encoding"]
 
 
 def _membership(labels):
@@ -73,43 +80,126 @@ def ultrametric_chain(topology, costs=None):
     return chain
 
 
-class _Encoding:
-    """Shared parts: the instance, sparse helpers and the result bookkeeping."""
+class Encoding(abc.ABC):
+    """The contract between the families and an encoding: every member a family may use.
+
+    A family builds its rows only from the attributes and methods below, so
+    any family - the article's or a user's - composes with every encoding,
+    and an encoding is complete when it implements every abstract method
+    (Python refuses to instantiate it otherwise). The model itself uses the
+    last four (:meth:`symmetry_constraints`, :meth:`extract`,
+    :meth:`canonical`, :meth:`start`).
+
+    Auxiliary objects (indicators, product variables, the linearisation of
+    a pair sum) are built once per encoding: every call returns the same
+    expression with the same defining rows. The family that *owns* a
+    definition returns those rows from its ``constraints``; the others only
+    read the expression.
+
+    Parameters
+    ----------
+    inst : Instance
+    caps : Caps
+        The model's rules (:class:`~tuna_lab.model.caps.Caps`): they size the
+        variables (largest ``A_c`` and ``B_wc``), the domains' capacities and
+        the rank recovery.
+
+    Attributes
+    ----------
+    name : str
+        ``"pairwise"`` or ``"counts"``: what :attr:`Mapping.encoding` reports.
+    inst : Instance
+    caps : Caps
+    main_count : cvxpy expression, shape (C,)
+        ``A_c``, main threads on core ``c``.
+    worker_count : cvxpy expression, shape (W, C)
+        ``B_wc``, threads of worker ``w`` on core ``c``.
+    load : cvxpy expression, shape (C,)
+        ``N_c``, threads on core ``c``.
+    physical_matrix : scipy.sparse matrix, shape (C, P)
+        Membership of logical cores in physical cores (``load @ physical_matrix``
+        are the physical loads).
+    """
 
     name = ""
 
-    def __init__(self, inst, main_max, worker_max):
+    def __init__(self, inst, caps):
         self.inst = inst
-        # Largest possible A_c and B_wc given the families in the model:
-        # (2)/(3) cap them; without those families only W/T bound them.
-        self.main_max = int(main_max)
-        self.worker_max = int(worker_max)
+        self.caps = caps
         self.physical_matrix = _membership(inst.core)
-        self.main_indicator = None
-        self._phys_indicator = None
-        # threads of one rank allowed per core; the model lowers it to (2)'s cap
-        self.rank_cap = inst.W
+        self._vars = []
+        self._made = {}
 
-    # The objects below are the ones families read.
-    main_count = None     # (C,)   A_c
-    worker_count = None   # (W, C) B_wc
-    load = None           # (C,)   N_c
+    def _once(self, key, build):
+        """``build()`` on the first request of ``key``; the same object afterwards."""
+        if key not in self._made:
+            self._made[key] = build()
+        return self._made[key]
 
     def variables(self):
-        return []
+        """Every cvxpy variable created so far (the decision variables first)."""
+        return list(self._vars)
 
+    @abc.abstractmethod
+    def assignment_constraints(self):
+        """Rows of (1): every thread on exactly one core."""
+
+    @abc.abstractmethod
+    def rank_constraints(self, cap):
+        """Rows of (2): at most ``cap`` threads of one rank per core."""
+
+    @abc.abstractmethod
+    def worker_constraints(self, cap):
+        """Rows of (3): at most ``cap`` threads of one worker per core."""
+
+    @abc.abstractmethod
+    def main_indicator(self):
+        """``(M, rows)``: ``M_c`` = some main thread is on core ``c``, and (9)+(10) defining it."""
+
+    @abc.abstractmethod
+    def physical_main_indicator(self):
+        """``(M+, rows)``: ``M+_x`` = some main thread is on physical core ``x``, and its definition."""
+
+    @abc.abstractmethod
+    def main_load_events(self, excess, indicator, label):
+        """``(E, rows)``: ``E`` = the product of two 0-1 expressions, ``excess * indicator`` ((11)).
+
+        ``label`` names the variables (one product per label).
+        """
+
+    @abc.abstractmethod
+    def pair_sum(self, label, counts, maximize):
+        """``(expr, rows)``: ``sum_rows sum_{c<c'} X_c X_c' d(c,c')`` of ``counts`` (k, C).
+
+        ``label`` ("main" or "worker") says which count it is (its largest
+        value per core comes from :attr:`caps`); ``maximize`` whether the
+        objective raises it, which lets a linearisation be one-sided.
+        """
+
+    @abc.abstractmethod
+    def symmetry_constraints(self):
+        """Rows that break symmetries all the families share (none unless ``caps.symmetric``)."""
+
+    @abc.abstractmethod
+    def extract(self):
+        """The solved assignment as core positions, shape (W, T)."""
+
+    @abc.abstractmethod
+    def canonical(self, assign):
+        """``assign`` renumbered to satisfy :meth:`symmetry_constraints` (same objective)."""
+
+    @abc.abstractmethod
     def start(self, assign):
-        """Values of the *integer* decision variables for a known assignment (warm start)."""
-        return {}
+        """``{variable id: value}`` of the integer decision variables for ``assign`` (a warm start)."""
 
 
-class PairwiseEncoding(_Encoding):
+class PairwiseEncoding(Encoding):
     """The article's encoding: ``Y[w, t*C + c]`` binary, products of core pairs linearised."""
 
     name = "pairwise"
 
-    def __init__(self, inst, main_max, worker_max):
-        super().__init__(inst, main_max, worker_max)
+    def __init__(self, inst, caps):
+        super().__init__(inst, caps)
         W, T, C = inst.W, inst.T, inst.C
         self.Y = cp.Variable((W, T * C), boolean=True, name="Y")
         # column t*C + c  ->  core c  /  thread t
@@ -118,10 +208,7 @@ class PairwiseEncoding(_Encoding):
         self.main_count = cp.sum(self.Y[:, :C], axis=0)
         self.worker_count = self.Y @ self._to_core
         self.load = cp.sum(self.worker_count, axis=0)
-        self._vars = [self.Y]
-
-    def variables(self):
-        return list(self._vars)
+        self._vars.append(self.Y)
 
     def assignment_constraints(self):
         return [self.Y @ self._to_thread == 1]
@@ -132,26 +219,31 @@ class PairwiseEncoding(_Encoding):
     def worker_constraints(self, cap):
         return [self.worker_count <= cap]
 
-    def define_main_indicator(self):
+    def main_indicator(self):
+        return self._once("main_indicator", self._main_indicator)
+
+    def _main_indicator(self):
         C, W = self.inst.C, self.inst.W
         M = cp.Variable(C, boolean=True, name="M")
         self._vars.append(M)
-        self.main_indicator = M
-        return [self.Y[:, :C] <= np.ones((W, 1)) @ cp.reshape(M, (1, C), order="C"),  # (9)
-                M <= self.main_count]                                                   # (10)
+        return M, [self.Y[:, :C] <= np.ones((W, 1)) @ cp.reshape(M, (1, C), order="C"),  # (9)
+                   M <= self.main_count]                                                   # (10)
 
     def physical_main_indicator(self):
-        if self._phys_indicator is None:
-            inst = self.inst
-            Mp = cp.Variable(inst.P, boolean=True, name="M_phys")
-            self._vars.append(Mp)
-            per_core = Mp @ self.physical_matrix.T
-            self._phys_indicator = (Mp, [
-                self.Y[:, :inst.C] <= np.ones((inst.W, 1)) @ cp.reshape(per_core, (1, inst.C), order="C"),
-                Mp <= self.main_count @ self.physical_matrix])
-        return self._phys_indicator
+        return self._once("physical_main_indicator", self._physical_main_indicator)
+
+    def _physical_main_indicator(self):
+        inst = self.inst
+        Mp = cp.Variable(inst.P, boolean=True, name="M_phys")
+        self._vars.append(Mp)
+        per_core = Mp @ self.physical_matrix.T
+        return Mp, [self.Y[:, :inst.C] <= np.ones((inst.W, 1)) @ cp.reshape(per_core, (1, inst.C), order="C"),
+                    Mp <= self.main_count @ self.physical_matrix]
 
     def main_load_events(self, excess, indicator, label):
+        return self._once(("events", label), lambda: self._events(excess, indicator, label))
+
+    def _events(self, excess, indicator, label):
         # Full linearisation of the product of two 0-1 quantities, as written.
         E = cp.Variable(excess.shape, name=f"E_{label}")
         self._vars.append(E)
@@ -159,13 +251,16 @@ class PairwiseEncoding(_Encoding):
 
     def pair_sum(self, label, counts, maximize):
         """``sum_rows sum_{c<c'} X_c X_c' d(c,c')`` through one product variable per core pair."""
+        return self._once(("pair_sum", label, maximize), lambda: self._pair_sum(label, counts))
+
+    def _pair_sum(self, label, counts):
         inst = self.inst
         C = inst.C
         i, j = np.triu_indices(C, 1)
         d = inst.distance[i, j]
         sel_i = sp.csr_matrix((np.ones(i.size), (i, np.arange(i.size))), shape=(C, i.size))
         sel_j = sp.csr_matrix((np.ones(j.size), (j, np.arange(j.size))), shape=(C, j.size))
-        m = self.main_max if label == "main" else self.worker_max
+        m = self.caps.main_max if label == "main" else self.caps.worker_max
         k = counts.shape[0]
         cons = []
         if m <= 1:
@@ -185,19 +280,20 @@ class PairwiseEncoding(_Encoding):
                 left, right = gu @ sel_i, gv @ sel_j
                 cons += [Z <= left, Z <= right, Z >= left + right - 1, Z >= 0]
                 total = total + cp.sum(Z @ d)
-        self._pending.extend(cons)
-        return total
+        return total, cons
 
-    _pending = None
-
-    def take_pending(self):
-        out, self._pending = self._pending, []
-        return out
+    def symmetry_constraints(self):
+        # The article's literal model: kept as written, symmetries and all.
+        return []
 
     def extract(self):
         W, T, C = self.inst.W, self.inst.T, self.inst.C
         Y = np.asarray(self.Y.value).reshape(W, T, C)
         return np.argmax(Y, axis=2)
+
+    def canonical(self, assign):
+        # No symmetry rows: every assignment is canonical.
+        return np.asarray(assign)
 
     def start(self, assign):
         W, T, C = self.inst.W, self.inst.T, self.inst.C
@@ -206,19 +302,22 @@ class PairwiseEncoding(_Encoding):
         return {self.Y.id: Y.reshape(W, T * C)}
 
 
-class CountEncoding(_Encoding):
-    """Aggregated ranks and per-domain counts; see the module docstring for why it is exact."""
+class CountEncoding(Encoding):
+    """Aggregated ranks and per-domain counts; see the module docstring for why it is exact.
+
+    ``chain`` is the topology's :func:`ultrametric_chain`.
+    """
 
     name = "counts"
 
-    def __init__(self, inst, main_max, worker_max, chain):
-        super().__init__(inst, main_max, worker_max)
+    def __init__(self, inst, caps, chain):
+        super().__init__(inst, caps)
         W, T, C = inst.W, inst.T, inst.C
         self.chain = chain
         self.a = cp.Variable((W, C), boolean=True, name="a")
-        self._vars = [self.a]
+        self._vars.append(self.a)
         if T > 1:
-            ub = min(T - 1, self.worker_max)
+            ub = min(T - 1, caps.worker_max)
             self.b = cp.Variable((W, C), integer=True, name="b", bounds=[0, ub])
             self._vars.append(self.b)
             self.worker_count = self.a + self.b
@@ -227,14 +326,6 @@ class CountEncoding(_Encoding):
             self.worker_count = self.a
         self.main_count = cp.sum(self.a, axis=0)
         self.load = cp.sum(self.worker_count, axis=0)
-        self._pending = []
-
-    def variables(self):
-        return list(self._vars)
-
-    def take_pending(self):
-        out, self._pending = self._pending, []
-        return out
 
     def assignment_constraints(self):
         cons = [cp.sum(self.a, axis=1) == 1]
@@ -263,8 +354,11 @@ class CountEncoding(_Encoding):
         Each is valid alone and together: permuting interchangeable cores to
         sort them by the key is a symmetry of every family, the physical
         key is the sum of its siblings' keys (so sorting siblings keeps it),
-        and renumbering workers afterwards changes no key.
+        and renumbering workers afterwards changes no key. Only when every
+        family says it is invariant under these (``caps.symmetric``).
         """
+        if not self.caps.symmetric:
+            return []
         inst = self.inst
         cons = []
         if inst.W >= 2:
@@ -293,54 +387,57 @@ class CountEncoding(_Encoding):
                 return parent
         return None
 
-    def define_main_indicator(self):
-        if self.main_max <= 1:
+    def main_indicator(self):
+        return self._once("main_indicator", self._main_indicator)
+
+    def _main_indicator(self):
+        if self.caps.main_max <= 1:
             # (2) makes A_c binary: M_c = A_c satisfies (9) and (10) exactly.
-            self.main_indicator = self.main_count
-            return []
+            return self.main_count, []
         W, C = self.inst.W, self.inst.C
         M = cp.Variable(C, boolean=True, name="M")
         self._vars.append(M)
-        self.main_indicator = M
         # (9) per worker, as the article writes it: tighter in the LP
         # relaxation than the aggregated big-M form A_c <= W M_c.
-        return [self.a <= np.ones((W, 1)) @ cp.reshape(M, (1, C), order="C"), M <= self.main_count]
+        return M, [self.a <= np.ones((W, 1)) @ cp.reshape(M, (1, C), order="C"), M <= self.main_count]
 
     def physical_main_indicator(self):
-        if self._phys_indicator is None:
-            inst = self.inst
-            Mp = cp.Variable(inst.P, boolean=True, name="M_phys")
-            self._vars.append(Mp)
-            per_phys = self.main_count @ self.physical_matrix
-            # M+_x >= a[w, c] for every c in x (disaggregated, tight in the LP)
-            per_core = cp.reshape(Mp @ self.physical_matrix.T, (1, inst.C), order="C")
-            self._phys_indicator = (Mp, [self.a <= np.ones((inst.W, 1)) @ per_core, Mp <= per_phys])
-        return self._phys_indicator
+        return self._once("physical_main_indicator", self._physical_main_indicator)
+
+    def _physical_main_indicator(self):
+        inst = self.inst
+        Mp = cp.Variable(inst.P, boolean=True, name="M_phys")
+        self._vars.append(Mp)
+        per_phys = self.main_count @ self.physical_matrix
+        # M+_x >= a[w, c] for every c in x (disaggregated, tight in the LP)
+        per_core = cp.reshape(Mp @ self.physical_matrix.T, (1, inst.C), order="C")
+        return Mp, [self.a <= np.ones((inst.W, 1)) @ per_core, Mp <= per_phys]
 
     def main_load_events(self, excess, indicator, label):
+        return self._once(("events", label), lambda: self._events(excess, indicator, label))
+
+    def _events(self, excess, indicator, label):
         E = cp.Variable(excess.shape, name=f"E_{label}", nonneg=True)
         self._vars.append(E)
         return E, [E >= excess + indicator - 1]
 
     def _squares(self, X, kmax, label, exact, capacity=None):
-        """``sum X_D^2`` over the entries of ``X`` (integers in 0..kmax).
+        """``(expr, rows)``: ``sum X_D^2`` over the entries of ``X`` (integers in 0..kmax).
 
         ``exact=False``: a lower bound tight when minimised (epigraph of the
         tangents at integer points). ``exact=True``: equal to it at every
         integer point, via incremental binaries (needed when maximised).
         """
         if kmax <= 1:
-            return cp.sum(X)
+            return cp.sum(X), []
         if not exact:
             q = cp.Variable(X.shape, name=f"q_{label}")
             self._vars.append(q)
-            self._pending.extend(q >= (2 * k + 1) * X - k * (k + 1) for k in range(kmax))
-            return cp.sum(q)
+            return cp.sum(q), [q >= (2 * k + 1) * X - k * (k + 1) for k in range(kmax)]
         rows, n_dom = X.shape
         Z = cp.Variable((rows * n_dom, kmax), boolean=True, name=f"z_{label}")
         self._vars.append(Z)
-        self._pending.append(cp.sum(Z, axis=1) == cp.vec(X, order="F"))
-        self._pending.append(Z[:, :-1] >= Z[:, 1:])
+        cons = [cp.sum(Z, axis=1) == cp.vec(X, order="F"), Z[:, :-1] >= Z[:, 1:]]
         if capacity is not None and rows > 1:
             # Valid cuts that the LP relaxation misses: at most floor(cap_D / k)
             # rows (workers) can hold k or more threads in a domain that holds
@@ -350,20 +447,24 @@ class CountEncoding(_Encoding):
             limit = np.floor(np.asarray(capacity, float)[:, None] / k[None, :])
             # rows of Z are ordered (row, domain) column-major: row index fastest
             per_domain = sp.kron(sp.identity(n_dom), np.ones((1, rows)), format="csr")
-            self._pending.append(per_domain @ Z <= limit)
-        return cp.sum(Z @ (2.0 * np.arange(1, kmax + 1) - 1))
+            cons.append(per_domain @ Z <= limit)
+        return cp.sum(Z @ (2.0 * np.arange(1, kmax + 1) - 1)), cons
 
     def pair_sum(self, label, counts, maximize):
         """``sum_rows sum_{c<c'} X_c X_c' d(c,c')`` from per-domain counts (module docstring, 2.)."""
+        return self._once(("pair_sum", label, maximize), lambda: self._pair_sum(label, counts, maximize))
+
+    def _pair_sum(self, label, counts, maximize):
         inst = self.inst
         k = counts.shape[0]
-        per_core_max = self.main_max if label == "main" else self.worker_max
+        per_core_max = self.caps.main_max if label == "main" else self.caps.worker_max
         total = inst.W if label == "main" else inst.T
         exact = not maximize
         d = [0.0] + [c for c, _ in self.chain]       # d[0]: "same core" does not count in c<c'
         labels = [None] + [lab for _, lab in self.chain]
         top = len(d) - 1
         expr = 0.5 * d[top] * total * total * k
+        cons = []
         X, prev = counts, np.arange(inst.C)
         for j in range(top):
             weight = d[j + 1] - d[j]
@@ -374,31 +475,30 @@ class CountEncoding(_Encoding):
                 H = _membership(_parent_of(prev, labels[j]))
                 Xj = cp.Variable((k, H.shape[1]), name=f"X_{label}{j}")
                 self._vars.append(Xj)
-                self._pending.append(Xj == X @ H)
+                cons.append(Xj == X @ H)
                 X, prev = Xj, labels[j]
             if weight == 0:
                 continue
             sizes = np.asarray(G.sum(axis=0)).ravel()
             kmax = int(min(total, sizes.max() * per_core_max))
             capacity = self.domain_capacity(G) if label == "worker" else None
-            expr = expr - 0.5 * weight * self._squares(X, kmax, f"{label}{j}", exact, capacity)
-        return expr
+            squares, rows = self._squares(X, kmax, f"{label}{j}", exact, capacity)
+            expr = expr - 0.5 * weight * squares
+            cons.extend(rows)
+        return expr, cons
 
     def domain_capacity(self, G):
         """Most threads the load families allow in each domain (columns of ``G``)."""
-        inst = self.inst
+        inst, caps = self.inst, self.caps
         per_core = np.full(inst.C, float(inst.W * inst.T))
-        if self.load_cap is not None:
-            per_core = np.minimum(per_core, self.load_cap)
+        if caps.load is not None:
+            per_core = np.minimum(per_core, caps.load[1])
         cap = per_core @ G
-        if self.phys_load_cap is not None:
+        if caps.phys_load is not None:
             # physical cores wholly inside each domain
             phys_in = (self.physical_matrix.T @ G).toarray() > 0
-            cap = np.minimum(cap, phys_in.sum(axis=0) * self.phys_load_cap)
+            cap = np.minimum(cap, phys_in.sum(axis=0) * caps.phys_load[1])
         return np.minimum(cap, inst.W * inst.T)
-
-    load_cap = None
-    phys_load_cap = None
 
     def extract(self):
         a = np.rint(np.asarray(self.a.value)).astype(int)
@@ -406,7 +506,7 @@ class CountEncoding(_Encoding):
         if self.b is None:
             return main[:, None]
         b = np.rint(np.asarray(self.b.value)).astype(int)
-        return assign_ranks(main, b, self.rank_cap)
+        return assign_ranks(main, b, self.caps.rank_limit)
 
     def canonical(self, assign):
         """``assign`` renumbered so that it satisfies :meth:`symmetry_constraints`.
@@ -415,12 +515,13 @@ class CountEncoding(_Encoding):
         key, and the siblings of each by theirs (both symmetries of every
         family, which keep the objective), then the workers by the position
         of their main thread. A warm start must be canonical, else HiGHS
-        finds it infeasible and discards it.
+        finds it infeasible and discards it. Without symmetry rows
+        (``caps.symmetric`` false) every assignment is canonical.
         """
-        from .families import loads, main_counts
-
         inst = self.inst
         assign = np.asarray(assign)
+        if not self.caps.symmetric:
+            return assign
         W, T, C = inst.W, inst.T, inst.C
         key = (W * T + 1) * main_counts(assign, C) + loads(assign, C)
         core = inst.core
@@ -443,8 +544,6 @@ class CountEncoding(_Encoding):
         return out[np.argsort(out[:, 0], kind="stable")]
 
     def start(self, assign):
-        from .families import worker_counts
-
         assign = self.canonical(assign)
         W, C = self.inst.W, self.inst.C
         a = np.zeros((W, C))
@@ -482,8 +581,8 @@ def _parent_of(child_labels, parent_labels):
 ENCODINGS = ("auto", "counts", "pairwise")
 
 
-def make_encoding(name, inst, main_max, worker_max):
-    """Build the encoding ``name`` ("auto" picks counts where the caches are nested)."""
+def make_encoding(name, inst, caps):
+    """The :class:`Encoding` ``name`` of ``inst`` under ``caps`` ("auto": counts where the caches nest)."""
     if name not in ENCODINGS:
         raise ModelError(f"encoding must be one of {', '.join(ENCODINGS)}, got {name!r}")
     if name in ("auto", "counts"):
@@ -494,7 +593,5 @@ def make_encoding(name, inst, main_max, worker_max):
                 raise
             chain = None
         if chain is not None:
-            return CountEncoding(inst, main_max, worker_max, chain)
-    enc = PairwiseEncoding(inst, main_max, worker_max)
-    enc._pending = []
-    return enc
+            return CountEncoding(inst, caps, chain)
+    return PairwiseEncoding(inst, caps)

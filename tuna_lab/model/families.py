@@ -8,8 +8,19 @@ Every family is a composable object in the spirit of ``cvxpy.constraints``:
 * :meth:`Family.violations` checks a finished assignment with plain numpy,
   independently of any solver, and :meth:`Family.residual` returns the
   amount by which each of its rows is violated (0 when satisfied);
+* :meth:`Family.caps` says what it asks in numbers (a rank cap, a load
+  range, an events budget ...) for the solver-free routes: the constructive
+  mapping and the counting bound read only the merged
+  :class:`~tuna_lab.model.caps.Caps`, never which families are present;
 * it knows its equation numbers, a one-line description and its LaTeX, and
   when it applies to an instance (:meth:`Family.applies`, :meth:`Family.note`).
+
+Rows are built only through the members of the
+:class:`~tuna_lab.model.encodings.Encoding` contract, so every family works
+with every encoding. A family returns *all* its rows from
+:meth:`Family.constraints`, including the definitions of the auxiliary
+variables it owns (an objective family returns there the linearisation of
+its term).
 
 Assignments are ``(W, T)`` integer arrays of core *positions* ``0..C-1``
 (column 0 = each worker's main thread); ``-1`` marks an unassigned thread.
@@ -124,6 +135,13 @@ class Family:
     kind = "constraint"
     #: keys of families this one needs in the same model
     requires = ()
+    #: Whether the family is invariant under renumbering the workers and
+    #: permuting interchangeable cores (same cache domains, same SMT shape).
+    #: Only then may the counts encoding add rows that break those symmetries
+    #: (:meth:`~tuna_lab.model.encodings.CountEncoding.symmetry_constraints`).
+    #: Off by default: a family of one's own that singles out some cores or
+    #: workers would be cut off by them.
+    symmetric = False
 
     @property
     def name(self):
@@ -142,11 +160,31 @@ class Family:
         return self.description
 
     def constraints(self, enc):
-        """cvxpy constraints of this family over the encoding's variables."""
+        """All cvxpy rows of this family over an :class:`~tuna_lab.model.encodings.Encoding`.
+
+        Includes the rows defining the auxiliary variables the family owns;
+        an objective family returns the linearisation of its :meth:`term`.
+        """
         return []
 
     def term(self, enc):
-        """Objective term (to be maximised) of an objective family; ``None`` otherwise."""
+        """Objective term (to be maximised) of an objective family; ``None`` otherwise.
+
+        Its defining rows come from :meth:`constraints` (the encoding builds
+        each auxiliary object once, so both calls see the same variables).
+        """
+        return None
+
+    def caps(self, inst):
+        """This family's part of :class:`~tuna_lab.model.caps.Caps` for ``inst``, or ``None``.
+
+        A dict of the rules it imposes, named as the fields of ``Caps``
+        (``{}`` when it imposes none the solver-free routes need to know).
+        ``None``, the default, says that the constructive mapping and the
+        counting bound do not understand the family: a model holding it is
+        solved by HiGHS, which sees its rows. A subclass inherits its
+        parent's answer; one that changes the rows should return ``None``.
+        """
         return None
 
     def residual(self, assign, inst):
@@ -178,12 +216,16 @@ class SingleCore(Family):
     """(1) Every thread is assigned to exactly one logical core."""
 
     key = "1"
+    symmetric = True
     equations = ("1",)
     description = "each thread is assigned to exactly one core"
     latex = r"\sum_{c} Y_{w,t,c} = 1 \quad \forall w,t"
 
     def constraints(self, enc):
         return enc.assignment_constraints()
+
+    def caps(self, inst):
+        return {}              # it defines what a mapping is: every route builds one
 
     def residual(self, assign, inst):
         return (~_valid(assign, inst.C)).astype(float).ravel()
@@ -206,6 +248,7 @@ class UniqueRankCores(Family):
     """
 
     key = "2"
+    symmetric = True
     equations = ("2",)
     description = "equally ranked threads of different workers go to different cores"
     latex = r"\sum_{w} Y_{w,t,c} \leq 1 \quad \forall t,c \qquad (W \leq C)"
@@ -220,6 +263,9 @@ class UniqueRankCores(Family):
 
     def constraints(self, enc):
         return enc.rank_constraints(enc.inst.cap_rank)
+
+    def caps(self, inst):
+        return {"rank_cap": inst.cap_rank}
 
     def residual(self, assign, inst):
         return _excess(rank_counts(assign, inst.C), inst.cap_rank).ravel()
@@ -239,6 +285,7 @@ class UniqueWorkerCores(Family):
     """
 
     key = "3"
+    symmetric = True
     equations = ("3",)
     description = "threads of one worker go to different cores"
     latex = r"\sum_{t} Y_{w,t,c} \leq 1 \quad \forall w,c \qquad (T \leq C)"
@@ -253,6 +300,9 @@ class UniqueWorkerCores(Family):
 
     def constraints(self, enc):
         return enc.worker_constraints(enc.inst.cap_worker)
+
+    def caps(self, inst):
+        return {"worker_cap": inst.cap_worker}
 
     def residual(self, assign, inst):
         return _excess(worker_counts(assign, inst.C), inst.cap_worker).ravel()
@@ -276,14 +326,22 @@ class MainSpread(Family):
     """
 
     key = "4-5"
+    symmetric = True
     equations = ("4", "5")
     kind = "objective"
     description = "maximise the distance between main threads (f_main)"
     latex = (r"f_{main}=\sum_{c}\sum_{c'>c}\Big(\sum_{w} Y_{w,0,c}\Big)"
              r"\Big(\sum_{w} Y_{w,0,c'}\Big)d_{c,c'}")
 
+    # pair_sum builds the linearisation once per encoding: both calls get the same one.
+    def constraints(self, enc):
+        return enc.pair_sum("main", enc.main_count[None, :], maximize=True)[1]
+
     def term(self, enc):
-        return enc.pair_sum("main", enc.main_count[None, :], maximize=True)
+        return enc.pair_sum("main", enc.main_count[None, :], maximize=True)[0]
+
+    def caps(self, inst):
+        return {"spread_main": True}
 
     def value(self, assign, inst):
         return float(pair_sums(main_counts(assign, inst.C), inst.distance)[0])
@@ -297,6 +355,7 @@ class WorkerDistance(Family):
     """
 
     key = "6-7"
+    symmetric = True
     equations = ("6", "7")
     kind = "objective"
     description = "within-worker distance, maximised (scatter) or minimised (compact) (f_mode)"
@@ -306,9 +365,15 @@ class WorkerDistance(Family):
     def note(self, inst):
         return f"{inst.mode}: {'maximise' if inst.sign > 0 else 'minimise'} within-worker distance"
 
+    def constraints(self, enc):
+        return enc.pair_sum("worker", enc.worker_count, maximize=enc.inst.sign > 0)[1]
+
     def term(self, enc):
         inst = enc.inst
-        return inst.sign * enc.pair_sum("worker", enc.worker_count, maximize=inst.sign > 0)
+        return inst.sign * enc.pair_sum("worker", enc.worker_count, maximize=inst.sign > 0)[0]
+
+    def caps(self, inst):
+        return {"sign": inst.sign}
 
     def value(self, assign, inst):
         return float(inst.sign * pair_sums(worker_counts(assign, inst.C), inst.distance).sum())
@@ -320,6 +385,7 @@ class LogicalBalance(Family):
     """(8) Every logical core carries between ``L = floor(WT/C)`` and ``U = ceil(WT/C)`` threads."""
 
     key = "8"
+    symmetric = True
     equations = ("8",)
     description = "every logical core carries L..U threads"
     latex = (r"\left\lfloor\frac{WT}{C}\right\rfloor=L \leq \sum_{w}\sum_{t}Y_{w,t,c}"
@@ -334,6 +400,9 @@ class LogicalBalance(Family):
         if inst.L > 0:
             cons.append(enc.load >= inst.L)
         return cons
+
+    def caps(self, inst):
+        return {"load": (inst.L, inst.U)}
 
     def residual(self, assign, inst):
         n = loads(assign, inst.C)
@@ -377,6 +446,7 @@ class PhysicalBalance(Family):
     """
 
     key = "8p"
+    symmetric = True
     equations = ("8+",)
     description = "every physical core carries L+..U+ threads"
     latex = (r"\left\lfloor\frac{WT}{P}\right\rfloor=L^{+} \leq \sum_{c \in x}\sum_{w}\sum_{t}Y_{w,t,c}"
@@ -401,6 +471,10 @@ class PhysicalBalance(Family):
         if inst.L_phys > 0:
             cons.append(n_phys >= inst.L_phys)
         return cons
+
+    def caps(self, inst):
+        # mixed or no SMT: (8) already says everything
+        return {"phys_load": (inst.L_phys, inst.U_phys)} if self.applies(inst) else {}
 
     def residual(self, assign, inst):
         if not self.applies(inst):
@@ -429,6 +503,7 @@ class MainIndicator(Family):
     """
 
     key = "9-10"
+    symmetric = True
     equations = ("9", "10")
     description = "M_c indicates that some main thread is on core c"
     latex = (r"M_c \geq Y_{w,0,c} \;\forall w,c \qquad "
@@ -445,7 +520,11 @@ class MainIndicator(Family):
     def constraints(self, enc):
         if not enc.inst.scenario3:
             return []
-        return enc.define_main_indicator()
+        # (9)+(10) own M_c's definition; (11)+(12) only read M_c.
+        return enc.main_indicator()[1]
+
+    def caps(self, inst):
+        return {}              # an auxiliary definition: nothing to cap
 
 
 def _main_load_events(assign, inst):
@@ -462,6 +541,7 @@ class MainLoadCap(Family):
     """
 
     key = "11-12"
+    symmetric = True
     equations = ("11", "12")
     description = "in scenario 3, at most max(0, W-C+r) main-thread cores carry U threads"
     latex = (r"\mathbb{1}(E_c)=\Big(\sum_{w}\sum_{t}Y_{w,t,c}-L\Big)M_c \;\forall c \qquad "
@@ -486,8 +566,12 @@ class MainLoadCap(Family):
         inst = enc.inst
         if not inst.scenario3:
             return []
-        events, cons = enc.main_load_events(enc.load - inst.L, enc.main_indicator, "logical")
+        indicator, _ = enc.main_indicator()          # its rows belong to (9)+(10)
+        events, cons = enc.main_load_events(enc.load - inst.L, indicator, "logical")
         return cons + [cp_sum(events) <= self.bound(inst)]
+
+    def caps(self, inst):
+        return {"event_budget": self.bound(inst)} if self.applies(inst) else {}
 
     def residual(self, assign, inst):
         if not inst.scenario3:
@@ -527,6 +611,7 @@ class PhysicalMainLoadCap(Family):
     """
 
     key = "11p-12p"
+    symmetric = True
     equations = ("11+", "12+")
     description = "in physical scenario 3, few physical cores hosting a main thread carry U+ threads"
     latex = (r"\mathbb{1}(E^{+}_x)=\Big(\sum_{c\in x}\sum_{w}\sum_{t}Y_{w,t,c}-L^{+}\Big)M^{+}_x"
@@ -556,10 +641,14 @@ class PhysicalMainLoadCap(Family):
         inst = enc.inst
         if not self.applies(inst):
             return []
+        # M+_x has no family of its own: this one owns its definition.
         indicator, cons = enc.physical_main_indicator()
         events, more = enc.main_load_events(
             enc.load @ enc.physical_matrix - inst.L_phys, indicator, "physical")
         return cons + more + [cp_sum(events) <= self.bound(inst)]
+
+    def caps(self, inst):
+        return {"phys_event_budget": self.bound(inst)} if self.applies(inst) else {}
 
     def residual(self, assign, inst):
         if not self.applies(inst):

@@ -31,7 +31,16 @@ class Mapping:
     build_seconds, solve_seconds : float
         Model building (cvxpy) and solving (HiGHS) wall time.
     encoding : str
-        Which encoding produced it.
+        Which encoding produced it (``"constructive+bound"``/``"constructive"``
+        when no solver ran).
+    bound : float or None
+        Best proven upper bound on the objective the model maximised (the
+        terms of its objective families; :attr:`objective` with both).
+    extra : dict
+        Free-form additions.
+    notes : tuple of str
+        Why the solve took the route it took when that is not the default
+        (e.g. a family the constructive route does not know: HiGHS solved it).
 
     Examples
     --------
@@ -52,9 +61,11 @@ class Mapping:
     encoding: str = ""
     bound: float | None = None
     extra: dict = field(default_factory=dict)
+    notes: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "assignment", np.asarray(self.assignment, dtype=int))
+        object.__setattr__(self, "notes", tuple(self.notes))
 
     # -- basic facts -----------------------------------------------------------
     @property
@@ -162,6 +173,7 @@ class Mapping:
             "encoding": self.encoding,
             "families": [f.key for f in self.families],
             "violations": [v.message for v in self.verify()],
+            "notes": list(self.notes),
         }
 
     def describe(self):
@@ -176,6 +188,7 @@ class Mapping:
         lines.append(f"  f_main={self.f_main:g} f_mode={self.f_mode:g} objective={self.objective:g} "
                      f"status={self.status} proven_optimal={self.proven_optimal} gap={gap} "
                      f"[{self.encoding}: build {self.build_seconds:.3f}s solve {self.solve_seconds:.3f}s]")
+        lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
     def __repr__(self):

@@ -1,26 +1,28 @@
-"""``TunaModel``: the families composed into one cvxpy problem, solved by HiGHS."""
+"""``TunaModel``: the families composed into one cvxpy problem, solved by HiGHS.
+
+The model holds the instance, the families and their merged rules
+(:class:`~tuna_lab.model.caps.Caps`); it builds the cvxpy problem from the
+families' rows, offers the solver-free parts (constructive mapping, local
+search, counting bound) and hands :meth:`TunaModel.solve` to the pipeline of
+:mod:`~tuna_lab.model.pipeline`.
+"""
 
 import time
-import warnings
 from collections import OrderedDict
 
 import cvxpy as cp
 import numpy as np
 
-from ..errors import InfeasibleModelError, ModelError, NoSolutionError
-from .bounds import _closes, objective_bound, objective_granularity
+from ..errors import ModelError
+from .bounds import objective_bound, objective_granularity
+from .caps import Caps
 from .construct import greedy_mapping, local_search
 from .encodings import ENCODINGS, make_encoding, ultrametric_chain
-from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, PhysicalBalance, SingleCore
+from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, SingleCore
 from .instance import Instance
-from .mapping import Mapping
+from .pipeline import SolveOptions, run
 
 __all__ = ["TunaModel", "solve"]
-
-# HiGHS's presolve does not stop at its time limit; on large models it alone
-# takes about this long per nonzero of the constraint matrix (measured on the
-# 494k-nonzero epyc-9654-2s 32x16 compact model: 3-9 s on 2 shared CPUs).
-_PRESOLVE_S_PER_NONZERO = 1e-5
 
 # Built problems are kept so that toggling a mode or a family back and forth
 # re-solves without re-building or re-compiling (cvxpy caches the compiled
@@ -71,6 +73,15 @@ class TunaModel:
     costs : dict, optional
         Cache-distance costs overriding the topology's.
 
+    Attributes
+    ----------
+    instance : Instance
+    families : tuple of Family
+        In canonical build order.
+    caps : Caps
+        What the families ask, as numbers: the one answer to "which rules
+        apply" that the constructive route, the bound and the encodings read.
+
     Examples
     --------
     >>> from tuna_lab import Topology, TunaModel
@@ -101,6 +112,8 @@ class TunaModel:
             raise ModelError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
         self.encoding = encoding
         self._check_requirements()
+        self.caps = Caps.of(self.instance, self.families)
+        self._full_bound = None
 
     # -- composition ----------------------------------------------------------------
     def _replace(self, **changes):
@@ -135,13 +148,6 @@ class TunaModel:
         return tuple(f for f in self.families if f.active(self.instance))
 
     # -- building ---------------------------------------------------------------------
-    def _caps(self):
-        keys = {f.key for f in self.families}
-        inst = self.instance
-        main_max = inst.cap_rank if "2" in keys else inst.W
-        worker_max = inst.cap_worker if "3" in keys else inst.T
-        return min(main_max, inst.W), min(worker_max, inst.T)
-
     def _key(self):
         inst = self.instance
         costs = tuple(sorted((inst.costs or {}).items()))
@@ -156,23 +162,12 @@ class TunaModel:
             problem, enc = _BUILT[key]
             return problem, enc, 0.0
         t0 = time.perf_counter()
-        main_max, worker_max = self._caps()
-        enc = make_encoding(self.encoding, self.instance, main_max, worker_max)
-        keys = {f.key for f in self.families}
-        if "2" in keys:
-            enc.rank_cap = self.instance.cap_rank
-        if "8" in keys:
-            enc.load_cap = self.instance.U
-        if "8p" in keys and PhysicalBalance().applies(self.instance):
-            enc.phys_load_cap = self.instance.U_phys
-        constraints, terms = [], []
-        for fam in self.families:
-            constraints.extend(fam.constraints(enc))
-            if fam.kind == "objective":
-                terms.append(fam.term(enc))
-            constraints.extend(enc.take_pending())
-        if hasattr(enc, "symmetry_constraints"):
-            constraints.extend(enc.symmetry_constraints())
+        enc = make_encoding(self.encoding, self.instance, self.caps)
+        # Every family returns all its rows (auxiliary definitions included);
+        # an objective family's term reuses the variables its rows define.
+        constraints = [row for fam in self.families for row in fam.constraints(enc)]
+        terms = [fam.term(enc) for fam in self.families if fam.kind == "objective"]
+        constraints.extend(enc.symmetry_constraints())
         objective = cp.Maximize(sum(terms) if terms else cp.Constant(0.0))
         problem = cp.Problem(objective, constraints)
         _BUILT[key] = (problem, enc)
@@ -192,31 +187,47 @@ class TunaModel:
 
     # -- solving -------------------------------------------------------------------------
     def construct(self):
-        """The constructive (greedy) mapping as positions ``(W, T)``, or ``None`` if it dead-ends.
+        """The constructive (greedy) mapping as positions ``(W, T)``, or ``None``.
 
-        It satisfies every family of the model whenever it is returned.
+        ``None`` when the greedy placement dead-ends, or when a family of the
+        model contributes no caps (:attr:`Caps.understood
+        <tuna_lab.model.caps.Caps.understood>`): the greedy rules could not
+        honour it. It satisfies every family of the model whenever it is
+        returned.
         """
+        if not self.caps.understood:
+            return None
         inst = self.instance
-        if any(type(f) not in FAMILY_TYPES for f in self.families):
-            return None             # a user's family may forbid what the greedy rules allow
         labels = [inst.core]
-        try:
-            labels += [lab for _, lab in ultrametric_chain(inst.topology, inst.costs)]
-        except ValueError:
-            pass
+        chain = self._chain()
+        if chain is not None:
+            labels += [lab for _, lab in chain]
         best, best_value = None, -np.inf
         for order_by in ("rank", "worker"):
-            pos = greedy_mapping(inst, self.families, labels, order_by)
+            pos = greedy_mapping(self.caps, labels, order_by)
             if pos is None or any(f.violations(pos, inst) for f in self.families):
                 continue
-            value = sum(f.value(pos, inst) for f in self.families if f.kind == "objective")
+            value = self.value(pos)
             if value > best_value:
                 best, best_value = pos, value
         if best is None:
             return None
+        return self._ordered(best)
+
+    def _ordered(self, pos):
         # The counts encoding orders workers by their main thread's core
-        # position (symmetry breaking); renumbering workers is always allowed.
-        return best[np.argsort(best[:, 0], kind="stable")]
+        # position (symmetry breaking), which renumbering workers reaches
+        # whenever every family allows it.
+        return pos[np.argsort(pos[:, 0], kind="stable")] if self.caps.symmetric else pos
+
+    def value(self, positions):
+        """The objective this model maximises at ``positions`` (W, T): its objective families' terms.
+
+        Equal to :attr:`Mapping.objective` (``f_main + f_mode``) with both
+        terms in the model; what :meth:`bound` bounds.
+        """
+        inst = self.instance
+        return float(sum(f.value(positions, inst) for f in self.families if f.kind == "objective"))
 
     def _chain(self):
         inst = self.instance
@@ -230,38 +241,39 @@ class TunaModel:
 
         See :func:`~tuna_lab.model.construct.local_search`; the result is
         checked against every family and ``start`` is kept if it fails or is
-        not better.
+        not better (or if a family contributes no caps).
         """
         inst = self.instance
-        if start is None or any(type(f) not in FAMILY_TYPES for f in self.families):
+        if start is None or not self.caps.understood:
             return start
         try:
-            better = local_search(start, inst, self.families, time_limit=time_limit)
+            better = local_search(start, self.caps, time_limit=time_limit)
         except ModelError:
             return start
         if any(f.violations(better, inst) for f in self.families):
             return start
-
-        def value(pos):
-            return sum(f.value(pos, inst) for f in self.families if f.kind == "objective")
-
-        if value(better) <= value(start) + 1e-9:
+        if self.value(better) <= self.value(start) + 1e-9:
             return start
-        return better[np.argsort(better[:, 0], kind="stable")]
+        return self._ordered(better)
 
     def bound(self, target=None):
-        """An upper bound on the objective from per-level counting, or ``None`` (non-nested caches).
+        """An upper bound on the objective from per-level counting, or ``None``.
+
+        ``None`` with non-nested caches, and when a family contributes no
+        caps (:attr:`Caps.understood <tuna_lab.model.caps.Caps.understood>`):
+        the bound knows only the rules it is given, and a family of one's
+        own may even change the objective.
 
         ``target``: an objective already reached; the slower sibling-pattern
         part of the bound is skipped when the counting bound alone proves it
         optimal (see :func:`~tuna_lab.model.bounds.objective_bound`).
         """
         chain = self._chain()
-        if chain is None:
+        if chain is None or not self.caps.understood:
             return None
-        if target is None and getattr(self, "_full_bound", None) is not None:
+        if target is None and self._full_bound is not None:
             return self._full_bound
-        value = objective_bound(self.instance, self.families, chain, target=target)
+        value = objective_bound(self.caps, chain, target=target)
         if target is None:
             self._full_bound = value
         return value
@@ -270,29 +282,14 @@ class TunaModel:
         """Step of the lattice every objective value lies on (0 if unknown); see
         :func:`~tuna_lab.model.bounds.objective_granularity`."""
         chain = self._chain()
-        if chain is None:
+        if chain is None or not self.caps.understood:
             return 0.0
-        return objective_granularity(self.instance, {f.key for f in self.families}, chain)
-
-    def _bound_certificate(self, start, construct_s):
-        """The constructive mapping, if it already reaches :meth:`bound` (then it is optimal)."""
-        # The bound and the numpy checks know the article's families only; a
-        # user's own family may add constraints the checks cannot see.
-        if any(type(f) not in FAMILY_TYPES for f in self.families):
-            return None
-        inst = self.instance
-        mapping = Mapping(inst, inst.cpus[start], self.families)
-        t0 = time.perf_counter()
-        bound = self.bound(target=mapping.objective)
-        if bound is None or not _closes(bound, mapping.objective, self.granularity()):
-            return None
-        return Mapping(inst, mapping.assignment, self.families, status="optimal",
-                       proven_optimal=True, gap=0.0, bound=max(bound, mapping.objective),
-                       build_seconds=0.0, solve_seconds=construct_s + time.perf_counter() - t0,
-                       encoding="constructive+bound")
+        return objective_granularity(self.caps, chain)
 
     def solve(self, time_limit=None, gap=None, verbose=False, warm_start=True, prove="auto"):
-        """Solve with HiGHS and return a :class:`Mapping`.
+        """Solve and return a :class:`Mapping`: by construction and bound where they prove it, else by HiGHS.
+
+        The stages are those of :mod:`~tuna_lab.model.pipeline`.
 
         Parameters
         ----------
@@ -313,171 +310,19 @@ class TunaModel:
 
         Raises
         ------
+        ModelError
+            A bad option.
         InfeasibleModelError
             The families admit no mapping.
         NoSolutionError
             The time limit passed before any mapping was found.
         """
-        if time_limit is not None and (isinstance(time_limit, bool) or not (
-                isinstance(time_limit, (int, float)) and time_limit > 0)):
-            raise ModelError(f"time limit must be a positive number of seconds, got {time_limit!r}")
-        if gap is not None and (isinstance(gap, bool) or not (isinstance(gap, (int, float)) and 0 <= gap < 1)):
-            raise ModelError(f"gap must be a number in [0, 1), got {gap!r}")
-        if prove not in ("auto", "solver", "bound"):
-            raise ModelError(f"prove must be auto, solver or bound, got {prove!r}")
-        t_begin = time.perf_counter()
-        start = None
-        # An explicit encoding="pairwise" asks for the literal model: solve it.
-        by_bound = prove in ("auto", "bound") and self.encoding != "pairwise"
-        if warm_start:
-            t1 = time.perf_counter()
-            start = self.construct()
-            construct_s = time.perf_counter() - t1
-            if start is not None and by_bound:
-                mapping = self._bound_certificate(start, construct_s)
-                if mapping is not None:
-                    return mapping
-            if start is not None:
-                # Not proven yet: polish the greedy mapping by local search
-                # (its time comes out of the time limit), then try the bound again.
-                budget = 2.0 if time_limit is None else min(2.0, 0.3 * float(time_limit))
-                t1 = time.perf_counter()
-                start = self.improve(start, time_limit=budget)
-                construct_s += time.perf_counter() - t1
-                if by_bound:
-                    mapping = self._bound_certificate(start, construct_s)
-                    if mapping is not None:
-                        return mapping
-        problem, enc, build_s = self.build()
-        t0 = time.perf_counter()
-        data, _, inverse = problem.get_problem_data(cp.HIGHS)   # compiled once, cached by cvxpy
-        build_s += time.perf_counter() - t0
-        # HiGHS minimises -(objective) - offset; keep the offset to turn its
-        # dual bound into a bound on our objective.
-        offset = float(inverse[-1].get("offset", 0.0)) if inverse else 0.0
-        if start is not None:
-            _set_start(problem, data, enc.start(start))
-        opts = {}
-        if time_limit is not None:
-            # the limit covers the whole solve: what construction, local search
-            # and building took comes out of HiGHS's share (it keeps at least a fifth)
-            left = float(time_limit) - (time.perf_counter() - t_begin)
-            nnz = data[cp.settings.A].nnz if cp.settings.A in data else 0
-            if start is not None and left < _PRESOLVE_S_PER_NONZERO * nnz and by_bound:
-                # HiGHS's presolve alone would overrun the time left (it does not
-                # stop mid-way): the polished mapping, with its certified gap, is the answer.
-                return self._unsolved(start, build_s, construct_s)
-            opts["time_limit"] = max(0.2 * float(time_limit), left)
-        if gap is not None:
-            opts["mip_rel_gap"] = float(gap)
-        t0 = time.perf_counter()
-        try:
-            with warnings.catch_warnings():
-                # cvxpy warns "may be inaccurate" on a time limit; we report the
-                # status and the certified gap ourselves.
-                warnings.simplefilter("ignore", UserWarning)
-                problem.solve(solver=cp.HIGHS, verbose=verbose, warm_start=start is not None, **opts)
-        except cp.error.SolverError as exc:
-            raise NoSolutionError(f"HiGHS failed: {exc}") from None
-        solve_s = time.perf_counter() - t0
-        return self._result(problem, enc, build_s, solve_s, start, offset, prove)
-
-    def _unsolved(self, start, build_s, solve_s):
-        """The mapping ``start`` as the answer without HiGHS, with the counting bound's gap."""
-        inst = self.instance
-        mapping = Mapping(inst, inst.cpus[start], self.families)
-        obj = mapping.objective
-        bound = self.bound()
-        gap, proven = None, False
-        if bound is not None:
-            bound = max(bound, obj)
-            proven = _closes(bound, obj, self.granularity())
-            gap = 0.0 if proven else (bound - obj) / max(1.0, abs(obj))
-        return Mapping(inst, mapping.assignment, self.families,
-                       status="optimal" if proven else "constructed", proven_optimal=proven,
-                       gap=gap, bound=bound, build_seconds=build_s, solve_seconds=solve_s,
-                       encoding="constructive")
-
-    def _result(self, problem, enc, build_s, solve_s, start=None, offset=0.0, prove="auto"):
-        inst = self.instance
-        info = problem.solver_stats.extra_stats if problem.solver_stats else None
-        status = problem.status
-        if status in (cp.INFEASIBLE, "infeasible_or_unbounded"):
-            names = ", ".join(f"({f.key}) {f.name}" for f in self.active_families)
-            raise InfeasibleModelError(
-                f"no mapping of W={inst.W} x T={inst.T} on {inst.C} cores satisfies the families "
-                f"{names}", [f.key for f in self.active_families])
-        has_solution = status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE, cp.USER_LIMIT) and \
-            all(v.value is not None for v in enc.variables()[:1])
-        if has_solution and info is not None and getattr(info, "primal_solution_status", 2) != 2:
-            has_solution = False
-        dual = float(info.mip_dual_bound) if info is not None else float("nan")
-        bound = -(dual + offset) if np.isfinite(dual) else None
-        if not has_solution:
-            if start is None:
-                raise NoSolutionError(
-                    f"HiGHS found no feasible mapping for W={inst.W} x T={inst.T} ({status}); "
-                    "raise the time limit")
-            # The solver ran out of time before improving on (or even loading)
-            # the constructive mapping: that mapping is the answer, with
-            # whatever bound HiGHS proved.
-            result_status, positions, proven = "constructed", start, False
-        else:
-            result_status = "optimal" if status == cp.OPTIMAL else "time_limit"
-            positions, proven = enc.extract(), status == cp.OPTIMAL
-        assignment = inst.cpus[positions]
-        mapping_obj = Mapping(inst, assignment, self.families).objective
-        counting = self.bound() if all(type(f) in FAMILY_TYPES for f in self.families) else None
-        if counting is not None:
-            bound = counting if bound is None else min(bound, counting)
-        gap = None
-        if bound is not None:
-            bound = max(bound, mapping_obj)
-            gap = (bound - mapping_obj) / max(1.0, abs(mapping_obj))
-        if not proven and prove != "solver" and bound is not None \
-                and _closes(bound, mapping_obj, self.granularity()):
-            # the bound is less than one lattice step above: nothing better exists
-            proven, result_status, gap = True, "optimal", 0.0
-        if proven:
-            gap = min(gap, 1e-4) if gap is not None else 0.0
-        return Mapping(inst, assignment, self.families,
-                       status=result_status,
-                       proven_optimal=proven, gap=gap, bound=bound,
-                       build_seconds=build_s, solve_seconds=solve_s, encoding=enc.name)
+        return run(self, SolveOptions(time_limit, gap, verbose, warm_start, prove))
 
     def __repr__(self):
         inst = self.instance
         return (f"TunaModel(W={inst.W}, T={inst.T}, {inst.mode}, topology={inst.topology.name!r}, "
                 f"families=[{', '.join(f.key for f in self.families)}], encoding={self.encoding!r})")
-
-
-def _set_start(problem, data, values):
-    """Give HiGHS a starting solution through cvxpy's warm-start cache.
-
-    cvxpy hands HiGHS the previous solve's solution when ``warm_start=True``;
-    we put our constructive mapping there instead. Integer columns we know are
-    set; the rest are left at 0.5 (binaries) / 0 (continuous), which HiGHS
-    treats as a partial solution: it fixes the known integers and completes
-    the rest itself.
-    """
-    import highspy
-
-    from cvxpy.settings import PARAM_PROB
-
-    prog = data[PARAM_PROB]
-    n = int(sum(v.size for v in prog.variables))
-    x0 = np.zeros(n)
-    ints = np.concatenate([np.asarray(data.get("bool_vars_idx", []), dtype=int),
-                           np.asarray(data.get("int_vars_idx", []), dtype=int)])
-    x0[ints] = 0.5
-    for var in prog.variables:
-        if var.id in values:
-            off = prog.var_id_to_col[var.id]
-            x0[off:off + var.size] = np.asarray(values[var.id], dtype=float).ravel(order="F")
-    sol = highspy.HighsSolution()
-    sol.col_value = x0.tolist()
-    sol.value_valid = True
-    problem._solver_cache = {"HIGHS": (None, None, {"model_status": "kOptimal", "solution": sol})}
 
 
 def solve(workers, threads, topology=None, mode="scatter", **options):
