@@ -11,6 +11,7 @@ stale.
 """
 
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import re
@@ -51,12 +52,23 @@ def _directive(obj):
     return "autodata"
 
 
+def _declares_all(name):
+    """Whether the module's source assigns ``__all__`` (read, not imported: some modules are
+    configuration files that need their process's environment)."""
+    import ast
+
+    spec = importlib.util.find_spec(name)
+    tree = ast.parse(Path(spec.origin).read_text())
+    return any(isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets)
+               for node in tree.body)
+
+
 def page(name):
     """The reST of one module's page, or None for a module without ``__all__``."""
-    module = importlib.import_module(name)
-    public = getattr(module, "__all__", None)
-    if public is None:
+    if not _declares_all(name):
         return None
+    module = importlib.import_module(name)
+    public = module.__all__
     own, reexported = [], []
     package = module.__file__.endswith("__init__.py")
     for attr in public:
@@ -81,7 +93,7 @@ def page(name):
             if any(b.__module__.startswith("tuna_lab") and b is not obj for b in obj.__mro__[1:]):
                 lines.append("   :inherited-members:")
         lines.append("")
-    subs = [m for m in public_modules() if m.rsplit(".", 1)[0] == name and m != name]
+    subs = [m for m in public_modules() if m.rsplit(".", 1)[0] == name and m != name and _declares_all(m)]
     if subs:
         lines += ["Its modules:", "", ".. autosummary::", ""] + [f"   {m.rsplit('.', 1)[1]}" for m in subs] + [""]
     return "\n".join(lines).rstrip() + "\n"
