@@ -1,10 +1,12 @@
 """Per-thread CPU accounting and the OpenMP wait policy as an experiment factor."""
 
+import json
 import os
 import threading
 
 import numpy as np
 import pandas as pd
+import psutil
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,7 +15,7 @@ from tuna_lab.errors import CpuAccountingError, ExperimentError
 from tuna_lab.measure.cpu import CpuSampler, account, summarise
 from tuna_lab.server.cpuclock import process_thread_cpu, request_cpu, thread_cpu_seconds
 from tuna_lab.server.openmp import wait_policy_env
-from tuna_lab.measure.experiment import Config, load_thread_cpu, run
+from tuna_lab.measure.experiment import Config, load_results, load_thread_cpu, run
 
 CPUS = len(os.sched_getaffinity(0))
 T = min(2, CPUS)
@@ -60,7 +62,7 @@ def test_request_cpu_adds_each_threads_increase_to_its_role(before, increase):
 
 
 def test_process_thread_cpu_sees_this_thread():
-    listing = lambda: {int(t) for t in os.listdir("/proc/self/task")}  # noqa: E731
+    listing = lambda: {t.id for t in psutil.Process().threads()}  # noqa: E731
     before = listing()
     cpu = process_thread_cpu()
     after = listing()
@@ -145,16 +147,10 @@ def test_thread_cpu_is_saved_next_to_the_cell(waits):
 
 
 def _marked(mark):
-    """PIDs of live processes whose environment holds ``mark``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if mark.encode() in fh.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
+    """PIDs of live processes whose environment holds ``mark`` (``NAME=value``)."""
+    name, value = mark.split("=", 1)
+    # Unreadable environments (other users', zombies') come back as None: not ours to find.
+    return [p.pid for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get(name) == value]
 
 
 def test_sigterm_stops_a_run_and_its_servers(tmp_path):
@@ -175,8 +171,12 @@ def test_sigterm_stops_a_run_and_its_servers(tmp_path):
         for line in proc.stdout:                         # the first trial has finished: a server ran
             if "trial 1/50" in line:
                 break
-        time.sleep(1.0)                                  # the second trial's server is starting or serving
-        assert len(_marked(mark)) >= 2                   # the run and (at least) its Gunicorn master
+        # A later trial's server is starting or serving: the run and (at least) its Gunicorn master.
+        # Polled, not slept for: a small server starts in well under a second between two trials.
+        deadline = time.monotonic() + 60
+        while len(marked := _marked(mark)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(marked) >= 2
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
@@ -186,3 +186,11 @@ def test_sigterm_stops_a_run_and_its_servers(tmp_path):
     while _marked(mark) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not _marked(mark)
+    # The trials that finished are kept beside the cell, which a reader does not take for a finished one.
+    partial = tmp_path / (Config(1, 1, "small", 10).key + ".partial")
+    manifest = json.loads((partial / "manifest.json").read_text())
+    trials = pd.read_parquet(partial / "trials.parquet")
+    assert manifest["interrupted"] and 1 <= len(trials) <= len(manifest["orders"]) <= len(trials) + 1
+    assert len(pd.read_parquet(partial / "requests.parquet")) == 50 * len(trials)
+    with pytest.raises(ExperimentError, match="no finished"):
+        load_results(str(tmp_path))

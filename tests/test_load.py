@@ -19,10 +19,10 @@ import pytest
 from aiohttp import web
 from scipy import stats
 
-from tuna_lab.measure import load
 from tuna_lab.errors import LoadError, TunaError
-from tuna_lab.measure.load import (COLUMNS, aclosed_loop, aopen_loop, bounded_throughput, closed_loop, measure_generator,
-                           open_loop, payload, poisson_schedule, summary)
+from tuna_lab.measure import load
+from tuna_lab.measure.load import (COLUMNS, aclosed_loop, aopen_loop, bounded_throughput, closed_loop,
+                                   measure_generator, open_loop, payload, poisson_schedule, summary)
 from tuna_lab.server.models import STAGES
 
 SERVICE = 0.05  # seconds per request of the /slow endpoint

@@ -11,11 +11,12 @@ import time
 import urllib.error
 import urllib.request
 
+import psutil
 import pytest
 
-from tuna_lab.placement.policies import POLICIES
 from tuna_lab.placement.binding import affinity_of, threads_of
-from tuna_lab.server.launch import Server, _alive, _children, status
+from tuna_lab.placement.policies import POLICIES
+from tuna_lab.server.launch import Server, free_port, status
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 1, reason="needs a CPU")
 
@@ -31,6 +32,14 @@ def post(url, body, timeout=60):
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"{}")
+
+
+def running(pid):
+    """Whether ``pid`` is a live process (a zombie is not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def good_rows(n=4):
@@ -53,10 +62,10 @@ def assert_pinned_as_planned(srv):
 
 @pytest.fixture(scope="module", autouse=True)
 def _no_process_left_behind():
-    before = set(_children(os.getpid()))
+    before = {c.pid for c in psutil.Process().children()}
     yield
     time.sleep(0.2)
-    left = [p for p in _children(os.getpid()) if p not in before and _alive(p)]
+    left = [c.pid for c in psutil.Process().children() if c.pid not in before and running(c.pid)]
     assert not left, f"processes left running: {left}"
     assert os.sched_getaffinity(0) == set(os.sched_getaffinity(0))  # the caller was never pinned
 
@@ -77,15 +86,16 @@ def test_every_thread_bound_as_the_policy_says(policy, workers, threads, tmp_pat
         assert code == 200 and out["count"] == 8
         assert set(out["stages"]) == {"deserialize", "convert", "dmatrix", "predict", "shap"}
         pids = [srv.master_pid()] + srv.worker_pids()
-    assert not any(_alive(p) for p in pids)
+    assert not any(running(p) for p in pids)
     assert os.sched_getaffinity(0) == caller_cpus
     lines = [json.loads(line) for f in (tmp_path / "log").iterdir() for line in f.read_text().splitlines()]
     assert any(line.get("batch") == 8 for line in lines)
 
 
-def _cpu_ticks(pid, tid):
-    fields = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])          # utime + stime
+def _cpu_seconds(pid, tid):
+    """utime + stime of thread ``tid`` (tick resolution: enough to see that it ran)."""
+    thread = next(t for t in psutil.Process(pid).threads() if t.id == tid)
+    return thread.user_time + thread.system_time
 
 
 @pytest.mark.skipif(CPUS < 2, reason="needs 2 CPUs for a 2-thread pool")
@@ -98,10 +108,10 @@ def test_pinned_pool_threads_still_do_the_work(policy):
     with Server(1, 2, model="small", policy=policy) as srv:
         rec = srv.worker_records()[0]
         omp = [t["tid"] for t in rec["threads"] if t["role"] == "openmp"]
-        before = {t: _cpu_ticks(rec["pid"], t) for t in omp}
+        before = {t: _cpu_seconds(rec["pid"], t) for t in omp}
         for _ in range(8):
             assert post(srv.url, body)[0] == 200
-        assert all(_cpu_ticks(rec["pid"], t) > before[t] for t in omp), "the OpenMP pool did no work"
+        assert all(_cpu_seconds(rec["pid"], t) > before[t] for t in omp), "the OpenMP pool did no work"
         assert_pinned_as_planned(srv)                 # and the binding held through the requests
 
 
@@ -175,15 +185,15 @@ def test_serve_detach_status_stop_from_the_cli(tmp_path):
     import subprocess
     import sys
 
-    from tuna_lab.server.launch import _free_port
-
     pidfile = str(tmp_path / "cli.pid")
     cli = [sys.executable, "-m", "tuna_lab.cli"]
     p = subprocess.run(cli + ["serve", "-w", "2", "-t", "1", "--model", "small", "--policy", "tuna-scatter",
-                              "--port", str(_free_port()), "--pidfile", pidfile, "--detach"],
+                              "--port", str(free_port()), "--pidfile", pidfile, "--detach"],
                        capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr
     assert "serving http://127.0.0.1:" in p.stdout
+    state_dir = json.loads((tmp_path / "cli.pid.tuna.json").read_text())["state_dir"]
+    assert os.path.isdir(state_dir)
     try:
         info = json.loads(subprocess.run(cli + ["status", "--pidfile", pidfile, "--json"], capture_output=True,
                                          text=True, timeout=60).stdout)
@@ -197,7 +207,9 @@ def test_serve_detach_status_stop_from_the_cli(tmp_path):
         s = subprocess.run(cli + ["stop", "--pidfile", pidfile], capture_output=True, text=True, timeout=60)
     assert s.returncode == 0, s.stderr
     time.sleep(0.2)
-    assert not any(_alive(p) for p in [info["master"]] + workers)
+    assert not any(running(p) for p in [info["master"]] + workers)
+    # Nothing of the detached server is left on disk: its scratch directory, the launcher's notes.
+    assert not os.path.exists(state_dir) and not (tmp_path / "cli.pid.tuna.json").exists()
 
 
 def test_serve_rejects_bad_input_with_one_line():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tuna_lab.server.launch import _free_port  # the launcher's own loopback port picker
+from tuna_lab.server.launch import free_port  # the launcher's own loopback port picker
 
 try:
     from playwright.sync_api import sync_playwright
@@ -143,7 +143,7 @@ def stop_tree(proc):
 @pytest.fixture
 def voila_url(artifacts, tmp_path):
     """Voila serving notebook 03 on 127.0.0.1 (a free port); its log in the artifacts."""
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1", JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
                PYDEVD_DISABLE_FILE_VALIDATION="1",
                # modest CPU use on a shared machine: no thread pools in the kernel

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from .._checks import positive_number
 from ..errors import CpuAccountingError
 from ..server.cpuclock import thread_cpu_seconds
 
@@ -57,10 +58,8 @@ class CpuSampler:
     """
 
     def __init__(self, threads, period=0.1):
-        if not period > 0:
-            raise CpuAccountingError(f"period must be positive, got {period!r}")
+        self.period = positive_number("period", period, CpuAccountingError)
         self.threads = [dict(t) for t in threads]
-        self.period = float(period)
         self._times, self._rows = [], []
         self._stop = threading.Event()
         self._thread = None
@@ -120,7 +119,7 @@ def account(sampler, requests):
     sampler : CpuSampler
         Stopped, with at least two samples, over the worker threads.
     requests : pandas.DataFrame
-        The trial's rows (:data:`tuna_lab.load.COLUMNS`): for each ok request,
+        The trial's rows (:data:`tuna_lab.measure.schema.REQUEST_COLUMNS`): for each ok request,
         ``pid`` (the worker) and ``cpu_main``/``cpu_openmp`` (the CPU time the
         worker's threads spent on it).
 

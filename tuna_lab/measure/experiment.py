@@ -12,7 +12,7 @@ cell is written at once, and a re-run skips the cells already finished.
 
 Examples
 --------
->>> from tuna_lab.experiment import Config, run
+>>> from tuna_lab.measure.experiment import Config, run
 >>> result = run(Config(2, 2, "small", 100), ["cfs", "tuna-scatter"], trials=2,
 ...              requests=50, out="results/x")                        # doctest: +SKIP
 >>> result.trials[["policy", "trial", "p99"]]                       # doctest: +SKIP
@@ -30,37 +30,21 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from .._checks import one_line, positive_int
 from ..errors import CpuAccountingError, ExperimentError, TunaError
 from ..machine import host
-from ..model.instance import check_positive_int
-from ..server.openmp import LIBGOMP_DEFAULT_WAIT
+from ..server.models import MODEL_FEATURES
+from ..server.openmp import LIBGOMP_DEFAULT_WAIT, wait_policy_env
+from . import schema
 from .cpu import CpuSampler, account, summarise
+# Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
+from .schema import CPU_COLUMNS, cell_key, percentiles
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "sweep", "grid", "load_results", "ARTICLE_GRID",
            "CPU_COLUMNS", "load_thread_cpu", "cell_key"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
 ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
-
-_MANIFEST = "manifest.json"
-_REQUESTS = "requests.parquet"
-_TRIALS = "trials.parquet"
-_THREADS = "threads.parquet"
-
-
-def cell_key(workers, threads, model, batch, wait_policy="default", spincount=None):
-    """The name of a cell's folder, e.g. ``w2-t2-medium-b100-passive``.
-
-    The library's default wait adds nothing, so cells measured before wait
-    policies were a factor keep their names (and a sweep resumes); a
-    ``spincount`` of ``None`` or -1 (the runner's "unset") adds nothing either.
-    """
-    key = f"w{workers}-t{threads}-{model}-b{batch}"
-    if wait_policy != "default":
-        key += f"-{wait_policy}"
-    if spincount is not None and spincount >= 0:
-        key += f"-spin{int(spincount)}"
-    return key
 
 
 @dataclass(frozen=True)
@@ -80,19 +64,10 @@ class Config:
     spincount: int | None = None
 
     def __post_init__(self):
-        from ..errors import ModelError
-        from ..server.models import MODEL_FEATURES
-
-        try:
-            check_positive_int("workers", self.workers)
-            check_positive_int("threads", self.threads)
-            check_positive_int("batch", self.batch)
-        except ModelError as exc:
-            raise ExperimentError(str(exc)) from None
+        for name in ("workers", "threads", "batch"):
+            positive_int(name, getattr(self, name), ExperimentError)
         if self.model not in MODEL_FEATURES:
             raise ExperimentError(f"unknown model {self.model!r}; choose from {', '.join(MODEL_FEATURES)}")
-        from ..server.openmp import wait_policy_env
-
         try:
             wait_policy_env(self.wait_policy, self.spincount)
         except CpuAccountingError as exc:
@@ -100,6 +75,7 @@ class Config:
 
     @property
     def key(self):
+        """The name of the cell's folder (:func:`~tuna_lab.measure.schema.cell_key`)."""
         return cell_key(self.workers, self.threads, self.model, self.batch, self.wait_policy, self.spincount)
 
 
@@ -171,26 +147,55 @@ def manifest(config, policies, trials, requests, seed, extra=None):
     }
 
 
-#: CPU columns of a trial row (NaN when the trial could not be accounted).
-CPU_COLUMNS = ("cpu_seconds", "cpu_per_request", "cpu_main_seconds", "cpu_main_per_request",
-               "idle_cpu_share_main", "cpu_openmp_seconds", "cpu_openmp_per_request", "idle_cpu_share_openmp",
-               "load_seconds", "numa_locality")
+@dataclass(frozen=True)
+class _Plan:
+    """What the trials of one cell run: the same for every (trial, policy) but the policy and its place."""
+
+    config: Config
+    #: One tuple of policies per trial, in the order they run.
+    orders: tuple
+    requests: int
+    concurrency: int | None
+    warmup: int
+    #: The request body, the same bytes for every request of every trial.
+    body: bytes
+    #: CPUs this process may use (a column of every row).
+    cpus: int
+
+    @property
+    def runs(self):
+        """How many (trial, policy) runs the cell has."""
+        return sum(len(order) for order in self.orders)
 
 
-def _trial_row(config, policy, trial, order, cpus, frame, wall, status, reason, cpu=None):
+@dataclass(frozen=True)
+class _Measured:
+    """What one (trial, policy) run produced."""
+
+    #: Its row of the trials table.
+    row: dict
+    #: Its request rows (empty when the server never served).
+    requests: pd.DataFrame
+    #: Its per-thread CPU accounting (None when it could not be accounted).
+    threads: pd.DataFrame | None
+
+
+def _labels(plan, trial, order, policy):
+    """The columns that name a (trial, policy) in every table: the cell's factors, policy, trial, order."""
+    config = plan.config
+    return {"cell": config.key, "policy": policy, "workers": config.workers, "threads": config.threads,
+            "cpus": plan.cpus, "model": config.model, "batch": config.batch, "wait_policy": config.wait_policy,
+            "spincount": -1 if config.spincount is None else config.spincount, "trial": trial, "order": order}
+
+
+def _trial_row(labels, frame, wall, status, reason, cpu=None):
     ok = frame[frame["status"] == 200] if len(frame) else frame
     server = ok["server_seconds"].to_numpy(float) if len(ok) else np.array([])
-    row = {"cell": config.key, "policy": policy, "workers": config.workers, "threads": config.threads,
-           "cpus": cpus, "model": config.model, "batch": config.batch, "wait_policy": config.wait_policy,
-           "spincount": -1 if config.spincount is None else config.spincount,
-           "trial": trial, "order": order,
-           "n": int(len(frame)), "ok": int(len(ok)), "failed": int(len(frame) - len(ok)),
+    row = {**labels, "n": int(len(frame)), "ok": int(len(ok)), "failed": int(len(frame) - len(ok)),
            "wall_seconds": wall, "trial_status": status, "reason": reason}
-    row.update({k: float("nan") for k in CPU_COLUMNS})
+    row.update(dict.fromkeys(CPU_COLUMNS, float("nan")))
     row.update(cpu or {})
-    for q in (50, 95, 99):
-        row[f"p{q}"] = float(np.percentile(server, q)) if server.size else float("nan")
-    row["mean"] = float(server.mean()) if server.size else float("nan")
+    row.update(percentiles(server))
     row["throughput"] = row["ok"] / wall if wall > 0 else float("nan")
     return row
 
@@ -207,7 +212,9 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         The article: 5 trials x 1,000 concurrent requests.
     out : str, optional
         Directory to write the cell into (``requests.parquet``, ``trials.parquet``,
-        ``manifest.json``); nothing is written when ``None``.
+        ``manifest.json``; see :mod:`tuna_lab.measure.schema`); nothing is written
+        when ``None``. If the run is interrupted (Ctrl-C), the trials that
+        finished are written to ``<out>.partial`` and the interruption re-raised.
     concurrency : int, optional
         Requests in flight; default all of them at once (the article's closed mode).
     seed : int
@@ -216,48 +223,70 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         Requests sent (and discarded) after each server start.
     progress : callable, optional
         Called with one line of text per finished trial.
+    csv : bool
+        Also write the request and trial tables as CSV.
 
     Returns
     -------
     Result
+
+    Examples
+    --------
+    >>> result = run(Config(2, 2, "small", 20), ["cfs", "round-robin"], trials=2, requests=50)  # doctest: +SKIP
+    >>> result.trials.groupby("policy")["p99"].mean()                                         # doctest: +SKIP
     """
-    from . import load
+    from .load import payload
 
     policies = _check_policies(policies)
-    trials = check_positive_int("trials", trials)
-    requests = check_positive_int("requests", requests)
-    cpus = len(os.sched_getaffinity(0))
+    trials = positive_int("trials", trials, ExperimentError)
+    requests = positive_int("requests", requests, ExperimentError)
     rng = np.random.default_rng(seed)
-    body = load.payload(config.model, config.batch, seed=seed)
+    # A fresh random order per trial, drawn up front: the seed alone decides them.
+    orders = tuple(tuple(str(p) for p in rng.permutation(policies)) for _ in range(trials))
+    plan = _Plan(config, orders, requests, concurrency, warmup, payload(config.model, config.batch, seed=seed),
+                 len(os.sched_getaffinity(0)))
     meta = manifest(config, policies, trials, requests, seed, {
         "concurrency": concurrency, "warmup": warmup, "wait_policy": config.wait_policy,
         "spincount": config.spincount,
         "wait_policy_default": LIBGOMP_DEFAULT_WAIT if config.wait_policy == "default" else None,
         "cpu_accounting": "schedstat" if os.path.exists("/proc/self/schedstat") else "stat utime+stime"})
-    frames, rows, orders, thread_frames = [], [], [], []
+    done = []
     t_start = time.monotonic()
     try:
-        _trials(config, policies, trials, requests, concurrency, warmup, progress, body, cpus, rng,
-                frames, rows, orders, t_start, thread_frames)
+        for measured in _trials(plan):
+            done.append(measured)
+            if progress:
+                progress(_progress_line(plan, measured.row, len(done), t_start))
     except KeyboardInterrupt:
         # Ctrl-C: the server of the running trial was stopped by its context
         # manager; keep what finished next to the cell (a resume redoes the cell).
-        if out is not None and rows:
-            meta.update(orders=orders, interrupted=True)
-            _write_cell(f"{out.rstrip('/')}.partial", Result(
-                pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), pd.DataFrame(rows), meta,
-                threads=_concat(thread_frames)), csv)
+        if out is not None and done:
+            begun = min(len(done) // len(policies) + 1, trials)
+            meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True)
+            _write_cell(out.rstrip("/") + schema.PARTIAL_SUFFIX, _result(done, meta), csv)
         raise
-    meta["orders"] = orders
-    meta["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    result = Result(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), pd.DataFrame(rows), meta,
-                    threads=_concat(thread_frames))
+    meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    result = _result(done, meta)
     if out is not None:
         result.path = _write_cell(out, result, csv)
     return result
 
 
-def _cpu_of(sampler, frame, config, policy, trial):
+def _result(done, meta):
+    """The :class:`Result` of the (trial, policy) runs ``done``."""
+    return Result(_concat([m.requests for m in done if len(m.requests)]), pd.DataFrame([m.row for m in done]),
+                  meta, threads=_concat([m.threads for m in done if m.threads is not None]))
+
+
+def _progress_line(plan, row, done, t_start):
+    left = (time.monotonic() - t_start) / done * (plan.runs - done)
+    reason = row["reason"]
+    return (f"{row['cell']} trial {row['trial'] + 1}/{len(plan.orders)} {row['policy']:<13} "
+            f"p50 {row['p50'] * 1e3:7.1f} ms p99 {row['p99'] * 1e3:7.1f} ms  "
+            f"{row['trial_status']}{(': ' + reason) if reason else ''}  [~{left:.0f} s left]")
+
+
+def _cpu_of(sampler, frame, labels):
     """A trial's per-role CPU summary and its per-thread table (``(None, None)`` if not accountable)."""
     try:
         threads = account(sampler, frame)
@@ -266,7 +295,7 @@ def _cpu_of(sampler, frame, config, policy, trial):
     ok = int((frame["status"] == 200).sum()) if len(frame) else 0
     cpu = summarise(threads, ok)
     cpu["load_seconds"] = float(sampler.times[-1] - sampler.times[0])
-    threads = threads.assign(cell=config.key, policy=policy, trial=trial, wait_policy=config.wait_policy)
+    threads = threads.assign(**{k: labels[k] for k in ("cell", "policy", "trial", "wait_policy")})
     return cpu, threads
 
 
@@ -287,57 +316,52 @@ def _with_locality(per_thread, topo):
     return per_thread, float(np.nanmean(shares)) if np.isfinite(shares).any() else float("nan")
 
 
-def _trials(config, policies, trials, requests, concurrency, warmup, progress, body, cpus, rng,
-            frames, rows, orders, t_start, thread_frames):
-    from . import load
-    from ..server.launch import Server
+def _trials(plan):
+    """Run every (trial, policy) of ``plan`` in its order, yielding a :class:`_Measured` as each finishes.
+
+    A generator, so that the caller holds every finished run when Ctrl-C
+    stops the one in progress (whose server its context manager stops).
+    """
     from ..machine.topology import Topology
 
     topo = Topology.from_sysfs()
-
-    for trial in range(trials):
-        order = list(rng.permutation(policies))
-        orders.append(order)
+    for trial, order in enumerate(plan.orders):
         for pos, policy in enumerate(order):
-            t0 = time.monotonic()
-            frame, status, reason, cpu = pd.DataFrame(), "ok", "", None
-            try:
-                with Server(config.workers, config.threads, model=config.model, policy=policy,
-                            wait_policy=config.wait_policy, spincount=config.spincount) as srv:
-                    if warmup:
-                        load.closed_loop(f"{srv.url}/predict", body, requests=warmup,
-                                         concurrency=min(warmup, 4))
-                    # Every server thread's CPU time, sampled while the load runs.
-                    with CpuSampler(srv.server_threads(), period=0.1) as sampler:
-                        frame = load.closed_loop(f"{srv.url}/predict", body, requests=requests,
-                                                 concurrency=concurrency)
-                    if srv.proc is None or srv.proc.poll() is not None:
-                        status, reason = "failed", "the server died during the trial"
-                    cpu, per_thread = _cpu_of(sampler, frame, config, policy, trial)
-                    if per_thread is not None:
-                        per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
-                        thread_frames.append(per_thread)
-            except TunaError as exc:
-                status, reason = "failed", str(exc).splitlines()[0]
-            wall = time.monotonic() - t0
-            if len(frame) and (frame["status"] != 200).any() and status == "ok":
-                bad = frame.loc[frame["status"] != 200, "error"].iloc[0]
-                status, reason = "failed", f"{int((frame['status'] != 200).sum())} requests failed: {bad}"
-            if len(frame):
-                frame = frame.assign(cell=config.key, policy=policy, workers=config.workers,
-                                     threads=config.threads, cpus=cpus, model=config.model,
-                                     batch=config.batch, wait_policy=config.wait_policy,
-                                     spincount=-1 if config.spincount is None else config.spincount,
-                                     trial=trial, order=pos, load_mode="closed")
-                frames.append(frame)
-            rows.append(_trial_row(config, policy, trial, pos, cpus, frame, wall, status, reason, cpu))
-            if progress:
-                r = rows[-1]
-                done = len(rows)
-                left = (time.monotonic() - t_start) / done * (trials * len(policies) - done)
-                progress(f"{config.key} trial {trial + 1}/{trials} {policy:<13} p50 {r['p50'] * 1e3:7.1f} ms "
-                         f"p99 {r['p99'] * 1e3:7.1f} ms  {r['trial_status']}{(': ' + reason) if reason else ''}"
-                         f"  [~{left:.0f} s left]")
+            yield _measure(plan, _labels(plan, trial, pos, policy), topo)
+
+
+def _measure(plan, labels, topo):
+    """Start a server for one (trial, policy), warm it up, load it while sampling its threads' CPU, stop it."""
+    from ..server.launch import Server
+    from .load import closed_loop
+
+    config = plan.config
+    t0 = time.monotonic()
+    frame, status, reason, cpu, per_thread = pd.DataFrame(), "ok", "", None, None
+    try:
+        with Server(config.workers, config.threads, model=config.model, policy=labels["policy"],
+                    wait_policy=config.wait_policy, spincount=config.spincount) as srv:
+            if plan.warmup:
+                closed_loop(f"{srv.url}/predict", plan.body, requests=plan.warmup,
+                            concurrency=min(plan.warmup, 4))
+            # Every server thread's CPU time, sampled while the load runs.
+            with CpuSampler(srv.server_threads(), period=0.1) as sampler:
+                frame = closed_loop(f"{srv.url}/predict", plan.body, requests=plan.requests,
+                                    concurrency=plan.concurrency)
+            if srv.proc is None or srv.proc.poll() is not None:
+                status, reason = "failed", "the server died during the trial"
+            cpu, per_thread = _cpu_of(sampler, frame, labels)
+            if per_thread is not None:
+                per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
+    except TunaError as exc:
+        status, reason = "failed", one_line(exc)
+    wall = time.monotonic() - t0
+    if len(frame) and (frame["status"] != 200).any() and status == "ok":
+        bad = frame.loc[frame["status"] != 200, "error"].iloc[0]
+        status, reason = "failed", f"{int((frame['status'] != 200).sum())} requests failed: {bad}"
+    if len(frame):
+        frame = frame.assign(**labels, load_mode="closed")
+    return _Measured(_trial_row(labels, frame, wall, status, reason, cpu), frame, per_thread)
 
 
 def _write_cell(out, result, csv=False):
@@ -346,14 +370,14 @@ def _write_cell(out, result, csv=False):
     tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    result.requests.to_parquet(os.path.join(tmp, _REQUESTS), index=False)
-    result.trials.to_parquet(os.path.join(tmp, _TRIALS), index=False)
+    result.requests.to_parquet(os.path.join(tmp, schema.REQUESTS), index=False)
+    result.trials.to_parquet(os.path.join(tmp, schema.TRIALS), index=False)
     if result.threads is not None and len(result.threads):
-        result.threads.to_parquet(os.path.join(tmp, _THREADS), index=False)
+        result.threads.to_parquet(os.path.join(tmp, schema.THREADS), index=False)
     if csv:
-        result.requests.to_csv(os.path.join(tmp, "requests.csv"), index=False)
-        result.trials.to_csv(os.path.join(tmp, "trials.csv"), index=False)
-    with open(os.path.join(tmp, _MANIFEST), "w") as fh:
+        for table, name in schema.CSV_TABLES.items():
+            getattr(result, table).to_csv(os.path.join(tmp, name), index=False)
+    with open(os.path.join(tmp, schema.MANIFEST), "w") as fh:
         json.dump(result.manifest, fh, indent=1, default=str)
     if os.path.exists(out):
         shutil.rmtree(out)
@@ -365,11 +389,11 @@ def _finished_cells(path):
     """The finished cell directories under ``path`` (itself, when it is a cell), sorted."""
     if not os.path.isdir(path):
         raise ExperimentError(f"no results folder at {path}")
-    cells = [path] if os.path.exists(os.path.join(path, _MANIFEST)) else sorted(
+    cells = [path] if os.path.exists(os.path.join(path, schema.MANIFEST)) else sorted(
         os.path.join(path, d) for d in os.listdir(path)
-        if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(".partial"))
+        if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(schema.PARTIAL_SUFFIX))
     # An unfinished cell (no manifest yet) is ignored here and redone by a resume.
-    cells = [cell for cell in cells if os.path.exists(os.path.join(cell, _MANIFEST))]
+    cells = [cell for cell in cells if os.path.exists(os.path.join(cell, schema.MANIFEST))]
     if not cells:
         raise ExperimentError(f"no finished tuna-lab results under {path}")
     return cells
@@ -381,16 +405,16 @@ def load_results(path):
     reqs, trials, manifests = [], [], []
     for cell in cells:
         try:
-            with open(os.path.join(cell, _MANIFEST)) as fh:
+            with open(os.path.join(cell, schema.MANIFEST)) as fh:
                 manifests.append(json.load(fh))
-            trials.append(pd.read_parquet(os.path.join(cell, _TRIALS)))
-            if os.path.exists(os.path.join(cell, _REQUESTS)) and os.path.getsize(os.path.join(cell, _REQUESTS)):
-                reqs.append(pd.read_parquet(os.path.join(cell, _REQUESTS)))
+            trials.append(pd.read_parquet(os.path.join(cell, schema.TRIALS)))
+            file = os.path.join(cell, schema.REQUESTS)
+            if os.path.exists(file) and os.path.getsize(file):
+                reqs.append(pd.read_parquet(file))
         except Exception as exc:  # pyarrow and json raise many types for a damaged file
             raise ExperimentError(f"{cell} is not a readable tuna-lab result ({type(exc).__name__}); "
                                   "delete it to have a sweep redo it") from None
-    return (pd.concat(reqs, ignore_index=True) if reqs else pd.DataFrame(),
-            pd.concat(trials, ignore_index=True), manifests)
+    return _concat(reqs), _concat(trials), manifests
 
 
 def load_thread_cpu(path):
@@ -398,11 +422,11 @@ def load_thread_cpu(path):
 
     One row per (cell, policy, trial, worker, role): ``threads``, ``cpu_seconds``,
     ``max_thread_cpu_seconds``, ``busy_cpu_seconds``, ``idle_cpu_seconds``, ``requests``,
-    ``wall_seconds``, ``numa_node``, ``numa_locality`` (see :func:`tuna_lab.cpu.account`).
+    ``wall_seconds``, ``numa_node``, ``numa_locality`` (see :func:`tuna_lab.measure.cpu.account`).
     """
     frames = []
     for cell in _finished_cells(path):
-        file = os.path.join(cell, _THREADS)
+        file = os.path.join(cell, schema.THREADS)
         if os.path.exists(file):
             try:
                 frames.append(pd.read_parquet(file))
@@ -439,7 +463,7 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, **run_
     policies = _check_policies(policies)
     os.makedirs(out, exist_ok=True)
     configs = list(configs)
-    done = [c for c in configs if os.path.exists(os.path.join(out, c.key, _MANIFEST))]
+    done = [c for c in configs if os.path.exists(os.path.join(out, c.key, schema.MANIFEST))]
     todo = [c for c in configs if c not in done]
     if progress:
         progress(f"sweep: {len(done)} of {len(configs)} cells already finished, {len(todo)} to run")

@@ -18,7 +18,8 @@ latency stays within an SLA ("throughput with bounded latency"), and
 :func:`measure_generator` measures the generator itself against a trivial
 in-process endpoint.
 
-Every trial returns one row per request (:data:`COLUMNS`); failures are rows
+Every trial returns one row per request (:data:`COLUMNS`, the same tuple as
+:data:`tuna_lab.measure.schema.REQUEST_COLUMNS`); failures are rows
 (``status`` -1 for client-side failures), never exceptions. Only loopback
 targets (127.0.0.0/8, ``localhost``, ``::1``) are accepted, redirects are not
 followed, proxies from the environment are ignored, and every trial is
@@ -31,7 +32,7 @@ aclosed_loop(...)`` / ``await aopen_loop(...)`` avoid blocking the kernel.
 
 Examples
 --------
->>> from tuna_lab.load import payload, closed_loop, summary
+>>> from tuna_lab.measure.load import payload, closed_loop, summary
 >>> body = payload("small", 100)
 >>> frame = closed_loop(srv.url + "/predict", body, requests=200)   # doctest: +SKIP
 >>> summary(frame)["client_p99"]   # doctest: +SKIP
@@ -53,9 +54,13 @@ import numpy as np
 import pandas as pd
 from aiohttp import web
 
+from .._checks import positive_int, positive_number, shorten
 from ..errors import LoadError
-from ..server.models import STAGES
-from ..server.models import make_rows
+from ..server.models import STAGES, make_rows
+from .schema import LATE_REQUEST_COLUMNS, percentiles
+# The columns of a trial's frame (one row per request, documented in
+# tuna_lab.measure.schema), under the name this module has always given them.
+from .schema import REQUEST_COLUMNS as COLUMNS
 
 __all__ = [
     "COLUMNS",
@@ -70,12 +75,6 @@ __all__ = [
     "measure_generator",
 ]
 
-#: Columns of a trial's frame, one row per request.
-COLUMNS = ("request", "status", "error", "client_seconds", "server_seconds", *STAGES,
-           "pid", "sent_at", "scheduled_at", "send_lag", "server_start", "cpu_main", "cpu_openmp")
-# Columns added after the first releases: frames written before them are still frames.
-_NEWER = ("server_start", "cpu_main", "cpu_openmp")
-
 _HEADERS = {"Content-Type": "application/json"}
 # Status of a request that has not finished (yet); never appears in a frame.
 _PENDING = -2
@@ -85,22 +84,11 @@ _MAX_REQUESTS = 10_000_000
 _FD_RESERVE = 64
 # How early the open loop's dispatcher wakes before a send time (see _sleep_until).
 _SPIN = 0.0005
+# Longest error text kept in a request's row.
+_ERROR_CHARS = 200
 
 
 # -- input checks ------------------------------------------------------------------------
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise LoadError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or value <= 0:
-        raise LoadError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
-
 
 def _loopback_url(url):
     """Return ``url`` if it is an http(s) URL whose host is a loopback address, else raise."""
@@ -200,13 +188,13 @@ def poisson_schedule(rate, requests=None, duration=None, seed=0):
     >>> len(at), float(at[0]), round(float(np.diff(at).mean()), 2)
     (2000, 0.0, 0.01)
     """
-    rate = _positive("rate", rate)
+    rate = positive_number("rate", rate, LoadError)
     if requests is None and duration is None:
         raise LoadError("give requests and/or duration: an open loop must be bounded")
     if requests is not None:
-        requests = _positive_int("requests", requests)
+        requests = positive_int("requests", requests, LoadError)
     if duration is not None:
-        duration = _positive("duration", duration)
+        duration = positive_number("duration", duration, LoadError)
     if requests is None:
         # Expected count plus 8 standard deviations: one draw nearly always suffices.
         expected = rate * duration
@@ -280,19 +268,14 @@ class _Records:
         return frame
 
 
-def _one_line(text, limit=200):
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 def _error_text(raw, status):
     try:
         doc = json.loads(raw)
         if isinstance(doc, dict) and "error" in doc:
-            return _one_line(doc["error"])
+            return shorten(doc["error"], _ERROR_CHARS)
     except ValueError:
         pass
-    text = _one_line(raw.decode("utf-8", "replace"))
+    text = shorten(raw.decode("utf-8", "replace"), _ERROR_CHARS)
     return text or f"HTTP {status}"
 
 
@@ -341,7 +324,7 @@ async def _exchange(session, url, body, rec, i, clock, t0):
     except TimeoutError:
         status, raw, error = -1, b"", "timeout"
     except Exception as exc:  # noqa: BLE001 - a client-side failure is a row, not the end of the trial
-        status, raw, error = -1, b"", _one_line(f"{type(exc).__name__}: {exc}")
+        status, raw, error = -1, b"", shorten(f"{type(exc).__name__}: {exc}", _ERROR_CHARS)
     else:
         error = ""
     rec.done[i] = clock() - t0
@@ -393,10 +376,10 @@ async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0
     >>> frame = await aclosed_loop(url, body, requests=100)   # doctest: +SKIP
     """
     url, body = _loopback_url(url), _body_bytes(body)
-    n = _positive_int("requests", requests)
-    workers = n if concurrency is None else min(n, _positive_int("concurrency", concurrency))
-    timeout = _positive("timeout", timeout)
-    deadline = 2.0 * timeout if deadline is None else _positive("deadline", deadline)
+    n = positive_int("requests", requests, LoadError)
+    workers = n if concurrency is None else min(n, positive_int("concurrency", concurrency, LoadError))
+    timeout = positive_number("timeout", timeout, LoadError)
+    deadline = 2.0 * timeout if deadline is None else positive_number("deadline", deadline, LoadError)
     _check_fds(workers)
 
     rec = _Records(n)
@@ -473,10 +456,10 @@ async def aopen_loop(url, body, rate, requests=None, duration=None, seed=0, time
     """
     url, body = _loopback_url(url), _body_bytes(body)
     at = poisson_schedule(rate, requests, duration, seed)
-    timeout = _positive("timeout", timeout)
-    slots = _positive_int("max_in_flight", max_in_flight)
+    timeout = positive_number("timeout", timeout, LoadError)
+    slots = positive_int("max_in_flight", max_in_flight, LoadError)
     span = float(at[-1])
-    deadline = span + timeout if deadline is None else _positive("deadline", deadline)
+    deadline = span + timeout if deadline is None else positive_number("deadline", deadline, LoadError)
     _check_fds(min(slots, len(at)))
 
     rec = _Records(len(at), scheduled=at)
@@ -553,19 +536,12 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
 
 # -- analysis ----------------------------------------------------------------------------
 
-def _stats(values, prefix):
-    if len(values) == 0:
-        return {f"{prefix}_{k}": math.nan for k in ("p50", "p95", "p99", "mean")}
-    p50, p95, p99 = np.percentile(values, [50, 95, 99])
-    return {f"{prefix}_p50": float(p50), f"{prefix}_p95": float(p95), f"{prefix}_p99": float(p99),
-            f"{prefix}_mean": float(np.mean(values))}
-
-
 def summary(frame):
     """Counts, latency percentiles, throughput and send lag of one trial.
 
-    Percentiles (:func:`numpy.percentile`, linear) and means are over the ok
-    rows (status 200, no error). ``throughput`` is ok requests divided by the
+    Percentiles (:func:`tuna_lab.measure.schema.percentiles`: linear, as
+    :func:`numpy.percentile`) and means are over the ok rows (status 200, no
+    error). ``throughput`` is ok requests divided by the
     trial's wall time, from its start to the last response or the deadline.
 
     Parameters
@@ -585,7 +561,7 @@ def summary(frame):
     >>> summary(frame)["client_p99"]   # doctest: +SKIP
     0.0123
     """
-    missing = [c for c in COLUMNS if c not in _NEWER and c not in getattr(frame, "columns", ())]
+    missing = [c for c in COLUMNS if c not in LATE_REQUEST_COLUMNS and c not in getattr(frame, "columns", ())]
     if missing:
         raise LoadError(f"not a load frame: missing columns {', '.join(missing)}")
     # A frame read back from CSV has NaN where the error was "".
@@ -595,8 +571,8 @@ def summary(frame):
     lag = frame["send_lag"].to_numpy(dtype=float)
     lag = lag[np.isfinite(lag)]
     out = {"n": len(frame), "ok": int(ok.sum()), "failed": int(len(frame) - ok.sum())}
-    out.update(_stats(frame["server_seconds"].to_numpy(dtype=float)[ok], "server"))
-    out.update(_stats(frame["client_seconds"].to_numpy(dtype=float)[ok], "client"))
+    out.update(percentiles(frame["server_seconds"].to_numpy(dtype=float)[ok], "server"))
+    out.update(percentiles(frame["client_seconds"].to_numpy(dtype=float)[ok], "client"))
     out["wall_seconds"] = wall
     out["throughput"] = out["ok"] / wall if wall > 0 else math.nan
     out["send_lag_p99"] = float(np.percentile(lag, 99)) if len(lag) else math.nan
@@ -652,16 +628,16 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
     >>> bounded_throughput(srv.url + "/predict", body, sla_p99=0.5)["rate"]   # doctest: +SKIP
     37.5
     """
-    sla = _positive("sla_p99", sla_p99)
-    duration = _positive("duration", duration)
-    low, high = _positive("low", low), _positive("high", high)
+    sla = positive_number("sla_p99", sla_p99, LoadError)
+    duration = positive_number("duration", duration, LoadError)
+    low, high = positive_number("low", low, LoadError), positive_number("high", high, LoadError)
     if low > high:
         raise LoadError(f"low ({low}) must not exceed high ({high})")
-    tolerance = _positive("tolerance", tolerance)
-    max_steps = _positive_int("max_steps", max_steps)
-    timeout = 2.0 * sla + 0.5 if timeout is None else _positive("timeout", timeout)
+    tolerance = positive_number("tolerance", tolerance, LoadError)
+    max_steps = positive_int("max_steps", max_steps, LoadError)
+    timeout = 2.0 * sla + 0.5 if timeout is None else positive_number("timeout", timeout, LoadError)
     if rates is not None:
-        rates = sorted(_positive("rates[]", r) for r in rates)
+        rates = sorted(positive_number("rates[]", r, LoadError) for r in rates)
         if not rates:
             raise LoadError("rates must not be empty")
     url, body = _loopback_url(url), _body_bytes(body)
@@ -768,10 +744,10 @@ def measure_generator(rate=500, duration=3.0, requests_closed=3000, concurrency=
     >>> measure_generator(rate=500, duration=1.0)["closed_rps"] > 0   # doctest: +SKIP
     True
     """
-    rate = _positive("rate", rate)
-    duration = _positive("duration", duration)
-    requests_closed = _positive_int("requests_closed", requests_closed)
-    concurrency = _positive_int("concurrency", concurrency)
+    rate = positive_number("rate", rate, LoadError)
+    duration = positive_number("duration", duration, LoadError)
+    requests_closed = positive_int("requests_closed", requests_closed, LoadError)
+    concurrency = positive_int("concurrency", concurrency, LoadError)
     body = b'{"rows":[[0.0]]}'
 
     async def run():

@@ -1,21 +1,138 @@
 """What a measurement means on disk and in a summary: one definition each.
 
+A *cell* (one application ``{W, T, model, batch}`` measured under several
+policies) is a folder named by :func:`cell_key` holding:
+
+``manifest.json`` (:data:`MANIFEST`)
+    Machine, kernel, topology, library versions, git commit, seeds, command
+    line and the policy order of every trial. Written last: a folder without
+    it is an unfinished cell, which a sweep redoes.
+``requests.parquet`` (:data:`REQUESTS`)
+    One row per request (:data:`REQUEST_COLUMNS`, plus the cell and trial
+    columns the runner adds).
+``trials.parquet`` (:data:`TRIALS`)
+    One row per (trial, policy): counts, the latency :func:`percentiles` and
+    the CPU columns :data:`CPU_COLUMNS`.
+``threads.parquet`` (:data:`THREADS`)
+    Per-thread CPU accounting, one row per (trial, policy, worker, role);
+    absent when no trial could be accounted.
+``requests.csv``, ``trials.csv``
+    The same tables as CSV, on request.
+
+A cell interrupted by Ctrl-C keeps its finished trials in
+``<cell>`` + :data:`PARTIAL_SUFFIX`, which neither a reader nor a resume takes
+for a finished cell.
+
 The latency percentiles every summary reports are computed here, one way
 (linear interpolation, numpy's and pandas' default), whether over one trial's
 requests (:func:`percentiles`) or per group by the analysis (which takes
 :data:`PERCENTILES`).
 
+This module imports nothing heavier than numpy.
+
 Examples
 --------
 >>> percentiles([0.1, 0.2, 0.3], prefix="server")["server_p50"]
 0.2
+>>> cell_key(2, 2, "medium", 100, "passive")
+'w2-t2-medium-b100-passive'
 """
 
 import math
 
 import numpy as np
 
-__all__ = ["PERCENTILES", "percentiles"]
+from ..server.models import STAGES
+
+__all__ = ["PERCENTILES", "percentiles", "cell_key", "MANIFEST", "REQUESTS", "TRIALS", "THREADS",
+           "CSV_TABLES", "PARTIAL_SUFFIX", "REQUEST_COLUMNS", "LATE_REQUEST_COLUMNS", "CPU_COLUMNS"]
+
+# -- files of a cell ---------------------------------------------------------------------
+
+#: Everything needed to interpret (or repeat) a cell, as JSON; its presence marks a finished cell.
+MANIFEST = "manifest.json"
+#: The per-request table of a cell.
+REQUESTS = "requests.parquet"
+#: The per-(trial, policy) table of a cell.
+TRIALS = "trials.parquet"
+#: The per-thread CPU table of a cell (only when some trial was accounted).
+THREADS = "threads.parquet"
+#: CSV copies written on request: ``{table: file name}``.
+CSV_TABLES = {"requests": "requests.csv", "trials": "trials.csv"}
+#: Suffix of the folder that keeps the finished trials of an interrupted cell.
+PARTIAL_SUFFIX = ".partial"
+
+
+def cell_key(workers, threads, model, batch, wait_policy="default", spincount=None):
+    """The name of a cell's folder, e.g. ``w2-t2-medium-b100-passive``.
+
+    The library's default wait adds nothing, so cells measured before wait
+    policies were a factor keep their names (and a sweep resumes); a
+    ``spincount`` of ``None`` or -1 (the runner's "unset") adds nothing either.
+
+    Parameters
+    ----------
+    workers, threads, batch : int
+    model : str
+    wait_policy : str
+        ``OMP_WAIT_POLICY`` of the cell (see :mod:`tuna_lab.server.openmp`).
+    spincount : int, optional
+        ``GOMP_SPINCOUNT`` of the cell.
+
+    Returns
+    -------
+    str
+
+    Examples
+    --------
+    >>> cell_key(4, 2, "small", 10)
+    'w4-t2-small-b10'
+    >>> cell_key(4, 2, "small", 10, spincount=-1), cell_key(4, 2, "small", 10, "active", 0)
+    ('w4-t2-small-b10', 'w4-t2-small-b10-active-spin0')
+    """
+    key = f"w{workers}-t{threads}-{model}-b{batch}"
+    if wait_policy != "default":
+        key += f"-{wait_policy}"
+    if spincount is not None and spincount >= 0:
+        key += f"-spin{int(spincount)}"
+    return key
+
+
+# -- columns -----------------------------------------------------------------------------
+
+#: Columns of a load trial's frame, one row per request (times in seconds):
+#:
+#: * ``request`` - index of the request in the trial;
+#: * ``status`` - HTTP status, -1 for a client-side failure (timeout, refused, cut by the deadline);
+#: * ``error`` - one line of text, ``""`` for a good response;
+#: * ``client_seconds`` - from the scheduled send time to the full response;
+#: * ``server_seconds`` - the worker's own time for the request;
+#: * one column per stage of :data:`tuna_lab.server.models.STAGES` - each stage's time;
+#: * ``pid`` - the worker that served it, -1 when unknown;
+#: * ``sent_at`` / ``scheduled_at`` - actual and planned send time since the trial's start;
+#: * ``send_lag`` - ``sent_at - scheduled_at``, how late the generator sent it;
+#: * ``server_start`` - when the worker began it, on the machine-wide ``CLOCK_MONOTONIC``;
+#: * ``cpu_main`` / ``cpu_openmp`` - CPU seconds the worker's main thread / OpenMP pool spent on it.
+REQUEST_COLUMNS = ("request", "status", "error", "client_seconds", "server_seconds", *STAGES,
+                   "pid", "sent_at", "scheduled_at", "send_lag", "server_start", "cpu_main", "cpu_openmp")
+
+#: Request columns added after the first releases: a frame written before them is still a load frame.
+LATE_REQUEST_COLUMNS = ("server_start", "cpu_main", "cpu_openmp")
+
+#: CPU columns of a trial row (NaN when the trial could not be accounted):
+#:
+#: * ``cpu_seconds`` / ``cpu_per_request`` - CPU time of every server thread, in total and per ok request;
+#: * ``cpu_main_seconds`` / ``cpu_main_per_request`` - the same for the workers' main threads;
+#: * ``idle_cpu_share_main`` - share of the main threads' CPU time spent with no request in flight;
+#: * ``cpu_openmp_seconds`` / ``cpu_openmp_per_request`` / ``idle_cpu_share_openmp`` - the same for
+#:   the OpenMP pools (spinning between requests shows as idle CPU);
+#: * ``load_seconds`` - wall time over which the CPU was sampled;
+#: * ``numa_locality`` - mean share of each worker's resident pages on its main thread's NUMA node.
+CPU_COLUMNS = ("cpu_seconds", "cpu_per_request", "cpu_main_seconds", "cpu_main_per_request",
+               "idle_cpu_share_main", "cpu_openmp_seconds", "cpu_openmp_per_request", "idle_cpu_share_openmp",
+               "load_seconds", "numa_locality")
+
+# -- latency percentiles -----------------------------------------------------------------
 
 #: The latency percentiles every summary reports.
 PERCENTILES = (50, 95, 99)
@@ -30,6 +147,17 @@ def percentiles(values, prefix=""):
         Latencies in seconds (already filtered to the requests that count).
     prefix : str
         Prepended with ``_`` to every key (``"server"`` -> ``server_p99``).
+
+    Returns
+    -------
+    dict of str to float
+
+    Examples
+    --------
+    >>> percentiles([0.0, 100.0])
+    {'p50': 50.0, 'p95': 95.0, 'p99': 99.0, 'mean': 50.0}
+    >>> percentiles([], prefix="client")["client_p99"]
+    nan
     """
     values = np.asarray(values, dtype=float)
     head = f"{prefix}_" if prefix else ""

@@ -1,10 +1,12 @@
 """Find a process's threads by TID and bind each one to its CPUs.
 
 Linux schedules threads, not processes: ``sched_setaffinity`` takes a thread
-id (TID), and ``/proc/<pid>/task`` lists a process's TIDs (the main thread's
-TID is the PID). Binding is done per TID and always read back: a thread that
-exited between discovery and binding, or a mask the kernel trimmed (a CPU
-outside the cgroup's cpuset), is reported, never silently accepted.
+id (TID), and :func:`threads_of` lists a process's TIDs (with psutil; the
+main thread's TID is the PID). Binding is done per TID and always read back:
+a thread that exited between discovery and binding, or a mask the kernel
+trimmed (a CPU outside the cgroup's cpuset), is reported, never silently
+accepted. This module imports nothing heavier than psutil and numpy: a
+Gunicorn master loads it before it forks.
 
 Examples
 --------
@@ -17,6 +19,8 @@ True
 import os
 import time
 
+import psutil
+
 from .._checks import parse_cpulist
 from ..errors import BindingError
 
@@ -24,11 +28,25 @@ __all__ = ["threads_of", "affinity_of", "bind", "bind_all", "describe_threads"]
 
 
 def threads_of(pid):
-    """Sorted TIDs of process ``pid`` (``/proc/<pid>/task``); empty if the process is gone."""
+    """Sorted TIDs of process ``pid``; empty if the process is gone.
+
+    Raises
+    ------
+    BindingError
+        If the process's threads may not be read (another user's, under a
+        restrictive ``hidepid``).
+
+    Examples
+    --------
+    >>> threads_of(os.getpid())[0] == os.getpid()
+    True
+    """
     try:
-        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
-    except (FileNotFoundError, ProcessLookupError):
+        return sorted(t.id for t in psutil.Process(pid).threads())
+    except psutil.NoSuchProcess:          # ZombieProcess included: it has no threads to bind
         return []
+    except psutil.AccessDenied:
+        raise BindingError(f"no permission to list the threads of process {pid}") from None
 
 
 def affinity_of(tid):
@@ -36,6 +54,11 @@ def affinity_of(tid):
 
     Reading /proc works for any thread we can see, including other users'
     where ``sched_getaffinity`` would need privileges.
+
+    Examples
+    --------
+    >>> affinity_of(os.getpid()) == frozenset(os.sched_getaffinity(0))
+    True
     """
     try:
         with open(f"/proc/{tid}/status") as fh:
@@ -52,7 +75,13 @@ def bind(tid, cpus, retries=3):
 
     Transient failures (``EINTR``-like races while a thread is being created)
     are retried a few times; a thread that is gone or a mask that comes back
-    different raises :class:`BindingError`.
+    different raises :class:`~tuna_lab.errors.BindingError`.
+
+    Examples
+    --------
+    >>> import threading
+    >>> bind(threading.get_native_id(), os.sched_getaffinity(0)) == frozenset(os.sched_getaffinity(0))
+    True
     """
     cpus = frozenset(int(c) for c in cpus)
     if not cpus:
@@ -81,15 +110,27 @@ def bind_all(assignments):
     """Bind several threads ``{tid: cpus}``; on any failure, undo nothing silently: raise.
 
     Returns ``{tid: cpus}`` as read back.
+
+    Examples
+    --------
+    >>> bind_all({})
+    {}
     """
     return {tid: bind(tid, cpus) for tid, cpus in assignments.items()}
 
 
 def describe_threads(pid):
-    """``[(tid, name, allowed cpus)]`` for every thread of ``pid`` (from /proc)."""
+    """``[(tid, name, allowed cpus)]`` for every thread of ``pid``.
+
+    Examples
+    --------
+    >>> describe_threads(os.getpid())[0][0] == os.getpid()
+    True
+    """
     out = []
     for tid in threads_of(pid):
         try:
+            # psutil names processes, not threads: the thread's name is its comm.
             with open(f"/proc/{pid}/task/{tid}/comm") as fh:
                 name = fh.read().strip()
             out.append((tid, name, affinity_of(tid)))

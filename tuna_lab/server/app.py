@@ -35,8 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .._checks import positive_int, shorten
 from ..errors import ServerError
+from ..placement.binding import describe_threads, threads_of
 from .cpuclock import process_thread_cpu, request_cpu
+# STAGES is defined by the model catalogue; re-exported as this app's stages.
 from .models import MODEL_FEATURES, STAGES, load_booster, make_rows
 
 __all__ = ["InferenceApp", "create_app", "app_from_env", "STAGES"]
@@ -116,9 +119,10 @@ class InferenceApp:
         Returns
         -------
         list of int
-            Sorted TIDs of this process that appeared during the warm-up:
-            the pool's ``threads - 1`` workers (XGBoost runs at most as many
-            threads as CPUs); empty if the pool existed or ``/proc`` is missing.
+            Sorted TIDs of this process that appeared during the warm-up
+            under the main thread's name: the pool's ``threads - 1`` workers
+            (XGBoost runs at most as many threads as CPUs); empty if the pool
+            existed.
 
         Examples
         --------
@@ -129,7 +133,7 @@ class InferenceApp:
         # of their own, and only the OpenMP pool's TIDs should be reported.
         import xgboost
 
-        before = _tids()
+        before = set(threads_of(os.getpid()))
         booster, _ = self._load()
         # XGBoost hands out rows in blocks of 64 and starts no more threads
         # than blocks: warm up with enough rows to wake every pool thread.
@@ -137,7 +141,12 @@ class InferenceApp:
                              nthread=self.threads)
         booster.predict(dm)
         booster.predict(dm, pred_contribs=True)
-        return sorted(_tids() - before)
+        names = {tid: name for tid, name, _ in describe_threads(os.getpid())}
+        # A pool thread carries the name of the thread that created it; a
+        # library's helper that starts meanwhile (jemalloc's background
+        # thread, say) names itself, and is not the pool's to pin.
+        main = names.get(os.getpid())
+        return sorted(tid for tid, name in names.items() if tid not in before and name == main)
 
     def _load(self):
         # A lock, not a flag: a threaded worker may get two first requests at once.
@@ -155,7 +164,7 @@ class InferenceApp:
         t0 = time.perf_counter()
         started = time.time()
         # CLOCK_MONOTONIC is machine-wide: the client can line this up with its
-        # own samples of this worker's CPU time (tuna_lab.cpu).
+        # own samples of this worker's CPU time (tuna_lab.measure.cpu).
         info = {"batch": None, "started": time.monotonic()}
         method = environ.get("REQUEST_METHOD", "GET").upper()
         path = environ.get("PATH_INFO") or "/"
@@ -167,7 +176,7 @@ class InferenceApp:
             status, body, headers = exc.status, {"error": exc.reason}, exc.headers
         except Exception as exc:   # never a traceback to the client; the log gets it
             log.exception("%s %s failed", method, path)
-            status, body = 500, {"error": _one_line(f"internal error: {type(exc).__name__}: {exc}")}
+            status, body = 500, {"error": shorten(f"internal error: {type(exc).__name__}: {exc}")}
         if path != "/healthz":
             seconds = body.get("server_seconds", time.perf_counter() - t0)
             self._record({"time": started, "pid": os.getpid(), "method": method, "path": path,
@@ -245,7 +254,7 @@ class InferenceApp:
             # The server's input stream fails only on the client's bytes (bad
             # chunked framing, a dropped connection); its classes vary by server.
             reason = f"could not read the request body: {type(exc).__name__}: {exc}"
-            raise _HTTPError(400, _one_line(reason)) from None
+            raise _HTTPError(400, shorten(reason)) from None
 
     def _read_stream(self, environ):
         stream = environ["wsgi.input"]
@@ -343,8 +352,8 @@ def create_app(model="medium", threads=1, max_body_bytes=_DEFAULT_MAX_BODY, requ
     """
     if model not in MODEL_FEATURES:
         raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
-    threads = _positive_int("threads", threads)
-    max_body_bytes = _positive_int("max_body_bytes", max_body_bytes)
+    threads = positive_int("threads", threads, ServerError)
+    max_body_bytes = positive_int("max_body_bytes", max_body_bytes, ServerError)
     if request_log is not None:
         request_log = Path(request_log)
         try:
@@ -383,28 +392,10 @@ def _deserialize(body):
     try:
         return json.loads(body)
     except ValueError as exc:   # JSONDecodeError and UnicodeDecodeError
-        raise _HTTPError(400, _one_line(f"malformed JSON: {exc}")) from None
+        raise _HTTPError(400, shorten(f"malformed JSON: {exc}")) from None
     except RecursionError:
         raise _HTTPError(400, "malformed JSON: nested too deeply") from None
 
 
 def _has_bool(rows):
     return any(type(v) is bool for row in rows for v in row)
-
-
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ServerError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
-def _tids():
-    try:
-        return {int(t) for t in os.listdir("/proc/self/task")}
-    except OSError:
-        return set()
-
-
-def _one_line(text, limit=300):
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

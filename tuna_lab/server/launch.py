@@ -6,20 +6,28 @@
 ('http://127.0.0.1:39215', [0, 1])
 """
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-from ..errors import ServerError, TunaError
+import psutil
+
+from .._checks import positive_int
+from ..errors import CpuAccountingError, ServerError, TunaError
 from ..placement.binding import affinity_of, threads_of
+from .models import MODEL_FEATURES, ensure_model
+from .openmp import wait_policy_env
 from .pinning import PLAN_FILE, record_path
 
-__all__ = ["Server", "ServerError", "status", "stop", "SERVER_ENV"]
+__all__ = ["Server", "ServerError", "status", "stop", "free_port", "SERVER_ENV"]
 
 #: Thread pools other than the worker's OpenMP pool stay at one thread, so
 #: the only threads that compete are the ones the policy places.
@@ -27,32 +35,50 @@ SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "BLIS_NUM_THR
               "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}
 
 
-def _free_port():
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on right now (the kernel's pick).
+
+    Another process may take it before it is used; :class:`Server` binds it
+    at once, and a test server can do the same.
+
+    Examples
+    --------
+    >>> 0 < free_port() < 65536
+    True
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _alive(pid):
+def _running(proc):
+    """Whether psutil process ``proc`` still runs: not exited, not a zombie, its PID not reused."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        # is_running() checks the PID was not reused, but counts a zombie as running.
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except PermissionError:
+    except psutil.AccessDenied:          # another user's process: it exists
         return True
+
+
+def _process(pid):
+    """``psutil.Process(pid)`` while it runs, else None."""
     try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
+        proc = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+    return proc if _running(proc) else None
 
 
 def _children(pid):
+    """The running child processes of ``pid`` (a Gunicorn master's workers), as psutil processes."""
+    proc = _process(pid)
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as fh:
-            return [int(p) for p in fh.read().split()]
-    except OSError:
+        kids = proc.children() if proc else []
+    except psutil.NoSuchProcess:
         return []
+    return [kid for kid in kids if _running(kid)]
 
 
 class Server:
@@ -63,7 +89,7 @@ class Server:
     workers, threads : int
     model : {"small", "medium", "large"}
     policy : str
-        One of :data:`tuna_lab.policies.POLICIES`.
+        One of :data:`tuna_lab.placement.policies.POLICIES`.
     port : int, optional
         0 (default) picks a free loopback port. The server binds 127.0.0.1 only.
     pidfile : str, optional
@@ -86,15 +112,14 @@ class Server:
     def __init__(self, workers, threads, model="medium", policy="cfs", port=0, pidfile=None,
                  topology=None, max_requests=0, request_log=None, places="cores", state_dir=None,
                  max_body_bytes=None, time_limit=60, wait_policy="default", spincount=None):
-        from ..errors import CpuAccountingError
-        from .openmp import wait_policy_env
+        # The policies module is imported here: `tuna-lab status` and `stop` use this module too.
         from ..placement.policies import placement
-        from .models import MODEL_FEATURES
 
         if model not in MODEL_FEATURES:
             raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
+        threads = positive_int("threads", threads, ServerError)
         usable = len(os.sched_getaffinity(0))
-        if isinstance(threads, int) and not isinstance(threads, bool) and threads > usable:
+        if threads > usable:
             # XGBoost sizes its pool as min(nthread, omp_get_num_procs()), and
             # libgomp counts the CPUs in the worker's affinity mask: a worker
             # can never run more threads than this process may use.
@@ -108,7 +133,7 @@ class Server:
         self.wait_policy, self.spincount = wait_policy, spincount
         self.placement = placement(policy, workers, threads, topology, places=places, time_limit=time_limit)
         self.workers, self.threads, self.model, self.policy = workers, threads, model, policy
-        self.port = int(port) or _free_port()
+        self.port = int(port) or free_port()
         self._own_state = state_dir is None
         self.state_dir = state_dir or tempfile.mkdtemp(prefix="tuna-lab-server-")
         self.pidfile = os.path.abspath(pidfile or os.path.join(self.state_dir, "gunicorn.pid"))
@@ -154,8 +179,6 @@ class Server:
 
     def start(self, ready_timeout=180):
         """Start Gunicorn and wait until every worker is warm and pinned."""
-        from .models import ensure_model
-
         # Train (or find) the model here, once, rather than in W racing workers.
         ensure_model(self.model)
         plan = self.placement.to_dict()
@@ -166,13 +189,18 @@ class Server:
                "--bind", f"127.0.0.1:{self.port}", "--pid", self.pidfile,
                "tuna_lab.server.wsgi:app"]
         self._log = open(os.path.join(self.state_dir, "gunicorn.log"), "ab")
-        self.proc = subprocess.Popen(cmd, env=self._env(), stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        with open(self.pidfile + ".tuna.json", "w") as fh:
-            json.dump({"state_dir": self.state_dir, "url": self.url, "policy": self.policy,
-                       "workers": self.workers, "threads": self.threads, "model": self.model,
-                       "wait_policy": self.wait_policy, "spincount": self.spincount}, fh)
+        # Whatever stops the start (a failed worker, Ctrl-C, a SIGTERM raised as
+        # KeyboardInterrupt) stops the server: a `with Server(...)` whose
+        # __enter__ raises never calls __exit__.
         try:
+            with _interrupts_held():
+                self.proc = subprocess.Popen(cmd, env=self._env(), stdout=self._log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+            with open(self.pidfile + ".tuna.json", "w") as fh:
+                json.dump({"state_dir": self.state_dir, "url": self.url, "policy": self.policy,
+                           "workers": self.workers, "threads": self.threads, "model": self.model,
+                           "wait_policy": self.wait_policy, "spincount": self.spincount,
+                           "own_state": self._own_state}, fh)
             self.wait_ready(ready_timeout)
         except BaseException:
             self.stop()
@@ -211,27 +239,29 @@ class Server:
                 for rec in self.worker_records() if not rec.get("error") for t in rec.get("threads", [])]
 
     def master_pid(self):
+        """PID of the Gunicorn master (None when not started)."""
         return self.proc.pid if self.proc else None
 
     def worker_pids(self):
-        return _children(self.proc.pid) if self.proc else []
+        """PIDs of the master's live worker processes, in no particular order."""
+        return [c.pid for c in _children(self.proc.pid)] if self.proc else []
 
     def stop(self, timeout=15):
         """Stop Gunicorn and make sure no worker survives."""
         if self.proc is None:
             return
-        pids = [self.proc.pid] + self.worker_pids()
-        _terminate(self.proc.pid, pids, timeout)
+        _terminate(self.proc.pid, timeout)
         try:
+            # Collects the exit status (psutil may have reaped the master already).
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             pass
         self._log.close()
         self.proc = None
+        with contextlib.suppress(OSError):
+            os.remove(self.pidfile + ".tuna.json")
         if self._own_state:
             # our scratch directory: placement, records, Gunicorn's log and pidfile
-            import shutil
-
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def __enter__(self):
@@ -241,25 +271,55 @@ class Server:
         self.stop()
 
 
-def _terminate(master, pids, timeout):
-    """SIGTERM the master (graceful), then SIGKILL whatever is left of the group."""
+@contextlib.contextmanager
+def _interrupts_held():
+    """Hold SIGINT and SIGTERM back while the body runs, then deliver them.
+
+    A KeyboardInterrupt raised inside :class:`subprocess.Popen` after its fork
+    would leave a Gunicorn that no one knows the PID of. Only signals with a
+    Python handler are held (SIGINT's KeyboardInterrupt, the CLI's SIGTERM);
+    handlers can only be set in the main thread, the only one Python runs them in.
+    """
+    held, previous = [], {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            if callable(signal.getsignal(sig)):
+                previous[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
     try:
-        os.kill(master, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.05)
-    for p in pids:
-        if _alive(p):
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for sig in held:
+            signal.raise_signal(sig)
+
+
+def _terminate(master, timeout):
+    """SIGTERM the master (graceful), then SIGKILL whatever is left of it, its workers and its group."""
+    try:
+        proc = _process(master)
+        procs = [proc, *_children(master)] if proc else []
+        if proc:
             try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
+                proc.terminate()        # Gunicorn stops its workers gracefully on SIGTERM
+            except psutil.NoSuchProcess:
                 pass
-    try:
-        os.killpg(master, signal.SIGKILL)        # the session started for Gunicorn
-    except (ProcessLookupError, PermissionError):
-        pass
+        # psutil's Process objects remember each process's start time: a PID reused
+        # by an unrelated process meanwhile is never signalled.
+        _, left = psutil.wait_procs(procs, timeout=timeout)
+        for p in left:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(left, timeout=5)
+    finally:
+        # Also when the above is interrupted (Ctrl-C, SIGTERM raised as
+        # KeyboardInterrupt): nothing of the session started for Gunicorn survives.
+        try:
+            os.killpg(master, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _records(state_dir, workers):
@@ -270,7 +330,7 @@ def _records(state_dir, workers):
                 rec = json.load(fh)
         except (OSError, ValueError):
             continue
-        if rec.get("error") or _alive(rec["pid"]):
+        if rec.get("error") or _process(rec["pid"]):
             out.append(rec)
     return out
 
@@ -283,17 +343,24 @@ def _sidecar(pidfile):
             meta = json.load(fh)
     except (OSError, ValueError):
         raise ServerError(f"no running tuna-lab server found for pidfile {pidfile}") from None
-    if not _alive(master):
+    if not _process(master):
         raise ServerError(f"the server of pidfile {pidfile} (pid {master}) is not running")
     return master, meta
 
 
 def status(pidfile):
-    """Live view of a server: worker -> thread (role, TID) -> allowed CPUs, read from /proc."""
+    """Live view of a server: worker -> thread (role, TID) -> allowed CPUs, read from /proc.
+
+    Examples
+    --------
+    >>> info = status("/tmp/srv.pid")                                   # doctest: +SKIP
+    >>> [(t["role"], t["cpus"]) for t in info["workers"][0]["threads"]]   # doctest: +SKIP
+    [('main', [0]), ('openmp', [1])]
+    """
     master, meta = _sidecar(pidfile)
     records = {r["pid"]: r for r in _records(meta["state_dir"], meta["workers"])}
     workers = []
-    for pid in sorted(_children(master)):
+    for pid in sorted(c.pid for c in _children(master)):
         rec = records.get(pid, {})
         roles = {t["tid"]: t for t in rec.get("threads", [])}
         threads = []
@@ -314,6 +381,18 @@ def status(pidfile):
 
 
 def stop(pidfile, timeout=15):
-    """Stop the server of ``pidfile``."""
+    """Stop the server of ``pidfile``: SIGTERM its master, SIGKILL whatever is left after ``timeout`` s.
+
+    The launcher's notes beside the pidfile go too, and so does the server's
+    scratch directory when the launcher made it (as :meth:`Server.stop` does).
+
+    Examples
+    --------
+    >>> stop("/tmp/srv.pid")   # doctest: +SKIP
+    """
     master, meta = _sidecar(pidfile)
-    _terminate(master, [master] + _children(master), timeout)
+    _terminate(master, timeout)
+    if meta.get("own_state"):
+        shutil.rmtree(meta["state_dir"], ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.remove(pidfile + ".tuna.json")

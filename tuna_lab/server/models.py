@@ -30,9 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .._checks import positive_int
 from ..errors import ServerError
 
-__all__ = ["STAGES", "MODEL_FEATURES", "model_trees", "cache_dir", "model_path", "ensure_model", "load_booster", "make_rows", "train_all"]
+__all__ = ["STAGES", "MODEL_FEATURES", "model_trees", "cache_dir", "model_path", "ensure_model", "load_booster",
+           "make_rows", "train_all"]
 
 #: Names of the five timed stages of a request, in pipeline order.
 STAGES = ("deserialize", "convert", "dmatrix", "predict", "shap")
@@ -134,7 +136,7 @@ def ensure_model(name, nthread=None):
         return path
     if nthread is None:
         nthread = len(os.sched_getaffinity(0))
-    _check_threads(nthread)
+    nthread = positive_int("nthread", nthread, ServerError)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_suffix(".lock"), "w")
@@ -169,7 +171,7 @@ def load_booster(name, nthread):
     >>> load_booster("medium", nthread=4).num_features()   # doctest: +SKIP
     155
     """
-    _check_threads(nthread)
+    nthread = positive_int("nthread", nthread, ServerError)
     path = ensure_model(name)
     import xgboost
     from threadpoolctl import ThreadpoolController
@@ -202,17 +204,11 @@ def make_rows(name, batch, seed=0):
     (3, 784)
     """
     recipe = _recipe(name)
-    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-        raise ServerError(f"batch must be a positive integer, got {batch!r}")
+    batch = positive_int("batch", batch, ServerError)
     # A different stream from the training rows (stream 0), so payloads are unseen data.
     rng = np.random.default_rng([recipe.seed, 1, seed])
-    X, _ = _GENERATORS[name](int(batch), rng, recipe.seed)
+    X, _ = _GENERATORS[name](batch, rng, recipe.seed)
     return X
-
-
-def _check_threads(nthread):
-    if isinstance(nthread, bool) or not isinstance(nthread, (int, np.integer)) or nthread < 1:
-        raise ServerError(f"nthread must be a positive integer, got {nthread!r}")
 
 
 # -- data --------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ import os
 import sys
 import time
 
-from ..placement.binding import BindingError, affinity_of, bind_all, threads_of
+from ..errors import BindingError
+from ..placement.binding import affinity_of, bind_all, threads_of
 
 __all__ = ["pick_slot", "pin_worker", "read_plan", "record_path", "PLAN_FILE"]
 
@@ -26,16 +27,30 @@ WORKER_BOOT_ERROR = 3
 
 
 def read_plan(state_dir):
+    """The placement the launcher wrote to ``<state_dir>/placement.json``, as a dict."""
     with open(os.path.join(state_dir, PLAN_FILE)) as fh:
         return json.load(fh)
 
 
 def record_path(state_dir, slot):
+    """Where the worker of ``slot`` writes its binding record.
+
+    Examples
+    --------
+    >>> record_path("/tmp/state", 1)
+    '/tmp/state/worker-1.json'
+    """
     return os.path.join(state_dir, f"worker-{slot}.json")
 
 
 def pick_slot(live_slots, workers, age):
-    """Lowest slot no live worker holds; a spare worker (during a reload) shares by age."""
+    """Lowest slot no live worker holds; a spare worker (during a reload) shares by age.
+
+    Examples
+    --------
+    >>> pick_slot([0, 2], workers=3, age=7), pick_slot([0, 1], workers=2, age=3)
+    (1, 1)
+    """
     free = [s for s in range(workers) if s not in set(live_slots)]
     return free[0] if free else age % workers
 
