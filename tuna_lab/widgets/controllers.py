@@ -432,7 +432,7 @@ class PolicyComparison(SizedController):
         Expected threads per logical core (index ``cpu``), one column per policy;
         each column sums to ``workers * threads``.
     summary : pandas.DataFrame
-        :func:`tuna_lab.policies.compare` of the policies.
+        :func:`tuna_lab.placement.compare` of the policies.
 
     Examples
     --------

@@ -46,7 +46,7 @@ class LiveExperiment(Controller):
     batch : int
     policies : sequence of str
     trials, requests : int
-        Passed to :func:`tuna_lab.experiment.run`.
+        Passed to :func:`tuna_lab.measure.experiment.run`.
     out : str, optional
         Directory to write the cell into (nothing is written by default).
     seed : int
