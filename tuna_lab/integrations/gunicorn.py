@@ -91,14 +91,24 @@ def configure(policy=None, threads=None, plan=None, force=False):
         os.environ["TUNA_LAB_FORCE"] = "1"
 
 
-def _refuse(log, message):
-    # Gunicorn's own logger: the line lands wherever the user's server logs go.
-    log.error("tuna_lab: %s", message)
+def _refuse(server, message):
+    # Every worker of the first batch refuses, but one line in the log says it:
+    # the first to create the marker writes it, with Gunicorn's own logger.
+    try:
+        os.close(os.open(os.path.join(_run_dir(server.pid), "refused"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except FileExistsError:
+        sys.exit(_BOOT_ERROR)
+    server.log.error("tuna_lab: %s", message)
     sys.exit(_BOOT_ERROR)
 
 
 def _run_dir(master):
-    path = os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{os.getuid()}-{master}")
+    import psutil
+
+    # The master's start time too: a later master with a recycled PID (PID 1 in a
+    # restarted container) must not inherit an old plan, slots or refusal.
+    started = int(psutil.Process(master).create_time() * 100)
+    path = os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{os.getuid()}-{master}-{started}")
     os.makedirs(path, mode=0o700, exist_ok=True)
     return path
 
@@ -173,21 +183,23 @@ def post_fork(server, worker):
 
     kind = getattr(server.cfg, "worker_class_str", "sync")
     if kind not in SUPPORTED_WORKER_CLASSES:
-        _refuse(server.log, f"worker class {kind!r} is not supported: tuna_lab pins 'sync' workers "
+        _refuse(server, f"worker class {kind!r} is not supported: tuna_lab pins 'sync' workers "
                 "(one request at a time on the main thread); use worker_class = \"sync\"")
     run_dir = _run_dir(server.pid)
     try:
         plan = _shared_plan(run_dir, server.cfg.workers)
     except (TunaError, OSError, ValueError) as exc:
-        _refuse(server.log, one_line(exc))
+        _refuse(server, one_line(exc))
     if plan.workers != server.cfg.workers:
-        _refuse(server.log, f"the plan has {plan.workers} slots but the server runs {server.cfg.workers} workers")
+        _refuse(server, f"the plan has {plan.workers} slots but the server runs {server.cfg.workers} workers")
     slot, fd = _take_slot(run_dir, plan.workers)
     # libgomp reads OMP_PLACES once, when it loads; with a place list it counts CPUs
     # from it instead of from the calling thread's current affinity, so pinning
     # the main thread to one CPU does not shrink the pool XGBoost asks for.
-    exact = "OMP_PLACES" in os.environ
-    if not exact and not _openmp_loaded():
+    # Under OMP_PROC_BIND=false libgomp ignores OMP_PLACES.
+    unbound = os.environ.get("OMP_PROC_BIND", "").split(",")[0].strip().lower() == "false"
+    exact = "OMP_PLACES" in os.environ and not unbound
+    if not exact and not unbound and not _openmp_loaded():
         os.environ["OMP_PLACES"] = "threads"
         exact = True
     _worker.update(slot=slot, lock=fd, exact_main=exact, plan=plan)
@@ -243,7 +255,10 @@ def post_worker_init(worker):
             new = []
     row = plan.slots[slot]
     union = sorted({c for cpus in row for c in cpus})
-    wanted = {pid: row[0] if _worker["exact_main"] or plan.threads == 1 else union}
+    # An app that loads its OpenMP runtime later (on its first request) builds its places
+    # then, from the main thread's CPUs at that moment: a single CPU would leave no pool.
+    exact = plan.threads == 1 or (_worker["exact_main"] and bool(libs))
+    wanted = {pid: row[0] if exact else union}
     for rank, tid in enumerate(new, start=1):
         wanted[tid] = row[rank] if rank < plan.threads else union
     bound = {}
@@ -262,4 +277,6 @@ def post_worker_init(worker):
 
 def child_exit(server, worker):
     """Gunicorn hook (master, a worker exited): its slot's lock is free for the replacement."""
+    if os.path.exists(os.path.join(_run_dir(server.pid), "refused")):
+        return                                         # the server is stopping: no replacement comes
     server.log.info("tuna_lab: worker %s exited; its slot goes to its replacement", worker.pid)

@@ -18,9 +18,10 @@ Binding the main thread to a single CPU has a cost this project measured:
 without ``OMP_PLACES``, GNU libgomp counts the CPUs of the calling thread's
 *current* affinity, and XGBoost runs ``min(nthread, that count)`` threads - a
 main thread pinned to one CPU makes every later request single-threaded. So
-unless the worker was started with ``OMP_PLACES`` (read from its environment),
-its main thread is bound to all of its slot's CPUs, which keeps libgomp's pool
-size; the pool threads get their own CPUs.
+unless the worker was started with ``OMP_PLACES`` (read from its environment;
+not with ``OMP_PROC_BIND=false``) and has loaded its OpenMP runtime, its main
+thread is bound to all of its slot's CPUs, which keeps libgomp's pool size;
+the pool threads get their own CPUs.
 
 :func:`unpin_server` gives every worker thread the master's affinity back, and
 :func:`watch_server` re-pins a replacement worker to the slot its predecessor
@@ -50,6 +51,14 @@ __all__ = ["ThreadRole", "classify_threads", "worker_pids", "server_threads", "p
 # Libraries whose threads are an OpenMP team or a BLAS pool (file names as the loader maps them).
 _RUNTIMES = (("libgomp", "OpenMP"), ("libiomp", "OpenMP"), ("libomp", "OpenMP"),
              ("libopenblas", "BLAS"), ("libmkl", "BLAS"), ("libblis", "BLAS"))
+# Why a thread that never waited while we looked is left alone (the report's words).
+_RUNNING = "running on every look"
+# Rounds of --watch that look again at a worker with such a thread: a pool thread busy with
+# a request settles within them (then it is bound); one that always spins never does.
+_WATCH_RETRIES = 25
+# Children of a master that are no workers: uvicorn --workers starts its workers with
+# multiprocessing's spawn, which first starts a resource tracker (and forkserver, a fork server).
+_HELPER_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
 @dataclass(frozen=True)
@@ -101,7 +110,10 @@ class PinReport:
 # -- finding workers and threads ---------------------------------------------------------------
 
 def worker_pids(master):
-    """The master's child processes, oldest first (their slot order).
+    """The master's worker processes, oldest first (their slot order).
+
+    Every child counts except multiprocessing's helper processes (the
+    resource tracker that uvicorn ``--workers`` starts beside its workers).
 
     Raises
     ------
@@ -119,7 +131,7 @@ def worker_pids(master):
     live = []
     for child in children:
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
+            if child.status() != psutil.STATUS_ZOMBIE and not _is_helper(child):
                 live.append((child.create_time(), child.pid))
         except psutil.NoSuchProcess:
             continue
@@ -127,6 +139,14 @@ def worker_pids(master):
         raise PinError(f"PID {master} has no child processes: not a pre-fork server's master, "
                        "or its workers have not started yet")
     return [pid for _, pid in sorted(live)]
+
+
+def _is_helper(proc):
+    try:
+        command = " ".join(proc.cmdline())
+    except psutil.AccessDenied:
+        return False
+    return any(name in command for name in _HELPER_PROCESSES)
 
 
 def _maps(pid):
@@ -196,7 +216,7 @@ def classify_threads(pid, looks=5, interval=0.02):
         if kind:
             pool.append((tid, f"waiting in {lib} ({kind} pool)"))
         elif lib is None:
-            other.append(ThreadRole(tid, "other", None, "running on every look: cannot tell which library "
+            other.append(ThreadRole(tid, "other", None, f"{_RUNNING}: cannot tell which library "
                                     "it belongs to (an OpenMP thread that spins, OMP_WAIT_POLICY=active?)"))
         else:
             other.append(ThreadRole(tid, "other", None, f"waiting in {lib}: not an OpenMP/BLAS pool thread "
@@ -205,13 +225,26 @@ def classify_threads(pid, looks=5, interval=0.02):
     return main + ranked + other
 
 
-def _starts_with_places(pid):
-    """Whether the process was started with ``OMP_PLACES`` in its environment."""
+def _places_in_effect(pid):
+    """Whether the OpenMP runtime of process ``pid`` counts its CPUs from an ``OMP_PLACES`` list.
+
+    Only then may its main thread be pinned to a single CPU. That needs
+    ``OMP_PLACES`` in the environment it was started with, without
+    ``OMP_PROC_BIND=false`` (libgomp ignores the places then), and the
+    runtime loaded already: libgomp builds its places when it loads, from the
+    CPUs the main thread may use at that moment - a main thread pinned to one
+    CPU before (a replacement worker that ``--watch`` catches while it
+    starts) leaves one place and no pool at all.
+    """
     try:
         with open(f"/proc/{pid}/environ", "rb") as fh:
-            return any(v.startswith(b"OMP_PLACES=") for v in fh.read().split(b"\0"))
+            env = dict(v.partition(b"=")[::2] for v in fh.read().split(b"\0") if v)
+        loaded = any(lib.startswith(prefix) for _, _, lib in _maps(pid)
+                     for prefix, kind in _RUNTIMES if kind == "OpenMP")
     except OSError:
         return False
+    unbound = env.get(b"OMP_PROC_BIND", b"").split(b",")[0].strip().lower() == b"false"
+    return b"OMP_PLACES" in env and not unbound and loaded
 
 
 def _thread_rows(pid, slot, plan, exact_main):
@@ -247,7 +280,7 @@ def server_threads(master, plan=None):
     for slot, pid in enumerate(worker_pids(master)):
         try:
             out.append({"slot": slot, "pid": pid,
-                        "threads": _thread_rows(pid, slot, plan, _starts_with_places(pid))})
+                        "threads": _thread_rows(pid, slot, plan, _places_in_effect(pid))})
         except PinError:
             continue                                   # the worker exited while we looked
     return out
@@ -268,7 +301,7 @@ def _check_permission(pids):
 
 
 def _pin_worker(pid, slot, plan, report, dry_run):
-    exact = _starts_with_places(pid)
+    exact = _places_in_effect(pid)
     threads = classify_threads(pid)
     pool = [t for t in threads if t.role == "pool"]
     if len(pool) < plan.threads - 1:
@@ -281,7 +314,8 @@ def _pin_worker(pid, slot, plan, report, dry_run):
         note = None
         if th.role == "main" and not exact and plan.threads > 1:
             note = ("bound to all of its slot's CPUs, not only CPU " + format_cpulist(plan.slots[slot][0])
-                    + ": started without OMP_PLACES, libgomp would count one CPU and shrink the pool")
+                    + ": no OMP_PLACES in effect (not in its environment, or OpenMP not loaded yet), "
+                    "libgomp would count one CPU and shrink the pool")
         if want is not None and not dry_run:
             try:
                 got = sorted(bind(th.tid, want))
@@ -362,11 +396,12 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None):
     A new worker (a replacement of one that exited) takes the lowest slot no
     live worker holds, which is its predecessor's; pool threads that appear
     later in any worker (OpenMP starts its pool at the first parallel region)
-    are bound when they are first seen. ``on_pin(report)`` is called after
-    each round that bound something. Pins stay in place when it returns.
+    are bound when they are first seen waiting (a worker whose thread kept
+    running is looked at again for a few rounds). ``on_pin(report)`` is called
+    after each round that bound something. Pins stay in place when it returns.
     """
     slots = {pid: slot for slot, pid in enumerate(worker_pids(master))}
-    seen = {}
+    seen, busy = {}, {}
     while not stop.is_set():
         try:
             live = worker_pids(master)
@@ -377,6 +412,7 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None):
         for pid in [p for p in slots if p not in live]:
             del slots[pid]
             seen.pop(pid, None)
+            busy.pop(pid, None)
         for pid in live:
             if pid not in slots:
                 free = [s for s in range(plan.workers) if s not in slots.values()]
@@ -395,7 +431,11 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None):
                 _pin_worker(pid, slot, plan, report, dry_run=False)
             except PinError:
                 continue
-            seen[pid] = tids
+            if any(t["why"].startswith(_RUNNING) for t in report.workers[-1]["threads"]):
+                busy[pid] = busy.get(pid, 0) + 1
+                if busy[pid] < _WATCH_RETRIES:
+                    continue                           # perhaps a pool thread at work: look again
+            seen[pid], busy[pid] = tids, 0
         if report.workers and on_pin is not None:
             on_pin(report)
         stop.wait(interval)

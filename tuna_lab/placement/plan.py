@@ -246,7 +246,8 @@ class Plan:
             "# and binds its main and pool threads by TID; a replacement worker gets the same slot.",
             "import os",
             "",
-            f"os.environ[\"TUNA_LAB_PLAN\"] = '{plan_json}'",
+            # repr: a quote or backslash in a name must not end or change the literal
+            f"os.environ[\"TUNA_LAB_PLAN\"] = {plan_json!r}",
             "from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit  # noqa: E402,F401",
             "",
             f"workers = {self.workers}",
@@ -262,13 +263,20 @@ def parse_omp_places(text):
     >>> parse_omp_places("{0,16},{8:2}")
     [(0, 16), (8, 9)]
     """
+    found = re.findall(r"\{([^{}]*)\}", text)
     places = []
-    for m in re.finditer(r"\{([^{}]*)\}", text):
-        cpus = []
-        for item in m.group(1).split(","):
-            start, _, length = item.strip().partition(":")
-            cpus.extend(range(int(start), int(start) + (int(length) if length else 1)))
-        places.append(tuple(cpus))
-    if ",".join("{" + p + "}" for p in re.findall(r"\{([^{}]*)\}", text)) != text.strip():
-        raise PlanError(f"not an explicit OMP_PLACES list: {text!r}")
+    try:
+        if ",".join("{" + p + "}" for p in found) != text.strip():
+            raise ValueError
+        for place in found:
+            cpus = []
+            for item in place.split(","):
+                start, _, length = item.strip().partition(":")
+                first, count = int(start), int(length) if length else 1
+                if first < 0 or count < 1:
+                    raise ValueError            # an empty place, or a negative CPU id
+                cpus.extend(range(first, first + count))
+            places.append(tuple(cpus))
+    except ValueError:                          # int("a"), int("") of "{}" too
+        raise PlanError(f"not an explicit OMP_PLACES list: {text!r}") from None
     return places

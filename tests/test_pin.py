@@ -1,0 +1,711 @@
+"""Pin a user's own pre-fork inference server: the Gunicorn hooks, ``tuna-lab pin/unpin/status --pid``.
+
+Every server here is a real process tree on 127.0.0.1 running the user's app
+of ``tests/userapp`` (which imports nothing from tuna_lab), and every check
+reads what the kernel says in ``/proc/<pid>/task/<tid>/status``
+(``Cpus_allowed_list``) and ``schedstat``; the CLI runs as a user runs it. The
+OpenMP pool threads are found here independently of the library: the
+threads whose blocking system call was made from libgomp's code.
+
+Servers are shared within this module where a test leaves them as it found
+them (pins undone); each is stopped with its whole process group.
+"""
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tuna_lab.machine import topology_from
+from tuna_lab.placement import placement
+from tuna_lab.placement.plan import Plan
+from tuna_lab.server.launch import free_port
+
+USERAPP = Path(__file__).parent / "userapp"
+GUNICORN = Path(sys.executable).with_name("gunicorn")
+UVICORN = Path(sys.executable).with_name("uvicorn")
+CPUS = sorted(os.sched_getaffinity(0))
+W, T = 2, 2
+
+pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs")
+
+
+# -- reading /proc (independently of tuna_lab) ------------------------------------------------------
+
+def cpus_of(tid):
+    """``Cpus_allowed_list`` of a thread, as a sorted list of CPU ids."""
+    with open(f"/proc/{tid}/status") as fh:
+        text = next(line for line in fh if line.startswith("Cpus_allowed_list:")).split(":", 1)[1]
+    out = []
+    for part in text.strip().split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def cpu_ns(pid, tid):
+    """CPU time a thread has run, in ns (first field of schedstat)."""
+    with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+        return int(fh.read().split()[0])
+
+
+def tids_of(pid):
+    return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+
+
+def openmp_loaded(pid):
+    with open(f"/proc/{pid}/maps") as fh:
+        return "libgomp" in fh.read()
+
+
+def pool_tids(pid, looks=25):
+    """The worker's libgomp pool threads (sorted TIDs): blocked in a system call made from libgomp.
+
+    A thread that is running is looked at again, up to ``looks`` times.
+    """
+    spans = []
+    with open(f"/proc/{pid}/maps") as fh:
+        for line in fh:
+            parts = line.split()
+            if len(parts) == 6 and "libgomp" in parts[5]:
+                lo, hi = (int(x, 16) for x in parts[0].split("-"))
+                spans.append((lo, hi))
+    pool = []
+    for tid in tids_of(pid):
+        if tid == pid:
+            continue
+        for _ in range(looks):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/syscall") as fh:
+                    fields = fh.read().split()
+            except FileNotFoundError:
+                break
+            if fields and fields[0] != "running":
+                ip = int(fields[-1], 16)
+                if any(lo <= ip < hi for lo, hi in spans):
+                    pool.append(tid)
+                break
+            time.sleep(0.02)
+    return pool
+
+
+def affinities(pids):
+    """``{tid: cpus}`` of every thread of the processes ``pids``."""
+    out = {}
+    for pid in pids:
+        for tid in tids_of(pid):
+            try:
+                out[tid] = cpus_of(tid)
+            except (FileNotFoundError, StopIteration):
+                pass
+    return out
+
+
+# -- running things ---------------------------------------------------------------------------------
+
+def cli(*args, as_nobody=False, timeout=60):
+    """``tuna-lab ARGS`` as a user runs it."""
+    argv = [sys.executable, "-m", "tuna_lab", *map(str, args)]
+    env = dict(os.environ)
+    if as_nobody:
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+        env["HOME"] = tempfile.gettempdir()
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=tempfile.gettempdir(), env=env)
+
+
+def wait_until(predicate, timeout, what, interval=0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def get(port, timeout=30):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=timeout) as resp:
+        assert resp.status == 200
+        return json.loads(resp.read())
+
+
+def request_until(srv, predicate, what, max_requests=300, timeout=40):
+    """Send bounded GET requests to ``srv`` until ``predicate()`` holds."""
+    deadline = time.monotonic() + timeout
+    for _ in range(max_requests):
+        if predicate():
+            return
+        if time.monotonic() > deadline:
+            break
+        try:
+            get(srv.port)
+        except OSError as exc:
+            raise AssertionError(f"GET :{srv.port} failed ({exc}); the server said:\n{srv.text()[-3000:]}") from None
+    assert predicate(), f"{what} after {max_requests} requests / {timeout} s"
+
+
+def server_env(model_file, **extra):
+    """The environment a user's server starts with: no tuna_lab or OpenMP settings unless given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNA_LAB_", "OMP_", "GOMP_"))}
+    env.update(USERAPP_MODEL=str(model_file), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def _gunicorn_quiet():
+    # Gunicorn 25+ opens a control socket at one fixed path per user: servers started
+    # side by side (two test sessions) would fight over it.
+    import gunicorn.config
+
+    return ["--no-control-socket"] if hasattr(gunicorn.config, "ControlSocketDisable") else []
+
+
+class Server:
+    """A server process tree started in its own session, stopped as a group."""
+
+    def __init__(self, argv, env, workdir, name):
+        self.port = free_port()
+        self.log = workdir / f"{name}.log"
+        self.pidfile = workdir / f"{name}.pid"
+        argv = [str(a).format(port=self.port, pidfile=self.pidfile) for a in argv]
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.master = self.proc.pid
+
+    def workers(self):
+        """Live worker PIDs, oldest first (multiprocessing's resource tracker is no worker)."""
+        out = []
+        try:
+            children = psutil.Process(self.master).children()
+        except psutil.NoSuchProcess:
+            return []
+        for child in children:
+            try:
+                if child.status() == psutil.STATUS_ZOMBIE or "resource_tracker" in " ".join(child.cmdline()):
+                    continue
+                out.append((child.create_time(), child.pid))
+            except psutil.NoSuchProcess:
+                continue
+        return [pid for _, pid in sorted(out)]
+
+    def text(self):
+        return self.log.read_text(errors="replace")
+
+    def stop(self):
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.master, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                # The group may outlive its leader a moment (workers still exiting).
+                wait_until(lambda: not _group_alive(self.master), wait, "the server's processes to exit")
+                break
+            except (subprocess.TimeoutExpired, AssertionError):
+                continue
+        self.proc.wait(5)
+        for path in Path(tempfile.gettempdir()).glob(f"tuna_lab-gunicorn-{os.getuid()}-{self.master}-*"):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return any(p.info["status"] != psutil.STATUS_ZOMBIE for p in psutil.process_iter(["status"])
+               if _pgid(p.pid) == pgid)
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
+
+
+def ready(srv, workers=W):
+    """Every worker is up and has imported the app (libgomp is mapped)."""
+    pids = srv.workers()
+    assert srv.proc.poll() is None, f"server exited: {srv.text()[-2000:]}"
+    try:
+        return len(pids) == workers and all(openmp_loaded(p) for p in pids) and pids
+    except FileNotFoundError:
+        return False
+
+
+def responds(srv):
+    try:
+        get(srv.port, timeout=5)
+        return True
+    except OSError:
+        return False
+
+
+def every_worker_has_its_pool(srv):
+    return all(len(pool_tids(p)) >= T - 1 for p in srv.workers())
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory):
+    """The user's model, trained once (XGBoost, nthread=2) into a file the apps load."""
+    path = tmp_path_factory.mktemp("userapp") / "model.json"
+    subprocess.run([sys.executable, "-c", f"import usermodel; usermodel.train({str(path)!r})"], cwd=USERAPP,
+                   check=True, timeout=120)
+    return path
+
+
+@pytest.fixture(scope="module")
+def scatter_plan(tmp_path_factory):
+    """``tuna-lab plan -w 2 -t 2 --policy tuna-scatter`` on this machine, as a file."""
+    done = cli("plan", "-w", W, "-t", T, "--policy", "tuna-scatter")
+    assert done.returncode == 0, done.stderr
+    path = tmp_path_factory.mktemp("plans") / "scatter.json"
+    path.write_text(done.stdout)
+    return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_process_left_behind():
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    yield
+    time.sleep(0.2)
+    left = [c.pid for c in psutil.Process().children(recursive=True)
+            if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"processes left running: {left}"
+
+
+# -- the Gunicorn hooks in the user's own gunicorn.conf.py ------------------------------------------
+
+_SLOT_LINE = re.compile(r"tuna_lab: worker (\d+) slot (\d+) \(([^)]+)\): (.*)$", re.M)
+
+
+def hooked_slots(srv):
+    """``{pid: slot}`` of the live workers, from the hooks' log lines."""
+    live = set(srv.workers())
+    return {int(m.group(1)): int(m.group(2)) for m in _SLOT_LINE.finditer(srv.text()) if int(m.group(1)) in live}
+
+
+@pytest.fixture(scope="module")
+def hooked(model_file, tmp_path_factory):
+    """The user's app under Gunicorn with the 3-line integration (tuna-scatter, T=2) in its config."""
+    srv = Server([GUNICORN, "-c", USERAPP / "gunicorn.conf.py", "--chdir", USERAPP, "-b", "127.0.0.1:{port}",
+                  "-p", "{pidfile}", *_gunicorn_quiet(), "wsgi_app:application"],
+                 server_env(model_file), tmp_path_factory.mktemp("hooked"), "hooked")
+    try:
+        wait_until(lambda: ready(srv) and len(hooked_slots(srv)) == W, 120, "both hooked workers to pin themselves")
+        assert int(srv.pidfile.read_text()) == srv.master
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_hooked_workers_sit_on_their_slots_cpus(hooked, scatter_plan):
+    plan = Plan.read(scatter_plan)
+    slots = hooked_slots(hooked)
+    assert sorted(slots.values()) == list(range(W)), hooked.text()
+    for pid, slot in slots.items():
+        row = plan.slots[slot]
+        # No preload_app: libgomp was not loaded at the fork, so post_fork set OMP_PLACES
+        # and the main thread sits on exactly its own CPU.
+        assert cpus_of(pid) == list(row[0]), f"main thread of worker {pid} (slot {slot})"
+        pool = pool_tids(pid)
+        assert len(pool) == T - 1, f"worker {pid}: pool {pool}"
+        assert [cpus_of(t) for t in pool] == [list(c) for c in row[1:]], f"pool of worker {pid} (slot {slot})"
+
+
+def test_hooked_pool_threads_still_do_the_work(hooked):
+    pools = {pid: pool_tids(pid) for pid in hooked.workers()}
+    pinned = affinities(hooked.workers())
+    before = {(pid, t): cpu_ns(pid, t) for pid, tids in pools.items() for t in tids}
+    request_until(hooked, lambda: all(cpu_ns(pid, t) > ns for (pid, t), ns in before.items()),
+                  "every pinned pool thread to run")
+    assert affinities(hooked.workers()) == pinned            # nobody (libgomp included) moved a thread
+
+
+def test_hooked_replacement_of_a_killed_worker_takes_its_slot(hooked, scatter_plan):
+    plan = Plan.read(scatter_plan)
+    slots = hooked_slots(hooked)
+    # The slot whose main thread is not on CPU 0: libgomp's own binding (OMP_PLACES=threads)
+    # would put it there, so only the hooks can have put it elsewhere.
+    victim = max(slots, key=lambda pid: plan.slots[slots[pid]][0])
+    before = (cpus_of(victim), [cpus_of(t) for t in pool_tids(victim)])
+    os.kill(victim, signal.SIGKILL)
+    new = wait_until(lambda: [p for p in hooked_slots(hooked) if p not in slots], 60, "a pinned replacement")
+    assert len(new) == 1
+    assert hooked_slots(hooked)[new[0]] == slots[victim]
+    assert (cpus_of(new[0]), [cpus_of(t) for t in pool_tids(new[0])]) == before
+    assert f"tuna_lab: worker {victim} exited" in hooked.text()
+
+
+def test_a_non_sync_worker_class_is_refused_at_start(model_file, tmp_path):
+    log = tmp_path / "gthread.log"
+    start = time.monotonic()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([GUNICORN, "-c", USERAPP / "gunicorn.conf.py", "--chdir", USERAPP,
+                                 "--worker-class", "gthread", "-b", f"127.0.0.1:{free_port()}", *_gunicorn_quiet(),
+                                 "wsgi_app:application"], cwd=tmp_path, env=server_env(model_file),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        rc = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        for path in Path(tempfile.gettempdir()).glob(f"tuna_lab-gunicorn-{os.getuid()}-{proc.pid}-*"):
+            shutil.rmtree(path, ignore_errors=True)
+    elapsed = time.monotonic() - start
+    text = log.read_text()
+    assert rc != 0, text
+    assert elapsed < 30, f"Gunicorn took {elapsed:.1f} s to give up"
+    ours = [line for line in text.splitlines() if "tuna_lab:" in line]
+    assert len(ours) == 1, text
+    assert "'gthread'" in ours[0] and "sync" in ours[0]
+
+
+# -- a plain server (no hooks), pinned from outside -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def plain(model_file, tmp_path_factory):
+    """The same app under Gunicorn with no hooks and no OpenMP settings."""
+    srv = Server([GUNICORN, "-w", W, "--chdir", USERAPP, "-b", "127.0.0.1:{port}", "-p", "{pidfile}",
+                  *_gunicorn_quiet(), "wsgi_app:application"],
+                 server_env(model_file), tmp_path_factory.mktemp("plain"), "plain")
+    try:
+        wait_until(lambda: ready(srv), 120, "the plain server's workers")
+        yield srv
+    finally:
+        srv.stop()
+
+
+def union(plan, slot):
+    return sorted({c for cpus in plan.slots[slot] for c in cpus})
+
+
+def test_more_threads_than_the_pool_has_are_pinned_as_far_as_they_go_with_a_warning(plain):
+    request_until(plain, lambda: every_worker_has_its_pool(plain), "every worker to start its OpenMP pool")
+    workers = plain.workers()
+    plan = placement("round-robin", W, T + 1, topology_from(None)).plan()
+    done = cli("pin", "--pid", plain.master, "-t", T + 1, "--policy", "round-robin")
+    try:
+        assert done.returncode == 0, done.stderr
+        warnings = done.stderr.strip().splitlines()
+        assert len(warnings) == W, done.stderr
+        for slot, (pid, line) in enumerate(zip(workers, warnings)):
+            assert line.startswith(f"tuna-lab: warning: worker {pid} (slot {slot}) has {T - 1} pool thread(s)")
+            assert [cpus_of(t) for t in pool_tids(pid)] == [list(c) for c in plan.slots[slot][1:T]]
+    finally:
+        assert cli("unpin", "--pid", plain.master).returncode == 0
+
+
+def test_pin_then_unpin_a_running_server(plain):
+    request_until(plain, lambda: every_worker_has_its_pool(plain), "every worker to start its OpenMP pool")
+    workers = plain.workers()
+    master_cpus = cpus_of(plain.master)
+    plan = placement("round-robin", W, T, topology_from(None)).plan()
+
+    done = cli("pin", "--pid", plain.master, "-t", T, "--policy", "round-robin")
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    for slot, pid in enumerate(workers):
+        # Started without OMP_PLACES: the main thread keeps its slot's CPUs so libgomp keeps the pool.
+        assert cpus_of(pid) == union(plan, slot)
+        pool = pool_tids(pid)
+        assert [cpus_of(t) for t in pool] == [list(c) for c in plan.slots[slot][1:]], f"worker {pid}"
+        assert f"pool 1  tid {pool[0]}" in done.stdout
+    pinned = affinities(workers)
+
+    pools = [(pid, t) for pid in workers for t in pool_tids(pid)]
+    before = {k: cpu_ns(*k) for k in pools}
+    request_until(plain, lambda: all(cpu_ns(*k) > ns for k, ns in before.items()),
+                  "every pinned pool thread to run")
+    assert affinities(workers) == pinned
+
+    done = cli("unpin", "--pid", plain.master)
+    assert done.returncode == 0, done.stderr
+    after = affinities(workers)
+    assert after and all(cpus == master_cpus for cpus in after.values()), after
+
+
+def test_status_shows_roles_tids_and_cpus_as_proc_does(plain, scatter_plan):
+    done = cli("status", "--pid", plain.master, "--plan", scatter_plan, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [w["pid"] for w in report["workers"]] == plain.workers()
+    for w in report["workers"]:
+        assert sorted(t["tid"] for t in w["threads"]) == tids_of(w["pid"])
+        assert [t["tid"] for t in w["threads"] if t["role"] == "pool"] == pool_tids(w["pid"])
+        for t in w["threads"]:
+            assert t["cpus"] == cpus_of(t["tid"])
+            assert (t["planned"] is None) == (t["role"] == "other")
+
+
+def test_taskset_lines_name_the_running_servers_threads(plain):
+    request_until(plain, lambda: every_worker_has_its_pool(plain), "every worker to start its OpenMP pool")
+    plan = placement("round-robin", W, T, topology_from(None)).plan()
+    done = cli("plan", "-w", W, "-t", T, "--policy", "round-robin", "--format", "taskset", "--pid", plain.master)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if not line.startswith("#")]
+    named = {}
+    for line in lines:
+        m = re.fullmatch(r"taskset -p -c (\S+) (\d+)", line)
+        assert m, line
+        named[int(m.group(2))] = m.group(1)
+    expected = {}
+    for slot, pid in enumerate(plain.workers()):
+        expected[pid] = ",".join(map(str, plan.slots[slot][0]))
+        for rank, tid in enumerate(pool_tids(pid), start=1):
+            expected[tid] = ",".join(map(str, plan.slots[slot][rank]))
+            assert Path(f"/proc/{pid}/task/{tid}").exists()
+    assert named == expected
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory):
+    """Plan files: round-robin here for W and W+1 workers, another machine's, and not a plan at all."""
+    root = tmp_path_factory.mktemp("bad-plans")
+    here = topology_from(None)
+    placement("round-robin", W, T, here).plan().write(root / "here.json")
+    placement("round-robin", W + 1, T, here).plan().write(root / "three.json")
+    done = cli("plan", "-w", W, "-t", T, "--policy", "round-robin", "--preset", "xeon-8272cl")
+    assert done.returncode == 0, done.stderr
+    (root / "xeon.json").write_text(done.stdout)
+    assert Plan.read(root / "xeon.json").slots[1] == ((2,), (3,))   # CPUs this machine lacks
+    (root / "junk.json").write_text("{not json")
+    return root
+
+
+@pytest.fixture(scope="module")
+def gone_pid():
+    with open("/proc/sys/kernel/pid_max") as fh:
+        return int(fh.read())                         # PIDs are below pid_max: never a process
+
+
+@pytest.fixture
+def childless():
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def nobody_can_run_the_cli():
+    if os.geteuid() != 0:
+        pytest.skip("running the CLI as another user needs root")
+    if shutil.which("setpriv") is None:
+        pytest.skip("no setpriv to run the CLI as the unprivileged user nobody")
+    probe = cli("--help", as_nobody=True)
+    if probe.returncode != 0:
+        pytest.skip(f"user nobody cannot run {sys.executable} with tuna_lab: {probe.stderr.strip()[-200:]}")
+
+
+BAD_INPUTS = {
+    "pin-no-such-pid": (["pin", "--pid", "{gone}", "-t", T, "--policy", "round-robin"], "no process with PID"),
+    "unpin-no-such-pid": (["unpin", "--pid", "{gone}"], "no process with PID"),
+    "status-no-such-pid": (["status", "--pid", "{gone}"], "no process with PID"),
+    "pin-no-children": (["pin", "--pid", "{childless}", "-t", T, "--policy", "round-robin"], "no child processes"),
+    "unpin-no-children": (["unpin", "--pid", "{childless}"], "no child processes"),
+    "other-machine": (["pin", "--pid", "{master}", "--plan", "{plans}/xeon.json"], "another machine"),
+    "other-machine-forced": (["pin", "--pid", "{master}", "--plan", "{plans}/xeon.json", "--force"], "CPUs 2-3"),
+    "plan-and-policy": (["pin", "--pid", "{master}", "--plan", "{plans}/here.json", "--policy", "round-robin"],
+                        "either --plan or --policy"),
+    "plan-and-threads": (["pin", "--pid", "{master}", "--plan", "{plans}/here.json", "-t", T],
+                         "either --plan or --policy"),
+    "nothing-to-apply": (["pin", "--pid", "{master}"], "say what to apply"),
+    "workers-differ": (["pin", "--pid", "{master}", "--plan", "{plans}/three.json"], "make the plan with -w 2"),
+    "not-json": (["pin", "--pid", "{master}", "--plan", "{plans}/junk.json"], "is not JSON"),
+    "missing-plan": (["pin", "--pid", "{master}", "--plan", "{plans}/missing.json"], "cannot read plan"),
+    "bad-policy": (["pin", "--pid", "{master}", "-t", T, "--policy", "nope"], "nope"),
+    "permission-pin": (["pin", "--pid", "{master}", "-t", T, "--policy", "round-robin"], "permission denied"),
+    "permission-unpin": (["unpin", "--pid", "{master}"], "permission denied"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_line_status_2_and_pins_nothing(case, plain, plans, gone_pid, request):
+    args, message = BAD_INPUTS[case]
+    as_nobody = case.startswith("permission")
+    if as_nobody:
+        request.getfixturevalue("nobody_can_run_the_cli")
+    request_until(plain, lambda: every_worker_has_its_pool(plain), "every worker to start its OpenMP pool")
+    childless = request.getfixturevalue("childless") if "{childless}" in " ".join(map(str, args)) else None
+    args = [str(a).format(gone=gone_pid, childless=childless, master=plain.master, plans=plans) for a in args]
+    before = affinities(plain.workers())
+    done = cli(*args, as_nobody=as_nobody)
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("tuna-lab: error: ") and message in lines[0], lines[0]
+    assert done.stdout == ""
+    assert affinities(plain.workers()) == before
+
+
+def test_omp_places_under_omp_proc_bind_false_does_not_pin_the_main_thread_alone(model_file, tmp_path):
+    # libgomp ignores OMP_PLACES under OMP_PROC_BIND=false and counts the main thread's CPUs:
+    # pinned to one CPU, XGBoost would run one thread and the pool would idle.
+    srv = Server([GUNICORN, "-w", W, "--chdir", USERAPP, "-b", "127.0.0.1:{port}", *_gunicorn_quiet(),
+                  "wsgi_app:application"], server_env(model_file, OMP_PLACES="threads", OMP_PROC_BIND="false"),
+                 tmp_path, "unbound")
+    try:
+        wait_until(lambda: ready(srv), 120, "the server's workers")
+        request_until(srv, lambda: every_worker_has_its_pool(srv), "every worker to start its OpenMP pool")
+        plan = placement("round-robin", W, T, topology_from(None)).plan()
+        done = cli("pin", "--pid", srv.master, "-t", T, "--policy", "round-robin")
+        assert done.returncode == 0, done.stderr
+        pools = [(pid, t) for pid in srv.workers() for t in pool_tids(pid)]
+        for slot, pid in enumerate(srv.workers()):
+            assert cpus_of(pid) == union(plan, slot)
+        before = {k: cpu_ns(*k) for k in pools}
+        request_until(srv, lambda: all(cpu_ns(*k) > ns for k, ns in before.items()),
+                      "every pinned pool thread to run")
+    finally:
+        srv.stop()
+
+
+# -- --watch: a replacement worker is pinned to its predecessor's slot ------------------------------
+
+@pytest.fixture(scope="module")
+def places_server(model_file, tmp_path_factory):
+    """The plain app started by a user who set OMP_PLACES=threads (as OpenMP guides advise)."""
+    srv = Server([GUNICORN, "-w", W, "--chdir", USERAPP, "-b", "127.0.0.1:{port}", "-p", "{pidfile}",
+                  *_gunicorn_quiet(), "wsgi_app:application"],
+                 server_env(model_file, OMP_PLACES="threads"), tmp_path_factory.mktemp("places"), "places")
+    try:
+        wait_until(lambda: ready(srv), 120, "the OMP_PLACES server's workers")
+        request_until(srv, lambda: every_worker_has_its_pool(srv), "every worker to start its OpenMP pool")
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _read_lines(stream, into):
+    for line in stream:
+        into.put((time.time(), line))
+
+
+def test_watch_pins_a_replacement_and_leaves_the_pins_when_stopped(places_server, scatter_plan, tmp_path):
+    srv = places_server
+    plan = Plan.read(scatter_plan)
+    errors = tmp_path / "watch.err"
+    with open(errors, "w") as err:                      # a file: warnings can never fill a pipe
+        watch = subprocess.Popen([sys.executable, "-m", "tuna_lab", "pin", "--pid", str(srv.master), "--plan",
+                                  str(scatter_plan), "--watch", "--json"], stdout=subprocess.PIPE, stderr=err,
+                                 text=True, start_new_session=True, cwd=tempfile.gettempdir())
+    lines = queue.Queue()
+    threading.Thread(target=_read_lines, args=(watch.stdout, lines), daemon=True).start()
+
+    try:
+        first = json.loads(lines.get(timeout=30)[1])
+        slot_of = {w["pid"]: w["slot"] for w in first["workers"]}
+        assert sorted(slot_of) == sorted(srv.workers())
+        for pid, slot in slot_of.items():
+            # Started with OMP_PLACES (and libgomp loaded): the main thread sits on its own CPU.
+            assert cpus_of(pid) == list(plan.slots[slot][0])
+            assert [cpus_of(t) for t in pool_tids(pid)] == [list(c) for c in plan.slots[slot][1:]]
+
+        # Slot 1's main thread is not where libgomp's own binding (place 0) would put it.
+        victim = next(pid for pid, slot in slot_of.items() if plan.slots[slot][0] != (0,))
+        slot = slot_of[victim]
+        os.kill(victim, signal.SIGKILL)
+        new = wait_until(lambda: [p for p in srv.workers() if p not in slot_of], 30, "a replacement worker")[0]
+        born = psutil.Process(new).create_time()
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                seen_at, line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"the watch did not pin replacement {new} within 15 s") from None
+            rows = {w["pid"]: w for w in json.loads(line)["workers"]}
+            if new in rows:
+                break
+        assert rows[new]["slot"] == slot
+        main = next(t for t in rows[new]["threads"] if t["role"] == "main")
+        assert main["cpus"] == main["planned"] and set(main["cpus"]) <= set(union(plan, slot))
+        delay = seen_at - born
+        assert delay < 5, f"the replacement was pinned {delay:.2f} s after it started"
+        print(f"replacement {new} pinned {delay:.2f} s after it started")
+
+        # Once it has loaded the app, its pool exists (pinning it early did not shrink it) and,
+        # once the watch has looked again, sits on the slot's CPUs.
+        wait_until(lambda: pool_tids(new), 60, f"replacement {new} to start its OpenMP pool")
+
+        def on_its_slot():
+            return (cpus_of(new) == list(plan.slots[slot][0])
+                    and [cpus_of(t) for t in pool_tids(new)] == [list(c) for c in plan.slots[slot][1:]])
+
+        try:
+            request_until(srv, on_its_slot, f"replacement {new} pinned to slot {slot}", timeout=40)
+        except AssertionError as exc:
+            said = []
+            while not lines.empty():
+                said.append(lines.get()[1])
+            raise AssertionError(f"{exc}\nstatus: {cli('status', '--pid', srv.master).stdout}\n"
+                                 f"the watch's last reports: {said[-2:]}") from None
+        pinned = affinities(srv.workers())
+    finally:
+        if watch.poll() is None:
+            watch.send_signal(signal.SIGTERM)
+        try:
+            rc = watch.wait(15)
+        finally:
+            if watch.poll() is None:
+                os.killpg(watch.pid, signal.SIGKILL)
+                watch.wait(5)
+        watch.stdout.close()
+    said = errors.read_text()
+    assert rc == 0, said
+    assert "the pins stay in place" in said
+    time.sleep(0.3)
+    assert affinities(srv.workers()) == pinned
+
+
+# -- uvicorn --workers: a master whose workers multiprocessing spawns ---------------------------------
+
+def test_uvicorn_workers_pinned_by_pid_and_unpinned(model_file, tmp_path):
+    srv = Server([UVICORN, "--workers", W, "--host", "127.0.0.1", "--port", "{port}", "--app-dir", USERAPP,
+                  "--log-level", "warning", "asgi_app:app"], server_env(model_file), tmp_path, "uvicorn")
+    try:
+        # uvicorn's master binds the socket but a worker listens on it once it has started.
+        wait_until(lambda: ready(srv) and responds(srv), 120, "uvicorn's workers to serve")
+        request_until(srv, lambda: every_worker_has_its_pool(srv), "every worker to start its OpenMP pool")
+        workers = srv.workers()
+        children = [c.pid for c in psutil.Process(srv.master).children()]
+        helpers = sorted(set(children) - set(workers))      # multiprocessing's resource tracker, if any
+        plan = placement("round-robin", W, T, topology_from(None)).plan()
+
+        done = cli("pin", "--pid", srv.master, "-t", T, "--policy", "round-robin", "--json")
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == ""
+        report = json.loads(done.stdout)
+        assert [w["pid"] for w in report["workers"]] == workers, f"helpers {helpers} taken for workers"
+        for slot, pid in enumerate(workers):
+            assert cpus_of(pid) == union(plan, slot)
+            assert [cpus_of(t) for t in pool_tids(pid)] == [list(c) for c in plan.slots[slot][1:]]
+        for pid in helpers:
+            assert all(cpus == CPUS for cpus in affinities([pid]).values()), "a helper process was pinned"
+
+        plan.write(tmp_path / "plan.json")                  # a plan of W slots fits W workers
+        assert cli("pin", "--pid", srv.master, "--plan", tmp_path / "plan.json").returncode == 0
+
+        done = cli("unpin", "--pid", srv.master)
+        assert done.returncode == 0, done.stderr
+        assert all(cpus == cpus_of(srv.master) for cpus in affinities(workers).values())
+    finally:
+        srv.stop()

@@ -1,0 +1,255 @@
+"""``tuna-lab plan``: every format checked for what it says, not just printed.
+
+The CLI runs as a user runs it (``python -m tuna_lab``); its output is
+parsed back and compared with the library's :class:`~tuna_lab.placement.plan.Plan`.
+The ``taskset`` format with ``--pid`` of a running server is in ``test_pin.py``,
+beside the servers.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuna_lab.errors import PlanError
+from tuna_lab.machine import Topology, topology_from
+from tuna_lab.machine.fingerprint import fingerprint
+from tuna_lab.placement import placement
+from tuna_lab.placement.plan import FORMATS, PLAN_FORMAT, Plan, parse_omp_places
+
+HERE = topology_from(None)
+DATA = Path(__file__).parent / "data"
+# The machine has 2 CPUs: W=2, T=2 is the realistic case here.
+W, T = 2, min(2, len(HERE.cpus))
+
+
+def cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "tuna_lab", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def plan_cli(*args):
+    done = cli("plan", *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def scatter_json():
+    """``tuna-lab plan --policy tuna-scatter`` on this machine (the solver runs once)."""
+    return plan_cli("-w", str(W), "-t", str(T), "--policy", "tuna-scatter")
+
+
+# -- json ---------------------------------------------------------------------------------------
+
+def _check_schema(data, policy, workers, threads, topology):
+    assert data["format"] == PLAN_FORMAT
+    assert data["policy"] == policy
+    assert (data["workers"], data["threads"]) == (workers, threads)
+    assert data["pinned_by"] in ("tuna_lab", "openmp", "none")
+    assert isinstance(data["env"], dict)
+    assert data["topology"]["cpus"] == list(topology.cpus)
+    assert data["topology"]["fingerprint"] == fingerprint(topology)
+    assert [s["slot"] for s in data["slots"]] == list(range(workers))
+    for s in data["slots"]:
+        assert len(s["pool"]) == threads - 1
+        for cpus in [s["main"], *s["pool"]]:
+            assert cpus and set(cpus) <= set(topology.cpus) and cpus == sorted(cpus)
+
+
+@pytest.mark.parametrize("args,topology", [
+    ([], HERE),
+    (["--synthetic", "core:4 pu:1"], Topology.synthetic("core:4 pu:1")),
+    (["--preset", "xeon-8272cl"], Topology.preset("xeon-8272cl")),
+    (["--hwloc-xml", str(DATA / "v2_linux_smt.xml")], Topology.from_hwloc_xml(str(DATA / "v2_linux_smt.xml"))),
+], ids=["this-machine", "synthetic", "preset", "hwloc-xml"])
+def test_json_format_is_the_plan_and_round_trips(args, topology):
+    text = plan_cli("-w", str(W), "-t", str(T), "--policy", "round-robin", *args)
+    data = json.loads(text)
+    _check_schema(data, "round-robin", W, T, topology)
+    plan = Plan.from_dict(data)
+    assert plan == placement("round-robin", W, T, topology).plan()
+    assert plan.to_dict() == data
+    assert json.loads(plan.render("json")) == data
+
+
+def test_json_of_a_synthetic_machine_has_the_expected_cpus():
+    data = json.loads(plan_cli("-w", "2", "-t", "2", "--policy", "round-robin", "--synthetic", "core:4 pu:1"))
+    assert [(s["main"], s["pool"]) for s in data["slots"]] == [([0], [[1]]), ([2], [[3]])]
+
+
+def test_tuna_scatter_plan_of_this_machine_puts_each_thread_of_a_slot_apart(scatter_json):
+    data = json.loads(scatter_json)
+    _check_schema(data, "tuna-scatter", W, T, HERE)
+    plan = Plan.from_dict(data)
+    for row in plan.slots:
+        assert len({c for cpus in row for c in cpus}) == T      # main and pool on different CPUs
+    assert plan.check_machine(HERE) is plan
+
+
+def test_plan_file_write_read_and_json_text(tmp_path, scatter_json):
+    plan = Plan.read(scatter_json)                              # JSON text, as TUNA_LAB_PLAN may hold
+    plan.write(tmp_path / "plan.json")
+    assert Plan.read(str(tmp_path / "plan.json")) == plan       # a file
+    assert json.loads((tmp_path / "plan.json").read_text()) == plan.to_dict()
+
+
+def test_a_plan_for_another_machine_is_refused_even_forced_when_its_cpus_are_not_here():
+    if len(HERE.cpus) >= 4:
+        pytest.skip("this machine has CPUs 2-3: the preset's plan would fit")
+    plan = Plan.read(plan_cli("-w", "2", "-t", "2", "--policy", "round-robin", "--preset", "xeon-8272cl"))
+    assert plan.topology == "xeon-8272cl" and plan.fingerprint != fingerprint(HERE)
+    with pytest.raises(PlanError, match="another machine"):
+        plan.check_machine(HERE)
+    with pytest.raises(PlanError, match="CPUs 2-3"):
+        plan.check_machine(HERE, force=True)
+    # Forced, a plan of another machine whose CPUs all exist here is accepted.
+    small = placement("round-robin", 1, 2, Topology.preset("xeon-8272cl")).plan()
+    assert small.check_machine(HERE, force=True) is small
+
+
+@pytest.mark.parametrize("data,match", [
+    ({"format": "something/1"}, "not a tuna_lab plan"),
+    ([], "not a tuna_lab plan"),
+    ({"format": PLAN_FORMAT, "policy": "x"}, "malformed plan"),
+    ({"format": PLAN_FORMAT, "policy": "x", "workers": 1, "threads": 1, "topology": {"cpus": [0], "fingerprint": "f"},
+      "slots": [{"slot": 1, "main": [0], "pool": []}]}, "numbered 0..W-1"),
+])
+def test_not_a_plan_is_a_plan_error(data, match):
+    with pytest.raises(PlanError, match=match):
+        Plan.from_dict(data)
+    if isinstance(data, dict):
+        with pytest.raises(PlanError, match=match):
+            Plan.read(json.dumps(data))
+
+
+def test_bad_plans_are_plan_errors(tmp_path):
+    with pytest.raises(PlanError, match="CPU 7 is not one of them"):
+        Plan("round-robin", 1, 2, [[[0], [7]]], [0, 1], "f")
+    with pytest.raises(PlanError, match="1 workers x 2 threads needs"):
+        Plan("round-robin", 1, 2, [[[0]]], [0, 1], "f")
+    with pytest.raises(PlanError, match="fingerprint"):
+        Plan("round-robin", 1, 1, [[[0]]], [0, 1], "")
+    with pytest.raises(PlanError, match="cannot read plan"):
+        Plan.read(str(tmp_path / "missing.json"))
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(PlanError, match="is not JSON"):
+        Plan.read(str(tmp_path / "bad.json"))
+
+
+# -- omp-places ---------------------------------------------------------------------------------
+
+_OMP_LINE = re.compile(r'^slot (\d+): OMP_PLACES="([^"]*)" OMP_PROC_BIND=close OMP_NUM_THREADS=(\d+)$')
+
+
+@pytest.mark.parametrize("args", [["--policy", "tuna-scatter"], ["--policy", "round-robin"],
+                                  ["--policy", "round-robin", "--synthetic", "pack:2 core:2 pu:2"]],
+                         ids=["tuna-scatter", "round-robin", "synthetic"])
+def test_omp_places_format_parses_back_to_the_plan(args):
+    text = plan_cli("-w", str(W), "-t", str(T), *args, "--format", "omp-places")
+    plan = Plan.read(plan_cli("-w", str(W), "-t", str(T), *args))
+    lines = text.splitlines()
+    assert lines[0].startswith("# ") and plan.fingerprint in lines[0]
+    assert len(lines) == 1 + plan.workers
+    for w, line in enumerate(lines[1:]):
+        m = _OMP_LINE.match(line)
+        assert m, line
+        assert int(m.group(1)) == w and int(m.group(3)) == plan.threads
+        assert parse_omp_places(m.group(2)) == list(plan.slots[w])
+        assert m.group(2) == plan.omp_places(w)
+
+
+@pytest.mark.parametrize("text,places", [
+    ("{0,16},{8:2}", [(0, 16), (8, 9)]),
+    ("{3}", [(3,)]),
+    ("{0:4},{4:4}", [(0, 1, 2, 3), (4, 5, 6, 7)]),
+])
+def test_parse_omp_places(text, places):
+    assert parse_omp_places(text) == places
+
+
+@pytest.mark.parametrize("text", ["0,1", "{0},x", "threads", "{a}", "{}", "{0:-1}", "{0},{1"])
+def test_parse_omp_places_refuses_what_is_not_an_explicit_list(text):
+    with pytest.raises(PlanError, match="not an explicit OMP_PLACES list"):
+        parse_omp_places(text)
+
+
+# -- taskset (placeholders; with --pid in test_pin.py) --------------------------------------------
+
+def test_taskset_format_without_a_server_names_every_thread_of_every_slot(scatter_json):
+    plan = Plan.read(scatter_json)
+    lines = plan_cli("-w", str(W), "-t", str(T), "--policy", "tuna-scatter", "--format", "taskset").splitlines()
+    body = [line for line in lines if not line.startswith("#")]
+    assert len(body) == plan.workers * plan.threads
+    for line in body:
+        m = re.fullmatch(r"taskset -p -c (\S+) <TID of slot (\d+) rank (\d+)>", line)
+        assert m, line
+        w, t = int(m.group(2)), int(m.group(3))
+        assert m.group(1) == ",".join(map(str, plan.slots[w][t]))
+
+
+# -- gunicorn -----------------------------------------------------------------------------------
+
+_EXEC_SNIPPET = """
+import json, os, sys
+snippet = sys.stdin.read()
+config = {}
+exec(compile(snippet, "gunicorn.conf.py", "exec"), config)
+print(json.dumps({
+    "plan": os.environ["TUNA_LAB_PLAN"],
+    "hooks": sorted(n for n in ("post_fork", "post_worker_init", "child_exit") if callable(config.get(n))),
+    "workers": config["workers"], "worker_class": config["worker_class"],
+    "heavy": sorted(m for m in ("cvxpy", "highspy", "plotly", "xgboost") if m in sys.modules),
+}))
+"""
+
+
+def _exec_gunicorn_snippet(snippet):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TUNA_LAB_")}
+    done = subprocess.run([sys.executable, "-c", _EXEC_SNIPPET], input=snippet, capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_gunicorn_snippet_sets_the_plan_and_imports_the_hooks(scatter_json):
+    plan = Plan.read(scatter_json)
+    snippet = plan_cli("-w", str(W), "-t", str(T), "--policy", "tuna-scatter", "--format", "gunicorn")
+    got = _exec_gunicorn_snippet(snippet)
+    assert Plan.read(got["plan"]) == plan
+    assert got["hooks"] == ["child_exit", "post_fork", "post_worker_init"]
+    assert (got["workers"], got["worker_class"]) == (plan.workers, "sync")
+    assert got["heavy"] == []                   # the hooks load no solver, plotting or XGBoost
+
+
+def test_gunicorn_snippet_survives_quotes_and_backslashes_in_names():
+    plan = Plan("round-robin", 1, 2, [[[0], [1]]], HERE.cpus, fingerprint(HERE), topology='it\'s "odd" \\ \u00e9')
+    got = _exec_gunicorn_snippet(plan.render("gunicorn"))
+    assert Plan.read(got["plan"]) == plan
+
+
+# -- bad input: one line, exit status 2 ---------------------------------------------------------
+
+@pytest.mark.parametrize("args", [
+    ["-w", "0", "-t", "2"],
+    ["-w", "2", "-t", "2", "--policy", "nope"],
+    ["-w", "2", "-t", "2", "--format", "yaml"],
+    ["-w", "2", "-t", "2", "--preset", "nope"],
+    ["-w", "2", "-t", "2", "--hwloc-xml", "/nonexistent.xml"],
+    ["-w", "2", "-t", "2", "--policy", "round-robin", "--format", "taskset", "--pid", "0"],
+], ids=["zero-workers", "policy", "format", "preset", "hwloc-xml", "pid-0"])
+def test_bad_plan_input_is_one_line_and_status_2(args):
+    done = cli("plan", *args)
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stdout == ""
+
+
+def test_every_format_is_offered():
+    assert set(FORMATS) == {"json", "omp-places", "taskset", "gunicorn"}
+    with pytest.raises(PlanError, match="unknown plan format"):
+        placement("round-robin", 1, 1, HERE).plan().render("yaml")
