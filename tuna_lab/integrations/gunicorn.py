@@ -60,7 +60,7 @@ SUPPORTED_WORKER_CLASSES = ("sync",)
 _BOOT_ERROR = 3
 
 # This worker's slot, its lock (held open for the worker's life) and how its main thread may be pinned.
-_worker = {"slot": None, "lock": None, "exact_main": False, "plan": None}
+_worker = {"slot": None, "lock": None, "exact_main": False, "plan": None, "run_dir": None}
 
 
 def configure(policy=None, threads=None, plan=None, force=False):
@@ -103,14 +103,40 @@ def _refuse(server, message):
 
 
 def _run_dir(master):
+    from ..placement.pin import hook_dir
+
+    path = hook_dir(master)
+    if not os.path.isdir(path):
+        _remove_stale(path)
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def _remove_stale(path):
+    """Remove the state of this user's earlier servers whose master is gone (it would pile up in /tmp)."""
+    import glob
+    import shutil
+
     import psutil
 
-    # The master's start time too: a later master with a recycled PID (PID 1 in a
-    # restarted container) must not inherit an old plan, slots or refusal.
-    started = int(psutil.Process(master).create_time() * 100)
-    path = os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{os.getuid()}-{master}-{started}")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+    from ..placement.pin import hook_dir
+
+    prefix = path.rsplit("-", 2)[0]                            # .../tuna_lab-gunicorn-<uid>
+    for old in glob.glob(f"{prefix}-*-*"):
+        try:
+            master = int(old.rsplit("-", 2)[1])
+            alive = hook_dir(master) == old
+        except (ValueError, psutil.Error):
+            alive = False
+        if not alive:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _record(slot, exact_main):
+    """Say which slot this worker holds and how its main thread is bound, for `tuna-lab status/pin --pid`."""
+    from ..placement.pin import write_hook_record
+
+    write_hook_record(_worker["run_dir"], slot, os.getpid(), exact_main)
 
 
 def _make_plan(workers):
@@ -202,8 +228,10 @@ def post_fork(server, worker):
     if not exact and not unbound and not _openmp_loaded():
         os.environ["OMP_PLACES"] = "threads"
         exact = True
-    _worker.update(slot=slot, lock=fd, exact_main=exact, plan=plan)
+    _worker.update(slot=slot, lock=fd, exact_main=exact, plan=plan, run_dir=run_dir)
     worker.tuna_slot = slot
+    if slot is not None:
+        _record(slot, False)
 
 
 def _wake_pools(threads):
@@ -261,6 +289,7 @@ def post_worker_init(worker):
     wanted = {pid: row[0] if exact else union}
     for rank, tid in enumerate(new, start=1):
         wanted[tid] = row[rank] if rank < plan.threads else union
+    _record(slot, exact)
     bound = {}
     for tid, cpus in wanted.items():
         try:

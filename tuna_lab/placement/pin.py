@@ -35,7 +35,10 @@ Examples
 """
 
 import bisect
+import glob
+import json
 import os
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -45,8 +48,8 @@ from .._checks import format_cpulist
 from ..errors import BindingError, PinError
 from .binding import affinity_of, bind
 
-__all__ = ["ThreadRole", "classify_threads", "worker_pids", "server_threads", "pin_server", "unpin_server",
-           "watch_server", "PinReport"]
+__all__ = ["ThreadRole", "classify_threads", "worker_pids", "worker_slots", "server_threads", "pin_server",
+           "unpin_server", "watch_server", "PinReport", "hook_dir", "write_hook_record"]
 
 # Libraries whose threads are an OpenMP team or a BLAS pool (file names as the loader maps them).
 _RUNTIMES = (("libgomp", "OpenMP"), ("libiomp", "OpenMP"), ("libomp", "OpenMP"),
@@ -247,6 +250,60 @@ def _places_in_effect(pid):
     return b"OMP_PLACES" in env and not unbound and loaded
 
 
+def hook_dir(master):
+    """Where the Gunicorn hooks (:mod:`tuna_lab.integrations.gunicorn`) of server ``master`` keep their state.
+
+    Keyed by the master's owner, PID and start time: a later master with a
+    recycled PID (PID 1 in a restarted container) must not inherit an old
+    plan, old slots or an old refusal.
+    """
+    proc = psutil.Process(int(master))
+    started = int(proc.create_time() * 100)
+    return os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{proc.uids().real}-{master}-{started}")
+
+
+def write_hook_record(run_dir, slot, pid, exact_main):
+    """Record that worker ``pid`` holds ``slot`` and whether its main thread is bound to one CPU."""
+    path = os.path.join(run_dir, f"slot-{slot}.json")
+    with open(f"{path}.{pid}.tmp", "w") as fh:
+        json.dump({"slot": slot, "pid": pid, "exact_main": bool(exact_main)}, fh)
+    os.replace(f"{path}.{pid}.tmp", path)
+
+
+def _hooked(master):
+    """``{pid: (slot, exact_main)}`` of the workers the Gunicorn hooks placed (none for other servers)."""
+    try:
+        paths = glob.glob(os.path.join(hook_dir(master), "slot-*.json"))
+    except psutil.Error:
+        return {}
+    out = {}
+    for path in paths:
+        try:
+            with open(path) as fh:
+                rec = json.load(fh)
+            out[int(rec["pid"])] = (int(rec["slot"]), bool(rec["exact_main"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def worker_slots(master, workers=None):
+    """``[(slot, pid, exact_main)]`` of the running workers of ``master``, by slot.
+
+    A worker the Gunicorn hooks placed keeps the slot it holds (after a
+    replacement that is not its start order); the others take the free slots
+    in start order. ``exact_main`` says whether the worker's main thread may
+    be bound to a single CPU (see :func:`pin_server`).
+    """
+    workers = worker_pids(master) if workers is None else workers
+    hooked = {pid: rec for pid, rec in _hooked(master).items() if pid in workers}
+    taken = {slot for slot, _ in hooked.values()}
+    free = iter(s for s in range(len(workers) + len(taken)) if s not in taken)
+    out = [(hooked[pid][0], pid, hooked[pid][1]) if pid in hooked else (next(free), pid, _places_in_effect(pid))
+           for pid in workers]
+    return sorted(out)
+
+
 def _thread_rows(pid, slot, plan, exact_main):
     rows = []
     for th in classify_threads(pid):
@@ -274,13 +331,12 @@ def server_threads(master, plan=None):
     """Worker -> thread (role, TID) -> allowed CPUs of a running pre-fork server, beside the plan.
 
     Returns a list of ``{"slot", "pid", "threads": [{"tid", "role", "rank", "why", "cpus", "planned"}]}``,
-    workers in start order (slot = position).
+    by slot (:func:`worker_slots`).
     """
     out = []
-    for slot, pid in enumerate(worker_pids(master)):
+    for slot, pid, exact in worker_slots(master):
         try:
-            out.append({"slot": slot, "pid": pid,
-                        "threads": _thread_rows(pid, slot, plan, _places_in_effect(pid))})
+            out.append({"slot": slot, "pid": pid, "threads": _thread_rows(pid, slot, plan, exact)})
         except PinError:
             continue                                   # the worker exited while we looked
     return out
@@ -300,8 +356,8 @@ def _check_permission(pids):
             continue
 
 
-def _pin_worker(pid, slot, plan, report, dry_run):
-    exact = _places_in_effect(pid)
+def _pin_worker(pid, slot, plan, report, dry_run, exact=None):
+    exact = _places_in_effect(pid) if exact is None else exact
     threads = classify_threads(pid)
     pool = [t for t in threads if t.role == "pool"]
     if len(pool) < plan.threads - 1:
@@ -333,7 +389,7 @@ def _pin_worker(pid, slot, plan, report, dry_run):
 
 
 def pin_server(master, plan, dry_run=False):
-    """Bind every worker of the running server ``master`` to ``plan`` (slot = start order).
+    """Bind every worker of the running server ``master`` to ``plan`` (slots: :func:`worker_slots`).
 
     Parameters
     ----------
@@ -360,9 +416,9 @@ def pin_server(master, plan, dry_run=False):
                        f"make the plan with -w {len(workers)}")
     _check_permission(workers)
     report = PinReport(int(master), plan)
-    for slot, pid in enumerate(workers):
+    for slot, pid, exact in worker_slots(master, workers):
         try:
-            _pin_worker(pid, slot, plan, report, dry_run)
+            _pin_worker(pid, slot, plan, report, dry_run, exact)
         except PinError as exc:
             report.warnings.append(f"worker {pid} (slot {slot}) skipped: {exc}")
     return report
@@ -374,7 +430,7 @@ def unpin_server(master):
     _check_permission(workers)
     cpus = sorted(os.sched_getaffinity(int(master)))
     report = PinReport(int(master), None)
-    for slot, pid in enumerate(workers):
+    for slot, pid, _ in worker_slots(master, workers):
         rows = []
         try:
             tids = sorted(t.id for t in psutil.Process(pid).threads())
@@ -400,7 +456,7 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None):
     running is looked at again for a few rounds). ``on_pin(report)`` is called
     after each round that bound something. Pins stay in place when it returns.
     """
-    slots = {pid: slot for slot, pid in enumerate(worker_pids(master))}
+    slots = {pid: slot for slot, pid, _ in worker_slots(master)}
     seen, busy = {}, {}
     while not stop.is_set():
         try:
@@ -413,12 +469,16 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None):
             del slots[pid]
             seen.pop(pid, None)
             busy.pop(pid, None)
+        hooked = _hooked(master) if any(pid not in slots for pid in live) else {}
         for pid in live:
             if pid not in slots:
+                # A worker the Gunicorn hooks placed holds its slot already; any other
+                # takes the lowest slot no live worker holds: its predecessor's.
                 free = [s for s in range(plan.workers) if s not in slots.values()]
-                if not free:
-                    continue                           # a spare worker during a reload: leave it
-                slots[pid] = free[0]
+                if pid in hooked:
+                    slots[pid] = hooked[pid][0]
+                elif free:
+                    slots[pid] = free[0]
         report = PinReport(int(master), plan)
         for pid, slot in sorted(slots.items(), key=lambda kv: kv[1]):
             try:
@@ -427,8 +487,9 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None):
                 continue
             if seen.get(pid) == tids:
                 continue
+            exact = _hooked(master).get(pid, (None, None))[1]
             try:
-                _pin_worker(pid, slot, plan, report, dry_run=False)
+                _pin_worker(pid, slot, plan, report, dry_run=False, exact=exact)
             except PinError:
                 continue
             if any(t["why"].startswith(_RUNNING) for t in report.workers[-1]["threads"]):
