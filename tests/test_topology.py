@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from strategies import numa_topologies, relabelled, synthetic_specs, topologies
-from tuna_lab.errors import TopologyError
+from tuna_lab.errors import TopologyError, TopologyWarning
 from tuna_lab.machine.topology import DEFAULT_COSTS, PRESETS, Topology
 
 DATA = Path(__file__).parent / "data"
@@ -299,7 +299,9 @@ def test_fake_sysfs(tmp_path):
 
 def test_fake_sysfs_without_caches_or_numa(tmp_path):
     root = write_sysfs(tmp_path, range(2), {0: "0-1", 1: "0-1"})
-    topo = Topology.from_sysfs(root)
+    # No cache anywhere: the flat distances are said in one warning, never silently.
+    with pytest.warns(TopologyWarning, match="no CPU cache information"):
+        topo = Topology.from_sysfs(root)
     assert topo.caches == {} and topo.n_physical == 1 and topo.numa.tolist() == [0, 0]
     assert topo.distance()[0, 1] == DEFAULT_COSTS["none"]
     with pytest.raises(TopologyError):

@@ -22,8 +22,8 @@ import numpy as np
 
 from .errors import TopologyError, TunaError
 
-__all__ = ["positive_int", "non_negative_int", "positive_number", "parse_cpulist", "format_cpulist",
-           "one_line", "shorten"]
+__all__ = ["positive_int", "non_negative_int", "positive_number", "parse_cpulist", "parse_cpumask",
+           "format_cpulist", "one_line", "shorten"]
 
 
 def _is_int(value):
@@ -54,20 +54,61 @@ def positive_number(name, value, error=TunaError):
 
 
 _RANGE = re.compile(r"\s*(\d+)(?:-(\d+))?\s*")
+_MASK_WORD = re.compile(r"\s*([0-9a-fA-F]{1,8})\s*")
+
+
+def _file_text(text):
+    """``text`` as a C reader of a sysfs file sees it: cut at the first NUL, surrounding whitespace gone."""
+    # Kernel files (and dumps copied from them) may end in NUL padding after
+    # the newline; hwloc reads them as C strings, so anything after a NUL is not content.
+    return str(text).split("\x00", 1)[0].strip()
 
 
 def parse_cpulist(text, where="cpulist", error=TopologyError):
     """Linux cpulist syntax (``"0-3,8,10-11"``) to a tuple of CPU ids.
 
     ``where`` names the file or option the text came from, for the message.
+    Surrounding whitespace and trailing NUL bytes (as sysfs dumps may hold)
+    are ignored; an empty list is ``()``.
+
+    Examples
+    --------
+    >>> parse_cpulist("0-3\\n\\x00")
+    (0, 1, 2, 3)
     """
     cpus = []
-    for item in filter(None, text.strip().split(",")):
+    for item in filter(None, _file_text(text).split(",")):
         m = _RANGE.fullmatch(item)
         if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
             raise error(f"{where}: bad cpulist {text!r}")
         cpus.extend(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
     return tuple(cpus)
+
+
+def parse_cpumask(text, where="cpumask", error=TopologyError):
+    """A Linux hex CPU mask (``"00000000,00000f0f"``, as in ``shared_cpu_map``) to a tuple of CPU ids.
+
+    The kernel writes the mask as comma-separated 32-bit words, most
+    significant first (the first word may be shorter). Whitespace and
+    trailing NUL bytes are ignored, as in :func:`parse_cpulist`.
+
+    Examples
+    --------
+    >>> parse_cpumask("00000001,00000101\\n")
+    (0, 8, 32)
+    >>> parse_cpumask("f0")
+    (4, 5, 6, 7)
+    """
+    words = _file_text(text).split(",")
+    if words == [""]:
+        return ()
+    matches = [_MASK_WORD.fullmatch(w) for w in words]
+    if not all(matches):
+        raise error(f"{where}: bad cpumask {text!r}")
+    # Least significant word first, each 32 bits wide, so bit i is CPU i.
+    values = np.array([int(m.group(1), 16) for m in reversed(matches)], dtype="<u4")
+    bits = np.unpackbits(values.view(np.uint8), bitorder="little")
+    return tuple(np.flatnonzero(bits).tolist())
 
 
 def format_cpulist(cpus):

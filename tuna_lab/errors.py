@@ -20,6 +20,7 @@ __all__ = [
     "AdviseError",
     "PlanError",
     "PinError",
+    "TopologyWarning",
 ]
 
 
@@ -105,3 +106,11 @@ class PlanError(TunaError, ValueError):
 
 class PinError(TunaError):
     """A running server cannot be pinned: no such process, no workers, or no permission."""
+
+
+class TopologyWarning(UserWarning):
+    """A machine was read, but some of what lstopo would know is missing (no cache information, say).
+
+    The topology is still usable; the warning names what is missing and what
+    the model assumes instead, so that a flat distance matrix is never a silent surprise.
+    """

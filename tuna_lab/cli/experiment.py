@@ -2,8 +2,9 @@
 
 import os
 
-from ..errors import TunaError
-from .options import add_wait_options, configs_arg, non_negative_int_arg, policies_arg
+from ..errors import ExperimentError, TunaError
+from .options import (add_strict_option, add_wait_options, check_cpu_quota, configs_arg, non_negative_int_arg,
+                      policies_arg)
 
 __all__ = ["add_parser"]
 
@@ -38,6 +39,7 @@ def add_parser(subparsers):
     r.add_argument("--out", default=None, help="results folder (a cell folder is written inside)")
     r.add_argument("--csv", action="store_true", help="also write CSV copies of the tables")
     add_wait_options(r)
+    add_strict_option(r)
     r.set_defaults(func=_cmd_run)
 
     sw = subparsers.add_parser("sweep", help="a resumable grid of configurations x policies")
@@ -55,6 +57,7 @@ def add_parser(subparsers):
                     help="comma-separated OMP_WAIT_POLICY values to sweep: default,passive,active")
     sw.add_argument("--spincount", type=non_negative_int_arg, default=None,
                     help="GOMP_SPINCOUNT for every cell")
+    add_strict_option(sw)
     sw.set_defaults(func=_cmd_sweep)
 
     rp = subparsers.add_parser("report", help="analyse results into a self-contained HTML report")
@@ -76,6 +79,7 @@ def _cmd_run(args):
 
     config = Config(args.workers, args.threads, args.model, args.batch, wait_policy=args.wait_policy,
                     spincount=args.spincount)
+    check_cpu_quota(config.workers * config.threads, args.strict, ExperimentError)
     out = os.path.join(args.out, config.key) if args.out else None
     result = run(config, policies_arg(args.policies), trials=args.trials, requests=args.requests, out=out,
                  concurrency=args.concurrency, seed=args.seed, progress=lambda line: print(line, flush=True),
@@ -96,6 +100,8 @@ def _cmd_sweep(args):
     waits = [w for w in args.wait_policies.split(",") if w]
     configs = [Config(w, t, m, b, wait_policy=wp, spincount=args.spincount)
                for (w, t) in pairs for m in models for b in batches for wp in waits]
+    # Checked once, before any cell runs, for the largest cell.
+    check_cpu_quota(max((c.workers * c.threads for c in configs), default=0), args.strict, ExperimentError)
     sweep(configs, policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
           progress=lambda line: print(line, flush=True), seed=args.seed)
     print(f"sweep results in {args.out}; `tuna-lab report {args.out} -o report.html` analyses them")

@@ -1,4 +1,4 @@
-"""``tuna-lab topology``: a machine's cores, caches and distances."""
+"""``tuna-lab topology``: a machine's cores, caches and distances, and what this process may use of it."""
 
 import json
 
@@ -27,11 +27,24 @@ def add_parser(subparsers):
 
 def _cmd_topology(args):
     topo = topology_of(args)
+    limits = _limits_of(args)
     if args.json:
-        print(json.dumps(topo.to_dict()))
+        # "limits" is null for a machine that no process of ours runs on (a preset, XML, a spec).
+        print(json.dumps({**topo.to_dict(), "limits": None if limits is None else limits.to_dict()}))
         return 0
     print(_describe_topology(topo))
+    if limits is not None:
+        print(limits.describe())
     return 0
+
+
+def _limits_of(args):
+    """The :class:`~tuna_lab.machine.Limits` of this machine or of ``--fsroot``'s; None for other machines."""
+    from ..machine import Limits
+
+    if args.preset or args.hwloc_xml or args.synthetic:
+        return None
+    return Limits.read(args.fsroot or "/")
 
 
 def _describe_topology(topo):

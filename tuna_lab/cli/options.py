@@ -14,15 +14,17 @@ Examples
 """
 
 import argparse
+import sys
+import warnings
 
-from ..errors import TunaError
+from ..errors import TopologyWarning, TunaError
 
 __all__ = ["add_topology_options", "topology_of", "positive_float_arg", "non_negative_int_arg",
-           "add_wait_options", "configs_arg", "policies_arg"]
+           "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg"]
 
 
 def add_topology_options(parser):
-    """Add ``--preset``, ``--hwloc-xml`` and ``--synthetic`` (at most one of them) to ``parser``.
+    """Add ``--preset``, ``--hwloc-xml``, ``--synthetic`` and ``--fsroot`` (at most one of them) to ``parser``.
 
     :func:`topology_of` reads the machine they name; none of them means this machine.
 
@@ -40,6 +42,9 @@ def add_topology_options(parser):
                         "epyc-9654-2s")
     g.add_argument("--hwloc-xml", metavar="FILE", help="XML written by `lstopo --of xml`")
     g.add_argument("--synthetic", metavar="SPEC", help='hwloc synthetic spec, e.g. "pack:2 l3:2 core:4 pu:2"')
+    g.add_argument("--fsroot", metavar="DIR",
+                   help="a Linux filesystem root copied from a machine (DIR/sys, DIR/proc), read as "
+                        "`lstopo --input DIR` reads it")
 
 
 def topology_of(args):
@@ -48,9 +53,14 @@ def topology_of(args):
     The one place where the CLI turns those options into a machine. Each option
     names its reader, so the text is read only as what the user said it is:
     ``--hwloc-xml`` is always a file (a missing one says so), ``--synthetic`` is
-    always a synthetic spec (a typo is a parse error, not taken for a preset)
-    and ``--preset`` lists the presets when the name is unknown. With no option,
-    :func:`tuna_lab.machine.topology_from` reads this machine, as everywhere else.
+    always a synthetic spec (a typo is a parse error, not taken for a preset),
+    ``--preset`` lists the presets when the name is unknown, and ``--fsroot``
+    reads a filesystem root (:meth:`~tuna_lab.Topology.from_fsroot`). With no
+    option, :func:`tuna_lab.machine.topology_from` reads this machine, as
+    everywhere else.
+
+    A :class:`~tuna_lab.errors.TopologyWarning` (a machine read without any
+    cache information) is printed as one line on stderr.
 
     Raises
     ------
@@ -60,9 +70,22 @@ def topology_of(args):
     Examples
     --------
     >>> from argparse import Namespace
-    >>> topology_of(Namespace(preset="xeon-8272cl", hwloc_xml=None, synthetic=None)).n_logical
+    >>> topology_of(Namespace(preset="xeon-8272cl", hwloc_xml=None, synthetic=None, fsroot=None)).n_logical
     32
     """
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TopologyWarning)
+        topo = _read_topology(args)
+    for w in caught:
+        if issubclass(w.category, TopologyWarning):
+            print(f"tuna-lab: warning: {w.message}", file=sys.stderr)
+        else:  # not ours to reformat: shown as Python would have shown it
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    return topo
+
+
+def _read_topology(args):
+    """The machine the topology options name (the readers, without the warnings' formatting)."""
     from ..machine import Topology, topology_from
 
     if args.preset:
@@ -71,6 +94,8 @@ def topology_of(args):
         return Topology.from_hwloc_xml(args.hwloc_xml)
     if args.synthetic:
         return Topology.synthetic(args.synthetic)
+    if args.fsroot:
+        return Topology.from_fsroot(args.fsroot)
     return topology_from(None)
 
 
@@ -133,6 +158,67 @@ def add_wait_options(parser):
                              "sleep)")
     parser.add_argument("--spincount", type=non_negative_int_arg, default=None,
                         help="GOMP_SPINCOUNT: spins before an idle OpenMP thread sleeps")
+
+
+def add_strict_option(parser):
+    """Add ``--strict``: refuse to measure when the CPU quota is below the CPUs the threads will use.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> add_strict_option(parser)
+    >>> parser.parse_args(["--strict"]).strict
+    True
+    """
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse (exit 2) instead of warning when this process's CPU quota is below the "
+                             "CPUs the threads will run on")
+
+
+def check_cpu_quota(threads, strict=False, error=TunaError, limits=None):
+    """Warn in one stderr line - or, ``strict``, raise ``error`` - when the CPU quota cannot run ``threads`` at once.
+
+    The threads run on at most ``min(threads, usable CPUs)`` CPUs at a time;
+    a CFS quota below that makes them wait for quota at the end of every
+    period, so latencies (the p99 first) measure throttling, not placement.
+
+    Parameters
+    ----------
+    threads : int
+        Threads that may run at once (workers x threads per worker).
+    strict : bool
+        Raise instead of warning.
+    error : type
+        The exception to raise (the calling command's: ExperimentError, ServerError).
+    limits : Limits, optional
+        Default: this process's (:meth:`Limits.read <tuna_lab.machine.limits.Limits.read>`).
+
+    Returns
+    -------
+    Limits
+
+    Examples
+    --------
+    >>> from tuna_lab.machine import Limits
+    >>> _ = check_cpu_quota(4, limits=Limits(online=(0, 1, 2, 3), quota=1.5))  # doctest: +SKIP
+    tuna-lab: warning: CPU quota 1.5 CPUs is below the 4 CPUs these threads run on: ...
+    >>> check_cpu_quota(4, strict=True, limits=Limits(online=(0, 1, 2, 3), quota=1.5))
+    Traceback (most recent call last):
+    tuna_lab.errors.TunaError: CPU quota 1.5 CPUs is below the 4 CPUs these threads run on: ...
+    """
+    from ..machine import Limits
+
+    limits = Limits.read() if limits is None else limits
+    n = min(int(threads), len(limits.usable))
+    if limits.throttles(n):
+        message = (f"CPU quota {limits.quota:g} CPUs is below the {n} CPUs these threads run on: they will wait "
+                   f"for quota, not for cores, so the latencies (the p99 first) measure CFS throttling, not "
+                   f"placement; size by {limits.effective_cpus} CPU{'' if limits.effective_cpus == 1 else 's'}")
+        if strict:
+            raise error(message)
+        print(f"tuna-lab: warning: {message}", file=sys.stderr)
+    return limits
 
 
 def configs_arg(text):

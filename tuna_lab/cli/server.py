@@ -6,7 +6,8 @@ answer in a fraction of a second and load no solver, XGBoost or plotting.
 
 import json
 
-from .options import add_wait_options, positive_float_arg
+from ..errors import ServerError
+from .options import add_strict_option, add_wait_options, check_cpu_quota, positive_float_arg
 
 __all__ = ["add_parser"]
 
@@ -44,6 +45,7 @@ def add_parser(subparsers):
     v.add_argument("--ready-timeout", type=positive_float_arg, default=180.0, metavar="S")
     v.add_argument("--detach", action="store_true", help="return once ready; stop with `tuna-lab stop`")
     add_wait_options(v)
+    add_strict_option(v)
     v.set_defaults(func=_cmd_serve)
 
     st = subparsers.add_parser("status",
@@ -68,6 +70,7 @@ def _cmd_serve(args):
     from .._checks import format_cpulist
     from ..server.launch import Server
 
+    check_cpu_quota(args.workers * args.threads, args.strict, ServerError)
     server = Server(args.workers, args.threads, model=args.model, policy=args.policy, port=args.port,
                     pidfile=args.pidfile, max_requests=args.max_requests,
                     request_log=args.request_log, places=args.places, wait_policy=args.wait_policy,

@@ -3,12 +3,14 @@
 A :class:`Topology` holds one label vector per level (which physical core,
 package, NUMA node and cache domain each logical core belongs to) and derives
 the Tuna cache distance ``d(c, c')`` from them. Its readers each live in a
-module of their own - :mod:`~tuna_lab.machine.sysfs` (this machine),
-:mod:`~tuna_lab.machine.hwloc_xml` and :mod:`~tuna_lab.machine.synthetic`
-(hwloc synthetic descriptions and the named presets) - and are reached through
-the classmethods :meth:`Topology.from_sysfs`, :meth:`Topology.from_hwloc_xml`,
-:meth:`Topology.synthetic` and :meth:`Topology.preset`. Readers build a
-topology with :meth:`Topology.from_keys` and :meth:`Topology.with_numa_latency`.
+module of their own - :mod:`~tuna_lab.machine.sysfs` (this machine, or a
+Linux filesystem root), :mod:`~tuna_lab.machine.hwloc_xml` and
+:mod:`~tuna_lab.machine.synthetic` (hwloc synthetic descriptions and the
+named presets) - and are reached through the classmethods
+:meth:`Topology.from_sysfs`, :meth:`Topology.from_fsroot`,
+:meth:`Topology.from_hwloc_xml`, :meth:`Topology.synthetic` and
+:meth:`Topology.preset`. Readers build a topology with
+:meth:`Topology.from_keys` and :meth:`Topology.with_numa_latency`.
 
 An optional cost ``"remote"`` adds a NUMA level above the caches: two cores
 that share no cache cost ``"none"`` on the same NUMA node and ``"remote"``
@@ -542,11 +544,14 @@ class Topology:
 
     @classmethod
     def from_sysfs(cls, root=None, allowed=None) -> "Topology":
-        """This machine, read from Linux sysfs.
+        """This machine, read from Linux sysfs as hwloc reads it.
 
         Physical cores are groups of thread siblings; caches come from
         ``cpuN/cache/indexK`` (instruction caches skipped, missing directories
-        mean the level is absent); NUMA nodes from ``<root>/../node/nodeN/cpulist``.
+        mean the level is absent); NUMA nodes from ``<root>/../node/nodeN``.
+        List and mask files, NUL-padded files and offline CPUs are handled as
+        in :meth:`from_fsroot`, which reads a whole filesystem root; this
+        machine is the root ``/`` restricted to this process's affinity.
         With several nodes holding cores, ``costs["remote"]`` is set from
         ``nodeN/distance`` (relative latencies, 10 = local): ``"none"`` times
         the mean remote/local ratio, rounded, e.g. 200 * 21/10 = 420 - unless a cache
@@ -563,6 +568,11 @@ class Topology:
             cpuset-limited container sees only its own cores, and every online
             CPU of the tree for any other ``root``.
 
+        Warns
+        -----
+        TopologyWarning
+            No CPU has any cache information (see :mod:`tuna_lab.machine.sysfs`).
+
         Examples
         --------
         >>> Topology.from_sysfs(allowed={0, 1})  # doctest: +SKIP
@@ -571,6 +581,40 @@ class Topology:
         from .sysfs import read_sysfs  # the readers build on this module
 
         return read_sysfs(root, allowed)
+
+    @classmethod
+    def from_fsroot(cls, root="/", allowed=None) -> "Topology":
+        """The machine of a Linux filesystem root, read as ``lstopo --input root`` reads it.
+
+        ``root`` holds ``sys/devices/system/{cpu,node}`` and, optionally,
+        ``proc/`` - a copy of a real machine's files such as hwloc's test
+        dumps, or ``"/"`` for this machine (then the same as
+        :meth:`from_sysfs`). Only the CPUs that are online and that the
+        dump's cgroup cpuset allows (found through its ``proc/self/cgroup``
+        or ``proc/self/cpuset`` and its mounts) are kept, as lstopo keeps
+        them. The topology is named after the directory (``"this machine"``
+        for ``/``). The reader is :func:`tuna_lab.machine.sysfs.read_fsroot`.
+
+        Parameters
+        ----------
+        root : str or path, default "/"
+        allowed : iterable of int, optional
+            Logical cores to keep instead of the default (each must be online).
+
+        Warns
+        -----
+        TopologyWarning
+            No CPU has any cache information: every pair of distinct cores is
+            at distance ``"none"``.
+
+        Examples
+        --------
+        >>> Topology.from_fsroot("hwloc-dumps/16em64t-4s2c2t")  # doctest: +SKIP
+        Topology('16em64t-4s2c2t', C=16, P=8, packages=4, L3 domains=4)
+        """
+        from .sysfs import read_fsroot
+
+        return read_fsroot(root, allowed)
 
     @classmethod
     def from_hwloc_xml(cls, path) -> "Topology":

@@ -33,6 +33,7 @@ import pandas as pd
 from .._checks import one_line, positive_int
 from ..errors import CpuAccountingError, ExperimentError, TunaError
 from ..machine import host
+from ..machine.limits import Limits
 from ..server.models import MODEL_FEATURES
 from ..server.openmp import LIBGOMP_DEFAULT_WAIT, wait_policy_env
 from . import schema
@@ -133,7 +134,13 @@ def _versions():
 
 
 def manifest(config, policies, trials, requests, seed, extra=None):
-    """Everything needed to interpret (or repeat) a cell, as a JSON-able dict."""
+    """Everything needed to interpret (or repeat) a cell, as a JSON-able dict.
+
+    ``"limits"`` records what the process could really use (affinity, cgroup
+    cpuset, CPU quota, isolated CPUs, the effective CPU count; see
+    :class:`~tuna_lab.machine.limits.Limits`): a quota below the CPUs the
+    threads ran on means the latencies measured throttling.
+    """
     from ..machine.topology import Topology
 
     topo = Topology.from_sysfs()
@@ -142,6 +149,7 @@ def manifest(config, policies, trials, requests, seed, extra=None):
         "requests": requests, "seed": seed, "cpu_model": host.cpu_model(), "kernel": platform.release(),
         "python": platform.python_version(), "cpus": list(topo.cpus),
         "topology": {k: v for k, v in topo.to_dict().items() if k != "distance"},
+        "limits": Limits.read().to_dict(),
         "versions": _versions(), "git_commit": _git_commit(), "command": sys.argv,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {}),
     }
@@ -441,13 +449,17 @@ def grid(kind="machine", cpus=None):
     The scaled grid keeps the article's over/under-subscription ratios ``WT/C``
     (C = 32 there) while respecting that XGBoost runs at most ``C`` threads per
     worker: ``T' = clip(round(T C / 32), 1, C)``, ``W' = max(1, round(W T / 32 * C / T'))``.
+    ``C`` is ``cpus``, by default this process's effective CPU count
+    (:attr:`Limits.effective_cpus <tuna_lab.machine.limits.Limits.effective_cpus>`:
+    the usable CPUs, capped by a CPU quota), so that a machine whose quota
+    allows fewer CPUs than its affinity lists is not sized to measure throttling.
     """
     W, T, C0 = ARTICLE_GRID["workers"], ARTICLE_GRID["threads"], ARTICLE_GRID["cpus"]
     if kind == "article":
         return [(w, t) for w in W for t in T]
     if kind != "machine":
         raise ExperimentError(f"grid must be 'machine' or 'article', got {kind!r}")
-    C = cpus or len(os.sched_getaffinity(0))
+    C = cpus or Limits.read().effective_cpus
     out = []
     for w in W:
         for t in T:
