@@ -124,15 +124,17 @@ def _cmd_report(args):
 
 def _cmd_demo(args):
     from ..analysis.report import write_report
-    from ..machine import topology_from
+    from ..machine import Limits, topology_from
     from ..measure.experiment import Config, run
     from ..model import solve
 
     here = topology_from(None)
     C = here.n_logical
-    # Sized to this machine: one worker per CPU, two OpenMP threads each - twice
-    # as many threads as cores, the oversubscribed regime where placement matters.
-    W, T = max(2, C), min(2, C)
+    # Sized to what this process may really use (a CPU quota caps it): one worker per
+    # CPU, two OpenMP threads each - twice as many threads as cores, the
+    # oversubscribed regime where placement matters.
+    usable = Limits.read().effective_cpus
+    W, T = max(2, usable), min(2, usable)
     print("== 1. The offline phase: the Tuna mapping\n")
     for title, topo, w, t in ((f"This machine ({C} CPUs)", here, W, T),
                               ("The article's machine, Azure D32ds_v4 (xeon-8272cl)",
