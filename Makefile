@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui
+.PHONY: demo test bench setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check
 
 # The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
 # compares every output except those of cells tagged nbval-ignore-output.
@@ -15,7 +15,7 @@ LAB_STAMP := $(VENV)/.installed-lab
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,cluster]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -58,13 +58,38 @@ $(UI_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,ui]'
 	touch $(UI_STAMP)
 
-# Notebook 03 in Voila on 127.0.0.1, clicked in headless chromium (Debian's; Playwright's own
-# browser download is not used); screenshots and logs in test-artifacts/ui/.
+# Notebook 03 in Voila, and notebooks 03 and 05 in JupyterLab (on 127.0.0.1, with a token), run and
+# clicked in headless chromium (Debian's; Playwright's own browser download is not used; the same
+# chromium draws the notebooks' still images through kaleido); screenshots and logs in test-artifacts/ui/.
 test-ui: $(UI_STAMP)
 	@test -x /usr/bin/chromium || command -v chromium >/dev/null 2>&1 || \
 	  { (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) 2>/dev/null \
 	    || echo "warning: could not install Debian's chromium; the browser test will be skipped"; }
 	$(PY) -m pytest -q tests_ui
+
+# Binder (repo2docker) builds its image from binder/: Debian packages from apt.txt, Python from
+# runtime.txt, then `pip install -r binder/requirements.txt` in the repository root (it holds
+# `.[lab]`: the project, not editable), then postBuild (the models, trained once). binder-check
+# does the same in a fresh venv with a fresh model cache, then runs the notebooks there with nbval,
+# as a Binder user would run them; nbval (with pytest) and ipykernel are installed after the
+# image's requirements, for the check only - they are not in the image. Not part of `make test` (a fresh install takes minutes); CI
+# calls it (.ci/run).
+BINDER_VENV   := build/binder-venv
+BINDER_CACHE  := $(CURDIR)/build/binder-cache
+BINDER_PYTHON ?= $(shell command -v python$(shell sed -n 's/^python-//p' binder/runtime.txt) || echo $(PYTHON))
+
+binder-check:
+	$(PYTHON) binder/badge.py --check
+	@missing=$$(for p in $$(cat binder/apt.txt); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	  test -z "$$missing" || (apt-get update -qq && apt-get install -y -qq $$missing >/dev/null) 2>/dev/null \
+	  || echo "warning: could not install binder/apt.txt's packages:" $$missing
+	rm -rf $(BINDER_VENV) $(BINDER_CACHE)
+	$(BINDER_PYTHON) -m venv $(BINDER_VENV)
+	$(BINDER_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r binder/requirements.txt
+	PATH=$(CURDIR)/$(BINDER_VENV)/bin:$$PATH TUNA_LAB_CACHE=$(BINDER_CACHE) binder/postBuild
+	$(BINDER_VENV)/bin/python -m pip install --quiet --disable-pip-version-check nbval ipykernel
+	TUNA_LAB_CACHE=$(BINDER_CACHE) $(BINDER_VENV)/bin/python -m pytest -q -p no:cacheprovider \
+	    --nbval --nbval-current-env notebooks/
 
 DOCS_STAMP := $(VENV)/.installed-docs
 

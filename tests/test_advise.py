@@ -399,3 +399,45 @@ def test_cli_wired_into_tuna_lab(sweep_dir, capsys):
     assert exc.value.code == 0 and "--results" in capsys.readouterr().out
     assert cli.main(["advise", "-w", "2", "-t", "1", "--model", "huge", "--results", str(sweep_dir)]) == 2
     assert "unknown model 'huge'" in capsys.readouterr().err
+
+
+# -- results from several machines (a sweep on a cluster) -------------------------------------------
+
+
+def two_machines():
+    """The synthetic sweep measured on two machines of different shapes: machine ``b`` has no SMT."""
+    parts = []
+    shapes = {"a-1111aaaa": TOPOLOGY, "b-2222bbbb": Topology.synthetic("core:8 pu:1")}
+    for seed, (name, topo) in enumerate(shapes.items()):
+        requests, trials, manifests = synthetic(workers=(1, 2, 4), threads=(1, 2), models=("small",),
+                                                batches=(100,), seed=seed)
+        shape = {k: v for k, v in topo.to_dict().items() if k != "distance"}
+        parts.append((requests.assign(machine=name), trials.assign(machine=name),
+                      [{**m, "machine": name, "topology": shape} for m in manifests]))
+    return (pd.concat([p[0] for p in parts], ignore_index=True), pd.concat([p[1] for p in parts], ignore_index=True),
+            parts[0][2] + parts[1][2])
+
+
+def test_each_machine_brings_its_own_rows_topology_and_cfs_measurements():
+    from tuna_lab.analysis.advise.features import feature_columns
+
+    requests, trials, manifests = two_machines()
+    table = feature_table(requests, trials, manifests)
+    assert len(table) == 2 * 6 * 2                           # machines x configurations x pinning policies
+    assert list(table.columns[:2]) == ["cell", "machine"] and "machine" not in feature_columns(table)
+    shape = table.groupby("machine")[["physical_cores", "smt_ways"]].first()
+    assert shape.loc["a-1111aaaa"].tolist() == [4, 2] and shape.loc["b-2222bbbb"].tolist() == [8, 1]
+    # The cfs stage medians of one machine's cell are its own, not the two machines' together.
+    cell = requests[(requests["cell"] == "w2-t2-small-b100") & (requests["machine"] == "b-2222bbbb")]
+    row = table[(table["cell"] == "w2-t2-small-b100") & (table["machine"] == "b-2222bbbb")].iloc[0]
+    assert row["cfs_shap_ms"] == pytest.approx(cell["shap"].median() * 1e3)
+
+
+def test_the_advice_says_which_machines_its_evidence_comes_from():
+    advisor = train(two_machines())
+    assert advisor.machines == ["a-1111aaaa", "b-2222bbbb"]
+    rec = advisor.recommend(2, 2, "small", topology=Topology.synthetic("core:8 pu:1"))
+    assert rec.evidence.iloc[0]["machine"] == "b-2222bbbb" and rec.evidence.iloc[0]["distance"] == 0
+    assert any(n.startswith("learnt from 2 machine(s): a-1111aaaa, b-2222bbbb") for n in rec.notes)
+    assert "b-2222bbbb: w2-t2-small-b100" in str(rec)
+    assert rec.to_dict()["evidence"][0]["machine"] == "b-2222bbbb"

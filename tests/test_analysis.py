@@ -419,3 +419,30 @@ def test_duplicate_scenarios_are_refused():
     rows = hand_scenarios(SPEEDUP_ROWS[:3] + SPEEDUP_ROWS[:1])
     with pytest.raises(AnalysisError, match="duplicate"):
         speedups(rows)
+
+
+# -- several machines ---------------------------------------------------------------------------------
+
+
+def test_the_machine_is_a_factor_never_averaged_over(tables, tmp_path):
+    requests, trials = tables
+    # The same experiment on a second machine where every policy is twice as slow but cfs.
+    slow = requests["policy"].ne("cfs")
+    other = requests.assign(server_seconds=requests["server_seconds"].where(~slow, requests["server_seconds"] * 2))
+    both = pd.concat([requests.assign(machine="a"), other.assign(machine="b")], ignore_index=True)
+    both_trials = pd.concat([trials.assign(machine="a"), trials.assign(machine="b")], ignore_index=True)
+    per_trial = trial_stats(both, both_trials)
+    assert len(per_trial) == 2 * len(trial_stats(requests, trials)) and per_trial.columns[0] == "machine"
+    scen = scenario_stats(per_trial)
+    one = scenario_stats(trial_stats(requests, trials))
+    pd.testing.assert_frame_equal(scen[scen["machine"].eq("a")].drop(columns="machine").reset_index(drop=True),
+                                  one)
+    by_machine = speedup_summary(scen, baselines="cfs", by=("machine",)).set_index(["machine", "policy"])
+    a, b = by_machine.loc[("a", "tuna-scatter"), "speedup"], by_machine.loc[("b", "tuna-scatter"), "speedup"]
+    assert b == pytest.approx(a / 2, rel=0.01)               # each machine's policy against its own cfs
+    assert compare_policies(scen, "cfs", "tuna-scatter")["n_applications"] == 2 * len(CONFIGS) * len(APPS)
+    text = write_report(both, both_trials, tmp_path / "report.html",
+                        machines={"a": {"hostname": "node-a", "cpu_model": "Xeon", "cpus": list(range(16))}}
+                        ).read_text()
+    assert "<h2>Machines</h2>" in text and "node-a" in text and f"{a:.3f} (n=8)" in text
+    assert "p99 by configuration - machine a" in text and "p99 by configuration - machine b" in text

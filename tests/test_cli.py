@@ -1,6 +1,7 @@
 """The command line as a user runs it: a real subprocess, stdout/stderr and exit status."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -113,3 +114,126 @@ def test_public_api_is_what_the_readme_documents():
     for name in tuna_lab.__all__:
         assert getattr(tuna_lab, name) is not None
         assert name in readme, f"{name} is public but the README does not mention it"
+
+
+# ------------------------------------------------------------ help, --version, --json (issue 16)
+def _subcommands():
+    """``{name: parser}`` of every ``tuna-lab`` sub-command."""
+    import argparse
+
+    from tuna_lab.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return parser, dict(sub.choices)
+
+
+def test_every_option_has_help_and_every_command_an_example():
+    parser, commands = _subcommands()
+    assert {"topology", "solve", "run", "sweep", "report", "demo", "advise"} <= set(commands)
+    missing, no_example = [], []
+    for name, sub in [("tuna-lab", parser), *commands.items()]:
+        for action in sub._actions:
+            if action.dest == "help" or action.dest == "command":
+                continue
+            if not (action.help or "").strip():
+                missing.append(f"{name} {'/'.join(action.option_strings) or action.dest}")
+        examples = [line.strip() for line in (sub.epilog or "").splitlines()]
+        if not any(line.startswith("tuna-lab ") for line in examples):
+            no_example.append(name)
+    assert not missing, f"options without help: {missing}"
+    assert not no_example, f"commands without an example in their epilog: {no_example}"
+
+
+def test_every_example_parses():
+    import re
+    import shlex
+
+    parser, commands = _subcommands()
+    examples = [line.strip() for sub in [parser, *commands.values()] for line in (sub.epilog or "").splitlines()
+                if line.strip().startswith("tuna-lab ")]
+    assert len(examples) >= len(commands)
+    for example in examples:
+        # drop the note after two spaces and a redirection; MASTER stands for a PID
+        command = re.split(r"\s{2,}| > ", example)[0].replace("MASTER", "1234")
+        args = parser.parse_args(shlex.split(command)[1:])
+        assert callable(args.func), example
+
+
+def test_help_shows_meaningful_defaults_only():
+    _, commands = _subcommands()
+    texts = {name: sub.format_help() for name, sub in commands.items()}
+    assert "(default: 5)" in texts["run"] and "(default: cfs,round-robin,tuna-scatter)" in texts["run"]
+    noise = [name for name, text in texts.items() if "(default: None)" in text or "(default: False)" in text]
+    assert not noise, noise
+    # examples keep their lines as written
+    assert "\n  tuna-lab run -w 2 -t 2 --model small --trials 3 --requests 200\n" in texts["run"]
+
+
+def test_version():
+    p = run("--version")
+    assert p.returncode == 0 and p.stdout == f"tuna-lab {tuna_lab.__version__}\n"
+
+
+def test_first_training_says_it_happens_once(tmp_path, monkeypatch, capsys):
+    from tuna_lab.server import models
+
+    monkeypatch.setenv("TUNA_LAB_CACHE", str(tmp_path))
+    # The training itself is test_server_app's; here only what the user is told around it.
+    monkeypatch.setattr(models, "_train_in_child", lambda name, path, nthread: path.write_bytes(b"model"))
+    path = models.ensure_model("small")
+    first = capsys.readouterr()
+    assert first.out == ""
+    said = first.err.splitlines()
+    assert said[0] == f"training the small model once (cached in {tmp_path}) ..."
+    assert said[1].startswith("trained the small model in ") and said[1].endswith(" s")
+    assert models.ensure_model("small") == path and capsys.readouterr().err == ""   # cached: silent
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """``run --json`` of a tiny cell, then ``sweep --json`` over it plus one more cell: 3 short servers."""
+    from tuna_lab.measure.experiment import Config
+
+    out = tmp_path_factory.mktemp("cli") / "results"
+    r = run("run", "-w", "1", "-t", "1", "--model", "small", "--batch", "10", "--policies", "cfs,round-robin",
+            "--trials", "1", "--requests", "20", "--out", out, "--json", timeout=300)
+    s = run("sweep", "--configs", "1x1,2x1", "--models", "small", "--batches", "10", "--policies", "cfs",
+            "--trials", "1", "--requests", "20", "--out", out, "--json", timeout=300)
+    keys = [Config(1, 1, "small", 10).key, Config(2, 1, "small", 10).key]
+    return out, keys, r, s
+
+
+def test_run_json_has_the_summary_and_the_files(measured):
+    out, keys, p, _ = measured
+    assert p.returncode == 0, p.stderr
+    assert len(p.stdout.splitlines()) == 1                  # the object only: progress is on stderr
+    assert "trial 1/1" in p.stderr
+    obj = json.loads(p.stdout)
+    assert obj["cell"] == keys[0] and obj["path"] == str(out / keys[0])
+    assert {row["policy"] for row in obj["summary"]} == {"cfs", "round-robin"}
+    cfs = next(row for row in obj["summary"] if row["policy"] == "cfs")
+    assert 0 < cfs["p50"] <= cfs["p99"] and cfs["p99_speedup_vs_cfs"] == pytest.approx(1.0)
+    assert str(out / keys[0] / "manifest.json") in obj["files"]
+    assert all(os.path.exists(f) for f in obj["files"])
+    assert [s["policy"] for s in obj["speedups"]] == ["round-robin"]
+
+
+def test_sweep_json_tells_done_from_skipped(measured):
+    out, keys, _, p = measured
+    assert p.returncode == 0, p.stderr
+    assert "1 of 2 cells already finished" in p.stderr and len(p.stdout.splitlines()) == 1
+    obj = json.loads(p.stdout)
+    assert obj["skipped"] == [str(out / keys[0])] and obj["done"] == [str(out / keys[1])]
+    assert obj["configurations"] == 2 and obj["out"] == str(out)
+
+
+def test_report_json_has_the_path_and_headline_speedups(measured, tmp_path):
+    out, _, _, _ = measured
+    html = tmp_path / "r.html"
+    p = run("report", out, "-o", html, "--json", timeout=300)
+    assert p.returncode == 0, p.stderr
+    obj = json.loads(p.stdout)
+    assert obj["report"] == str(html) and html.is_file() and obj["cells"] == 2
+    rr = [s for s in obj["speedups"] if s["baseline"] == "cfs" and s["policy"] == "round-robin"]
+    assert len(rr) == 1 and rr[0]["applications"] == 1 and rr[0]["speedup"] > 0

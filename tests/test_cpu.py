@@ -168,7 +168,7 @@ def test_sigterm_stops_a_run_and_its_servers(tmp_path):
                              "--out", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env)
     try:
-        for line in proc.stdout:                         # the first trial has finished: a server ran
+        for line in proc.stderr:                         # the first trial has finished: a server ran
             if "trial 1/50" in line:
                 break
         # A later trial's server is starting or serving: the run and (at least) its Gunicorn master.

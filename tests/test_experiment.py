@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from tuna_lab.errors import ExperimentError
-from tuna_lab.measure.experiment import Config, grid, load_results, run, sweep
+from tuna_lab.measure.experiment import Config, grid, load_results, load_thread_cpu, machine_name, run, sweep
 
 CPUS = len(os.sched_getaffinity(0))
 T = min(2, CPUS)
@@ -130,3 +130,26 @@ def test_machine_grid_keeps_threads_within_cpus_and_article_grid_is_36():
     g = grid("machine", cpus=2)
     assert all(1 <= t <= 2 and w >= 1 for w, t in g)
     assert any(w * t > 2 for w, t in g) and any(w * t <= 2 for w, t in g)
+
+
+def test_results_of_several_machines_load_with_the_machine_as_a_column(tiny, tmp_path):
+    result, out = tiny
+    single = load_results(str(out.parent))
+    assert "machine" not in single[1].columns and "machine" not in single[2][0]       # one machine: unchanged
+    assert result.manifest["hostname"] and len(result.manifest["fingerprint"]) == 16
+    # A cluster sweep's tree: <out>/<machine>/<cell>, and a partial cell that must not count.
+    tree = tmp_path / "cluster"
+    for name in ("host-aaaaaaaa", "host-bbbbbbbb"):
+        shutil.copytree(out, tree / name / out.name)
+    shutil.copytree(out, tree / "host-bbbbbbbb" / "w9-t9-small-b20.partial")
+    requests, trials, manifests = load_results(str(tree))
+    assert sorted(trials["machine"].unique()) == ["host-aaaaaaaa", "host-bbbbbbbb"]
+    assert len(trials) == 2 * len(result.trials) and len(requests) == 2 * len(result.requests)
+    assert [m["machine"] for m in manifests] == ["host-aaaaaaaa", "host-bbbbbbbb"]
+    assert set(load_thread_cpu(str(tree))["machine"]) == {"host-aaaaaaaa", "host-bbbbbbbb"}
+    assert machine_name(manifests[0]) == f"{manifests[0]['hostname']}-{manifests[0]['fingerprint'][:8]}"
+
+
+def test_machine_options_need_a_client(tmp_path):
+    with pytest.raises(ExperimentError, match="client"):
+        sweep([Config(1, 1, "small", 10)], ["cfs"], str(tmp_path), per_machine=True)

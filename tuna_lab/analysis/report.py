@@ -27,7 +27,7 @@ import plotly.graph_objects as go
 from ..errors import AnalysisError
 from ..placement import POLICIES
 from . import figures as viz
-from .stats import compare_policies, cpu_cost, scenario_stats, speedup_summary, trial_stats
+from .stats import MACHINE, compare_policies, cpu_cost, scenario_stats, speedup_summary, trial_stats
 from .tables import check_table, ordered, sort_table, valid_trials
 
 __all__ = ["write_report"]
@@ -56,7 +56,7 @@ p.note { color: #555; font-size: 0.9em; }
 """
 
 
-def write_report(requests, trials, path, title="tuna_lab experiment", manifest=None, threads=None):
+def write_report(requests, trials, path, title="tuna_lab experiment", manifest=None, threads=None, machines=None):
     """Write a self-contained HTML report of an experiment.
 
     The report holds, in order: a header from ``manifest``; the scenario
@@ -66,6 +66,12 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     the combinations); one p99-by-configuration figure per model and batch;
     per-stage p99 bars; and the failed trials with their reasons (and the
     failed requests by error).
+
+    Results of several machines (a ``machine`` column: a sweep on a
+    cluster, see :func:`tuna_lab.measure.load_results`) add a per-machine
+    comparison after the scenario table - each machine's CPU, topology and
+    speedups over cfs, and each application's mean p99 on every machine -
+    and have their figures drawn machine by machine.
 
     Per-stage bars are drawn for every configuration when there are at most
     six ``(W, T, model, batch)``; otherwise for the article's 4x4 and 16x16
@@ -88,6 +94,10 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         Run metadata; ``cpu_model``, ``kernel``, ``commit``, ``command``
         (a string or an argv list) and ``date`` are shown in the header, the
         whole mapping in a collapsed block.
+    machines : mapping, optional
+        Per machine name, a manifest of a cell measured there (its
+        ``hostname``, ``cpu_model``, ``fingerprint``, ``kernel``, ``cpus``
+        describe the machine in the comparison).
 
     Returns
     -------
@@ -112,18 +122,13 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     summary = speedup_summary(scenarios, baselines=_BASELINES)
 
     finest = summary[summary["group"].eq("subscription+model+batch") & summary["speedup"].notna()]
-    # Per-stage bars for one wait policy: the runtime's default when it was measured.
-    stage_trials, wp, sc = _one_wait(per_trial)
     sections = [
         ("Scenarios: mean p99 server time (ms)", [_scenario_table(scenarios)]),
+        *(_machine_sections(per_trial, scenarios, machines) if MACHINE in per_trial.columns else []),
         ("Policy comparisons", [_comparisons(scenarios)]),
         *[(f"Average speedup over {b}", [_speedup_table(summary, b)]) for b in _BASELINES],
         ("Speedup by subscription, model and batch", [viz.speedup_bars(finest)] if not finest.empty else []),
-        ("p99 by configuration", [viz.p99_by_configuration(per_trial, model=m, batch=b, wait_policy=wp,
-                                                           spincount=sc)
-                                  for m, b, wp, sc in _model_batches(per_trial)]),
-        ("Per-stage p99", [viz.stage_p99_bars(stage_trials, w, t, model=m, batch=b, wait_policy=wp, spincount=sc)
-                           for w, t, m, b in _stage_configurations(stage_trials)]),
+        *[section for on, rows in _machine_parts(per_trial) for section in _figure_sections(rows, on)],
         ("Latency and CPU cost", [_cpu_table(trials)]),
         ("NUMA locality per worker", [_locality_table(requests, threads)] if threads is not None
          and "numa_locality" in getattr(threads, "columns", ()) else []),
@@ -192,11 +197,78 @@ def _overview(requests, per_trial, scenarios):
     ok = int(per_trial["ok"].sum())
     cpus = ", ".join(map(str, sorted(per_trial["cpus"].unique())))
     counts = scenarios["n_trials"]
+    machines = (f" on {per_trial[MACHINE].nunique()} machines" if MACHINE in per_trial.columns else "")
     return (f'<p class="note">{len(requests)} requests ({ok} ok) in {len(per_trial)} trials; '
             f"{scenarios['policy'].nunique()} policies; "
             f"{len(scenarios[['workers', 'threads', 'cpus', 'model', 'batch']].drop_duplicates())} "
-            f"applications on {cpus} logical cores; {counts.min()}-{counts.max()} valid trials "
+            f"applications on {cpus} logical cores{machines}; {counts.min()}-{counts.max()} valid trials "
             "per scenario.</p>")
+
+
+# -- several machines ----------------------------------------------------------------------
+
+
+def _machine_parts(per_trial):
+    """``(machine, its rows)`` for each machine; one ``(None, per_trial)`` for the results of one machine."""
+    if MACHINE not in per_trial.columns:
+        return [(None, per_trial)]
+    return [(name, rows) for name, rows in per_trial.groupby(MACHINE, sort=True, observed=True)]
+
+
+def _figure_sections(per_trial, machine):
+    """The p99-by-configuration and per-stage sections of one machine's trials (or of all, ``machine`` None)."""
+    on = "" if machine is None else f" - machine {machine}"
+    # Per-stage bars for one wait policy: the runtime's default when it was measured.
+    stage_trials, wp, sc = _one_wait(per_trial)
+    return [
+        (f"p99 by configuration{on}", [viz.p99_by_configuration(per_trial, model=m, batch=b, wait_policy=wp,
+                                                                spincount=sc)
+                                       for m, b, wp, sc in _model_batches(per_trial)]),
+        (f"Per-stage p99{on}", [viz.stage_p99_bars(stage_trials, w, t, model=m, batch=b, wait_policy=wp,
+                                                   spincount=sc)
+                                for w, t, m, b in _stage_configurations(stage_trials)]),
+    ]
+
+
+def _machine_sections(per_trial, scenarios, machines):
+    """The per-machine comparison: what each machine is, its speedups over cfs, each application's p99 on each."""
+    summary = speedup_summary(scenarios, baselines=("cfs",), by=(MACHINE,))
+    drawn = summary[summary["speedup"].notna()]
+    return [
+        ("Machines", [_machines_table(per_trial, scenarios, summary, machines or {})]),
+        ("Speedup over cfs by machine", [viz.speedup_bars(drawn, group=MACHINE)] if not drawn.empty else []),
+        ("Mean p99 (ms) of each application on each machine", [_p99_by_machine(scenarios)]),
+    ]
+
+
+def _machines_table(per_trial, scenarios, summary, machines):
+    valid = per_trial[valid_trials(per_trial)]
+    apps = scenarios.drop_duplicates([MACHINE, "workers", "threads", "cpus", "model", "batch", *_WAIT])
+    rows = []
+    for name in sorted(per_trial[MACHINE].unique()):
+        meta = machines.get(name, {})
+        row = {"machine": name, "host": meta.get("hostname", "-"), "CPU": meta.get("cpu_model", "-"),
+               "CPUs": len(meta["cpus"]) if isinstance(meta.get("cpus"), list) else "-",
+               "fingerprint": meta.get("fingerprint", "-"), "kernel": meta.get("kernel", "-"),
+               "applications": int(apps[MACHINE].eq(name).sum()), "valid trials": int(valid[MACHINE].eq(name).sum())}
+        own = summary[summary[MACHINE].eq(name)]
+        for r in own.itertuples(index=False):
+            row[f"{r.policy} vs cfs"] = "-" if np.isnan(r.speedup) else f"{r.speedup:.3f} (n={r.n})"
+        rows.append(row)
+    return _table(pd.DataFrame(rows), "Speedup: mean over the machine's applications of (cfs mean p99) / (policy "
+                                      "mean p99), above 1 the policy is faster there. A machine is its hostname "
+                                      "and the fingerprint of the CPUs its worker could use.")
+
+
+def _p99_by_machine(scenarios):
+    label = scenarios["workers"].astype(str) + "x" + scenarios["threads"].astype(str)
+    table = scenarios.assign(configuration=label, value=_fmt(scenarios["mean_p99"] * 1e3, 2).to_numpy())
+    index = ["model", "batch", "configuration", "wait_policy", "spincount", "policy"]
+    wide = table.pivot_table(index=index, columns=MACHINE, values="value", aggfunc="first", sort=False)
+    wide = sort_table(wide.reset_index(), index)
+    wide.columns.name = None
+    return _table(wide, "'-' where a machine did not run the application; the same application on several "
+                        "machines compares the machines.")
 
 
 _WAIT = ["wait_policy", "spincount"]
@@ -239,7 +311,8 @@ def _scenario_table(scenarios):
     cell = _interval(scenarios["mean_p99"] * 1e3, scenarios["ci_low"] * 1e3, scenarios["ci_high"] * 1e3, 2)
     label = scenarios["workers"].astype(str) + "x" + scenarios["threads"].astype(str)
     table = scenarios.assign(configuration=label, cell=cell.to_numpy())
-    index = ["model", "batch", "configuration", "cpus", "subscription", "wait_policy", "spincount"]
+    index = [MACHINE] * (MACHINE in scenarios.columns) + ["model", "batch", "configuration", "cpus", "subscription",
+                                                          "wait_policy", "spincount"]
     wide = table.pivot_table(index=index, columns="policy", values="cell", aggfunc="first", sort=False)
     wide = wide[ordered(wide.columns, POLICIES)].reset_index()
     wide.columns.name = None
@@ -304,6 +377,7 @@ def _cpu_table(trials):
         return '<p class="note">No CPU accounting in these results (they were recorded before it was added).</p>'
     label = cost["workers"].astype(str) + "x" + cost["threads"].astype(str)
     table = pd.DataFrame({
+        **({"machine": cost[MACHINE]} if MACHINE in cost.columns else {}),
         "model": cost["model"], "batch": cost["batch"], "configuration": label, "wait policy": cost["wait_policy"],
         "spincount": cost["spincount"].astype(int).astype(str).replace("-1", "default"),
         "policy": cost["policy"], "p99 ms": _fmt(cost["p99"] * 1e3, 1),
@@ -320,15 +394,17 @@ def _cpu_table(trials):
 
 
 def _locality_table(requests, threads):
-    workers = threads.drop_duplicates(["cell", "policy", "trial", "pid"])
+    machine = [MACHINE] if MACHINE in threads.columns and MACHINE in requests.columns else []
+    run = machine + ["cell", "policy", "trial", "pid"]
+    workers = threads.drop_duplicates(run)
     ok = requests[requests["status"].eq(200)]
-    p99 = (ok.groupby(["cell", "policy", "trial", "pid"], observed=True)["server_seconds"].quantile(0.99)
+    p99 = (ok.groupby(run, observed=True)["server_seconds"].quantile(0.99)
            .rename("worker_p99").reset_index()) if "cell" in ok.columns else None
     if p99 is not None:
-        workers = workers.merge(p99, on=["cell", "policy", "trial", "pid"], how="left")
+        workers = workers.merge(p99, on=run, how="left")
     else:
         workers = workers.assign(worker_p99=np.nan)
-    table = (workers.groupby(["cell", "policy", "slot"], dropna=False, observed=True)
+    table = (workers.groupby(machine + ["cell", "policy", "slot"], dropna=False, observed=True)
              .agg(node=("numa_node", "first"), locality=("numa_locality", "mean"),
                   worker_p99=("worker_p99", "mean"), trials=("trial", "nunique")).reset_index())
     table = table.assign(locality=_fmt(table["locality"], 3), worker_p99=_fmt(table["worker_p99"] * 1e3, 1))
@@ -339,7 +415,7 @@ def _locality_table(requests, threads):
 
 def _failures(requests, trials):
     failed = trials[trials["trial_status"].ne("ok")]
-    keep = [c for c in ("policy", "workers", "threads", "model", "batch", "trial", "n", "ok", "failed",
+    keep = [c for c in (MACHINE, "policy", "workers", "threads", "model", "batch", "trial", "n", "ok", "failed",
                         "trial_status", "reason") if c in failed.columns]
     parts = [_table(sort_table(failed[keep], keep)) if not failed.empty
              else '<p class="note">No failed trials.</p>']

@@ -19,6 +19,12 @@ An *application* is one ``(workers, threads, cpus, model, batch)``: a server
 configuration ``W x T`` on ``C`` usable logical cores serving one model with
 one batch size. It is *oversubscribed* when ``W * T > C``. Times are seconds.
 
+The results of a sweep on a cluster (:func:`tuna_lab.measure.load_results`
+of ``<out>/<machine>/<cell>``) have a ``machine`` column. The machine is then
+a key of every table here, before the others: nothing measured on one
+machine is averaged with another's, speedups compare policies on the same
+machine, and ``speedup_summary(..., by=("machine",))`` compares the machines.
+
 Examples
 --------
 >>> import numpy as np, pandas as pd
@@ -49,6 +55,7 @@ from ..server.models import STAGES
 from .tables import APPLICATION, check_table, ordered, sort_table, valid_trials, with_defaults
 
 __all__ = [
+    "MACHINE",
     "trial_stats",
     "scenario_stats",
     "speedups",
@@ -57,6 +64,9 @@ __all__ = [
     "cpu_cost",
 ]
 
+
+#: The column that names the machine a row was measured on (results of a sweep on a cluster).
+MACHINE = "machine"
 
 _SCENARIO = APPLICATION + ("policy",)
 _TRIAL = _SCENARIO + ("trial",)
@@ -91,6 +101,12 @@ def _check_policy(table, policy, what):
 
 
 # -- small vectorised helpers ----------------------------------------------------------
+
+
+def _by(table, keys):
+    """``keys``, led by :data:`MACHINE` when ``table`` has that column (a cluster sweep's results)."""
+    keys = tuple(keys)
+    return (MACHINE,) + keys if isinstance(table, pd.DataFrame) and MACHINE in table.columns else keys
 
 
 def _is_ok(status):
@@ -152,9 +168,10 @@ def trial_stats(requests, trials=None):
     [{'n': 3, 'ok': 2, 'p50': 0.2, 'throughput': 2.0}]
     """
     requests = with_defaults(requests)
-    check_table(requests, "requests", _TRIAL + _REQUEST_VALUES,
-                numeric=("workers", "threads", "cpus") + _REQUEST_VALUES, keys=_TRIAL)
-    by = list(_TRIAL)
+    keys = _by(requests, _TRIAL)
+    check_table(requests, "requests", keys + _REQUEST_VALUES,
+                numeric=("workers", "threads", "cpus") + _REQUEST_VALUES, keys=keys)
+    by = list(keys)
     ok = _is_ok(requests["status"])
     work = requests[by + list(_REQUEST_VALUES)].assign(
         _ok=ok, _end=requests["sent_at"] + requests["client_seconds"])
@@ -185,13 +202,14 @@ def trial_stats(requests, trials=None):
 
 def _attach_trial_status(table, trials):
     trials = with_defaults(trials)
-    check_table(trials, "trials", _TRIAL + ("trial_status",), keys=_TRIAL)
+    keys = list(_by(table, _TRIAL))
+    check_table(trials, "trials", tuple(keys) + ("trial_status",), keys=keys)
     extra = ["trial_status"] + (["reason"] if "reason" in trials.columns else [])
-    info = trials[list(_TRIAL) + extra].drop_duplicates(list(_TRIAL), keep="last")
+    info = trials[keys + extra].drop_duplicates(keys, keep="last")
     try:
-        return table.merge(info, on=list(_TRIAL), how="left", validate="one_to_one")
+        return table.merge(info, on=keys, how="left", validate="one_to_one")
     except (ValueError, TypeError) as exc:
-        raise AnalysisError(f"trials table does not match requests on {', '.join(_TRIAL)}: {exc}") from None
+        raise AnalysisError(f"trials table does not match requests on {', '.join(keys)}: {exc}") from None
 
 
 # -- per scenario ------------------------------------------------------------------------
@@ -237,9 +255,10 @@ def scenario_stats(trial_table, confidence=0.95):
     """
     _check_confidence(confidence)
     trial_table = with_defaults(trial_table)
-    check_table(trial_table, "trial_table", _SCENARIO + ("trial", "p99"),
-                numeric=("workers", "threads", "cpus", "p99"), keys=_SCENARIO)
-    by = list(_SCENARIO)
+    keys = _by(trial_table, _SCENARIO)
+    check_table(trial_table, "trial_table", keys + ("trial", "p99"),
+                numeric=("workers", "threads", "cpus", "p99"), keys=keys)
+    by = list(keys)
     valid = valid_trials(trial_table)
     averaged = [c for c in [f"{s}_p99" for s in STAGES] + ["throughput"] if c in trial_table.columns]
     work = trial_table[by].assign(
@@ -302,11 +321,12 @@ def speedups(scenarios, baseline="cfs"):
     [{'policy': 'tuna-scatter', 'baseline': 'cfs', 'speedup': 2.0}]
     """
     scenarios = with_defaults(scenarios)
-    check_table(scenarios, "scenarios", _SCENARIO + ("mean_p99",),
-                numeric=("workers", "threads", "cpus", "mean_p99"), keys=_SCENARIO)
+    keys = _by(scenarios, _SCENARIO)
+    check_table(scenarios, "scenarios", keys + ("mean_p99",),
+                numeric=("workers", "threads", "cpus", "mean_p99"), keys=keys)
     _check_policy(scenarios, baseline, "baseline")
-    _check_unique(scenarios, "scenarios", _SCENARIO)
-    app = list(APPLICATION)
+    _check_unique(scenarios, "scenarios", keys)
+    app = list(_by(scenarios, APPLICATION))
     is_base = scenarios["policy"].eq(baseline)
     base = scenarios.loc[is_base, app + ["mean_p99"]].rename(columns={"mean_p99": "baseline_p99"})
     other = scenarios.loc[~is_base, app + ["policy", "mean_p99"]].rename(columns={"mean_p99": "policy_p99"})
@@ -316,7 +336,7 @@ def speedups(scenarios, baseline="cfs"):
     with np.errstate(divide="ignore", invalid="ignore"):
         out["speedup"] = out["baseline_p99"] / out["policy_p99"]
     columns = app + ["subscription", "policy", "baseline", "policy_p99", "baseline_p99", "speedup"]
-    return sort_table(out[columns], ["model", "batch", "workers", "threads", "cpus", "policy"])
+    return sort_table(out[columns], [MACHINE, "model", "batch", "workers", "threads", "cpus", "policy"])
 
 
 def _grouping(spec, available):
@@ -367,12 +387,13 @@ def cpu_cost(trials):
     [{'p99': 0.03, 'cores_busy': 1.5, 'idle_cpu_share_openmp': 0.5}]
     """
     trials = with_defaults(trials)
-    check_table(trials, "trials", _SCENARIO + ("trial", "p99") + _CPU, numeric=("p99",) + _CPU, keys=_SCENARIO)
+    keys = list(_by(trials, _SCENARIO))
+    check_table(trials, "trials", tuple(keys) + ("trial", "p99") + _CPU, numeric=("p99",) + _CPU, keys=keys)
     valid = trials[valid_trials(trials)].assign(cores_busy=trials["cpu_seconds"] / trials["load_seconds"])
     values = ["p99"] + list(_CPU[:4]) + ["cores_busy"]
-    out = valid.groupby(list(_SCENARIO), sort=True, observed=True)[values].mean()
-    out["trials"] = valid.groupby(list(_SCENARIO), sort=True, observed=True).size()
-    return sort_table(out.reset_index(), list(_SCENARIO))
+    out = valid.groupby(keys, sort=True, observed=True)[values].mean()
+    out["trials"] = valid.groupby(keys, sort=True, observed=True).size()
+    return sort_table(out.reset_index(), keys)
 
 
 def speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=_DEFAULT_BY):
@@ -507,14 +528,15 @@ def compare_policies(scenarios, a, b, confidence=0.95):
     _check_confidence(confidence)
     columns = ("mean_p99", "std_p99", "n_trials")
     scenarios = with_defaults(scenarios)
-    check_table(scenarios, "scenarios", _SCENARIO + columns,
-                numeric=("workers", "threads", "cpus") + columns, keys=_SCENARIO)
+    keys = _by(scenarios, _SCENARIO)
+    check_table(scenarios, "scenarios", keys + columns,
+                numeric=("workers", "threads", "cpus") + columns, keys=keys)
     _check_policy(scenarios, a, "a")
     _check_policy(scenarios, b, "b")
     if a == b:
         raise AnalysisError(f"compare_policies needs two different policies, got {a!r} twice")
-    _check_unique(scenarios, "scenarios", _SCENARIO)
-    app = list(APPLICATION)
+    _check_unique(scenarios, "scenarios", keys)
+    app = list(_by(scenarios, APPLICATION))
     rows_a, rows_b = (scenarios.loc[scenarios["policy"].eq(p), app + list(columns)] for p in (a, b))
     both = rows_a.merge(rows_b, on=app, suffixes=("_a", "_b")).dropna(subset=["mean_p99_a", "mean_p99_b"])
     k = len(both)

@@ -12,12 +12,16 @@ so building the parser stays cheap and ``tuna-lab topology``, ``status`` and
 
 Every user error ends in one line on stderr and exit status 2; nothing else
 is printed to stdout in that case, so ``--json`` output is either a whole
-object or nothing.
+object or nothing. Results go to stdout, progress (trials, cells, a model's
+first training) to stderr, so ``tuna-lab run ... --json > run.json`` keeps
+only the object.
 """
 
 import argparse
 import sys
+import textwrap
 
+from .. import __version__
 from ..errors import TunaError
 from . import advise, bench, experiment, machine, model, placement, server
 
@@ -27,17 +31,88 @@ __all__ = ["main", "build_parser"]
 _GROUPS = (machine, model, placement, server, experiment, bench, advise)
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, showing an option's default when it has a meaningful one.
+
+    ``argparse.ArgumentDefaultsHelpFormatter`` would add "(default: None)" to
+    every option without one and "(default: False)" to every flag; here a
+    default is shown only when it is not None, False or empty, and not when the
+    help already says it. Description and epilog paragraphs are wrapped as
+    usual, but indented lines (the examples) are kept as written, as
+    ``RawDescriptionHelpFormatter`` would keep them.
+    """
+
+    def _get_help_string(self, action):
+        help = action.help or ""
+        default = action.default
+        shown = (default is not None and default is not False and default != "" and default is not argparse.SUPPRESS
+                 and "(default" not in help and "%(default)" not in help)
+        if shown and (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)):
+            help += " (default: %(default)s)"
+        return help
+
+    def _split_lines(self, text, width):
+        # Not at hyphens: "tuna-scatter" and "--time-limit" stay whole.
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        lines, paragraph = [], []
+
+        def flush():
+            if paragraph:
+                lines.append(textwrap.fill(" ".join(paragraph), width, initial_indent=indent,
+                                           subsequent_indent=indent, break_on_hyphens=False))
+                paragraph.clear()
+
+        for line in textwrap.dedent(text).splitlines():
+            if line[:1].isspace() or not line.strip():
+                flush()
+                lines.append(indent + line.rstrip() if line.strip() else "")
+            else:
+                paragraph.append(line.strip())
+        flush()
+        return "\n".join(lines)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (not usage + error) and exit status 2."""
+    """argparse, but a usage error is one line (not usage + error) and exit status 2.
+
+    Every parser shows defaults and keeps its examples as written (:class:`_HelpFormatter`).
+    """
+
+    def __init__(self, *args, formatter_class=_HelpFormatter, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, **kwargs)
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+_EPILOG = """\
+examples:
+  tuna-lab solve -w 4 -t 4 --preset xeon-8272cl      the Tuna mapping on the article's machine
+  tuna-lab run -w 2 -t 2 --model small --out results  measure policies on this machine
+  tuna-lab demo                                       both, sized to this machine
+
+`tuna-lab COMMAND --help` explains a command's options.
+"""
+
+
 def build_parser():
-    """The ``tuna-lab`` argument parser, every command group registered (what the docs render)."""
-    p = _Parser(prog="tuna-lab", description="Static thread-to-core mapping after the Tuna article.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    """The ``tuna-lab`` argument parser, every command group registered (what the docs render).
+
+    Examples
+    --------
+    >>> build_parser().parse_args(["solve", "-w", "2", "-t", "2"]).command
+    'solve'
+    """
+    p = _Parser(prog="tuna-lab", epilog=_EPILOG,
+                description="Static thread-to-core mapping for multi-worker, multi-threaded CPU inference "
+                            "servers, after the Tuna article: solve the mapping, pin a real server's "
+                            "threads, measure and analyse.")
+    # The version is the package's own attribute: no metadata lookup, nothing else imported.
+    p.add_argument("--version", action="version", version=f"tuna-lab {__version__}",
+                   help="print the version and exit")
+    sub = p.add_subparsers(title="commands", dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     for group in _GROUPS:
         group.add_parser(sub)
     return p

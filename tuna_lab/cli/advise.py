@@ -18,7 +18,7 @@ import math
 import os
 
 from ..analysis.advise import DEFAULT_RESULTS
-from .options import add_wait_options
+from .options import add_size_options, add_wait_options
 
 __all__ = ["add_parser"]
 
@@ -39,11 +39,13 @@ def add_parser(subparsers):
         description="Train on sweep results (XGBoost and a linear baseline, evaluated on held-out "
                     "configurations) and advise one configuration: the best policy, every policy's "
                     "predicted speedup, the nearest measured configurations, and whether the question "
-                    "lies outside what the results cover.")
-    a.add_argument("-w", "--workers", type=int, required=True)
-    a.add_argument("-t", "--threads", type=int, required=True)
+                    "lies outside what the results cover.",
+        epilog="examples:\n"
+               "  tuna-lab advise -w 2 -t 2 --model medium\n"
+               "  tuna-lab advise -w 4 -t 1 --model small --batch 500 --results results/sweep --json\n")
+    add_size_options(a)
     a.add_argument("--model", required=True, help="small, medium or large")
-    a.add_argument("--batch", type=int, default=100)
+    a.add_argument("--batch", type=int, default=100, help="rows per request")
     add_wait_options(a)
     a.add_argument("--results", default=DEFAULT_RESULTS, metavar="DIR",
                    help=f"sweep results to learn from (default: {DEFAULT_RESULTS})")

@@ -19,8 +19,14 @@ def add_parser(subparsers):
     >>> args.what, args.quick, args.out
     ('solver', True, 'bench/out/solver.csv')
     """
-    b = subparsers.add_parser("bench", help="benchmarks")
-    b.add_argument("what", choices=("solver",))
+    b = subparsers.add_parser(
+        "bench", help="benchmarks",
+        description="The solver benchmark: the article's 72-model grid and the 384-core cases, solve times "
+                    "and model sizes per encoding, into a CSV.",
+        epilog="examples:\n"
+               "  tuna-lab bench solver --quick                a smoke run of a small subset\n"
+               "  tuna-lab bench solver --pairwise-limit 60 --doc docs/solver-bench.md\n")
+    b.add_argument("what", choices=("solver",), help="the benchmark to run (today only the solver's)")
     b.add_argument("--out", default="bench/out/solver.csv", help="CSV to write")
     b.add_argument("--quick", action="store_true", help="a small subset (smoke run)")
     b.add_argument("--pairwise-limit", type=float, default=0.0, metavar="S",

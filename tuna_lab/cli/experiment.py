@@ -1,12 +1,32 @@
-"""``tuna-lab run``, ``sweep``, ``report`` and ``demo``: measure policies and analyse the results."""
+"""``tuna-lab run``, ``sweep``, ``report`` and ``demo``: measure policies and analyse the results.
 
+Results (tables, the ``--json`` object, the paths written) go to stdout;
+progress (one line per trial and per cell) goes to stderr.
+"""
+
+import glob
+import json
+import math
 import os
+import sys
 
 from ..errors import ExperimentError, TunaError
-from .options import (add_strict_option, add_wait_options, check_cpu_quota, configs_arg, non_negative_int_arg,
-                      policies_arg)
+from .options import (add_size_options, add_strict_option, add_wait_options, check_cpu_quota, configs_arg,
+                      non_negative_int_arg, policies_arg, positive_float_arg)
 
 __all__ = ["add_parser"]
+
+# Help of the options that several of these commands share.
+_HELP = {
+    "model": "the XGBoost model served: small, medium or large (29, 155, 784 features); trained once on "
+             "first use",
+    "batch": "rows per request",
+    "policies": "comma-separated placement policies: cfs, round-robin, omp-spread, omp-close, numa, "
+                "tuna-scatter, tuna-compact",
+    "trials": "trials; in each, every policy runs once, in a random order, on a fresh server",
+    "requests": "concurrent requests per policy and trial",
+    "seed": "seed of the random policy order and of the request payloads",
+}
 
 
 def add_parser(subparsers):
@@ -26,49 +46,87 @@ def add_parser(subparsers):
     >>> args.grid, args.configs, args.trials
     ('machine', '1x2,2x1', 5)
     """
-    r = subparsers.add_parser("run", help="measure one configuration under several policies")
-    r.add_argument("-w", "--workers", type=int, required=True)
-    r.add_argument("-t", "--threads", type=int, required=True)
-    r.add_argument("--model", default="medium")
-    r.add_argument("--batch", type=int, default=100)
-    r.add_argument("--policies", default="cfs,round-robin,tuna-scatter")
-    r.add_argument("--trials", type=int, default=5)
-    r.add_argument("--requests", type=int, default=1000)
+    r = subparsers.add_parser(
+        "run", help="measure one configuration under several policies",
+        description="Start a real Gunicorn + XGBoost server on this machine once per policy and trial, pin "
+                    "its threads, send concurrent requests and record every request; prints p50/p99 per "
+                    "policy and the p99 speedups over cfs (the article's method).",
+        epilog="examples:\n"
+               "  tuna-lab run -w 2 -t 2 --model small --trials 3 --requests 200\n"
+               "  tuna-lab run -w 2 -t 2 --policies cfs,tuna-scatter --out results/ --json > run.json\n")
+    add_size_options(r)
+    r.add_argument("--model", default="medium", help=_HELP["model"])
+    r.add_argument("--batch", type=int, default=100, help=_HELP["batch"])
+    r.add_argument("--policies", default="cfs,round-robin,tuna-scatter", help=_HELP["policies"])
+    r.add_argument("--trials", type=int, default=5, help=_HELP["trials"])
+    r.add_argument("--requests", type=int, default=1000, help=_HELP["requests"])
     r.add_argument("--concurrency", type=int, default=None, help="in flight (default: all, as the article)")
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--out", default=None, help="results folder (a cell folder is written inside)")
+    r.add_argument("--seed", type=int, default=0, help=_HELP["seed"])
+    r.add_argument("--out", default=None,
+                   help="results folder (a cell folder is written inside; default: nothing is written)")
     r.add_argument("--csv", action="store_true", help="also write CSV copies of the tables")
+    r.add_argument("--json", action="store_true",
+                   help="print one JSON object: the summary rows, the speedups and the files written")
     add_wait_options(r)
     add_strict_option(r)
     r.set_defaults(func=_cmd_run)
 
-    sw = subparsers.add_parser("sweep", help="a resumable grid of configurations x policies")
-    sw.add_argument("--grid", choices=("machine", "article"), default="machine")
+    sw = subparsers.add_parser(
+        "sweep", help="a resumable grid of configurations x policies",
+        description="`run` for every configuration of a grid (workers x threads x model x batch x wait "
+                    "policy), one cell folder each, written as soon as it is done: run it again after an "
+                    "interruption and the finished cells are skipped.",
+        epilog="examples:\n"
+               "  tuna-lab sweep --grid machine --models small,medium --batches 100,500 --out results/sweep\n"
+               "  tuna-lab sweep --configs 1x2,2x2,4x1 --trials 3 --requests 500 --out results/sweep --json\n")
+    sw.add_argument("--grid", choices=("machine", "article"), default="machine",
+                    help="article: the article's 36 W x T pairs; machine: those scaled to this machine's "
+                         "CPUs, keeping their over/undersubscription")
     sw.add_argument("--configs", default=None, metavar="WxT,...",
                     help="explicit workers x threads pairs instead of --grid, e.g. 1x2,2x2,4x1")
-    sw.add_argument("--models", default="medium")
-    sw.add_argument("--batches", default="100")
-    sw.add_argument("--policies", default="cfs,round-robin,tuna-scatter")
-    sw.add_argument("--trials", type=int, default=5)
-    sw.add_argument("--requests", type=int, default=1000)
-    sw.add_argument("--seed", type=int, default=0)
-    sw.add_argument("--out", required=True)
+    sw.add_argument("--models", default="medium", help="comma-separated models: small, medium, large")
+    sw.add_argument("--batches", default="100", help="comma-separated batch sizes (rows per request)")
+    sw.add_argument("--policies", default="cfs,round-robin,tuna-scatter", help=_HELP["policies"])
+    sw.add_argument("--trials", type=int, default=5, help=_HELP["trials"])
+    sw.add_argument("--requests", type=int, default=1000, help=_HELP["requests"])
+    sw.add_argument("--seed", type=int, default=0, help=_HELP["seed"])
+    sw.add_argument("--out", required=True, help="the sweep's folder: one cell folder per configuration")
+    sw.add_argument("--json", action="store_true",
+                    help="print one JSON object: the cells run now and those skipped, with their folders")
     sw.add_argument("--wait-policies", default="default",
                     help="comma-separated OMP_WAIT_POLICY values to sweep: default,passive,active")
     sw.add_argument("--spincount", type=non_negative_int_arg, default=None,
                     help="GOMP_SPINCOUNT for every cell")
     add_strict_option(sw)
+    _add_cluster_options(sw)
     sw.set_defaults(func=_cmd_sweep)
 
-    rp = subparsers.add_parser("report", help="analyse results into a self-contained HTML report")
-    rp.add_argument("results")
-    rp.add_argument("-o", "--output", default="report.html")
+    rp = subparsers.add_parser(
+        "report", help="analyse results into a self-contained HTML report",
+        description="The article's analysis of the results of `run` or `sweep`: p99 per scenario with "
+                    "confidence intervals, average speedups over cfs and round-robin (overall and by "
+                    "subscription, model and batch), figures, CPU cost and failures, in one HTML file.",
+        epilog="examples:\n"
+               "  tuna-lab report results/sweep -o report.html\n"
+               "  tuna-lab report results/ --json\n")
+    rp.add_argument("results", help="a results folder written by `run --out` or `sweep --out`")
+    rp.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
+    rp.add_argument("--json", action="store_true",
+                    help="print one JSON object: the report's path and the average speedups over cfs and "
+                         "round-robin")
     rp.set_defaults(func=_cmd_report)
 
-    d = subparsers.add_parser("demo", help="the Tuna mapping, then a short live pin-and-measure experiment")
-    d.add_argument("--out", default="results")
-    d.add_argument("--trials", type=int, default=3)
-    d.add_argument("--requests", type=int, default=200)
+    d = subparsers.add_parser(
+        "demo", help="the Tuna mapping, then a short live pin-and-measure experiment",
+        description="The Tuna mapping for this machine and the article's (scatter and compact), then a "
+                    "short live experiment sized to this machine (cfs, round-robin, tuna-scatter) with a "
+                    "report: what `make demo` runs.",
+        epilog="examples:\n"
+               "  tuna-lab demo\n"
+               "  tuna-lab demo --offline                    only the mappings, in seconds\n")
+    d.add_argument("--out", default="results", help="results folder; the demo writes OUT/demo")
+    d.add_argument("--trials", type=int, default=3, help=_HELP["trials"])
+    d.add_argument("--requests", type=int, default=200, help=_HELP["requests"])
     d.add_argument("--offline", action="store_true", help="only the mappings, no server")
     d.set_defaults(func=_cmd_demo)
     return [r, sw, rp, d]
@@ -82,30 +140,116 @@ def _cmd_run(args):
     check_cpu_quota(config.workers * config.threads, args.strict, ExperimentError)
     out = os.path.join(args.out, config.key) if args.out else None
     result = run(config, policies_arg(args.policies), trials=args.trials, requests=args.requests, out=out,
-                 concurrency=args.concurrency, seed=args.seed, progress=lambda line: print(line, flush=True),
-                 csv=args.csv)
-    print(_trial_table(result.trials))
-    print("\n".join(_comparisons(result.requests, result.trials)))
+                 concurrency=args.concurrency, seed=args.seed, progress=_progress, csv=args.csv)
+    rows, speedups = _summary(result.trials), _speedups(result.requests, result.trials)
+    if args.json:
+        _print_json({"cell": config.key, "config": result.manifest.get("config"), "summary": rows,
+                     "speedups": speedups, "path": result.path,
+                     "files": sorted(os.path.join(result.path, f) for f in os.listdir(result.path))
+                     if result.path else []})
+        return 0
+    print(_summary_table(rows))
+    print("\n".join(map(_speedup_line, speedups)))
     if out:
         print(f"wrote {out}")
     return 0
 
 
+def _progress(line):
+    """Progress goes to stderr: stdout carries only results (a table, or the one ``--json`` object)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def _print_json(obj):
+    """``obj`` as one line of strict JSON: NaN and infinities (a speedup without a baseline) become null."""
+    def clean(value):
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    print(json.dumps(clean(obj), allow_nan=False, default=str))
+
+
+def _add_cluster_options(parser):
+    """``--cluster`` and how a sweep spreads over the cluster's machines (see docs/cluster.md)."""
+    g = parser.add_argument_group("on a Dask cluster (pip install 'tuna_lab[cluster]')")
+    g.add_argument("--cluster", metavar="ADDRESS", default=None,
+                   help="run the cells on the machines of a Dask scheduler (tcp://host:8786), one cell per machine "
+                        "at a time, or 'local' for a LocalCluster; each machine runs `dask worker ADDRESS "
+                        "--nthreads 1 --nworkers 1 --resources machine=1`; cells go to OUT/<machine>/<cell>")
+    spread = g.add_mutually_exclusive_group()
+    spread.add_argument("--per-machine", action="store_true", help="every machine runs every cell")
+    spread.add_argument("--spread", action="store_true",
+                        help="each cell runs once, on a machine of the first machine's topology (the default)")
+    g.add_argument("--any-machine", action="store_true",
+                   help="with --spread: on any machine, whatever its topology")
+    g.add_argument("--wait-for-workers", type=positive_float_arg, default=60.0, metavar="SECONDS",
+                   help="how long to wait for a first machine (and for one to return) before giving up "
+                        "(default: 60)")
+
+
 def _cmd_sweep(args):
     from ..measure.experiment import Config, grid, sweep
 
+    if args.cluster is None and (args.per_machine or args.spread or args.any_machine):
+        raise ExperimentError("--per-machine, --spread and --any-machine spread a sweep over the machines of "
+                              "a Dask cluster: give --cluster ADDRESS too")
+    if args.per_machine and args.any_machine:
+        raise ExperimentError("--any-machine is for --spread: --per-machine runs every cell on every machine")
     pairs = configs_arg(args.configs) if args.configs else grid(args.grid)
     models = [m for m in args.models.split(",") if m]
     batches = [int(b) for b in args.batches.split(",") if b]
     waits = [w for w in args.wait_policies.split(",") if w]
     configs = [Config(w, t, m, b, wait_policy=wp, spincount=args.spincount)
                for (w, t) in pairs for m in models for b in batches for wp in waits]
+    if args.cluster is not None:
+        return _sweep_on_cluster(args, configs)
     # Checked once, before any cell runs, for the largest cell.
     check_cpu_quota(max((c.workers * c.threads for c in configs), default=0), args.strict, ExperimentError)
+    before = _finished_cells(args.out)
     sweep(configs, policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
-          progress=lambda line: print(line, flush=True), seed=args.seed)
-    print(f"sweep results in {args.out}; `tuna-lab report {args.out} -o report.html` analyses them")
+          progress=_progress, seed=args.seed)
+    return _sweep_done(args, configs, before,
+                       f"sweep results in {args.out}; `tuna-lab report {args.out} -o report.html` analyses them")
+
+
+def _finished_cells(out):
+    """The finished cell folders under ``out`` (``<cell>`` or, on a cluster, ``<machine>/<cell>``), sorted."""
+    from ..measure.schema import MANIFEST, PARTIAL_SUFFIX
+
+    found = glob.glob(os.path.join(glob.escape(out), "**", MANIFEST), recursive=True)
+    cells = (os.path.dirname(path) for path in found)
+    return sorted(cell for cell in cells if not cell.endswith(PARTIAL_SUFFIX) and cell != out.rstrip(os.sep))
+
+
+def _sweep_done(args, configs, before, message):
+    """Print what the sweep did: ``message``, or with ``--json`` the cells run now and those skipped."""
+    if not args.json:
+        print(message)
+        return 0
+    cells = _finished_cells(args.out)
+    _print_json({"out": args.out, "configurations": len(configs), "policies": policies_arg(args.policies),
+                 "done": [c for c in cells if c not in before], "skipped": [c for c in cells if c in before],
+                 "report": f"tuna-lab report {args.out} -o report.html"})
     return 0
+
+
+def _sweep_on_cluster(args, configs):
+    """The sweep on the machines of a Dask cluster (each machine's CPU quota is checked where it runs)."""
+    from ..measure.cluster import connect
+    from ..measure.experiment import sweep
+
+    before = _finished_cells(args.out)
+    with connect(args.cluster) as client:
+        sweep(configs, policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
+              progress=_progress, seed=args.seed, client=client,
+              per_machine=args.per_machine, any_machine=args.any_machine, worker_wait=args.wait_for_workers)
+    return _sweep_done(args, configs, before, f"sweep results in {args.out} (one folder per machine); "
+                                              f"`tuna-lab report {args.out} -o report.html` compares them")
 
 
 def _cmd_report(args):
@@ -114,12 +258,37 @@ def _cmd_report(args):
 
     requests, trials, manifests = load_results(args.results)
     threads = load_thread_cpu(args.results)
+    # A sweep on a cluster: one description per machine; the header names the machines, not the first one's CPU.
+    machines = {m["machine"]: m for m in manifests} if "machine" in trials.columns else None
+    header = manifests[0] if len(manifests) == 1 else {"cells": len(manifests), **manifests[0]}
+    if machines:
+        header = {"cells": len(manifests), "machines": sorted(machines),
+                  **{k: manifests[0][k] for k in ("git_commit", "command", "started") if k in manifests[0]}}
     path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
-                        threads=threads if len(threads) else None,
-                        manifest=manifests[0] if len(manifests) == 1 else {"cells": len(manifests),
-                                                                           **manifests[0]})
+                        threads=threads if len(threads) else None, manifest=header, machines=machines)
+    if args.json:
+        _print_json({"report": os.fspath(path), "results": args.results, "cells": len(manifests),
+                     "speedups": _headline(requests, trials)})
+        return 0
     print(f"wrote {path}")
     return 0
+
+
+def _headline(requests, trials):
+    """The report's headline: each policy's average p99 speedup over cfs and round-robin, all applications.
+
+    A list of ``{"baseline", "policy", "applications", "speedup", "geomean"}``
+    (and ``"machine"`` for each machine of a sweep on a cluster).
+    """
+    from ..analysis.stats import scenario_stats, speedup_summary, trial_stats
+
+    scenarios = scenario_stats(trial_stats(requests, trials))
+    by = (None, "machine") if "machine" in scenarios.columns else (None,)
+    summary = speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=by)
+    return [{"baseline": row["baseline"], "policy": row["policy"],
+             **({"machine": row["machine"]} if row["group"] == "machine" else {}),
+             "applications": int(row["n"]), "speedup": float(row["speedup"]), "geomean": float(row["geomean"])}
+            for _, row in summary.iterrows()]
 
 
 def _cmd_demo(args):
@@ -148,22 +317,26 @@ def _cmd_demo(args):
     if args.offline:
         return 0
     print(f"== 2. The online phase: pin and measure ({W} workers x {T} threads, medium model, batch 100, "
-          f"3 trials x {args.requests} concurrent requests)\n", flush=True)
+          f"{args.trials} trials x {args.requests} concurrent requests)\n", flush=True)
     out = os.path.join(args.out, "demo")
     config = Config(W, T, "medium", 100)
     result = run(config, ["cfs", "round-robin", "tuna-scatter"], trials=args.trials, requests=args.requests,
-                 out=os.path.join(out, config.key), progress=lambda line: print("  " + line, flush=True))
+                 out=os.path.join(out, config.key), progress=lambda line: _progress("  " + line))
     print()
-    print(_trial_table(result.trials))
-    print("\n".join(_comparisons(result.requests, result.trials)))
+    print(_summary_table(_summary(result.trials)))
+    print("\n".join(map(_speedup_line, _speedups(result.requests, result.trials))))
     report = write_report(result.requests, result.trials, os.path.join(out, "report.html"),
                           title="tuna_lab demo", manifest=result.manifest)
     print(f"\nraw records: {result.path}\nreport: {report}")
     return 0
 
 
-def _comparisons(requests, trials, against="cfs"):
-    """Lines "policy vs cfs: p99 speedup X [lo, hi] (95% CI, Fieller)" for every other policy."""
+def _speedups(requests, trials, against="cfs"):
+    """The p99 speedup of every other policy over ``against``, with its 95% Fieller interval.
+
+    A list of ``{"policy", "baseline", "speedup", "ci_low", "ci_high"}``;
+    empty when too few trials succeeded to compare.
+    """
     from ..analysis.stats import compare_policies, scenario_stats, trial_stats
 
     try:
@@ -171,29 +344,51 @@ def _comparisons(requests, trials, against="cfs"):
     except TunaError:
         # Too few successful trials to compare: the table above already says what ran.
         return []
-    lines = []
+    if against not in set(scen["policy"]):
+        return []
+    out = []
     for policy in sorted(set(scen["policy"]) - {against}):
-        if against not in set(scen["policy"]):
-            break
         c = compare_policies(scen, against, policy)
-        lines.append(f"{policy} vs {against}: p99 speedup {c['speedup']:.2f}x "
-                     f"[{c['speedup_ci_low']:.2f}, {c['speedup_ci_high']:.2f}] (95% CI, Fieller)")
-    return lines
+        out.append({"policy": policy, "baseline": against, "speedup": float(c["speedup"]),
+                    "ci_low": float(c["speedup_ci_low"]), "ci_high": float(c["speedup_ci_high"])})
+    return out
 
 
-def _trial_table(trials):
-    """p50/p99 per policy (mean over trials) and the p99 speedup over cfs."""
-    ok = trials[trials["trial_status"] == "ok"]
+def _speedup_line(s):
+    """"policy vs cfs: p99 speedup X [lo, hi] (95% CI, Fieller)"."""
+    return (f"{s['policy']} vs {s['baseline']}: p99 speedup {s['speedup']:.2f}x "
+            f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}] (95% CI, Fieller)")
+
+
+def _summary(trials):
+    """One row per policy: mean p50/p99 over its successful trials (seconds), the p99 speedup over cfs, CPU."""
+    ok = trials[trials["trial_status"] == "ok"] if len(trials) else trials
     if ok.empty:
-        return "no successful trials"
+        return []
     cpu = [c for c in ("cpu_per_request", "idle_cpu_share_openmp") if c in ok.columns]
     t = ok.groupby("policy")[["p50", "p99", *cpu]].mean()
+    n = ok.groupby("policy").size()
+    base = t["p99"].get("cfs")
+    rows = []
+    for policy, row in t.iterrows():
+        rows.append({"policy": policy, "trials": int(n[policy]), "p50": float(row["p50"]),
+                     "p99": float(row["p99"]),
+                     "p99_speedup_vs_cfs": float(base / row["p99"]) if base is not None and row["p99"] > 0
+                     else None,
+                     **{c: float(row[c]) for c in cpu}})
+    return rows
+
+
+def _summary_table(rows):
+    """:func:`_summary`'s rows as the text table ``run`` and ``demo`` print (milliseconds)."""
+    if not rows:
+        return "no successful trials"
+    cpu = "cpu_per_request" in rows[0]
     lines = [f"{'policy':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99 speedup vs cfs':>21}"
              + (f"{'CPU ms/req':>12}{'OpenMP idle':>13}" if cpu else "")]
-    base = t["p99"].get("cfs")
-    for policy, row in t.iterrows():
-        sp = f"{base / row['p99']:.2f}x" if base is not None and row["p99"] > 0 else "-"
-        line = f"{policy:<14}{row['p50'] * 1e3:>9.1f}{row['p99'] * 1e3:>9.1f}{sp:>21}"
+    for row in rows:
+        sp = "-" if row["p99_speedup_vs_cfs"] is None else f"{row['p99_speedup_vs_cfs']:.2f}x"
+        line = f"{row['policy']:<14}{row['p50'] * 1e3:>9.1f}{row['p99'] * 1e3:>9.1f}{sp:>21}"
         if cpu:
             line += f"{row['cpu_per_request'] * 1e3:>12.2f}{row['idle_cpu_share_openmp']:>13.0%}"
         lines.append(line)

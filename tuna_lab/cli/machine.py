@@ -18,9 +18,17 @@ def add_parser(subparsers):
     >>> parser.parse_args(["topology", "--preset", "epyc-7313p", "--json"]).json
     True
     """
-    t = subparsers.add_parser("topology", help="show a machine's cores, caches and distances")
+    t = subparsers.add_parser(
+        "topology", help="show a machine's cores, caches and distances",
+        description="A machine's logical and physical cores, SMT siblings, caches and the cache distance "
+                    "d(c, c') between cores; for this machine (or --fsroot) also the CPUs this process may "
+                    "use and its CPU quota.",
+        epilog="examples:\n"
+               "  tuna-lab topology                          this machine, with its limits\n"
+               "  tuna-lab topology --preset xeon-8272cl --json\n")
     add_topology_options(t)
-    t.add_argument("--json", action="store_true", help="print one JSON object")
+    t.add_argument("--json", action="store_true",
+                   help="print one JSON object (logical_cores, physical_core, distance, limits, ...)")
     t.set_defaults(func=_cmd_topology)
     return t
 

@@ -2,7 +2,7 @@
 
 import json
 
-from .options import add_topology_options, positive_float_arg, topology_of
+from .options import add_size_options, add_topology_options, positive_float_arg, topology_of
 
 __all__ = ["add_parser"]
 
@@ -19,17 +19,27 @@ def add_parser(subparsers):
     >>> args.workers, args.threads, args.mode, args.encoding
     (2, 4, 'compact', 'auto')
     """
-    s = subparsers.add_parser("solve", help="solve the Tuna ILP for W workers x T threads")
-    s.add_argument("-w", "--workers", type=int, required=True)
-    s.add_argument("-t", "--threads", type=int, required=True)
-    s.add_argument("--mode", choices=("scatter", "compact"), default="scatter")
+    s = subparsers.add_parser(
+        "solve", help="solve the Tuna ILP for W workers x T threads",
+        description="The article's 0-1 ILP (cvxpy + HiGHS): the thread-to-core mapping of W workers x T "
+                    "threads that maximises f_main + f_mode on a machine (this one unless told).",
+        epilog="examples:\n"
+               "  tuna-lab solve -w 4 -t 4 --preset xeon-8272cl --mode compact --json\n"
+               "  tuna-lab solve -w 2 -t 2                   this machine (the CPUs this process may use)\n")
+    add_size_options(s)
+    s.add_argument("--mode", choices=("scatter", "compact"), default="scatter",
+                   help="scatter spreads each worker's threads over distant cores, compact packs them close")
     add_topology_options(s)
-    s.add_argument("--encoding", choices=("auto", "counts", "pairwise"), default="auto")
+    s.add_argument("--encoding", choices=("auto", "counts", "pairwise"), default="auto",
+                   help="the ILP's encoding: counts (fast, exact), pairwise (the article's literal one, slow), "
+                        "auto (counts whenever the caches nest)")
     s.add_argument("--without", metavar="FAMILIES", default="",
                    help="comma-separated families to drop, e.g. 11-12,8p")
-    s.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S")
+    s.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S",
+                   help="stop the solver after S seconds with the best mapping found (default: no limit)")
     s.add_argument("--gap", type=float, default=None, help="relative MIP gap (HiGHS default 1e-4)")
-    s.add_argument("--json", action="store_true", help="print one JSON object")
+    s.add_argument("--json", action="store_true",
+                   help="print one JSON object (workers, threads, assignment, f_main, f_mode, objective, ...)")
     s.set_defaults(func=_cmd_solve)
     return s
 

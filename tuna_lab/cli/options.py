@@ -19,7 +19,7 @@ import warnings
 
 from ..errors import TopologyWarning, TunaError
 
-__all__ = ["add_topology_options", "topology_of", "positive_float_arg", "non_negative_int_arg",
+__all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_float_arg", "non_negative_int_arg",
            "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg"]
 
 
@@ -38,13 +38,33 @@ def add_topology_options(parser):
     """
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--preset", metavar="NAME",
-                   help="a machine from the seeds: xeon-8272cl, xeon-8260-2s, epyc-7313p, epyc-9654, "
+                   help="a machine preset: xeon-8272cl, xeon-8260-2s, epyc-7313p, epyc-9654, "
                         "epyc-9654-2s")
-    g.add_argument("--hwloc-xml", metavar="FILE", help="XML written by `lstopo --of xml`")
-    g.add_argument("--synthetic", metavar="SPEC", help='hwloc synthetic spec, e.g. "pack:2 l3:2 core:4 pu:2"')
+    g.add_argument("--hwloc-xml", metavar="FILE", help="a machine from the XML `lstopo --of xml` writes")
+    g.add_argument("--synthetic", metavar="SPEC",
+                   help='a machine from an hwloc synthetic spec, e.g. "pack:2 l3:2 core:4 pu:2"')
     g.add_argument("--fsroot", metavar="DIR",
                    help="a Linux filesystem root copied from a machine (DIR/sys, DIR/proc), read as "
-                        "`lstopo --input DIR` reads it")
+                        "`lstopo --input DIR` reads it (none of these four: this machine, the CPUs this "
+                        "process may use)")
+
+
+def add_size_options(parser, required=True):
+    """Add ``-w/--workers`` and ``-t/--threads``, the size of a server, to ``parser``.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> add_size_options(parser)
+    >>> args = parser.parse_args(["-w", "4", "-t", "2"])
+    >>> args.workers, args.threads
+    (4, 2)
+    """
+    parser.add_argument("-w", "--workers", type=int, required=required,
+                        help="W: the server's worker processes")
+    parser.add_argument("-t", "--threads", type=int, required=required,
+                        help="T: OpenMP threads per worker (its main thread + pool)")
 
 
 def topology_of(args):
@@ -157,7 +177,8 @@ def add_wait_options(parser):
                         help="OMP_WAIT_POLICY of the workers (default: the OpenMP runtime's own, spin then "
                              "sleep)")
     parser.add_argument("--spincount", type=non_negative_int_arg, default=None,
-                        help="GOMP_SPINCOUNT: spins before an idle OpenMP thread sleeps")
+                        help="GOMP_SPINCOUNT: spins before an idle OpenMP thread sleeps (default: the "
+                             "runtime's own)")
 
 
 def add_strict_option(parser):

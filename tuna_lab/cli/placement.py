@@ -11,12 +11,12 @@ load the solver.
 import json
 import sys
 
-from .options import add_topology_options, positive_float_arg, topology_of
+from .options import add_size_options, add_topology_options, positive_float_arg, topology_of
 
 __all__ = ["add_parser", "plan_for"]
 
 _FORMATS = ("json", "omp-places", "taskset", "gunicorn")
-_POLICY_HELP = "cfs, round-robin, omp-spread, omp-close, numa, tuna-scatter, tuna-compact"
+_POLICY_HELP = "the placement policy: cfs, round-robin, omp-spread, omp-close, numa, tuna-scatter, tuna-compact"
 
 
 def add_parser(subparsers):
@@ -31,10 +31,12 @@ def add_parser(subparsers):
     >>> args.pid, args.threads, args.dry_run, args.watch
     (1, 2, True, False)
     """
-    p = subparsers.add_parser("plan", help="print a placement plan: JSON, OMP_PLACES, taskset lines or a "
-                                           "Gunicorn config snippet")
-    p.add_argument("-w", "--workers", type=int, required=True, help="worker processes (slots)")
-    p.add_argument("-t", "--threads", type=int, required=True, help="OpenMP threads per worker (main + pool)")
+    p = subparsers.add_parser(
+        "plan", help="print a placement plan: JSON, OMP_PLACES, taskset lines or a Gunicorn config snippet",
+        epilog="examples:\n"
+               "  tuna-lab plan -w 4 -t 4 --policy tuna-scatter > plan.json\n"
+               "  tuna-lab plan -w 2 -t 2 --policy round-robin --format taskset --pid MASTER\n")
+    add_size_options(p)
     p.add_argument("--policy", default="tuna-scatter", help=_POLICY_HELP)
     p.add_argument("--format", choices=_FORMATS, default="json", help="what to print")
     p.add_argument("--pid", type=int, default=None, metavar="MASTER",
@@ -44,8 +46,11 @@ def add_parser(subparsers):
     add_topology_options(p)
     p.set_defaults(func=_cmd_plan)
 
-    n = subparsers.add_parser("pin", help="pin every worker thread of a running pre-fork server by its "
-                                          "master's PID")
+    n = subparsers.add_parser(
+        "pin", help="pin every worker thread of a running pre-fork server by its master's PID",
+        epilog="examples:\n"
+               "  tuna-lab pin --pid MASTER -t 4 --policy tuna-scatter --dry-run\n"
+               "  tuna-lab pin --pid MASTER --plan plan.json --watch   re-pin replacement workers until Ctrl-C\n")
     n.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
     n.add_argument("-t", "--threads", type=int, default=None,
                    help="OpenMP threads per worker (with --policy; the workers are counted)")
@@ -59,7 +64,8 @@ def add_parser(subparsers):
     n.add_argument("--json", action="store_true", help="print the report as JSON")
     n.set_defaults(func=_cmd_pin)
 
-    u = subparsers.add_parser("unpin", help="give every worker thread of a running server the master's CPUs back")
+    u = subparsers.add_parser("unpin", help="give every worker thread of a running server the master's CPUs back",
+                              epilog="example:\n  tuna-lab unpin --pid MASTER\n")
     u.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
     u.add_argument("--json", action="store_true", help="print the report as JSON")
     u.set_defaults(func=_cmd_unpin)

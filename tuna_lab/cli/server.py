@@ -7,7 +7,7 @@ answer in a fraction of a second and load no solver, XGBoost or plotting.
 import json
 
 from ..errors import ServerError
-from .options import add_strict_option, add_wait_options, check_cpu_quota, positive_float_arg
+from .options import add_size_options, add_strict_option, add_wait_options, check_cpu_quota, positive_float_arg
 
 __all__ = ["add_parser"]
 
@@ -31,34 +31,47 @@ def add_parser(subparsers):
     >>> parser.parse_args(["status", "--pid", "123"]).pid
     123
     """
-    v = subparsers.add_parser("serve", help="start the Gunicorn + XGBoost server with every thread pinned")
-    v.add_argument("-w", "--workers", type=int, required=True)
-    v.add_argument("-t", "--threads", type=int, required=True)
-    v.add_argument("--model", choices=("small", "medium", "large"), default="medium")
+    v = subparsers.add_parser(
+        "serve", help="start the Gunicorn + XGBoost server with every thread pinned",
+        epilog="examples:\n"
+               "  tuna-lab serve -w 2 -t 2 --policy tuna-scatter            in the foreground until Ctrl-C\n"
+               "  tuna-lab serve -w 2 -t 2 --model small --pidfile /tmp/t.pid --detach\n")
+    add_size_options(v)
+    v.add_argument("--model", choices=("small", "medium", "large"), default="medium",
+                   help="the XGBoost model served: 29, 155 or 784 features, as the article's three; "
+                        "trained once on first use")
     v.add_argument("--policy", default="tuna-scatter",
-                   help="cfs, round-robin, omp-spread, omp-close, numa, tuna-scatter, tuna-compact")
+                   help="the placement policy: cfs, round-robin, omp-spread, omp-close, numa, tuna-scatter, "
+                        "tuna-compact")
     v.add_argument("--places", choices=("cores", "threads"), default="cores", help="OMP_PLACES for omp-*")
-    v.add_argument("--port", type=int, default=8000)
-    v.add_argument("--pidfile", default=None)
-    v.add_argument("--max-requests", type=int, default=0, help="recycle workers after N requests")
+    v.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1; 0 picks a free one")
+    v.add_argument("--pidfile", default=None,
+                   help="where to write the master's PID, for `status` and `stop` (default: in a fresh "
+                        "temporary folder; the path is printed)")
+    v.add_argument("--max-requests", type=int, default=0, help="recycle workers after N requests; 0 never does")
     v.add_argument("--request-log", default=None, metavar="DIR", help="per-request JSON lines")
-    v.add_argument("--ready-timeout", type=positive_float_arg, default=180.0, metavar="S")
+    v.add_argument("--ready-timeout", type=positive_float_arg, default=180.0, metavar="S",
+                   help="give up when the workers are not ready after S seconds")
     v.add_argument("--detach", action="store_true", help="return once ready; stop with `tuna-lab stop`")
     add_wait_options(v)
     add_strict_option(v)
     v.set_defaults(func=_cmd_serve)
 
-    st = subparsers.add_parser("status",
-                               help="worker -> thread (role, TID) -> allowed CPUs of a running server")
+    st = subparsers.add_parser(
+        "status", help="worker -> thread (role, TID) -> allowed CPUs of a running server",
+        epilog="examples:\n"
+               "  tuna-lab status --pidfile /tmp/t.pid\n"
+               "  tuna-lab status --pid MASTER --plan plan.json --json\n")
     which = st.add_mutually_exclusive_group(required=True)
     which.add_argument("--pidfile", help="a server started by `tuna-lab serve`")
     which.add_argument("--pid", type=int, metavar="MASTER", help="any pre-fork server, by its master's PID")
     st.add_argument("--plan", default=None, metavar="FILE", help="with --pid: show the plan's CPUs beside")
-    st.add_argument("--json", action="store_true")
+    st.add_argument("--json", action="store_true", help="print one JSON object")
     st.set_defaults(func=_cmd_status)
 
-    sp = subparsers.add_parser("stop", help="stop a server started with --detach")
-    sp.add_argument("--pidfile", required=True)
+    sp = subparsers.add_parser("stop", help="stop a server started with --detach",
+                               epilog="example:\n  tuna-lab stop --pidfile /tmp/t.pid\n")
+    sp.add_argument("--pidfile", required=True, help="the pidfile the server was started with")
     sp.set_defaults(func=_cmd_stop)
     return [v, st, sp]
 

@@ -3,8 +3,10 @@
 :mod:`~tuna_lab.measure.load` drives a server with closed- or open-loop load,
 :mod:`~tuna_lab.measure.cpu` accounts each thread's CPU time,
 :mod:`~tuna_lab.measure.experiment` runs trials and sweeps and writes the
-per-request records to disk, and :mod:`~tuna_lab.measure.schema` defines what
-those records are: file and column names, cell names, latency percentiles.
+per-request records to disk, :mod:`~tuna_lab.measure.cluster` runs a sweep's
+cells on the machines of a Dask cluster, and :mod:`~tuna_lab.measure.schema`
+defines what those records are: file and column names, cell names, latency
+percentiles.
 """
 
 import lazy_loader as _lazy
@@ -12,9 +14,10 @@ import lazy_loader as _lazy
 __all__ = ["Config", "Result", "run", "sweep", "grid", "load_results", "load_thread_cpu", "cell_key",
            "payload", "closed_loop", "open_loop", "summary"]
 
-__getattr__, __dir__, _ = _lazy.attach(__name__, submodules=["load", "cpu", "experiment", "schema"], submod_attrs={
-    "experiment": ["Config", "Result", "run", "sweep", "grid", "load_results", "load_thread_cpu"],
-    "load": ["payload", "closed_loop", "open_loop", "summary"],
-    # The light module: naming a cell loads no pandas.
-    "schema": ["cell_key"],
-})
+__getattr__, __dir__, _ = _lazy.attach(
+    __name__, submodules=["load", "cpu", "experiment", "cluster", "schema"], submod_attrs={
+        "experiment": ["Config", "Result", "run", "sweep", "grid", "load_results", "load_thread_cpu"],
+        "load": ["payload", "closed_loop", "open_loop", "summary"],
+        # The light module: naming a cell loads no pandas.
+        "schema": ["cell_key"],
+    })

@@ -1,7 +1,7 @@
 """Per-thread CPU accounting of a running server: who burns CPU, and when.
 
-A thread pool that spins between bursts can use a core while doing no work
-(``seeds/002``); OpenMP's ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` set how
+A thread pool that spins between bursts can use a core while doing no work;
+OpenMP's ``OMP_WAIT_POLICY`` / ``GOMP_SPINCOUNT`` set how
 long its threads spin before they sleep. To show what that costs, a
 :class:`CpuSampler` reads every server thread's CPU time while a trial runs,
 each worker reports with every response the CPU time its threads spent on

@@ -8,7 +8,10 @@ the load, and stops it. Every request becomes a row of a tidy table
 (Parquet, CSV on request) next to a manifest (machine, kernel, topology,
 library versions, git commit, seeds, command line), so a result can be
 re-analysed without re-running it. A sweep is a grid of cells; each finished
-cell is written at once, and a re-run skips the cells already finished.
+cell is written at once, and a re-run skips the cells already finished. A
+sweep given a Dask client runs its cells on the cluster's machines
+(:mod:`tuna_lab.measure.cluster`) and writes each under ``<out>/<machine>/``;
+:func:`load_results` reads both layouts.
 
 Examples
 --------
@@ -42,7 +45,7 @@ from .cpu import CpuSampler, account, summarise
 from .schema import CPU_COLUMNS, cell_key, percentiles
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "sweep", "grid", "load_results", "ARTICLE_GRID",
-           "CPU_COLUMNS", "load_thread_cpu", "cell_key"]
+           "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
 ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
@@ -95,7 +98,14 @@ def _concat(frames):
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _check_policies(policies):
+def check_policies(policies):
+    """``policies`` without repeats, in order; :class:`ExperimentError` if empty or one is unknown.
+
+    Examples
+    --------
+    >>> check_policies(["cfs", "round-robin", "cfs"])
+    ['cfs', 'round-robin']
+    """
     from ..placement.policies import POLICIES
 
     policies = list(dict.fromkeys(policies))
@@ -139,14 +149,18 @@ def manifest(config, policies, trials, requests, seed, extra=None):
     ``"limits"`` records what the process could really use (affinity, cgroup
     cpuset, CPU quota, isolated CPUs, the effective CPU count; see
     :class:`~tuna_lab.machine.limits.Limits`): a quota below the CPUs the
-    threads ran on means the latencies measured throttling.
+    threads ran on means the latencies measured throttling. ``"hostname"``
+    and ``"fingerprint"`` (:func:`~tuna_lab.machine.fingerprint.fingerprint`
+    of the CPUs this process may use) name the machine it ran on.
     """
+    from ..machine.fingerprint import fingerprint
     from ..machine.topology import Topology
 
     topo = Topology.from_sysfs()
     return {
         "config": asdict(config), "cell": config.key, "policies": list(policies), "trials": trials,
-        "requests": requests, "seed": seed, "cpu_model": host.cpu_model(), "kernel": platform.release(),
+        "requests": requests, "seed": seed, "hostname": platform.node(), "fingerprint": fingerprint(topo),
+        "cpu_model": host.cpu_model(), "kernel": platform.release(),
         "python": platform.python_version(), "cpus": list(topo.cpus),
         "topology": {k: v for k, v in topo.to_dict().items() if k != "distance"},
         "limits": Limits.read().to_dict(),
@@ -209,7 +223,7 @@ def _trial_row(labels, frame, wall, status, reason, cpu=None):
 
 
 def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, seed=0, warmup=20,
-        progress=None, csv=False):
+        progress=None, csv=False, on_trial=None):
     """Measure ``config`` under each policy for ``trials`` trials of ``requests`` concurrent requests.
 
     Parameters
@@ -233,6 +247,10 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         Called with one line of text per finished trial.
     csv : bool
         Also write the request and trial tables as CSV.
+    on_trial : callable, optional
+        Called with a :class:`Result` of each (trial, policy) run as it
+        finishes (its rows only), before ``progress``: a cluster worker sends
+        them on, so that the trials of a cell whose machine is lost are kept.
 
     Returns
     -------
@@ -245,7 +263,7 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     """
     from .load import payload
 
-    policies = _check_policies(policies)
+    policies = check_policies(policies)
     trials = positive_int("trials", trials, ExperimentError)
     requests = positive_int("requests", requests, ExperimentError)
     rng = np.random.default_rng(seed)
@@ -263,6 +281,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     try:
         for measured in _trials(plan):
             done.append(measured)
+            if on_trial:
+                on_trial(_result([measured], meta))
             if progress:
                 progress(_progress_line(plan, measured.row, len(done), t_start))
     except KeyboardInterrupt:
@@ -271,12 +291,12 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         if out is not None and done:
             begun = min(len(done) // len(policies) + 1, trials)
             meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True)
-            _write_cell(out.rstrip("/") + schema.PARTIAL_SUFFIX, _result(done, meta), csv)
+            write_cell(out.rstrip("/") + schema.PARTIAL_SUFFIX, _result(done, meta), csv)
         raise
     meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     result = _result(done, meta)
     if out is not None:
-        result.path = _write_cell(out, result, csv)
+        result.path = write_cell(out, result, csv)
     return result
 
 
@@ -347,8 +367,9 @@ def _measure(plan, labels, topo):
     t0 = time.monotonic()
     frame, status, reason, cpu, per_thread = pd.DataFrame(), "ok", "", None, None
     try:
+        # die_with_parent: a runner killed outright (SIGKILL, a lost cluster worker) leaves no server.
         with Server(config.workers, config.threads, model=config.model, policy=labels["policy"],
-                    wait_policy=config.wait_policy, spincount=config.spincount) as srv:
+                    wait_policy=config.wait_policy, spincount=config.spincount, die_with_parent=True) as srv:
             if plan.warmup:
                 closed_loop(f"{srv.url}/predict", plan.body, requests=plan.warmup,
                             concurrency=min(plan.warmup, 4))
@@ -372,8 +393,31 @@ def _measure(plan, labels, topo):
     return _Measured(_trial_row(labels, frame, wall, status, reason, cpu), frame, per_thread)
 
 
-def _write_cell(out, result, csv=False):
-    """Write a cell atomically: into a temporary directory, then renamed into place."""
+def write_cell(out, result, csv=False):
+    """Write ``result`` as the cell folder ``out``, atomically: into a temporary folder, then renamed.
+
+    The files are those of :mod:`tuna_lab.measure.schema`; an existing
+    ``out`` is replaced. :func:`run` writes its cells with it, and a cluster
+    sweep the cells its machines send back.
+
+    Parameters
+    ----------
+    out : str
+        The cell's folder.
+    result : Result
+    csv : bool
+        Also write the request and trial tables as CSV.
+
+    Returns
+    -------
+    str
+        ``out``.
+
+    Examples
+    --------
+    >>> write_cell("results/sweep/w2-t2-small-b100", result)            # doctest: +SKIP
+    'results/sweep/w2-t2-small-b100'
+    """
     os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
     tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -393,35 +437,94 @@ def _write_cell(out, result, csv=False):
     return out
 
 
+def machine_name(info):
+    """The name of the machine a manifest (or a worker's description) comes from: hostname and fingerprint.
+
+    A cluster sweep writes each machine's cells under this folder name; two
+    machines with one hostname but different CPUs (or two CPU sets of one
+    host) get different names. ``"unknown"`` when ``info`` lacks either
+    (cells measured before manifests recorded them).
+
+    Examples
+    --------
+    >>> machine_name({"hostname": "node7", "fingerprint": "3fb3535c90a1d2e4"})
+    'node7-3fb3535c'
+    >>> machine_name({})
+    'unknown'
+    """
+    host, fp = info.get("hostname"), info.get("fingerprint")
+    return f"{host}-{fp[:8]}" if host and fp else "unknown"
+
+
+def _cell_folders(path):
+    """The sub-folders of ``path`` that may be cells or machines: no temporary or partial ones."""
+    return [os.path.join(path, d) for d in os.listdir(path)
+            if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(schema.PARTIAL_SUFFIX)]
+
+
+def _is_cell(path):
+    # The manifest is written last: a folder without it is an unfinished cell, redone by a resume.
+    return os.path.exists(os.path.join(path, schema.MANIFEST))
+
+
 def _finished_cells(path):
-    """The finished cell directories under ``path`` (itself, when it is a cell), sorted."""
+    """The finished cells under ``path`` as sorted ``(folder, machine)`` pairs.
+
+    ``path`` is a cell, a sweep (cells inside; machine None) or a cluster
+    sweep (machine folders with cells inside; machine: the folder's name).
+    """
     if not os.path.isdir(path):
         raise ExperimentError(f"no results folder at {path}")
-    cells = [path] if os.path.exists(os.path.join(path, schema.MANIFEST)) else sorted(
-        os.path.join(path, d) for d in os.listdir(path)
-        if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(schema.PARTIAL_SUFFIX))
-    # An unfinished cell (no manifest yet) is ignored here and redone by a resume.
-    cells = [cell for cell in cells if os.path.exists(os.path.join(cell, schema.MANIFEST))]
+    if _is_cell(path):
+        return [(path, None)]
+    cells = []
+    for folder in sorted(_cell_folders(path)):
+        if _is_cell(folder):
+            cells.append((folder, None))
+        else:
+            cells += [(cell, os.path.basename(folder)) for cell in sorted(_cell_folders(folder)) if _is_cell(cell)]
     if not cells:
         raise ExperimentError(f"no finished tuna-lab results under {path}")
     return cells
 
 
 def load_results(path):
-    """Read every finished cell under ``path`` (a cell directory or a sweep) -> (requests, trials, manifests)."""
+    """Read every finished cell under ``path`` -> ``(requests, trials, manifests)``.
+
+    ``path`` is a cell folder, a sweep, or a cluster sweep (``<path>/<machine>/<cell>``,
+    see :func:`tuna_lab.measure.cluster.sweep_on`). The results of a cluster sweep
+    have a ``machine`` column in both tables (and a ``"machine"`` key in each
+    manifest): the machine is a factor of the analysis. A sweep on one machine
+    has no such column.
+
+    Examples
+    --------
+    >>> requests, trials, manifests = load_results("results/sweep")      # doctest: +SKIP
+    >>> trials.groupby(["machine", "policy"])["p99"].mean()             # doctest: +SKIP
+    """
     cells = _finished_cells(path)
+    # Cells found one level deeper (a cluster sweep): every row says which machine it comes from.
+    by_machine = any(machine is not None for _, machine in cells)
     reqs, trials, manifests = [], [], []
-    for cell in cells:
+    for cell, machine in cells:
         try:
             with open(os.path.join(cell, schema.MANIFEST)) as fh:
-                manifests.append(json.load(fh))
-            trials.append(pd.read_parquet(os.path.join(cell, schema.TRIALS)))
+                meta = json.load(fh)
+            table = pd.read_parquet(os.path.join(cell, schema.TRIALS))
             file = os.path.join(cell, schema.REQUESTS)
-            if os.path.exists(file) and os.path.getsize(file):
-                reqs.append(pd.read_parquet(file))
+            rows = pd.read_parquet(file) if os.path.exists(file) and os.path.getsize(file) else None
         except Exception as exc:  # pyarrow and json raise many types for a damaged file
             raise ExperimentError(f"{cell} is not a readable tuna-lab result ({type(exc).__name__}); "
                                   "delete it to have a sweep redo it") from None
+        if by_machine:
+            machine = machine or machine_name(meta)
+            meta = {**meta, "machine": machine}
+            table = table.assign(machine=machine)
+            rows = None if rows is None else rows.assign(machine=machine)
+        manifests.append(meta)
+        trials.append(table)
+        if rows is not None:
+            reqs.append(rows)
     return _concat(reqs), _concat(trials), manifests
 
 
@@ -430,16 +533,23 @@ def load_thread_cpu(path):
 
     One row per (cell, policy, trial, worker, role): ``threads``, ``cpu_seconds``,
     ``max_thread_cpu_seconds``, ``busy_cpu_seconds``, ``idle_cpu_seconds``, ``requests``,
-    ``wall_seconds``, ``numa_node``, ``numa_locality`` (see :func:`tuna_lab.measure.cpu.account`).
+    ``wall_seconds``, ``numa_node``, ``numa_locality`` (see :func:`tuna_lab.measure.cpu.account`);
+    and ``machine`` for a cluster sweep, as in :func:`load_results`.
     """
+    cells = _finished_cells(path)
+    by_machine = any(machine is not None for _, machine in cells)
     frames = []
-    for cell in _finished_cells(path):
+    for cell, machine in cells:
         file = os.path.join(cell, schema.THREADS)
         if os.path.exists(file):
             try:
-                frames.append(pd.read_parquet(file))
+                frame = pd.read_parquet(file)
+                if by_machine:
+                    with open(os.path.join(cell, schema.MANIFEST)) as fh:
+                        frame = frame.assign(machine=machine or machine_name(json.load(fh)))
             except Exception as exc:  # pyarrow raises many types for a damaged file
                 raise ExperimentError(f"{file} is not readable ({type(exc).__name__})") from None
+            frames.append(frame)
     return _concat(frames)
 
 
@@ -470,9 +580,51 @@ def grid(kind="machine", cpus=None):
     return sorted(out)
 
 
-def sweep(configs, policies, out, trials=5, requests=1000, progress=None, **run_options):
-    """Run every config not already finished under ``out``; each cell is written as soon as it is done."""
-    policies = _check_policies(policies)
+def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client=None, per_machine=False,
+          any_machine=False, worker_wait=60, **run_options):
+    """Run every config not already finished under ``out``; each cell is written as soon as it is done.
+
+    Parameters
+    ----------
+    configs : iterable of Config
+    policies : list of str
+    out : str
+        The sweep's folder: ``<out>/<cell>``, or ``<out>/<machine>/<cell>`` on a cluster.
+    trials, requests : int
+        As for :func:`run`.
+    progress : callable, optional
+        Called with one line of text at a time.
+    client : distributed.Client, optional
+        Run the cells on the machines of this Dask cluster, one cell per
+        machine at a time (:func:`tuna_lab.measure.cluster.sweep_on`, which
+        ``per_machine``, ``any_machine`` and ``worker_wait`` are passed to).
+        Default: here, one cell after the other.
+    **run_options
+        ``concurrency``, ``seed``, ``warmup``, ``csv``: as for :func:`run`.
+
+    Returns
+    -------
+    str
+        ``out``.
+
+    Examples
+    --------
+    >>> sweep([Config(1, 2, "small", 10), Config(2, 1, "small", 10)], ["cfs", "round-robin"],
+    ...       "results/sweep", trials=3, requests=200)                        # doctest: +SKIP
+    'results/sweep'
+    >>> from dask.distributed import Client                                   # doctest: +SKIP
+    >>> sweep(configs, ["cfs", "round-robin"], "results/cluster", client=Client("tcp://10.0.0.5:8786"),
+    ...       per_machine=True)                                              # doctest: +SKIP
+    """
+    policies = check_policies(policies)
+    if client is not None:
+        from .cluster import sweep_on
+
+        return sweep_on(client, configs, policies, out, trials=trials, requests=requests, progress=progress,
+                        per_machine=per_machine, any_machine=any_machine, worker_wait=worker_wait, **run_options)
+    if per_machine or any_machine:
+        raise ExperimentError("per_machine and any_machine spread a sweep over a cluster's machines: "
+                              "give a Dask client too")
     os.makedirs(out, exist_ok=True)
     configs = list(configs)
     done = [c for c in configs if os.path.exists(os.path.join(out, c.key, schema.MANIFEST))]

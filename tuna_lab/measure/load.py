@@ -1,7 +1,7 @@
 """Load generation against the inference server: closed and open (Poisson) loops.
 
-Two ways to load a server, after the article and the "latency vs QPS" talk
-(``seeds/003``):
+Two ways to load a server, after the article and the usual "p99 latency vs
+QPS" method of measuring service throughput at bounded latency:
 
 * **closed loop** (:func:`closed_loop`) - the article's "1,000 concurrent
   requests": ``requests`` requests, at most ``concurrency`` in flight, each

@@ -107,11 +107,18 @@ class Server:
         it from the environment so libgomp's own default applies (spin, then sleep).
     spincount : int, optional
         ``GOMP_SPINCOUNT``: how long an idle libgomp thread spins before it sleeps.
+    die_with_parent : bool
+        Have the kernel send Gunicorn's master SIGTERM (a graceful stop of
+        its workers) when the thread that started it ends - also when this
+        process is killed outright (``SIGKILL``, a lost Dask worker), when no
+        context manager can run. Only for a server stopped by the thread that
+        started it (the experiment runner); off for ``tuna-lab serve --detach``.
     """
 
     def __init__(self, workers, threads, model="medium", policy="cfs", port=0, pidfile=None,
                  topology=None, max_requests=0, request_log=None, places="cores", state_dir=None,
-                 max_body_bytes=None, time_limit=60, wait_policy="default", spincount=None):
+                 max_body_bytes=None, time_limit=60, wait_policy="default", spincount=None,
+                 die_with_parent=False):
         # The policies module is imported here: `tuna-lab status` and `stop` use this module too.
         from ..placement.policies import placement
 
@@ -140,6 +147,7 @@ class Server:
         self.max_requests = int(max_requests)
         self.request_log = request_log
         self.max_body_bytes = max_body_bytes
+        self.die_with_parent = bool(die_with_parent)
         self.proc = None
 
     @property
@@ -195,7 +203,8 @@ class Server:
         try:
             with _interrupts_held():
                 self.proc = subprocess.Popen(cmd, env=self._env(), stdout=self._log, stderr=subprocess.STDOUT,
-                                             start_new_session=True)
+                                             start_new_session=True,
+                                             preexec_fn=_parent_death_signal() if self.die_with_parent else None)
             with open(self.pidfile + ".tuna.json", "w") as fh:
                 json.dump({"state_dir": self.state_dir, "url": self.url, "policy": self.policy,
                            "workers": self.workers, "threads": self.threads, "model": self.model,
@@ -269,6 +278,32 @@ class Server:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _parent_death_signal():
+    """A ``preexec_fn`` that has the child sent SIGTERM when the thread that forked it ends (Linux).
+
+    Gunicorn runs in its own session, so killing its parent's process group
+    does not reach it; ``prctl(PR_SET_PDEATHSIG)`` makes the kernel stop it
+    instead. The libc function is looked up here, before the fork: the child
+    only makes the call (and exits at once if its parent is already gone).
+    None where there is no such call.
+    """
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent, pr_set_pdeathsig, sigterm = os.getpid(), 1, int(signal.SIGTERM)
+
+    def set_signal():
+        # Between fork and exec, in a copy of a process that may have threads: only the call itself.
+        prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
+        if os.getppid() != parent:      # the parent died before the call: no signal will come
+            os._exit(1)
+
+    return set_signal
 
 
 @contextlib.contextmanager

@@ -116,7 +116,8 @@ def model_path(name):
 def ensure_model(name, nthread=None):
     """Return the path of model ``name``, training it first if it is not cached.
 
-    Training runs in a child interpreter (so this process never starts
+    Training says so in one line on stderr, and how long it took in another.
+    It runs in a child interpreter (so this process never starts
     OpenMP) under a file lock (so racing processes train once), and the
     file appears atomically.
 
@@ -142,10 +143,17 @@ def ensure_model(name, nthread=None):
         lock = open(path.with_suffix(".lock"), "w")
     except OSError as exc:
         raise ServerError(f"cannot use model cache {str(path.parent)!r}: {exc.strerror}") from None
+    # A first `tuna-lab run` would otherwise sit silent for seconds to minutes: say what
+    # happens and that it happens once (stderr: stdout carries a command's results).
+    home, shown = str(Path.home()), str(path.parent)
+    shown = "~" + shown[len(home):] if shown.startswith(home + os.sep) else shown
+    print(f"training the {name} model once (cached in {shown}) ...", file=sys.stderr, flush=True)
+    t0 = time.monotonic()
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():   # another process may have trained it while we waited
             _train_in_child(name, path, nthread)
+    print(f"trained the {name} model in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     return path
 
 

@@ -3,7 +3,8 @@
 An idle OpenMP pool thread spins before it sleeps; ``OMP_WAIT_POLICY`` and
 GNU libgomp's ``GOMP_SPINCOUNT`` set for how long. Spinning costs a core that
 another worker's main thread may need, so the wait policy is a factor of every
-experiment (``seeds/002``). This module only names the settings and builds the
+experiment (a worker pool whose idle threads busy-spin burns CPU that does not
+turn into throughput). This module only names the settings and builds the
 environment; it imports nothing heavy, so a Gunicorn master can use it.
 
 Examples

@@ -26,6 +26,7 @@ from ...machine import topology_from
 from ...measure import cell_key
 from ...server.models import MODEL_FEATURES
 from ...server.openmp import WAIT_POLICIES
+from ..stats import MACHINE
 from . import DEFAULT_RESULTS
 from .features import (
     CONFIGURATION,
@@ -196,6 +197,9 @@ class Advisor:
         column>`` when present), ``policy_<name>``.
     policies : list of str
         The pinning policies it can predict (cfs is the baseline, 1.0).
+    machines : list of str
+        The machines the results come from, when they are a sweep on a
+        cluster (a ``machine`` column); empty for the results of one machine.
     evaluation : pandas.DataFrame
         One row per regressor (``xgboost``, ``linear``): ``mae`` and ``r2``
         of the predicted speedup over held-out configurations, ``rows``,
@@ -210,6 +214,7 @@ class Advisor:
         self.table = table
         self.features = feature_columns(table)
         self.policies = sorted(table["policy"].unique())
+        self.machines = sorted(table[MACHINE].unique()) if MACHINE in table.columns else []
         self.evaluation = evaluation
         self.predictions = predictions
         self._fitted = fitted
@@ -298,7 +303,8 @@ class Advisor:
     @cached_property
     def _configs(self):
         """One row per measured configuration (and machine), with its feature values and measured speedups."""
-        keys = ["cell", "cpus"]     # the cell key names the configuration; cpus the machine it ran on
+        # The cell key names the configuration; the machine it ran on is named, or known by its cpus.
+        keys = ["cell", MACHINE] if self.machines else ["cell", "cpus"]
         measured = self.table.pivot(index=keys, columns="policy", values="speedup")
         measured.columns = [f"measured {p}" for p in measured.columns]
         first = self.table.drop_duplicates(keys).set_index(keys)
@@ -367,6 +373,10 @@ class Advisor:
         pinning = predicted[predicted["policy"] != "cfs"].iloc[0]
         coverage = self._outside(asked)
         evidence = self._evidence(configs, distance, order[:neighbours])
+        if self.machines:
+            shown = list(dict.fromkeys(evidence[MACHINE]))
+            notes.append(f"learnt from {len(self.machines)} machine(s): {', '.join(self.machines)}; the evidence "
+                         f"below was measured on {', '.join(shown)}")
         e = self.evaluation.set_index("model")
         if e.loc["linear", "mae"] < e.loc["xgboost", "mae"]:
             notes.append(f"the linear baseline did better than XGBoost on held-out configurations (MAE "
@@ -388,11 +398,12 @@ class Advisor:
         columns = [c for c in self.features if c.startswith("cfs_")]
         near = configs.iloc[order[0]]
         values = {c: float(near[c]) for c in columns}
+        where = near["cell"] + (f" on {near[MACHINE]}" if self.machines else "")
         if distance.iloc[order[0]] == 0:
-            notes.append(f"this configuration was measured ({near['cell']}): its cfs stage times are used and "
+            notes.append(f"this configuration was measured ({where}): its cfs stage times are used and "
                          "its measured speedups are in the evidence")
         else:
-            notes.append(f"cfs stage times are those of the nearest measured configuration, {near['cell']}, "
+            notes.append(f"cfs stage times are those of the nearest measured configuration, {where}, "
                          "while the held-out MAE is for configurations with their own: run this one under cfs "
                          "and pass stages= for a prediction as good as that")
         if stages is not None:
@@ -406,7 +417,7 @@ class Advisor:
                 if f"cfs_{stage}_ms" in values:
                     values[f"cfs_{stage}_ms"] = float(seconds) * 1e3
             notes[-1] = "cfs stage times as given" + ("" if set(stages) >= set(STAGE_COLUMNS) else
-                                                      f"; the others from {near['cell']}")
+                                                      f"; the others from {where}")
         return values
 
     def _rows(self, asked, measured):
@@ -448,8 +459,8 @@ class Advisor:
 
     def _evidence(self, configs, distance, index):
         near = configs.iloc[index]
-        columns = ["cell", "workers", "threads", "cpus", "model", "batch", "wait_policy", "spincount",
-                   "oversubscription"]
+        columns = [MACHINE] * bool(self.machines) + ["cell", "workers", "threads", "cpus", "model", "batch",
+                                                     "wait_policy", "spincount", "oversubscription"]
         measured = [c for c in configs.columns if c.startswith("measured ")]
         out = near[columns + measured].assign(distance=distance.iloc[index].to_numpy())
         return out[columns + ["distance"] + measured].reset_index(drop=True)

@@ -10,6 +10,11 @@ trials' CPU and NUMA-locality columns, and the policy (one-hot). Its
 **target** is the policy's p99 speedup over ``cfs``, as
 :func:`tuna_lab.analysis.speedups` computes it.
 
+Results from several machines (a ``machine`` column: a sweep on a cluster)
+give one row per (machine, configuration, policy): each row's topology
+features are those of its own machine, its cfs measurements are its
+machine's, and its speedup is over cfs on that machine.
+
 Examples
 --------
 >>> import pandas as pd
@@ -27,7 +32,7 @@ from ...errors import AdviseError
 from ...measure import cell_key
 from ...server.models import MODEL_FEATURES, STAGES, model_trees
 from ...server.openmp import WAIT_POLICIES
-from ..stats import scenario_stats, speedups
+from ..stats import MACHINE, scenario_stats, speedups
 from ..tables import APPLICATION, WAIT_FACTORS, with_defaults
 
 __all__ = ["feature_table", "feature_columns", "model_size", "topology_shape", "CONFIGURATION", "ID_COLUMNS",
@@ -43,7 +48,7 @@ TOPOLOGY_COLUMNS = ("cpus", "physical_cores", "smt_ways", "l3_domains", "numa_no
 STAGE_COLUMNS = tuple(STAGES) + ("server_seconds",)
 
 # Columns of a training row that are not features: names, the target and what it is computed from.
-_NOT_FEATURES = ("cell", "policy", "model", "wait_policy", "cfs_p99", "policy_p99", "speedup")
+_NOT_FEATURES = ("cell", MACHINE, "policy", "model", "wait_policy", "cfs_p99", "policy_p99", "speedup")
 # Trial columns a newer runner writes (CPU cost per request, idle spinning, NUMA locality); their cfs
 # medians are features when the results have them.
 _OPTIONAL_TRIAL = ("cpu_per_request", "cpu_main_per_request", "cpu_openmp_per_request", "idle_cpu_share_main",
@@ -66,15 +71,17 @@ def feature_table(requests, trials, manifests=None):
         ``wait_policy`` (missing means ``"default"``), ``spincount`` (missing
         means unset, -1) and the CPU columns are used when present.
     manifests : list of dict, optional
-        The cells' manifests; their ``"topology"`` gives the machine's shape.
-        A cell without one is taken as ``cpus`` single-threaded cores sharing
-        one L3 and one NUMA node.
+        The cells' manifests; their ``"topology"`` gives the machine's shape
+        (matched on ``"cell"``, and on ``"machine"`` when the trials have a
+        ``machine`` column). A cell without one is taken as ``cpus``
+        single-threaded cores sharing one L3 and one NUMA node.
 
     Returns
     -------
     pandas.DataFrame
         Identification columns ``cell, policy, workers, threads, cpus, model,
-        batch, wait_policy, spincount``, the feature columns (see
+        batch, wait_policy, spincount`` (and ``machine`` after ``cell`` when
+        the trials have one), the feature columns (see
         :class:`~tuna_lab.analysis.advise.Advisor`), ``cfs_p99``,
         ``policy_p99`` and ``speedup``. Configurations without a successful
         cfs scenario are left out.
@@ -102,20 +109,22 @@ def feature_table(requests, trials, manifests=None):
         raise AdviseError("the results have only cfs runs: sweep with at least one pinning policy too "
                           "(e.g. --policies cfs,round-robin,tuna-scatter)")
     target = _speedups(trials)
-    cells = trials.drop_duplicates(list(APPLICATION))[list(APPLICATION) + ["cell"]]
-    table = target.merge(cells, on=list(APPLICATION), how="left", validate="many_to_one")
+    app = _machine(trials) + list(APPLICATION)
+    cells = trials.drop_duplicates(app)[app + ["cell"]]
+    table = target.merge(cells, on=app, how="left", validate="many_to_one")
     table["oversubscription"] = table["workers"] * table["threads"] / table["cpus"]
     table["model_features"] = table["model"].map(lambda m: model_size(m)[0]).astype(float)
     table["model_trees"] = table["model"].map(lambda m: model_size(m)[1]).astype(float)
     for policy in WAIT_POLICIES[1:]:
         table[f"wait_{policy}"] = table["wait_policy"].eq(policy).astype(float)
-    table = table.merge(_topology_features(trials, manifests), on="cell", how="left")
-    table = table.merge(_cfs_measurements(requests, trials), on="cell", how="left")
+    units = _machine(trials) + ["cell"]
+    table = table.merge(_topology_features(trials, manifests), on=units, how="left")
+    table = table.merge(_cfs_measurements(requests, trials), on=units, how="left")
     for policy in sorted(table["policy"].unique()):
         table[f"policy_{policy}"] = table["policy"].eq(policy).astype(float)
-    ids, values = list(ID_COLUMNS), ["cfs_p99", "policy_p99", "speedup"]
+    ids, values = ["cell", *_machine(trials), *ID_COLUMNS[1:]], ["cfs_p99", "policy_p99", "speedup"]
     features = [c for c in table.columns if c not in ids + values]
-    order = ["model", "batch", "wait_policy", "spincount", "workers", "threads", "policy"]
+    order = _machine(trials) + ["model", "batch", "wait_policy", "spincount", "workers", "threads", "policy"]
     return table[ids + features + values].sort_values(order, kind="stable").reset_index(drop=True)
 
 
@@ -135,6 +144,11 @@ def feature_columns(table):
     ['workers', 'oversubscription']
     """
     return [c for c in table.columns if c not in _NOT_FEATURES]
+
+
+def _machine(frame):
+    """``["machine"]`` when ``frame`` has the results of several machines (a cluster sweep), else ``[]``."""
+    return [MACHINE] if MACHINE in frame.columns else []
 
 
 def _normalise_trials(trials):
@@ -173,7 +187,7 @@ def _speedups(trials):
     out = out.rename(columns={"baseline_p99": "cfs_p99"})
     # A configuration whose cfs (or policy) trials all failed has no speedup to learn from.
     out = out[np.isfinite(out["speedup"]) & (out["speedup"] > 0)]
-    return out[list(APPLICATION) + ["policy", "cfs_p99", "policy_p99", "speedup"]]
+    return out[_machine(trials) + list(APPLICATION) + ["policy", "cfs_p99", "policy_p99", "speedup"]]
 
 
 def model_size(name):
@@ -224,41 +238,45 @@ def topology_shape(topology, cpus=None):
 
 
 def _topology_features(trials, manifests):
-    by_cell = {}
+    """Per cell (per machine and cell for several machines): the shape of the machine it ran on."""
+    units = _machine(trials) + ["cell"]
+    by_unit = {}
     for m in manifests or ():
         if isinstance(m, dict) and isinstance(m.get("topology"), dict) and m.get("cell") is not None:
-            by_cell.setdefault(m["cell"], m["topology"])
+            by_unit.setdefault(tuple(m.get(k) for k in units), m["topology"])
     rows = []
-    for cell, cpus in trials.drop_duplicates("cell")[["cell", "cpus"]].itertuples(index=False):
-        topo = by_cell.get(cell)
+    for *unit, cpus in trials.drop_duplicates(units)[units + ["cpus"]].itertuples(index=False):
+        topo = by_unit.get(tuple(unit))
         # cpus is what the server could use (the affinity mask), which may be fewer than the machine's.
         shape = topology_shape(topo, cpus) if topo is not None else (float(cpus), float(cpus), 1.0, 1.0, 1.0)
-        rows.append((cell, *shape))
-    return pd.DataFrame(rows, columns=["cell", *TOPOLOGY_COLUMNS]).drop(columns="cpus")
+        rows.append((*unit, *shape))
+    return pd.DataFrame(rows, columns=[*units, *TOPOLOGY_COLUMNS]).drop(columns="cpus")
 
 
 def _cfs_measurements(requests, trials):
-    """Per cell: median stage times (ms) of the cfs requests and median CPU columns of the cfs trials."""
-    cells = pd.DataFrame({"cell": trials["cell"].unique()})
+    """Per cell (and machine): median stage times (ms) of the cfs requests, median CPU columns of the cfs trials."""
+    units = _machine(trials) + ["cell"]
+    cells = trials[units].drop_duplicates().reset_index(drop=True)
     out = cells.assign(**{f"cfs_{s}_ms": np.nan for s in STAGE_COLUMNS})
-    if isinstance(requests, pd.DataFrame) and not requests.empty and {"policy", *STAGE_COLUMNS} <= set(
+    if isinstance(requests, pd.DataFrame) and not requests.empty and {"policy", *STAGE_COLUMNS, *units[:-1]} <= set(
             requests.columns):
         req = requests if "cell" in requests.columns else _with_cell(requests)
         ok = req["policy"].eq("cfs")
         if "status" in req.columns:
             ok &= req["status"].between(200, 299)
-        med = (req.loc[ok, ["cell", *STAGE_COLUMNS]].groupby("cell").median() * 1e3).add_prefix("cfs_").add_suffix(
+        med = (req.loc[ok, [*units, *STAGE_COLUMNS]].groupby(units).median() * 1e3).add_prefix("cfs_").add_suffix(
             "_ms").reset_index()
-        out = cells.merge(med, on="cell", how="left")
+        out = cells.merge(med, on=units, how="left")
     cfs = trials[trials["policy"].eq("cfs")]
     if "trial_status" in cfs.columns:
         cfs = cfs[cfs["trial_status"].ne("failed")]
     for column in _OPTIONAL_TRIAL:
         if column in trials.columns:
-            values = pd.to_numeric(cfs[column], errors="coerce").groupby(cfs["cell"]).median()
+            values = pd.to_numeric(cfs[column], errors="coerce").groupby([cfs[u] for u in units]).median()
             # Missing where a cell predates the column or has no such thread (no
             # OpenMP thread when T = 1): XGBoost learns where missing values go,
             # the linear baseline fills in the training median.
             if values.notna().any():
-                out[f"cfs_{column}"] = out["cell"].map(values).astype(float)
+                out[f"cfs_{column}"] = (values.reindex(pd.MultiIndex.from_frame(out[units])).to_numpy(float)
+                                        if len(units) > 1 else out["cell"].map(values).astype(float))
     return out

@@ -48,7 +48,8 @@ class Recommendation:
         (the baseline).
     evidence : pandas.DataFrame
         The nearest measured configurations, their ``distance`` and
-        ``measured <policy>`` speedups.
+        ``measured <policy>`` speedups (and the ``machine`` each was measured
+        on, for results from several machines).
     covered : bool
         False when the question lies outside what the results cover.
     coverage : list of str
@@ -117,7 +118,8 @@ class Recommendation:
         measured = [c for c in self.evidence.columns if c.startswith("measured ")]
         for r in self.evidence.to_dict("records"):
             shown = "  ".join(f"{c[len('measured '):]} {r[c]:.2f}x" for c in measured if not pd.isna(r[c]))
-            lines.append(f"    {r['cell']:<26} ({r['cpus']} cpus) distance {r['distance']:.2f}  {shown}")
+            where = f"{r['machine']}: " if "machine" in r else ""
+            lines.append(f"    {where}{r['cell']:<26} ({r['cpus']} cpus) distance {r['distance']:.2f}  {shown}")
         if self.covered:
             lines.append("  coverage: within what the results cover")
         else:
