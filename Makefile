@@ -1,5 +1,5 @@
 # Every target sets itself up on a fresh machine: a virtual environment with
-# the project and its dev extras, and Debian's hwloc (lstopo) for the tests
+# the project and its dev extras, Debian's hwloc (lstopo) for the tests
 # that compare our topology readers with hwloc's.
 PYTHON ?= python3
 VENV   := .venv
@@ -26,6 +26,10 @@ sysdeps:
 	@command -v lstopo >/dev/null 2>&1 || \
 	  { (apt-get update -qq && apt-get install -y -qq hwloc >/dev/null) 2>/dev/null \
 	    || echo "warning: could not install Debian's hwloc; tests that need lstopo will be skipped"; }
+	@# kaleido draws the notebooks' still images (and tests/test_widgets.py checks them) in a headless chromium
+	@test -x /usr/bin/chromium || command -v chromium >/dev/null 2>&1 || \
+	  { (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) 2>/dev/null \
+	    || echo "warning: could not install Debian's chromium; figures' still images are not drawn"; }
 
 demo: $(STAMP)
 	$(VENV)/bin/tuna-lab demo

@@ -1,22 +1,37 @@
-"""The notebooks' files: what nbval needs to compare them, and what keeps them small and listed.
+"""The notebooks' files and their helper module: what nbval needs, and what a reader who runs nothing sees.
 
 `make test` runs the notebooks themselves with nbval (`pytest --nbval notebooks/`); these checks
 are the cheap ones that make such a run meaningful: stored outputs to compare against, no
 stored errors, figures tagged so that their version-dependent JSON is not compared, and files
-that stay small enough to review.
+that stay small enough to review. And the ones a reader on GitHub or the docs site notices:
+every stored figure has a still image, one title style, one setup call instead of a copied
+block. Then :mod:`tuna_lab.notebook` itself.
 """
 
+import ast
 import json
+import re
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+from scipy import stats
+
+from tuna_lab.errors import AnalysisError
+from tuna_lab.notebook import log_interval, milliseconds
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 IGNORE = "nbval-ignore-output"
 # Outputs whose content nbval cannot compare meaningfully across runs or library versions.
 VOLATILE_MIME = ("application/vnd.plotly.v1+json",)
+PLOTLY = "application/vnd.plotly.v1+json"
 MAX_BYTES = 1_000_000      # plotly.js inlined in a figure output is ~4 MB
+# What the issue asked each of these to show without running anything (GitHub, the docs).
+MUST_SHOW = {"03_scatter_vs_compact.ipynb": 2,           # the scatter and the compact mapping
+             "04_why_baselines_fall_short.ipynb": 1,     # the baselines' per-core loads
+             "05_live_pin_and_measure.ipynb": 1}         # the live p99 per policy
 
 
 def _load(path):
@@ -25,6 +40,14 @@ def _load(path):
 
 def _code_cells(nb):
     return [c for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def _source(cell):
+    return cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+
+
+def _outputs(nb):
+    return [o for c in _code_cells(nb) for o in c["outputs"]]
 
 
 def test_there_are_notebooks():
@@ -59,3 +82,109 @@ def test_every_notebook_is_listed_in_the_readme():
     readme = (NOTEBOOKS / "README.md").read_text(encoding="utf-8")
     missing = [p.name for p in PATHS if p.name not in readme]
     assert not missing, f"notebooks/README.md does not list {missing}"
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+def test_every_stored_figure_has_a_still_image(path):
+    # GitHub, the docs site and nbconvert cannot run plotly.js: the PNG beside the JSON is what they show.
+    outputs = _outputs(_load(path))
+    figures = [o for o in outputs if PLOTLY in o.get("data", {})]
+    bare = [o for o in figures if "image/png" not in o["data"]]
+    assert not bare, (f"{path.name}: {len(bare)} of {len(figures)} figures stored without a still image: "
+                      "re-run notebooks/_build.py where kaleido finds a Chrome/Chromium")
+    # No HTML fallback either: those viewers would prefer it to the PNG and show an empty box.
+    assert not [o for o in figures if "text/html" in o["data"]], f"{path.name}: figure stored with HTML"
+    stills = sum("image/png" in o.get("data", {}) for o in outputs)
+    assert stills >= MUST_SHOW.get(path.name, 0), f"{path.name}: {stills} pictures stored"
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+def test_every_notebook_has_one_title_style_and_calls_setup_first(path):
+    nb = _load(path)
+    title = _source(nb["cells"][0]).splitlines()[0]
+    assert re.fullmatch(rf"# {path.name[:2]} · \S.*", title), f"{path.name}: title {title!r}, not '# NN · Title'"
+    first = _source(_code_cells(nb)[0])
+    calls = [n for n in ast.walk(ast.parse(first)) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup"]
+    assert "from tuna_lab.notebook import" in first and calls, f"{path.name}: first code cell does not call setup()"
+    # The copied block setup() replaced: display settings made by hand.
+    copied = [_source(c).splitlines()[0] for c in _code_cells(nb)
+              if "pio.renderers.default" in _source(c) or "pd.set_option" in _source(c)]
+    assert not copied, f"{path.name}: display settings set by hand in {copied}"
+
+
+def test_the_readme_lists_every_notebook_title():
+    readme = (NOTEBOOKS / "README.md").read_text(encoding="utf-8")
+    titles = [_source(_load(p)["cells"][0]).splitlines()[0].removeprefix("# ") for p in PATHS]
+    missing = [t for t in titles if t not in readme]
+    assert not missing, f"notebooks/README.md does not show the titles {missing}"
+
+
+# -- tuna_lab.notebook ---------------------------------------------------------------------
+
+def test_setup_stores_figures_as_json_and_png(monkeypatch):
+    import plotly.graph_objects as go
+    import plotly.io as pio
+    from IPython.display import Image
+
+    from tuna_lab.notebook import RENDERER, setup
+    from tuna_lab.widgets import figures
+
+    before = pio.renderers.default, pd.get_option("display.width")
+    monkeypatch.setattr(figures, "static", lambda *a: Image(data=b"\x89PNG fake", format="png"))
+    try:
+        setup()
+        assert pio.renderers.default == RENDERER and pd.get_option("display.width") == 120
+        bundle = go.Figure(go.Bar(y=[1, 2]))._repr_mimebundle_()
+        assert {PLOTLY, "image/png"} <= set(bundle) and "text/html" not in bundle
+        setup(static_images=False)
+        assert "image/png" not in go.Figure()._repr_mimebundle_()
+    finally:
+        pio.renderers.default = before[0]
+        pd.set_option("display.width", before[1])
+
+
+def test_importing_the_notebook_helper_is_cheap():
+    import subprocess
+    import sys
+
+    code = ("import sys, tuna_lab.notebook\n"
+            "print(sorted(m for m in ('pandas', 'plotly', 'scipy', 'cvxpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr or out.stdout
+
+
+def test_milliseconds_converts_and_renames_only_the_time_columns():
+    frame = pd.DataFrame({"policy": ["cfs"], "server_seconds": [0.0125], "p99": [0.2], "n": [3]})
+    out = milliseconds(frame, ["server_seconds", "p99"])
+    assert out.columns.tolist() == ["policy", "server ms", "p99 ms", "n"]
+    assert out.iloc[0].tolist() == ["cfs", 12.5, 200.0, 3]
+    assert frame["p99"].iloc[0] == 0.2                   # a copy: the caller's table is untouched
+    with pytest.raises(AnalysisError, match="no column 'p50'"):
+        milliseconds(frame, ["p50"])
+
+
+def test_log_interval_is_a_t_interval_of_the_logs_and_stays_positive():
+    rng = np.random.default_rng(1)
+    p99 = np.r_[[0.010, 0.060], rng.lognormal(np.log(0.05), 0.3, 5)]
+    table = pd.DataFrame({"policy": ["a", "a"] + ["b"] * 5, "w": 1, "p99": p99})
+    out = log_interval(table, ["w", "policy"], confidence=0.9)
+    assert out.index.names == ["w", "policy"] and out["n"].tolist() == [2, 5]
+    for (_, policy), row in out.iterrows():
+        logs = np.log(table.loc[table["policy"] == policy, "p99"])
+        low, high = stats.t.interval(0.9, len(logs) - 1, loc=logs.mean(), scale=stats.sem(logs))
+        assert row["geomean"] == pytest.approx(np.exp(logs.mean()))
+        assert (row["low"], row["high"]) == pytest.approx((np.exp(low), np.exp(high)))
+    # Two spread-out trials: a Student t interval of the values goes below zero, this one does not.
+    a = p99[:2]
+    assert a.mean() - stats.t.ppf(0.95, 1) * a.std(ddof=1) / np.sqrt(2) < 0 < out.loc[(1, "a"), "low"]
+
+
+def test_log_interval_leaves_out_what_has_no_logarithm_and_refuses_bad_input():
+    table = pd.DataFrame({"policy": ["a", "a", "a", "b"], "p99": [0.02, 0.03, 0.0, np.nan]})
+    out = log_interval(table, "policy")
+    assert out["n"].tolist() == [2, 0] and out.loc["a", "low"] > 0 and np.isnan(out.loc["b", "geomean"])
+    with pytest.raises(AnalysisError, match="no column 'p50'"):
+        log_interval(table, "policy", "p50")
+    for bad in (0, 1, 1.5, True, "0.9"):
+        with pytest.raises(AnalysisError, match="confidence"):
+            log_interval(table, "policy", confidence=bad)

@@ -257,3 +257,78 @@ def test_distance_view_names_the_remote_numa_level():
     assert "remote" not in set(DistanceView(topo).level.values.ravel())
     level = DistanceView(topo.with_costs({"remote": 420})).level.to_numpy()
     assert level[0, 2] == "remote" and level[0, 1] == "L3" and level[3, 3] == "same"
+
+
+# -- still images --------------------------------------------------------------------------
+
+def _png_size(png):
+    """(width, height) from a PNG's header."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", png[:8]
+    return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+
+@pytest.fixture(scope="module")
+def chrome():
+    """Skip unless kaleido can draw here (it needs a Chrome/Chromium: Debian's chromium package)."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    try:
+        pio.to_image(go.Figure(), format="png", width=20, height=20)
+    except RuntimeError as exc:
+        pytest.skip(f"no still images here: {exc}")
+
+
+def test_static_draws_the_figure_as_a_png_of_its_own_size(xeon, chrome):
+    from tuna_lab.widgets.figures import mapping_figure, static
+
+    ex = ModeExplorer(xeon, workers=4, threads=8)
+    scatter = mapping_figure(ex.grid(), ex.threads_frame(), "scatter")
+    still = static(scatter)
+    assert still.format == "png"
+    assert _png_size(still.data) == (700, scatter.layout.height)        # plotly's default width
+    assert _png_size(static(scatter, width=500, height=300, scale=2).data) == (1000, 600)
+    # The same figure gives the same bytes (re-running a notebook changes nothing); another one does not.
+    assert static(scatter).data == still.data
+    ex.toggle_mode()
+    assert static(mapping_figure(ex.grid(), ex.threads_frame(), "scatter")).data != still.data
+
+
+def test_static_renderer_adds_the_png_or_warns_once_without_it(monkeypatch):
+    import base64
+
+    from IPython.display import Image
+
+    from tuna_lab.widgets import figures
+
+    seen = []
+    monkeypatch.setattr(figures, "static", lambda fig, *a: seen.append(fig) or Image(data=b"\x89PNG fake",
+                                                                                        format="png"))
+    fig = {"data": [], "layout": {}}
+    bundle = figures.StaticRenderer().to_mimebundle(fig)
+    assert seen == [fig] and base64.b64decode(bundle["image/png"]) == b"\x89PNG fake"
+
+    def no_browser(*_):
+        raise RuntimeError("Kaleido requires Google Chrome to be installed.\nInstall it by running ...")
+
+    monkeypatch.setattr(figures, "static", no_browser)
+    with pytest.warns(RuntimeWarning, match="without a still image .* Kaleido requires Google Chrome"):
+        assert figures.StaticRenderer().to_mimebundle(fig) == {}
+
+
+def test_live_view_plots_each_trial_and_offers_start_again_when_the_run_ends():
+    pytest.importorskip("ipywidgets")
+    from tuna_lab.widgets import live_experiment
+
+    before = child_pids()
+    view = live_experiment(controller=LiveExperiment(1, 1, "small", batch=20, policies=["cfs"], trials=1,
+                                                     requests=20))
+    assert not view.parts["start"].disabled and view.parts["stop"].disabled
+    view.parts["start"].click()
+    assert view.parts["start"].disabled and not view.parts["stop"].disabled
+    assert view.controller.wait(timeout=180), "the run did not end"
+    assert view.controller.state == "finished", view.controller.error
+    # The run's last redraw comes from its own thread: start must be offered again all the same.
+    assert not view.parts["start"].disabled and view.parts["stop"].disabled
+    assert [len(t.y) for t in view.parts["figure"].data] == [1] and "finished:" in view.parts["status"].value
+    assert child_pids() <= before

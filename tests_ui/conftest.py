@@ -1,16 +1,18 @@
-"""Fixtures of the browser tests: Debian's chromium, a Voila server on loopback, a fresh page.
+"""Fixtures of the browser tests: Debian's chromium, a Voila or JupyterLab server on loopback, a fresh page.
 
 Every process started here is stopped again, also when a test fails: the
-Voila server and every process under it (its kernels run in sessions of their
-own, so they are found through their parent, not the process group), and
-chromium through Playwright. Artifacts (screenshots, the server's log, the
-browser's console, the kernel messages the page sent and got) go to
-``test-artifacts/ui/``. ``TUNA_UI_CPU_THROTTLE=N`` runs the page's JavaScript
-N times slower, to reproduce a slow machine.
+server and every process under it (its kernels, and the Gunicorn servers a
+kernel starts, run in sessions of their own, so they are found through their
+parent, not the process group), and chromium through Playwright. Artifacts
+(screenshots, the server's log, the browser's console, the kernel messages the
+page sent and got) go to ``test-artifacts/ui/``. ``TUNA_UI_CPU_THROTTLE=N``
+runs the page's JavaScript N times slower, to reproduce a slow machine.
 """
 
+import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -30,10 +32,11 @@ except ImportError as exc:        # a missing extra is a setup error, not a reas
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts" / "ui"
+NOTEBOOKS = REPO / "notebooks"
 NOTEBOOK = "notebooks/03_scatter_vs_compact.ipynb"
 CHROMIUM_CANDIDATES = ("chromium", "chromium-browser", "/usr/bin/chromium", "/usr/lib/chromium/chromium")
-SERVER_START_TIMEOUT = 60         # s until Voila accepts connections
-STOP_TIMEOUT = 15                 # s for Voila to shut its kernels down on SIGTERM
+SERVER_START_TIMEOUT = 60         # s until Voila or JupyterLab accepts connections
+STOP_TIMEOUT = 15                 # s for Voila or JupyterLab to shut its kernels down on SIGTERM
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--headless", "--disable-dev-shm-usage", "--no-first-run",
     "--disable-extensions", "--disable-background-networking",
@@ -124,52 +127,128 @@ def _wait_gone(procs, timeout):
     return False
 
 
+def command_line(pid):
+    """The process's command line as one string ("" when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def stop_tree(proc):
-    """Stop ``proc`` (a Popen) and everything it started: SIGTERM, then SIGKILL for whatever stays."""
+    """Stop ``proc`` (a Popen) and everything it started: SIGTERM, then SIGKILL for whatever stays.
+
+    Returns the command lines of the processes that outlived the server's own
+    shutdown (the server gone, they still ran): none when it stopped its kernels.
+    """
     below = _descendants(proc.pid)
     if proc.poll() is None:
-        proc.terminate()                         # Voila shuts its kernels down on SIGTERM
+        proc.terminate()                         # Voila and JupyterLab shut their kernels down on SIGTERM
         try:
             proc.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-    _signal_all(below, signal.SIGTERM)
-    if not _wait_gone(below, 5):
-        _signal_all(below, signal.SIGKILL)
-        _wait_gone(below, 5)
+    _wait_gone(below, 5)
+    left = {pid: started for pid, started in below.items() if _start_time(pid) == started}
+    outlived = [command_line(pid) for pid in left]
+    _signal_all(left, signal.SIGTERM)
+    if not _wait_gone(left, 5):
+        _signal_all(left, signal.SIGKILL)
+        _wait_gone(left, 5)
+    return outlived
+
+
+def _quiet_env(tmp_path):
+    """The server's environment: its own Jupyter dirs under ``tmp_path``, modest CPU use."""
+    return dict(os.environ, JUPYTER_PLATFORM_DIRS="1", JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+                PYDEVD_DISABLE_FILE_VALIDATION="1",
+                # modest CPU use on a shared machine: no thread pools in the kernel
+                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+@contextlib.contextmanager
+def serving(cmd, port, log_path, env, cwd=REPO):
+    """Run the server ``cmd`` until it listens on 127.0.0.1:``port``; yield its Popen; stop its whole tree."""
+    name = Path(cmd[2] if cmd[1] == "-m" else cmd[0]).name
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"{name} exited with status {proc.returncode} before serving; see {log_path}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{name} did not listen on 127.0.0.1:{port} within {SERVER_START_TIMEOUT}s; "
+                                f"see {log_path}")
+                time.sleep(0.25)
+        yield proc
+    finally:
+        stop_tree(proc)
 
 
 @pytest.fixture
 def voila_url(artifacts, tmp_path):
     """Voila serving notebook 03 on 127.0.0.1 (a free port); its log in the artifacts."""
     port = free_port()
-    env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1", JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
-               PYDEVD_DISABLE_FILE_VALIDATION="1",
-               # modest CPU use on a shared machine: no thread pools in the kernel
-               OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "voila", NOTEBOOK, "--no-browser", f"--port={port}", "--Voila.ip=127.0.0.1",
            "--VoilaConfiguration.show_tracebacks=True"]
-    log_path = artifacts / "voila.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"voila exited with status {proc.returncode} before serving; see {log_path}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"voila did not listen on 127.0.0.1:{port} within {SERVER_START_TIMEOUT}s; "
-                                f"see {log_path}")
-                time.sleep(0.25)
+    with serving(cmd, port, artifacts / "voila.log", _quiet_env(tmp_path)):
         yield f"http://127.0.0.1:{port}/"
-    finally:
-        stop_tree(proc)
+
+
+class Lab:
+    """A running JupyterLab: its ``url`` (no token), ``token``, notebook folder ``root`` and Popen ``proc``."""
+
+    def __init__(self, proc, url, token, root):
+        self.proc, self.url, self.token, self.root = proc, url, token, root
+
+    def open_url(self, path):
+        """The URL that opens ``path`` (relative to ``root``) in JupyterLab, logged in with the token."""
+        return f"{self.url}lab/tree/{path}?token={self.token}"
+
+    def processes(self):
+        """``{pid: command line}`` of every process below the server (kernels, what they started)."""
+        return {pid: command_line(pid) for pid in _descendants(self.proc.pid)}
+
+    def stop(self):
+        """Stop the server and everything under it; the command lines of what outlived its shutdown."""
+        return stop_tree(self.proc)
+
+
+@pytest.fixture
+def lab(request, artifacts, tmp_path):
+    """JupyterLab on 127.0.0.1 (a free port) with a random token, on copies of the notebooks.
+
+    Copies, so that running cells (and Lab's autosave) never touch the notebooks in the
+    repository, whose stored outputs are what nbval compares; its log in the artifacts.
+    """
+    root = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOKS, root, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "_build.py"))
+    config = tmp_path / "jupyter-config"
+    config.mkdir()
+    # No announcements or update checks (no network here, and no pop-ups over the notebook).
+    (config / "jupyter_server_config.json").write_text(json.dumps(
+        {"LabApp": {"news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate"}}))
+    settings = tmp_path / "lab-settings"
+    # ... and no "Would you like to get notified about official Jupyter news?" over the notebook.
+    (settings / "@jupyterlab" / "apputils-extension").mkdir(parents=True)
+    (settings / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    env = dict(_quiet_env(tmp_path), JUPYTER_CONFIG_DIR=str(config), JUPYTERLAB_SETTINGS_DIR=str(settings),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "lab-workspaces"))
+    port, token = free_port(), secrets.token_hex(16)
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--port={port}",
+           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}"]
+    if os.geteuid() == 0:            # Jupyter refuses to run as root unless told (containers, CI)
+        cmd.append("--allow-root")
+    with serving(cmd, port, artifacts / f"jupyterlab-{request.node.name}.log", env) as proc:
+        yield Lab(proc, f"http://127.0.0.1:{port}/", token, root)
 
 
 def _kernel_message(payload):

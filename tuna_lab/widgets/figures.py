@@ -1,7 +1,10 @@
-"""Plotly figures drawn from the controllers' tidy tables (no ipywidgets).
+"""Plotly figures drawn from the controllers' tidy tables (no ipywidgets), and their still images.
 
 The views copy these figures into their ``FigureWidget``; notebooks and
-reports can show them as they are.
+reports can show them as they are. :func:`static` turns any plotly figure
+into a PNG that a notebook stores, so that a reader who runs nothing (on
+GitHub, in the docs) still sees it; :class:`StaticRenderer` adds that PNG to
+every figure a notebook displays (:func:`tuna_lab.notebook.setup` turns it on).
 
 Examples
 --------
@@ -12,13 +15,20 @@ Examples
 ['cores', 'load', 'worker 0', 'worker 1']
 """
 
+import base64
 import math
+import warnings
 
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.colors import qualitative
+from plotly.io.base_renderers import MimetypeRenderer
 
-__all__ = ["mapping_figure", "distance_figure", "tree_figure", "loads_figure", "p99_figure"]
+from .._checks import one_line
+
+__all__ = ["mapping_figure", "distance_figure", "tree_figure", "loads_figure", "p99_figure", "static",
+           "StaticRenderer"]
 
 _TEMPLATE = "plotly_white"
 # Dark24 keeps 24 workers apart; beyond that colours repeat but markers still differ by position.
@@ -212,3 +222,83 @@ def p99_figure(results, title="p99 server time per trial"):
                       xaxis={"title": "trial", "dtick": 1, "rangemode": "tozero"},
                       yaxis={"title": "p99 (ms)", "rangemode": "tozero"}, margin={"l": 60, "r": 20, "t": 50, "b": 40})
     return fig
+
+
+# -- still images -----------------------------------------------------------------------
+
+def static(fig, width=None, height=None, scale=1):
+    """A still PNG of a plotly figure, as an IPython display object a notebook stores.
+
+    The interactive figure needs JavaScript that GitHub, the docs site and
+    nbconvert do not run; the PNG is what they show. It is drawn by kaleido
+    in a headless Chrome or Chromium (Debian's ``chromium`` package, or one
+    that ``plotly_get_chrome`` downloads), offline: plotly.js comes from the
+    plotly package. The same figure gives the same bytes, so re-running a
+    notebook does not change its stored pictures.
+
+    Parameters
+    ----------
+    fig : plotly.graph_objects.Figure, FigureWidget or dict
+    width, height : int, optional
+        Pixels; by default the figure's own layout size, else plotly's
+        default (700 x 500).
+    scale : float, default 1
+        Pixel density (2 for a sharper, four times larger file).
+
+    Returns
+    -------
+    IPython.display.Image
+        A PNG (``.data`` holds its bytes).
+
+    Raises
+    ------
+    RuntimeError
+        kaleido is not installed or finds no Chrome/Chromium (plotly's
+        message says how to get them).
+
+    Examples
+    --------
+    >>> from tuna_lab.widgets import ModeExplorer
+    >>> ex = ModeExplorer("xeon-8272cl", workers=4, threads=8)
+    >>> still = static(mapping_figure(ex.grid(), ex.threads_frame()))     # doctest: +SKIP
+    >>> still.format, len(still.data) > 10_000                            # doctest: +SKIP
+    ('png', True)
+    """
+    from IPython.display import Image
+
+    return Image(data=pio.to_image(fig, format="png", width=width, height=height, scale=scale), format="png")
+
+
+class StaticRenderer(MimetypeRenderer):
+    """A plotly renderer that adds :func:`static`'s PNG to the display of a figure.
+
+    Combined with plotly's own ``plotly_mimetype`` renderer, a displayed
+    figure is one output with two forms: JupyterLab, Notebook 7 and VS Code
+    draw the interactive plotly JSON; GitHub, the docs site and nbconvert,
+    which cannot, show the PNG. Where no PNG can be drawn (no kaleido, no
+    Chrome) the figure is shown interactive only, with one warning that says
+    why, so that a notebook never fails for want of a browser.
+
+    Parameters
+    ----------
+    width, height, scale
+        Passed to :func:`static`.
+
+    Examples
+    --------
+    >>> import plotly.io as pio
+    >>> pio.renderers["tuna_lab_static"] = StaticRenderer()              # doctest: +SKIP
+    >>> pio.renderers.default = "plotly_mimetype+tuna_lab_static"      # doctest: +SKIP
+    """
+
+    def __init__(self, width=None, height=None, scale=1):
+        self.width, self.height, self.scale = width, height, scale
+
+    def to_mimebundle(self, fig_dict):
+        try:
+            png = static(fig_dict, self.width, self.height, self.scale).data
+        except RuntimeError as exc:
+            warnings.warn(f"figure shown without a still image (GitHub and the docs will not show it): "
+                          f"{one_line(exc)}", RuntimeWarning, stacklevel=2)
+            return {}
+        return {"image/png": base64.b64encode(png).decode("ascii")}

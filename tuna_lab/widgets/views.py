@@ -239,8 +239,10 @@ def live_experiment(workers=1, threads=1, model="small", batch=100, policies=("c
              f"{ctl.trials} trials x {ctl.requests} requests")
 
     def redraw(_=None):
-        parts["start"].disabled = ctl.running
-        parts["stop"].disabled = not ctl.running
+        # From the state, not ``ctl.running``: the run's last notification comes from its own thread,
+        # still alive then, and would leave start disabled after the run.
+        busy = ctl.state in ("running", "stopping")
+        parts["start"].disabled, parts["stop"].disabled = busy, not busy
         parts["status"].value = _status(ctl.error, f"{ctl.state}: {about}")
         parts["log"].value = "\n".join(ctl.lines)
         _redraw(parts["figure"], figures.p99_figure(ctl.results))
@@ -250,5 +252,7 @@ def live_experiment(workers=1, threads=1, model="small", batch=100, policies=("c
     # Never block the kernel on a click: the runner stops after the trial in flight.
     parts["stop"].on_click(lambda _: ctl.stop(wait=False))
     redraw()
-    return View(ctl, parts, [widgets.HBox([parts["start"], parts["stop"]]), parts["status"], parts["figure"],
+    view = View(ctl, parts, [widgets.HBox([parts["start"], parts["stop"]]), parts["status"], parts["figure"],
                              parts["log"]])
+    view.add_class("tuna-live-experiment")     # a stable hook for the browser test (tests_ui/)
+    return view
