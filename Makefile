@@ -1,6 +1,7 @@
 # Every target sets itself up on a fresh machine: a virtual environment with
 # the project and its dev extras, Debian's hwloc (lstopo) for the tests
-# that compare our topology readers with hwloc's.
+# that compare our topology readers with hwloc's, and Debian's chromium, in
+# which kaleido draws the notebooks' still images.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
