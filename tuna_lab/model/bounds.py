@@ -21,10 +21,49 @@ that contributed to it; with a family it does not know
 (:attr:`Caps.understood` false) the model does not use it.
 """
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
-__all__ = ["objective_bound", "objective_granularity", "bound_closes", "sibling_pattern_bound",
-           "domain_pattern_bound"]
+__all__ = ["Certificate", "bound_certificate", "objective_bound", "objective_granularity", "bound_closes",
+           "sibling_pattern_bound", "domain_pattern_bound"]
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """An upper bound on the objective, with what proves it: enough for a reader to check it.
+
+    Attributes
+    ----------
+    name : str
+        Which bound gave the number: ``"counting"`` (every cache level and
+        every worker bounded on its own), or the pattern bounds that
+        tightened it, joined by ``+`` (``"sibling-pattern"``,
+        ``"domain-pattern"``).
+    bound : float
+        The bound on the objective the model maximises.
+    constant : float
+        The objective's constant part (every pair at the top distance).
+    levels : tuple of float
+        Each cache level's bounded part, finest first; ``bound`` is
+        ``constant + sum(levels)``.
+    sources : tuple of str
+        Per level, the bound that gave its part (``"counting"``,
+        ``"sibling-pattern"`` - the single-core and physical-core levels
+        together, reported on the first - or ``"domain-pattern"``).
+    """
+
+    name: str
+    bound: float
+    constant: float = 0.0
+    levels: tuple = ()
+    sources: tuple = ()
+    detail: dict = field(default_factory=dict)
+
+    def as_dict(self):
+        """The certificate as plain JSON-able values."""
+        return {"name": self.name, "bound": self.bound, "constant": self.constant,
+                "levels": list(self.levels), "sources": list(self.sources), **self.detail}
 
 
 def _min_sum_squares(total, caps):
@@ -129,6 +168,18 @@ def _load_caps(caps, labels):
 def objective_bound(caps, chain, patterns=True, target=None):
     """Upper bound on the objective of any mapping that keeps the rules ``caps``.
 
+    The number of :func:`bound_certificate`; see there.
+
+    Returns
+    -------
+    float
+    """
+    return bound_certificate(caps, chain, patterns=patterns, target=target).bound
+
+
+def bound_certificate(caps, chain, patterns=True, target=None):
+    """Upper bound on the objective of any mapping that keeps the rules ``caps``, with its certificate.
+
     Parameters
     ----------
     caps : Caps
@@ -144,29 +195,47 @@ def objective_bound(caps, chain, patterns=True, target=None):
     target : float, optional
         An objective already reached (a known mapping's): when the per-level
         bound is already within :func:`objective_granularity` of it, the
-        (slower) pattern bound is skipped.
+        (slower) pattern bounds are skipped.
 
     Returns
     -------
-    float
+    Certificate
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology, TunaModel
+    >>> from tuna_lab.model.encodings import ultrametric_chain
+    >>> model = TunaModel(4, 4, Topology.preset("xeon-8272cl"), mode="compact")
+    >>> cert = bound_certificate(model.caps, ultrametric_chain(model.instance.topology))
+    >>> cert.bound == cert.constant + sum(cert.levels)
+    True
     """
     const, levels = _level_terms(caps, chain)
-    bound = const + sum(levels)
-    if target is not None and bound_closes(bound, target, objective_granularity(caps, chain)):
-        return float(bound)
+    sources = ["counting"] * len(levels)
+    counting = const + sum(levels)
+
+    def certificate(levels, sources):
+        bound = const + sum(levels)
+        used = [name for name in ("sibling-pattern", "domain-pattern") if name in sources]
+        return Certificate("+".join(used) or "counting", float(bound), float(const), tuple(map(float, levels)),
+                           tuple(sources), {"counting_bound": float(counting)})
+
+    if target is not None and bound_closes(counting, target, objective_granularity(caps, chain)):
+        return certificate(levels, sources)
     if patterns:
         first = 0
         if len(levels) >= 2:
             joint = sibling_pattern_bound(caps, chain)
             if joint is not None and joint < levels[0] + levels[1]:
                 levels[:2] = [joint, 0.0]
+                sources[:2] = ["sibling-pattern", "sibling-pattern"]
                 first = 2
         for j in range(max(first, 1), len(levels)):
             coarse = domain_pattern_bound(caps, chain, j)
             if coarse is not None and coarse < levels[j]:
                 levels[j] = coarse
-        bound = min(bound, const + sum(levels))
-    return float(bound)
+                sources[j] = "domain-pattern"
+    return certificate(levels, sources)
 
 
 def bound_closes(bound, value, step):

@@ -14,7 +14,7 @@ import cvxpy as cp
 import numpy as np
 
 from ..errors import ModelError
-from .bounds import objective_bound, objective_granularity
+from .bounds import bound_certificate, objective_granularity
 from .caps import Caps
 from .construct import greedy_mapping, local_search
 from .encodings import ENCODINGS, make_encoding, ultrametric_chain
@@ -264,19 +264,28 @@ class TunaModel:
         the bound knows only the rules it is given, and a family of one's
         own may even change the objective.
 
-        ``target``: an objective already reached; the slower sibling-pattern
-        part of the bound is skipped when the counting bound alone proves it
-        optimal (see :func:`~tuna_lab.model.bounds.objective_bound`).
+        ``target``: an objective already reached; the slower pattern parts
+        of the bound are skipped when the counting bound alone proves it
+        optimal. The number of :meth:`certificate`.
+        """
+        cert = self.certificate(target=target)
+        return None if cert is None else cert.bound
+
+    def certificate(self, target=None):
+        """The :class:`~tuna_lab.model.bounds.Certificate` of :meth:`bound`: the bound and what proves it.
+
+        ``None`` where :meth:`bound` is ``None``. See
+        :func:`~tuna_lab.model.bounds.bound_certificate`.
         """
         chain = self._chain()
         if chain is None or not self.caps.understood:
             return None
         if target is None and self._full_bound is not None:
             return self._full_bound
-        value = objective_bound(self.caps, chain, target=target)
+        cert = bound_certificate(self.caps, chain, target=target)
         if target is None:
-            self._full_bound = value
-        return value
+            self._full_bound = cert
+        return cert
 
     def granularity(self):
         """Step of the lattice every objective value lies on (0 if unknown); see
