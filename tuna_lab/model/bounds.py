@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["Certificate", "bound_certificate", "objective_bound", "objective_granularity", "bound_closes",
-           "sibling_pattern_bound", "domain_pattern_bound"]
+           "sibling_pattern_bound", "domain_pattern_bound", "domain_shapes"]
 
 
 @dataclass(frozen=True)
@@ -386,13 +386,13 @@ def _same_partition(a, b):
     return pairs == len(np.unique(a)) == len(np.unique(b))
 
 
-def _solve_counts(value, A, lb, ub, upper):
+def _solve_counts(value, A, lb, ub, upper, time_limit=5.0):
     """max value @ n over integer n in [0, upper] with lb <= A n <= ub; the proven bound, or None."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     res = milp(-np.asarray(value, float), constraints=LinearConstraint(np.asarray(A, float), lb, ub),
                integrality=np.ones(len(value)), bounds=Bounds(0, upper),
-               options={"mip_rel_gap": 0.0, "time_limit": 5.0})
+               options={"mip_rel_gap": 0.0, "time_limit": time_limit})
     if res.status not in (0, 1):             # infeasible or failed: no bound from here
         return None
     dual = getattr(res, "mip_dual_bound", None)
@@ -420,13 +420,76 @@ def domain_pattern_bound(caps, chain, j):
     used, so it is a relaxation; ``None`` where it does not apply.
     """
     inst = caps.instance
-    W, T, C, P = inst.W, inst.T, inst.C, inst.P
+    W, T = inst.W, inst.T
     s = caps.sign
     d = [0.0] + [c for c, _ in chain]
     wt = d[j + 1] - d[j]
     if s >= 0 or wt <= 0 or j < 1:
         return None
     use_main = caps.spread_main
+    labels = np.asarray(chain[j - 1][1])
+    n_dom = int(labels.max()) + 1
+    log_ev = caps.event_budget is not None
+    # the physical events count only where the domains hold whole physical cores
+    whole = _same_partition(np.stack([labels, inst.core]).T @ np.array([inst.C + 1, 1]), inst.core)
+    phys_ev = caps.phys_event_budget is not None and caps.phys_load is not None and whole
+    K = caps.event_budget if log_ev else None
+    Kp = caps.phys_event_budget if phys_ev else None
+    classes, shapes = domain_shapes(caps, chain, j)
+    rows = []      # pattern rows: (class index, n, a, e_l, e_p, value)
+    for ci, a, el, ep, lo, hi, own, other in shapes:
+        shares = [own] * min(a, W) + [other] * (W - min(a, W))
+        for n in range(max(lo, a), hi + 1):
+            h = _max_sum_squares(n, shares)
+            if sum(shares) < n:
+                continue
+            value = -0.5 * wt * ((a * a if use_main else 0) + s * h)
+            rows.append((ci, n, a, el, ep, value))
+            if len(rows) > MAX_PATTERNS:
+                return None
+    if not rows:
+        return None
+    R = np.array(rows, dtype=float)
+    ci, n, a, el, ep, value = R.T
+    A = [(ci == k).astype(float) for k in range(len(classes))] + [n, a]
+    lb = list(classes.values()) + [W * T, W]
+    ub = list(classes.values()) + [W * T, W]
+    if log_ev:
+        A.append(el)
+        lb.append(-np.inf)
+        ub.append(K)
+    if phys_ev:
+        A.append(ep)
+        lb.append(-np.inf)
+        ub.append(Kp)
+    return _solve_counts(value, A, lb, ub, n_dom)
+
+
+
+def domain_shapes(caps, chain, j):
+    """The domains of level ``j`` by class, and every shape a domain of a class can take.
+
+    Returns ``(classes, shapes)``: ``classes`` maps ``(logical cores, physical
+    cores)`` to how many domains have that size; each shape is ``(class
+    index, a, e_l, e_p, lo, hi, own, other)``: ``a`` main threads and
+    ``e_l``/``e_p`` events of (12)/(12+) in the domain, the fewest and most
+    threads it can then carry, and the most threads a worker can have in it
+    with its main thread there (``own``) and elsewhere (``other``). See
+    :func:`domain_pattern_bound` for the reasoning; only loosened
+    constraints are used. :func:`domain_pattern_bound` and
+    :func:`~tuna_lab.model.fragments.fragment_program` both read them.
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology, TunaModel
+    >>> from tuna_lab.model.encodings import ultrametric_chain
+    >>> model = TunaModel(64, 6, Topology.preset("epyc-9654-2s"), mode="compact")
+    >>> classes, shapes = domain_shapes(model.caps, ultrametric_chain(model.instance.topology), 2)
+    >>> classes
+    {(16, 8): 24}
+    """
+    inst = caps.instance
+    W, T, C = inst.W, inst.T, inst.C
     labels = np.asarray(chain[j - 1][1])
     n_dom = int(labels.max()) + 1
     size = np.bincount(labels, minlength=n_dom)
@@ -444,7 +507,7 @@ def domain_pattern_bound(caps, chain, j):
     classes = {}
     for g in range(n_dom):
         classes[(int(size[g]), int(n_phys[g]))] = classes.get((int(size[g]), int(n_phys[g])), 0) + 1
-    rows = []      # pattern rows: (class index, n, a, e_l, e_p, value)
+    shapes = []
     for ci, (sz, npc) in enumerate(classes):
         lo = max(sz * inst.L if has_load else 0, npc * inst.L_phys if phys else 0)
         for a in range(min(sz * main_cap, W) + 1):
@@ -470,29 +533,5 @@ def domain_pattern_bound(caps, chain, j):
                     own = min(T, worker_cap * (sz - max(0, blocked - 1)))
                     # a worker whose main thread is elsewhere has at most T - 1 threads here
                     other = min(T - 1, worker_cap * (sz - blocked))
-                    shares = [own] * min(a, W) + [other] * (W - min(a, W))
-                    for n in range(max(lo, a), hi + 1):
-                        h = _max_sum_squares(n, shares)
-                        if sum(shares) < n:
-                            continue
-                        value = -0.5 * wt * ((a * a if use_main else 0) + s * h)
-                        rows.append((ci, n, a, el, ep, value))
-                        if len(rows) > MAX_PATTERNS:
-                            return None
-    if not rows:
-        return None
-    R = np.array(rows, dtype=float)
-    ci, n, a, el, ep, value = R.T
-    A = [(ci == k).astype(float) for k in range(len(classes))] + [n, a]
-    lb = list(classes.values()) + [W * T, W]
-    ub = list(classes.values()) + [W * T, W]
-    if log_ev:
-        A.append(el)
-        lb.append(-np.inf)
-        ub.append(K)
-    if phys_ev:
-        A.append(ep)
-        lb.append(-np.inf)
-        ub.append(Kp)
-    return _solve_counts(value, A, lb, ub, n_dom)
-
+                    shapes.append((ci, a, el, ep, lo, hi, own, other))
+    return classes, shapes

@@ -14,10 +14,11 @@ import cvxpy as cp
 import numpy as np
 
 from ..errors import ModelError
-from .bounds import bound_certificate, objective_granularity
+from .bounds import Certificate, bound_certificate, objective_granularity
 from .caps import Caps
 from .construct import greedy_mapping, local_search
 from .encodings import ENCODINGS, make_encoding, ultrametric_chain
+from .fragments import fragment_mapping, fragment_program
 from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, SingleCore
 from .instance import Instance
 from .pipeline import SolveOptions, run
@@ -114,6 +115,7 @@ class TunaModel:
         self._check_requirements()
         self.caps = Caps.of(self.instance, self.families)
         self._full_bound = None
+        self._fragments = None
 
     # -- composition ----------------------------------------------------------------
     def _replace(self, **changes):
@@ -186,8 +188,12 @@ class TunaModel:
                 "constraints": int(n_rows)}
 
     # -- solving -------------------------------------------------------------------------
-    def construct(self):
+    def construct(self, time_limit=5.0):
         """The constructive (greedy) mapping as positions ``(W, T)``, or ``None``.
+
+        In compact mode the plans of the fragment programs
+        (:mod:`~tuna_lab.model.fragments`) are candidates too; ``time_limit``
+        caps the seconds their programs may take (each).
 
         ``None`` when the greedy placement dead-ends, or when a family of the
         model contributes no caps (:attr:`Caps.understood
@@ -203,8 +209,11 @@ class TunaModel:
         if chain is not None:
             labels += [lab for _, lab in chain]
         best, best_value = None, -np.inf
-        for order_by in ("rank", "worker"):
-            pos = greedy_mapping(self.caps, labels, order_by)
+        candidates = [greedy_mapping(self.caps, labels, order_by) for order_by in ("rank", "worker")]
+        # compact mode: the plans of the fragment programs, dealt and placed
+        candidates += [fragment_mapping(self.caps, chain, sol, time_limit=time_limit)
+                       for sol in self._fragment_solutions(time_limit)]
+        for pos in candidates:
             if pos is None or any(f.violations(pos, inst) for f in self.families):
                 continue
             value = self.value(pos)
@@ -283,9 +292,55 @@ class TunaModel:
         if target is None and self._full_bound is not None:
             return self._full_bound
         cert = bound_certificate(self.caps, chain, target=target)
+        if cert.sources and not (target is not None and cert.name == "counting"
+                                 and cert.bound - target < max(self.granularity(), 1e-9)):
+            cert = self._with_fragments(cert)
         if target is None:
             self._full_bound = cert
         return cert
+
+    def _fragment_solutions(self, time_limit=5.0):
+        """The solved fragment programs of the top cache level (compact mode), computed once."""
+        if self._fragments is None:
+            sols = []
+            chain = self._chain()
+            if chain is not None and self.caps.understood and self.caps.sign < 0:
+                d = [0.0] + [c for c, _ in chain]
+                weighted = [j for j in range(len(d) - 1) if d[j + 1] > d[j]]
+                if weighted and weighted[-1] >= 1:
+                    # the level with its finer levels (where the inner rule applies), then alone: the
+                    # joint bound is tighter, the level's own plan is sometimes the better mapping
+                    joint = fragment_program(self.caps, chain, weighted[-1], inner=True)
+                    programs = [joint]
+                    if joint is None or len(joint.levels) > 1:
+                        programs.append(fragment_program(self.caps, chain, weighted[-1], inner=False))
+                    for program in programs:
+                        solution = program.solve(time_limit=time_limit) if program is not None else None
+                        if solution is not None:
+                            sols.append(solution)
+            self._fragments = tuple(sols)
+        return self._fragments
+
+    def _with_fragments(self, cert):
+        """``cert``, or a tighter :class:`Certificate` from the fragment programs."""
+        best = cert
+        for sol in self._fragment_solutions():
+            covered = sol.program.levels
+            levels = list(cert.levels)
+            sources = list(cert.sources)
+            for i in covered:
+                levels[i] = 0.0
+                sources[i] = "fragment-pattern"
+            levels[covered[0]] = sol.bound
+            bound = cert.constant + sum(levels)
+            if bound < best.bound:
+                used = [n for n in ("sibling-pattern", "domain-pattern", "fragment-pattern") if n in sources]
+                best = Certificate("+".join(used), float(bound), cert.constant, tuple(levels), tuple(sources),
+                                   {**cert.detail, "fragment_levels": list(covered),
+                                    "fragment_bound": float(sol.bound),
+                                    "fragment_columns": len(sol.program.columns),
+                                    "fragment_partitions": len(sol.program.partitions)})
+        return best
 
     def granularity(self):
         """Step of the lattice every objective value lies on (0 if unknown); see

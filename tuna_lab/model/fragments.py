@@ -1,0 +1,641 @@
+"""How workers split over the cache domains of one level: a bound, and the mapping it points to.
+
+In compact mode each worker wants its threads in few domains of a cache
+level (an L3, say), while the main threads want to be spread over them and
+the load families cap what a domain holds. A worker's threads in one domain
+form a *fragment*; its fragments over the level's domains are a partition
+of its ``T`` threads, and a domain's fragments a partition of the threads it
+carries. The level's part of the objective, ``-1/2 wt (a^2 - sum x^2)`` per
+domain (``a`` main threads, fragments of ``x`` threads), depends on nothing
+else.
+
+Domains of one size and workers are interchangeable, so the best split is
+a small integer program over *how many* domains take each pattern (a
+partition of their threads into fragments, with ``a`` mains and the events
+of (12)/(12+) they use) and how many workers each partition of ``T``, with
+the fragments of each size counted equal on both sides - the cutting-stock
+form. Its optimum bounds the level (:meth:`FragmentProgram.solve`; the
+relaxation forgets which worker is which and the cores inside a domain),
+and its solution is a plan: :func:`fragment_mapping` deals the fragments to
+workers and domains and places each domain's fragments on its cores with a
+small exact program that keeps every family of the model and makes the
+finer levels (SMT siblings, shared L2) as good as they can be.
+
+Examples
+--------
+>>> from tuna_lab import Topology, TunaModel
+>>> from tuna_lab.model.encodings import ultrametric_chain
+>>> model = TunaModel(64, 6, Topology.preset("epyc-9654-2s"), mode="compact")
+>>> chain = ultrametric_chain(model.instance.topology)
+>>> solution = fragment_program(model.caps, chain, 2).solve()
+>>> round(solution.bound)
+140400
+>>> positions = fragment_mapping(model.caps, chain, solution)
+>>> positions.shape
+(64, 6)
+"""
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .bounds import domain_shapes
+from .ranks import assign_ranks
+
+__all__ = ["MAX_COLUMNS", "FragmentProgram", "FragmentSolution", "fragment_program", "fragment_mapping"]
+
+#: Most columns (domain patterns plus worker partitions) :func:`fragment_program` builds.
+MAX_COLUMNS = 60000
+
+
+def _partitions(n, largest):
+    """Every partition of ``n`` into parts of at most ``largest``, as tuples in non-increasing order."""
+    if n == 0:
+        yield ()
+        return
+    for first in range(min(n, largest), 0, -1):
+        for rest in _partitions(n - first, first):
+            yield (first,) + rest
+
+
+def _counts(part, largest):
+    """A partition as a count vector: entry ``k - 1`` is how many parts have size ``k``."""
+    return np.bincount(np.asarray(part, dtype=int) - 1, minlength=largest)[:largest] if part \
+        else np.zeros(largest, dtype=int)
+
+
+@dataclass(frozen=True)
+class FragmentSolution:
+    """The optimum of a :class:`FragmentProgram`, or the best found and a bound on it.
+
+    Attributes
+    ----------
+    program : FragmentProgram
+    bound : float
+        Proven upper bound on the level's part of the objective.
+    domains : ndarray of int or None
+        How many domains take each domain column (``None``: no integer plan found).
+    workers : ndarray of int or None
+        How many workers take each partition of ``T``.
+    proven : bool
+        The plan reaches ``bound``.
+    """
+
+    program: object
+    bound: float
+    domains: np.ndarray | None
+    workers: np.ndarray | None
+    proven: bool
+
+
+@dataclass(frozen=True)
+class FragmentProgram:
+    """The cutting-stock program of level ``j``: see the module's text.
+
+    Build it with :func:`fragment_program`. ``columns`` are the domain
+    patterns ``(class, a, e_l, e_p, fragment counts, value, other)``
+    (``other``: the largest fragment without a main); ``partitions`` the
+    partitions of ``T`` as ``(count vector, index of the marked size)``; ``value``, ``A``, ``lb``,
+    ``ub`` the program ``max value @ n, lb <= A n <= ub`` over non-negative
+    integers ``n`` (domain columns first); ``levels`` the levels of the
+    objective its optimum bounds.
+    """
+
+    caps: object
+    chain: list
+    level: int
+    levels: tuple
+    classes: dict
+    columns: list
+    partitions: list
+    value: np.ndarray
+    A: np.ndarray
+    lb: np.ndarray
+    ub: np.ndarray
+    upper: int
+
+    def solve(self, time_limit=5.0, slack=None):
+        """The level's bound and, where one is found, an integer plan (:class:`FragmentSolution`).
+
+        The linear relaxation first: its optimum bounds the level in any
+        case. When it is not integral, an integer program over the columns
+        whose reduced cost is at most ``slack`` (default: 0.1% of the
+        optimum, widened while it finds no such plan): a plan of value ``v``
+        that any column left out cannot beat (``v >= LP - slack``) is the
+        integer optimum, and then ``v`` is the bound - the usual
+        price-and-branch argument. ``None`` when the relaxation is
+        infeasible or does not finish in ``time_limit``.
+        """
+        import scipy.sparse as sp
+        from scipy.optimize import Bounds, LinearConstraint, linprog, milp
+
+        t_end = time.perf_counter() + time_limit
+        A, lb, ub = self.A, self.lb, self.ub
+        eq = lb == ub
+        rows_ub = ~eq & np.isfinite(ub)
+        rows_lb = ~eq & np.isfinite(lb)
+        A_ub = np.vstack([A[rows_ub], -A[rows_lb]])
+        b_ub = np.concatenate([ub[rows_ub], -lb[rows_lb]])
+        lp = linprog(-self.value, A_ub=A_ub if len(A_ub) else None, b_ub=b_ub if len(b_ub) else None,
+                     A_eq=A[eq], b_eq=lb[eq], bounds=(0, self.upper), method="highs",
+                     options={"time_limit": max(0.1, time_limit)})
+        if lp.status != 0:
+            return None
+        bound = float(-lp.fun)
+        tol = 1e-7 * max(1.0, abs(bound))
+        n_dom = len(self.columns)
+        x = lp.x
+        if np.all(np.abs(x - np.round(x)) < 1e-7):
+            x = np.round(x).astype(int)
+            return FragmentSolution(self, bound + tol, x[:n_dom], x[n_dom:], True)
+        # reduced costs (per unit, how much a column would lose against the relaxation's optimum)
+        reduced = -self.value - A[eq].T @ lp.eqlin.marginals
+        if len(A_ub):
+            reduced = reduced - A_ub.T @ lp.ineqlin.marginals
+        slack = 1e-3 * max(1.0, abs(bound)) if slack is None else float(slack)
+        best = None
+        while time.perf_counter() < t_end - 0.05:
+            keep = np.flatnonzero(reduced <= slack + tol)
+            if not len(keep):
+                slack = max(4 * slack, float(reduced.min()))
+                continue
+            capped = len(keep) > _RESTRICTED_COLUMNS
+            if capped:
+                keep = keep[np.argsort(reduced[keep], kind="stable")[:_RESTRICTED_COLUMNS]]
+                slack = float(reduced[keep].max()) - tol
+            res = milp(-self.value[keep], constraints=LinearConstraint(sp.csr_matrix(A[:, keep]), lb, ub),
+                       integrality=np.ones(len(keep)), bounds=Bounds(0, self.upper),
+                       options={"mip_rel_gap": 0.0, "time_limit": max(0.05, t_end - time.perf_counter())})
+            if res.x is not None:
+                x = np.zeros(len(self.value), dtype=int)
+                x[keep] = np.round(res.x).astype(int)
+                found = float(self.value @ x)
+                if best is None or found > best[0]:
+                    best = (found, x)
+                if res.status == 0 and found >= bound - slack:
+                    # no plan with a column left out beats it: it is the integer optimum
+                    return FragmentSolution(self, found + tol, x[:n_dom], x[n_dom:], True)
+            if capped or res.status not in (0, 2):     # out of columns to add, or out of time
+                break
+            # widen the columns to what a better plan could still use
+            slack = max(2 * slack, bound - best[0] + tol) if best is not None else 4 * slack
+        if best is None:
+            return FragmentSolution(self, bound + tol, None, None, False)
+        x = best[1]
+        return FragmentSolution(self, bound + tol, x[:n_dom], x[n_dom:], False)
+
+
+#: Most columns the integer program of :meth:`FragmentProgram.solve` keeps.
+_RESTRICTED_COLUMNS = 3000
+
+
+def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS):
+    """The fragment program of level ``j`` (:class:`FragmentProgram`), or ``None`` where it does not apply.
+
+    It applies in compact mode to a level above the cores (``j >= 1``)
+    whose weight ``d_{j+1} - d_j`` is positive, and not with more than
+    ``max_columns`` columns. With ``inner`` and SMT-2 physical cores just
+    below level ``j = 2``, each column also carries a bound of its domain's
+    two finer levels, and the program bounds levels ``0..j`` together
+    (:attr:`FragmentProgram.levels`); otherwise level ``j`` alone.
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology, TunaModel
+    >>> from tuna_lab.model.encodings import ultrametric_chain
+    >>> model = TunaModel(64, 6, Topology.preset("epyc-9654-2s"), mode="compact")
+    >>> program = fragment_program(model.caps, ultrametric_chain(model.instance.topology), 2)
+    >>> len(program.partitions)          # the partitions of T = 6
+    11
+    """
+    inst = caps.instance
+    W, T = inst.W, inst.T
+    s = caps.sign
+    d = [0.0] + [c for c, _ in chain]
+    if s >= 0 or j < 1 or j >= len(d) - 1:
+        return None
+    wt = d[j + 1] - d[j]
+    if wt <= 0:
+        return None
+    use_main = caps.spread_main
+    classes, shapes = domain_shapes(caps, chain, j)
+    largest = min(max((own for *_, own, _ in shapes), default=0), T)
+    hi_max = max((hi for *_, hi, _, _ in shapes), default=0)
+    if largest < 1:
+        return None
+    by_n, total = {}, 0
+    for n in range(hi_max + 1):
+        rows = [_counts(part, largest) for part in _partitions(n, largest) if len(part) <= W]
+        total += len(rows)
+        if total > max_columns:
+            return None
+        by_n[n] = np.array(rows, dtype=int).reshape(-1, largest)
+    squares = np.arange(1, largest + 1) ** 2
+    inner = _inner_rule(caps, chain, j) if inner else None
+    columns = []
+    for ci, a, el, ep, lo, hi, own, other in shapes:
+        for n in range(max(lo, a), hi + 1):
+            counts = by_n.get(n)
+            if counts is None or not len(counts):
+                continue
+            parts = counts.sum(axis=1)
+            # fragments bigger than a worker's share without its main hold one of the ``a`` mains
+            big = counts[:, other:].sum(axis=1)
+            keep = (parts >= a) & (big <= a) & (counts[:, own:].sum(axis=1) == 0)
+            npc = list(classes)[ci][1]
+            for vec in counts[keep]:
+                value = -0.5 * wt * ((a * a if use_main else 0) + s * float(vec @ squares))
+                if inner is not None:
+                    value += inner(vec, n, a, el, ep, npc)
+                columns.append((ci, a, el, ep, vec, value, other))
+            if len(columns) > max_columns:
+                return None
+    # a worker: a partition of T with one marked part, the fragment that holds its main thread
+    partitions = []
+    for part in _partitions(T, largest):
+        vec = _counts(part, largest)
+        for k in np.flatnonzero(vec):
+            partitions.append((vec, int(k)))
+    if not columns or not partitions or len(columns) + len(partitions) > max_columns:
+        return None
+    n_w = len(partitions)
+    zeros_w = np.zeros(n_w)
+    dom = np.array([c[4] for c in columns], dtype=float).T
+    wrk = np.array([vec for vec, _ in partitions], dtype=float).T
+    marked = np.zeros((largest, n_w))
+    marked[[k for _, k in partitions], np.arange(n_w)] = 1.0
+    ci = np.array([c[0] for c in columns])
+    a, el, ep = (np.array([c[k] for c in columns], dtype=float) for k in (1, 2, 3))
+    # how many of a column's fragments of each size must / may hold a main: all ``big`` ones must,
+    # and ``a`` mains on ``parts`` fragments leave at most ``parts - a`` without one
+    cnt = dom.T
+    parts = cnt.sum(axis=1)
+    must = np.maximum(cnt - (parts - a)[:, None], 0)
+    big = np.arange(1, largest + 1)[None, :] > np.array([c[6] for c in columns])[:, None]
+    must = np.where(big, cnt, must)
+    may = np.minimum(cnt, a[:, None])
+    A, lb, ub = [], [], []
+    for k, count in enumerate(classes.values()):                 # every domain takes one pattern
+        A.append(np.concatenate([(ci == k).astype(float), zeros_w]))
+        lb.append(count)
+        ub.append(count)
+    A.append(np.concatenate([a, zeros_w]))                         # W main threads
+    lb.append(W)
+    ub.append(W)
+    A.append(np.concatenate([np.zeros(len(columns)), np.ones(n_w)]))   # W workers
+    lb.append(W)
+    ub.append(W)
+    for k in range(largest):                                        # fragments of each size match
+        A.append(np.concatenate([dom[k], -wrk[k]]))
+        lb.append(0)
+        ub.append(0)
+        # and the fragments of that size holding a main lie within what the domains allow
+        A.append(np.concatenate([-must[:, k], marked[k]]))
+        lb.append(0)
+        ub.append(np.inf)
+        A.append(np.concatenate([-may[:, k], marked[k]]))
+        lb.append(-np.inf)
+        ub.append(0)
+    if caps.event_budget is not None and el.any():
+        A.append(np.concatenate([el, zeros_w]))
+        lb.append(-np.inf)
+        ub.append(caps.event_budget)
+    if caps.phys_event_budget is not None and ep.any():
+        A.append(np.concatenate([ep, zeros_w]))
+        lb.append(-np.inf)
+        ub.append(caps.phys_event_budget)
+    value = np.concatenate([[c[5] for c in columns], zeros_w])
+    return FragmentProgram(caps, chain, j, tuple(range(j + 1)) if inner is not None else (j,), classes,
+                           columns, partitions, value, np.array(A, dtype=float), np.array(lb, dtype=float),
+                           np.array(ub, dtype=float), max(max(classes.values()), W))
+
+
+def _inner_rule(caps, chain, j):
+    """The bound of a domain's two finer levels (SMT siblings) from its pattern, or ``None``.
+
+    Applies when level ``j`` is 2, its sub-domains are physical cores of two
+    SMT siblings (level 1) and a worker or a rank has at most one thread per
+    logical core; then the single-core level is fixed by the counts and the
+    physical-core level reads same-worker sibling pairs and main threads
+    sharing a physical core. A domain of ``npc`` physical cores with ``n``
+    threads and ``a`` mains has at most ``npc * min(U, U+ // 2)`` worker
+    pairs (one pair takes a thread on both siblings) and at most
+    ``floor(x / 2)`` per fragment of ``x``; a main's physical core carries
+    only ``L+`` unless it spends an event of (12+), which caps how many
+    physical cores the mains can take, so at least ``a - q_max`` of them
+    share one - where, under (12) with no event left, the two mains are the
+    only threads there and no worker pair fits.
+    """
+    inst = caps.instance
+    if j != 2 or len(chain) < 2 or caps.worker_max > 1 or caps.main_max > 1:
+        return None
+    if not (inst.P * 2 == inst.C and np.all(inst.smt == 2)):
+        return None
+    first = np.asarray(chain[0][1])
+    if len(np.unique(first)) != inst.P or \
+            len(np.unique(np.stack([first, inst.core]), axis=1).T) != inst.P:
+        return None
+    d1, d2 = chain[0][0], chain[1][0]
+    w0, w1 = d1, d2 - d1
+    s, use_main = caps.sign, caps.spread_main
+    U = caps.load[1] if caps.load is not None else inst.W
+    phys = caps.phys_load
+    per_core = min(U, phys[1] // 2) if phys is not None else U
+    per_core = max(0, min(per_core, 1))         # two siblings: a worker has one pair per physical core
+    events = caps.phys_event_budget is not None and phys is not None and phys[1] > phys[0]
+
+    def inner(vec, n, a, el, ep, npc):
+        pairs = min(npc * per_core, int(vec @ (np.arange(1, len(vec) + 1) // 2)))
+        shared = 0
+        if events:
+            q_max = (npc * phys[1] - n) // (phys[1] - phys[0]) + ep
+            shared = max(0, a - q_max)
+        # mains alone on their logical core: under (8) with U = 1, or under (12) with no event here
+        alone = caps.load is not None and (U == 1 or (caps.event_budget is not None and el == 0
+                                                      and caps.load[0] == 1))
+        if alone:
+            pairs = min(pairs, (npc - shared) * per_core)
+        level0 = -0.5 * w0 * ((a if use_main else 0) + s * n)
+        level1 = -0.5 * w1 * ((a + 2 * shared if use_main else 0) + s * (n + 2 * pairs))
+        return level0 + level1
+
+    return inner
+
+
+def fragment_mapping(caps, chain, solution, time_limit=5.0, seed=0):
+    """Positions ``(W, T)`` that follow ``solution``'s plan, or ``None``.
+
+    The plan's domain patterns are dealt to the level's domains, its
+    partitions to the workers, and each worker's fragments to distinct
+    domains holding fragments of their sizes; the main threads go to
+    fragments so that every domain gets its ``a`` (a small integer
+    program). Each domain's fragments are then placed on its cores by an
+    exact program that keeps the load, rank, worker and event rules and
+    makes the finer levels' part of the objective as good as it can be.
+    ``None`` when the plan is not integral, a deal fails, or a level above
+    the plan's has weight (which the plan does not see).
+
+    Parameters
+    ----------
+    caps : Caps
+    chain : list of (cost, labels)
+    solution : FragmentSolution
+    time_limit : float
+        Seconds for the placement programs together.
+    seed : int
+        Seeds the order in which fragments are dealt when the first deal fails.
+    """
+    program = solution.program if solution is not None else None
+    if program is None or solution.domains is None:
+        return None
+    inst = caps.instance
+    W, T, C = inst.W, inst.T, inst.C
+    j = program.level
+    d = [0.0] + [c for c, _ in chain]
+    if any(d[i + 1] - d[i] > 0 for i in range(j + 1, len(d) - 1)):
+        return None
+    if caps.worker_max > 1 or caps.main_max > 1:
+        return None
+    labels = np.asarray(chain[j - 1][1])
+    n_dom = int(labels.max()) + 1
+    keys = list(program.classes)
+    size = np.bincount(labels, minlength=n_dom)
+    domain_class = [keys.index((int(size[g]), int(len(np.unique(inst.core[labels == g]))))) for g in range(n_dom)]
+    # deal the domain patterns to the domains of their class
+    plan = [None] * n_dom
+    free = {k: [g for g in range(n_dom) if domain_class[g] == k] for k in range(len(keys))}
+    for col, count in zip(program.columns, solution.domains):
+        for _ in range(int(count)):
+            if not free[col[0]]:
+                return None
+            plan[free[col[0]].pop(0)] = col
+    if any(p is None for p in plan):
+        return None
+    t_end = time.perf_counter() + time_limit
+    deal = _deal(plan, program.partitions, solution.workers, W, np.random.default_rng(seed), t_end)
+    if deal is None:
+        return None
+    fragments, mains = deal                     # fragments[g] = [(worker, size)], mains: (worker, g)
+    main_of = dict(mains)
+    pos_main = np.full(W, -1)
+    others = np.zeros((W, C), dtype=int)
+    cache = {}
+    for g in range(n_dom):
+        cores = np.flatnonzero(labels == g)
+        frags = sorted(fragments[g], key=lambda f: (-int(main_of[f[0]] == g), -f[1], f[0]))
+        shape = tuple((k, main_of[w] == g) for w, k in frags)
+        key = (shape, plan[g][2], plan[g][3], _structure(chain, j, cores, inst.core))
+        if key not in cache:
+            left = t_end - time.perf_counter()
+            if left <= 0:
+                return None
+            cache[key] = _place(caps, chain, j, cores, shape, plan[g][2], plan[g][3], left)
+        placed = cache[key]
+        if placed is None:
+            return None
+        for (w, _), (on, main_at) in zip(frags, placed):
+            on = cores[on]
+            if main_at is not None:
+                pos_main[w] = cores[main_at]
+                on = on[on != cores[main_at]]
+            others[w, on] += 1
+    if np.any(pos_main < 0) or np.any(others.sum(axis=1) != T - 1):
+        return None
+    cap = caps.rank_cap if caps.rank_cap is not None else W
+    try:
+        return assign_ranks(pos_main, others, cap)
+    except Exception:                          # an unusual plan the rank recovery cannot number
+        return None
+
+
+def _deal(plan, partitions, counts, W, rng, t_end, attempts=50):
+    """Workers' fragments to distinct domains, each worker's main to the fragment its partition marks.
+
+    A greedy deal, marked fragments first into domains that still need
+    mains, the others where a fragment without a main fits; retried in
+    random orders. Returns ``(fragments per domain, [(worker, domain of its
+    main)])`` or ``None``.
+    """
+    workers = [(np.repeat(np.arange(1, len(vec) + 1), vec)[::-1], mark + 1)
+               for (vec, mark), n in zip(partitions, counts) for _ in range(int(n))]
+    if len(workers) != W:
+        return None
+    for attempt in range(attempts):
+        if attempt and time.perf_counter() > t_end:
+            return None
+        need = [{k + 1: int(c) for k, c in enumerate(col[4]) if c} for col in plan]
+        mains_left = [int(col[1]) for col in plan]
+        frags_left = [int(col[4].sum()) for col in plan]
+        other = [int(col[6]) for col in plan]
+        order = sorted(range(W), key=lambda w: (-len(workers[w][0]), -workers[w][1]))
+        if attempt:
+            order = list(rng.permutation(W))
+        fragments, mains = [[] for _ in plan], []
+        ok = True
+        for w in order:
+            sizes, mark = workers[w]
+            rest = list(sizes)
+            rest.remove(mark)
+            used = set()
+            for k, marked in [(mark, True)] + [(int(k), False) for k in rest]:
+                if marked:
+                    choices = [g for g in range(len(plan)) if need[g].get(k, 0) > 0 and mains_left[g] > 0]
+                    # a fragment too big to be without a main goes first where it must
+                    key = (lambda g: (k > other[g], mains_left[g], rng.random() if attempt else -g))
+                else:
+                    choices = [g for g in range(len(plan)) if need[g].get(k, 0) > 0 and g not in used
+                               and k <= other[g] and frags_left[g] - 1 >= mains_left[g]]
+                    key = (lambda g: (frags_left[g] - mains_left[g], need[g][k], rng.random() if attempt else -g))
+                if not choices:
+                    ok = False
+                    break
+                g = max(choices, key=key)
+                need[g][k] -= 1
+                frags_left[g] -= 1
+                used.add(g)
+                fragments[g].append((w, k))
+                if marked:
+                    mains_left[g] -= 1
+                    mains.append((w, g))
+            if not ok:
+                break
+        if ok:
+            return fragments, mains
+    return None
+
+
+def _structure(chain, j, cores, core_of):
+    """A domain's inner structure up to renaming: its cores' labels at every finer level, renumbered."""
+    out = [tuple(np.unique(core_of[cores], return_inverse=True)[1])]
+    for _, lab in chain[:j - 1]:
+        out.append(tuple(np.unique(np.asarray(lab)[cores], return_inverse=True)[1]))
+    return tuple(out)
+
+
+def _place(caps, chain, j, cores, shape, el, ep, time_limit):
+    """Place one domain's fragments on its cores: ``[(cores of the fragment, main's core or None)]``.
+
+    Indices are into ``cores``. An exact 0-1 program (HiGHS): every
+    fragment on distinct cores, its main (if here) alone among mains on its
+    core, the loads of (8)/(8+) and at most ``el``/``ep`` events of
+    (12)/(12+); it maximises the finer levels' part of the objective - the
+    worker pairs sharing a sub-domain, weighted by how much closer they are
+    than the level's distance, less the same for pairs of main threads.
+    ``None`` if infeasible.
+    """
+    import scipy.sparse as sp
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    inst = caps.instance
+    n = len(cores)
+    F = len(shape)
+    if not F:
+        return []                 # an empty domain (the plan kept its loads' lower bounds)
+    D = inst.distance[np.ix_(cores, cores)]
+    d_j = chain[j - 1][0]
+    close = [(a, b) for a in range(n) for b in range(a + 1, n) if D[a, b] < d_j]
+    mains = [f for f, (_, has) in enumerate(shape) if has]
+    phys = inst.core[cores]
+    phys_ids = np.unique(phys)
+    # columns: y[f, c] | m[f, c] (main fragments) | z[f, pair] | zm[pair] | e[c] | Mx[x] | ep[x]
+    ny, nm, nz, nzm = F * n, len(mains) * n, F * len(close), len(close) if caps.spread_main else 0
+    use_ev = caps.event_budget is not None and caps.load is not None and inst.U == inst.L + 1
+    use_pev = caps.phys_event_budget is not None and caps.phys_load is not None \
+        and inst.U_phys == inst.L_phys + 1
+    ne = n if use_ev else 0
+    nx = len(phys_ids) if use_pev else 0
+    o_m, o_z = ny, ny + nm
+    o_zm = o_z + nz
+    o_e = o_zm + nzm
+    o_x = o_e + ne
+    o_p = o_x + nx
+    N = o_p + nx
+    rows, lo, hi = [], [], []
+
+    def row(entries, low, high):
+        rows.append(entries)
+        lo.append(low)
+        hi.append(high)
+
+    def Y(f, c):
+        return f * n + c
+
+    def Mv(i, c):
+        return o_m + i * n + c
+
+    for f, (k, _) in enumerate(shape):
+        row({Y(f, c): 1.0 for c in range(n)}, k, k)
+    for i, f in enumerate(mains):
+        row({Mv(i, c): 1.0 for c in range(n)}, 1, 1)
+        for c in range(n):
+            row({Mv(i, c): 1.0, Y(f, c): -1.0}, -np.inf, 0)
+    for c in range(n):
+        if mains:
+            row({Mv(i, c): 1.0 for i in range(len(mains))}, -np.inf, 1)
+        if caps.load is not None:
+            row({Y(f, c): 1.0 for f in range(F)}, caps.load[0], caps.load[1])
+    if caps.phys_load is not None:
+        for x in phys_ids:
+            on = np.flatnonzero(phys == x)
+            if len(on) == inst.smt[x]:                  # the whole physical core is in the domain
+                row({Y(f, c): 1.0 for f in range(F) for c in on}, caps.phys_load[0], caps.phys_load[1])
+    for f in range(F):
+        for p, (a, b) in enumerate(close):
+            row({o_z + f * len(close) + p: 1.0, Y(f, a): -1.0}, -np.inf, 0)
+            row({o_z + f * len(close) + p: 1.0, Y(f, b): -1.0}, -np.inf, 0)
+    if nzm:
+        for p, (a, b) in enumerate(close):
+            entries = {o_zm + p: -1.0}
+            for i in range(len(mains)):
+                entries[Mv(i, a)] = entries.get(Mv(i, a), 0.0) + 1.0
+                entries[Mv(i, b)] = entries.get(Mv(i, b), 0.0) + 1.0
+            row(entries, -np.inf, 1)
+    if use_ev:              # e_c >= (N_c - L) + M_c - 1
+        for c in range(n):
+            entries = {o_e + c: -1.0}
+            for f in range(F):
+                entries[Y(f, c)] = 1.0
+            for i in range(len(mains)):
+                entries[Mv(i, c)] = entries.get(Mv(i, c), 0.0) + 1.0
+            row(entries, -np.inf, inst.L + 1)
+        row({o_e + c: 1.0 for c in range(n)}, -np.inf, el)
+    if use_pev:             # ep_x >= (N_x - L+) + M+_x - 1, M+_x >= main on a sibling
+        for xi, x in enumerate(phys_ids):
+            on = np.flatnonzero(phys == x)
+            for c in on:
+                for i in range(len(mains)):
+                    row({o_x + xi: 1.0, Mv(i, c): -1.0}, 0, np.inf)
+            entries = {o_p + xi: -1.0, o_x + xi: 1.0}
+            for f in range(F):
+                for c in on:
+                    entries[Y(f, c)] = 1.0
+            row(entries, -np.inf, inst.L_phys + 1)
+        row({o_p + xi: 1.0 for xi in range(nx)}, -np.inf, ep)
+    gain = np.array([d_j - D[a, b] for a, b in close])
+    cost = np.zeros(N)
+    if close:
+        cost[o_z:o_z + nz] = -np.tile(gain, F)           # milp minimises: shared worker pairs gain
+        if nzm:
+            cost[o_zm:o_zm + nzm] = gain                  # shared main pairs lose
+    data, ri, ci = [], [], []
+    for r, entries in enumerate(rows):
+        for col, v in entries.items():
+            ri.append(r)
+            ci.append(col)
+            data.append(v)
+    A = sp.csr_matrix((data, (ri, ci)), shape=(len(rows), N))
+    res = milp(cost, constraints=LinearConstraint(A, lo, hi), integrality=np.ones(N), bounds=Bounds(0, 1),
+               options={"time_limit": max(0.1, time_limit)})
+    if res.x is None:
+        return None
+    x = np.round(res.x).astype(int)
+    out = []
+    for f, (_, has) in enumerate(shape):
+        on = np.flatnonzero(x[f * n:(f + 1) * n])
+        main_at = None
+        if has:
+            i = mains.index(f)
+            main_at = int(np.flatnonzero(x[o_m + i * n:o_m + (i + 1) * n])[0])
+        out.append((on, main_at))
+    return out
