@@ -27,8 +27,8 @@ Examples
 >>> from tuna_lab.model.encodings import ultrametric_chain
 >>> model = TunaModel(64, 6, Topology.preset("epyc-9654-2s"), mode="compact")
 >>> chain = ultrametric_chain(model.instance.topology)
->>> solution = fragment_program(model.caps, chain, 2).solve()
->>> round(solution.bound)
+>>> solution = fragment_program(model.caps, chain, 2, inner=False).solve()
+>>> round(solution.bound)             # the L3 level's part: 64 workers of 6 on 24 L3s of 16
 140400
 >>> positions = fragment_mapping(model.caps, chain, solution)
 >>> positions.shape
@@ -206,8 +206,8 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS):
     >>> from tuna_lab.model.encodings import ultrametric_chain
     >>> model = TunaModel(64, 6, Topology.preset("epyc-9654-2s"), mode="compact")
     >>> program = fragment_program(model.caps, ultrametric_chain(model.instance.topology), 2)
-    >>> len(program.partitions)          # the partitions of T = 6
-    11
+    >>> len(program.partitions)          # the 11 partitions of T = 6, each with its main's part marked
+    19
     """
     inst = caps.instance
     W, T = inst.W, inst.T
