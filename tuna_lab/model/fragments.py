@@ -274,7 +274,8 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS):
     must = np.maximum(cnt - (parts - a)[:, None], 0)
     big = np.arange(1, largest + 1)[None, :] > np.array([c[6] for c in columns])[:, None]
     must = np.where(big, cnt, must)
-    may = np.minimum(cnt, a[:, None])
+    # and a mains in all leave room for the others' musts
+    may = np.maximum(np.minimum(cnt, a[:, None] - must.sum(axis=1)[:, None] + must), 0)
     A, lb, ub = [], [], []
     for k, count in enumerate(classes.values()):                 # every domain takes one pattern
         A.append(np.concatenate([(ci == k).astype(float), zeros_w]))
