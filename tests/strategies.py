@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tuna_lab.machine.topology import Topology
 
 __all__ = ["synthetic_specs", "topologies", "relabelled", "numa_specs", "numa_topologies",
-           "rank_problems"]
+           "rank_problems", "fragment_cases"]
 
 MAX_PUS = 16
 
@@ -123,3 +123,25 @@ def rank_problems(draw):
             room[c] -= 1
             others[w, c] += 1
     return np.array(main, dtype=int), others, cap
+
+
+@st.composite
+def fragment_cases(draw, max_pus=8, max_assignments=300_000):
+    """``(spec, W, T, drop)``: compact-mode instances small enough to enumerate, for the bounds' tests.
+
+    Machines of at most ``max_pus`` PUs (:func:`synthetic_specs`) with
+    ``C ** (W T)`` at most ``max_assignments``; ``drop`` is a tuple of family
+    keys to remove (each with what requires it), often empty.
+    """
+    spec = draw(synthetic_specs(max_pus=max_pus))
+    C = Topology.synthetic(spec).n_logical
+    W = draw(st.integers(1, 4))
+    most = 1
+    while C ** (W * (most + 1)) <= max_assignments and most < 4:
+        most += 1
+    T = draw(st.integers(1, most))
+    if C ** (W * T) > max_assignments:
+        W, T = 1, min(T, most)
+    drop = draw(st.sampled_from([(), (), ("8p", "11p-12p"), ("11p-12p",), ("11-12",), ("3",), ("2",),
+                                 ("4-5",)]))
+    return spec, W, T, drop

@@ -1,0 +1,169 @@
+"""The hand-derived bounds never cut off a feasible mapping, and agree with HiGHS where it finishes.
+
+A proof of optimality by :meth:`TunaModel.certificate` is only as good as the
+bound behind it. Here every bound the model may use - the per-level counting
+bound, the sibling and domain pattern bounds, and the fragment programs of
+:mod:`tuna_lab.model.fragments` - is checked against every feasible mapping
+of small instances (enumerated by ``reference.brute_force``), level by level
+where the bound is of some levels only; and on instances too big to
+enumerate, against the optimum HiGHS proves.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, event, given, settings
+from reference import ALL_KEYS, brute_force, model_objective
+from strategies import fragment_cases
+
+from tuna_lab import InfeasibleModelError, ModelError, Topology, TunaModel
+from tuna_lab.model.encodings import ultrametric_chain
+from tuna_lab.model.fragments import fragment_mapping, fragment_program
+
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+def level_parts(assign, model):
+    """Per cache level, the part of the model's objective of each assignment in ``assign`` (N, W, T).
+
+    Written from the definitions: a pair of cores first joined at level ``j``
+    is at distance ``d_j``, so ``sum over pairs d = 1/2 [d_top n^2 - sum_j
+    (d_{j+1} - d_j) sum over level-j domains of the squared counts - d_1 n]``.
+    Returns ``(constant, parts)`` with ``parts`` of shape (N, levels).
+    """
+    inst, caps = model.instance, model.caps
+    chain = ultrametric_chain(inst.topology, inst.costs)
+    d = [0.0] + [c for c, _ in chain]
+    labels = [np.arange(inst.C)] + [np.asarray(lab) for _, lab in chain]
+    s = caps.sign
+    W, T = inst.W, inst.T
+    const = 0.5 * d[-1] * ((W * W if caps.spread_main else 0) + s * W * T * T)
+    parts = np.zeros((len(assign), len(d) - 1))
+    for j in range(len(d) - 1):
+        wt = d[j + 1] - d[j]
+        lab = labels[j][assign]                              # (N, W, T) domain of every thread
+        n_dom = labels[j].max() + 1
+        mains = np.stack([np.bincount(row, minlength=n_dom) for row in lab[:, :, 0]])
+        per_worker = np.zeros(len(assign))
+        for w in range(W):
+            per_worker += np.stack([np.bincount(row, minlength=n_dom) ** 2 for row in lab[:, w, :]]).sum(axis=1)
+        parts[:, j] = -0.5 * wt * ((mains ** 2).sum(axis=1) * (1 if caps.spread_main else 0) + s * per_worker)
+    return const, parts
+
+
+def _model(spec, W, T, drop, mode="compact"):
+    keys = tuple(k for k in ALL_KEYS if k not in drop)
+    try:
+        return keys, TunaModel(W, T, Topology.synthetic(spec), mode=mode, families=keys)
+    except ModelError:
+        return keys, None
+
+
+@SETTINGS
+@given(case=fragment_cases())
+def test_no_bound_cuts_off_a_feasible_mapping(case):
+    """Every bound, whole and level by level, is at least what every feasible mapping reaches."""
+    spec, W, T, drop = case
+    keys, model = _model(spec, W, T, drop)
+    assume(model is not None)
+    best, feasible, values = brute_force(W, T, model.instance.topology, "compact", keys)
+    assume(best is not None)
+    const, parts = level_parts(feasible, model)
+    # the reference's per-level split adds up to the objective the model maximises
+    np.testing.assert_allclose(const + parts.sum(axis=1), values, atol=1e-6)
+    cert = model.certificate()
+    if cert is None:
+        return
+    event(f"certificate {cert.name}")
+    assert cert.bound >= best - 1e-6
+    # each level's part of the certificate bounds that level (jointly where sources are shared)
+    for source in set(cert.sources):
+        levels = [j for j, name in enumerate(cert.sources) if name == source]
+        if source == "counting":
+            for j in levels:
+                assert cert.levels[j] >= parts[:, j].max() - 1e-6, (source, j)
+        else:
+            assert sum(cert.levels[j] for j in levels) >= parts[:, levels].sum(axis=1).max() - 1e-6, source
+    # every fragment program, whatever its route, bounds the levels it covers
+    chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+    for j in range(1, len(chain)):
+        for inner in (True, False):
+            program = fragment_program(model.caps, chain, j, inner=inner)
+            if program is None:
+                continue
+            solution = program.solve(time_limit=20)
+            if solution is None:
+                continue
+            event(f"fragment program of levels {program.levels}")
+            covered = list(program.levels)
+            assert solution.bound >= parts[:, covered].sum(axis=1).max() - 1e-6, (j, inner)
+            positions = fragment_mapping(model.caps, chain, solution)
+            if positions is not None:
+                event("fragment mapping")
+                assert not any(f.violations(positions, model.instance) for f in model.families)
+                assert model.value(positions) <= best + 1e-6
+
+
+@SETTINGS
+@given(case=fragment_cases())
+def test_the_default_route_proves_only_the_optimum(case):
+    """Whatever proves it, a mapping reported optimal is the brute-force optimum."""
+    spec, W, T, drop = case
+    keys, model = _model(spec, W, T, drop)
+    assume(model is not None)
+    best = brute_force(W, T, model.instance.topology, "compact", keys)[0]
+    try:
+        mapping = model.solve(time_limit=30)
+    except InfeasibleModelError:
+        assert best is None
+        return
+    assert best is not None
+    assert mapping.proven_optimal
+    assert model.value(mapping.positions) == pytest.approx(best)
+
+
+# Instances too big to enumerate that HiGHS proves in seconds: the bounds must not cut off its optimum,
+# and the default route (construction, fragment plans and bounds) must reach the same value.
+HIGHS_CASES = [
+    ("pack:1 l3:2 l2:4 l1:1 core:1 pu:2", 3, 5, ()),
+    ("pack:1 l3:2 l2:4 l1:1 core:1 pu:2", 5, 3, ()),
+    ("pack:1 l3:3 l2:3 l1:1 core:1 pu:2", 4, 5, ()),
+    ("pack:1 l3:3 l2:3 l1:1 core:1 pu:2", 4, 5, ("8p", "11p-12p")),
+    ("pack:1 l3:2 l2:3 l1:1 core:1 pu:2", 5, 3, ("11-12",)),
+    ("pack:2 l3:2 core:2 pu:2", 3, 4, ()),
+]
+
+
+@pytest.mark.parametrize("spec,W,T,drop", HIGHS_CASES)
+def test_bounds_agree_with_highs(spec, W, T, drop):
+    keys, model = _model(spec, W, T, drop)
+    by_highs = model.solve(prove="solver", time_limit=120)
+    assert by_highs.proven_optimal and by_highs.encoding == "counts"
+    optimum = model.value(by_highs.positions)
+    cert = model.certificate()
+    assert cert.bound >= optimum - 1e-6
+    by_default = model.solve(time_limit=60)
+    assert model.value(by_default.positions) == pytest.approx(optimum)
+
+
+SMT_L3 = "l3:2 l2:2 core:1 pu:2"      # two L3 domains of two SMT-2 cores: the joint program's shape, in small
+
+
+@pytest.mark.parametrize("W,T", [(2, 3), (3, 2), (2, 2), (6, 1), (1, 6), (3, 1), (5, 1)])
+@pytest.mark.parametrize("drop", [(), ("8p", "11p-12p"), ("11-12",), ("4-5",)])
+def test_joint_fragment_program_never_cuts_off_a_feasible_mapping(W, T, drop):
+    """The program that bounds the SMT levels and the L3 level together (the inner rule)."""
+    keys, model = _model(SMT_L3, W, T, drop)
+    if model is None:
+        pytest.skip("the model refuses these families")
+    best, feasible, values = brute_force(W, T, model.instance.topology, "compact", keys)
+    if best is None:
+        return
+    const, parts = level_parts(feasible, model)
+    chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+    program = fragment_program(model.caps, chain, 2, inner=True)
+    assert program is not None and program.levels == (0, 1, 2)
+    solution = program.solve(time_limit=20)
+    assert solution is not None
+    assert solution.bound >= parts.sum(axis=1).max() - 1e-6
+    assert model.certificate().bound >= best - 1e-6
