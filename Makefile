@@ -113,7 +113,7 @@ api-docs: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/tuna-lab bench solver --out bench/out/solver.csv --pairwise-limit 60 --doc docs/solver-bench.md
-	$(PY) bench/load_bench.py
+	$(VENV)/bin/tuna-lab bench load --out bench/out/load.csv --doc docs/load-bench.md
 	$(PY) bench/import_bench.py
 	$(VENV)/bin/tuna-lab run -w 2 -t 2 --model medium --batch 100 --policies cfs,round-robin,tuna-scatter \
 	    --trials 5 --requests 1000 --out bench/out/experiment

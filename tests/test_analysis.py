@@ -446,3 +446,45 @@ def test_the_machine_is_a_factor_never_averaged_over(tables, tmp_path):
                         ).read_text()
     assert "<h2>Machines</h2>" in text and "node-a" in text and f"{a:.3f} (n=8)" in text
     assert "p99 by configuration - machine a" in text and "p99 by configuration - machine b" in text
+
+
+# -- the load generator's cost beside the server's (issue 17) -----------------------------------------
+
+
+def _with_cpu(trials, generator=True):
+    """The synthetic trials with the runner's CPU columns, the generator's only if ``generator``."""
+    n = len(trials)
+    cpu = {"p99": 0.02, "cpu_seconds": 2.0, "cpu_per_request": 0.004, "cpu_main_per_request": 0.001,
+           "cpu_openmp_per_request": 0.003, "idle_cpu_share_main": 0.1, "idle_cpu_share_openmp": 0.4,
+           "load_seconds": 1.0}
+    if generator:
+        # each policy's generator at a different cost, so that a mix-up of rows shows
+        cpu["generator_cpu_per_request"] = trials["policy"].map(
+            {p: 1e-4 * (i + 1) for i, p in enumerate(POLICY_SCALE)}).to_numpy()
+        cpu["generator_cpus"] = ["7"] * n
+    return trials.assign(**cpu)
+
+
+def test_cpu_cost_puts_generator_cpu_next_to_server_cpu(tables):
+    from tuna_lab.analysis.stats import cpu_cost
+
+    _, trials = tables
+    cost = cpu_cost(_with_cpu(trials))
+    assert cost["cpu_per_request"].to_numpy() == pytest.approx(0.004)
+    for i, policy in enumerate(POLICY_SCALE):
+        assert cost.loc[cost["policy"] == policy, "generator_cpu_per_request"].to_numpy() == pytest.approx(
+            1e-4 * (i + 1))
+    # results recorded before the generator was measured: NaN, not an error
+    old = cpu_cost(_with_cpu(trials, generator=False))
+    assert old["generator_cpu_per_request"].isna().all() and (old["cpu_per_request"] > 0).all()
+
+
+def test_the_report_shows_generator_cpu_per_request(tables, tmp_path):
+    requests, trials = tables
+    text = write_report(requests, _with_cpu(trials), tmp_path / "new.html",
+                        manifest={"client_cpus": {"note": "load generator on CPU 7 (--client-cpus)"}}).read_text()
+    assert "<th>server CPU ms/req</th>" in text and "<th>generator CPU ms/req</th>" in text
+    assert "<td>4.00</td>" in text and "<td>0.10</td>" in text           # server 4 ms, first policy's generator
+    assert "load generator on CPU 7 (--client-cpus)" in text
+    old = write_report(requests, _with_cpu(trials, generator=False), tmp_path / "old.html").read_text()
+    assert "<th>generator CPU ms/req</th>" in old and "<th>server CPU ms/req</th>" in old

@@ -217,6 +217,20 @@ def test_run_json_has_the_summary_and_the_files(measured):
     assert str(out / keys[0] / "manifest.json") in obj["files"]
     assert all(os.path.exists(f) for f in obj["files"])
     assert [s["policy"] for s in obj["speedups"]] == ["round-robin"]
+    # the generator's own CPU, next to the server's
+    assert cfs["generator_cpu_per_request"] > 0 and cfs["cpu_per_request"] > 0
+    assert obj["generator"]["cpu_seconds"] > 0 and obj["generator"]["requests"] == 2 * 20
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) >= 8, reason="the default keeps a core from 8 CPUs")
+def test_run_says_once_that_the_generator_shares_the_servers_cpus(measured):
+    _, _, p, s = measured
+    said = [line for line in p.stderr.splitlines() if "load generator" in line]
+    assert said == ["tuna-lab: the load generator shares the server's CPUs "
+                    f"({len(os.sched_getaffinity(0))} usable CPUs, fewer than 8); its own CPU use is recorded; "
+                    "reserve some with --client-cpus LIST"]
+    assert json.loads(p.stdout)["client_cpus"]["cpus"] == []
+    assert sum("load generator" in line for line in s.stderr.splitlines()) == 1      # a sweep says it once too
 
 
 def test_sweep_json_tells_done_from_skipped(measured):
@@ -237,3 +251,7 @@ def test_report_json_has_the_path_and_headline_speedups(measured, tmp_path):
     assert obj["report"] == str(html) and html.is_file() and obj["cells"] == 2
     rr = [s for s in obj["speedups"] if s["baseline"] == "cfs" and s["policy"] == "round-robin"]
     assert len(rr) == 1 and rr[0]["applications"] == 1 and rr[0]["speedup"] > 0
+    cpu = obj["cpu"]
+    assert {(r["workers"], r["policy"]) for r in cpu} == {(1, "cfs"), (1, "round-robin"), (2, "cfs")}
+    assert all(r["server_cpu_per_request"] > 0 and r["generator_cpu_per_request"] > 0 for r in cpu)
+    assert "generator CPU ms/req" in html.read_text()

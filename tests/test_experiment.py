@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tuna_lab._checks import format_cpulist
 from tuna_lab.errors import ExperimentError
 from tuna_lab.measure.experiment import Config, grid, load_results, load_thread_cpu, machine_name, run, sweep
 
@@ -73,6 +74,51 @@ def test_report_is_written_from_saved_results(tiny, tmp_path):
     assert p.returncode == 0, p.stderr
     text = html.read_text()
     assert "round-robin" in text and "<html" in text.lower()
+    # the generator's CPU per request beside the server's, and where it ran
+    assert "generator CPU ms/req" in text and "server CPU ms/req" in text and "<dt>load generator</dt>" in text
+
+
+def test_every_trial_records_the_generator_cost(tiny):
+    result, _ = tiny
+    trials = result.trials
+    for col in ("generator_cpu_user", "generator_cpu_sys", "generator_cpu_seconds", "generator_cpu_per_request",
+                "generator_cpus", "generator_processes", "generator_wall_seconds", "server_cpus"):
+        assert col in trials.columns, col
+    assert (trials["generator_cpu_seconds"] > 0).all() and (trials["generator_cpu_per_request"] > 0).all()
+    assert trials["generator_cpu_per_request"].to_numpy() == pytest.approx(
+        (trials["generator_cpu_seconds"] / trials["n"]).to_numpy())
+    if CPUS < 8:   # the default here keeps nothing: the generator and the server share every CPU
+        everything = format_cpulist(os.sched_getaffinity(0))
+        assert set(trials["generator_cpus"]) == {everything} and set(trials["server_cpus"]) == {everything}
+        assert result.manifest["client_cpus"]["cpus"] == [] and result.manifest["client_cpus"]["how"] == "default"
+    total = result.manifest["generator"]
+    assert total["cpu_seconds"] == pytest.approx(trials["generator_cpu_seconds"].sum())
+    assert total["requests"] == 2 * 2 * 50 and total["runs"] == 4
+
+
+def test_old_results_without_the_generator_columns_still_load_and_report(tiny, tmp_path):
+    from tuna_lab.measure.schema import GENERATOR_COLUMNS
+
+    _, out = tiny
+    old = tmp_path / "old" / out.name
+    shutil.copytree(out, old)
+    table = pd.read_parquet(old / "trials.parquet")
+    table.drop(columns=list(GENERATOR_COLUMNS)).to_parquet(old / "trials.parquet", index=False)
+    threads = pd.read_parquet(old / "threads.parquet")
+    threads.drop(columns=["cpus"]).to_parquet(old / "threads.parquet", index=False)
+    meta = json.loads((old / "manifest.json").read_text())
+    for key in ("client_cpus", "generator"):
+        meta.pop(key)
+    (old / "manifest.json").write_text(json.dumps(meta))
+    _, trials, _ = load_results(str(old.parent))
+    assert "generator_cpu_seconds" not in trials.columns
+    html = tmp_path / "old.html"
+    p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "report", str(old.parent), "-o", str(html), "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)["cpu"]
+    assert rows and all(r["generator_cpu_per_request"] is None and r["server_cpu_per_request"] > 0 for r in rows)
+    assert "generator CPU ms/req" in html.read_text()
 
 
 def test_sweep_resumes_without_redoing_finished_cells(tmp_path):

@@ -12,7 +12,6 @@ import socket
 import threading
 import time
 
-import aiohttp
 import numpy as np
 import pandas as pd
 import pytest
@@ -20,7 +19,7 @@ from aiohttp import web
 from scipy import stats
 
 from tuna_lab.errors import LoadError, TunaError
-from tuna_lab.measure import load
+from tuna_lab.measure import load, wire
 from tuna_lab.measure.load import (COLUMNS, aclosed_loop, aopen_loop, bounded_throughput, closed_loop,
                                    measure_generator, open_loop, payload, poisson_schedule, summary)
 from tuna_lab.server.models import STAGES
@@ -34,8 +33,10 @@ class Endpoint:
     ``/predict`` answers like the inference server after 50 ms (requests
     overlap), ``/slow`` serves one request at a time in 50 ms, ``/flaky``
     answers 400 to every third request, ``/hang`` never answers (until
-    teardown). It counts requests in flight (queued ones included) and
-    keeps every body it received.
+    teardown), ``/stall`` answers at once but blocks the whole server for
+    200 ms at its ``stall_at``-th request, ``/chunked`` answers in chunks.
+    It counts requests in flight (queued ones included), keeps every body it
+    received and the client ports it saw.
     """
 
     def __init__(self):
@@ -48,15 +49,16 @@ class Endpoint:
 
     def reset(self):
         self.in_flight = self.max_in_flight = self.count = 0
-        self.bodies = []
+        self.bodies, self.ports = [], set()
+        self.stall_at, self.stalled_at = None, None
 
     def _call(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
 
     async def _start(self):
         self.lock, self.release = asyncio.Lock(), asyncio.Event()
-        app = web.Application()
-        for path in ("predict", "slow", "flaky", "hang"):
+        app = web.Application(client_max_size=4 * 1024 * 1024)  # the large-body test sends 3 MB
+        for path in ("predict", "slow", "flaky", "hang", "stall", "chunked"):
             app.router.add_post(f"/{path}", getattr(self, f"_{path}"))
         # Cancel a handler whose client went away, so one test's queue never delays the next.
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5, handler_cancellation=True)
@@ -70,6 +72,7 @@ class Endpoint:
 
     async def _enter(self, request):
         self.bodies.append(await request.read())
+        self.ports.add(request.transport.get_extra_info("peername")[1])
         self.count += 1
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
@@ -106,6 +109,27 @@ class Endpoint:
             return self._answer()
         finally:
             self.in_flight -= 1
+
+    async def _stall(self, request):
+        n = await self._enter(request)
+        self.in_flight -= 1
+        if n == self.stall_at:
+            self.stalled_at = time.monotonic()
+            time.sleep(0.2)  # blocks the event loop: nothing is served meanwhile
+        return self._answer()
+
+    async def _chunked(self, request):
+        await self._enter(request)
+        self.in_flight -= 1
+        text = self._answer().body
+        resp = web.StreamResponse()
+        resp.enable_chunked_encoding()
+        resp.content_type = "application/json"
+        await resp.prepare(request)
+        for k in range(0, len(text), 7):
+            await resp.write(text[k:k + 7])
+        await resp.write_eof()
+        return resp
 
     def close(self):
         self.loop.call_soon_threadsafe(self.release.set)
@@ -352,17 +376,177 @@ def test_measure_generator_runs_and_stops_its_endpoint():
     assert threading.active_count() == threads
 
 
+# -- the generator's own cost and CPUs --------------------------------------------------
+
+def _affinities():
+    """``{tid: cpulist}`` of every thread of this process, from /proc."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/status") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            continue  # a thread that just ended
+        out[int(tid)] = text.split("Cpus_allowed_list:")[1].split()[0]
+    return out
+
+
+def test_every_frame_carries_the_generators_cost(server, body):
+    closed = closed_loop(server.url + "/predict", body, requests=20, concurrency=4)
+    opened = open_loop(server.url + "/predict", body, rate=100.0, requests=20)
+    for frame in (closed, opened):
+        cost = frame.attrs["generator"]
+        assert set(cost) == set(load.GENERATOR_KEYS)
+        assert json.loads(json.dumps(cost)) == cost  # plain JSON, as a manifest stores it
+        assert cost["cpu_seconds"] > 0 and cost["cpu_user"] >= 0 and cost["cpu_sys"] >= 0
+        assert cost["cpu_seconds"] == pytest.approx(cost["cpu_user"] + cost["cpu_sys"])
+        assert cost["cpus"] == sorted(os.sched_getaffinity(0))
+        assert cost["processes"] == 1 and cost["requests"] == 20
+        # The trial's own CPU, not the process's: far below the wall time of 20 x 50 ms waits.
+        assert 0 < cost["cpu_seconds"] < cost["wall_seconds"]
+
+
+@pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs CPUs 0 and 1")
+def test_cpus_pin_the_generator_for_the_trial_only(server, body):
+    before = _affinities()
+    threads = threading.active_count()
+    seen, result = [], {}
+
+    def trial():
+        result["frame"] = closed_loop(server.url + "/predict", body, requests=12, concurrency=1, cpus=[1])
+
+    runner = threading.Thread(target=trial)
+    runner.start()
+    while runner.is_alive():
+        seen.append(_affinities())
+        time.sleep(0.01)
+    runner.join()
+    # While it ran, exactly one new thread (the generator) ran on CPU 1 alone...
+    pinned = {tid for snapshot in seen for tid, cpus in snapshot.items() if cpus == "1"}
+    assert len(pinned) == 1 and not pinned & set(before)
+    frame = result["frame"]
+    assert (frame["status"] == 200).all() and frame.attrs["generator"]["cpus"] == [1]
+    # ...and it is gone: no thread is left pinned, and the others were never touched.
+    after = _affinities()
+    assert not pinned & set(after)
+    assert all(after[tid] == cpus for tid, cpus in before.items() if tid in after)
+    assert threading.active_count() == threads
+    # A cpulist string works too.
+    assert open_loop(server.url + "/predict", body, rate=50.0, requests=3, cpus="0").attrs["generator"]["cpus"] == [0]
+
+
+@pytest.mark.parametrize("cpus, match", [([], "at least one"), ([100_000], "not allowed"), ([-1], "cpus"),
+                                         ([True], "cpus"), ("0-x", "cpulist"), (3, "iterable")])
+def test_bad_cpus_raise_one_line(cpus, match, body):
+    with pytest.raises(LoadError, match=match) as info:
+        closed_loop(f"http://127.0.0.1:{_closed_port()}/predict", body, requests=1, cpus=cpus)
+    assert "\n" not in str(info.value)
+
+
+# -- open-loop latency is measured from the schedule ----------------------------------------
+
+def test_a_server_stall_shows_in_the_open_loop_p99(server, body):
+    # The server stops serving for 200 ms at its 10th request. The generator
+    # keeps sending on schedule, and every request due in the stall waits for
+    # its end: their latency, from the scheduled time, holds the stall.
+    server.stall_at = 10
+    rate, n = 50.0, 60
+    frame = open_loop(server.url + "/stall", body, rate=rate, requests=n, seed=4, timeout=10.0)
+    assert (frame["status"] == 200).all() and server.stalled_at is not None
+    s = summary(frame)
+    assert s["client_p99"] >= 0.15 and frame["client_seconds"].max() >= 0.19
+    # Without the stall all would be fast: the median stays well below it.
+    assert s["client_p50"] < 0.1
+    # The sends were not held back by the stalled server (no coordinated omission)...
+    assert frame["send_lag"].max() < 0.05
+    # ...and the stalled request waited out the whole stall.
+    late = frame["client_seconds"] >= 0.19
+    assert late.sum() >= 1 and frame.loc[late, "send_lag"].max() < 0.05
+
+
+# -- the wire ----------------------------------------------------------------------------
+
+def test_connections_are_kept_alive(server, body):
+    frame = closed_loop(server.url + "/predict", body, requests=20, concurrency=2)
+    assert (frame["status"] == 200).all()
+    assert len(server.ports) == 2  # two connections carried the 20 requests
+
+
+def test_chunked_responses_are_parsed(server, body):
+    frame = closed_loop(server.url + "/chunked", body, requests=6, concurrency=2)
+    assert (frame["status"] == 200).all() and (frame["error"] == "").all()
+    assert frame["server_seconds"].eq(0.02).all() and (frame["pid"] == os.getpid()).all()
+
+
+def test_a_large_body_is_sent_whole(server):
+    big = b'{"rows": [[' + b"0.0," * 750_000 + b'0.0]]}'
+    frame = closed_loop(server.url + "/predict", big, requests=3, concurrency=3)
+    assert (frame["status"] == 200).all()
+    assert server.bodies == [big] * 3
+
+
+@pytest.mark.parametrize("raw, eof, expected", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", False, (200, b"ok", 40, True)),
+    (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", False, (200, b"ok", 59, False)),
+    (b"HTTP/1.0 404 Not Found\r\nContent-Length: 1\r\n\r\nx", False, (404, b"x", 46, False)),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok", False, (200, None, 43, True)),
+    (b"HTTP/1.1 200 OK\r\nContent-Le", False, None),
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n", False, (204, b"", 52, True)),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n", False,
+     (200, b"abcde", 71, True)),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab", False, (200, None, -1, True)),
+    (b"HTTP/1.1 200 OK\r\n\r\nto the end", False, (200, None, -1, False)),
+    (b"HTTP/1.1 200 OK\r\n\r\nto the end", True, (200, b"to the end", 29, False)),
+])
+def test_parse_response(raw, eof, expected):
+    assert wire.parse_response(raw, eof) == expected
+    # A response is incomplete until its last byte.
+    if expected and expected[1] is not None and not eof:
+        partial = wire.parse_response(raw[:-1])
+        assert partial is None or partial[1] is None
+
+
+@pytest.mark.parametrize("raw", [
+    b"HTTP/1.1 200 OK\r\nServer: gunicorn\r\nConnection: close\r\nContent-Length: 12\r\n\r\n{\"count\": 1}",
+    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nabc",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n",
+])
+def test_parse_response_at_every_cut(raw):
+    # However the bytes arrive, a response is complete exactly when its last byte is in,
+    # and bytes after it (the next response on a kept-alive connection) are not its own.
+    status, body, end, _ = wire.parse_response(raw)
+    assert end == len(raw) and status == 200
+    for cut in range(len(raw)):
+        partial = wire.parse_response(raw[:cut])
+        assert partial is None or partial[1] is None
+    assert wire.parse_response(raw + b"HTTP/1.1 500 X\r\n")[1:3] == (body, end)
+
+
+@pytest.mark.parametrize("raw, eof, match", [
+    (b"SPDY/3 200 OK\r\n\r\n", False, "status line"),
+    (b"HTTP/1.1 2x0 OK\r\n\r\n", False, "status line"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", False, "Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", False, "chunk size"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nshort", True, "closed"),
+    (b"HTTP/1.1 200 OK\r\nContent", True, "closed"),
+])
+def test_parse_response_refuses_malformed(raw, eof, match):
+    with pytest.raises(ValueError, match=match):
+        wire.parse_response(raw, eof)
+
+
 # -- refused input -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("url", ["http://10.0.0.1/predict", "http://example.com/", "http://[2001:db8::1]:80/",
                                  "http://0.0.0.0:80/", "ftp://127.0.0.1/", "127.0.0.1:8000/predict",
-                                 "http://127.0.0.1:notaport/"])
+                                 "http://127.0.0.1:notaport/", "https://127.0.0.1:443/"])
 def test_non_loopback_url_is_refused_before_sending(monkeypatch, url, body):
     def no_network(*args, **kwargs):
-        raise AssertionError("a session was opened")
+        raise AssertionError("the generator was started")
 
-    monkeypatch.setattr(aiohttp, "ClientSession", no_network)
-    monkeypatch.setattr(aiohttp, "TCPConnector", no_network)
+    # Resolving the host and driving the trial are the only ways to a socket.
+    monkeypatch.setattr(load, "resolve", no_network)
+    monkeypatch.setattr(load, "drive", no_network)
     monkeypatch.setattr(socket.socket, "connect", no_network)
     for call in (lambda: closed_loop(url, body, requests=1), lambda: open_loop(url, body, 10.0, requests=1),
                  lambda: bounded_throughput(url, body, 0.1, max_steps=1)):

@@ -188,6 +188,10 @@ def _header(manifest):
         if isinstance(value, (list, tuple)):
             value = shlex.join(map(str, value))
         rows.append(f"<dt>{_esc(label)}</dt><dd>{_esc(value)}</dd>")
+    client = manifest.get("client_cpus")
+    if isinstance(client, dict) and client.get("note"):
+        # Where the load generator ran: on CPUs of its own, or sharing the server's.
+        rows.append(f"<dt>load generator</dt><dd>{_esc(client['note'])}</dd>")
     full = json.dumps(dict(manifest), indent=2, default=str, sort_keys=True)
     return (f'<dl class="manifest">{"".join(rows)}</dl>'
             f"<details><summary>Full manifest</summary><pre>{_esc(full)}</pre></details>")
@@ -381,13 +385,17 @@ def _cpu_table(trials):
         "model": cost["model"], "batch": cost["batch"], "configuration": label, "wait policy": cost["wait_policy"],
         "spincount": cost["spincount"].astype(int).astype(str).replace("-1", "default"),
         "policy": cost["policy"], "p99 ms": _fmt(cost["p99"] * 1e3, 1),
+        "server CPU ms/req": _fmt(cost["cpu_per_request"] * 1e3, 2),
+        "generator CPU ms/req": _fmt(cost["generator_cpu_per_request"] * 1e3, 2),
         "main CPU ms/req": _fmt(cost["cpu_main_per_request"] * 1e3, 2),
         "OpenMP CPU ms/req": _fmt(cost["cpu_openmp_per_request"] * 1e3, 2),
         "main idle share": _fmt(cost["idle_cpu_share_main"], 2),
         "OpenMP idle share": _fmt(cost["idle_cpu_share_openmp"], 2),
         "cores busy": _fmt(cost["cores_busy"], 2), "trials": cost["trials"]})
-    return _table(table, "CPU time of every server thread, sampled during the load (schedstat, else "
-                         "utime+stime). Idle share: the part of a role's CPU time spent while its worker had "
+    return _table(table, "Server CPU: CPU time of every server thread per ok request, sampled during the load "
+                         "(schedstat, else utime+stime). Generator CPU: the load generator's own CPU time (user + "
+                         "sys) per request sent - what measuring cost; on CPUs shared with the server it was "
+                         "taken from the policy under test ('-': recorded before it was measured). Idle share: the part of a role's CPU time spent while its worker had "
                          "no request in flight - OpenMP threads spinning between requests, or the main thread "
                          "in Gunicorn's accept/parse/write loop. Cores busy: server CPU-seconds per second of "
                          "load. A lower p99 bought with many more busy cores only burns them.")

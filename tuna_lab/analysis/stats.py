@@ -355,6 +355,8 @@ def _grouping(spec, available):
 
 _CPU = ("cpu_main_per_request", "cpu_openmp_per_request", "idle_cpu_share_main", "idle_cpu_share_openmp",
         "cpu_seconds", "load_seconds")
+# Reported when present: the server's total per request, and the load generator's own (newer results).
+_CPU_OPTIONAL = ("cpu_per_request", "generator_cpu_per_request")
 
 
 def cpu_cost(trials):
@@ -373,7 +375,10 @@ def cpu_cost(trials):
         ``cpu_main_per_request`` and ``cpu_openmp_per_request`` (CPU-seconds),
         ``idle_cpu_share_main`` and ``idle_cpu_share_openmp`` (share of the
         role's CPU time spent while its worker had no request in flight),
-        ``cores_busy`` (server CPU-seconds per second of load) and ``trials``.
+        ``cores_busy`` (server CPU-seconds per second of load),
+        ``cpu_per_request`` (every server thread, per ok request),
+        ``generator_cpu_per_request`` (the load generator's own CPU per
+        request sent; NaN for results recorded before it was) and ``trials``.
 
     Examples
     --------
@@ -390,7 +395,10 @@ def cpu_cost(trials):
     keys = list(_by(trials, _SCENARIO))
     check_table(trials, "trials", tuple(keys) + ("trial", "p99") + _CPU, numeric=("p99",) + _CPU, keys=keys)
     valid = trials[valid_trials(trials)].assign(cores_busy=trials["cpu_seconds"] / trials["load_seconds"])
-    values = ["p99"] + list(_CPU[:4]) + ["cores_busy"]
+    # Older results lack them: NaN, not an error (a mixed sweep keeps its newer cells' values).
+    valid = valid.assign(**{c: pd.to_numeric(valid[c], errors="coerce") if c in valid.columns else np.nan
+                            for c in _CPU_OPTIONAL})
+    values = ["p99"] + list(_CPU[:4]) + ["cores_busy", *_CPU_OPTIONAL]
     out = valid.groupby(keys, sort=True, observed=True)[values].mean()
     out["trials"] = valid.groupby(keys, sort=True, observed=True).size()
     return sort_table(out.reset_index(), keys)

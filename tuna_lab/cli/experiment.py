@@ -11,8 +11,9 @@ import os
 import sys
 
 from ..errors import ExperimentError, TunaError
-from .options import (add_size_options, add_strict_option, add_wait_options, check_cpu_quota, configs_arg,
-                      non_negative_int_arg, policies_arg, positive_float_arg)
+from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options,
+                      check_cpu_quota, client_cpus_of, configs_arg, non_negative_int_arg, policies_arg,
+                      positive_float_arg)
 
 __all__ = ["add_parser"]
 
@@ -53,7 +54,8 @@ def add_parser(subparsers):
                     "policy and the p99 speedups over cfs (the article's method).",
         epilog="examples:\n"
                "  tuna-lab run -w 2 -t 2 --model small --trials 3 --requests 200\n"
-               "  tuna-lab run -w 2 -t 2 --policies cfs,tuna-scatter --out results/ --json > run.json\n")
+               "  tuna-lab run -w 2 -t 2 --policies cfs,tuna-scatter --out results/ --json > run.json\n"
+               "  tuna-lab run -w 4 -t 2 --client-cpus 6-7        load generator on CPUs 6-7, server on the rest\n")
     add_size_options(r)
     r.add_argument("--model", default="medium", help=_HELP["model"])
     r.add_argument("--batch", type=int, default=100, help=_HELP["batch"])
@@ -69,6 +71,7 @@ def add_parser(subparsers):
                    help="print one JSON object: the summary rows, the speedups and the files written")
     add_wait_options(r)
     add_strict_option(r)
+    add_client_cpus_option(r)
     r.set_defaults(func=_cmd_run)
 
     sw = subparsers.add_parser(
@@ -98,6 +101,7 @@ def add_parser(subparsers):
     sw.add_argument("--spincount", type=non_negative_int_arg, default=None,
                     help="GOMP_SPINCOUNT for every cell")
     add_strict_option(sw)
+    add_client_cpus_option(sw)
     _add_cluster_options(sw)
     sw.set_defaults(func=_cmd_sweep)
 
@@ -133,18 +137,27 @@ def add_parser(subparsers):
 
 
 def _cmd_run(args):
-    from ..measure.experiment import Config, run
+    from .._checks import positive_int
+    from ..measure.experiment import Config, check_policies, run
 
     config = Config(args.workers, args.threads, args.model, args.batch, wait_policy=args.wait_policy,
                     spincount=args.spincount)
+    policies = check_policies(policies_arg(args.policies))
+    for name in ("trials", "requests"):
+        positive_int(name, getattr(args, name), ExperimentError)
+    client = client_cpus_of(args, ExperimentError, threads=[config.threads])
     check_cpu_quota(config.workers * config.threads, args.strict, ExperimentError)
+    # Said once all the input is checked: bad input stays one line.
+    print(f"tuna-lab: {client.describe()}", file=sys.stderr, flush=True)
     out = os.path.join(args.out, config.key) if args.out else None
-    result = run(config, policies_arg(args.policies), trials=args.trials, requests=args.requests, out=out,
-                 concurrency=args.concurrency, seed=args.seed, progress=_progress, csv=args.csv)
+    result = run(config, policies, trials=args.trials, requests=args.requests, out=out,
+                 concurrency=args.concurrency, seed=args.seed, progress=_progress, csv=args.csv,
+                 client_cpus=client)
     rows, speedups = _summary(result.trials), _speedups(result.requests, result.trials)
     if args.json:
         _print_json({"cell": config.key, "config": result.manifest.get("config"), "summary": rows,
-                     "speedups": speedups, "path": result.path,
+                     "speedups": speedups, "client_cpus": result.manifest.get("client_cpus"),
+                     "generator": result.manifest.get("generator"), "path": result.path,
                      "files": sorted(os.path.join(result.path, f) for f in os.listdir(result.path))
                      if result.path else []})
         return 0
@@ -193,28 +206,49 @@ def _add_cluster_options(parser):
 
 
 def _cmd_sweep(args):
-    from ..measure.experiment import Config, grid, sweep
+    from ..measure.experiment import sweep
 
     if args.cluster is None and (args.per_machine or args.spread or args.any_machine):
         raise ExperimentError("--per-machine, --spread and --any-machine spread a sweep over the machines of "
                               "a Dask cluster: give --cluster ADDRESS too")
     if args.per_machine and args.any_machine:
         raise ExperimentError("--any-machine is for --spread: --per-machine runs every cell on every machine")
-    pairs = configs_arg(args.configs) if args.configs else grid(args.grid)
-    models = [m for m in args.models.split(",") if m]
-    batches = [int(b) for b in args.batches.split(",") if b]
-    waits = [w for w in args.wait_policies.split(",") if w]
-    configs = [Config(w, t, m, b, wait_policy=wp, spincount=args.spincount)
-               for (w, t) in pairs for m in models for b in batches for wp in waits]
     if args.cluster is not None:
-        return _sweep_on_cluster(args, configs)
+        # CPU ids are per machine: each machine chooses (and checks) its client CPUs where it runs.
+        return _sweep_on_cluster(args, _configs(args))
+    configs = []
+
+    def threads(split):
+        # The machine grid is sized by the CPUs the server will have, once the client's are kept.
+        configs.extend(_configs(args, split.server.n_logical))
+        return {c.threads for c in configs}
+
+    # Chosen here, to size the grid; sweep() checks the rest of the input and then says what was kept.
+    client = client_cpus_of(args, ExperimentError, threads=threads)
     # Checked once, before any cell runs, for the largest cell.
     check_cpu_quota(max((c.workers * c.threads for c in configs), default=0), args.strict, ExperimentError)
     before = _finished_cells(args.out)
     sweep(configs, policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
-          progress=_progress, seed=args.seed)
+          progress=_progress, seed=args.seed, client_cpus=client)
     return _sweep_done(args, configs, before,
                        f"sweep results in {args.out}; `tuna-lab report {args.out} -o report.html` analyses them")
+
+
+def _configs(args, server_cpus=None):
+    """The sweep's cells: ``--configs`` or the grid (sized by at most ``server_cpus``) x models x batches x waits."""
+    from ..machine import Limits
+    from ..measure.experiment import Config, grid
+
+    if args.configs:
+        pairs = configs_arg(args.configs)
+    else:
+        cpus = Limits.read().effective_cpus
+        pairs = grid(args.grid, cpus=cpus if server_cpus is None else min(cpus, server_cpus))
+    models = [m for m in args.models.split(",") if m]
+    batches = [int(b) for b in args.batches.split(",") if b]
+    waits = [w for w in args.wait_policies.split(",") if w]
+    return [Config(w, t, m, b, wait_policy=wp, spincount=args.spincount)
+            for (w, t) in pairs for m in models for b in batches for wp in waits]
 
 
 def _finished_cells(out):
@@ -239,14 +273,22 @@ def _sweep_done(args, configs, before, message):
 
 
 def _sweep_on_cluster(args, configs):
-    """The sweep on the machines of a Dask cluster (each machine's CPU quota is checked where it runs)."""
+    """The sweep on the machines of a Dask cluster (each machine's CPU quota is checked where it runs).
+
+    ``--client-cpus`` goes to every machine as typed (or None for the default)
+    and is resolved by each machine's run of a cell, which says what it kept.
+    """
+    from .._checks import parse_cpulist
     from ..measure.cluster import connect
     from ..measure.experiment import sweep
 
     before = _finished_cells(args.out)
+    if args.client_cpus is not None and args.client_cpus.strip().lower() != "none":
+        # Only the syntax here: which CPUs exist is each machine's to say.
+        parse_cpulist(args.client_cpus, "--client-cpus", ExperimentError)
     with connect(args.cluster) as client:
         sweep(configs, policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
-              progress=_progress, seed=args.seed, client=client,
+              progress=_progress, seed=args.seed, client=client, client_cpus=args.client_cpus,
               per_machine=args.per_machine, any_machine=args.any_machine, worker_wait=args.wait_for_workers)
     return _sweep_done(args, configs, before, f"sweep results in {args.out} (one folder per machine); "
                                               f"`tuna-lab report {args.out} -o report.html` compares them")
@@ -268,10 +310,35 @@ def _cmd_report(args):
                         threads=threads if len(threads) else None, manifest=header, machines=machines)
     if args.json:
         _print_json({"report": os.fspath(path), "results": args.results, "cells": len(manifests),
-                     "speedups": _headline(requests, trials)})
+                     "speedups": _headline(requests, trials), "cpu": _cpu_rows(trials)})
         return 0
     print(f"wrote {path}")
     return 0
+
+
+def _cpu_rows(trials):
+    """The report's CPU table as JSON rows: per application and policy, server and generator CPU per request.
+
+    ``server_cpu_per_request`` (every server thread, per ok request) beside
+    ``generator_cpu_per_request`` (the load generator's own, per request
+    sent; null for results recorded before it was), in seconds, with the
+    mean ``p99``; empty when the results have no CPU accounting at all.
+    """
+    from ..analysis.stats import cpu_cost
+
+    try:
+        cost = cpu_cost(trials)
+    except TunaError:
+        return []
+    keys = [c for c in ("machine", "workers", "threads", "cpus", "model", "batch", "wait_policy", "spincount",
+                        "policy") if c in cost.columns]
+    rows = []
+    for _, row in cost.iterrows():
+        rows.append({**{k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in keys},
+                     "p99": float(row["p99"]), "server_cpu_per_request": float(row["cpu_per_request"]),
+                     "generator_cpu_per_request": float(row["generator_cpu_per_request"]),
+                     "trials": int(row["trials"])})
+    return rows
 
 
 def _headline(requests, trials):
@@ -365,7 +432,7 @@ def _summary(trials):
     ok = trials[trials["trial_status"] == "ok"] if len(trials) else trials
     if ok.empty:
         return []
-    cpu = [c for c in ("cpu_per_request", "idle_cpu_share_openmp") if c in ok.columns]
+    cpu = [c for c in ("cpu_per_request", "idle_cpu_share_openmp", "generator_cpu_per_request") if c in ok.columns]
     t = ok.groupby("policy")[["p50", "p99", *cpu]].mean()
     n = ok.groupby("policy").size()
     base = t["p99"].get("cfs")
@@ -380,16 +447,24 @@ def _summary(trials):
 
 
 def _summary_table(rows):
-    """:func:`_summary`'s rows as the text table ``run`` and ``demo`` print (milliseconds)."""
+    """:func:`_summary`'s rows as the text table ``run`` and ``demo`` print (milliseconds).
+
+    CPU per request: the server's (every server thread, per ok request) next
+    to the load generator's own (per request sent), when they were recorded.
+    """
     if not rows:
         return "no successful trials"
     cpu = "cpu_per_request" in rows[0]
+    gen = "generator_cpu_per_request" in rows[0]
     lines = [f"{'policy':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99 speedup vs cfs':>21}"
-             + (f"{'CPU ms/req':>12}{'OpenMP idle':>13}" if cpu else "")]
+             + (f"{'server CPU ms/req':>19}{'OpenMP idle':>13}" if cpu else "")
+             + (f"{'generator CPU ms/req':>22}" if gen else "")]
     for row in rows:
         sp = "-" if row["p99_speedup_vs_cfs"] is None else f"{row['p99_speedup_vs_cfs']:.2f}x"
         line = f"{row['policy']:<14}{row['p50'] * 1e3:>9.1f}{row['p99'] * 1e3:>9.1f}{sp:>21}"
         if cpu:
-            line += f"{row['cpu_per_request'] * 1e3:>12.2f}{row['idle_cpu_share_openmp']:>13.0%}"
+            line += f"{row['cpu_per_request'] * 1e3:>19.2f}{row['idle_cpu_share_openmp']:>13.0%}"
+        if gen:
+            line += f"{row['generator_cpu_per_request'] * 1e3:>22.2f}"
         lines.append(line)
     return "\n".join(lines)

@@ -20,7 +20,8 @@ import warnings
 from ..errors import TopologyWarning, TunaError
 
 __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_float_arg", "non_negative_int_arg",
-           "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg"]
+           "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg",
+           "add_client_cpus_option", "client_cpus_of"]
 
 
 def add_topology_options(parser):
@@ -195,6 +196,65 @@ def add_strict_option(parser):
     parser.add_argument("--strict", action="store_true",
                         help="refuse (exit 2) instead of warning when this process's CPU quota is below the "
                              "CPUs the threads will run on")
+
+
+def add_client_cpus_option(parser):
+    """Add ``--client-cpus LIST``: CPUs for the load generator, kept free of the server's placement.
+
+    :func:`client_cpus_of` turns it into the split (``run``, ``sweep`` and ``serve`` share it).
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> add_client_cpus_option(parser)
+    >>> parser.parse_args(["--client-cpus", "6-7"]).client_cpus, parser.parse_args([]).client_cpus
+    ('6-7', None)
+    """
+    parser.add_argument("--client-cpus", metavar="LIST", default=None,
+                        help="CPUs for the load generator (a cpulist such as 1 or 6-7), kept free of every "
+                             "policy's server placement: the server places on the CPUs left; 'none' keeps none "
+                             "(default: none below 8 usable CPUs, one physical core from 8 up, said on stderr)")
+
+
+def client_cpus_of(args, error=TunaError, threads=(), topology=None):
+    """The :class:`~tuna_lab.machine.reserve.ClientCpus` that ``--client-cpus`` asks for, checked.
+
+    Nothing is printed: the command says :meth:`~tuna_lab.machine.reserve.ClientCpus.describe`
+    once the rest of its input is checked too, so that bad input stays one line.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        With ``client_cpus`` (:func:`add_client_cpus_option`).
+    error : type
+        The exception for bad input (the calling command's: ExperimentError, ServerError).
+    threads : iterable of int, or callable
+        Threads per worker of each server to run: each must fit on the CPUs
+        left. A callable is given the split and returns them (a grid sized by
+        the server's CPUs).
+    topology : Topology, optional
+        Default: this machine and the CPUs this process may use.
+
+    Raises
+    ------
+    error
+        A malformed list, CPUs this process may not use, no CPU left for the
+        server, or fewer left than a server's threads per worker.
+
+    Examples
+    --------
+    >>> from argparse import Namespace
+    >>> from tuna_lab.machine import Topology
+    >>> client_cpus_of(Namespace(client_cpus="1"), topology=Topology.synthetic("core:2 pu:1")).server.cpus
+    (0,)
+    """
+    from ..machine.reserve import reserve_client_cpus
+
+    split = reserve_client_cpus(args.client_cpus, topology, error=error)
+    for t in threads(split) if callable(threads) else threads:
+        split.check_threads(t, error)
+    return split
 
 
 def check_cpu_quota(threads, strict=False, error=TunaError, limits=None):

@@ -7,7 +7,8 @@ answer in a fraction of a second and load no solver, XGBoost or plotting.
 import json
 
 from ..errors import ServerError
-from .options import add_size_options, add_strict_option, add_wait_options, check_cpu_quota, positive_float_arg
+from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options, check_cpu_quota,
+                      client_cpus_of, positive_float_arg)
 
 __all__ = ["add_parser"]
 
@@ -35,7 +36,9 @@ def add_parser(subparsers):
         "serve", help="start the Gunicorn + XGBoost server with every thread pinned",
         epilog="examples:\n"
                "  tuna-lab serve -w 2 -t 2 --policy tuna-scatter            in the foreground until Ctrl-C\n"
-               "  tuna-lab serve -w 2 -t 2 --model small --pidfile /tmp/t.pid --detach\n")
+               "  tuna-lab serve -w 2 -t 2 --model small --pidfile /tmp/t.pid --detach\n"
+               "  tuna-lab serve -w 3 -t 2 --client-cpus 7 --detach   server off CPU 7: run your load "
+               "generator there\n")
     add_size_options(v)
     v.add_argument("--model", choices=("small", "medium", "large"), default="medium",
                    help="the XGBoost model served: 29, 155 or 784 features, as the article's three; "
@@ -55,6 +58,7 @@ def add_parser(subparsers):
     v.add_argument("--detach", action="store_true", help="return once ready; stop with `tuna-lab stop`")
     add_wait_options(v)
     add_strict_option(v)
+    add_client_cpus_option(v)
     v.set_defaults(func=_cmd_serve)
 
     st = subparsers.add_parser(
@@ -83,14 +87,24 @@ def _cmd_serve(args):
     from .._checks import format_cpulist
     from ..server.launch import Server
 
+    import sys
+
+    client = client_cpus_of(args, ServerError, threads=[args.threads])
     check_cpu_quota(args.workers * args.threads, args.strict, ServerError)
+    # The server places on the CPUs left; with client CPUs kept, all of its processes start confined there.
     server = Server(args.workers, args.threads, model=args.model, policy=args.policy, port=args.port,
                     pidfile=args.pidfile, max_requests=args.max_requests,
                     request_log=args.request_log, places=args.places, wait_policy=args.wait_policy,
-                    spincount=args.spincount)
+                    spincount=args.spincount, topology=client.server)
+    # Said once the input is known to be good (bad input stays one line).
+    print(f"tuna-lab: {client.describe()}", file=sys.stderr, flush=True)
     server.start(ready_timeout=args.ready_timeout)
     print(f"serving {server.url} (policy {args.policy}, {args.workers} workers x {args.threads} threads, "
           f"model {args.model}); pidfile {server.pidfile}", flush=True)
+    if client.reserved:
+        print(f"  server on CPUs {format_cpulist(client.server.cpus)}; CPU{'' if len(client.cpus) == 1 else 's'} "
+              f"{client.cpulist} kept free for your load generator, e.g. taskset -c {client.cpulist} wrk ...",
+              flush=True)
     for rec in server.worker_records():
         cpus = " ".join(f"{t['role'][0]}{t['tid']}:{format_cpulist(t['cpus'])}" for t in rec["threads"])
         print(f"  worker slot {rec['slot']} pid {rec['pid']}: {cpus}", flush=True)
@@ -125,6 +139,9 @@ def _cmd_status(args):
         return 0
     print(f"{info['url']}  master {info['master']}  policy {info['policy']}  model {info['model']}  "
           f"{len(info['workers'])}/{info['workers_expected']} workers x {info['threads']} threads")
+    if info.get("server_cpus"):
+        print(f"  server confined to CPUs {format_cpulist(info['server_cpus'])} (master now on "
+              f"{format_cpulist(info['master_cpus'])}); the others are kept for a load generator")
     for w in info["workers"]:
         print(f"  worker slot {w['slot']} pid {w['pid']} {'ready' if w['ready'] else 'starting'}")
         for t in w["threads"]:

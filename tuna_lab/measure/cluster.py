@@ -58,6 +58,7 @@ import pandas as pd
 
 from .._checks import format_cpulist, one_line, positive_int, positive_number
 from ..errors import ExperimentError
+from ..machine.reserve import reserve_client_cpus
 from . import schema
 from .experiment import Result, check_policies, machine_name, run, write_cell
 
@@ -210,6 +211,9 @@ def _cell(config, policies, trials, requests, options, topic, attempt):
         if topic in _STOPPING:
             raise _Stopped("the sweep was interrupted")
 
+    # The client CPUs are this machine's to choose (CPU ids are per machine): said once per cell.
+    options = {**options, "client_cpus": reserve_client_cpus(options.get("client_cpus"), error=ExperimentError)}
+    send(line=options["client_cpus"].describe())
     result = run(config, policies, trials=trials, requests=requests, progress=progress,
                  on_trial=lambda part: send(trial=_to_wire(part)), **options)
     info = describe_machine()
@@ -279,7 +283,11 @@ def sweep_on(client, configs, policies, out, trials=5, requests=1000, progress=N
     csv : bool
         Also write CSV copies of the tables.
     **run_options
-        ``concurrency``, ``seed``, ``warmup``: as for :func:`~tuna_lab.measure.experiment.run`.
+        ``concurrency``, ``seed``, ``warmup``, ``client_cpus``: as for
+        :func:`~tuna_lab.measure.experiment.run`. ``client_cpus`` (a cpulist,
+        ``"none"`` or None for the default) is resolved on each machine, for
+        its own CPUs, when it runs a cell; the line saying what was kept comes
+        back prefixed with the machine's name.
 
     Returns
     -------

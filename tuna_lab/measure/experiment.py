@@ -33,16 +33,17 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from .._checks import one_line, positive_int
+from .._checks import format_cpulist, one_line, positive_int
 from ..errors import CpuAccountingError, ExperimentError, TunaError
 from ..machine import host
 from ..machine.limits import Limits
+from ..machine.reserve import reserve_client_cpus
 from ..server.models import MODEL_FEATURES
 from ..server.openmp import LIBGOMP_DEFAULT_WAIT, wait_policy_env
 from . import schema
 from .cpu import CpuSampler, account, summarise
 # Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
-from .schema import CPU_COLUMNS, cell_key, percentiles
+from .schema import CPU_COLUMNS, GENERATOR_COLUMNS, cell_key, percentiles
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "sweep", "grid", "load_results", "ARTICLE_GRID",
            "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies"]
@@ -181,8 +182,11 @@ class _Plan:
     warmup: int
     #: The request body, the same bytes for every request of every trial.
     body: bytes
-    #: CPUs this process may use (a column of every row).
+    #: CPUs the server may use: this process's, minus the client CPUs (a column of every row,
+    #: the C of the subscription W x T / C).
     cpus: int
+    #: The load generator's CPUs and the server's machine (:class:`~tuna_lab.machine.reserve.ClientCpus`).
+    client: object
 
     @property
     def runs(self):
@@ -210,20 +214,21 @@ def _labels(plan, trial, order, policy):
             "spincount": -1 if config.spincount is None else config.spincount, "trial": trial, "order": order}
 
 
-def _trial_row(labels, frame, wall, status, reason, cpu=None):
+def _trial_row(labels, frame, wall, status, reason, cpu=None, generator=None):
     ok = frame[frame["status"] == 200] if len(frame) else frame
     server = ok["server_seconds"].to_numpy(float) if len(ok) else np.array([])
     row = {**labels, "n": int(len(frame)), "ok": int(len(ok)), "failed": int(len(frame) - len(ok)),
            "wall_seconds": wall, "trial_status": status, "reason": reason}
     row.update(dict.fromkeys(CPU_COLUMNS, float("nan")))
     row.update(cpu or {})
+    row.update(_generator_columns(generator, len(frame)))
     row.update(percentiles(server))
     row["throughput"] = row["ok"] / wall if wall > 0 else float("nan")
     return row
 
 
 def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, seed=0, warmup=20,
-        progress=None, csv=False, on_trial=None):
+        progress=None, csv=False, on_trial=None, client_cpus=None):
     """Measure ``config`` under each policy for ``trials`` trials of ``requests`` concurrent requests.
 
     Parameters
@@ -251,10 +256,27 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         Called with a :class:`Result` of each (trial, policy) run as it
         finishes (its rows only), before ``progress``: a cluster worker sends
         them on, so that the trials of a cell whose machine is lost are kept.
+    client_cpus : str, iterable of int or ClientCpus, optional
+        CPUs for the load generator, kept free of every policy's server
+        placement (the server's topology is the rest): a cpulist such as
+        ``"6-7"``, ``"none"``, or None for the default - nothing below 8
+        usable CPUs, one physical core from 8 up (see
+        :func:`~tuna_lab.machine.reserve.reserve_client_cpus`; the choice is
+        made on the machine that runs the cell). The manifest's
+        ``client_cpus`` records it, with the line that describes it (``note``;
+        ``progress`` only reports trials). Either way the generator's own CPU
+        is recorded in every trial row
+        (:data:`~tuna_lab.measure.schema.GENERATOR_COLUMNS`) and the manifest.
 
     Returns
     -------
     Result
+
+    Raises
+    ------
+    ExperimentError
+        Bad arguments; client CPUs not usable here, leaving no CPU for the
+        server, or fewer than ``config.threads`` for it.
 
     Examples
     --------
@@ -266,16 +288,19 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     policies = check_policies(policies)
     trials = positive_int("trials", trials, ExperimentError)
     requests = positive_int("requests", requests, ExperimentError)
+    resolved = reserve_client_cpus(client_cpus, error=ExperimentError)
+    resolved.check_threads(config.threads, ExperimentError)
     rng = np.random.default_rng(seed)
     # A fresh random order per trial, drawn up front: the seed alone decides them.
     orders = tuple(tuple(str(p) for p in rng.permutation(policies)) for _ in range(trials))
     plan = _Plan(config, orders, requests, concurrency, warmup, payload(config.model, config.batch, seed=seed),
-                 len(os.sched_getaffinity(0)))
+                 resolved.server.n_logical, resolved)
     meta = manifest(config, policies, trials, requests, seed, {
         "concurrency": concurrency, "warmup": warmup, "wait_policy": config.wait_policy,
         "spincount": config.spincount,
         "wait_policy_default": LIBGOMP_DEFAULT_WAIT if config.wait_policy == "default" else None,
-        "cpu_accounting": "schedstat" if os.path.exists("/proc/self/schedstat") else "stat utime+stime"})
+        "cpu_accounting": "schedstat" if os.path.exists("/proc/self/schedstat") else "stat utime+stime",
+        "client_cpus": resolved.to_dict()})
     done = []
     t_start = time.monotonic()
     try:
@@ -290,10 +315,11 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         # manager; keep what finished next to the cell (a resume redoes the cell).
         if out is not None and done:
             begun = min(len(done) // len(policies) + 1, trials)
-            meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True)
+            meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True, generator=_generator_total(done))
             write_cell(out.rstrip("/") + schema.PARTIAL_SUFFIX, _result(done, meta), csv)
         raise
-    meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                generator=_generator_total(done))
     result = _result(done, meta)
     if out is not None:
         result.path = write_cell(out, result, csv)
@@ -309,9 +335,72 @@ def _result(done, meta):
 def _progress_line(plan, row, done, t_start):
     left = (time.monotonic() - t_start) / done * (plan.runs - done)
     reason = row["reason"]
+    server, client = row["cpu_per_request"], row["generator_cpu_per_request"]
+    # Last, after the time left: readers of these lines (the live widget) parse up to it.
+    cost = "" if np.isnan(server) and np.isnan(client) else \
+        f"  CPU/req: server {server * 1e3:.2f} ms, generator {client * 1e3:.2f} ms"
     return (f"{row['cell']} trial {row['trial'] + 1}/{len(plan.orders)} {row['policy']:<13} "
             f"p50 {row['p50'] * 1e3:7.1f} ms p99 {row['p99'] * 1e3:7.1f} ms  "
-            f"{row['trial_status']}{(': ' + reason) if reason else ''}  [~{left:.0f} s left]")
+            f"{row['trial_status']}{(': ' + reason) if reason else ''}  [~{left:.0f} s left]{cost}")
+
+
+def _server_affinity(srv):
+    """``{(pid, role): CPUs}`` the server's threads may run on now, read from /proc.
+
+    Every thread of every live worker (its main thread, and the rest counted
+    as OpenMP, as :func:`~tuna_lab.measure.cpu.account` counts them) and of
+    the master (role ``"master"``); threads that end while being read are skipped.
+    """
+    from ..placement.binding import affinity_of, threads_of
+
+    master = srv.master_pid()
+    pids = [(pid, None) for pid in srv.worker_pids()] + ([(master, "master")] if master else [])
+    allowed = {}
+    for pid, role in pids:
+        try:
+            tids = threads_of(pid)
+        except TunaError:
+            continue
+        for tid in tids:
+            try:
+                cpus = affinity_of(tid)
+            except TunaError:
+                continue
+            key = (pid, role or ("main" if tid == pid else "openmp"))
+            allowed[key] = allowed.get(key, frozenset()) | cpus
+    return allowed
+
+
+def _generator_columns(generator, requests=0):
+    """The trial row's :data:`GENERATOR_COLUMNS` from a load frame's ``attrs["generator"]`` (NaN if absent)."""
+    row = dict.fromkeys(GENERATOR_COLUMNS, float("nan"))
+    row["generator_cpus"] = ""
+    row["server_cpus"] = format_cpulist((generator or {}).get("server_cpus") or ())
+    if not generator or "cpu_seconds" not in generator:
+        return row
+    sent = generator.get("requests") or requests
+    seconds = float(generator.get("cpu_seconds", float("nan")))
+    row.update(generator_cpu_user=float(generator.get("cpu_user", float("nan"))),
+               generator_cpu_sys=float(generator.get("cpu_sys", float("nan"))), generator_cpu_seconds=seconds,
+               generator_cpu_per_request=seconds / sent if sent else float("nan"),
+               generator_cpus=format_cpulist(generator.get("cpus") or ()),
+               generator_processes=float(generator.get("processes", float("nan"))),
+               generator_wall_seconds=float(generator.get("wall_seconds", float("nan"))))
+    return row
+
+
+def _generator_total(done):
+    """The load generator's cost over the finished runs ``done``, for the manifest."""
+    rows = pd.DataFrame([m.row for m in done])
+    if rows.empty or rows["generator_cpu_seconds"].isna().all():
+        return {"cpu_user": None, "cpu_sys": None, "cpu_seconds": None, "requests": 0, "cpu_per_request": None,
+                "runs": int(len(rows))}
+    known = rows[rows["generator_cpu_seconds"].notna()]
+    seconds = float(known["generator_cpu_seconds"].sum())
+    sent = int(known["n"].sum())
+    return {"cpu_user": float(known["generator_cpu_user"].sum()), "cpu_sys": float(known["generator_cpu_sys"].sum()),
+            "cpu_seconds": seconds, "requests": sent, "cpu_per_request": seconds / sent if sent else None,
+            "runs": int(len(known))}
 
 
 def _cpu_of(sampler, frame, labels):
@@ -365,23 +454,34 @@ def _measure(plan, labels, topo):
 
     config = plan.config
     t0 = time.monotonic()
-    frame, status, reason, cpu, per_thread = pd.DataFrame(), "ok", "", None, None
+    frame, status, reason, cpu, per_thread, generator = pd.DataFrame(), "ok", "", None, None, None
     try:
         # die_with_parent: a runner killed outright (SIGKILL, a lost cluster worker) leaves no server.
+        # The server places on the machine left once the client CPUs are kept (all of it when none are).
         with Server(config.workers, config.threads, model=config.model, policy=labels["policy"],
-                    wait_policy=config.wait_policy, spincount=config.spincount, die_with_parent=True) as srv:
+                    wait_policy=config.wait_policy, spincount=config.spincount, die_with_parent=True,
+                    topology=plan.client.server) as srv:
+            # The generator runs pinned to the client CPUs only while it sends (unpinned when none are kept).
+            pin = plan.client.cpus or None
             if plan.warmup:
                 closed_loop(f"{srv.url}/predict", plan.body, requests=plan.warmup,
-                            concurrency=min(plan.warmup, 4))
+                            concurrency=min(plan.warmup, 4), cpus=pin)
             # Every server thread's CPU time, sampled while the load runs.
             with CpuSampler(srv.server_threads(), period=0.1) as sampler:
                 frame = closed_loop(f"{srv.url}/predict", plan.body, requests=plan.requests,
-                                    concurrency=plan.concurrency)
+                                    concurrency=plan.concurrency, cpus=pin)
+            # frame.attrs does not survive every pandas operation: keep the generator's cost now.
+            generator = dict(frame.attrs.get("generator") or {})
+            # Where the server's threads may run, read live before it stops: off the generator's CPUs.
+            allowed = _server_affinity(srv)
+            generator["server_cpus"] = sorted(set().union(*allowed.values())) if allowed else []
             if srv.proc is None or srv.proc.poll() is not None:
                 status, reason = "failed", "the server died during the trial"
             cpu, per_thread = _cpu_of(sampler, frame, labels)
             if per_thread is not None:
                 per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
+                per_thread = per_thread.assign(cpus=[format_cpulist(allowed.get((pid, role), ()))
+                                                     for pid, role in zip(per_thread["pid"], per_thread["role"])])
     except TunaError as exc:
         status, reason = "failed", one_line(exc)
     wall = time.monotonic() - t0
@@ -390,7 +490,7 @@ def _measure(plan, labels, topo):
         status, reason = "failed", f"{int((frame['status'] != 200).sum())} requests failed: {bad}"
     if len(frame):
         frame = frame.assign(**labels, load_mode="closed")
-    return _Measured(_trial_row(labels, frame, wall, status, reason, cpu), frame, per_thread)
+    return _Measured(_trial_row(labels, frame, wall, status, reason, cpu, generator), frame, per_thread)
 
 
 def write_cell(out, result, csv=False):
@@ -533,7 +633,8 @@ def load_thread_cpu(path):
 
     One row per (cell, policy, trial, worker, role): ``threads``, ``cpu_seconds``,
     ``max_thread_cpu_seconds``, ``busy_cpu_seconds``, ``idle_cpu_seconds``, ``requests``,
-    ``wall_seconds``, ``numa_node``, ``numa_locality`` (see :func:`tuna_lab.measure.cpu.account`);
+    ``wall_seconds``, ``numa_node``, ``numa_locality`` (see :func:`tuna_lab.measure.cpu.account`),
+    ``cpus`` (the cpulist its threads were allowed on at the end of the load; absent in older results);
     and ``machine`` for a cluster sweep, as in :func:`load_results`.
     """
     cells = _finished_cells(path)
@@ -600,7 +701,9 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
         ``per_machine``, ``any_machine`` and ``worker_wait`` are passed to).
         Default: here, one cell after the other.
     **run_options
-        ``concurrency``, ``seed``, ``warmup``, ``csv``: as for :func:`run`.
+        ``concurrency``, ``seed``, ``warmup``, ``csv``, ``client_cpus``: as for
+        :func:`run`. ``client_cpus`` is chosen once here, or on each machine
+        of a cluster (CPU ids are per machine).
 
     Returns
     -------
@@ -618,7 +721,13 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
     """
     policies = check_policies(policies)
     if client is not None:
+        # The client CPUs (a cpulist, "none" or the default) are chosen on each machine by its run().
+        from ..machine.reserve import ClientCpus
         from .cluster import sweep_on
+
+        if isinstance(run_options.get("client_cpus"), ClientCpus):
+            raise ExperimentError("on a cluster, give client_cpus as a cpulist, 'none' or None: each machine "
+                                  "chooses its own CPUs")
 
         return sweep_on(client, configs, policies, out, trials=trials, requests=requests, progress=progress,
                         per_machine=per_machine, any_machine=any_machine, worker_wait=worker_wait, **run_options)
@@ -627,10 +736,17 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
                               "give a Dask client too")
     os.makedirs(out, exist_ok=True)
     configs = list(configs)
+    # Here the client CPUs are chosen, checked against every cell and said once, before any cell runs.
+    given = run_options.get("client_cpus")
+    split = reserve_client_cpus(given, error=ExperimentError)
+    for config in configs:
+        split.check_threads(config.threads, ExperimentError)
+    run_options["client_cpus"] = split
     done = [c for c in configs if os.path.exists(os.path.join(out, c.key, schema.MANIFEST))]
     todo = [c for c in configs if c not in done]
     if progress:
         progress(f"sweep: {len(done)} of {len(configs)} cells already finished, {len(todo)} to run")
+        progress(split.describe())
     t0 = time.monotonic()
     for i, config in enumerate(todo):
         run(config, policies, trials=trials, requests=requests, out=os.path.join(out, config.key),

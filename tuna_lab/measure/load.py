@@ -16,19 +16,24 @@ QPS" method of measuring service throughput at bounded latency:
 :func:`bounded_throughput` searches the highest Poisson rate whose p99
 latency stays within an SLA ("throughput with bounded latency"), and
 :func:`measure_generator` measures the generator itself against a trivial
-in-process endpoint.
+endpoint in another process.
 
 Every trial returns one row per request (:data:`COLUMNS`, the same tuple as
 :data:`tuna_lab.measure.schema.REQUEST_COLUMNS`); failures are rows
 (``status`` -1 for client-side failures), never exceptions. Only loopback
-targets (127.0.0.0/8, ``localhost``, ``::1``) are accepted, redirects are not
-followed, proxies from the environment are ignored, and every trial is
-bounded in request count and wall time.
+``http://`` targets (127.0.0.0/8, ``localhost``, ``::1``) are accepted,
+redirects are not followed, no proxy is used, and every trial is bounded in
+request count and wall time.
 
-The functions are synchronous (they run their own event loop). Called from
-a thread that already runs an event loop (a Jupyter cell), they run their
-loop in a worker thread and block until it is done; there, ``await
-aclosed_loop(...)`` / ``await aopen_loop(...)`` avoid blocking the kernel.
+The generator costs about what a C load generator costs: each trial runs
+in a thread of its own on :func:`tuna_lab.measure.wire.drive` (raw HTTP/1.1
+on one epoll; see docs/load-bench.md for it side by side with wrk). That
+thread can be pinned (``cpus=``) and exits with the trial, and its CPU time
+is in every frame's ``attrs["generator"]`` (:data:`GENERATOR_KEYS`).
+
+The functions are synchronous: they block until the trial is done. From a
+thread that runs an event loop (a Jupyter cell), ``await aclosed_loop(...)``
+/ ``await aopen_loop(...)`` run the same trial and let the loop run meanwhile.
 
 Examples
 --------
@@ -41,29 +46,28 @@ Examples
 
 import asyncio
 import concurrent.futures
-import contextlib
-import ipaddress
 import json
 import math
 import os
 import resource
-from urllib.parse import urlsplit
+import threading
+import time
 
-import aiohttp
 import numpy as np
 import pandas as pd
-from aiohttp import web
 
-from .._checks import positive_int, positive_number, shorten
+from .._checks import format_cpulist, non_negative_int, parse_cpulist, positive_int, positive_number, shorten
 from ..errors import LoadError
 from ..server.models import STAGES, make_rows
 from .schema import LATE_REQUEST_COLUMNS, percentiles
+from .wire import check_url, drive, request_bytes, resolve, trivial_endpoint
 # The columns of a trial's frame (one row per request, documented in
 # tuna_lab.measure.schema), under the name this module has always given them.
 from .schema import REQUEST_COLUMNS as COLUMNS
 
 __all__ = [
     "COLUMNS",
+    "GENERATOR_KEYS",
     "payload",
     "poisson_schedule",
     "closed_loop",
@@ -75,44 +79,23 @@ __all__ = [
     "measure_generator",
 ]
 
-_HEADERS = {"Content-Type": "application/json"}
+#: The keys of ``frame.attrs["generator"]``, the load generator's own cost in a
+#: trial: CPU seconds (user, system, their sum) of the generating thread(s)
+#: only, the sorted CPU ids it ran on, how many processes generated load, how
+#: many requests were sent and the trial's wall-clock seconds.
+GENERATOR_KEYS = ("cpu_user", "cpu_sys", "cpu_seconds", "cpus", "processes", "requests", "wall_seconds")
+
 # Status of a request that has not finished (yet); never appears in a frame.
 _PENDING = -2
 # An upper bound on a schedule, so a typo in rate * duration cannot exhaust memory.
 _MAX_REQUESTS = 10_000_000
 # File descriptors left for everything but the trial's sockets.
 _FD_RESERVE = 64
-# How early the open loop's dispatcher wakes before a send time (see _sleep_until).
-_SPIN = 0.0005
 # Longest error text kept in a request's row.
 _ERROR_CHARS = 200
 
 
 # -- input checks ------------------------------------------------------------------------
-
-def _loopback_url(url):
-    """Return ``url`` if it is an http(s) URL whose host is a loopback address, else raise."""
-    if not isinstance(url, str):
-        raise LoadError(f"url must be a string, got {url!r}")
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname
-        parts.port  # noqa: B018 - raises ValueError on a malformed port
-    except ValueError as exc:
-        raise LoadError(f"malformed url {url!r}: {exc}") from None
-    if parts.scheme not in ("http", "https") or not host:
-        raise LoadError(f"url must be http(s)://host[:port]/path, got {url!r}")
-    if host == "localhost":
-        return url
-    try:
-        loopback = ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback:
-        # Load tests only ever target a local server: refuse before any socket is opened.
-        raise LoadError(f"refusing to load {host!r}: only loopback hosts (127.0.0.0/8, localhost, ::1) are allowed")
-    return url
-
 
 def _body_bytes(body):
     if isinstance(body, str):
@@ -308,104 +291,112 @@ def _parse_ok(rec, i, raw):
         rec.pid[i] = pid
 
 
-async def _exchange(session, url, body, rec, i, clock, t0):
-    """Send request ``i`` now and record its outcome; never raises but on cancellation.
-
-    Only the status and raw body are kept here; :meth:`_Records.frame` parses them.
-    """
-    now = clock() - t0
-    rec.sent[i] = now
-    if np.isnan(rec.scheduled[i]):
-        rec.scheduled[i] = now
-    try:
-        async with session.post(url, data=body, headers=_HEADERS, allow_redirects=False) as resp:
-            raw = await resp.read()
-            status = resp.status
-    except TimeoutError:
-        status, raw, error = -1, b"", "timeout"
-    except Exception as exc:  # noqa: BLE001 - a client-side failure is a row, not the end of the trial
-        status, raw, error = -1, b"", shorten(f"{type(exc).__name__}: {exc}", _ERROR_CHARS)
+def _cpu_set(cpus):
+    """``cpus`` (an iterable of CPU ids or a cpulist string) as a sorted tuple, or None; checked."""
+    if cpus is None:
+        return None
+    if isinstance(cpus, str):
+        ids = parse_cpulist(cpus, "cpus", LoadError)
     else:
-        error = ""
-    rec.done[i] = clock() - t0
-    rec.status[i] = status
-    rec.raw[i] = raw
-    if error:
-        rec.error[i] = error
+        try:
+            ids = tuple(non_negative_int("cpus[]", c, LoadError) for c in cpus)
+        except TypeError:
+            raise LoadError(f"cpus must be an iterable of CPU ids, got {cpus!r}") from None
+    if not ids:
+        raise LoadError("cpus must name at least one CPU")
+    allowed = os.sched_getaffinity(0) | os.sched_getaffinity(os.getpid())
+    bad = sorted(set(ids) - allowed)
+    if bad:
+        raise LoadError(f"cpus {format_cpulist(bad)} are not allowed for this process "
+                        f"(allowed: {format_cpulist(allowed)})")
+    return tuple(sorted(set(ids)))
 
 
-def _session(connections, timeout):
-    # One pooled session, keep-alive, sized so no request waits for a connection;
-    # no proxies or netrc from the environment, no cookie bookkeeping.
-    connector = aiohttp.TCPConnector(limit=connections, limit_per_host=0)
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout),
-                                 trust_env=False, cookie_jar=aiohttp.DummyCookieJar())
+def _generate(job, cpus):
+    """Run ``job()`` in this (fresh) generator thread, pinned to ``cpus``; return its result and cost.
 
-
-async def _sleep_until(clock, target):
-    # epoll waits in whole milliseconds, rounded up, so a timer wakes 0-1 ms
-    # late. Aim _SPIN early, then yield to the loop without sleeping through
-    # what is left: the send lag stays within ~_SPIN for ~_SPIN / 4 of
-    # busy-yielding per request on average; a request never leaves early.
-    while (remaining := target - clock()) > 0:
-        await asyncio.sleep(remaining - _SPIN if remaining > _SPIN else 0)
-
-
-def _run_sync(factory):
-    """Run the coroutine made by ``factory()`` to completion and return its result.
-
-    Without a running event loop this is :func:`asyncio.run`. Inside one (a
-    Jupyter kernel), the caller expects a blocking call, and a second loop
-    cannot run in the same thread: run it in a worker thread and wait.
+    Runs in a thread of its own that exits when the trial is done, so the
+    pinning never outlives the trial, and ``RUSAGE_THREAD`` counts the
+    generator's CPU alone (not a caller's other threads, e.g. a sampler).
     """
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(factory())
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tuna-load") as pool:
-        return pool.submit(lambda: asyncio.run(factory())).result()
+    if cpus is not None:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except OSError as exc:
+            raise LoadError(f"cannot pin the load generator to CPUs {format_cpulist(cpus)}: "
+                            f"{exc.strerror or exc}") from None
+    ran_on = sorted(os.sched_getaffinity(0))
+    wall0, use0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_THREAD)
+    rec, attrs = job()
+    use1, wall1 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
+    user, sys_ = use1.ru_utime - use0.ru_utime, use1.ru_stime - use0.ru_stime
+    attrs["generator"] = {"cpu_user": user, "cpu_sys": sys_, "cpu_seconds": user + sys_, "cpus": ran_on,
+                          "processes": 1, "requests": int(np.count_nonzero(np.isfinite(rec.sent))),
+                          "wall_seconds": wall1 - wall0}
+    return rec, attrs
+
+
+def _start_generator(job, cpus):
+    """Start ``job`` in a new generator thread (see :func:`_generate`); a future of ``(rec, attrs)``."""
+    future = concurrent.futures.Future()
+
+    def main():
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(_generate(job, cpus))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
+            future.set_exception(exc)
+
+    threading.Thread(target=main, name="tuna-load", daemon=True).start()
+    return future
+
+
+def _run_blocking(job, cpus):
+    """Run a trial in a generator thread and wait for it; its frame (parsed in the caller's thread)."""
+    rec, attrs = _start_generator(job, cpus).result()
+    return rec.frame(attrs)
+
+
+async def _run_async(job, cpus):
+    """:func:`_run_blocking` for a caller in an event loop: the loop keeps running while it waits."""
+    rec, attrs = await asyncio.wrap_future(_start_generator(job, cpus))
+    return rec.frame(attrs)
 
 
 # -- closed loop -------------------------------------------------------------------------
 
-async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None):
+def _closed_plan(url, body, requests, concurrency, timeout, deadline):
+    """Check a closed loop's arguments; the job that runs it in the generator thread."""
+    url, body = check_url(url), _body_bytes(body)
+    n = positive_int("requests", requests, LoadError)
+    workers = n if concurrency is None else min(n, positive_int("concurrency", concurrency, LoadError))
+    timeout = positive_number("timeout", timeout, LoadError)
+    deadline = 2.0 * timeout if deadline is None else positive_number("deadline", deadline, LoadError)
+    _check_fds(workers)
+    address, request = resolve(url), request_bytes(url, body)
+
+    def job():
+        rec = _Records(n)
+        rec.cut(drive(rec, address, request, workers, timeout, deadline))
+        return rec, {"mode": "closed", "url": url, "requests": n, "concurrency": workers,
+                     "timeout": timeout, "deadline": deadline}
+
+    return job
+
+
+async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None, cpus=None):
     """Async variant of :func:`closed_loop`, for callers already in an event loop.
 
     Examples
     --------
     >>> frame = await aclosed_loop(url, body, requests=100)   # doctest: +SKIP
     """
-    url, body = _loopback_url(url), _body_bytes(body)
-    n = positive_int("requests", requests, LoadError)
-    workers = n if concurrency is None else min(n, positive_int("concurrency", concurrency, LoadError))
-    timeout = positive_number("timeout", timeout, LoadError)
-    deadline = 2.0 * timeout if deadline is None else positive_number("deadline", deadline, LoadError)
-    _check_fds(workers)
-
-    rec = _Records(n)
-    todo = iter(range(n))  # shared by the workers; next() is atomic on one event loop
-    loop = asyncio.get_running_loop()
-    clock = loop.time
-
-    async def worker(session, t0):
-        for i in todo:
-            await _exchange(session, url, body, rec, i, clock, t0)
-
-    async with _session(workers, timeout) as session:
-        t0 = clock()
-        try:
-            async with asyncio.timeout(deadline):
-                async with asyncio.TaskGroup() as group:
-                    for _ in range(workers):
-                        group.create_task(worker(session, t0))
-        except TimeoutError:
-            pass  # the unfinished requests become "deadline" rows below
-        rec.cut(clock() - t0)
-    return rec.frame({"mode": "closed", "url": url, "requests": n, "concurrency": workers,
-                      "timeout": timeout, "deadline": deadline})
+    job = _closed_plan(url, body, requests, concurrency, timeout, deadline)
+    return await _run_async(job, _cpu_set(cpus))
 
 
-def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None):
+def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None, cpus=None):
     """Send ``requests`` requests with ``concurrency`` in flight; one row per request.
 
     The article's closed mode: by default all requests start at once
@@ -426,6 +417,11 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
     deadline : float, optional
         Wall-clock bound of the whole trial (default ``2 * timeout``); requests
         not finished by then get status -1 and error ``"deadline"``.
+    cpus : iterable of int or str, optional
+        CPU ids (or a cpulist such as ``"1,3"``) the generator runs on: its
+        thread is pinned to exactly these for the trial and exits with it.
+        Default: wherever this process may run. CPUs this process may not use
+        raise :class:`~tuna_lab.errors.LoadError`.
 
     Returns
     -------
@@ -434,6 +430,11 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
         response; ``scheduled_at`` equals ``sent_at`` and ``send_lag`` is 0.
         Server-side columns are NaN unless ``status`` is 200; ``pid`` is -1
         when unknown. Times are seconds since the trial started.
+        ``frame.attrs["generator"]`` is the generator's own cost during the
+        trial (see :data:`GENERATOR_KEYS`): ``cpu_user``, ``cpu_sys``,
+        ``cpu_seconds`` (its thread's CPU time, not the whole process's),
+        ``cpus`` (its affinity), ``processes``, ``requests`` (sent) and
+        ``wall_seconds``.
 
     Examples
     --------
@@ -441,55 +442,49 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
     >>> frame["status"].eq(200).all()   # doctest: +SKIP
     True
     """
-    return _run_sync(lambda: aclosed_loop(url, body, requests, concurrency, timeout, deadline))
+    job = _closed_plan(url, body, requests, concurrency, timeout, deadline)
+    return _run_blocking(job, _cpu_set(cpus))
 
 
 # -- open loop ---------------------------------------------------------------------------
 
-async def aopen_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.0,
-                     max_in_flight=1000, deadline=None):
-    """Async variant of :func:`open_loop`, for callers already in an event loop.
-
-    Examples
-    --------
-    >>> frame = await aopen_loop(url, body, rate=50, duration=2.0)   # doctest: +SKIP
-    """
-    url, body = _loopback_url(url), _body_bytes(body)
+def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline):
+    """Check an open loop's arguments; the job that runs it in the generator thread."""
+    url, body = check_url(url), _body_bytes(body)
     at = poisson_schedule(rate, requests, duration, seed)
     timeout = positive_number("timeout", timeout, LoadError)
     slots = positive_int("max_in_flight", max_in_flight, LoadError)
     span = float(at[-1])
     deadline = span + timeout if deadline is None else positive_number("deadline", deadline, LoadError)
     _check_fds(min(slots, len(at)))
+    address, request = resolve(url), request_bytes(url, body)
 
-    rec = _Records(len(at), scheduled=at)
-    # Bounds the sockets in use. A request waiting for a slot is sent late, and
-    # its send_lag and client_seconds (from the schedule) include the wait.
-    gate = asyncio.Semaphore(slots)
-    loop = asyncio.get_running_loop()
-    clock = loop.time
+    def job():
+        rec = _Records(len(at), scheduled=at)
+        # At most `slots` requests (and sockets) in flight. A request waiting for
+        # a slot is sent late, and its send_lag and client_seconds (from the
+        # schedule) include the wait.
+        rec.cut(drive(rec, address, request, min(slots, len(at)), timeout, deadline, schedule=at))
+        return rec, {"mode": "open", "url": url, "rate": float(rate), "seed": seed, "requests": len(at),
+                     "duration": duration, "timeout": timeout, "max_in_flight": slots, "deadline": deadline}
 
-    async def one(session, i, t0):
-        async with gate:
-            await _exchange(session, url, body, rec, i, clock, t0)
+    return job
 
-    async with _session(min(slots, len(at)), timeout) as session:
-        t0 = clock()
-        try:
-            async with asyncio.timeout(deadline):
-                async with asyncio.TaskGroup() as group:
-                    for i, offset in enumerate(at.tolist()):
-                        await _sleep_until(clock, t0 + offset)
-                        group.create_task(one(session, i, t0))
-        except TimeoutError:
-            pass
-        rec.cut(clock() - t0)
-    return rec.frame({"mode": "open", "url": url, "rate": float(rate), "seed": seed, "requests": len(at),
-                      "duration": duration, "timeout": timeout, "max_in_flight": slots, "deadline": deadline})
+
+async def aopen_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.0,
+                     max_in_flight=1000, deadline=None, cpus=None):
+    """Async variant of :func:`open_loop`, for callers already in an event loop.
+
+    Examples
+    --------
+    >>> frame = await aopen_loop(url, body, rate=50, duration=2.0)   # doctest: +SKIP
+    """
+    job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline)
+    return await _run_async(job, _cpu_set(cpus))
 
 
 def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.0, max_in_flight=1000,
-              deadline=None):
+              deadline=None, cpus=None):
     """Send requests at ``rate`` per second with Poisson arrivals; one row per request.
 
     Arrivals follow :func:`poisson_schedule` and do not wait for responses.
@@ -518,6 +513,11 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
         which shows as ``send_lag``.
     deadline : float, optional
         Wall-clock bound of the trial (default: last arrival + ``timeout``).
+    cpus : iterable of int or str, optional
+        CPU ids (or a cpulist such as ``"1,3"``) the generator runs on: its
+        thread is pinned to exactly these for the trial and exits with it.
+        Default: wherever this process may run. CPUs this process may not use
+        raise :class:`~tuna_lab.errors.LoadError`.
 
     Returns
     -------
@@ -530,8 +530,8 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
     >>> summary(frame)["send_lag_p99"] < 0.002   # doctest: +SKIP
     True
     """
-    return _run_sync(lambda: aopen_loop(url, body, rate, requests, duration, seed, timeout, max_in_flight,
-                                        deadline))
+    job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline)
+    return _run_blocking(job, _cpu_set(cpus))
 
 
 # -- analysis ----------------------------------------------------------------------------
@@ -583,7 +583,7 @@ def summary(frame):
 # -- throughput with bounded latency -----------------------------------------------------
 
 def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, high=4096.0, tolerance=0.1,
-                       max_steps=8, seed=0, timeout=None, max_in_flight=1000):
+                       max_steps=8, seed=0, timeout=None, max_in_flight=1000, cpus=None):
     """The highest Poisson rate whose p99 client latency stays within ``sla_p99``.
 
     Each step is an :func:`open_loop` trial of ``duration`` seconds; a rate
@@ -615,6 +615,8 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
         Per-request timeout and drain time of a step (default
         ``2 * sla_p99 + 0.5``: a request still running by then is over the SLA).
     max_in_flight : int
+    cpus : iterable of int or str, optional
+        The generator's CPUs in every step (see :func:`open_loop`).
 
     Returns
     -------
@@ -640,28 +642,28 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
         rates = sorted(positive_number("rates[]", r, LoadError) for r in rates)
         if not rates:
             raise LoadError("rates must not be empty")
-    url, body = _loopback_url(url), _body_bytes(body)
+    url, body = check_url(url), _body_bytes(body)
 
-    async def search():
-        steps = []
+    cpus = _cpu_set(cpus)
+    steps = []
 
-        async def step(rate):
-            frame = await aopen_loop(url, body, rate, duration=duration, seed=seed, timeout=timeout,
-                                     max_in_flight=max_in_flight, deadline=duration + timeout)
-            s = summary(frame)
-            passed = s["failed"] == 0 and s["client_p99"] <= sla
-            steps.append({"rate": rate, "p99": s["client_p99"], "ok": s["ok"], "failed": s["failed"],
-                          "passed": bool(passed)})
-            return passed
+    def step(rate):
+        frame = open_loop(url, body, rate, duration=duration, seed=seed, timeout=timeout,
+                          max_in_flight=max_in_flight, deadline=duration + timeout, cpus=cpus)
+        s = summary(frame)
+        passed = s["failed"] == 0 and s["client_p99"] <= sla
+        steps.append({"rate": rate, "p99": s["client_p99"], "ok": s["ok"], "failed": s["failed"],
+                      "passed": bool(passed)})
+        return passed
 
-        if rates is not None:
-            for rate in rates[:max_steps]:
-                if not await step(rate):
-                    break
-            return steps
+    if rates is not None:
+        for rate in rates[:max_steps]:
+            if not step(rate):
+                break
+    else:
         rate, good, bad = low, None, None
         while len(steps) < max_steps:
-            if await step(rate):
+            if step(rate):
                 good = rate
             else:
                 bad = rate
@@ -673,9 +675,6 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
                 break
             else:
                 rate = (good + bad) / 2.0
-        return steps
-
-    steps = _run_sync(search)
     passing = [s for s in steps if s["passed"]]
     best = max(passing, key=lambda s: s["rate"], default=None)
     return {"rate": best["rate"] if best else 0.0, "p99": best["p99"] if best else math.nan,
@@ -684,41 +683,17 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
 
 # -- the generator's own cost ------------------------------------------------------------
 
-_TRIVIAL_BODY = json.dumps({"count": 1, "stages": dict.fromkeys(STAGES, 0.0), "server_seconds": 0.0,
-                            "pid": os.getpid()}).encode()
+def measure_generator(rate=500, duration=3.0, requests_closed=3000, concurrency=16, cpus=None):
+    """The load generator's own limits, against a trivial endpoint in another process.
 
-
-@contextlib.asynccontextmanager
-async def _trivial_endpoint():
-    """An aiohttp server on 127.0.0.1 (free port) that answers every ``POST`` at once; yields its URL.
-
-    It runs on the caller's event loop: a thread of its own would make the
-    client and server contend for the GIL, which halves the requests/s.
-    """
-    async def answer(request):
-        await request.read()
-        return web.Response(body=_TRIVIAL_BODY, content_type="application/json")
-
-    app = web.Application()
-    app.router.add_route("POST", "/{tail:.*}", answer)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        yield f"http://127.0.0.1:{runner.addresses[0][1]}/predict"
-    finally:
-        await runner.cleanup()
-
-
-def measure_generator(rate=500, duration=3.0, requests_closed=3000, concurrency=16):
-    """The load generator's own limits, against a trivial in-process endpoint.
-
-    Starts an aiohttp endpoint on 127.0.0.1 that answers at once, runs a
-    closed loop (``requests_closed`` requests, ``concurrency`` in flight) for
-    the most requests per second this process can drive, then an open loop
-    at ``rate`` for ``duration`` seconds for the send lag at that rate. The
-    endpoint is stopped in all cases. It shares the generator's event loop,
-    so both numbers include its (small) work: they are lower bounds.
+    Starts :func:`tuna_lab.measure.wire.trivial_endpoint` (127.0.0.1, answers
+    at once, keep-alive), runs a closed loop (``requests_closed`` requests,
+    ``concurrency`` in flight) for the most requests per second the generator
+    can drive and its CPU per request, then an open loop at ``rate`` for
+    ``duration`` seconds for the send lag at that rate. The endpoint is
+    stopped in all cases. It runs in a process of its own, and on a machine
+    with few CPUs it competes with the generator for them: the numbers are
+    lower bounds of what the generator can do.
 
     Parameters
     ----------
@@ -730,14 +705,17 @@ def measure_generator(rate=500, duration=3.0, requests_closed=3000, concurrency=
         Closed-loop requests (after a warm-up of up to 200).
     concurrency : int
         Closed-loop requests in flight.
+    cpus : iterable of int or str, optional
+        The generator's CPUs (see :func:`closed_loop`).
 
     Returns
     -------
     dict
         ``closed_rps``, ``closed_seconds``, ``closed_requests``,
-        ``closed_failed``, ``concurrency``, ``rate``, ``duration``,
-        ``open_requests``, ``open_failed``, ``send_lag_p50``,
-        ``send_lag_p99``, ``send_lag_max``, ``open_client_p99`` (seconds).
+        ``closed_failed``, ``closed_cpu_per_request``, ``concurrency``,
+        ``rate``, ``duration``, ``open_requests``, ``open_failed``,
+        ``open_cpu_per_request``, ``send_lag_p50``, ``send_lag_p99``,
+        ``send_lag_max``, ``open_client_p99`` (seconds).
 
     Examples
     --------
@@ -748,25 +726,29 @@ def measure_generator(rate=500, duration=3.0, requests_closed=3000, concurrency=
     duration = positive_number("duration", duration, LoadError)
     requests_closed = positive_int("requests_closed", requests_closed, LoadError)
     concurrency = positive_int("concurrency", concurrency, LoadError)
+    cpus = _cpu_set(cpus)
     body = b'{"rows":[[0.0]]}'
 
-    async def run():
-        async with _trivial_endpoint() as url:
-            # A warm-up, so first-call costs stay out of the numbers.
-            await aclosed_loop(url, body, requests=min(200, requests_closed), concurrency=concurrency,
-                               timeout=10.0)
-            closed = await aclosed_loop(url, body, requests=requests_closed, concurrency=concurrency,
-                                        timeout=10.0, deadline=60.0)
-            opened = await aopen_loop(url, body, rate, duration=duration, timeout=10.0, deadline=duration + 10.0)
-        return closed, opened
-
-    closed, opened = _run_sync(run)
+    with trivial_endpoint() as url:
+        # A warm-up, so first-call costs stay out of the numbers.
+        closed_loop(url, body, requests=min(200, requests_closed), concurrency=concurrency, timeout=10.0,
+                    cpus=cpus)
+        closed = closed_loop(url, body, requests=requests_closed, concurrency=concurrency, timeout=10.0,
+                             deadline=60.0, cpus=cpus)
+        opened = open_loop(url, body, rate, duration=duration, timeout=10.0, deadline=duration + 10.0, cpus=cpus)
     c, o = summary(closed), summary(opened)
     lag = opened["send_lag"].to_numpy(dtype=float)
     lag = lag[np.isfinite(lag)]
+
+    def per_request(frame):
+        cost = frame.attrs["generator"]
+        return cost["cpu_seconds"] / cost["requests"] if cost["requests"] else math.nan
+
     return {"closed_requests": c["n"], "closed_failed": c["failed"], "concurrency": concurrency,
             "closed_seconds": c["wall_seconds"], "closed_rps": c["throughput"],
+            "closed_cpu_per_request": per_request(closed),
             "rate": rate, "duration": duration, "open_requests": o["n"], "open_failed": o["failed"],
+            "open_cpu_per_request": per_request(opened),
             "send_lag_p50": float(np.median(lag)) if len(lag) else math.nan,
             "send_lag_p99": o["send_lag_p99"], "send_lag_max": o["send_lag_max"],
             "open_client_p99": o["client_p99"]}

@@ -5,14 +5,19 @@ policies) is a folder named by :func:`cell_key` holding:
 
 ``manifest.json`` (:data:`MANIFEST`)
     Machine, kernel, topology, library versions, git commit, seeds, command
-    line and the policy order of every trial. Written last: a folder without
-    it is an unfinished cell, which a sweep redoes.
+    line and the policy order of every trial; ``client_cpus``, the CPUs kept
+    for the load generator (``cpus``, ``cpulist``, ``server_cpus``, ``how``:
+    given, default or none, and the ``note`` printed), and ``generator``, its
+    cost over the cell's trials (``cpu_user``, ``cpu_sys``, ``cpu_seconds``,
+    ``requests``, ``cpu_per_request``). Written last: a folder without it is
+    an unfinished cell, which a sweep redoes.
 ``requests.parquet`` (:data:`REQUESTS`)
     One row per request (:data:`REQUEST_COLUMNS`, plus the cell and trial
     columns the runner adds).
 ``trials.parquet`` (:data:`TRIALS`)
-    One row per (trial, policy): counts, the latency :func:`percentiles` and
-    the CPU columns :data:`CPU_COLUMNS`.
+    One row per (trial, policy): counts, the latency :func:`percentiles`, the
+    server's CPU columns :data:`CPU_COLUMNS` and the load generator's own
+    :data:`GENERATOR_COLUMNS`.
 ``threads.parquet`` (:data:`THREADS`)
     Per-thread CPU accounting, one row per (trial, policy, worker, role);
     absent when no trial could be accounted.
@@ -45,7 +50,8 @@ import numpy as np
 from ..server.models import STAGES
 
 __all__ = ["PERCENTILES", "percentiles", "cell_key", "MANIFEST", "REQUESTS", "TRIALS", "THREADS",
-           "CSV_TABLES", "PARTIAL_SUFFIX", "REQUEST_COLUMNS", "LATE_REQUEST_COLUMNS", "CPU_COLUMNS"]
+           "CSV_TABLES", "PARTIAL_SUFFIX", "REQUEST_COLUMNS", "LATE_REQUEST_COLUMNS", "CPU_COLUMNS",
+           "GENERATOR_COLUMNS"]
 
 # -- files of a cell ---------------------------------------------------------------------
 
@@ -131,6 +137,26 @@ LATE_REQUEST_COLUMNS = ("server_start", "cpu_main", "cpu_openmp")
 CPU_COLUMNS = ("cpu_seconds", "cpu_per_request", "cpu_main_seconds", "cpu_main_per_request",
                "idle_cpu_share_main", "cpu_openmp_seconds", "cpu_openmp_per_request", "idle_cpu_share_openmp",
                "load_seconds", "numa_locality")
+
+#: The load generator's own cost in a trial row (the measured load, not the warm-up). Results
+#: written before these columns existed load with them missing (NaN once tables are combined):
+#:
+#: * ``generator_cpu_user`` / ``generator_cpu_sys`` / ``generator_cpu_seconds`` - CPU seconds the
+#:   generator's processes spent in user space, in the kernel, and both (its own CPU only, not the server's);
+#: * ``generator_cpu_per_request`` - ``generator_cpu_seconds`` per request sent, to set beside the
+#:   server's ``cpu_per_request``;
+#: * ``generator_cpus`` - the CPUs it ran on, as a cpulist (``"1"``, ``"6-7"``; the reserved client
+#:   CPUs, or every CPU this process may use when none were reserved);
+#: * ``generator_processes`` - how many processes sent the load;
+#: * ``generator_wall_seconds`` - wall time of the load, so ``generator_cpu_seconds /
+#:   generator_wall_seconds`` is the share of a CPU it kept busy;
+#: * ``server_cpus`` - beside ``generator_cpus``: the CPUs the server's threads (master, workers'
+#:   main and OpenMP threads) were allowed on at the end of the load, read from /proc; disjoint from
+#:   ``generator_cpus`` when client CPUs were reserved. ``threads.parquet`` has the same per
+#:   (worker, role) in its ``cpus`` column.
+GENERATOR_COLUMNS = ("generator_cpu_user", "generator_cpu_sys", "generator_cpu_seconds",
+                     "generator_cpu_per_request", "generator_cpus", "generator_processes", "generator_wall_seconds",
+                     "server_cpus")
 
 # -- latency percentiles -----------------------------------------------------------------
 

@@ -96,6 +96,10 @@ class Server:
         Where Gunicorn writes the master's PID (default: in the state directory).
     topology : Topology, optional
         Default: this machine, restricted to the CPUs this process may use.
+        A topology of fewer CPUs than this process may use (some kept for a
+        load generator, see :func:`tuna_lab.machine.reserve.reserve_client_cpus`)
+        confines every process of the server to its CPUs (:attr:`cpus`), so
+        that even an unbound policy (cfs) stays off the others.
     max_requests : int
         Recycle each worker after this many requests (0: never).
     request_log : str, optional
@@ -125,20 +129,26 @@ class Server:
         if model not in MODEL_FEATURES:
             raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
         threads = positive_int("threads", threads, ServerError)
-        usable = len(os.sched_getaffinity(0))
-        if threads > usable:
-            # XGBoost sizes its pool as min(nthread, omp_get_num_procs()), and
-            # libgomp counts the CPUs in the worker's affinity mask: a worker
-            # can never run more threads than this process may use.
-            raise ServerError(f"{threads} threads per worker cannot run here: XGBoost's OpenMP pool is "
-                              f"capped at the {usable} CPUs this process may use; oversubscribe with "
-                              f"more workers instead")
         try:
             self._wait_env = wait_policy_env(wait_policy, spincount)
         except CpuAccountingError as exc:
             raise ServerError(str(exc)) from None
         self.wait_policy, self.spincount = wait_policy, spincount
         self.placement = placement(policy, workers, threads, topology, places=places, time_limit=time_limit)
+        affinity = os.sched_getaffinity(0)
+        own = set(self.placement.topology.cpus) & affinity
+        # A topology narrower than the CPUs this process may use (CPUs kept for a
+        # load generator): every process of the server starts confined to it, so
+        # an unbound policy (cfs) and the threads no policy places stay there too.
+        self.cpus = tuple(sorted(own)) if own and own != affinity else None
+        usable = len(self.cpus or affinity)
+        if threads > usable:
+            # XGBoost sizes its pool as min(nthread, omp_get_num_procs()), and
+            # libgomp counts the CPUs in the worker's affinity mask: a worker
+            # can never run more threads than the server may use.
+            raise ServerError(f"{threads} threads per worker cannot run here: XGBoost's OpenMP pool is "
+                              f"capped at the {usable} CPUs {'the server' if self.cpus else 'this process'} "
+                              f"may use; oversubscribe with more workers instead")
         self.workers, self.threads, self.model, self.policy = workers, threads, model, policy
         self.port = int(port) or free_port()
         self._own_state = state_dir is None
@@ -204,11 +214,12 @@ class Server:
             with _interrupts_held():
                 self.proc = subprocess.Popen(cmd, env=self._env(), stdout=self._log, stderr=subprocess.STDOUT,
                                              start_new_session=True,
-                                             preexec_fn=_parent_death_signal() if self.die_with_parent else None)
+                                             preexec_fn=_preexec(self.die_with_parent, self.cpus))
             with open(self.pidfile + ".tuna.json", "w") as fh:
                 json.dump({"state_dir": self.state_dir, "url": self.url, "policy": self.policy,
                            "workers": self.workers, "threads": self.threads, "model": self.model,
                            "wait_policy": self.wait_policy, "spincount": self.spincount,
+                           "server_cpus": list(self.cpus) if self.cpus else None,
                            "own_state": self._own_state}, fh)
             self.wait_ready(ready_timeout)
         except BaseException:
@@ -304,6 +315,21 @@ def _parent_death_signal():
             os._exit(1)
 
     return set_signal
+
+
+def _preexec(die_with_parent, cpus):
+    """The child's ``preexec_fn``: confine it to ``cpus`` (if any), then the parent-death signal (if asked)."""
+    death = _parent_death_signal() if die_with_parent else None
+    if not cpus:
+        return death
+
+    def confine():
+        # Between fork and exec: the server's master (and so every worker it forks) starts on these CPUs.
+        os.sched_setaffinity(0, cpus)
+        if death is not None:
+            death()
+
+    return confine
 
 
 @contextlib.contextmanager
@@ -412,6 +438,7 @@ def status(pidfile):
     workers.sort(key=lambda w: (w["slot"] is None, w["slot"]))
     return {"master": master, "url": meta["url"], "policy": meta["policy"], "model": meta["model"],
             "workers_expected": meta["workers"], "threads": meta["threads"],
+            "server_cpus": meta.get("server_cpus"),
             "master_cpus": sorted(affinity_of(master)), "workers": workers}
 
 

@@ -1,0 +1,821 @@
+"""The load generator's engine: HTTP/1.1 over non-blocking sockets and one epoll, in one thread.
+
+:mod:`tuna_lab.measure.load` decides *what* to send and when (closed or
+open loop, bounds, the rows of a trial); this module sends it at the cost of
+a C load generator such as wrk, so that the generator takes as little CPU as
+possible from the server it measures:
+
+* the request is built once (:func:`request_bytes`), and every send is one
+  ``send`` of the same bytes on a keep-alive HTTP/1.1 connection, or on a new
+  one when the server closes it (Gunicorn's sync workers close after every
+  response, as wrk's connections see too);
+* responses are parsed by :func:`parse_response` only as far as it takes to
+  know where they end (``Content-Length``, chunked, or the connection's
+  close); their bodies are kept raw and decoded after the trial;
+* :func:`drive` runs the whole trial in the calling thread on one ``epoll``,
+  with no event-loop framework, no tasks and no futures. Open-loop send times
+  come from a ``timerfd`` armed at the next scheduled send (nanosecond
+  resolution, where epoll's own timeout is rounded to whole milliseconds), so
+  the generator neither sleeps past a send time nor spins waiting for it.
+
+:func:`trivial_endpoint` starts a server that answers every request at once,
+in a process of its own, to measure the generator rather than a server.
+
+Examples
+--------
+>>> request = request_bytes("http://127.0.0.1:8000/predict", b'{"rows": [[0.0]]}')
+>>> request.splitlines()[0]
+b'POST /predict HTTP/1.1'
+"""
+
+import collections
+import contextlib
+import ctypes
+import errno
+import ipaddress
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from urllib.parse import urlsplit
+
+# The C socket type under socket.socket: the same methods without socket.py's
+# Python-level constructor and close(), which a new connection per request pays.
+from _socket import socket as _RawSocket
+
+from .._checks import shorten
+from ..errors import LoadError
+
+__all__ = ["check_url", "request_bytes", "parse_response", "resolve", "drive", "trivial_endpoint", "serve_trivial",
+           "wake_lag"]
+
+# Longest error text kept in a request's row.
+_ERROR_CHARS = 200
+# Bytes asked of the kernel per recv: a small model's response is ~330 bytes,
+# a large batch's tens of kB. Received into one buffer allocated per trial:
+# sock.recv(n) would allocate n bytes every call, and above glibc's mmap
+# threshold (128 kB) that is an mmap, page faults and munmap per response.
+_RECV = 262144
+# Requests up to this size fit one TCP segment on loopback (MTU 65,536).
+_ONE_SEGMENT = 16384
+# The epoll event masks this engine uses.
+_IN, _OUT = select.EPOLLIN, select.EPOLLOUT
+# Longest wait of one epoll call when nothing is due (s): bounds how late a
+# deadline is noticed if the clock and the timeouts disagree.
+_MAX_WAIT = 1.0
+# Response body of the trivial endpoint: what the inference server answers, minus the work.
+_TRIVIAL_BODY = (b'{"count": 1, "stages": {"deserialize": 0.0, "convert": 0.0, "dmatrix": 0.0, "predict": 0.0, '
+                 b'"shap": 0.0}, "server_seconds": 0.0, "pid": -1}')
+
+
+def check_url(url):
+    """``url`` if it is an ``http://`` URL whose host is a loopback address, else raise LoadError.
+
+    Load tests only ever target a local server: a URL is refused before any
+    socket is opened. Loopback means 127.0.0.0/8, ``::1`` or ``localhost``.
+
+    Examples
+    --------
+    >>> check_url("http://127.0.0.1:8000/predict")
+    'http://127.0.0.1:8000/predict'
+    >>> check_url("http://example.com/")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.LoadError: refusing to load 'example.com': only loopback hosts (127.0.0.0/8, localhost, ::1) are allowed
+    """
+    if not isinstance(url, str):
+        raise LoadError(f"url must be a string, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError as exc:
+        raise LoadError(f"malformed url {url!r}: {exc}") from None
+    if parts.scheme != "http" or not host:
+        # The generator speaks plain HTTP/1.1 (as Gunicorn serves it): no TLS on loopback.
+        raise LoadError(f"url must be http://host[:port]/path, got {url!r}")
+    if host == "localhost":
+        return url
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        # Load tests only ever target a local server: refuse before any socket is opened.
+        raise LoadError(f"refusing to load {host!r}: only loopback hosts (127.0.0.0/8, localhost, ::1) are allowed")
+    return url
+
+
+# -- the request and the response --------------------------------------------------------
+
+def request_bytes(url, body, content_type="application/json"):
+    """The whole ``POST`` request for ``url`` with ``body``, as the bytes sent every time.
+
+    HTTP/1.1 with ``Host``, ``Content-Type`` and ``Content-Length``; the
+    connection is kept alive unless the server closes it.
+
+    Parameters
+    ----------
+    url : str
+        ``http://host[:port]/path[?query]``; checked by the caller.
+    body : bytes
+    content_type : str
+
+    Returns
+    -------
+    bytes
+
+    Examples
+    --------
+    >>> r = request_bytes("http://localhost:8000/p?x=1", b"{}")
+    >>> r.endswith(b"Content-Length: 2\\r\\n\\r\\n{}"), b"Host: localhost:8000" in r
+    (True, True)
+    """
+    parts = urlsplit(url)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    head = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nUser-Agent: tuna-lab\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n")
+    return head.encode("latin-1") + bytes(body)
+
+
+def parse_response(buf, eof=False):
+    """Where the first HTTP/1.x response in ``buf`` ends, and what it says.
+
+    Handles ``Content-Length``, ``Transfer-Encoding: chunked`` and bodies
+    delimited by the connection's close; skips interim ``1xx`` responses.
+
+    Parameters
+    ----------
+    buf : bytes or bytearray
+        Everything received on the connection since the request was sent.
+    eof : bool
+        Whether the server has closed the connection (no more bytes will come).
+
+    Returns
+    -------
+    tuple or None
+        None while the headers are incomplete. Else ``(status, body, end,
+        keep_alive)``: ``body`` is the (de-chunked) body as bytes, or None
+        while it is incomplete; ``end`` is then how many bytes of ``buf`` the
+        response takes, or -1 while unknown (chunked or close-delimited
+        bodies); ``keep_alive`` whether the connection may carry the next
+        request.
+
+    Raises
+    ------
+    ValueError
+        A malformed response, or one cut short by the connection's close.
+
+    Examples
+    --------
+    >>> parse_response(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok")
+    (200, b'ok', 40, True)
+    >>> parse_response(b"HTTP/1.1 200 OK\\r\\nContent-Length: 5\\r\\n\\r\\nok")
+    (200, None, 43, True)
+    """
+    start = 0
+    while True:
+        head_end = buf.find(b"\r\n\r\n", start)
+        if head_end < 0:
+            if eof:
+                raise ValueError("connection closed before the response headers")
+            return None
+        # A few searches in one lower-cased copy of the header block, rather than
+        # a loop over its lines: a response costs a handful of C calls.
+        head = bytes(buf[start:head_end])
+        line_end = head.find(b"\r\n")
+        status_line = head if line_end < 0 else head[:line_end]
+        if (status_line[:7] != b"HTTP/1." or status_line[8:9] != b" " or not status_line[9:12].isdigit()
+                or status_line[12:13] not in (b"", b" ")):
+            raise ValueError(f"not an HTTP/1.x status line: {shorten(status_line.decode('latin-1'), 80)!r}")
+        status = int(status_line[9:12])
+        head = head.lower()
+        length = _header(head, b"\r\ncontent-length:")
+        if length is not None:
+            if not length.isdigit():
+                raise ValueError("bad Content-Length")
+            length = int(length)
+        chunked = (_header(head, b"\r\ntransfer-encoding:") or b"").endswith(b"chunked")
+        connection = _header(head, b"\r\nconnection:") or b""
+        body_start = head_end + 4
+        if 100 <= status < 200 and status != 101:
+            start = body_start  # an interim response: the real one follows
+            continue
+        if status_line[7:8] == b"1":
+            keep = b"close" not in connection
+        else:
+            keep = b"keep-alive" in connection
+        if status in (204, 304):
+            return status, b"", body_start, keep
+        if chunked:
+            return _dechunk(buf, body_start, status, keep, eof)
+        if length is not None:
+            end = body_start + length
+            if len(buf) < end:
+                if eof:
+                    raise ValueError("connection closed in the middle of the response")
+                return status, None, end, keep
+            return status, bytes(buf[body_start:end]), end, keep
+        # No length: the body runs to the connection's close.
+        if not eof:
+            return status, None, -1, False
+        return status, bytes(buf[body_start:]), len(buf), False
+
+
+def _header(head, key):
+    """The stripped value of header ``key`` (``b"\\r\\nname:"``) in lower-cased ``head``, or None."""
+    at = head.find(key)
+    if at < 0:
+        return None
+    at += len(key)
+    end = head.find(b"\r\n", at)
+    return (head[at:] if end < 0 else head[at:end]).strip()
+
+
+def _dechunk(buf, pos, status, keep, eof):
+    chunks = []
+    while True:
+        line_end = buf.find(b"\r\n", pos)
+        if line_end < 0:
+            break
+        size_text = bytes(buf[pos:line_end]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise ValueError("bad chunk size") from None
+        pos = line_end + 2
+        if size == 0:
+            if buf[pos:pos + 2] == b"\r\n":
+                return status, b"".join(chunks), pos + 2, keep
+            trailers = buf.find(b"\r\n\r\n", pos)
+            if trailers < 0:
+                break
+            return status, b"".join(chunks), trailers + 4, keep
+        if len(buf) < pos + size + 2:
+            break
+        if buf[pos + size:pos + size + 2] != b"\r\n":
+            raise ValueError("chunk not followed by CRLF")
+        chunks.append(bytes(buf[pos:pos + size]))
+        pos += size + 2
+    if eof:
+        raise ValueError("connection closed in the middle of the response")
+    return status, None, -1, keep
+
+
+def resolve(url):
+    """The socket family and address to connect to for ``url`` (a checked loopback URL).
+
+    A literal address is used as is. A name (``localhost``) is resolved, and
+    of its addresses the first that accepts a connection is taken (a server
+    may listen on ``127.0.0.1`` only while ``localhost`` resolves to ``::1``
+    first); if none does, the first, so that the requests fail as rows.
+
+    Examples
+    --------
+    >>> resolve("http://127.0.0.1:8000/predict")
+    (<AddressFamily.AF_INET: 2>, ('127.0.0.1', 8000))
+    """
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port or 80
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise LoadError(f"cannot resolve {host!r}: {exc.strerror}") from None
+    candidates = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
+    if len(candidates) == 1 or _is_literal(host):
+        return candidates[0]
+    for family, sockaddr in candidates:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.settimeout(2.0)
+            if probe.connect_ex(sockaddr) == 0:
+                return family, sockaddr
+    return candidates[0]
+
+
+def _is_literal(host):
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return True
+        except OSError:
+            pass
+    return False
+
+
+# -- the open loop's clock ---------------------------------------------------------------
+
+class _TimerFd:
+    """A ``timerfd`` on CLOCK_MONOTONIC (the clock of :func:`time.monotonic`), armed at absolute times.
+
+    Python 3.11 has no ``os.timerfd_*``: the two calls go through ctypes
+    (they release the GIL, as any foreign call).
+    """
+
+    class _Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+    class _Itimerspec(ctypes.Structure):
+        _fields_ = [("it_interval", ctypes.c_long * 2), ("it_value", ctypes.c_long * 2)]
+
+    def __init__(self):
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._settime = libc.timerfd_settime
+        self._spec = self._Itimerspec()
+        # CLOCK_MONOTONIC = 1; TFD_NONBLOCK | TFD_CLOEXEC.
+        self.fd = libc.timerfd_create(1, os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "timerfd_create failed")
+        self._ref = ctypes.byref(self._spec)
+        self.armed = None
+
+    def arm(self, when):
+        """Fire at monotonic time ``when`` (seconds); re-arming replaces the previous time."""
+        if when == self.armed:
+            return
+        sec = int(when)
+        # it_value 0 would disarm: a time at 0 s cannot be meant, but keep it > 0.
+        self._spec.it_value[0], self._spec.it_value[1] = sec, max(1, int((when - sec) * 1e9))
+        # TFD_TIMER_ABSTIME = 1. Re-arming also clears an expiry not yet read.
+        if self._settime(self.fd, 1, self._ref, None) != 0:
+            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
+        self.armed = when
+
+    def close(self):
+        os.close(self.fd)
+
+
+def wake_lag(rate=1000.0, duration=3.0, seed=0):
+    """How late this machine wakes a thread at a timer's time: the send lag of a generator that sends nothing.
+
+    Sleeps through a Poisson schedule at ``rate`` per second the way
+    :func:`drive` does (one ``timerfd`` armed at each time, waited for in
+    ``epoll``) and records how late each wake-up is. An open loop's send lag
+    cannot be lower: when this p99 is high, the machine is busy (other
+    runnable threads on the same CPUs), not the generator slow.
+
+    Parameters
+    ----------
+    rate : float
+        Wake-ups per second.
+    duration : float
+        Seconds.
+    seed : int
+
+    Returns
+    -------
+    dict
+        ``wakeups``, ``lag_p50``, ``lag_p99``, ``lag_max`` (seconds).
+
+    Examples
+    --------
+    >>> wake_lag(rate=200.0, duration=0.2)["lag_p99"] >= 0
+    True
+    """
+    import random
+
+    draw = random.Random(seed).expovariate
+    timer, ep = _TimerFd(), select.epoll()
+    lags = []
+    try:
+        ep.register(timer.fd, _IN | select.EPOLLET)
+        start = time.monotonic()
+        due = start
+        while True:
+            due += draw(rate)
+            if due - start >= duration:
+                break
+            timer.arm(due)
+            while (now := time.monotonic()) < due:
+                ep.poll(_MAX_WAIT)
+            lags.append(now - due)
+    finally:
+        ep.close()
+        timer.close()
+    lags.sort()
+    if not lags:
+        return {"wakeups": 0, "lag_p50": float("nan"), "lag_p99": float("nan"), "lag_max": float("nan")}
+
+    def pick(q):  # linear interpolation, as numpy.percentile
+        pos = q * (len(lags) - 1)
+        low = int(pos)
+        high = min(low + 1, len(lags) - 1)
+        return lags[low] + (lags[high] - lags[low]) * (pos - low)
+
+    return {"wakeups": len(lags), "lag_p50": pick(0.5), "lag_p99": pick(0.99), "lag_max": lags[-1]}
+
+
+# -- the engine --------------------------------------------------------------------------
+
+class _Conn:
+    """One connection and the request it carries (``i`` = -1 when idle)."""
+
+    __slots__ = ("sock", "fd", "i", "buf", "out", "need", "reused", "mask")
+
+    def __init__(self, sock):
+        self.sock, self.fd = sock, sock.fileno()
+        self.i, self.buf, self.out, self.need, self.reused, self.mask = -1, b"", None, 0, False, 0
+
+
+def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
+    """Run one trial: send ``request`` once per row of ``rec``, in this thread; return when done.
+
+    Closed loop (``schedule`` None): ``concurrency`` requests in flight, the
+    next sent as soon as one finishes. Open loop: request ``i`` is due at
+    ``schedule[i]`` seconds after the start and sent then, or as soon as one
+    of the ``concurrency`` slots is free.
+
+    Parameters
+    ----------
+    rec : object
+        Writable per-request arrays of the trial, of one length ``n``:
+        ``status`` (int; -2 while pending), ``error`` (str), ``sent``,
+        ``done`` (float, seconds since the start), ``scheduled`` (float;
+        written here in closed loop) and ``raw`` (the response body, bytes).
+        A failed request gets status -1 and an error; a request never sent
+        stays pending.
+    address : tuple
+        ``(family, sockaddr)`` from :func:`resolve`.
+    request : bytes
+        From :func:`request_bytes`.
+    concurrency : int
+        Requests in flight at most (and so connections open).
+    timeout : float
+        Seconds a request may take once sent; then it fails with ``"timeout"``.
+    deadline : float
+        Seconds after the start at which the trial stops, finished or not.
+    schedule : sequence of float, optional
+        Send times (seconds after the start), non-decreasing.
+
+    Returns
+    -------
+    float
+        Seconds from the start to the trial's end (the last response or the deadline).
+
+    Examples
+    --------
+    >>> end = drive(rec, resolve(url), request_bytes(url, body), 8, 30.0, 60.0)   # doctest: +SKIP
+    """
+    return _Engine(rec, address, request, concurrency, timeout, deadline, schedule).run()
+
+
+class _Engine:
+    def __init__(self, rec, address, request, concurrency, timeout, deadline, schedule):
+        self.rec = rec
+        # Python lists while the trial runs (a list store is cheaper than a numpy
+        # scalar store); copied into rec's arrays when it ends.
+        self.sent, self.done = rec.sent.tolist(), rec.done.tolist()
+        self.status, self.raw, self.error = rec.status.tolist(), list(rec.raw), list(rec.error)
+        self.scheduled = rec.scheduled.tolist()
+        self.family, self.sockaddr = address
+        self.request = request
+        # A request in one segment (loopback's MSS is ~64 kB) goes out at once,
+        # Nagle or not (nothing unacknowledged precedes it): spare the syscall.
+        self.nodelay = len(request) > _ONE_SEGMENT
+        self.slots = concurrency
+        self.timeout = timeout
+        self.deadline = deadline
+        self.schedule = None if schedule is None else [float(t) for t in schedule]
+        self.n = len(rec.status)
+        self.ep = select.epoll()
+        self.conns = {}                     # fd -> _Conn, busy or idle
+        self.idle = []                      # idle keep-alive connections
+        self.busy = 0                       # requests in flight
+        self.expiry = collections.deque()   # (when, i): one timeout per send, in send order
+        self.in_flight = bytearray(self.n)  # 1 while request i is in flight
+        self.clock = time.monotonic
+        self.t0 = 0.0
+        self.view = memoryview(bytearray(_RECV))
+
+    # -- life of a request -------------------------------------------------------------
+
+    def _start(self, i, now):
+        t = now - self.t0
+        self.sent[i] = t
+        if self.schedule is None:
+            self.scheduled[i] = t
+        self.busy += 1
+        self.in_flight[i] = 1
+        self.expiry.append((now + self.timeout, i))
+        conn = self.idle.pop() if self.idle else None
+        if conn is not None:
+            conn.reused = True
+            conn.i = i
+            self._send(conn)
+        else:
+            self._connect(i)
+
+    def _connect(self, i):
+        try:
+            sock = _RawSocket(self.family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        except OSError as exc:
+            self._fail(None, i, f"socket: {exc.strerror or exc}")
+            return
+        if self.nodelay:
+            # A request of several segments must not wait for an ACK (Nagle).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = sock.connect_ex(self.sockaddr)
+        conn = _Conn(sock)
+        conn.i = i
+        self.conns[conn.fd] = conn
+        if err == 0 or err == errno.EINPROGRESS:
+            # On loopback the handshake has usually completed by now: send at
+            # once, and wait for writability only if the socket is not ready.
+            self._send(conn, connecting=True)
+        else:
+            self._fail(conn, i, f"connect: {os.strerror(err)}")
+
+    def _watch(self, conn, mask):
+        if conn.mask == mask:
+            return
+        if conn.mask:
+            self.ep.modify(conn.fd, mask)
+        else:
+            self.ep.register(conn.fd, mask)
+        conn.mask = mask
+
+    def _send(self, conn, connecting=False):
+        out = conn.out if conn.out is not None else self.request
+        try:
+            sent = conn.sock.send(out)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            if connecting and exc.errno in (errno.ENOTCONN, errno.EAGAIN):
+                sent = 0
+            elif connecting:
+                self._fail(conn, conn.i, f"connect: {exc.strerror or exc}")
+                return
+            else:
+                self._broken(conn, f"send: {exc.strerror or exc}")
+                return
+        if sent == len(out):
+            conn.out = None
+            self._watch(conn, _IN)
+        else:
+            conn.out = memoryview(out)[sent:] if sent else out
+            self._watch(conn, _OUT)
+
+    def _writable(self, conn):
+        err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            if conn.reused:
+                self._broken(conn, f"send: {os.strerror(err)}")
+            else:
+                self._fail(conn, conn.i, f"connect: {os.strerror(err)}")
+            return
+        self._send(conn)
+
+    def _readable(self, conn):
+        try:
+            got = conn.sock.recv_into(self.view)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._broken(conn, f"recv: {exc.strerror or exc}")
+            return
+        i = conn.i
+        if i < 0:
+            # An idle keep-alive connection the server closed (or wrote to): drop it.
+            self._close(conn)
+            self.idle.remove(conn)
+            return
+        if not got:
+            if not conn.buf:
+                self._broken(conn, "server closed the connection without a response")
+            else:
+                self._parse(conn, conn.buf, eof=True)
+            return
+        buf = conn.buf
+        if buf:
+            if type(buf) is bytes:
+                buf = conn.buf = bytearray(buf)
+            buf += self.view[:got]
+        else:
+            buf = conn.buf = self.view[:got].tobytes()
+        if conn.need and len(buf) < conn.need:
+            return  # a long body still arriving: no need to parse the headers again
+        self._parse(conn, buf, eof=False)
+
+    def _parse(self, conn, buf, eof):
+        try:
+            parsed = parse_response(buf, eof)
+        except ValueError as exc:
+            self._fail(conn, conn.i, f"bad response: {exc}")
+            return
+        if parsed is None:
+            return
+        status, body, end, keep = parsed
+        if body is None:
+            conn.need = end if end > 0 else 0
+            return
+        i = conn.i
+        self.done[i] = self.clock() - self.t0
+        self.status[i] = status
+        self.raw[i] = body
+        self._finished(i)
+        if keep and end == len(buf) and not eof:
+            conn.i, conn.buf, conn.need, conn.out = -1, b"", 0, None
+            self.idle.append(conn)
+        else:
+            self._close(conn)
+
+    def _broken(self, conn, why):
+        """The connection failed: resend once on a new one if it was a kept-alive one the server
+        had closed before it saw the request; else the request fails."""
+        i = conn.i
+        if conn.reused and not conn.buf and i >= 0:
+            self._close(conn)
+            self._connect(i)
+            return
+        self._fail(conn, i, why)
+
+    def _fail(self, conn, i, why):
+        if conn is not None:
+            self._close(conn)
+        self.done[i] = self.clock() - self.t0
+        self.status[i] = -1
+        self.error[i] = shorten(why, _ERROR_CHARS)
+        self._finished(i)
+
+    def _finished(self, i):
+        self.in_flight[i] = 0
+        self.busy -= 1
+
+    def _close(self, conn):
+        self.conns.pop(conn.fd, None)
+        conn.i = -1
+        # Closing the last descriptor of a socket also removes it from the epoll set.
+        conn.sock.close()
+
+    def _expire(self, now):
+        expiry, in_flight = self.expiry, self.in_flight
+        while expiry:
+            when, i = expiry[0]
+            if not in_flight[i]:
+                expiry.popleft()        # finished before its timeout
+            elif when <= now:
+                expiry.popleft()
+                conn = next((c for c in self.conns.values() if c.i == i), None)
+                self._fail(conn, i, "timeout")
+            else:
+                return when
+        return None
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self):
+        timer = _TimerFd() if self.schedule is not None else None
+        try:
+            if timer is not None:
+                # Edge-triggered: each expiry wakes the loop once, with no read() to clear it.
+                self.ep.register(timer.fd, _IN | select.EPOLLET)
+            return self._loop(timer)
+        finally:
+            for conn in list(self.conns.values()):
+                conn.sock.close()
+            self.conns.clear()
+            self.ep.close()
+            if timer is not None:
+                timer.close()
+            rec = self.rec
+            rec.sent[:], rec.done[:], rec.status[:] = self.sent, self.done, self.status
+            rec.scheduled[:] = self.scheduled
+            for i, (raw, error) in enumerate(zip(self.raw, self.error)):
+                rec.raw[i], rec.error[i] = raw, error
+
+    def _loop(self, timer):
+        clock, conns, schedule = self.clock, self.conns, self.schedule
+        poll = self.ep.poll
+        n, slots = self.n, self.slots
+        self.t0 = t0 = clock()
+        stop = t0 + self.deadline
+        nxt = 0  # the next request to send
+        while True:
+            now = clock()
+            if schedule is None:
+                while nxt < n and self.busy < slots:
+                    self._start(nxt, now)
+                    nxt += 1
+                    now = clock()
+            else:
+                while nxt < n and self.busy < slots and t0 + schedule[nxt] <= now:
+                    self._start(nxt, now)
+                    nxt += 1
+                    now = clock()
+            if nxt >= n and self.busy == 0:
+                return now - t0
+            if now >= stop:
+                return now - t0
+            due = self._expire(now)
+            wake = stop if due is None or due > stop else due
+            if schedule is not None and nxt < n and self.busy < slots:
+                due = t0 + schedule[nxt]
+                timer.arm(due)
+                # The timerfd wakes the loop at the send time; epoll's own
+                # timeout (whole ms, rounded up) only bounds the timeouts.
+                wake = min(wake, due + 0.001)
+            wait = wake - now
+            events = poll(min(max(wait, 0.0), _MAX_WAIT))
+            for fd, ev in events:
+                conn = conns.get(fd)
+                if conn is None:
+                    continue  # the timer, or a socket closed earlier in this batch
+                if conn.out is not None and ev & (_OUT | select.EPOLLERR | select.EPOLLHUP):
+                    self._writable(conn)
+                elif ev & (_IN | select.EPOLLERR | select.EPOLLHUP):
+                    self._readable(conn)
+
+
+# -- a trivial endpoint, in a process of its own -----------------------------------------
+
+def serve_trivial(sock, keep_alive=True):
+    """Answer every HTTP/1.1 request on listening socket ``sock`` at once, until stdin closes.
+
+    The body of each answer is fixed (the inference server's fields, all 0).
+    Connections are kept alive, or closed after each answer as Gunicorn's
+    sync workers do (``keep_alive=False``). The main of
+    :func:`trivial_endpoint`'s process.
+
+    Examples
+    --------
+    >>> serve_trivial(listening_socket)   # doctest: +SKIP
+    """
+    import asyncio
+
+    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
+              % (len(_TRIVIAL_BODY), b"" if keep_alive else b"Connection: close\r\n")) + _TRIVIAL_BODY
+
+    class Answer(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.transport, self.buf = transport, b""
+
+        def data_received(self, data):
+            self.buf += data
+            while True:
+                head_end = self.buf.find(b"\r\n\r\n")
+                if head_end < 0:
+                    return
+                length = 0
+                for line in self.buf[:head_end].split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                end = head_end + 4 + length
+                if len(self.buf) < end:
+                    return
+                self.buf = self.buf[end:]
+                self.transport.write(answer)
+                if not keep_alive:
+                    self.transport.close()
+                    return
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Answer, sock=sock)
+        # stdin closes when the parent goes away (or stops us): then stop.
+        done = loop.create_future()
+        loop.add_reader(sys.stdin.fileno(), lambda: done.done() or done.set_result(None))
+        async with server:
+            await done
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def trivial_endpoint(keep_alive=True):
+    """A server on 127.0.0.1 that answers every ``POST`` at once, in its own process; yields its URL.
+
+    Being another process, it takes nothing from the generator's thread (no
+    shared GIL or event loop), so what a trial against it measures is the
+    generator. With ``keep_alive=False`` it closes every connection after
+    its answer, as Gunicorn's sync workers do. The process is stopped when
+    the block ends.
+
+    Examples
+    --------
+    >>> with trivial_endpoint() as url:   # doctest: +SKIP
+    ...     closed_loop(url, b"{}", requests=100)
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1024)
+        port = listener.getsockname()[1]
+        code = ("import socket, sys; from tuna_lab.measure.wire import serve_trivial; "
+                "serve_trivial(socket.socket(fileno=int(sys.argv[1])), sys.argv[2] == '1')")
+        proc = subprocess.Popen([sys.executable, "-c", code, str(listener.fileno()), "1" if keep_alive else "0"],
+                                stdin=subprocess.PIPE,
+                                pass_fds=(listener.fileno(),))
+    finally:
+        listener.close()
+    try:
+        yield f"http://127.0.0.1:{port}/predict"
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
