@@ -800,3 +800,69 @@ def test_warm_start_is_canonical_for_the_symmetry_breaking_rows():
         if var.id in values:
             var.value = values[var.id]
     assert max(float(np.max(c.violation())) for c in enc.symmetry_constraints()) <= 1e-9
+
+
+# ------------------------------------------------------------ certificates
+def _check_certificate(m, model):
+    """The certificate's numbers are the mapping's, and prove what it says."""
+    cert = m.certificate
+    json.dumps(m.to_dict())
+    assert m.to_dict()["certificate"] == cert
+    assert cert["objective"] == pytest.approx(model.value(m.positions))
+    assert cert["bound"] == pytest.approx(m.bound) and cert["gap"] == pytest.approx(m.gap)
+    assert cert["proven"] is bool(m.proven_optimal)
+    assert cert["bound"] >= cert["objective"] - 1e-6
+    if cert["proven"]:
+        # proven: the bound lies less than one lattice step above the objective
+        step = cert["step"]
+        assert cert["bound"] - cert["objective"] < (step if step > 0 else 1e-6) or cert["name"] == "highs"
+    comb = cert["combinatorial"]
+    if comb is not None:
+        assert comb["bound"] == pytest.approx(comb["constant"] + sum(comb["levels"]))
+        assert comb["bound"] >= cert["objective"] - 1e-6
+    assert f"certificate={cert['name']!r}" in repr(m)
+    assert f"certificate: {cert['name']}" in m.describe()
+
+
+@pytest.mark.parametrize("mode", ["scatter", "compact"])
+def test_certificate_of_a_mapping_proven_by_the_bound(xeon, mode):
+    model = TunaModel(4, 4, xeon, mode)
+    m = model.solve()
+    assert m.proven_optimal and m.encoding == "constructive+bound"
+    _check_certificate(m, model)
+    cert = m.certificate
+    assert cert["name"] == model.certificate(target=cert["objective"]).name
+    assert cert["name"] != "highs" and cert["dual_bound"] is None
+
+
+def test_certificate_of_a_mapping_proven_by_highs(xeon):
+    model = TunaModel(4, 4, xeon, "compact")
+    m = model.solve(prove="solver")
+    assert m.proven_optimal and m.encoding == "counts"
+    _check_certificate(m, model)
+    cert = m.certificate
+    assert cert["name"] == "highs"
+    # HiGHS's dual bound, in the objective's sign, bounds the optimum it found
+    assert cert["dual_bound"] is not None and cert["dual_bound"] >= cert["objective"] - 1e-6
+    assert cert["dual_bound"] - cert["objective"] <= 1e-4 * max(1.0, abs(cert["objective"])) + 1e-6
+
+
+def test_certificate_of_a_mapping_not_proven_in_time():
+    model = TunaModel(32, 16, Topology.preset("epyc-9654-2s"), "compact").without("8p", "11p-12p")
+    m = model.solve(time_limit=1.0)
+    _check_certificate(m, model)
+    if not m.proven_optimal:
+        assert m.certificate["gap"] > 0 and m.certificate["name"] != "none"
+
+
+def test_the_768_core_preset():
+    # 2 packages x 12 L3 domains x 16 cores x 2 SMT, a NUMA node per socket
+    topo = Topology.preset("epyc-9965-2s")
+    P = 384
+    assert (topo.n_logical, topo.n_physical, topo.threads_per_core) == (768, P, 2)
+    assert topo.package.max() + 1 == 2 and topo.numa.max() + 1 == 2
+    l3 = np.asarray(topo.caches["L3"])
+    assert l3.max() + 1 == 24 and set(np.bincount(l3).tolist()) == {32}
+    assert topo.siblings()[:2] == [(0, P), (1, P + 1)]
+    d = topo.distance()
+    assert d[0, P] == 4 and d[0, 15] == 50 and d[0, 16] == 200   # SMT sibling, same CCD, another CCD

@@ -1,10 +1,14 @@
-"""``tuna-lab bench``: the benchmarks (today the solver's, :mod:`tuna_lab.model.bench`).
+"""``tuna-lab bench``: the benchmarks (:mod:`tuna_lab.model.bench`, the solver's;
+:mod:`tuna_lab.measure.bench`, the load generator's against Debian's wrk).
 
 A group of its own rather than a part of ``solve``'s module: ``tuna-lab
 --help`` lists ``bench`` after the experiment commands, as it always has.
 """
 
 __all__ = ["add_parser"]
+
+# Where each benchmark writes its CSV unless --out says otherwise.
+_DEFAULT_OUT = {"solver": "bench/out/solver.csv", "load": "bench/out/load.csv"}
 
 
 def add_parser(subparsers):
@@ -17,26 +21,59 @@ def add_parser(subparsers):
     >>> _ = add_parser(parser.add_subparsers(dest="command"))
     >>> args = parser.parse_args(["bench", "solver", "--quick"])
     >>> args.what, args.quick, args.out
-    ('solver', True, 'bench/out/solver.csv')
+    ('solver', True, None)
+    >>> args = parser.parse_args(["bench", "load", "--duration", "2", "--rounds", "1"])
+    >>> args.what, args.connections, args.duration, args.model
+    ('load', 8, 2.0, 'small')
     """
     b = subparsers.add_parser(
         "bench", help="benchmarks",
-        description="The solver benchmark: the article's 72-model grid and the 384-core cases, solve times "
-                    "and model sizes per encoding, into a CSV.",
+        description="solver: the article's 72-model grid and the 384-core cases, solve times and model sizes "
+                    "per encoding, into a CSV. load: tuna_lab's load generator side by side with Debian's wrk "
+                    "(installed if missing and root) against one real server: requests/s, p50, p99 and "
+                    "generator CPU per request, in alternating rounds, and an open loop's send lag at 1,000/s.",
         epilog="examples:\n"
                "  tuna-lab bench solver --quick                a smoke run of a small subset\n"
-               "  tuna-lab bench solver --pairwise-limit 60 --doc docs/solver-bench.md\n")
-    b.add_argument("what", choices=("solver",), help="the benchmark to run (today only the solver's)")
-    b.add_argument("--out", default="bench/out/solver.csv", help="CSV to write")
-    b.add_argument("--quick", action="store_true", help="a small subset (smoke run)")
-    b.add_argument("--pairwise-limit", type=float, default=0.0, metavar="S",
-                   help="also run the literal encoding on small models with this time limit (0: skip)")
+               "  tuna-lab bench solver --pairwise-limit 60 --doc docs/solver-bench.md\n"
+               "  tuna-lab bench load --doc docs/load-bench.md  tuna_lab's generator vs wrk\n"
+               "  tuna-lab bench load --duration 2 --rounds 1   a short run\n")
+    b.add_argument("what", choices=("solver", "load"), help="the benchmark to run")
+    b.add_argument("--out", default=None,
+                   help=f"CSV to write (default: {_DEFAULT_OUT['solver']} or {_DEFAULT_OUT['load']})")
     b.add_argument("--doc", default=None, metavar="FILE", help="also write a Markdown report")
+    solver = b.add_argument_group("solver")
+    solver.add_argument("--quick", action="store_true", help="a small subset (smoke run)")
+    solver.add_argument("--pairwise-limit", type=float, default=0.0, metavar="S",
+                        help="also run the literal encoding on small models with this time limit (0: skip)")
+    solver.add_argument("--scale-only", "--scale", dest="scale_only", action="store_true",
+                        help="only the scale cases (384 and 768 cores, time limits, certificates); with --doc, "
+                             "replace only their section of the report")
+    load = b.add_argument_group("load")
+    load.add_argument("-w", "--workers", type=int, default=2, help="the server's Gunicorn workers")
+    load.add_argument("-t", "--threads", type=int, default=1, help="OpenMP threads per worker")
+    load.add_argument("--model", default="small", choices=("small", "medium", "large"), help="the server's model")
+    load.add_argument("--batch", type=int, default=10, help="rows per request")
+    load.add_argument("--policy", default="cfs", help="the server's placement policy")
+    load.add_argument("--connections", type=int, default=8, help="requests in flight, for both tools")
+    load.add_argument("--duration", type=float, default=5.0, metavar="S",
+                      help="seconds of each wrk run (tuna_lab's runs send what the last rate gives in that time)")
+    load.add_argument("--requests", type=int, default=None, metavar="N",
+                      help="a fixed number of requests for tuna_lab's runs instead")
+    load.add_argument("--rounds", type=int, default=5, help="rounds of both tools, in alternating order")
+    load.add_argument("--open-duration", type=float, default=3.0, metavar="S",
+                      help="seconds of the open loop at 1,000 requests/s against a trivial endpoint")
+    load.add_argument("--no-install", action="store_true", help="do not apt-get install wrk if it is missing")
     b.set_defaults(func=_cmd_bench)
     return b
 
 
 def _cmd_bench(args):
+    if args.out is None:
+        args.out = _DEFAULT_OUT[args.what]
+    if args.what == "load":
+        from ..measure.bench import run_load_bench
+
+        return run_load_bench(args)
     from ..model.bench import run_solver_bench
 
     return run_solver_bench(args)

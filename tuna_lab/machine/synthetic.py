@@ -35,6 +35,8 @@ PRESETS = {
     "epyc-7313p": "1 socket, 4 CCDs x 4 cores x 2-way SMT, private L1/L2, L3 per CCD; C=32",
     "epyc-9654": "1 socket, 12 CCDs x 8 cores x 2-way SMT, private L1/L2, L3 per CCD; C=192",
     "epyc-9654-2s": "2 x epyc-9654, NUMA node per socket; C=384",
+    "epyc-9965-2s": "2 sockets x 12 CCDs x 16 cores (Zen 5c) x 2-way SMT, private L1/L2, L3 per CCD, "
+    "NUMA node per socket; C=768",
 }
 
 # Each preset is a synthetic spec (hwloc numbers its PUs core by core) renumbered
@@ -45,6 +47,7 @@ _PRESET_SPECS = {
     "epyc-7313p": "pack:1 l3:4 l2:4 l1:1 core:1 pu:2",
     "epyc-9654": "pack:1 l3:12 l2:8 l1:1 core:1 pu:2",
     "epyc-9654-2s": "pack:2 numa:1 l3:12 l2:8 l1:1 core:1 pu:2",
+    "epyc-9965-2s": "pack:2 numa:1 l3:12 l2:16 l1:1 core:1 pu:2",
 }
 
 _MAX_SYNTHETIC_PUS = 1 << 16  # more is surely a typo, and would allocate huge arrays

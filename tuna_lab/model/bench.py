@@ -9,14 +9,23 @@ Four parts, each a table row set written to one CSV:
   proving every one (``prove="solver"``);
 * ``pairwise``: the article's literal encoding on the small models, with a
   time limit, to cross-check optima where it finishes;
-* ``scale``: ``epyc-9654-2s`` (384 logical cores) at (32, 16), (48, 8), (96, 4);
+* ``scale``: the issue-15 cases (:data:`SCALE_SHAPES`, :data:`UNEVEN_SHAPES`)
+  on ``epyc-9654-2s`` (384 logical cores, 10 s limit), with the default
+  families and without the physical analogues, and the same W:T shapes on
+  ``epyc-9965-2s`` (768 logical cores, W doubled so that W x T scales with
+  the cores, 30 s limit): objective, proof and its certificate, the gap,
+  the in-process wall time and whether the time limit was honoured (wall
+  <= limit + 0.5 s); each case runs in a forked child so that the models
+  it builds do not pile up in the benchmark's memory. For a few of them
+  (:data:`CLI_CASES`) also ``tuna-lab solve`` as a process: its wall time
+  and peak RSS;
 * ``toggle``: re-solving after a mode toggle and a family toggle.
 
-Plus the peak RSS of ``tuna-lab solve`` on the largest scale case.
+``--scale-only`` runs the scale part alone and, with ``--doc``, replaces
+only its section of an existing report.
 """
 
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -26,12 +35,29 @@ from ..machine import host
 from ..machine.topology import Topology
 from .tuna import TunaModel
 
-__all__ = ["run_solver_bench", "ARTICLE_WORKERS", "ARTICLE_THREADS", "SCALE_CASES"]
+__all__ = ["run_solver_bench", "ARTICLE_WORKERS", "ARTICLE_THREADS", "SCALE_SHAPES", "UNEVEN_SHAPES",
+           "SCALE_MACHINES", "CLI_CASES"]
 
 ARTICLE_WORKERS = (2, 4, 6, 8, 12, 16)
 ARTICLE_THREADS = (2, 4, 6, 8, 12, 16)
-SCALE_CASES = ((32, 16), (48, 8), (96, 4))
 MODES = ("scatter", "compact")
+#: Workers x threads of the issue's scale goal on 384 logical cores.
+SCALE_SHAPES = ((32, 16), (48, 8), (64, 6), (96, 4), (192, 2), (16, 24), (24, 32))
+#: Shapes that do not divide the 384-core machine evenly.
+UNEVEN_SHAPES = ((28, 14), (40, 12), (36, 10), (20, 20), (44, 9), (52, 7))
+#: ``(preset, time limit, worker factor)``: the machines of the scale part; on
+#: the 768-core one the shapes keep T and double W (W x T scales with C).
+SCALE_MACHINES = (("epyc-9654-2s", 10.0, 1), ("epyc-9965-2s", 30.0, 2))
+#: ``(preset, W, T, mode)`` also run as ``tuna-lab solve`` processes (wall time, peak RSS).
+CLI_CASES = (("epyc-9654-2s", 32, 16, "compact"), ("epyc-9654-2s", 40, 12, "compact"),
+             ("epyc-9654-2s", 36, 10, "compact"), ("epyc-9965-2s", 64, 16, "compact"),
+             ("epyc-9965-2s", 80, 12, "compact"))
+#: The physical analogues of (2)/(11-12), removed in the scale part's second family set.
+PHYSICAL = ("8p", "11p-12p")
+#: Seconds over the time limit a solve may take (issue 15).
+OVERRUN = 0.5
+#: Peak RSS goal of ``tuna-lab solve`` (issue 15).
+RSS_GOAL_MIB = 2048
 
 
 def _row(part, topo, model, mapping, route, wall):
@@ -82,14 +108,132 @@ def _pairwise(rows, limit, quick):
             _progress(rows[-1])
 
 
-def _scale(rows, quick, limit):
-    topo = Topology.preset("epyc-9654-2s")
-    for w, t in SCALE_CASES[:1] if quick else SCALE_CASES:
-        for mode in MODES:
-            model = TunaModel(w, t, topo, mode)
-            mapping, wall = _timed(model, time_limit=limit)
-            rows.append(_row("scale", topo, model, mapping, "default", wall))
-            _progress(rows[-1])
+def _scale_cases(quick):
+    """``(preset, limit, W, T, mode, families)`` of the scale part, in order."""
+    cases = []
+    for preset, limit, factor in SCALE_MACHINES:
+        shapes = [(w * factor, t) for w, t in SCALE_SHAPES]
+        uneven = [(w * factor, t) for w, t in UNEVEN_SHAPES]
+        if factor > 1:
+            uneven = uneven[:3]           # the issue's three uneven shapes, doubled
+        if quick:
+            shapes, uneven = shapes[:1], uneven[:1]
+        for w, t in shapes:
+            for mode in MODES:
+                cases.append((preset, limit, w, t, mode, "default"))
+                if factor == 1:
+                    cases.append((preset, limit, w, t, mode, "no physical"))
+        for w, t in uneven:
+            for mode in MODES:
+                cases.append((preset, limit, w, t, mode, "default"))
+        if quick:
+            break
+    return cases
+
+
+def _scale_row(preset, limit, w, t, mode, families):
+    """One scale case solved in this process: the row (run in a forked child)."""
+    topo = Topology.preset(preset)
+    model = TunaModel(w, t, topo, mode)
+    if families == "no physical":
+        model = model.without(*PHYSICAL)
+    row = {"part": "scale", "topology": preset, "workers": w, "threads": t, "mode": mode,
+           "families": families, "route": "default", "limit_s": limit}
+    t0 = time.perf_counter()
+    try:
+        mapping = model.solve(time_limit=limit)
+    except Exception as exc:   # a failed case is a row of the report, not the end of the bench
+        wall = time.perf_counter() - t0
+        row.update(status=f"error: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200],
+                   wall_s=round(wall, 3), proven_optimal=False, honoured=wall <= limit + OVERRUN)
+        return row
+    wall = time.perf_counter() - t0
+    cert = mapping.certificate or {}
+    row.update(encoding=mapping.encoding, build_s=round(mapping.build_seconds, 4),
+               solve_s=round(mapping.solve_seconds, 4), wall_s=round(wall, 3), status=mapping.status,
+               proven_optimal=bool(mapping.proven_optimal), objective=mapping.objective,
+               bound=mapping.bound, gap=None if mapping.gap is None else round(mapping.gap, 6),
+               certificate=cert.get("name"), step=cert.get("step"), dual_bound=cert.get("dual_bound"),
+               violations=len(mapping.verify()), honoured=wall <= limit + OVERRUN,
+               notes=" | ".join(mapping.notes))
+    return row
+
+
+def _in_child(fn, *args):
+    """``fn(*args)`` in a forked child (its memory goes with it); an error row if it dies."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def target():
+        try:
+            send.send(fn(*args))
+        except BaseException as exc:
+            send.send({"status": f"error: {type(exc).__name__}: {exc}"[:200]})
+        send.close()
+
+    proc = ctx.Process(target=target)     # not a daemon: its solve forks HiGHS
+    proc.start()
+    send.close()
+    try:
+        return receive.recv()
+    except EOFError:
+        return {"status": f"error: the bench's child ended with status {proc.exitcode}"}
+    finally:
+        proc.join()
+        receive.close()
+
+
+def _scale(rows, quick):
+    for preset, limit, w, t, mode, families in _scale_cases(quick):
+        row = _in_child(_scale_row, preset, limit, w, t, mode, families)
+        base = {"part": "scale", "topology": preset, "workers": w, "threads": t, "mode": mode,
+                "families": families, "route": "default", "limit_s": limit}
+        rows.append({**base, **row})
+        _progress(rows[-1])
+
+
+def _cli_run(preset, w, t, mode, limit):
+    """``tuna-lab solve --json`` as a process: ``(wall s, peak RSS MiB, exit status, JSON or None)``.
+
+    The peak RSS is the process's and its children's (HiGHS runs in one),
+    from ``wait4`` on that process alone.
+    """
+    import json
+    import tempfile
+
+    cmd = [sys.executable, "-m", "tuna_lab.cli", "solve", "-w", str(w), "-t", str(t),
+           "--preset", preset, "--mode", mode, "--time-limit", str(limit), "--json"]
+    with tempfile.TemporaryFile() as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        text = out.read().decode()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    return wall, usage.ru_maxrss / 1024, proc.returncode, data
+
+
+def _cli(rows, quick):
+    limits = {preset: limit for preset, limit, _ in SCALE_MACHINES}
+    for preset, w, t, mode in CLI_CASES[:1] if quick else CLI_CASES:
+        limit = limits[preset]
+        wall, rss, code, data = _cli_run(preset, w, t, mode, limit)
+        row = {"part": "cli", "topology": preset, "workers": w, "threads": t, "mode": mode,
+               "families": "default", "route": "tuna-lab solve", "limit_s": limit, "wall_s": round(wall, 3),
+               "peak_rss_mib": round(rss), "honoured": wall <= limit + OVERRUN,
+               "status": f"exit {code}" if data is None else data["status"]}
+        if data is not None:
+            row.update(proven_optimal=data["proven_optimal"], objective=data["objective"], gap=data["gap"],
+                       certificate=(data.get("certificate") or {}).get("name"))
+        rows.append(row)
+        _progress(rows[-1])
 
 
 def _toggle(rows, quick):
@@ -113,30 +257,13 @@ def _toggle(rows, quick):
         _progress(rows[-1])
 
 
-def _peak_rss(rows, limit):
-    w, t = SCALE_CASES[0]
-    cmd = [sys.executable, "-m", "tuna_lab.cli", "solve", "-w", str(w), "-t", str(t),
-           "--preset", "epyc-9654-2s", "--mode", "compact", "--time-limit", str(limit), "--json"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    rows.append({"part": "memory", "topology": "epyc-9654-2s", "workers": w, "threads": t,
-                 "mode": "compact", "route": "tuna-lab solve", "wall_s": round(wall, 3),
-                 "status": f"exit {proc.returncode}; peak RSS {max(peak_kib, before) / 1024:.0f} MiB"})
-    _progress(rows[-1])
-
-
 def _progress(row):
-    keys = ("part", "workers", "threads", "mode", "route", "encoding", "build_s", "solve_s", "wall_s",
-            "status", "objective", "gap")
+    keys = ("part", "topology", "workers", "threads", "mode", "families", "route", "encoding", "build_s",
+            "solve_s", "wall_s", "status", "objective", "certificate", "gap", "peak_rss_mib")
     print("  ".join(f"{row.get(k)}" for k in keys if row.get(k) is not None), flush=True)
 
 
 def _summary(df):
-    import pandas as pd
-
     lines = []
     for route in ("default", "highs"):
         g = df[(df.part == "grid") & (df.route == route)]
@@ -158,13 +285,69 @@ def _summary(df):
                          f"{r.solve_s:.1f} s, objective {r.objective:g} "
                          + ("(equal to the fast encoding's)" if same and r.proven_optimal else
                             f"(fast encoding: {match.objective.iloc[0]:g})"))
-    s = df[df.part == "scale"]
-    for _, r in s.iterrows():
-        bound = "" if r.get("bound") is None or pd.isna(r.get("bound")) else f", bound {r.bound:.6g}"
-        lines.append(f"- scale {int(r.workers)}x{int(r.threads)} {r['mode']}: {r.status}, wall {r.wall_s:.2f} s, "
-                     f"objective {r.objective:.6g}{bound}, gap {r.gap:.4g}, violations {int(r.violations)}")
-    for _, r in df[df.part.isin(["toggle", "memory"])].iterrows():
+    for _, r in df[df.part == "toggle"].iterrows():
         lines.append(f"- {r.route}: {r.wall_s:.4f} s ({r.status})")
+    return lines + _regression_goals(df)
+
+
+def _verdict(ok):
+    return "PASS" if ok else "FAIL"
+
+
+def _goals(df):
+    """The issue-15 goals, each ``- PASS/FAIL: goal (evidence)``, for the parts that ran."""
+    lines = []
+    s = df[df.part == "scale"] if "part" in df else df.iloc[0:0]
+    if len(s):
+        even = {(w, t) for w, t in SCALE_SHAPES}
+        uneven = {(w, t) for w, t in UNEVEN_SHAPES}
+        for preset, limit, factor in SCALE_MACHINES:
+            m = s[s.topology == preset]
+            if not len(m):
+                continue
+            shapes = {(w * factor, t) for w, t in even}
+            odd = {(w * factor, t) for w, t in uneven}
+            groups = [("even shapes, default families", m[m.families == "default"], shapes),
+                      ("even shapes, without the physical analogues", m[m.families == "no physical"], shapes),
+                      ("uneven shapes", m[m.families == "default"], odd)]
+            for label, rows, which in groups:
+                rows = rows[[(int(w), int(t)) in which for w, t in zip(rows.workers, rows.threads)]]
+                if not len(rows):
+                    continue
+                good = rows[rows.proven_optimal.fillna(False).astype(bool) & (rows.wall_s <= limit)]
+                missing = [f"{int(r.workers)}x{int(r.threads)} {r['mode']}" for _, r in rows.iterrows()
+                           if r.name not in good.index]
+                lines.append(f"- {_verdict(len(good) == len(rows))}: {preset} {label}: proven optimal within "
+                             f"{limit:g} s (in process) {len(good)}/{len(rows)}"
+                             + (f"; not: {', '.join(missing)}" if missing else ""))
+        late = s[~s.honoured.fillna(False).astype(bool)]
+        lines.append(f"- {_verdict(not len(late))}: time limit honoured (wall <= limit + {OVERRUN:g} s) in "
+                     f"{len(s) - len(late)}/{len(s)} scale rows"
+                     + ("; late: " + ", ".join(f"{r.topology} {int(r.workers)}x{int(r.threads)} {r['mode']} "
+                                               f"{r.wall_s:.2f} s" for _, r in late.iterrows()) if len(late) else ""))
+    c = df[df.part == "cli"] if "part" in df else df.iloc[0:0]
+    if len(c):
+        late = c[~c.honoured.fillna(False).astype(bool)]
+        lines.append(f"- {_verdict(not len(late))}: `tuna-lab solve` process within limit + {OVERRUN:g} s: "
+                     f"{len(c) - len(late)}/{len(c)} (max {c.wall_s.max():.2f} s)")
+        lines.append(f"- {_verdict(bool((c.peak_rss_mib <= RSS_GOAL_MIB).all()))}: peak RSS <= "
+                     f"{RSS_GOAL_MIB / 1024:g} GiB: max {c.peak_rss_mib.max():.0f} MiB over {len(c)} "
+                     "`tuna-lab solve` processes")
+    return lines
+
+
+def _regression_goals(df):
+    """The no-regression goals of issue 15 (article grid, toggles), for the parts that ran."""
+    lines = []
+    g = df[(df.part == "grid") & (df.route == "default")] if "part" in df else df.iloc[0:0]
+    if len(g):
+        ok = bool(g.proven_optimal.all() and (g.wall_s <= 1.0).all())
+        lines.append(f"- {_verdict(ok)}: article grid all proven within 1 s: "
+                     f"{int((g.proven_optimal & (g.wall_s <= 1.0)).sum())}/{len(g)}")
+    t = df[df.part == "toggle"] if "part" in df else df.iloc[0:0]
+    if len(t):
+        lines.append(f"- {_verdict(bool((t.wall_s <= 0.1).all()))}: toggle re-solves <= 100 ms (median): "
+                     + ", ".join(f"{r.route} {r.wall_s * 1000:.1f} ms" for _, r in t.iterrows()))
     return lines
 
 
@@ -174,32 +357,100 @@ def run_solver_bench(args):
 
     rows = []
     quick = bool(getattr(args, "quick", False))
-    print("# tuna-lab bench solver", "(quick)" if quick else "", flush=True)
-    _grid(rows, quick)
-    if getattr(args, "pairwise_limit", 0):
-        _pairwise(rows, args.pairwise_limit, quick)
-    _scale(rows, quick, limit=5.0)
-    _toggle(rows, quick)
-    _peak_rss(rows, limit=5.0)
+    scale_only = bool(getattr(args, "scale_only", False))
+    print("# tuna-lab bench solver", "(quick)" if quick else "", "(scale only)" if scale_only else "", flush=True)
+    if not scale_only:
+        _grid(rows, quick)
+        if getattr(args, "pairwise_limit", 0):
+            _pairwise(rows, args.pairwise_limit, quick)
+    _scale(rows, quick)
+    _cli(rows, quick)
+    if not scale_only:
+        _toggle(rows, quick)
     df = pd.DataFrame(rows)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     df.to_csv(args.out, index=False)
     summary = _summary(df)
-    print("\n".join(["", "## Summary"] + summary))
+    goals = _goals(df)
+    print("\n".join(["", "## Summary"] + summary + ["", "## Goals (issue 15)"] + goals))
+    print("\n" + _scale_table(df))
     print(f"\nwrote {args.out}")
     doc = getattr(args, "doc", None)
     if doc:
-        _write_doc(doc, df, summary)
+        _write_doc(doc, df, summary, goals, scale_only)
         print(f"wrote {doc}")
     return 0
 
 
-def _write_doc(path, df, summary):
+_SCALE_BEGIN = "<!-- scale: begin (tuna-lab bench solver --scale-only replaces this part) -->"
+_SCALE_END = "<!-- scale: end -->"
+
+
+def _fmt(value, spec=""):
+    import pandas as pd
+
+    if value is None or (not isinstance(value, str) and pd.isna(value)):
+        return ""
+    if isinstance(value, (bool,)) or spec == "":
+        return str(value)
+    return format(value, spec)
+
+
+def _scale_table(df):
+    """The scale part's Markdown table: one row per case (and per ``tuna-lab solve`` process)."""
+    s = df[df.part.isin(["scale", "cli"])] if "part" in df else df.iloc[0:0]
+    if not len(s):
+        return ""
+    head = ("| machine | case | mode | families | run | objective | proven | certificate | bound | gap | "
+            "step | seconds | limit | honoured | peak RSS MiB |\n|" + "---|" * 15 + "\n")
+    body = []
+    for _, r in s.iterrows():
+        run = "in process" if r.part == "scale" else "`tuna-lab solve`"
+        proven = r.get("proven_optimal")
+        body.append("| " + " | ".join([
+            str(r.topology), f"{int(r.workers)}x{int(r.threads)}", str(r["mode"]), str(r.get("families", "")),
+            run, _fmt(r.get("objective"), ".10g"), _fmt(bool(proven) if proven is not None else None),
+            _fmt(r.get("certificate")) or _fmt(r.get("status")), _fmt(r.get("bound"), ".10g"),
+            _fmt(r.get("gap"), ".4g"), _fmt(r.get("step"), "g"), _fmt(r.get("wall_s"), ".2f"),
+            _fmt(r.get("limit_s"), "g"), "yes" if r.get("honoured") else "**no**",
+            _fmt(r.get("peak_rss_mib"), ".0f")]) + " |")
+    return head + "\n".join(body) + "\n"
+
+
+def _scale_section(df, goals):
+    note = ("Each case solved with the time limit shown: in process (a forked child of the benchmark; "
+            "`seconds` = wall time of `TunaModel.solve`, the span the limit covers) and, for a few, as a "
+            "`tuna-lab solve --json` process (`seconds` = the process's wall time: the command's "
+            "`--time-limit` counts from its start, imports of ~1 s included; peak RSS of the process and "
+            "its HiGHS child). `certificate` names what proves the "
+            "bound: `counting`, the pattern bounds (`sibling-pattern`, `domain-pattern`, "
+            "`fragment-pattern`, joined by `+`) or `highs` (HiGHS's dual bound); `step` is the lattice "
+            "step of the objective values, so a bound less than one step above the objective proves it. "
+            f"Honoured: wall <= limit + {OVERRUN:g} s. On `epyc-9965-2s` the shapes keep T and double W.")
+    return (f"{_SCALE_BEGIN}\n## Scale (issue 15)\n\nMeasured on {time.strftime('%Y-%m-%d %H:%M')}; "
+            f"machine: {host.describe()}.\n\n"
+            + note + "\n\n### Goals\n\n" + "\n".join(goals) + "\n\n### Cases\n\n"
+            + _scale_table(df) + _SCALE_END + "\n")
+
+
+def _write_doc(path, df, summary, goals, scale_only=False):
     import cvxpy
 
+    scale = _scale_section(df, goals)
+    if scale_only:
+        old = open(path).read() if os.path.exists(path) else "# Solver benchmark\n"
+        if _SCALE_BEGIN in old and _SCALE_END in old:
+            head, rest = old.split(_SCALE_BEGIN, 1)
+            text = head + scale.rstrip("\n") + rest.split(_SCALE_END, 1)[1]
+        else:
+            text = old.rstrip("\n") + "\n\n" + scale
+        with open(path, "w") as fh:
+            fh.write(text)
+        return
+    grid = df[~df.part.isin(["scale", "cli"])]
     cols = ["part", "route", "workers", "threads", "mode", "encoding", "build_s", "solve_s", "wall_s",
             "status", "objective", "gap"]
-    table = df[[c for c in cols if c in df.columns]].copy()
+    table = grid[[c for c in cols if c in grid.columns]].copy()
     table = table.astype(object).where(table.notna(), "")
     header = "| " + " | ".join(table.columns) + " |\n|" + "---|" * len(table.columns) + "\n"
     body = "".join("| " + " | ".join(str(v) for v in row) + " |\n" for row in table.itertuples(index=False))
@@ -207,7 +458,8 @@ def _write_doc(path, df, summary):
         "# Solver benchmark\n\n"
         f"Produced by `make bench` (`tuna-lab bench solver`) on {time.strftime('%Y-%m-%d')}; "
         f"machine: {host.describe()}; cvxpy {cvxpy.__version__}.\n\n"
-        "## Summary\n\n" + "\n".join(summary) + "\n\n## All rows\n\n" + header + body)
+        "## Summary\n\n" + "\n".join(summary) + "\n\n" + scale
+        + "\n## Article grid, literal encoding and toggles: all rows\n\n" + header + body)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:
         fh.write(text)

@@ -41,6 +41,17 @@ class Mapping:
     notes : tuple of str
         Why the solve took the route it took when that is not the default
         (e.g. a family the constructive route does not know: HiGHS solved it).
+    certificate : dict
+        What proves :attr:`bound` (JSON-able; empty when nothing does):
+        ``name`` - ``"highs"`` (HiGHS's dual bound), or the combinatorial
+        bound's name (``"counting"``, pattern bounds such as
+        ``"sibling-pattern+domain-pattern"``), or ``"none"``; ``proven``;
+        ``objective``, ``bound`` and ``gap``; ``step`` - the lattice step of
+        the objective values, so that a bound less than one step above the
+        objective proves it (0 if unknown); ``dual_bound`` - HiGHS's, when it
+        ran; ``combinatorial`` - the combinatorial bound's parts
+        (:meth:`Certificate.as_dict <tuna_lab.model.bounds.Certificate.as_dict>`)
+        when computed.
 
     Examples
     --------
@@ -62,6 +73,7 @@ class Mapping:
     bound: float | None = None
     extra: dict = field(default_factory=dict)
     notes: tuple = ()
+    certificate: dict = field(default_factory=dict)
 
     def __post_init__(self):
         object.__setattr__(self, "assignment", np.asarray(self.assignment, dtype=int))
@@ -174,6 +186,7 @@ class Mapping:
             "families": [f.key for f in self.families],
             "violations": [v.message for v in self.verify()],
             "notes": list(self.notes),
+            "certificate": dict(self.certificate),
         }
 
     def describe(self):
@@ -188,10 +201,27 @@ class Mapping:
         lines.append(f"  f_main={self.f_main:g} f_mode={self.f_mode:g} objective={self.objective:g} "
                      f"status={self.status} proven_optimal={self.proven_optimal} gap={gap} "
                      f"[{self.encoding}: build {self.build_seconds:.3f}s solve {self.solve_seconds:.3f}s]")
+        if self.certificate:
+            lines.append(f"  certificate: {self._certificate_text()}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
+    def _certificate_text(self):
+        """One line: which bound proves what, with the numbers to check it."""
+        c = self.certificate
+        parts = [f"{c.get('name', 'none')}"]
+        for key in ("objective", "bound", "dual_bound", "step"):
+            if c.get(key) is not None:
+                parts.append(f"{key}={c[key]:.10g}")
+        if c.get("gap") is not None:
+            parts.append(f"gap={c['gap']:.4%}")
+        comb = c.get("combinatorial")
+        if comb and comb.get("name") != c.get("name"):
+            parts.append(f"{comb['name']} bound={comb['bound']:.10g}")
+        return " ".join(parts)
+
     def __repr__(self):
         inst = self.instance
+        cert = f", certificate={self.certificate['name']!r}" if self.certificate else ""
         return (f"Mapping(W={inst.W}, T={inst.T}, {inst.mode}, topology={self.topology.name!r}, "
-                f"objective={self.objective:g}, status={self.status!r})")
+                f"objective={self.objective:g}, status={self.status!r}{cert})")

@@ -1,48 +1,87 @@
 """How :meth:`TunaModel.solve <tuna_lab.model.tuna.TunaModel.solve>` reaches a mapping, stage by stage.
 
 1. *Constructive route.* The greedy mapping (:meth:`TunaModel.construct`);
-   when it reaches the counting bound it is optimal and the run ends
-   (``encoding="constructive+bound"``). Otherwise local search polishes it
-   and the bound is tried again.
+   when it reaches the combinatorial bound (:meth:`TunaModel.certificate`)
+   it is optimal and the run ends (``encoding="constructive+bound"``).
+   Otherwise local search polishes it and the bound is tried again.
 2. *Build.* The cvxpy problem (cached per model) compiled for HiGHS.
-3. *Presolve guard.* With a time limit that HiGHS's presolve alone would
-   overrun (it does not stop mid-way), the polished mapping is the answer,
-   with the bound's gap (``encoding="constructive"``).
-4. *HiGHS*, warm-started with the constructive mapping.
-5. *Result.* HiGHS's status and dual bound, tightened by the counting bound.
+3. *Guard.* With a time limit that compiling (estimated from the model's
+   size) and HiGHS's presolve (which does not stop at its time limit) would
+   overrun, the polished mapping is the answer, with the bound's gap
+   (``encoding="constructive"``).
+4. *HiGHS*, warm-started with the constructive mapping; with a time limit
+   in a forked child process that is killed at the deadline.
+5. *Result.* HiGHS's status and dual bound, tightened by the combinatorial
+   bound.
 
-The constructive route and the counting bound know the families that
-contribute to :class:`~tuna_lab.model.caps.Caps` only. With any other family
-the run goes straight to HiGHS, which sees every family's rows, and the
-mapping says so in :attr:`Mapping.notes <tuna_lab.model.mapping.Mapping.notes>`.
+The time limit covers all of it, from the first stage to the returned
+mapping (not the import of cvxpy nor the building of the
+:class:`TunaModel`): every stage gets what is left of it. HiGHS is told to
+stop a little before the deadline; should it not (its presolve and the
+set-up of its search check the clock seldom), its process is killed and
+the best mapping found so far is returned, with the bound's certified gap.
+Only the constructive mapping itself (:meth:`TunaModel.construct`) runs to
+its end whatever the limit.
+
+The constructive route and the bound know the families that contribute to
+:class:`~tuna_lab.model.caps.Caps` only. With any other family the run goes
+straight to HiGHS, which sees every family's rows, and the mapping says so
+in :attr:`Mapping.notes <tuna_lab.model.mapping.Mapping.notes>`.
 
 What one run did is kept in a :class:`RunRecord` (timings, route, status,
-bound, gap, notes), from which the :class:`~tuna_lab.model.mapping.Mapping`
-is made.
+bound, gap, the certificate, notes), from which the
+:class:`~tuna_lab.model.mapping.Mapping` is made.
 """
 
+import os
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import cvxpy as cp
 import numpy as np
 
-from .._checks import positive_number
+from .._checks import one_line, positive_number
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
 from .bounds import bound_closes
 from .mapping import Mapping
 
 __all__ = ["SolveOptions", "RunRecord", "run"]
 
-# HiGHS's presolve does not stop at its time limit; on large models it alone
-# takes about this long per nonzero of the constraint matrix (measured on the
-# 494k-nonzero epyc-9654-2s 32x16 compact model: 3-9 s on 2 shared CPUs).
-_PRESOLVE_S_PER_NONZERO = 1e-5
+# HiGHS's presolve and the set-up of its search (clique table, probing) do
+# not stop at its time limit, and nothing useful comes before they end; on
+# large models they take about this long per nonzero of the constraint
+# matrix (measured on the 494k-nonzero epyc-9654-2s 32x16 compact model on 2
+# shared CPUs: presolve 3-6 s, then 5-19 s before its first clock check).
+_PRESOLVE_S_PER_NONZERO = 2e-5
+# Before it is compiled the matrix's size is estimated from the model's:
+# the counts encoding has 30-40 nonzeros per (worker, logical core) on the
+# epyc presets (494k for 32x16 and 1.9M for 64x16 on 768 cores), and cvxpy
+# compiles about a million of them per second (0.5 s and 2.1 s there).
+_NNZ_PER_WORKER_CORE = 40
+_COMPILE_S_PER_NONZERO = 1.2e-6
+# Kept back from the time limit for what follows HiGHS: reading its solution
+# back through cvxpy, extracting and scoring the mapping (0.05-0.2 s on 768
+# cores).
+_RESULT_RESERVE_S = 0.25
+# The share of the time left that each of the constructive route's programs
+# (compact mode's fragment programs) may take.
+_CONSTRUCT_SHARE = 0.25
+# HiGHS is told to stop this much before the time it is given (a fraction
+# of it, at least a tenth of a second), so that it returns its incumbent and
+# dual bound itself where its clock checks allow.
+_HIGHS_MARGIN = 0.15
 
 #: What ``prove`` may be: ``"auto"``/``"bound"`` let the counting bound prove
 #: optimality, ``"solver"`` leaves the proof to HiGHS.
 PROVE = ("auto", "solver", "bound")
+
+# The constraint matrix's nonzeros of each cvxpy problem compiled so far
+# (cvxpy caches the compilation itself on the problem). Only numbers: a
+# value referring to its problem would keep it alive.
+_NONZEROS = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -94,7 +133,14 @@ class RunRecord:
     build_seconds : float
         Building and compiling the cvxpy problem.
     highs_seconds : float
-        HiGHS's run.
+        HiGHS's run (as long as the run waited for it).
+    combinatorial : Certificate or None
+        The model's bound (:meth:`TunaModel.certificate`), once computed.
+    dual_bound : float or None
+        HiGHS's dual bound on the objective, when HiGHS ran and proved one.
+    certificate : dict
+        What proves the mapping's bound (see :attr:`Mapping.certificate
+        <tuna_lab.model.mapping.Mapping.certificate>`), set with the result.
     notes : list of str
         Why the run took the route it took, when that is not the default.
     """
@@ -107,21 +153,74 @@ class RunRecord:
     construct_seconds: float = 0.0
     build_seconds: float = 0.0
     highs_seconds: float = 0.0
+    combinatorial: object = None
+    dual_bound: float | None = None
+    certificate: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
 
     def mapping(self, model, positions):
         """The :class:`Mapping` of ``positions`` (shape (W, T)) with this record's evidence.
 
-        ``solve_seconds`` is HiGHS's time when HiGHS ran, else the
-        constructive route's (it was the solver then).
+        ``solve_seconds`` is HiGHS's time when HiGHS's answer is the
+        mapping, else the constructive route's (it was the solver then) plus
+        whatever HiGHS spent before the deadline stopped it.
         """
         inst = model.instance
         solver_ran = self.route not in ("constructive", "constructive+bound")
         return Mapping(inst, inst.cpus[positions], model.families, status=self.status,
                        proven_optimal=self.proven_optimal, gap=self.gap, bound=self.bound,
                        build_seconds=self.build_seconds,
-                       solve_seconds=self.highs_seconds if solver_ran else self.construct_seconds,
-                       encoding=self.route, notes=tuple(self.notes))
+                       solve_seconds=self.highs_seconds if solver_ran else self.construct_seconds + self.highs_seconds,
+                       encoding=self.route, notes=tuple(self.notes), certificate=dict(self.certificate))
+
+    def certify(self, model, objective, by):
+        """Fill :attr:`certificate`: the bound that proves the mapping's gap, and its numbers.
+
+        ``by`` names what proved optimality (``"highs"``, or ``None`` for the
+        tighter of the two bounds); :attr:`bound`, :attr:`gap` and
+        :attr:`proven_optimal` are set already.
+        """
+        comb = self.combinatorial
+        if by is None:
+            # the bound the gap is measured against: the tighter of the two
+            if comb is not None and (self.dual_bound is None or comb.bound <= self.dual_bound):
+                by = comb.name
+            elif self.dual_bound is not None:
+                by = "highs"
+        self.certificate = {
+            "name": by or "none",
+            "proven": bool(self.proven_optimal),
+            "objective": float(objective),
+            "bound": None if self.bound is None else float(self.bound),
+            "gap": None if self.gap is None else float(self.gap),
+            "step": float(model.granularity()),
+            "dual_bound": None if self.dual_bound is None else float(self.dual_bound),
+            "combinatorial": None if comb is None else _plain(comb.as_dict()),
+        }
+
+
+def _plain(value):
+    """``value`` with numpy scalars and tuples turned into JSON's types."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+class _Clock:
+    """The run's deadline: ``left()`` seconds remain (infinite without a time limit)."""
+
+    def __init__(self, limit):
+        self.t0 = time.perf_counter()
+        self.limit = limit
+
+    def left(self):
+        if self.limit is None:
+            return float("inf")
+        return self.limit - (time.perf_counter() - self.t0)
 
 
 def run(model, options):
@@ -132,7 +231,7 @@ def run(model, options):
     Mapping
         With the run's evidence (:class:`RunRecord`).
     """
-    t_begin = time.perf_counter()
+    clock = _Clock(options.time_limit)
     record = RunRecord()
     if not model.caps.understood:
         record.notes.append(
@@ -142,35 +241,45 @@ def run(model, options):
     by_bound = options.prove in ("auto", "bound") and model.encoding != "pairwise"
     start = None
     if options.warm_start:
-        start, proven = _constructive(model, options, record, by_bound)
+        start, proven = _constructive(model, options, record, by_bound, clock)
         if proven is not None:
             return proven
-    problem, enc, data, offset = _compiled(model, record)
-    if start is not None:
-        _set_highs_start(problem, data, enc.start(start))
+    if start is not None and options.time_limit is not None:
+        need = _highs_need(model)
+        left = clock.left() - _RESULT_RESERVE_S
+        if left < need:
+            # compiling and HiGHS's presolve alone would overrun the time
+            # left: the polished mapping, with its certified gap, is the answer.
+            record.notes.append(f"compiling and HiGHS's presolve (~{need:.1f} s) would overrun the "
+                                f"{max(left, 0.0):.2f} s left: the constructive mapping is the answer")
+            # the time HiGHS would not have used goes to local search
+            start, proven = _polish(model, start, record, by_bound, clock.left() - _RESULT_RESERVE_S)
+            if proven is not None:
+                return proven
+            return _constructed(model, start, record, options.prove)
+    problem, enc, compiled = _compiled(model, record)
     highs_options = {}
-    if options.time_limit is not None:
-        # the limit covers the whole solve: what construction, local search
-        # and building took comes out of HiGHS's share (it keeps at least a fifth)
-        left = options.time_limit - (time.perf_counter() - t_begin)
-        nnz = data[cp.settings.A].nnz if cp.settings.A in data else 0
-        if start is not None and by_bound and left < _PRESOLVE_S_PER_NONZERO * nnz:
-            # HiGHS's presolve alone would overrun the time left: the polished
-            # mapping, with its certified gap, is the answer.
-            record.notes.append(f"HiGHS's presolve would overrun the {left:.2f} s left: "
-                                "the constructive mapping is the answer")
-            return _constructed(model, start, record)
-        highs_options["time_limit"] = max(0.2 * options.time_limit, left)
     if options.gap is not None:
         highs_options["mip_rel_gap"] = float(options.gap)
-    _run_highs(problem, options.verbose, start is not None, highs_options, record)
-    return _result(model, problem, enc, offset, start, options.prove, record)
+    outcome = _run_highs(compiled, enc, start, options.verbose, highs_options, clock, record)
+    if outcome is None:
+        if start is None:
+            raise NoSolutionError(
+                f"HiGHS found no feasible mapping for W={model.instance.W} x T={model.instance.T} "
+                f"within the time limit of {options.time_limit:g} s; raise the time limit")
+        return _constructed(model, start, record, options.prove)
+    return _result(model, problem, enc, compiled, outcome, start, options.prove, record)
 
 
-def _constructive(model, options, record, by_bound):
+def _constructive(model, options, record, by_bound, clock):
     """``(start, mapping)``: the constructive mapping, and the run's answer if the bound proves it."""
     t0 = time.perf_counter()
-    start = model.construct()
+    if options.time_limit is None:
+        start = model.construct()
+    else:
+        # its programs' time limit (each): a share of what is left, so that
+        # local search, the bound and HiGHS keep theirs
+        start = model.construct(time_limit=max(0.05, _CONSTRUCT_SHARE * (clock.left() - _RESULT_RESERVE_S)))
     record.construct_seconds = time.perf_counter() - t0
     if start is None:
         return None, None
@@ -180,147 +289,332 @@ def _constructive(model, options, record, by_bound):
             return start, proven
     # Not proven yet: polish the greedy mapping by local search (its time
     # comes out of the time limit), then try the bound again.
-    budget = 2.0 if options.time_limit is None else min(2.0, 0.3 * options.time_limit)
+    budget = 2.0 if options.time_limit is None else min(2.0, 0.3 * options.time_limit,
+                                                        clock.left() - _RESULT_RESERVE_S)
+    return _polish(model, start, record, by_bound, budget)
+
+
+def _polish(model, start, record, by_bound, budget):
+    """``(start, mapping)`` after local search for ``budget`` seconds, as :func:`_constructive`."""
+    if budget <= 0.01:
+        return start, None
     t0 = time.perf_counter()
-    start = model.improve(start, time_limit=budget)
+    polished = model.improve(start, time_limit=budget)
     record.construct_seconds += time.perf_counter() - t0
-    if by_bound:
-        return start, _certificate(model, start, record)
+    if polished is not start:
+        start = polished
+        if by_bound:
+            return start, _certificate(model, start, record)
     return start, None
 
 
 def _certificate(model, start, record):
-    """The mapping ``start``, proven optimal, if it reaches :meth:`TunaModel.bound`; else ``None``."""
+    """The mapping ``start``, proven optimal, if it reaches :meth:`TunaModel.certificate`; else ``None``."""
     objective = model.value(start)
     t0 = time.perf_counter()
-    bound = model.bound(target=objective)
+    cert = model.certificate(target=objective)
     record.construct_seconds += time.perf_counter() - t0
-    if bound is None or not bound_closes(bound, objective, model.granularity()):
+    if cert is None:
+        return None
+    # kept for the result: a valid bound either way (the full one unless
+    # the target let it skip parts, which it does only when it closes)
+    record.combinatorial = cert
+    if not bound_closes(cert.bound, objective, model.granularity()):
         return None
     record.route, record.status, record.proven_optimal = "constructive+bound", "optimal", True
-    record.bound, record.gap, record.build_seconds = max(bound, objective), 0.0, 0.0
+    record.bound, record.gap, record.build_seconds = max(cert.bound, objective), 0.0, 0.0
+    record.certify(model, objective, cert.name)
     return record.mapping(model, start)
+
+
+def _full_certificate(model, record):
+    """The model's bound certificate (computed once per run), or ``None``."""
+    if record.combinatorial is None:
+        record.combinatorial = model.certificate()
+    return record.combinatorial
+
+
+def _highs_need(model):
+    """Seconds compiling (unless done) and HiGHS's presolve will take at least, estimated from the size."""
+    problem, _, _ = model.build()
+    if problem in _NONZEROS:
+        return _PRESOLVE_S_PER_NONZERO * _NONZEROS[problem]
+    inst = model.instance
+    nnz = _NNZ_PER_WORKER_CORE * inst.W * inst.C
+    return (_COMPILE_S_PER_NONZERO + _PRESOLVE_S_PER_NONZERO) * nnz
 
 
 def _compiled(model, record):
-    """``(problem, encoding, HiGHS data, objective offset)``; timed into ``record.build_seconds``."""
+    """``(problem, encoding, compiled)``; timed into ``record.build_seconds``.
+
+    ``compiled`` holds cvxpy's HiGHS data, solving chain and inverse data
+    and the objective's offset (compiled once per problem by cvxpy).
+    """
     problem, enc, build_s = model.build()
     t0 = time.perf_counter()
-    data, _, inverse = problem.get_problem_data(cp.HIGHS)   # compiled once, cached by cvxpy
-    record.build_seconds = build_s + time.perf_counter() - t0
+    data, chain, inverse = problem.get_problem_data(cp.HIGHS)
     # HiGHS minimises -(objective) - offset; keep the offset to turn its
     # dual bound into a bound on our objective.
     offset = float(inverse[-1].get("offset", 0.0)) if inverse else 0.0
-    return problem, enc, data, offset
+    _NONZEROS[problem] = int(data[cp.settings.A].nnz) if cp.settings.A in data else 0
+    compiled = {"data": data, "chain": chain, "inverse": inverse, "offset": offset}
+    record.build_seconds = build_s + time.perf_counter() - t0
+    return problem, enc, compiled
 
 
-def _constructed(model, start, record):
-    """The mapping ``start`` as the answer without HiGHS, with the counting bound's gap."""
+def _constructed(model, start, record, prove="auto"):
+    """The mapping ``start`` as the answer without HiGHS, with the combinatorial bound's gap."""
     objective = model.value(start)
-    bound = model.bound()
+    cert = _full_certificate(model, record)
     record.route, record.status = "constructive", "constructed"
+    bound = None if cert is None else cert.bound
+    if record.dual_bound is not None:
+        bound = record.dual_bound if bound is None else min(bound, record.dual_bound)
     if bound is not None:
         record.bound = max(bound, objective)
-        record.proven_optimal = bound_closes(record.bound, objective, model.granularity())
-        record.gap = 0.0 if record.proven_optimal else (record.bound - objective) / max(1.0, abs(objective))
+        closes = bound_closes(record.bound, objective, model.granularity())
+        record.proven_optimal = closes and prove != "solver"
+        record.gap = 0.0 if closes else (record.bound - objective) / max(1.0, abs(objective))
         if record.proven_optimal:
             record.status = "optimal"
+    record.certify(model, objective, None)
     return record.mapping(model, start)
 
 
-def _run_highs(problem, verbose, warm, highs_options, record):
-    """Run HiGHS on ``problem``; its wall time goes to ``record.highs_seconds``."""
+def _highs_model(data):
+    """The ``highspy.HighsModel`` of cvxpy's compiled HiGHS ``data`` (as cvxpy's interface builds it)."""
+    import highspy
+    from cvxpy.reductions.solvers.conic_solvers.conic_solver import dims_to_solver_dict
+
+    s = cp.settings
+    inf = highspy.kHighsInf
+    dims = dims_to_solver_dict(data[s.DIMS])
+    A = data[s.A].tocsc()
+    b = np.asarray(data[s.B], dtype=float)
+    n = A.shape[1]
+    model = highspy.HighsModel()
+    lp = model.lp_
+    lp.num_col_, lp.num_row_ = n, A.shape[0]
+    lp.offset_ = 0
+    lp.col_cost_ = np.asarray(data[s.C], dtype=float)
+    # rows: the first EQ_DIM are equalities, the rest A x <= b
+    lp.row_lower_ = np.concatenate([b[:dims[s.EQ_DIM]], np.full(len(b) - dims[s.EQ_DIM], -inf)])
+    lp.row_upper_ = b
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = A.indptr
+    lp.a_matrix_.index_ = A.indices
+    lp.a_matrix_.value_ = A.data
+    lb, ub = data[s.LOWER_BOUNDS], data[s.UPPER_BOUNDS]
+    lower = np.full(n, -inf) if lb is None else np.array(lb, dtype=float)
+    upper = np.full(n, inf) if ub is None else np.array(ub, dtype=float)
+    bools = np.asarray(data[s.BOOL_IDX], dtype=int)
+    ints = np.concatenate([bools, np.asarray(data[s.INT_IDX], dtype=int)])
+    if ints.size:
+        lower[bools] = np.maximum(lower[bools], 0)
+        upper[bools] = np.minimum(upper[bools], 1)
+        integrality = np.full(n, highspy.HighsVarType.kContinuous, dtype=object)
+        integrality[ints] = highspy.HighsVarType.kInteger
+        lp.integrality_ = integrality.tolist()
+    lp.col_lower_ = lower
+    lp.col_upper_ = upper
+    return model, ints
+
+
+def _run_highs(compiled, enc, start, verbose, highs_options, clock, record):
+    """Run HiGHS on the compiled problem until it ends or the deadline nears.
+
+    Without a time limit HiGHS runs here, as cvxpy would run it. With one it
+    runs in a forked child process that is killed at the deadline: HiGHS's
+    presolve and the set-up of its search check the clock seldom (on the
+    384-core compact models, 5-20 s go by without a check), and a process,
+    unlike a thread, can be stopped (and then takes no CPU from what runs
+    next).
+
+    Returns
+    -------
+    dict or None
+        ``model_status`` (HiGHS's status name), ``col_value`` (array or
+        ``None``) and ``info`` (a dict of HiGHS's info values); ``None`` when
+        HiGHS did not return in time (then ``start`` is the answer). Its wall
+        time goes to ``record.highs_seconds``.
+    """
     t0 = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            # cvxpy warns "may be inaccurate" on a time limit; we report the
-            # status and the certified gap ourselves.
-            warnings.simplefilter("ignore", UserWarning)
-            problem.solve(solver=cp.HIGHS, verbose=verbose, warm_start=warm, **highs_options)
-    except cp.error.SolverError as exc:
-        raise NoSolutionError(f"HiGHS failed: {exc}") from None
+    model, ints = _highs_model(compiled["data"])
+    x0 = None if start is None else _start_values(compiled["data"], enc.start(start), ints)
+    options = {"output_flag": bool(verbose), "log_to_console": bool(verbose), **highs_options}
+    if clock.limit is None or not hasattr(os, "fork"):
+        if clock.limit is not None:
+            options["time_limit"] = max(0.05, clock.left() - _RESULT_RESERVE_S)
+        out = _highs_solve(model, x0, options)
+    else:
+        left = clock.left() - _RESULT_RESERVE_S
+        # HiGHS stops itself a little early where it can; the kill is the guarantee.
+        options["time_limit"] = max(0.05, left - max(0.1, _HIGHS_MARGIN * left))
+        out = _highs_in_child(model, x0, options, clock)
     record.highs_seconds = time.perf_counter() - t0
+    if out is None:
+        record.notes.append(f"HiGHS did not stop by the deadline (its presolve and search set-up check the "
+                            f"clock seldom) and was stopped after {record.highs_seconds:.2f} s: "
+                            "the constructive mapping is the answer")
+        return None
+    if "error" in out:
+        raise NoSolutionError(f"HiGHS failed: {out['error']}")
+    return out
 
 
-def _result(model, problem, enc, offset, start, prove, record):
-    """The mapping HiGHS found (or ``start`` if it found none in time), with its evidence."""
+# HiGHS's info values the result needs (cvxpy's HiGHS interface reads the
+# objective and the iteration counts).
+_INFO = ("objective_function_value", "mip_dual_bound", "mip_gap", "primal_solution_status",
+         "ipm_iteration_count", "crossover_iteration_count", "pdlp_iteration_count",
+         "qp_iteration_count", "simplex_iteration_count")
+
+
+def _highs_solve(model, x0, options):
+    """Run HiGHS on ``model`` from the start ``x0``; the plain-valued outcome (see :func:`_run_highs`)."""
+    import highspy
+
+    h = highspy.Highs()
+    for name, value in options.items():
+        if h.setOptionValue(name, value) == highspy.HighsStatus.kError:
+            return {"error": f"HiGHS rejected the option {name}={value!r}"}
+    h.passModel(model)
+    if x0 is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = x0.tolist()
+        sol.value_valid = True
+        h.setSolution(sol)
+    h.run()
+    info = h.getInfo()
+    solution = h.getSolution()
+    return {"model_status": h.getModelStatus().name,
+            "col_value": np.asarray(solution.col_value) if solution.value_valid else None,
+            "info": {k: getattr(info, k, 0) for k in _INFO}, "run_time": h.getRunTime()}
+
+
+def _highs_child(conn, model, x0, options):
+    """In the forked child: solve, send the outcome to the parent, end."""
+    try:
+        out = _highs_solve(model, x0, options)
+    except BaseException as exc:   # the parent reports it
+        out = {"error": one_line(exc)}
+    conn.send(out)
+    conn.close()
+
+
+def _highs_in_child(model, x0, options, clock):
+    """:func:`_highs_solve` in a forked process, killed when the deadline nears; ``None`` then."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_highs_child, args=(send, model, x0, options), name="tuna-lab-highs",
+                       daemon=True)
+    proc.start()
+    send.close()
+    try:
+        # poll also returns on a dead child (end of file), then recv raises EOFError
+        ready = receive.poll(max(0.0, clock.left() - _RESULT_RESERVE_S))
+        if not ready:
+            return None
+        try:
+            return receive.recv()
+        except EOFError:
+            return {"error": f"the HiGHS process ended with status {proc.exitcode}"}
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        receive.close()
+
+
+# HiGHS's model statuses that carry no solution and no verdict on the model.
+_HIGHS_FAILED = ("kNotset", "kLoadError", "kModelError", "kPresolveError", "kSolveError",
+                 "kPostsolveError", "kModelEmpty", "kMemoryLimit", "kUnknown")
+
+
+def _result(model, problem, enc, compiled, results, start, prove, record):
+    """The mapping HiGHS found (or ``start`` if it found none, or none better), with its evidence."""
     inst = model.instance
-    info = problem.solver_stats.extra_stats if problem.solver_stats else None
-    status = problem.status
-    if status in (cp.INFEASIBLE, "infeasible_or_unbounded"):
+    info = results["info"]
+    status = results["model_status"]
+    if status in ("kInfeasible", "kUnboundedOrInfeasible"):
         active = model.active_families
         names = ", ".join(f"({f.key}) {f.name}" for f in active)
         raise InfeasibleModelError(
             f"no mapping of W={inst.W} x T={inst.T} on {inst.C} cores satisfies the families "
             f"{names}", [f.key for f in active])
-    has_solution = status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE, cp.USER_LIMIT) and \
-        all(v.value is not None for v in enc.variables()[:1])
-    if has_solution and info is not None and getattr(info, "primal_solution_status", 2) != 2:
-        has_solution = False
-    dual = float(info.mip_dual_bound) if info is not None else float("nan")
-    bound = -(dual + offset) if np.isfinite(dual) else None
+    has_solution = (status not in _HIGHS_FAILED and info["primal_solution_status"] == 2
+                    and results["col_value"] is not None)
+    dual = float(info["mip_dual_bound"])
+    if np.isfinite(dual):
+        # HiGHS minimises -(objective) - offset
+        record.dual_bound = -(dual + compiled["offset"])
     record.route = enc.name
-    if not has_solution:
+    proven = False
+    positions = None
+    if has_solution:
+        # cvxpy turns the solver's columns into variable values; an
+        # interrupted run is a time limit to it
+        raw = {"model_status": "kTimeLimit" if status == "kInterrupt" else status,
+               "solution": SimpleNamespace(col_value=results["col_value"]),
+               "info": SimpleNamespace(**info), "run_time": results["run_time"]}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            problem.unpack_results(raw, compiled["chain"], compiled["inverse"])
+        positions = enc.extract()
+        proven = status == "kOptimal"
+        record.status = "optimal" if proven else "time_limit"
+        if start is not None and model.value(start) > model.value(positions) + 1e-9:
+            positions = start          # HiGHS did not get back to its own start
+    if positions is None:
         if start is None:
             raise NoSolutionError(
                 f"HiGHS found no feasible mapping for W={inst.W} x T={inst.T} ({status}); "
                 "raise the time limit")
-        # The solver ran out of time before improving on (or even loading)
-        # the constructive mapping: that mapping is the answer, with
-        # whatever bound HiGHS proved.
-        record.status, positions, proven = "constructed", start, False
-    else:
-        record.status = "optimal" if status == cp.OPTIMAL else "time_limit"
-        positions, proven = enc.extract(), status == cp.OPTIMAL
+        # The solver ran out of time before loading (or improving on) the
+        # constructive mapping: that mapping is the answer, with whatever
+        # bound HiGHS proved.
+        record.status, positions = "constructed", start
     objective = model.value(positions)
-    counting = model.bound()            # None unless every family is known to it
-    if counting is not None:
-        bound = counting if bound is None else min(bound, counting)
+    cert = _full_certificate(model, record)        # None unless every family is known to it
+    bound = record.dual_bound
+    if cert is not None:
+        bound = cert.bound if bound is None else min(bound, cert.bound)
     gap = None
     if bound is not None:
         bound = max(bound, objective)
         gap = (bound - objective) / max(1.0, abs(objective))
-    if not proven and prove != "solver" and bound is not None \
-            and bound_closes(bound, objective, model.granularity()):
+    by = "highs" if proven else None
+    step = model.granularity()
+    if not proven and prove != "solver" and bound is not None and bound_closes(bound, objective, step):
         # the bound is less than one lattice step above: nothing better exists
         proven, record.status, gap = True, "optimal", 0.0
+        if cert is not None and bound_closes(max(cert.bound, objective), objective, step):
+            by = cert.name
+        else:
+            by = "highs"
     if proven:
         gap = min(gap, 1e-4) if gap is not None else 0.0
     record.proven_optimal, record.bound, record.gap = proven, bound, gap
+    record.certify(model, objective, by)
     return record.mapping(model, positions)
 
 
-def _set_highs_start(problem, data, values):
-    """Make ``values`` (``{variable id: value}``) HiGHS's starting solution for ``problem``.
-
-    cvxpy 1.9 has no public way to give HiGHS a start of one's own: its
-    HiGHS interface ignores ``Variable.value`` (cvxpy issues #849 and #2510;
-    pull request #3490 proposes it), and ``warm_start=True`` only hands
-    HiGHS the solution of the *previous* solve, which it keeps in the
-    problem's private ``_solver_cache``. So we write our start there, as if
-    a previous solve had found it. This function is the only place that
-    touches cvxpy's private state; when cvxpy reads ``Variable.value`` for
-    HiGHS, setting the values is enough.
+def _start_values(data, values, ints):
+    """HiGHS's starting point from ``values`` (``{variable id: value}``), in cvxpy's column order.
 
     Integer columns we know are set; the rest are left at 0.5 (binaries) /
     0 (continuous), which HiGHS treats as a partial solution: it fixes the
     known integers and completes the rest itself.
     """
-    import highspy
     from cvxpy.settings import PARAM_PROB
 
     prog = data[PARAM_PROB]
     n = int(sum(v.size for v in prog.variables))
     x0 = np.zeros(n)
-    ints = np.concatenate([np.asarray(data.get("bool_vars_idx", []), dtype=int),
-                           np.asarray(data.get("int_vars_idx", []), dtype=int)])
     x0[ints] = 0.5
     for var in prog.variables:
         if var.id in values:
             off = prog.var_id_to_col[var.id]
             x0[off:off + var.size] = np.asarray(values[var.id], dtype=float).ravel(order="F")
-    sol = highspy.HighsSolution()
-    sol.col_value = x0.tolist()
-    sol.value_valid = True
-    # the shape cvxpy's HiGHS interface stores after a solve: (solver, data, results)
-    problem._solver_cache = {"HIGHS": (None, None, {"model_status": "kOptimal", "solution": sol})}
+    return x0
