@@ -190,12 +190,13 @@ class FragmentProgram:
 _RESTRICTED_COLUMNS = 3000
 
 
-def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS):
+def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadline=None):
     """The fragment program of level ``j`` (:class:`FragmentProgram`), or ``None`` where it does not apply.
 
     It applies in compact mode to a level above the cores (``j >= 1``)
     whose weight ``d_{j+1} - d_j`` is positive, and not with more than
-    ``max_columns`` columns. With ``inner`` and SMT-2 physical cores just
+    ``max_columns`` columns, nor once ``time.perf_counter()`` passes
+    ``deadline`` while building. With ``inner`` and SMT-2 physical cores just
     below level ``j = 2``, each column also carries a bound of its domain's
     two finer levels, and the program bounds levels ``0..j`` together
     (:attr:`FragmentProgram.levels`); otherwise level ``j`` alone.
@@ -228,7 +229,7 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS):
     for n in range(hi_max + 1):
         rows = [_counts(part, largest) for part in _partitions(n, largest) if len(part) <= W]
         total += len(rows)
-        if total > max_columns:
+        if total > max_columns or (deadline is not None and time.perf_counter() > deadline):
             return None
         by_n[n] = np.array(rows, dtype=int).reshape(-1, largest)
     squares = np.arange(1, largest + 1) ** 2
@@ -249,7 +250,7 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS):
                 if inner is not None:
                     value += inner(vec, n, a, el, ep, npc)
                 columns.append((ci, a, el, ep, vec, value, other))
-            if len(columns) > max_columns:
+            if len(columns) > max_columns or (deadline is not None and time.perf_counter() > deadline):
                 return None
     # a worker: a partition of T with one marked part, the fragment that holds its main thread
     partitions = []

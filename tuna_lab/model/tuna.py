@@ -193,7 +193,7 @@ class TunaModel:
 
         In compact mode the plans of the fragment programs
         (:mod:`~tuna_lab.model.fragments`) are candidates too; ``time_limit``
-        caps the seconds their programs may take (each).
+        caps the seconds their programs and placements take together.
 
         ``None`` when the greedy placement dead-ends, or when a family of the
         model contributes no caps (:attr:`Caps.understood
@@ -211,8 +211,11 @@ class TunaModel:
         best, best_value = None, -np.inf
         candidates = [greedy_mapping(self.caps, labels, order_by) for order_by in ("rank", "worker")]
         # compact mode: the plans of the fragment programs, dealt and placed
-        candidates += [fragment_mapping(self.caps, chain, sol, time_limit=time_limit)
-                       for sol in self._fragment_solutions(time_limit)]
+        deadline = time.perf_counter() + time_limit
+        for sol in self._fragment_solutions(time_limit):
+            left = deadline - time.perf_counter()
+            if left > 0:
+                candidates.append(fragment_mapping(self.caps, chain, sol, time_limit=left))
         for pos in candidates:
             if pos is None or any(f.violations(pos, inst) for f in self.families):
                 continue
@@ -300,24 +303,28 @@ class TunaModel:
         return cert
 
     def _fragment_solutions(self, time_limit=5.0):
-        """The solved fragment programs of the top cache level (compact mode), computed once."""
+        """The solved fragment programs of the top cache level (compact mode), computed once.
+
+        Building and solving both programs stops at ``time_limit`` seconds;
+        what did not finish is left out (and not tried again).
+        """
         if self._fragments is None:
             sols = []
             chain = self._chain()
+            deadline = time.perf_counter() + time_limit
             if chain is not None and self.caps.understood and self.caps.sign < 0:
                 d = [0.0] + [c for c, _ in chain]
                 weighted = [j for j in range(len(d) - 1) if d[j + 1] > d[j]]
-                if weighted and weighted[-1] >= 1:
-                    # the level with its finer levels (where the inner rule applies), then alone: the
-                    # joint bound is tighter, the level's own plan is sometimes the better mapping
-                    joint = fragment_program(self.caps, chain, weighted[-1], inner=True)
-                    programs = [joint]
-                    if joint is None or len(joint.levels) > 1:
-                        programs.append(fragment_program(self.caps, chain, weighted[-1], inner=False))
-                    for program in programs:
-                        solution = program.solve(time_limit=time_limit) if program is not None else None
-                        if solution is not None:
-                            sols.append(solution)
+                # the level with its finer levels (where the inner rule applies), then alone: the
+                # joint bound is tighter, the level's own plan is sometimes the better mapping
+                for inner in (True, False) if weighted and weighted[-1] >= 1 else ():
+                    program = fragment_program(self.caps, chain, weighted[-1], inner=inner, deadline=deadline)
+                    left = deadline - time.perf_counter()
+                    solution = program.solve(time_limit=left) if program is not None and left > 0 else None
+                    if solution is not None:
+                        sols.append(solution)
+                    if program is not None and len(program.levels) == 1:
+                        break                   # no inner rule here: the second program is the same
             self._fragments = tuple(sols)
         return self._fragments
 
