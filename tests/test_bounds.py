@@ -167,3 +167,24 @@ def test_joint_fragment_program_never_cuts_off_a_feasible_mapping(W, T, drop):
     assert solution is not None
     assert solution.bound >= parts.sum(axis=1).max() - 1e-6
     assert model.certificate().bound >= best - 1e-6
+
+
+@pytest.mark.parametrize("W,T", [(2, 3), (3, 2), (1, 6), (6, 1)])
+@pytest.mark.parametrize("inner", [True, False])
+def test_generated_fragment_program_is_the_written_out_one(W, T, inner):
+    """A program too big to write out generates its patterns (pricing): forced here with a tiny cap,
+    its bound still covers every feasible mapping, and where both prove it, it is the same."""
+    keys, model = _model(SMT_L3, W, T, ("8p", "11p-12p"))
+    best, feasible, values = brute_force(W, T, model.instance.topology, "compact", keys)
+    const, parts = level_parts(feasible, model)
+    chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+    full = fragment_program(model.caps, chain, 2, inner=inner)
+    generated = fragment_program(model.caps, chain, 2, inner=inner, max_columns=len(full.partitions) + 2)
+    assert full.pricing is None and generated is not None and generated.pricing is not None
+    assert len(generated.columns) <= len(full.columns)
+    a, b = full.solve(time_limit=20), generated.solve(time_limit=20)
+    assert b is not None
+    covered = list(full.levels)
+    assert b.bound >= parts[:, covered].sum(axis=1).max() - 1e-6
+    if a.proven and b.proven:
+        assert b.bound == pytest.approx(a.bound, abs=1e-4)

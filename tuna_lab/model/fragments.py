@@ -49,13 +49,15 @@ __all__ = ["MAX_COLUMNS", "FragmentProgram", "FragmentSolution", "fragment_progr
 MAX_COLUMNS = 60000
 
 
-def _partitions(n, largest):
-    """Every partition of ``n`` into parts of at most ``largest``, as tuples in non-increasing order."""
+def _partitions(n, largest, most=None):
+    """Every partition of ``n`` into parts of at most ``largest`` (and at most ``most`` parts), non-increasing."""
     if n == 0:
         yield ()
         return
+    if most is not None and (most <= 0 or n > most * largest):
+        return
     for first in range(min(n, largest), 0, -1):
-        for rest in _partitions(n - first, first):
+        for rest in _partitions(n - first, first, None if most is None else most - 1):
             yield (first,) + rest
 
 
@@ -89,7 +91,7 @@ class FragmentSolution:
     proven: bool
 
 
-@dataclass(frozen=True)
+@dataclass
 class FragmentProgram:
     """The cutting-stock program of level ``j``: see the module's text.
 
@@ -114,8 +116,9 @@ class FragmentProgram:
     lb: np.ndarray
     ub: np.ndarray
     upper: int
+    pricing: object = None
 
-    def solve(self, time_limit=5.0, slack=None):
+    def solve(self, time_limit=5.0, slack=None, complete_below=np.inf, duals=None):
         """The level's bound and, where one is found, an integer plan (:class:`FragmentSolution`).
 
         The linear relaxation first: its optimum bounds the level in any
@@ -124,41 +127,43 @@ class FragmentProgram:
         optimum, widened while it finds no such plan): a plan of value ``v``
         that any column left out cannot beat (``v >= LP - slack``) is the
         integer optimum, and then ``v`` is the bound - the usual
-        price-and-branch argument. ``None`` when the relaxation is
-        infeasible or does not finish in ``time_limit``.
+        price-and-branch argument. A program too big to write out
+        generates its columns: it adds the patterns that price out
+        (:class:`_Pricing`) until none does, which proves the relaxation's
+        optimum over all of them. ``None`` when the relaxation is infeasible
+        or does not finish in ``time_limit``.
+
+        ``complete_below``: the program holds every column whose reduced
+        cost (under ``duals``, the relaxation's own if not given) is below
+        it (all of them unless it was generated).
         """
+        from scipy.optimize import Bounds, LinearConstraint, milp
+
+        if self.pricing is not None:
+            return self.pricing.solve(self, time_limit, slack)
         import scipy.sparse as sp
-        from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 
         t_end = time.perf_counter() + time_limit
-        A, lb, ub = self.A, self.lb, self.ub
-        eq = lb == ub
-        rows_ub = ~eq & np.isfinite(ub)
-        rows_lb = ~eq & np.isfinite(lb)
-        A_ub = np.vstack([A[rows_ub], -A[rows_lb]])
-        b_ub = np.concatenate([ub[rows_ub], -lb[rows_lb]])
-        lp = linprog(-self.value, A_ub=A_ub if len(A_ub) else None, b_ub=b_ub if len(b_ub) else None,
-                     A_eq=A[eq], b_eq=lb[eq], bounds=(0, self.upper), method="highs",
-                     options={"time_limit": max(0.1, time_limit)})
-        if lp.status != 0:
+        relaxed = self.relaxation(time_limit)
+        if relaxed is None:
             return None
-        bound = float(-lp.fun)
+        bound, x, reduced, _ = relaxed
+        A, lb, ub = self.A, self.lb, self.ub
+        if duals is not None:
+            # the reduced costs the columns were generated under: what the argument below needs
+            reduced = -self.value - A.T @ duals
         tol = 1e-7 * max(1.0, abs(bound))
         n_dom = len(self.columns)
-        x = lp.x
         if np.all(np.abs(x - np.round(x)) < 1e-7):
             x = np.round(x).astype(int)
             return FragmentSolution(self, bound + tol, x[:n_dom], x[n_dom:], True)
-        # reduced costs (per unit, how much a column would lose against the relaxation's optimum)
-        reduced = -self.value - A[eq].T @ lp.eqlin.marginals
-        if len(A_ub):
-            reduced = reduced - A_ub.T @ lp.ineqlin.marginals
         slack = 1e-3 * max(1.0, abs(bound)) if slack is None else float(slack)
+        slack = min(slack, complete_below)
         best = None
         while time.perf_counter() < t_end - 0.05:
             keep = np.flatnonzero(reduced <= slack + tol)
             if not len(keep):
-                slack = max(4 * slack, float(reduced.min()))
+                slack = min(max(4 * slack, float(reduced.min())), complete_below)
                 continue
             capped = len(keep) > _RESTRICTED_COLUMNS
             if capped:
@@ -176,14 +181,257 @@ class FragmentProgram:
                 if res.status == 0 and found >= bound - slack:
                     # no plan with a column left out beats it: it is the integer optimum
                     return FragmentSolution(self, found + tol, x[:n_dom], x[n_dom:], True)
-            if capped or res.status not in (0, 2):     # out of columns to add, or out of time
-                break
+            if capped or res.status not in (0, 2) or slack >= complete_below:
+                break                       # out of columns to add, or out of time
             # widen the columns to what a better plan could still use
             slack = max(2 * slack, bound - best[0] + tol) if best is not None else 4 * slack
+            slack = min(slack, complete_below)
         if best is None:
             return FragmentSolution(self, bound + tol, None, None, False)
         x = best[1]
         return FragmentSolution(self, bound + tol, x[:n_dom], x[n_dom:], False)
+
+    def relaxation(self, time_limit=5.0):
+        """``(optimum, x, reduced costs)`` of the linear relaxation, or ``None``.
+
+        The reduced cost of a column is how much a plan loses, per unit of
+        it, against the relaxation's optimum; with the duals ``y`` (one per
+        row) it is ``-(value + A^T y)``.
+        """
+        from scipy.optimize import linprog
+
+        A, lb, ub = self.A, self.lb, self.ub
+        eq = lb == ub
+        rows_ub = np.flatnonzero(~eq & np.isfinite(ub))
+        rows_lb = np.flatnonzero(~eq & np.isfinite(lb))
+        A_ub = np.vstack([A[rows_ub], -A[rows_lb]])
+        b_ub = np.concatenate([ub[rows_ub], -lb[rows_lb]])
+        lp = linprog(-self.value, A_ub=A_ub if len(A_ub) else None, b_ub=b_ub if len(b_ub) else None,
+                     A_eq=A[eq], b_eq=lb[eq], bounds=(0, self.upper), method="highs",
+                     options={"time_limit": max(0.1, time_limit)})
+        if lp.status != 0:
+            return None
+        y = np.zeros(len(lb))
+        y[np.flatnonzero(eq)] = lp.eqlin.marginals
+        if len(A_ub):
+            y[rows_ub] = lp.ineqlin.marginals[:len(rows_ub)]
+            y[rows_lb] = -lp.ineqlin.marginals[len(rows_ub):]
+        return float(-lp.fun), lp.x, -self.value - A.T @ y, y
+
+
+class _Pricing:
+    """The domain patterns of a program too big to write out: a first few, and those that price out.
+
+    A domain pattern's reduced profit ``value + A^T y`` (``y``: the
+    relaxation's duals) is its fragments' own terms plus a few that depend
+    on all of them (the finer levels' bound, which fragments must hold a
+    main). Each fragment of size ``k`` adds at most ``h_k`` to it, so the
+    best any completion of a partial pattern can reach is a knapsack over
+    the threads left, and a depth-first walk over the partitions (largest
+    fragments first) prunes every branch that cannot reach the threshold.
+    """
+
+    def __init__(self, caps, chain, j, wt, classes, shapes, largest, inner):
+        self.caps, self.wt, self.shapes, self.largest, self.inner = caps, wt, shapes, largest, inner
+        self.npc = [key[1] for key in classes]
+        self.counts = list(classes.values())
+        self.nc = len(classes)
+        self.sizes = np.arange(1, largest + 1)
+        self.squares = self.sizes ** 2
+        self.use_main = caps.spread_main
+        self.W = caps.instance.W
+        self.event_row = self.nc + 2 + 3 * largest
+        self.pevent_row = self.event_row + (caps.event_budget is not None)
+
+    def column(self, shape, vec):
+        """The program's column of domain pattern ``vec`` (fragment counts) in ``shape``."""
+        ci, a, el, ep, lo, hi, own, other = shape
+        n = int(vec @ self.sizes)
+        value = -0.5 * self.wt * ((a * a if self.use_main else 0) - float(vec @ self.squares))
+        if self.inner is not None:
+            value += self.inner(vec, n, a, el, ep, self.npc[ci])
+        return (ci, a, el, ep, vec, value, other)
+
+    def _fits(self, shape, vec):
+        ci, a, el, ep, lo, hi, own, other = shape
+        parts = int(vec.sum())
+        return parts >= a and parts <= self.W and int(vec[other:].sum()) <= a and not vec[own:].any()
+
+    def initial(self, deadline, most_extra=2):
+        """Patterns of at most ``a + most_extra`` fragments: enough for a feasible start, usually."""
+        columns = []
+        # the mains a domain takes when they are spread evenly, and one more: pricing adds the rest
+        spread = -(-self.W // sum(self.counts)) + 1
+        for shape in self.shapes:
+            ci, a, el, ep, lo, hi, own, other = shape
+            if a > spread:
+                continue
+            most = max(a, 1) + most_extra
+            for n in range(max(lo, a), hi + 1):
+                for part in _partitions(n, min(own, self.largest), most):
+                    vec = _counts(part, self.largest)
+                    if self._fits(shape, vec):
+                        columns.append(self.column(shape, vec))
+                if len(columns) > MAX_COLUMNS or (deadline is not None and time.perf_counter() > deadline):
+                    return None
+        return columns
+
+    def profit(self, shape, vec, y):
+        """``value + A^T y`` of one pattern: how much it adds at the duals ``y``."""
+        col = self.column(shape, vec)
+        ci, a, el, ep = col[:4]
+        value = col[5]
+        cnt = vec.astype(float)
+        parts = cnt.sum()
+        must = np.maximum(cnt - (parts - a), 0)
+        must = np.where(self.sizes > col[6], cnt, must)
+        may = np.maximum(np.minimum(cnt, a - must.sum() + must), 0)
+        base = self.nc + 2
+        out = value + y[ci] + a * y[self.nc]
+        out += float(cnt @ y[base::3][:self.largest] - must @ y[base + 1::3][:self.largest]
+                     - may @ y[base + 2::3][:self.largest])
+        if self.caps.event_budget is not None:
+            out += el * y[self.event_row]
+        if self.caps.phys_event_budget is not None:
+            out += ep * y[self.pevent_row]
+        return out
+
+    def price(self, y, threshold, deadline, node_limit=400000, keep=200):
+        """Patterns whose profit at ``y`` exceeds ``threshold`` (at most ``keep`` per shape, best first; all if ``None``).
+
+        ``None`` when the walk runs out of nodes or time (nothing proven then).
+        """
+        L = self.largest
+        base = self.nc + 2
+        ysize, ymust, ymay = y[base::3][:L], y[base + 1::3][:L], y[base + 2::3][:L]
+        h = 0.5 * self.wt * self.squares + ysize + np.maximum(0, -ymust) + np.maximum(0, -ymay)
+        halves = self.sizes // 2
+        per_pair = 0.0
+        pair_cap = 0
+        if self.inner is not None:
+            h = h + self.inner.per_thread * self.sizes
+            per_pair = self.inner.per_pair
+            pair_cap = max(self.npc) if per_pair > 0 else 0
+        h_max = max((hi for *_, hi, _, _ in self.shapes), default=0)
+        # knap[k, R, q]: most that fragments of sizes <= k add on R threads with q possible sibling pairs
+        # (q capped at what a domain holds, the pairs' own gain added at the end): a tighter
+        # completion bound than per-fragment gains, since the pairs saturate
+        Q = pair_cap + 1
+        knap = np.full((L + 1, h_max + 1, Q), -np.inf)
+        knap[0, :, 0] = 0.0
+        for k in range(1, L + 1):
+            tab = knap[k - 1].copy()
+            shift = min(int(halves[k - 1]), pair_cap)
+            for R in range(k, h_max + 1):
+                prev = tab[R - k] + h[k - 1]
+                if shift and Q > 1:
+                    moved = np.full(Q, -np.inf)
+                    moved[shift:] = prev[:Q - shift]
+                    moved[Q - 1] = max(moved[Q - 1], prev[max(0, Q - shift):].max() if shift else prev[Q - 1])
+                    prev = moved
+                tab[R] = np.maximum(tab[R], prev)
+            knap[k] = tab
+        # best completion for (k, R) given the pairs already q_cur: max over q' of knap + gain(min(cap, q_cur+q'))
+        gain = per_pair * np.minimum(np.arange(2 * Q), pair_cap) if Q > 1 else np.zeros(2)
+
+        def completion(k, R, q_cur):
+            row = knap[k, R]
+            if Q == 1:
+                return row[0]
+            return float(np.max(row + gain[min(q_cur, pair_cap) + np.arange(Q)]))
+
+        nodes = [0]
+        found = []
+        for shape in self.shapes:
+            ci, a, el, ep, lo, hi, own, other = shape
+            top = min(own, L)
+            const = y[ci] + a * y[self.nc] - 0.5 * self.wt * (a * a if self.use_main else 0)
+            if self.inner is not None:
+                const += self.inner.per_main * a
+            if self.caps.event_budget is not None:
+                const += el * y[self.event_row]
+            if self.caps.phys_event_budget is not None:
+                const += ep * y[self.pevent_row]
+            if const + completion(top, hi, 0) <= threshold:
+                continue
+            vec = np.zeros(L, dtype=int)
+            hits = []
+
+            def walk(k, n, parts, pairs, acc):
+                nodes[0] += 1
+                if nodes[0] > node_limit:
+                    raise _OutOfNodes
+                if k == 0:
+                    if n >= max(lo, a) and self._fits(shape, vec):
+                        value = self.profit(shape, vec, y)
+                        if value > threshold:
+                            hits.append((value, vec.copy()))
+                    return
+                if const + acc + completion(k, hi - n, pairs) <= threshold:
+                    return
+                for c in range(min((hi - n) // k, self.W - parts), -1, -1):
+                    vec[k - 1] = c
+                    walk(k - 1, n + c * k, parts + c, pairs + c * int(halves[k - 1]), acc + c * h[k - 1])
+                vec[k - 1] = 0
+
+            try:
+                walk(top, 0, 0, 0, 0.0)
+            except _OutOfNodes:
+                return None
+            if deadline is not None and time.perf_counter() > deadline:
+                return None
+            hits.sort(key=lambda hit: -hit[0])
+            found += [self.column(shape, v) for _, v in (hits if keep is None else hits[:keep])]
+        return found
+
+    def solve(self, program, time_limit, slack):
+        """Generate columns until none prices out, then price-and-branch (:meth:`FragmentProgram.solve`)."""
+        from dataclasses import replace
+
+        t_end = time.perf_counter() + time_limit
+        seen = {(c[0], c[1], c[2], c[3], tuple(c[4])) for c in program.columns}
+
+        def extended(program, new):
+            cols = list(program.columns)
+            for c in new:
+                key = (c[0], c[1], c[2], c[3], tuple(c[4]))
+                if key not in seen:
+                    seen.add(key)
+                    cols.append(c)
+            value, A, lb, ub = _assemble(self.caps, program.classes, cols, program.partitions, self.largest)
+            return replace(program, columns=cols, value=value, A=A, lb=lb, ub=ub)
+
+        while True:
+            left = t_end - time.perf_counter()
+            relaxed = program.relaxation(left) if left > 0 else None
+            if relaxed is None:
+                return None
+            bound, _, _, y = relaxed
+            tol = 1e-7 * max(1.0, abs(bound))
+            new = self.price(y, 1e-6 * max(1.0, abs(bound)), t_end)
+            if new is None:
+                return None                  # the relaxation's optimum over all patterns is not proven
+            new = [c for c in new if (c[0], c[1], c[2], c[3], tuple(c[4])) not in seen]
+            if not new:
+                break
+            program = extended(program, new)
+        # every pattern prices out: ``bound`` holds over all of them; add those a better plan could use
+        slack = 1e-3 * max(1.0, abs(bound)) if slack is None else float(slack)
+        near = self.price(y, -slack, t_end, keep=None)
+        if near is not None and len(near) > MAX_COLUMNS:
+            near = None                          # too many to branch over: the bound stands alone
+        final = replace(extended(program, near or []), pricing=None)
+        left = t_end - time.perf_counter()
+        if near is None or left <= 0:
+            return FragmentSolution(final, bound + tol, None, None, False)
+        solution = final.solve(left, slack=slack, complete_below=slack, duals=y)
+        if solution is None or solution.bound > bound + tol:
+            return FragmentSolution(final, bound + tol, None, None, False)
+        return solution
+
+
+class _OutOfNodes(Exception):
+    """The pricing walk's node budget ran out."""
 
 
 #: Most columns the integer program of :meth:`FragmentProgram.solve` keeps.
@@ -225,15 +473,42 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadli
     hi_max = max((hi for *_, hi, _, _ in shapes), default=0)
     if largest < 1:
         return None
+    inner = _inner_rule(caps, chain, j) if inner else None
+    levels = tuple(range(j + 1)) if inner is not None else (j,)
+    # a worker: a partition of T with one marked part, the fragment that holds its main thread
+    partitions = []
+    for part in _partitions(T, largest):
+        vec = _counts(part, largest)
+        for k in np.flatnonzero(vec):
+            partitions.append((vec, int(k)))
+
+    def generated():
+        # too many patterns to write out: generate the ones that matter (see FragmentProgram.solve)
+        if len(partitions) > max_columns:
+            return None
+        pricing = _Pricing(caps, chain, j, wt, classes, shapes, largest, inner)
+        columns = pricing.initial(deadline)
+        if not columns:
+            return None
+        value, A, lb, ub = _assemble(caps, classes, columns, partitions, largest)
+        return FragmentProgram(caps, chain, j, levels, classes, columns, partitions, value, A, lb, ub,
+                               max(max(classes.values()), W), pricing)
+
     by_n, total = {}, 0
     for n in range(hi_max + 1):
-        rows = [_counts(part, largest) for part in _partitions(n, largest) if len(part) <= W]
-        total += len(rows)
-        if total > max_columns or (deadline is not None and time.perf_counter() > deadline):
+        rows = []
+        for part in _partitions(n, largest):
+            if len(part) <= W:
+                rows.append(_counts(part, largest))
+                total += 1
+            if total > max_columns:
+                break
+        if total > max_columns or len(partitions) > max_columns:
+            return generated()
+        if deadline is not None and time.perf_counter() > deadline:
             return None
         by_n[n] = np.array(rows, dtype=int).reshape(-1, largest)
     squares = np.arange(1, largest + 1) ** 2
-    inner = _inner_rule(caps, chain, j) if inner else None
     columns = []
     for ci, a, el, ep, lo, hi, own, other in shapes:
         for n in range(max(lo, a), hi + 1):
@@ -250,16 +525,22 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadli
                 if inner is not None:
                     value += inner(vec, n, a, el, ep, npc)
                 columns.append((ci, a, el, ep, vec, value, other))
-            if len(columns) > max_columns or (deadline is not None and time.perf_counter() > deadline):
+            if deadline is not None and time.perf_counter() > deadline:
                 return None
-    # a worker: a partition of T with one marked part, the fragment that holds its main thread
-    partitions = []
-    for part in _partitions(T, largest):
-        vec = _counts(part, largest)
-        for k in np.flatnonzero(vec):
-            partitions.append((vec, int(k)))
-    if not columns or not partitions or len(columns) + len(partitions) > max_columns:
+            if len(columns) > max_columns:
+                return generated()
+    if not columns or not partitions:
         return None
+    if len(columns) + len(partitions) > max_columns:
+        return generated()
+    value, A, lb, ub = _assemble(caps, classes, columns, partitions, largest)
+    return FragmentProgram(caps, chain, j, levels, classes, columns, partitions, value, A, lb, ub,
+                           max(max(classes.values()), W))
+
+
+def _assemble(caps, classes, columns, partitions, largest):
+    """``(value, A, lb, ub)`` of the program over ``columns`` (domain patterns) and ``partitions``."""
+    W = caps.instance.W
     n_w = len(partitions)
     zeros_w = np.zeros(n_w)
     dom = np.array([c[4] for c in columns], dtype=float).T
@@ -299,18 +580,16 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadli
         A.append(np.concatenate([-may[:, k], marked[k]]))
         lb.append(-np.inf)
         ub.append(0)
-    if caps.event_budget is not None and el.any():
+    if caps.event_budget is not None:
         A.append(np.concatenate([el, zeros_w]))
         lb.append(-np.inf)
         ub.append(caps.event_budget)
-    if caps.phys_event_budget is not None and ep.any():
+    if caps.phys_event_budget is not None:
         A.append(np.concatenate([ep, zeros_w]))
         lb.append(-np.inf)
         ub.append(caps.phys_event_budget)
     value = np.concatenate([[c[5] for c in columns], zeros_w])
-    return FragmentProgram(caps, chain, j, tuple(range(j + 1)) if inner is not None else (j,), classes,
-                           columns, partitions, value, np.array(A, dtype=float), np.array(lb, dtype=float),
-                           np.array(ub, dtype=float), max(max(classes.values()), W))
+    return value, np.array(A, dtype=float), np.array(lb, dtype=float), np.array(ub, dtype=float)
 
 
 def _inner_rule(caps, chain, j):
@@ -362,6 +641,11 @@ def _inner_rule(caps, chain, j):
         level1 = -0.5 * w1 * ((a + 2 * shared if use_main else 0) + s * (n + 2 * pairs))
         return level0 + level1
 
+    # what the column generation's pricing needs to bound it from above (compact mode: s = -1):
+    # per thread, per possible sibling pair, and per main (shared mains only lower it)
+    inner.per_thread = -0.5 * (w0 + w1) * s
+    inner.per_pair = -w1 * s
+    inner.per_main = -0.5 * (w0 + w1) * (1 if use_main else 0)
     return inner
 
 
