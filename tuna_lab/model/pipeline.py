@@ -496,6 +496,13 @@ def _highs_solve(model, x0, options):
 def _highs_child(conn, model, x0, options):
     """In the forked child: solve, send the outcome to the parent, end."""
     try:
+        import highspy
+
+        # A fork copies HiGHS's global task scheduler but not its worker
+        # threads: a parent that ran HiGHS in-process before (a solve without
+        # a time limit) leaves the child waiting on workers that do not
+        # exist. Start the child's scheduler afresh.
+        highspy.Highs.resetGlobalScheduler(True)
         out = _highs_solve(model, x0, options)
     except BaseException as exc:   # the parent reports it
         out = {"error": one_line(exc)}
