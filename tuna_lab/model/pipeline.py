@@ -516,8 +516,9 @@ def _highs_solve(model, x0, options):
             "info": {k: getattr(info, k, 0) for k in _INFO}, "run_time": h.getRunTime()}
 
 
-def _highs_child(conn, model, x0, options):
+def _highs_child(conn, model, x0, options, parent):
     """In the forked child: solve, send the outcome to the parent, end."""
+    _die_with(parent)
     try:
         import highspy
 
@@ -533,13 +534,30 @@ def _highs_child(conn, model, x0, options):
     conn.close()
 
 
+def _die_with(parent):
+    """Have the kernel kill this (forked) process when its parent ends (Linux ``PR_SET_PDEATHSIG``).
+
+    A parent killed outright (SIGKILL, SIGTERM without cleanup) would
+    otherwise leave HiGHS running on its own until its time limit.
+    """
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:              # it ended before the call
+        os._exit(1)
+
+
 def _highs_in_child(model, x0, options, clock):
     """:func:`_highs_solve` in a forked process, killed when the deadline nears; ``None`` then."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_highs_child, args=(send, model, x0, options), name="tuna-lab-highs",
+    proc = ctx.Process(target=_highs_child, args=(send, model, x0, options, os.getpid()), name="tuna-lab-highs",
                        daemon=True)
     proc.start()
     send.close()
