@@ -303,6 +303,7 @@ def test_run_with_client_cpus_prints_server_and_generator_cpu_per_request():
     header, cfs = p.stdout.splitlines()[:2]
     assert "server CPU ms/req" in header and header.endswith("generator CPU ms/req")
     assert float(cfs.split()[-1]) > 0                       # the generator's ms per request
+    assert "nan" not in cfs                                 # T=1: no OpenMP team, its idle share is "-"
 
 
 @needs_two_cpus

@@ -463,7 +463,9 @@ def _summary_table(rows):
         sp = "-" if row["p99_speedup_vs_cfs"] is None else f"{row['p99_speedup_vs_cfs']:.2f}x"
         line = f"{row['policy']:<14}{row['p50'] * 1e3:>9.1f}{row['p99'] * 1e3:>9.1f}{sp:>21}"
         if cpu:
-            line += f"{row['cpu_per_request'] * 1e3:>19.2f}{row['idle_cpu_share_openmp']:>13.0%}"
+            # With T=1 there is no OpenMP team, so no idle share to show (NaN).
+            idle = row["idle_cpu_share_openmp"]
+            line += f"{row['cpu_per_request'] * 1e3:>19.2f}" + (f"{'-':>13}" if idle != idle else f"{idle:>13.0%}")
         if gen:
             line += f"{row['generator_cpu_per_request'] * 1e3:>22.2f}"
         lines.append(line)
