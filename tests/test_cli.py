@@ -255,3 +255,13 @@ def test_report_json_has_the_path_and_headline_speedups(measured, tmp_path):
     assert {(r["workers"], r["policy"]) for r in cpu} == {(1, "cfs"), (1, "round-robin"), (2, "cfs")}
     assert all(r["server_cpu_per_request"] > 0 and r["generator_cpu_per_request"] > 0 for r in cpu)
     assert "generator CPU ms/req" in html.read_text()
+
+
+def test_preset_help_names_every_preset():
+    # the help is written out (the parser must not import numpy); it must not drift from PRESETS
+    from tuna_lab.machine.synthetic import PRESETS
+
+    _, commands = _subcommands()
+    (action,) = [a for a in commands["solve"]._actions if "--preset" in a.option_strings]
+    named = action.help.split(":", 1)[1].replace(" ", "").split(",")
+    assert sorted(named) == sorted(PRESETS)

@@ -39,8 +39,10 @@ def add_topology_options(parser):
     """
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--preset", metavar="NAME",
+                   # written out rather than read from machine.synthetic.PRESETS, which imports numpy;
+                   # tests/test_cli.py checks that the two agree
                    help="a machine preset: xeon-8272cl, xeon-8260-2s, epyc-7313p, epyc-9654, "
-                        "epyc-9654-2s")
+                        "epyc-9654-2s, epyc-9965-2s")
     g.add_argument("--hwloc-xml", metavar="FILE", help="a machine from the XML `lstopo --of xml` writes")
     g.add_argument("--synthetic", metavar="SPEC",
                    help='a machine from an hwloc synthetic spec, e.g. "pack:2 l3:2 core:4 pu:2"')
