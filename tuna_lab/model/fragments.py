@@ -242,6 +242,39 @@ class _Pricing:
         self.W = caps.instance.W
         self.event_row = self.nc + 2 + 3 * largest
         self.pevent_row = self.event_row + (caps.event_budget is not None)
+        self._table = None                  # see table(): None not built yet, False too big
+
+    def table(self, deadline=None):
+        """Every pattern a domain could take, as rows of fragment counts, or ``None`` when there are too many.
+
+        All partitions of up to the largest domain's threads into at most
+        ``W`` fragments of at most the largest size, built once: where they
+        fit in memory, pricing evaluates them all at once (exact, and far
+        cheaper than the pruned walk on domains of 32 logical cores).
+        """
+        if self._table is None:
+            h_max = max((hi for *_, hi, _, _ in self.shapes), default=0)
+            n_min = min((max(lo, a) for _, a, _, _, lo, *_ in self.shapes), default=0)
+            # count them first (partitions of n into parts <= largest, the usual recurrence)
+            ways = np.zeros(h_max + 1, dtype=float)
+            ways[0] = 1.0
+            for k in range(1, self.largest + 1):
+                for n in range(k, h_max + 1):
+                    ways[n] += ways[n - k]
+            if ways[n_min:].sum() > _TABLE_ROWS:
+                self._table = False
+                return None
+            rows = []
+            for n in range(n_min, h_max + 1):
+                rows += _partitions(n, self.largest, self.W)
+                if deadline is not None and time.perf_counter() > deadline:
+                    return None                 # not built: tried again next time, if there is time
+            V = np.array([_counts(part, self.largest) for part in rows], dtype=np.int64)
+            # counts of fragments bigger than each size (tail[:, k]: sizes above k), for the shapes' filters
+            tail = np.concatenate([np.cumsum(V[:, ::-1], axis=1)[:, ::-1], np.zeros((len(V), 1), dtype=np.int64)],
+                                  axis=1)
+            self._table = (V, V @ self.sizes, V.sum(axis=1), V @ self.squares, tail)
+        return self._table or None
 
     def column(self, shape, vec):
         """The program's column of domain pattern ``vec`` (fragment counts) in ``shape``."""
@@ -296,15 +329,52 @@ class _Pricing:
             out += ep * y[self.pevent_row]
         return out
 
+    def _price_table(self, table, y, threshold, keep):
+        """:meth:`price` over every pattern of :meth:`table` at once (the same terms as :meth:`profit`)."""
+        V, nn, parts, sq, tail = table
+        L, base = self.largest, self.nc + 2
+        ysize, ymust, ymay = y[base::3][:L], y[base + 1::3][:L], y[base + 2::3][:L]
+        found = []
+        for shape in self.shapes:
+            ci, a, el, ep, lo, hi, own, other = shape
+            ok = (nn >= max(lo, a)) & (nn <= hi) & (parts >= a) & (parts <= self.W) \
+                & (tail[:, min(other, L)] <= a) & (tail[:, min(own, L)] == 0)
+            idx = np.flatnonzero(ok)
+            if not len(idx):
+                continue
+            C = V[idx].astype(float)
+            value = -0.5 * self.wt * ((a * a if self.use_main else 0) - sq[idx])
+            if self.inner is not None:
+                value = value + self.inner(V[idx], nn[idx], a, el, ep, self.npc[ci])
+            must = np.maximum(C - (parts[idx] - a)[:, None], 0)
+            must = np.where(self.sizes[None, :] > other, C, must)
+            may = np.maximum(np.minimum(C, a - must.sum(axis=1)[:, None] + must), 0)
+            out = value + y[ci] + a * y[self.nc] + C @ ysize - must @ ymust - may @ ymay
+            if self.caps.event_budget is not None:
+                out = out + el * y[self.event_row]
+            if self.caps.phys_event_budget is not None:
+                out = out + ep * y[self.pevent_row]
+            hits = np.flatnonzero(out > threshold)
+            hits = hits[np.argsort(-out[hits], kind="stable")]
+            found += [self.column(shape, V[idx[i]].copy()) for i in (hits if keep is None else hits[:keep])]
+        return found
+
     def price(self, y, threshold, deadline, node_limit=400000, keep=200):
         """Patterns whose profit at ``y`` exceeds ``threshold`` (at most ``keep`` per shape, best first; all if ``None``).
 
         ``None`` when the walk runs out of nodes or time (nothing proven then).
         """
+        table = self.table(deadline)
+        if table is not None:
+            return self._price_table(table, y, threshold, keep)
         L = self.largest
         base = self.nc + 2
         ysize, ymust, ymay = y[base::3][:L], y[base + 1::3][:L], y[base + 2::3][:L]
-        h = 0.5 * self.wt * self.squares + ysize + np.maximum(0, -ymust) + np.maximum(0, -ymay)
+        # a fragment's own gain; a main it may hold gains up to -ymay more, but a domain's ``a`` mains
+        # hold at most ``a`` of each size (may_k <= min(count, a)): capping that per size keeps many
+        # small fragments from looking profitable on a bonus only ``a`` of them can have
+        h = 0.5 * self.wt * self.squares + ysize + np.maximum(0, -ymust)
+        bonus = np.maximum(0, -ymay)
         halves = self.sizes // 2
         per_pair = 0.0
         pair_cap = 0
@@ -313,28 +383,45 @@ class _Pricing:
             per_pair = self.inner.per_pair
             pair_cap = max(self.npc) if per_pair > 0 else 0
         h_max = max((hi for *_, hi, _, _ in self.shapes), default=0)
-        # knap[k, R, q]: most that fragments of sizes <= k add on R threads with q possible sibling pairs
-        # (q capped at what a domain holds, the pairs' own gain added at the end): a tighter
-        # completion bound than per-fragment gains, since the pairs saturate
         Q = pair_cap + 1
-        knap = np.full((L + 1, h_max + 1, Q), -np.inf)
-        knap[0, :, 0] = 0.0
-        for k in range(1, L + 1):
-            tab = knap[k - 1].copy()
-            shift = min(int(halves[k - 1]), pair_cap)
-            for R in range(k, h_max + 1):
-                prev = tab[R - k] + h[k - 1]
-                if shift and Q > 1:
-                    moved = np.full(Q, -np.inf)
-                    moved[shift:] = prev[:Q - shift]
-                    moved[Q - 1] = max(moved[Q - 1], prev[max(0, Q - shift):].max() if shift else prev[Q - 1])
-                    prev = moved
-                tab[R] = np.maximum(tab[R], prev)
-            knap[k] = tab
+
+        def shifted(tab, r, q):
+            # tab[R, p] moved to [R + r, min(p + q, Q - 1)]: r more threads, q more possible pairs (saturating)
+            out = np.full_like(tab, -np.inf)
+            if r > h_max:
+                return out
+            moved = tab[:h_max + 1 - r]
+            if q:
+                sat = np.full_like(moved, -np.inf)
+                if q < Q:
+                    sat[:, q:] = moved[:, :Q - q]
+                sat[:, Q - 1] = np.maximum(sat[:, Q - 1], moved[:, max(0, Q - q):].max(axis=1))
+                moved = sat
+            out[r:] = moved
+            return out
+
+        knaps = {}
+
+        def knap_for(a):
+            # knap[k, R, q]: most that fragments of sizes <= k add on at most R threads with q possible
+            # sibling pairs (q capped at what a domain holds, the pairs' own gain added at the end): the
+            # pairs saturate and the bonus is capped, so this is tighter than per-fragment gains
+            if a not in knaps:
+                knap = np.full((L + 1, h_max + 1, Q), -np.inf)
+                knap[0, :, 0] = 0.0
+                for k in range(1, L + 1):
+                    tab = knap[k - 1].copy()
+                    for c in range(1, h_max // k + 1):
+                        gain_c = c * h[k - 1] + min(c, a) * bonus[k - 1]
+                        tab = np.maximum(tab, shifted(knap[k - 1], c * k, min(c * int(halves[k - 1]), Q)) + gain_c)
+                    knap[k] = tab
+                knaps[a] = knap
+            return knaps[a]
+
         # best completion for (k, R) given the pairs already q_cur: max over q' of knap + gain(min(cap, q_cur+q'))
         gain = per_pair * np.minimum(np.arange(2 * Q), pair_cap) if Q > 1 else np.zeros(2)
 
-        def completion(k, R, q_cur):
+        def completion(knap, k, R, q_cur):
             row = knap[k, R]
             if Q == 1:
                 return row[0]
@@ -352,7 +439,8 @@ class _Pricing:
                 const += el * y[self.event_row]
             if self.caps.phys_event_budget is not None:
                 const += ep * y[self.pevent_row]
-            if const + completion(top, hi, 0) <= threshold:
+            knap = knap_for(a)
+            if const + completion(knap, top, hi, 0) <= threshold:
                 continue
             vec = np.zeros(L, dtype=int)
             hits = []
@@ -367,11 +455,12 @@ class _Pricing:
                         if value > threshold:
                             hits.append((value, vec.copy()))
                     return
-                if const + acc + completion(k, hi - n, pairs) <= threshold:
+                if const + acc + completion(knap, k, hi - n, pairs) <= threshold:
                     return
                 for c in range(min((hi - n) // k, self.W - parts), -1, -1):
                     vec[k - 1] = c
-                    walk(k - 1, n + c * k, parts + c, pairs + c * int(halves[k - 1]), acc + c * h[k - 1])
+                    walk(k - 1, n + c * k, parts + c, pairs + c * int(halves[k - 1]),
+                         acc + c * h[k - 1] + min(c, a) * bonus[k - 1])
                 vec[k - 1] = 0
 
             try:
@@ -415,19 +504,33 @@ class _Pricing:
             if not new:
                 break
             program = extended(program, new)
-        # every pattern prices out: ``bound`` holds over all of them; add those a better plan could use
+        # every pattern prices out: ``bound`` holds over all of them. Branch over those a better plan
+        # could use (reduced cost at most ``slack``); a plan ``v`` short of ``bound - slack`` proves
+        # nothing yet, so widen to ``bound - v``, where the branch's optimum is the integer optimum
         slack = 1e-3 * max(1.0, abs(bound)) if slack is None else float(slack)
-        near = self.price(y, -slack, t_end, keep=None)
-        if near is not None and len(near) > MAX_COLUMNS:
-            near = None                          # too many to branch over: the bound stands alone
-        final = replace(extended(program, near or []), pricing=None)
-        left = t_end - time.perf_counter()
-        if near is None or left <= 0:
-            return FragmentSolution(final, bound + tol, None, None, False)
-        solution = final.solve(left, slack=slack, complete_below=slack, duals=y)
-        if solution is None or solution.bound > bound + tol:
-            return FragmentSolution(final, bound + tol, None, None, False)
-        return solution
+        best, final = None, replace(program, pricing=None)
+        while time.perf_counter() < t_end:
+            near = self.price(y, -slack, t_end, keep=None)
+            if near is None or len(near) > MAX_COLUMNS:
+                break                            # too many to branch over: the bound stands alone
+            final = replace(extended(program, near), pricing=None)
+            left = t_end - time.perf_counter()
+            solution = final.solve(left, slack=slack, complete_below=slack, duals=y) if left > 0 else None
+            if solution is None or solution.bound > bound + tol:
+                break
+            if solution.proven:
+                return solution
+            if solution.domains is not None:
+                found = float(final.value @ np.concatenate([solution.domains, solution.workers]))
+                if best is None or found > best[0]:
+                    best = (found, solution)
+            wider = 4 * slack if best is None else min(4 * slack, bound - best[0] + tol)
+            if wider <= slack * (1 + 1e-9):
+                break
+            slack = wider
+        if best is not None:
+            return best[1]
+        return FragmentSolution(final, bound + tol, None, None, False)
 
 
 class _OutOfNodes(Exception):
@@ -435,7 +538,11 @@ class _OutOfNodes(Exception):
 
 
 #: Most columns the integer program of :meth:`FragmentProgram.solve` keeps.
-_RESTRICTED_COLUMNS = 3000
+_RESTRICTED_COLUMNS = 8000
+
+#: Most patterns :meth:`_Pricing.table` writes out for pricing (the partitions of up to 32 threads are
+#: about 30,000; of 32 to 48, hundreds of thousands: those domains price with the pruned walk).
+_TABLE_ROWS = 100000
 
 
 def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadline=None):
@@ -606,7 +713,9 @@ def _inner_rule(caps, chain, j):
     only ``L+`` unless it spends an event of (12+), which caps how many
     physical cores the mains can take, so at least ``a - q_max`` of them
     share one - where, under (12) with no event left, the two mains are the
-    only threads there and no worker pair fits.
+    only threads there and no worker pair fits. A main alone on its logical
+    core in a fragment of one thread leaves its physical core without a
+    pair too.
     """
     inst = caps.instance
     if j != 2 or len(chain) < 2 or caps.worker_max > 1 or caps.main_max > 1:
@@ -627,16 +736,22 @@ def _inner_rule(caps, chain, j):
     events = caps.phys_event_budget is not None and phys is not None and phys[1] > phys[0]
 
     def inner(vec, n, a, el, ep, npc):
-        pairs = min(npc * per_core, int(vec @ (np.arange(1, len(vec) + 1) // 2)))
+        # numpy's element-wise min/max: ``vec`` may be one pattern or a table of them (rows), ``n`` their sizes
+        pairs = np.minimum(npc * per_core, vec @ (np.arange(1, vec.shape[-1] + 1) // 2))
         shared = 0
         if events:
             q_max = (npc * phys[1] - n) // (phys[1] - phys[0]) + ep
-            shared = max(0, a - q_max)
+            shared = np.maximum(0, a - q_max)
         # mains alone on their logical core: under (8) with U = 1, or under (12) with no event here
         alone = caps.load is not None and (U == 1 or (caps.event_budget is not None and el == 0
                                                       and caps.load[0] == 1))
         if alone:
-            pairs = min(pairs, (npc - shared) * per_core)
+            # a main alone on its logical core in a fragment of one thread has no same-worker
+            # sibling: its physical core holds no pair. At least ``a - (fragments of two or more)``
+            # mains are such; with the cores two mains share (and pay for), a domain loses at least
+            # max(m1, 2 shared) of pairs less shared mains
+            m1 = np.maximum(0, a - (vec.sum(axis=-1) - vec[..., 0]))
+            pairs = np.minimum(pairs, (npc - shared - np.maximum(0, m1 - 2 * shared)) * per_core)
         level0 = -0.5 * w0 * ((a if use_main else 0) + s * n)
         level1 = -0.5 * w1 * ((a + 2 * shared if use_main else 0) + s * (n + 2 * pairs))
         return level0 + level1
@@ -649,7 +764,7 @@ def _inner_rule(caps, chain, j):
     return inner
 
 
-def fragment_mapping(caps, chain, solution, time_limit=5.0, seed=0):
+def fragment_mapping(caps, chain, solution, time_limit=5.0, seed=0, place_limit=None):
     """Positions ``(W, T)`` that follow ``solution``'s plan, or ``None``.
 
     The plan's domain patterns are dealt to the level's domains, its
@@ -671,6 +786,9 @@ def fragment_mapping(caps, chain, solution, time_limit=5.0, seed=0):
         Seconds for the placement programs together.
     seed : int
         Seeds the order in which fragments are dealt when the first deal fails.
+    place_limit : float, optional
+        Seconds for each placement program: HiGHS returns its best placement
+        when they pass (often the optimum, found long before it is proven).
     """
     program = solution.program if solution is not None else None
     if program is None or solution.domains is None:
@@ -716,7 +834,8 @@ def fragment_mapping(caps, chain, solution, time_limit=5.0, seed=0):
             left = t_end - time.perf_counter()
             if left <= 0:
                 return None
-            cache[key] = _place(caps, chain, j, cores, shape, plan[g][2], plan[g][3], left)
+            cache[key] = _place(caps, chain, j, cores, shape, plan[g][2], plan[g][3],
+                                left if place_limit is None else min(left, place_limit))
         placed = cache[key]
         if placed is None:
             return None

@@ -28,6 +28,10 @@ __all__ = ["TunaModel", "solve"]
 # Built problems are kept so that toggling a mode or a family back and forth
 # re-solves without re-building or re-compiling (cvxpy caches the compiled
 # problem on the Problem object). Small: a notebook explores a few at a time.
+#: Seconds each placement program of a fragment plan gets, tried in turn until the mapping reaches
+#: the bound (None: all the time left).
+_PLACE_LIMITS = (0.25, 1.0, 4.0, None)
+
 _BUILT = OrderedDict()
 _BUILT_MAX = 32
 
@@ -212,10 +216,19 @@ class TunaModel:
         candidates = [greedy_mapping(self.caps, labels, order_by) for order_by in ("rank", "worker")]
         # compact mode: the plans of the fragment programs, dealt and placed
         deadline = time.perf_counter() + time_limit
-        for sol in self._fragment_solutions(time_limit):
-            left = deadline - time.perf_counter()
-            if left > 0:
-                candidates.append(fragment_mapping(self.caps, chain, sol, time_limit=left))
+        solutions = self._fragment_solutions(time_limit)
+        target = self.certificate().bound if solutions else np.inf
+        for sol in solutions:
+            # HiGHS finds a domain's best placement long before it proves it: give each placement
+            # program a little time first, and more only while the mapping falls short of the bound
+            for place_limit in _PLACE_LIMITS:
+                left = deadline - time.perf_counter()
+                if left <= 0:
+                    break
+                pos = fragment_mapping(self.caps, chain, sol, time_limit=left, place_limit=place_limit)
+                candidates.append(pos)
+                if pos is not None and self.value(pos) >= target - 1e-9 * max(1.0, abs(target)):
+                    break
         for pos in candidates:
             if pos is None or any(f.violations(pos, inst) for f in self.families):
                 continue
