@@ -120,6 +120,7 @@ class TunaModel:
         self.caps = Caps.of(self.instance, self.families)
         self._full_bound = None
         self._fragments = None
+        self._fragment_todo = None          # fragment programs not solved yet; None: not listed yet
 
     # -- composition ----------------------------------------------------------------
     def _replace(self, **changes):
@@ -216,9 +217,15 @@ class TunaModel:
         candidates = [greedy_mapping(self.caps, labels, order_by) for order_by in ("rank", "worker")]
         # compact mode: the plans of the fragment programs, dealt and placed
         deadline = time.perf_counter() + time_limit
-        solutions = self._fragment_solutions(time_limit)
-        target = self.certificate().bound if solutions else np.inf
-        for sol in solutions:
+        # each program's plan as soon as it is solved: a plan that reaches the bound ends the search
+        done, reached = 0, False
+        while not reached:
+            solutions = self._fragment_solutions(max(0.0, deadline - time.perf_counter()), more=1)
+            if len(solutions) <= done:
+                break
+            sol = solutions[done]
+            done = len(solutions)
+            target = self._with_fragments(bound_certificate(self.caps, chain), compute=False).bound
             # HiGHS finds a domain's best placement long before it proves it: give each placement
             # program a little time first, and more only while the mapping falls short of the bound
             for place_limit in _PLACE_LIMITS:
@@ -227,7 +234,8 @@ class TunaModel:
                     break
                 pos = fragment_mapping(self.caps, chain, sol, time_limit=left, place_limit=place_limit)
                 candidates.append(pos)
-                if pos is not None and self.value(pos) >= target - 1e-9 * max(1.0, abs(target)):
+                if pos is not None and target - self.value(pos) < max(self.granularity(), 1e-9):
+                    reached = True
                     break
         for pos in candidates:
             if pos is None or any(f.violations(pos, inst) for f in self.families):
@@ -310,41 +318,54 @@ class TunaModel:
         cert = bound_certificate(self.caps, chain, target=target)
         if cert.sources and not (target is not None and cert.name == "counting"
                                  and cert.bound - target < max(self.granularity(), 1e-9)):
+            if target is not None:
+                # the programs solved so far may already close it: then the rest are not needed
+                quick = self._with_fragments(cert, compute=False)
+                if quick.bound - target < max(self.granularity(), 1e-9):
+                    return quick
             cert = self._with_fragments(cert)
         if target is None:
             self._full_bound = cert
         return cert
 
-    def _fragment_solutions(self, time_limit=5.0):
-        """The solved fragment programs of the top cache level (compact mode), computed once.
+    def _fragment_solutions(self, time_limit=5.0, more=None):
+        """The solved fragment programs of the top cache level (compact mode), each computed once.
 
-        Building and solving both programs stops at ``time_limit`` seconds;
-        what did not finish is left out (and not tried again).
+        The level with its finer levels (where the inner rule applies), then
+        alone: the joint bound is tighter, the level's own plan is sometimes
+        the better mapping. Solves at most ``more`` of those not solved yet
+        (all if ``None``), stopping at ``time_limit`` seconds; what did not
+        finish is left out (and not tried again).
         """
-        if self._fragments is None:
-            sols = []
+        if self._fragment_todo is None:
+            todo = []
             chain = self._chain()
-            deadline = time.perf_counter() + time_limit
             if chain is not None and self.caps.understood and self.caps.sign < 0:
                 d = [0.0] + [c for c, _ in chain]
                 weighted = [j for j in range(len(d) - 1) if d[j + 1] > d[j]]
-                # the level with its finer levels (where the inner rule applies), then alone: the
-                # joint bound is tighter, the level's own plan is sometimes the better mapping
-                for inner in (True, False) if weighted and weighted[-1] >= 1 else ():
-                    program = fragment_program(self.caps, chain, weighted[-1], inner=inner, deadline=deadline)
-                    left = deadline - time.perf_counter()
-                    solution = program.solve(time_limit=left) if program is not None and left > 0 else None
-                    if solution is not None:
-                        sols.append(solution)
-                    if program is not None and len(program.levels) == 1:
-                        break                   # no inner rule here: the second program is the same
-            self._fragments = tuple(sols)
+                if weighted and weighted[-1] >= 1:
+                    todo = [(weighted[-1], True), (weighted[-1], False)]
+            self._fragment_todo, self._fragments = todo, ()
+        deadline = time.perf_counter() + time_limit
+        solved = 0
+        while self._fragment_todo and (more is None or solved < more):
+            j, inner = self._fragment_todo.pop(0)
+            program = fragment_program(self.caps, self._chain(), j, inner=inner, deadline=deadline)
+            left = deadline - time.perf_counter()
+            solution = program.solve(time_limit=left) if program is not None and left > 0 else None
+            solved += 1
+            if solution is not None:
+                self._fragments += (solution,)
+                self._full_bound = None             # a tighter bound may follow from it
+            if time.perf_counter() >= deadline or (program is not None and len(program.levels) == 1):
+                self._fragment_todo = []            # out of time, or no inner rule: the next is the same
         return self._fragments
 
-    def _with_fragments(self, cert):
-        """``cert``, or a tighter :class:`Certificate` from the fragment programs."""
+    def _with_fragments(self, cert, compute=True):
+        """``cert``, or a tighter :class:`Certificate` from the fragment programs (those solved so far
+        unless ``compute``)."""
         best = cert
-        for sol in self._fragment_solutions():
+        for sol in self._fragment_solutions() if compute else (self._fragments or ()):
             covered = sol.program.levels
             levels = list(cert.levels)
             sources = list(cert.sources)
