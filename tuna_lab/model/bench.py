@@ -126,6 +126,8 @@ def _scale_cases(quick):
         for w, t in uneven:
             for mode in MODES:
                 cases.append((preset, limit, w, t, mode, "default"))
+                if factor == 1:
+                    cases.append((preset, limit, w, t, mode, "no physical"))
         if quick:
             break
     return cases
@@ -309,7 +311,8 @@ def _goals(df):
             odd = {(w * factor, t) for w, t in uneven}
             groups = [("even shapes, default families", m[m.families == "default"], shapes),
                       ("even shapes, without the physical analogues", m[m.families == "no physical"], shapes),
-                      ("uneven shapes", m[m.families == "default"], odd)]
+                      ("uneven shapes, default families", m[m.families == "default"], odd),
+                      ("uneven shapes, without the physical analogues", m[m.families == "no physical"], odd)]
             for label, rows, which in groups:
                 rows = rows[[(int(w), int(t)) in which for w, t in zip(rows.workers, rows.threads)]]
                 if not len(rows):

@@ -159,7 +159,7 @@ class FragmentProgram:
             return FragmentSolution(self, bound + tol, x[:n_dom], x[n_dom:], True)
         slack = 1e-3 * max(1.0, abs(bound)) if slack is None else float(slack)
         slack = min(slack, complete_below)
-        best = None
+        best, tight = None, bound
         while time.perf_counter() < t_end - 0.05:
             keep = np.flatnonzero(reduced <= slack + tol)
             if not len(keep):
@@ -172,13 +172,18 @@ class FragmentProgram:
             res = milp(-self.value[keep], constraints=LinearConstraint(sp.csr_matrix(A[:, keep]), lb, ub),
                        integrality=np.ones(len(keep)), bounds=Bounds(0, self.upper),
                        options={"mip_rel_gap": 0.0, "time_limit": max(0.05, t_end - time.perf_counter())})
+            # a plan better than max(its dual bound, LP - slack) would use only kept columns, and
+            # none of those beats the dual bound: a bound on the level even when HiGHS stops early
+            dual = getattr(res, "mip_dual_bound", None)
+            if res.status in (0, 1) and dual is not None and np.isfinite(dual):
+                tight = min(tight, max(-float(dual), bound - slack))
             if res.x is not None:
                 x = np.zeros(len(self.value), dtype=int)
                 x[keep] = np.round(res.x).astype(int)
                 found = float(self.value @ x)
                 if best is None or found > best[0]:
                     best = (found, x)
-                if res.status == 0 and found >= bound - slack:
+                if (res.status == 0 and found >= bound - slack) or found >= tight - tol:
                     # no plan with a column left out beats it: it is the integer optimum
                     return FragmentSolution(self, found + tol, x[:n_dom], x[n_dom:], True)
             if capped or res.status not in (0, 2) or slack >= complete_below:
@@ -187,9 +192,9 @@ class FragmentProgram:
             slack = max(2 * slack, bound - best[0] + tol) if best is not None else 4 * slack
             slack = min(slack, complete_below)
         if best is None:
-            return FragmentSolution(self, bound + tol, None, None, False)
+            return FragmentSolution(self, tight + tol, None, None, False)
         x = best[1]
-        return FragmentSolution(self, bound + tol, x[:n_dom], x[n_dom:], False)
+        return FragmentSolution(self, tight + tol, x[:n_dom], x[n_dom:], False)
 
     def relaxation(self, time_limit=5.0):
         """``(optimum, x, reduced costs)`` of the linear relaxation, or ``None``.
@@ -508,7 +513,7 @@ class _Pricing:
         # could use (reduced cost at most ``slack``); a plan ``v`` short of ``bound - slack`` proves
         # nothing yet, so widen to ``bound - v``, where the branch's optimum is the integer optimum
         slack = 1e-3 * max(1.0, abs(bound)) if slack is None else float(slack)
-        best, final = None, replace(program, pricing=None)
+        best, final, tight = None, replace(program, pricing=None), bound + tol
         while time.perf_counter() < t_end:
             near = self.price(y, -slack, t_end, keep=None)
             if near is None or len(near) > MAX_COLUMNS:
@@ -520,17 +525,21 @@ class _Pricing:
                 break
             if solution.proven:
                 return solution
+            tight = min(tight, solution.bound)
             if solution.domains is not None:
                 found = float(final.value @ np.concatenate([solution.domains, solution.workers]))
                 if best is None or found > best[0]:
                     best = (found, solution)
+                if best[0] >= tight - 2 * tol:
+                    break
             wider = 4 * slack if best is None else min(4 * slack, bound - best[0] + tol)
             if wider <= slack * (1 + 1e-9):
                 break
             slack = wider
         if best is not None:
-            return best[1]
-        return FragmentSolution(final, bound + tol, None, None, False)
+            sol = best[1]
+            return replace(sol, bound=min(tight, sol.bound), proven=best[0] >= tight - 2 * tol)
+        return FragmentSolution(final, tight, None, None, False)
 
 
 class _OutOfNodes(Exception):
