@@ -521,7 +521,7 @@ class _Pricing:
             final = replace(extended(program, near), pricing=None)
             left = t_end - time.perf_counter()
             solution = final.solve(left, slack=slack, complete_below=slack, duals=y) if left > 0 else None
-            if solution is None or solution.bound > bound + tol:
+            if solution is None or solution.bound > bound + 2 * tol:     # (its own tolerance added)
                 break
             if solution.proven:
                 return solution
