@@ -188,3 +188,28 @@ def test_generated_fragment_program_is_the_written_out_one(W, T, inner):
     assert b.bound >= parts[:, covered].sum(axis=1).max() - 1e-6
     if a.proven and b.proven:
         assert b.bound == pytest.approx(a.bound, abs=1e-4)
+
+
+@pytest.mark.parametrize("W,T", [(2, 3), (3, 2), (1, 6), (4, 2)])
+@pytest.mark.parametrize("inner", [True, False])
+def test_pricing_by_table_and_by_walk_find_the_same_patterns(W, T, inner, monkeypatch):
+    """Pricing evaluates every pattern at once where they fit in a table, else walks them with a
+    knapsack bound: both are exact, so at the same duals they must find the same patterns."""
+    from tuna_lab.model import fragments
+
+    _, model = _model(SMT_L3, W, T, ("8p", "11p-12p"))
+    chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+    full = fragment_program(model.caps, chain, 2, inner=inner)
+
+    def found(rows):
+        monkeypatch.setattr(fragments, "_TABLE_ROWS", rows)
+        generated = fragment_program(model.caps, chain, 2, inner=inner, max_columns=len(full.partitions) + 2)
+        bound, _, _, y = generated.relaxation()
+        hits = generated.pricing.price(y, -0.05 * max(1.0, abs(bound)), None, keep=None)
+        assert hits is not None
+        return generated.pricing.table() is not None, {(c[:4], tuple(c[4])) for c in hits}
+
+    by_table, table_hits = found(10 ** 6)
+    by_walk, walk_hits = found(0)
+    assert by_table and not by_walk
+    assert table_hits == walk_hits and table_hits
