@@ -67,6 +67,22 @@ def _counts(part, largest):
         else np.zeros(largest, dtype=int)
 
 
+def _mains(cnt, a, other):
+    """How many of each pattern's fragments of each size must / may hold a main: ``(must, may)``.
+
+    ``cnt``: fragment counts, one pattern per row; ``a``: each pattern's
+    mains; ``other``: each pattern's largest fragment without a main
+    (scalars or one per row). Fragments bigger than ``other`` must, and
+    ``a`` mains on ``parts`` fragments leave at most ``parts - a`` without
+    one; the mains left after the others' musts bound what may.
+    """
+    a = np.asarray(a, dtype=float).reshape(-1, 1)
+    big = np.arange(1, cnt.shape[1] + 1)[None, :] > np.asarray(other).reshape(-1, 1)
+    must = np.where(big, cnt, np.maximum(cnt - (cnt.sum(axis=1, keepdims=True) - a), 0))
+    may = np.maximum(np.minimum(cnt, a - must.sum(axis=1, keepdims=True) + must), 0)
+    return must, may
+
+
 @dataclass(frozen=True)
 class FragmentSolution:
     """The optimum of a :class:`FragmentProgram`, or the best found and a bound on it.
@@ -278,7 +294,7 @@ class _Pricing:
             # counts of fragments bigger than each size (tail[:, k]: sizes above k), for the shapes' filters
             tail = np.concatenate([np.cumsum(V[:, ::-1], axis=1)[:, ::-1], np.zeros((len(V), 1), dtype=np.int64)],
                                   axis=1)
-            self._table = (V, V @ self.sizes, V.sum(axis=1), V @ self.squares, tail)
+            self._table = (V, V @ self.sizes, V.sum(axis=1), tail)
         return self._table or None
 
     def column(self, shape, vec):
@@ -314,31 +330,28 @@ class _Pricing:
                     return None
         return columns
 
-    def profit(self, shape, vec, y):
-        """``value + A^T y`` of one pattern: how much it adds at the duals ``y``."""
-        col = self.column(shape, vec)
-        ci, a, el, ep = col[:4]
-        value = col[5]
-        cnt = vec.astype(float)
-        parts = cnt.sum()
-        must = np.maximum(cnt - (parts - a), 0)
-        must = np.where(self.sizes > col[6], cnt, must)
-        may = np.maximum(np.minimum(cnt, a - must.sum() + must), 0)
-        base = self.nc + 2
-        out = value + y[ci] + a * y[self.nc]
-        out += float(cnt @ y[base::3][:self.largest] - must @ y[base + 1::3][:self.largest]
-                     - may @ y[base + 2::3][:self.largest])
+    def _profits(self, shape, V, y):
+        """``value + A^T y`` of every pattern of ``V`` (fragment counts, one per row) in ``shape``:
+        how much each adds at the duals ``y``."""
+        ci, a, el, ep, lo, hi, own, other = shape
+        L, base = self.largest, self.nc + 2
+        C = V.astype(float)
+        value = -0.5 * self.wt * ((a * a if self.use_main else 0) - C @ self.squares)
+        if self.inner is not None:
+            value = value + self.inner(V, V @ self.sizes, a, el, ep, self.npc[ci])
+        must, may = _mains(C, a, other)
+        out = value + y[ci] + a * y[self.nc] + C @ y[base::3][:L] - must @ y[base + 1::3][:L] \
+            - may @ y[base + 2::3][:L]
         if self.caps.event_budget is not None:
-            out += el * y[self.event_row]
+            out = out + el * y[self.event_row]
         if self.caps.phys_event_budget is not None:
-            out += ep * y[self.pevent_row]
+            out = out + ep * y[self.pevent_row]
         return out
 
     def _price_table(self, table, y, threshold, keep):
-        """:meth:`price` over every pattern of :meth:`table` at once (the same terms as :meth:`profit`)."""
-        V, nn, parts, sq, tail = table
-        L, base = self.largest, self.nc + 2
-        ysize, ymust, ymay = y[base::3][:L], y[base + 1::3][:L], y[base + 2::3][:L]
+        """:meth:`price` over every pattern of :meth:`table` at once."""
+        V, nn, parts, tail = table
+        L = self.largest
         found = []
         for shape in self.shapes:
             ci, a, el, ep, lo, hi, own, other = shape
@@ -347,22 +360,15 @@ class _Pricing:
             idx = np.flatnonzero(ok)
             if not len(idx):
                 continue
-            C = V[idx].astype(float)
-            value = -0.5 * self.wt * ((a * a if self.use_main else 0) - sq[idx])
-            if self.inner is not None:
-                value = value + self.inner(V[idx], nn[idx], a, el, ep, self.npc[ci])
-            must = np.maximum(C - (parts[idx] - a)[:, None], 0)
-            must = np.where(self.sizes[None, :] > other, C, must)
-            may = np.maximum(np.minimum(C, a - must.sum(axis=1)[:, None] + must), 0)
-            out = value + y[ci] + a * y[self.nc] + C @ ysize - must @ ymust - may @ ymay
-            if self.caps.event_budget is not None:
-                out = out + el * y[self.event_row]
-            if self.caps.phys_event_budget is not None:
-                out = out + ep * y[self.pevent_row]
-            hits = np.flatnonzero(out > threshold)
-            hits = hits[np.argsort(-out[hits], kind="stable")]
-            found += [self.column(shape, V[idx[i]].copy()) for i in (hits if keep is None else hits[:keep])]
+            found += self._columns_over(shape, V[idx], y, threshold, keep)
         return found
+
+    def _columns_over(self, shape, V, y, threshold, keep):
+        """The columns of the patterns of ``V`` whose profit exceeds ``threshold``, best first (at most ``keep``)."""
+        out = self._profits(shape, V, y)
+        hits = np.flatnonzero(out > threshold)
+        hits = hits[np.argsort(-out[hits], kind="stable")]
+        return [self.column(shape, V[i]) for i in (hits if keep is None else hits[:keep])]
 
     def price(self, y, threshold, deadline, node_limit=400000, keep=200):
         """Patterns whose profit at ``y`` exceeds ``threshold`` (at most ``keep`` per shape, best first; all if ``None``).
@@ -448,7 +454,7 @@ class _Pricing:
             if const + completion(knap, top, hi, 0) <= threshold:
                 continue
             vec = np.zeros(L, dtype=int)
-            hits = []
+            leaves = []
 
             def walk(k, n, parts, pairs, acc):
                 nodes[0] += 1
@@ -456,9 +462,7 @@ class _Pricing:
                     raise _OutOfNodes
                 if k == 0:
                     if n >= max(lo, a) and self._fits(shape, vec):
-                        value = self.profit(shape, vec, y)
-                        if value > threshold:
-                            hits.append((value, vec.copy()))
+                        leaves.append(vec.copy())       # priced together once the walk is done
                     return
                 if const + acc + completion(knap, k, hi - n, pairs) <= threshold:
                     return
@@ -474,8 +478,8 @@ class _Pricing:
                 return None
             if deadline is not None and time.perf_counter() > deadline:
                 return None
-            hits.sort(key=lambda hit: -hit[0])
-            found += [self.column(shape, v) for _, v in (hits if keep is None else hits[:keep])]
+            if leaves:
+                found += self._columns_over(shape, np.array(leaves), y, threshold, keep)
         return found
 
     def solve(self, program, time_limit, slack):
@@ -665,15 +669,7 @@ def _assemble(caps, classes, columns, partitions, largest):
     marked[[k for _, k in partitions], np.arange(n_w)] = 1.0
     ci = np.array([c[0] for c in columns])
     a, el, ep = (np.array([c[k] for c in columns], dtype=float) for k in (1, 2, 3))
-    # how many of a column's fragments of each size must / may hold a main: all ``big`` ones must,
-    # and ``a`` mains on ``parts`` fragments leave at most ``parts - a`` without one
-    cnt = dom.T
-    parts = cnt.sum(axis=1)
-    must = np.maximum(cnt - (parts - a)[:, None], 0)
-    big = np.arange(1, largest + 1)[None, :] > np.array([c[6] for c in columns])[:, None]
-    must = np.where(big, cnt, must)
-    # and a mains in all leave room for the others' musts
-    may = np.maximum(np.minimum(cnt, a[:, None] - must.sum(axis=1)[:, None] + must), 0)
+    must, may = _mains(dom.T, a, [c[6] for c in columns])
     A, lb, ub = [], [], []
     for k, count in enumerate(classes.values()):                 # every domain takes one pattern
         A.append(np.concatenate([(ci == k).astype(float), zeros_w]))

@@ -14,7 +14,7 @@ import cvxpy as cp
 import numpy as np
 
 from ..errors import ModelError
-from .bounds import Certificate, bound_certificate, objective_granularity
+from .bounds import Certificate, bound_certificate, bound_closes, objective_granularity
 from .caps import Caps
 from .construct import greedy_mapping, local_search
 from .encodings import ENCODINGS, make_encoding, ultrametric_chain
@@ -25,13 +25,13 @@ from .pipeline import SolveOptions, run
 
 __all__ = ["TunaModel", "solve"]
 
-# Built problems are kept so that toggling a mode or a family back and forth
-# re-solves without re-building or re-compiling (cvxpy caches the compiled
-# problem on the Problem object). Small: a notebook explores a few at a time.
 #: Seconds each placement program of a fragment plan gets, tried in turn until the mapping reaches
 #: the bound (None: all the time left).
 _PLACE_LIMITS = (0.25, 1.0, 4.0, None)
 
+# Built problems are kept so that toggling a mode or a family back and forth
+# re-solves without re-building or re-compiling (cvxpy caches the compiled
+# problem on the Problem object). Small: a notebook explores a few at a time.
 _BUILT = OrderedDict()
 _BUILT_MAX = 32
 
@@ -218,14 +218,16 @@ class TunaModel:
         # compact mode: the plans of the fragment programs, dealt and placed
         deadline = time.perf_counter() + time_limit
         # each program's plan as soon as it is solved: a plan that reaches the bound ends the search
-        done, reached = 0, False
+        done, reached, counted = 0, False, None
         while not reached:
             solutions = self._fragment_solutions(max(0.0, deadline - time.perf_counter()), more=1)
             if len(solutions) <= done:
                 break
             sol = solutions[done]
             done = len(solutions)
-            target = self._with_fragments(bound_certificate(self.caps, chain), compute=False).bound
+            if counted is None:             # only where there is a plan: not on construct's every call
+                counted, step = bound_certificate(self.caps, chain), self.granularity()
+            target = self._with_fragments(counted, compute=False).bound
             # HiGHS finds a domain's best placement long before it proves it: give each placement
             # program a little time first, and more only while the mapping falls short of the bound
             for place_limit in _PLACE_LIMITS:
@@ -234,7 +236,7 @@ class TunaModel:
                     break
                 pos = fragment_mapping(self.caps, chain, sol, time_limit=left, place_limit=place_limit)
                 candidates.append(pos)
-                if pos is not None and target - self.value(pos) < max(self.granularity(), 1e-9):
+                if pos is not None and bound_closes(target, self.value(pos), step):
                     reached = True
                     break
         for pos in candidates:
@@ -321,7 +323,7 @@ class TunaModel:
             if target is not None:
                 # the programs solved so far may already close it: then the rest are not needed
                 quick = self._with_fragments(cert, compute=False)
-                if quick.bound - target < max(self.granularity(), 1e-9):
+                if bound_closes(quick.bound, target, self.granularity()):
                     return quick
             cert = self._with_fragments(cert)
         if target is None:
@@ -356,7 +358,6 @@ class TunaModel:
             solved += 1
             if solution is not None:
                 self._fragments += (solution,)
-                self._full_bound = None             # a tighter bound may follow from it
             if time.perf_counter() >= deadline or (program is not None and len(program.levels) == 1):
                 self._fragment_todo = []            # out of time, or no inner rule: the next is the same
         return self._fragments
