@@ -169,6 +169,31 @@ def test_joint_fragment_program_never_cuts_off_a_feasible_mapping(W, T, drop):
     assert model.certificate().bound >= best - 1e-6
 
 
+# More threads than logical cores (U = 2): two workers can each hold a sibling pair on one physical
+# core. Too big to enumerate; the optimum HiGHS proves is a feasible mapping every bound must cover.
+CROWDED_CASES = [
+    (SMT_L3, 4, 4, ()),
+    (SMT_L3, 4, 4, ("4-5", "8p", "11p-12p")),
+    (SMT_L3, 3, 5, ("8p", "11p-12p")),
+    ("l3:3 l2:4 core:1 pu:2", 3, 10, ("8p", "11p-12p")),
+    ("l3:3 l2:4 core:1 pu:2", 4, 8, ("11-12", "8p", "11p-12p")),
+]
+
+
+@pytest.mark.parametrize("spec,W,T,drop", CROWDED_CASES)
+def test_fragment_programs_cover_the_optimum_of_crowded_machines(spec, W, T, drop):
+    keys, model = _model(spec, W, T, drop)
+    assert model.caps.load is None or model.caps.load[1] >= 2
+    by_highs = model.solve(prove="solver", time_limit=120)
+    assert by_highs.proven_optimal
+    const, parts = level_parts(by_highs.positions[None], model)
+    chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+    for inner in (True, False):
+        solution = fragment_program(model.caps, chain, 2, inner=inner).solve(time_limit=20)
+        assert solution.bound >= parts[0, list(solution.program.levels)].sum() - 1e-6, inner
+    assert model.certificate().bound >= model.value(by_highs.positions) - 1e-6
+
+
 @pytest.mark.parametrize("W,T", [(2, 3), (3, 2), (1, 6), (6, 1)])
 @pytest.mark.parametrize("inner", [True, False])
 def test_generated_fragment_program_is_the_written_out_one(W, T, inner):

@@ -392,8 +392,10 @@ class _Pricing:
         if self.inner is not None:
             h = h + self.inner.per_thread * self.sizes
             per_pair = self.inner.per_pair
-            pair_cap = max(self.npc) if per_pair > 0 else 0
         h_max = max((hi for *_, hi, _, _ in self.shapes), default=0)
+        if per_pair > 0:
+            # a domain holds at most ``per_core`` pairs per physical core, and a pair takes two threads
+            pair_cap = min(max(self.npc) * self.inner.per_core, h_max // 2)
         Q = pair_cap + 1
 
         def shifted(tab, r, q):
@@ -487,14 +489,18 @@ class _Pricing:
         from dataclasses import replace
 
         t_end = time.perf_counter() + time_limit
-        seen = {(c[0], c[1], c[2], c[3], tuple(c[4])) for c in program.columns}
+
+        def key(c):
+            return (c[0], c[1], c[2], c[3], tuple(c[4]))
 
         def extended(program, new):
+            # the columns ``new`` adds to ``program``'s own (not to an earlier extension's: each branch
+            # below extends the generated program afresh, and must hold every column it was priced for)
+            seen = {key(c) for c in program.columns}
             cols = list(program.columns)
             for c in new:
-                key = (c[0], c[1], c[2], c[3], tuple(c[4]))
-                if key not in seen:
-                    seen.add(key)
+                if key(c) not in seen:
+                    seen.add(key(c))
                     cols.append(c)
             value, A, lb, ub = _assemble(self.caps, program.classes, cols, program.partitions, self.largest)
             return replace(program, columns=cols, value=value, A=A, lb=lb, ub=ub)
@@ -509,8 +515,8 @@ class _Pricing:
             new = self.price(y, 1e-6 * max(1.0, abs(bound)), t_end)
             if new is None:
                 return None                  # the relaxation's optimum over all patterns is not proven
-            new = [c for c in new if (c[0], c[1], c[2], c[3], tuple(c[4])) not in seen]
-            if not new:
+            known = {key(c) for c in program.columns}
+            if all(key(c) in known for c in new):
                 break
             program = extended(program, new)
         # every pattern prices out: ``bound`` holds over all of them. Branch over those a better plan
@@ -712,9 +718,10 @@ def _inner_rule(caps, chain, j):
     logical core; then the single-core level is fixed by the counts and the
     physical-core level reads same-worker sibling pairs and main threads
     sharing a physical core. A domain of ``npc`` physical cores with ``n``
-    threads and ``a`` mains has at most ``npc * min(U, U+ // 2)`` worker
-    pairs (one pair takes a thread on both siblings) and at most
-    ``floor(x / 2)`` per fragment of ``x``; a main's physical core carries
+    threads and ``a`` mains has at most ``npc * min(U, U+ // 2, f)`` worker
+    pairs (one pair takes a thread on both siblings, and a worker has at
+    most one on a physical core: ``f`` is its fragments of two or more
+    threads) and at most ``floor(x / 2)`` per fragment of ``x``; a main's physical core carries
     only ``L+`` unless it spends an event of (12+), which caps how many
     physical cores the mains can take, so at least ``a - q_max`` of them
     share one - where, under (12) with no event left, the two mains are the
@@ -736,14 +743,22 @@ def _inner_rule(caps, chain, j):
     s, use_main = caps.sign, caps.spread_main
     U = caps.load[1] if caps.load is not None else inst.W
     phys = caps.phys_load
-    per_core = min(U, phys[1] // 2) if phys is not None else U
-    per_core = max(0, min(per_core, 1))         # two siblings: a worker has one pair per physical core
+    # a pair takes a thread on both siblings, so a physical core holds at most as many pairs as a
+    # sibling holds threads (U), and half what (8+) lets it carry - one per worker, but with U = 2
+    # two workers can each have one there
+    per_core = max(0, min(U, phys[1] // 2) if phys is not None else U)
     events = caps.phys_event_budget is not None and phys is not None and phys[1] > phys[0]
+    halves = None
 
     def inner(vec, n, a, el, ep, npc):
         # numpy's element-wise min/max: ``vec`` may be one pattern or a table of them (rows), ``n`` their sizes
-        pairs = np.minimum(npc * per_core, vec @ (np.arange(1, vec.shape[-1] + 1) // 2))
-        shared = 0
+        nonlocal halves
+        if halves is None or len(halves) != vec.shape[-1]:
+            halves = np.arange(1, vec.shape[-1] + 1) // 2
+        # a worker holds at most one pair on a physical core: no more pairs there than fragments of two or more
+        duos = vec.sum(axis=-1) - vec[..., 0]
+        pairs = np.minimum(npc * np.minimum(per_core, duos), vec @ halves)
+        shared = 0                  # physical cores two mains must share
         if events:
             q_max = (npc * phys[1] - n) // (phys[1] - phys[0]) + ep
             shared = np.maximum(0, a - q_max)
@@ -751,14 +766,12 @@ def _inner_rule(caps, chain, j):
         alone = caps.load is not None and (U == 1 or (caps.event_budget is not None and el == 0
                                                       and caps.load[0] == 1))
         if alone:
-            # a main alone on its logical core in a fragment of one thread has no same-worker
-            # sibling: its physical core holds no pair. At least ``a - (fragments of two or more)``
-            # mains are such; with the cores two mains share (and pay for), a domain loses at least
-            # max(m1, 2 shared) of pairs less shared mains
-            m1 = np.maximum(0, a - (vec.sum(axis=-1) - vec[..., 0]))
-            pairs = np.minimum(pairs, (npc - shared - np.maximum(0, m1 - 2 * shared)) * per_core)
+            pairs = _lone_main_pairs(pairs, vec, a, npc, np.minimum(per_core, duos), shared, use_main)
+        else:
+            pairs = pairs - (shared if use_main else 0)
+        # ``pairs`` is now the most of (sibling pairs - mains sharing a physical core), what level 1 reads
         level0 = -0.5 * w0 * ((a if use_main else 0) + s * n)
-        level1 = -0.5 * w1 * ((a + 2 * shared if use_main else 0) + s * (n + 2 * pairs))
+        level1 = -0.5 * w1 * ((a if use_main else 0) + s * n) - s * w1 * pairs
         return level0 + level1
 
     # what the column generation's pricing needs to bound it from above (compact mode: s = -1):
@@ -766,7 +779,39 @@ def _inner_rule(caps, chain, j):
     inner.per_thread = -0.5 * (w0 + w1) * s
     inner.per_pair = -w1 * s
     inner.per_main = -0.5 * (w0 + w1) * (1 if use_main else 0)
+    inner.per_core = per_core
     return inner
+
+
+def _lone_main_pairs(pairs, vec, a, npc, per_core, shared, use_main):
+    """The most sibling pairs less mains sharing a physical core, of a domain whose mains are alone
+    on their logical cores.
+
+    ``pairs``: the most pairs the fragments hold (``floor(x / 2)`` each,
+    ``per_core`` per physical core, one per pattern or one per row of them). A main alone on its logical core leaves
+    its physical core at most one pair, its own worker's, and none when its
+    fragment is of one thread; two mains on one physical core leave it none.
+    With ``c2`` physical cores holding two mains (at least ``shared``) and
+    ``c1 = a - 2 c2`` holding one, the cores hold at most
+    ``per_core (npc - c1 - c2) + min(1, per_core) (c1 - m1)`` pairs, where ``m1`` (the mains in
+    fragments of one thread on a ``c1`` core) is at least ``a`` less the
+    fragments of two or more threads, less ``2 c2``. The most of
+    ``pairs - c2`` (the physical level reads both; ``pairs`` alone without
+    (4-5)) over every ``c2``.
+    """
+    singles = np.maximum(0, a - (vec.sum(axis=-1) - vec[..., 0]))
+    best = np.full(np.shape(pairs), -np.inf)
+    for c2 in range(0, a // 2 + 1):
+        c1 = a - 2 * c2
+        if c1 + c2 > npc:
+            continue
+        # (singles beyond what the c2 cores seat are on c1 cores: at most c1 of them, as singles <= a)
+        held = np.minimum(pairs, per_core * (npc - c1 - c2)
+                          + np.minimum(1, per_core) * (c1 - np.maximum(0, singles - 2 * c2)))
+        value = held - (c2 if use_main else 0)
+        best = np.where(c2 >= shared, np.maximum(best, value), best)
+    # no way to seat the mains: the pattern cannot occur, any finite value bounds it
+    return np.where(np.isfinite(best), best, pairs - (shared if use_main else 0))
 
 
 def fragment_mapping(caps, chain, solution, time_limit=5.0, seed=0, place_limit=None):
