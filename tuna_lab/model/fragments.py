@@ -134,7 +134,7 @@ class FragmentProgram:
     upper: int
     pricing: object = None
 
-    def solve(self, time_limit=5.0, slack=None, complete_below=np.inf, duals=None):
+    def solve(self, time_limit=5.0, slack=None, complete_below=np.inf, duals=None, start=None):
         """The level's bound and, where one is found, an integer plan (:class:`FragmentSolution`).
 
         The linear relaxation first: its optimum bounds the level in any
@@ -151,13 +151,13 @@ class FragmentProgram:
 
         ``complete_below``: the program holds every column whose reduced
         cost (under ``duals``, the relaxation's own if not given) is below
-        it (all of them unless it was generated).
+        it (all of them unless it was generated). ``start``: a plan to
+        begin from (counts of every column, domain columns first).
         """
-        from scipy.optimize import Bounds, LinearConstraint, milp
+        from ._highs import integer_program
 
         if self.pricing is not None:
             return self.pricing.solve(self, time_limit, slack)
-        import scipy.sparse as sp
 
         t_end = time.perf_counter() + time_limit
         relaxed = self.relaxation(time_limit)
@@ -176,6 +176,8 @@ class FragmentProgram:
         slack = 1e-3 * max(1.0, abs(bound)) if slack is None else float(slack)
         slack = min(slack, complete_below)
         best, tight = None, bound
+        if start is not None and np.all(A @ start >= lb - 1e-9) and np.all(A @ start <= ub + 1e-9):
+            best = (float(self.value @ start), np.asarray(start, dtype=int))
         while time.perf_counter() < t_end - 0.05:
             keep = np.flatnonzero(reduced <= slack + tol)
             if not len(keep):
@@ -185,24 +187,28 @@ class FragmentProgram:
             if capped:
                 keep = keep[np.argsort(reduced[keep], kind="stable")[:_RESTRICTED_COLUMNS]]
                 slack = float(reduced[keep].max()) - tol
-            res = milp(-self.value[keep], constraints=LinearConstraint(sp.csr_matrix(A[:, keep]), lb, ub),
-                       integrality=np.ones(len(keep)), bounds=Bounds(0, self.upper),
-                       options={"mip_rel_gap": 0.0, "time_limit": max(0.05, t_end - time.perf_counter())})
+            # the best plan so far, where it lies within the kept columns, is HiGHS's start
+            begin = None
+            if best is not None and not np.any(np.delete(best[1], keep)):
+                begin = best[1][keep]
+            res = integer_program(self.value[keep], A[:, keep], lb, ub, self.upper,
+                                  max(0.05, t_end - time.perf_counter()), start=begin)
             # a plan better than max(its dual bound, LP - slack) would use only kept columns, and
             # none of those beats the dual bound: a bound on the level even when HiGHS stops early
-            dual = getattr(res, "mip_dual_bound", None)
-            if res.status in (0, 1) and dual is not None and np.isfinite(dual):
-                tight = min(tight, max(-float(dual), bound - slack))
+            if res.status == "infeasible":
+                tight = min(tight, bound - slack)     # every plan leaves a kept column out
+            elif np.isfinite(res.bound):
+                tight = min(tight, max(res.bound, bound - slack))
             if res.x is not None:
                 x = np.zeros(len(self.value), dtype=int)
-                x[keep] = np.round(res.x).astype(int)
+                x[keep] = res.x
                 found = float(self.value @ x)
                 if best is None or found > best[0]:
                     best = (found, x)
-                if (res.status == 0 and found >= bound - slack) or found >= tight - tol:
+                if (res.status == "optimal" and found >= bound - slack) or found >= tight - tol:
                     # no plan with a column left out beats it: it is the integer optimum
                     return FragmentSolution(self, found + tol, x[:n_dom], x[n_dom:], True)
-            if capped or res.status not in (0, 2) or slack >= complete_below:
+            if capped or res.status == "stopped" or slack >= complete_below:
                 break                       # out of columns to add, or out of time
             # widen the columns to what a better plan could still use
             slack = max(2 * slack, bound - best[0] + tol) if best is not None else 4 * slack
@@ -297,14 +303,19 @@ class _Pricing:
             self._table = (V, V @ self.sizes, V.sum(axis=1), tail)
         return self._table or None
 
-    def column(self, shape, vec):
-        """The program's column of domain pattern ``vec`` (fragment counts) in ``shape``."""
-        ci, a, el, ep, lo, hi, own, other = shape
-        n = int(vec @ self.sizes)
-        value = -0.5 * self.wt * ((a * a if self.use_main else 0) - float(vec @ self.squares))
+    def _values(self, shape, V):
+        """The program's value of every pattern of ``V`` (fragment counts, one per row) in ``shape``."""
+        ci, a, el, ep, *_ = shape
+        value = -0.5 * self.wt * ((a * a if self.use_main else 0) - V.astype(float) @ self.squares)
         if self.inner is not None:
-            value += self.inner(vec, n, a, el, ep, self.npc[ci])
-        return (ci, a, el, ep, vec, value, other)
+            value = value + self.inner(V, V @ self.sizes, a, el, ep, self.npc[ci])
+        return value
+
+    def _columns(self, shape, V, values=None):
+        """The program's columns of the patterns of ``V`` in ``shape`` (``values``: their :meth:`_values`)."""
+        ci, a, el, ep, *_, other = shape
+        values = self._values(shape, V) if values is None else values
+        return [(ci, a, el, ep, vec, float(value), other) for vec, value in zip(V, values)]
 
     def _fits(self, shape, vec):
         ci, a, el, ep, lo, hi, own, other = shape
@@ -322,23 +333,22 @@ class _Pricing:
                 continue
             most = max(a, 1) + most_extra
             for n in range(max(lo, a), hi + 1):
-                for part in _partitions(n, min(own, self.largest), most):
-                    vec = _counts(part, self.largest)
-                    if self._fits(shape, vec):
-                        columns.append(self.column(shape, vec))
+                vecs = [vec for vec in (_counts(part, self.largest)
+                                        for part in _partitions(n, min(own, self.largest), most))
+                        if self._fits(shape, vec)]
+                if vecs:
+                    columns += self._columns(shape, np.array(vecs))
                 if len(columns) > MAX_COLUMNS or (deadline is not None and time.perf_counter() > deadline):
                     return None
         return columns
 
-    def _profits(self, shape, V, y):
+    def _profits(self, shape, V, y, values=None):
         """``value + A^T y`` of every pattern of ``V`` (fragment counts, one per row) in ``shape``:
-        how much each adds at the duals ``y``."""
+        how much each adds at the duals ``y`` (``values``: their :meth:`_values`)."""
         ci, a, el, ep, lo, hi, own, other = shape
         L, base = self.largest, self.nc + 2
         C = V.astype(float)
-        value = -0.5 * self.wt * ((a * a if self.use_main else 0) - C @ self.squares)
-        if self.inner is not None:
-            value = value + self.inner(V, V @ self.sizes, a, el, ep, self.npc[ci])
+        value = self._values(shape, V) if values is None else values
         must, may = _mains(C, a, other)
         out = value + y[ci] + a * y[self.nc] + C @ y[base::3][:L] - must @ y[base + 1::3][:L] \
             - may @ y[base + 2::3][:L]
@@ -365,10 +375,12 @@ class _Pricing:
 
     def _columns_over(self, shape, V, y, threshold, keep):
         """The columns of the patterns of ``V`` whose profit exceeds ``threshold``, best first (at most ``keep``)."""
-        out = self._profits(shape, V, y)
+        values = self._values(shape, V)
+        out = self._profits(shape, V, y, values)
         hits = np.flatnonzero(out > threshold)
         hits = hits[np.argsort(-out[hits], kind="stable")]
-        return [self.column(shape, V[i]) for i in (hits if keep is None else hits[:keep])]
+        hits = hits if keep is None else hits[:keep]
+        return self._columns(shape, V[hits], values[hits])
 
     def price(self, y, threshold, deadline, node_limit=400000, keep=200):
         """Patterns whose profit at ``y`` exceeds ``threshold`` (at most ``keep`` per shape, best first; all if ``None``).
@@ -530,7 +542,16 @@ class _Pricing:
                 break                            # too many to branch over: the bound stands alone
             final = replace(extended(program, near), pricing=None)
             left = t_end - time.perf_counter()
-            solution = final.solve(left, slack=slack, complete_below=slack, duals=y) if left > 0 else None
+            start = None
+            if best is not None:              # the best plan so far, on this program's columns
+                at = {key(c): i for i, c in enumerate(final.columns)}
+                used = best[2]
+                if all(k in at for k in used):
+                    start = np.zeros(len(final.value), dtype=int)
+                    start[[at[k] for k in used]] = list(used.values())
+                    start[len(final.columns):] = best[1].workers
+            solution = final.solve(left, slack=slack, complete_below=slack, duals=y,
+                                   start=start) if left > 0 else None
             if solution is None or solution.bound > bound + 2 * tol:     # (its own tolerance added)
                 break
             if solution.proven:
@@ -539,10 +560,11 @@ class _Pricing:
             if solution.domains is not None:
                 found = float(final.value @ np.concatenate([solution.domains, solution.workers]))
                 if best is None or found > best[0]:
-                    best = (found, solution)
+                    used = {key(final.columns[i]): int(solution.domains[i]) for i in np.flatnonzero(solution.domains)}
+                    best = (found, solution, used)
                 if best[0] >= tight - 2 * tol:
                     break
-            wider = 4 * slack if best is None else min(4 * slack, bound - best[0] + tol)
+            wider = 4 * slack if best is None else min(_WIDEN * slack, bound - best[0] + tol)
             if wider <= slack * (1 + 1e-9):
                 break
             slack = wider
@@ -558,6 +580,11 @@ class _OutOfNodes(Exception):
 
 #: Most columns the integer program of :meth:`FragmentProgram.solve` keeps.
 _RESTRICTED_COLUMNS = 8000
+
+#: How much the branching's slack grows at most once it has a plan: the columns within it (and
+#: HiGHS's time) grow much faster than the slack, and a better plan found on the way lowers
+#: the slack the proof needs (``LP - plan``).
+_WIDEN = 1.5
 
 #: Most patterns :meth:`_Pricing.table` writes out for pricing (the partitions of up to 32 threads are
 #: about 30,000; of 32 to 48, hundreds of thousands: those domains price with the pruned walk).
@@ -646,11 +673,11 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadli
             big = counts[:, other:].sum(axis=1)
             keep = (parts >= a) & (big <= a) & (counts[:, own:].sum(axis=1) == 0)
             npc = list(classes)[ci][1]
-            for vec in counts[keep]:
-                value = -0.5 * wt * ((a * a if use_main else 0) + s * float(vec @ squares))
-                if inner is not None:
-                    value += inner(vec, n, a, el, ep, npc)
-                columns.append((ci, a, el, ep, vec, value, other))
+            V = counts[keep]
+            values = -0.5 * wt * ((a * a if use_main else 0) + s * (V @ squares).astype(float))
+            if inner is not None and len(V):
+                values = values + inner(V, np.full(len(V), n), a, el, ep, npc)
+            columns += [(ci, a, el, ep, vec, float(value), other) for vec, value in zip(V, values)]
             if deadline is not None and time.perf_counter() > deadline:
                 return None
             if len(columns) > max_columns:

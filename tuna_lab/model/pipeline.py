@@ -34,7 +34,6 @@ bound, gap, the certificate, notes), from which the
 """
 
 import os
-import sys
 import time
 import warnings
 import weakref
@@ -46,6 +45,7 @@ import numpy as np
 
 from .._checks import one_line, positive_number
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
+from ._highs import new_highs
 from .bounds import bound_closes
 from .mapping import Mapping
 
@@ -472,33 +472,11 @@ _INFO = ("objective_function_value", "mip_dual_bound", "mip_gap", "primal_soluti
          "qp_iteration_count", "simplex_iteration_count")
 
 
-def _new_highs(quiet):
-    """A ``highspy.Highs``; ``quiet``: without the banner HiGHS 1.16 prints to stdout as it is made.
-
-    The banner comes before any option can be set, and it would corrupt
-    ``tuna-lab solve --json``: file descriptor 1 points to /dev/null
-    while the object is made.
-    """
-    import highspy
-
-    if not quiet:
-        return highspy.Highs()
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            return highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
 def _highs_solve(model, x0, options):
     """Run HiGHS on ``model`` from the start ``x0``; the plain-valued outcome (see :func:`_run_highs`)."""
     import highspy
 
-    h = _new_highs(quiet=not options.get("output_flag", False))
+    h = new_highs(quiet=not options.get("output_flag", False))
     for name, value in options.items():
         if h.setOptionValue(name, value) == highspy.HighsStatus.kError:
             return {"error": f"HiGHS rejected the option {name}={value!r}"}
