@@ -550,8 +550,10 @@ class _Pricing:
                     start = np.zeros(len(final.value), dtype=int)
                     start[[at[k] for k in used]] = list(used.values())
                     start[len(final.columns):] = best[1].workers
+            began = time.perf_counter()
             solution = final.solve(left, slack=slack, complete_below=slack, duals=y,
                                    start=start) if left > 0 else None
+            quick = time.perf_counter() - began < _QUICK * left
             if solution is None or solution.bound > bound + 2 * tol:     # (its own tolerance added)
                 break
             if solution.proven:
@@ -564,7 +566,9 @@ class _Pricing:
                     best = (found, solution, used)
                 if best[0] >= tight - 2 * tol:
                     break
-            wider = 4 * slack if best is None else min(_WIDEN * slack, bound - best[0] + tol)
+            wider = 4 * slack if best is None or quick else min(_WIDEN * slack, bound - best[0] + tol)
+            if best is not None:
+                wider = min(wider, bound - best[0] + tol)
             if wider <= slack * (1 + 1e-9):
                 break
             slack = wider
@@ -581,10 +585,12 @@ class _OutOfNodes(Exception):
 #: Most columns the integer program of :meth:`FragmentProgram.solve` keeps.
 _RESTRICTED_COLUMNS = 8000
 
-#: How much the branching's slack grows at most once it has a plan: the columns within it (and
-#: HiGHS's time) grow much faster than the slack, and a better plan found on the way lowers
-#: the slack the proof needs (``LP - plan``).
+#: How much the branching's slack grows at most once it has a plan and its programs take time: the
+#: columns within it (and HiGHS's time) grow much faster than the slack, and a better plan found on
+#: the way lowers the slack the proof needs (``LP - plan``). While a program takes less than
+#: ``_QUICK`` of the time left, the slack grows 4x.
 _WIDEN = 1.5
+_QUICK = 0.05
 
 #: Most patterns :meth:`_Pricing.table` writes out for pricing (the partitions of up to 32 threads are
 #: about 30,000; of 32 to 48, hundreds of thousands: those domains price with the pruned walk).

@@ -72,6 +72,9 @@ _RESULT_RESERVE_S = 0.25
 # it: on the models where they run long (hundreds of cores) HiGHS cannot
 # finish anyway, and on small ones they finish in milliseconds.
 _CONSTRUCT_SHARE = 0.6
+# ... and where HiGHS cannot run in the time limit at all: all but what
+# local search and the bound's check of the mapping need.
+_CONSTRUCT_SHARE_ALONE = 0.85
 # HiGHS is told to stop this much before the time it is given (a fraction
 # of it, at least a tenth of a second), so that it returns its incumbent and
 # dual bound itself where its clock checks allow.
@@ -281,8 +284,11 @@ def _constructive(model, options, record, by_bound, clock):
         start = model.construct()
     else:
         # its programs' time limit (together): a share of what is left, so
-        # that local search, the bound and HiGHS keep theirs
-        start = model.construct(time_limit=max(0.05, _CONSTRUCT_SHARE * (clock.left() - _RESULT_RESERVE_S)))
+        # that local search, the bound and HiGHS keep theirs - unless HiGHS
+        # could not even compile and presolve in all of it: then its share
+        # goes to the programs too, which alone may prove the mapping
+        share = _CONSTRUCT_SHARE if _highs_need(model) < clock.left() else _CONSTRUCT_SHARE_ALONE
+        start = model.construct(time_limit=max(0.05, share * (clock.left() - _RESULT_RESERVE_S)))
     record.construct_seconds = time.perf_counter() - t0
     if start is None:
         return None, None

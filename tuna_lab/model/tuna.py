@@ -25,6 +25,9 @@ from .pipeline import SolveOptions, run
 
 __all__ = ["TunaModel", "solve"]
 
+#: The share of :meth:`TunaModel.construct`'s time left that a fragment program may take; the rest
+#: maps its plan (each domain's placement program: a second or two on 384 cores).
+_PROGRAM_SHARE = 0.8
 #: Seconds each placement program of a fragment plan gets, tried in turn until the mapping reaches
 #: the bound (None: all the time left).
 _PLACE_LIMITS = (0.25, 1.0, 4.0, None)
@@ -220,7 +223,8 @@ class TunaModel:
         # each program's plan as soon as it is solved: a plan that reaches the bound ends the search
         done, reached, counted = 0, False, None
         while not reached:
-            solutions = self._fragment_solutions(max(0.0, deadline - time.perf_counter()), more=1)
+            # a program that runs to the deadline leaves its plan unmapped: keep some time back for that
+            solutions = self._fragment_solutions(_PROGRAM_SHARE * max(0.0, deadline - time.perf_counter()), more=1)
             if len(solutions) <= done:
                 break
             sol = solutions[done]
