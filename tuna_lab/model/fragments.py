@@ -61,6 +61,26 @@ def _partitions(n, largest, most=None):
             yield (first,) + rest
 
 
+def _count_vectors(n_min, n_max, largest):
+    """Every partition of ``n_min..n_max`` into parts of at most ``largest``, as count vectors (rows).
+
+    Built size by size with numpy (all count vectors over the sizes up to
+    ``k``, by their total), not part by part: tens of thousands of rows in
+    milliseconds.
+    """
+    # by[t]: the count vectors over sizes 1..k (columns) whose parts add up to t
+    by = [np.zeros((1, 0), dtype=np.int64)] + [np.zeros((0, 0), dtype=np.int64)] * n_max
+    for k in range(1, largest + 1):
+        nxt = []
+        for t in range(n_max + 1):
+            blocks = [np.hstack([by[t - c * k], np.full((len(by[t - c * k]), 1), c, dtype=np.int64)])
+                      for c in range(t // k + 1) if len(by[t - c * k])]
+            nxt.append(np.vstack(blocks) if blocks else np.zeros((0, k), dtype=np.int64))
+        by = nxt
+    rows = [by[t] for t in range(n_min, n_max + 1)]
+    return np.vstack(rows) if rows else np.zeros((0, largest), dtype=np.int64)
+
+
 def _counts(part, largest):
     """A partition as a count vector: entry ``k - 1`` is how many parts have size ``k``."""
     return np.bincount(np.asarray(part, dtype=int) - 1, minlength=largest)[:largest] if part \
@@ -291,12 +311,8 @@ class _Pricing:
             if ways[n_min:].sum() > _TABLE_ROWS:
                 self._table = False
                 return None
-            rows = []
-            for n in range(n_min, h_max + 1):
-                rows += _partitions(n, self.largest, self.W)
-                if deadline is not None and time.perf_counter() > deadline:
-                    return None                 # not built: tried again next time, if there is time
-            V = np.array([_counts(part, self.largest) for part in rows], dtype=np.int64)
+            V = _count_vectors(n_min, h_max, self.largest)
+            V = V[V.sum(axis=1) <= self.W]
             # counts of fragments bigger than each size (tail[:, k]: sizes above k), for the shapes' filters
             tail = np.concatenate([np.cumsum(V[:, ::-1], axis=1)[:, ::-1], np.zeros((len(V), 1), dtype=np.int64)],
                                   axis=1)
@@ -553,7 +569,7 @@ class _Pricing:
             began = time.perf_counter()
             solution = final.solve(left, slack=slack, complete_below=slack, duals=y,
                                    start=start) if left > 0 else None
-            quick = time.perf_counter() - began < _QUICK * left
+            quick = time.perf_counter() - began < min(_QUICK * left, _QUICK_S)
             if solution is None or solution.bound > bound + 2 * tol:     # (its own tolerance added)
                 break
             if solution.proven:
@@ -588,9 +604,10 @@ _RESTRICTED_COLUMNS = 8000
 #: How much the branching's slack grows at most once it has a plan and its programs take time: the
 #: columns within it (and HiGHS's time) grow much faster than the slack, and a better plan found on
 #: the way lowers the slack the proof needs (``LP - plan``). While a program takes less than
-#: ``_QUICK`` of the time left, the slack grows 4x.
+#: ``_QUICK`` of the time left and ``_QUICK_S`` seconds (a few hundred columns), the slack grows 4x.
 _WIDEN = 1.5
 _QUICK = 0.05
+_QUICK_S = 0.25
 
 #: Most patterns :meth:`_Pricing.table` writes out for pricing (the partitions of up to 32 threads are
 #: about 30,000; of 32 to 48, hundreds of thousands: those domains price with the pruned walk).
