@@ -198,6 +198,25 @@ def test_fragment_programs_cover_the_optimum_of_crowded_machines(spec, W, T, dro
     assert model.certificate().bound >= model.value(by_highs.positions) - 1e-6
 
 
+def test_bound_covers_a_known_mapping_of_a_crowded_epyc():
+    """A feasible mapping of epyc-9654-2s compact 32x16 without the physical analogues (512 threads on
+    384 logical cores) that beat the joint program's bound when it counted one sibling pair per core."""
+    from pathlib import Path
+
+    positions = np.loadtxt(Path(__file__).parent / "data" / "epyc-9654-2s-compact-32x16-no-physical.txt",
+                           dtype=int)
+    model = TunaModel(32, 16, Topology.preset("epyc-9654-2s"), mode="compact").without("8p", "11p-12p")
+    assert not any(f.violations(positions, model.instance) for f in model.families)
+    const, parts = level_parts(positions[None], model)
+    chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+    # the joint program proven (its restricted programs need some seconds): its optimum was 599,464
+    # in the levels' scale, below this mapping's 602,224
+    solution = fragment_program(model.caps, chain, 2, inner=True).solve(time_limit=300)
+    assert solution.proven
+    assert solution.bound >= parts[0, list(solution.program.levels)].sum() - 1e-6
+    assert model.certificate().bound >= model.value(positions) - 1e-6
+
+
 @pytest.mark.parametrize("W,T", [(2, 3), (3, 2), (1, 6), (6, 1)])
 @pytest.mark.parametrize("inner", [True, False])
 def test_generated_fragment_program_is_the_written_out_one(W, T, inner):
