@@ -261,3 +261,28 @@ def test_pricing_by_table_and_by_walk_find_the_same_patterns(W, T, inner, monkey
     by_walk, walk_hits = found(0)
     assert by_table and not by_walk
     assert table_hits == walk_hits and table_hits
+
+
+def test_a_forked_child_solves_after_its_parent():
+    """HiGHS's scheduler copied by a fork has no workers: a child forked after an in-process solve (a
+    notebook's, a benchmark's) must still solve, not wait on them for ever."""
+    import multiprocessing
+
+    keys, model = _model("l3:3 l2:4 core:1 pu:2", 5, 6, ("8p", "11p-12p"))
+    chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+    assert fragment_program(model.caps, chain, 2, inner=True).solve(time_limit=20).proven
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child():
+        send.send(fragment_program(model.caps, chain, 2, inner=True).solve(time_limit=20).proven)
+
+    proc = ctx.Process(target=child)
+    proc.start()
+    try:
+        assert receive.poll(60), "the forked child did not finish its solve within 60 s"
+        assert receive.recv() is True
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()

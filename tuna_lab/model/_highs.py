@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["new_highs", "integer_program", "IntegerResult"]
+__all__ = ["new_highs", "fresh_scheduler", "integer_program", "IntegerResult"]
 
 
 def new_highs(quiet=True):
@@ -42,6 +42,32 @@ def new_highs(quiet=True):
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+
+
+# A fork copies HiGHS's global task scheduler but not its worker threads: a
+# process forked after an in-process solve (a notebook's, a benchmark's
+# children) would wait forever on workers that do not exist. The first solve
+# in a forked child starts the scheduler afresh.
+_forked = False
+
+
+def _note_fork():
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_note_fork)
+
+
+def fresh_scheduler():
+    """Start HiGHS's global scheduler afresh if this process was forked since it last ran."""
+    global _forked
+    if _forked:
+        import highspy
+
+        # not blocking: the copied workers never ran in this process, there is nothing to wait for
+        highspy.Highs.resetGlobalScheduler(False)
+        _forked = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +120,7 @@ def integer_program(c, A, lb, ub, upper, time_limit, start=None):
     lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
     lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = M.indptr, M.indices, M.data
     lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+    fresh_scheduler()
     h = new_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("mip_rel_gap", 0.0)

@@ -45,7 +45,7 @@ import numpy as np
 
 from .._checks import one_line, positive_number
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
-from ._highs import new_highs
+from ._highs import fresh_scheduler, new_highs
 from .bounds import bound_closes
 from .mapping import Mapping
 
@@ -504,13 +504,10 @@ def _highs_child(conn, model, x0, options, parent):
     """In the forked child: solve, send the outcome to the parent, end."""
     _die_with(parent)
     try:
-        import highspy
-
-        # A fork copies HiGHS's global task scheduler but not its worker
-        # threads: a parent that ran HiGHS in-process before (a solve without
-        # a time limit) leaves the child waiting on workers that do not
-        # exist. Start the child's scheduler afresh.
-        highspy.Highs.resetGlobalScheduler(True)
+        # a parent that ran HiGHS in-process before (a solve without a time
+        # limit, compact mode's fragment programs) leaves the child HiGHS's
+        # scheduler without its workers: start it afresh
+        fresh_scheduler()
         out = _highs_solve(model, x0, options)
     except BaseException as exc:   # the parent reports it
         out = {"error": one_line(exc)}
