@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["new_highs", "fresh_scheduler", "integer_program", "IntegerResult"]
+__all__ = ["new_highs", "fresh_scheduler", "highs_lp", "integer_program", "IntegerResult"]
 
 
 def new_highs(quiet=True):
@@ -70,6 +70,31 @@ def fresh_scheduler():
         _forked = False
 
 
+def highs_lp(cost, A, row_lower, row_upper, col_lower, col_upper, integer=()):
+    """The ``highspy.HighsLp`` of ``min cost @ x``, ``row_lower <= A @ x <= row_upper``, ``col_lower <= x <= col_upper``.
+
+    ``A``: a scipy sparse matrix; infinite bounds as numpy's (HiGHS's
+    infinity is the float one); ``integer``: the indices of the integer
+    columns.
+    """
+    import highspy
+
+    A = A.tocsc()
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = A.shape[1], A.shape[0]
+    lp.offset_ = 0
+    lp.col_cost_ = np.asarray(cost, dtype=float)
+    lp.row_lower_, lp.row_upper_ = np.asarray(row_lower, dtype=float), np.asarray(row_upper, dtype=float)
+    lp.col_lower_, lp.col_upper_ = np.asarray(col_lower, dtype=float), np.asarray(col_upper, dtype=float)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = A.indptr, A.indices, A.data
+    if len(integer):
+        integrality = np.full(A.shape[1], highspy.HighsVarType.kContinuous, dtype=object)
+        integrality[np.asarray(integer, dtype=int)] = highspy.HighsVarType.kInteger
+        lp.integrality_ = integrality.tolist()
+    return lp
+
+
 @dataclass(frozen=True)
 class IntegerResult:
     """What :func:`integer_program` found.
@@ -109,17 +134,8 @@ def integer_program(c, A, lb, ub, upper, time_limit, start=None):
 
     c = np.asarray(c, dtype=float)
     n = len(c)
-    inf = highspy.kHighsInf
-    M = sp.csc_matrix(np.asarray(A, dtype=float))
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = n, M.shape[0]
-    lp.col_cost_ = -c                                # HiGHS minimises
-    lp.col_lower_, lp.col_upper_ = np.zeros(n), np.full(n, float(upper))
-    lp.row_lower_ = np.where(np.isfinite(lb), lb, -inf)
-    lp.row_upper_ = np.where(np.isfinite(ub), ub, inf)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = M.indptr, M.indices, M.data
-    lp.integrality_ = [highspy.HighsVarType.kInteger] * n
+    lp = highs_lp(-c, sp.csc_matrix(np.asarray(A, dtype=float)), lb, ub,      # HiGHS minimises
+                  np.zeros(n), np.full(n, float(upper)), integer=np.arange(n))
     fresh_scheduler()
     h = new_highs()
     h.setOptionValue("output_flag", False)

@@ -582,7 +582,7 @@ class _Pricing:
                     best = (found, solution, used)
                 if best[0] >= tight - 2 * tol:
                     break
-            wider = 4 * slack if best is None or quick else min(_WIDEN * slack, bound - best[0] + tol)
+            wider = (4 if best is None or quick else _WIDEN) * slack
             if best is not None:
                 wider = min(wider, bound - best[0] + tol)
             if wider <= slack * (1 + 1e-9):
@@ -798,16 +798,12 @@ def _inner_rule(caps, chain, j):
     # two workers can each have one there
     per_core = max(0, min(U, phys[1] // 2) if phys is not None else U)
     events = caps.phys_event_budget is not None and phys is not None and phys[1] > phys[0]
-    halves = None
 
     def inner(vec, n, a, el, ep, npc):
         # numpy's element-wise min/max: ``vec`` may be one pattern or a table of them (rows), ``n`` their sizes
-        nonlocal halves
-        if halves is None or len(halves) != vec.shape[-1]:
-            halves = np.arange(1, vec.shape[-1] + 1) // 2
         # a worker holds at most one pair on a physical core: no more pairs there than fragments of two or more
         duos = vec.sum(axis=-1) - vec[..., 0]
-        pairs = np.minimum(npc * np.minimum(per_core, duos), vec @ halves)
+        pairs = np.minimum(npc * np.minimum(per_core, duos), vec @ (np.arange(1, vec.shape[-1] + 1) // 2))
         shared = 0                  # physical cores two mains must share
         if events:
             q_max = (npc * phys[1] - n) // (phys[1] - phys[0]) + ep
@@ -816,7 +812,7 @@ def _inner_rule(caps, chain, j):
         alone = caps.load is not None and (U == 1 or (caps.event_budget is not None and el == 0
                                                       and caps.load[0] == 1))
         if alone:
-            pairs = _lone_main_pairs(pairs, vec, a, npc, np.minimum(per_core, duos), shared, use_main)
+            pairs = _lone_main_pairs(pairs, duos, a, npc, np.minimum(per_core, duos), shared, use_main)
         else:
             pairs = pairs - (shared if use_main else 0)
         # ``pairs`` is now the most of (sibling pairs - mains sharing a physical core), what level 1 reads
@@ -833,12 +829,13 @@ def _inner_rule(caps, chain, j):
     return inner
 
 
-def _lone_main_pairs(pairs, vec, a, npc, per_core, shared, use_main):
+def _lone_main_pairs(pairs, duos, a, npc, per_core, shared, use_main):
     """The most sibling pairs less mains sharing a physical core, of a domain whose mains are alone
     on their logical cores.
 
     ``pairs``: the most pairs the fragments hold (``floor(x / 2)`` each,
-    ``per_core`` per physical core, one per pattern or one per row of them). A main alone on its logical core leaves
+    ``per_core`` per physical core; one per pattern or one per row of them,
+    like ``duos``, the fragments of two or more threads). A main alone on its logical core leaves
     its physical core at most one pair, its own worker's, and none when its
     fragment is of one thread; two mains on one physical core leave it none.
     With ``c2`` physical cores holding two mains (at least ``shared``) and
@@ -849,7 +846,7 @@ def _lone_main_pairs(pairs, vec, a, npc, per_core, shared, use_main):
     ``pairs - c2`` (the physical level reads both; ``pairs`` alone without
     (4-5)) over every ``c2``.
     """
-    singles = np.maximum(0, a - (vec.sum(axis=-1) - vec[..., 0]))
+    singles = np.maximum(0, a - duos)
     best = np.full(np.shape(pairs), -np.inf)
     for c2 in range(0, a // 2 + 1):
         c1 = a - 2 * c2

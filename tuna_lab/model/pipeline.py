@@ -45,7 +45,7 @@ import numpy as np
 
 from .._checks import one_line, positive_number
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
-from ._highs import fresh_scheduler, new_highs
+from ._highs import fresh_scheduler, highs_lp, new_highs
 from .bounds import bound_closes
 from .mapping import Mapping
 
@@ -398,34 +398,20 @@ def _highs_model(data):
     s = cp.settings
     inf = highspy.kHighsInf
     dims = dims_to_solver_dict(data[s.DIMS])
-    A = data[s.A].tocsc()
+    A = data[s.A]
     b = np.asarray(data[s.B], dtype=float)
     n = A.shape[1]
-    model = highspy.HighsModel()
-    lp = model.lp_
-    lp.num_col_, lp.num_row_ = n, A.shape[0]
-    lp.offset_ = 0
-    lp.col_cost_ = np.asarray(data[s.C], dtype=float)
-    # rows: the first EQ_DIM are equalities, the rest A x <= b
-    lp.row_lower_ = np.concatenate([b[:dims[s.EQ_DIM]], np.full(len(b) - dims[s.EQ_DIM], -inf)])
-    lp.row_upper_ = b
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = A.indptr
-    lp.a_matrix_.index_ = A.indices
-    lp.a_matrix_.value_ = A.data
     lb, ub = data[s.LOWER_BOUNDS], data[s.UPPER_BOUNDS]
     lower = np.full(n, -inf) if lb is None else np.array(lb, dtype=float)
     upper = np.full(n, inf) if ub is None else np.array(ub, dtype=float)
     bools = np.asarray(data[s.BOOL_IDX], dtype=int)
     ints = np.concatenate([bools, np.asarray(data[s.INT_IDX], dtype=int)])
-    if ints.size:
-        lower[bools] = np.maximum(lower[bools], 0)
-        upper[bools] = np.minimum(upper[bools], 1)
-        integrality = np.full(n, highspy.HighsVarType.kContinuous, dtype=object)
-        integrality[ints] = highspy.HighsVarType.kInteger
-        lp.integrality_ = integrality.tolist()
-    lp.col_lower_ = lower
-    lp.col_upper_ = upper
+    lower[bools] = np.maximum(lower[bools], 0)
+    upper[bools] = np.minimum(upper[bools], 1)
+    model = highspy.HighsModel()
+    # rows: the first EQ_DIM are equalities, the rest A x <= b
+    model.lp_ = highs_lp(data[s.C], A, np.concatenate([b[:dims[s.EQ_DIM]], np.full(len(b) - dims[s.EQ_DIM], -inf)]),
+                         b, lower, upper, integer=ints)
     return model, ints
 
 
