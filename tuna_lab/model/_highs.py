@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["new_highs", "fresh_scheduler", "highs_lp", "integer_program", "IntegerResult"]
+__all__ = ["new_highs", "fresh_scheduler", "highs_lp", "central_duals", "integer_program", "IntegerResult"]
 
 
 def new_highs(quiet=True):
@@ -93,6 +93,36 @@ def highs_lp(cost, A, row_lower, row_upper, col_lower, col_upper, integer=()):
         integrality[np.asarray(integer, dtype=int)] = highspy.HighsVarType.kInteger
         lp.integrality_ = integrality.tolist()
     return lp
+
+
+def central_duals(c, A, lb, ub, upper, time_limit):
+    """Row duals ``y`` of ``max c @ x``, ``lb <= A @ x <= ub``, ``0 <= x <= upper`` near the centre of the optimal face, or ``None``.
+
+    HiGHS's interior point method without crossover: where the optimal
+    duals are many (a degenerate cutting-stock relaxation), a vertex puts
+    many columns at reduced cost 0 and a central one few, so fewer columns
+    lie within a given reduced cost of the optimum. The reduced costs are
+    ``-c - A^T y``; ``y`` is approximately optimal only, so a caller that
+    proves with it works out the bound it implies itself.
+    """
+    import highspy
+    import scipy.sparse as sp
+
+    n = len(c)
+    lp = highs_lp(-np.asarray(c, dtype=float), sp.csc_matrix(np.asarray(A, dtype=float)), lb, ub,
+                  np.zeros(n), np.full(n, float(upper)))
+    fresh_scheduler()
+    h = new_highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("solver", "ipm")
+    h.setOptionValue("run_crossover", "off")
+    h.setOptionValue("time_limit", max(0.05, float(time_limit)))
+    h.passModel(lp)
+    h.run()
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return None
+    y = np.asarray(h.getSolution().row_dual, dtype=float)
+    return y if np.all(np.isfinite(y)) else None
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ Examples
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -125,6 +125,18 @@ class FragmentSolution:
     domains: np.ndarray | None
     workers: np.ndarray | None
     proven: bool
+    _search: object = field(default=None, repr=False, compare=False)
+
+    def resume(self, time_limit):
+        """The search that stopped at this solution's time limit, run ``time_limit`` seconds more.
+
+        A :class:`FragmentSolution` at least as good (a bound as low, a plan
+        as high); ``self`` when it is proven or its search has nothing left
+        to try.
+        """
+        if self.proven or self._search is None:
+            return self
+        return self._search.run(time_limit)
 
 
 @dataclass
@@ -154,25 +166,29 @@ class FragmentProgram:
     upper: int
     pricing: object = None
 
-    def solve(self, time_limit=5.0, slack=None, complete_below=np.inf, duals=None, start=None):
+    def solve(self, time_limit=5.0, slack=None, complete_below=np.inf, duals=None, ceiling=None, start=None):
         """The level's bound and, where one is found, an integer plan (:class:`FragmentSolution`).
 
         The linear relaxation first: its optimum bounds the level in any
         case. When it is not integral, an integer program over the columns
         whose reduced cost is at most ``slack`` (default: 0.1% of the
         optimum, widened while it finds no such plan): a plan of value ``v``
-        that any column left out cannot beat (``v >= LP - slack``) is the
-        integer optimum, and then ``v`` is the bound - the usual
-        price-and-branch argument. A program too big to write out
-        generates its columns: it adds the patterns that price out
-        (:class:`_Pricing`) until none does, which proves the relaxation's
-        optimum over all of them. ``None`` when the relaxation is infeasible
-        or does not finish in ``time_limit``.
+        that any column left out cannot beat (``v >= D - slack``, ``D`` the
+        bound the duals prove) is the integer optimum, and then ``v`` is the
+        bound - the usual price-and-branch argument. The reduced costs are
+        those of central duals (:func:`_central`): far fewer columns lie
+        within a slack of them than of a vertex's. A program too big to
+        write out generates its columns: it adds the patterns that price
+        out (:class:`_Pricing`) until none does, which proves the
+        relaxation's optimum over all of them. ``None`` when the relaxation
+        is infeasible or does not finish in ``time_limit``.
 
-        ``complete_below``: the program holds every column whose reduced
-        cost (under ``duals``, the relaxation's own if not given) is below
-        it (all of them unless it was generated). ``start``: a plan to
-        begin from (counts of every column, domain columns first).
+        ``duals``, ``ceiling``: duals to price with and the bound ``D`` they
+        prove over every column (the program's and any left out), given
+        together; the program then holds every column whose reduced cost is
+        below ``complete_below`` (all of them unless it was generated).
+        ``start``: a plan to begin from (counts of every column, domain
+        columns first).
         """
         from ._highs import integer_program
 
@@ -180,22 +196,24 @@ class FragmentProgram:
             return self.pricing.solve(self, time_limit, slack)
 
         t_end = time.perf_counter() + time_limit
-        relaxed = self.relaxation(time_limit)
-        if relaxed is None:
-            return None
-        bound, x, reduced, _ = relaxed
         A, lb, ub = self.A, self.lb, self.ub
-        if duals is not None:
-            # the reduced costs the columns were generated under: what the argument below needs
-            reduced = -self.value - A.T @ duals
-        tol = 1e-7 * max(1.0, abs(bound))
         n_dom = len(self.columns)
-        if np.all(np.abs(x - np.round(x)) < 1e-7):
-            x = np.round(x).astype(int)
-            return FragmentSolution(self, bound + tol, x[:n_dom], x[n_dom:], True)
-        slack = 1e-3 * max(1.0, abs(bound)) if slack is None else float(slack)
+        if duals is None:
+            relaxed = self.relaxation(time_limit)
+            if relaxed is None:
+                return None
+            bound, x, _, y = relaxed
+            if np.all(np.abs(x - np.round(x)) < 1e-7):
+                x = np.round(x).astype(int)
+                tol = 1e-7 * max(1.0, abs(bound))
+                return FragmentSolution(self, bound + tol, x[:n_dom], x[n_dom:], True)
+            _, reduced, ceiling = _central(self, y, bound, t_end)
+        else:
+            reduced, ceiling = _dual_bound(self, duals)[1], float(ceiling)
+        tol = 1e-7 * max(1.0, abs(ceiling))
+        slack = 1e-3 * max(1.0, abs(ceiling)) if slack is None else float(slack)
         slack = min(slack, complete_below)
-        best, tight = None, bound
+        best, tight = None, ceiling
         if start is not None and np.all(A @ start >= lb - 1e-9) and np.all(A @ start <= ub + 1e-9):
             best = (float(self.value @ start), np.asarray(start, dtype=int))
         while time.perf_counter() < t_end - 0.05:
@@ -213,25 +231,25 @@ class FragmentProgram:
                 begin = best[1][keep]
             res = integer_program(self.value[keep], A[:, keep], lb, ub, self.upper,
                                   max(0.05, t_end - time.perf_counter()), start=begin)
-            # a plan better than max(its dual bound, LP - slack) would use only kept columns, and
+            # a plan better than max(its dual bound, D - slack) would use only kept columns, and
             # none of those beats the dual bound: a bound on the level even when HiGHS stops early
             if res.status == "infeasible":
-                tight = min(tight, bound - slack)     # every plan leaves a kept column out
+                tight = min(tight, ceiling - slack)     # every plan leaves a kept column out
             elif np.isfinite(res.bound):
-                tight = min(tight, max(res.bound, bound - slack))
+                tight = min(tight, max(res.bound, ceiling - slack))
             if res.x is not None:
                 x = np.zeros(len(self.value), dtype=int)
                 x[keep] = res.x
                 found = float(self.value @ x)
                 if best is None or found > best[0]:
                     best = (found, x)
-                if (res.status == "optimal" and found >= bound - slack) or found >= tight - tol:
+                if (res.status == "optimal" and found >= ceiling - slack) or found >= tight - tol:
                     # no plan with a column left out beats it: it is the integer optimum
                     return FragmentSolution(self, found + tol, x[:n_dom], x[n_dom:], True)
             if capped or res.status == "stopped" or slack >= complete_below:
                 break                       # out of columns to add, or out of time
             # widen the columns to what a better plan could still use
-            slack = max(2 * slack, bound - best[0] + tol) if best is not None else 4 * slack
+            slack = max(2 * slack, ceiling - best[0] + tol) if best is not None else 4 * slack
             slack = min(slack, complete_below)
         if best is None:
             return FragmentSolution(self, tight + tol, None, None, False)
@@ -264,6 +282,43 @@ class FragmentProgram:
             y[rows_ub] = lp.ineqlin.marginals[:len(rows_ub)]
             y[rows_lb] = -lp.ineqlin.marginals[len(rows_ub):]
         return float(-lp.fun), lp.x, -self.value - A.T @ y, y
+
+
+def _dual_bound(program, y, unseen=0.0):
+    """``(y, reduced costs, D)``: duals ``y`` made feasible in sign, and the bound ``D`` they prove.
+
+    For any plan ``x`` (``0 <= x <= upper``, ``lb <= A x <= ub``),
+    ``value @ x <= D - sum(reduced[j] * x[j] for reduced[j] >= 0)``: weak
+    duality, with ``D`` the duals' objective plus what columns of negative
+    reduced cost could add at their upper bound, plus ``unseen`` (what the
+    columns left out of a generated program could add). A column of reduced
+    cost above ``D - v`` is in no plan of value ``v`` or more.
+    """
+    lb, ub = program.lb, program.ub
+    # a dual may pull a row only towards a bound it has
+    y = np.where(np.isfinite(lb), y, np.minimum(y, 0.0))
+    y = np.where(np.isfinite(ub), y, np.maximum(y, 0.0))
+    reduced = -program.value - program.A.T @ y
+    rows = np.where(y > 0, y * np.where(np.isfinite(lb), lb, 0.0), y * np.where(np.isfinite(ub), ub, 0.0))
+    ceiling = float(-rows.sum() - program.upper * np.minimum(reduced, 0.0).sum() + unseen)
+    return y, reduced, ceiling
+
+
+def _central(program, y, bound, t_end, unseen=0.0):
+    """``(duals, reduced costs, D)`` (:func:`_dual_bound`): central duals of ``program``
+    (:func:`_highs.central_duals`) where they prove nearly the relaxation's optimum ``bound``, else
+    the vertex's ``y``."""
+    from ._highs import central_duals
+
+    vertex = _dual_bound(program, y, unseen)
+    left = t_end - time.perf_counter()
+    yc = central_duals(program.value, program.A, program.lb, program.ub, program.upper, left) \
+        if left > 0.1 else None
+    if yc is not None:
+        central = _dual_bound(program, yc, unseen)
+        if central[2] <= vertex[2] + 1e-6 * max(1.0, abs(bound)):
+            return central
+    return vertex
 
 
 class _Pricing:
@@ -513,85 +568,125 @@ class _Pricing:
         return found
 
     def solve(self, program, time_limit, slack):
-        """Generate columns until none prices out, then price-and-branch (:meth:`FragmentProgram.solve`)."""
-        from dataclasses import replace
-
+        """Generate columns until none prices out, then price-and-branch (:class:`_Branching`)."""
         t_end = time.perf_counter() + time_limit
-
-        def key(c):
-            return (c[0], c[1], c[2], c[3], tuple(c[4]))
-
-        def extended(program, new):
-            # the columns ``new`` adds to ``program``'s own (not to an earlier extension's: each branch
-            # below extends the generated program afresh, and must hold every column it was priced for)
-            seen = {key(c) for c in program.columns}
-            cols = list(program.columns)
-            for c in new:
-                if key(c) not in seen:
-                    seen.add(key(c))
-                    cols.append(c)
-            value, A, lb, ub = _assemble(self.caps, program.classes, cols, program.partitions, self.largest)
-            return replace(program, columns=cols, value=value, A=A, lb=lb, ub=ub)
-
         while True:
             left = t_end - time.perf_counter()
             relaxed = program.relaxation(left) if left > 0 else None
             if relaxed is None:
                 return None
             bound, _, _, y = relaxed
-            tol = 1e-7 * max(1.0, abs(bound))
-            new = self.price(y, 1e-6 * max(1.0, abs(bound)), t_end)
+            # patterns that gain less than ``eps`` are left out: together they add at most
+            # ``eps`` per domain, which the bound below counts (``unseen``)
+            eps = 1e-7 * max(1.0, abs(bound))
+            new = self.price(y, eps, t_end)
             if new is None:
                 return None                  # the relaxation's optimum over all patterns is not proven
-            known = {key(c) for c in program.columns}
-            if all(key(c) in known for c in new):
+            known = {_key(c) for c in program.columns}
+            if all(_key(c) in known for c in new):
                 break
-            program = extended(program, new)
-        # every pattern prices out: ``bound`` holds over all of them. Branch over those a better plan
-        # could use (reduced cost at most ``slack``); a plan ``v`` short of ``bound - slack`` proves
-        # nothing yet, so widen to ``bound - v``, where the branch's optimum is the integer optimum
-        slack = 1e-3 * max(1.0, abs(bound)) if slack is None else float(slack)
-        best, final, tight = None, replace(program, pricing=None), bound + tol
-        while time.perf_counter() < t_end:
-            near = self.price(y, -slack, t_end, keep=None)
+            program = self.extended(program, new)
+        unseen = eps * sum(self.counts)
+        y, _, ceiling = _dual_bound(program, y, unseen)
+        # central duals put far fewer columns within a slack than the vertex's (see FragmentProgram.solve):
+        # take them where no pattern left out prices out at them either
+        yc, _, ceiling_c = _central(program, y, bound, t_end, unseen)
+        if not np.array_equal(yc, y):
+            found = self.price(yc, eps, t_end)
+            if found is not None and all(_key(c) in known for c in found):
+                y, ceiling = yc, ceiling_c
+        return _Branching(self, program, y, ceiling, slack).run(t_end - time.perf_counter())
+
+    def extended(self, program, new):
+        """``program`` with the columns of ``new`` it does not hold yet (a generated program, each time
+        from its own columns: each branch must hold every column it was priced for)."""
+        seen = {_key(c) for c in program.columns}
+        cols = list(program.columns)
+        for c in new:
+            if _key(c) not in seen:
+                seen.add(_key(c))
+                cols.append(c)
+        value, A, lb, ub = _assemble(self.caps, program.classes, cols, program.partitions, self.largest)
+        return replace(program, columns=cols, value=value, A=A, lb=lb, ub=ub)
+
+
+def _key(column):
+    """A domain column's identity: its class, mains, events and fragment counts."""
+    return column[:4] + (tuple(column[4]),)
+
+
+class _Branching:
+    """Price-and-branch over the patterns of a generated program within a growing slack.
+
+    Every pattern prices out at the duals ``y``, which prove ``ceiling``
+    over all of them. Branch over those a better plan could use (reduced
+    cost at most ``slack``); a plan ``v`` short of ``ceiling - slack`` proves
+    nothing yet, so widen to ``ceiling - v``, where the branch's optimum is
+    the integer optimum. The search keeps its state: a solution it returns
+    unproven at its time limit resumes where it stopped
+    (:meth:`FragmentSolution.resume`).
+    """
+
+    def __init__(self, pricing, program, y, ceiling, slack):
+        self.pricing, self.program, self.y, self.ceiling = pricing, program, y, ceiling
+        self.tol = 1e-7 * max(1.0, abs(ceiling))
+        self.slack = 1e-3 * max(1.0, abs(ceiling)) if slack is None else float(slack)
+        self.best, self.final, self.tight = None, replace(program, pricing=None), ceiling + self.tol
+        self.over = False                  # nothing left to try
+
+    def run(self, time_limit):
+        """The best solution after up to ``time_limit`` seconds more (:class:`FragmentSolution`)."""
+        t_end = time.perf_counter() + time_limit
+        tol, ceiling = self.tol, self.ceiling
+        while not self.over and time.perf_counter() < t_end:
+            near = self.pricing.price(self.y, -self.slack, t_end, keep=None)
             if near is None or len(near) > MAX_COLUMNS:
-                break                            # too many to branch over: the bound stands alone
-            final = replace(extended(program, near), pricing=None)
+                self.over = near is not None     # too many to branch over: the bound stands alone
+                break
+            final = replace(self.pricing.extended(self.program, near), pricing=None)
+            self.final = final
             left = t_end - time.perf_counter()
             start = None
-            if best is not None:              # the best plan so far, on this program's columns
-                at = {key(c): i for i, c in enumerate(final.columns)}
-                used = best[2]
+            if self.best is not None:         # the best plan so far, on this program's columns
+                at = {_key(c): i for i, c in enumerate(final.columns)}
+                used = self.best[2]
                 if all(k in at for k in used):
                     start = np.zeros(len(final.value), dtype=int)
                     start[[at[k] for k in used]] = list(used.values())
-                    start[len(final.columns):] = best[1].workers
-            began = time.perf_counter()
-            solution = final.solve(left, slack=slack, complete_below=slack, duals=y,
-                                   start=start) if left > 0 else None
+                    start[len(final.columns):] = self.best[1].workers
+            began, before = time.perf_counter(), -np.inf if self.best is None else self.best[0]
+            solution = final.solve(left, slack=self.slack, complete_below=self.slack, duals=self.y,
+                                   ceiling=ceiling, start=start) if left > 0 else None
             quick = time.perf_counter() - began < min(_QUICK * left, _QUICK_S)
-            if solution is None or solution.bound > bound + 2 * tol:     # (its own tolerance added)
+            if solution is None or solution.bound > ceiling + 2 * tol:     # (its own tolerance added)
+                self.over = solution is not None
                 break
             if solution.proven:
                 return solution
-            tight = min(tight, solution.bound)
+            self.tight = min(self.tight, solution.bound)
             if solution.domains is not None:
                 found = float(final.value @ np.concatenate([solution.domains, solution.workers]))
-                if best is None or found > best[0]:
-                    used = {key(final.columns[i]): int(solution.domains[i]) for i in np.flatnonzero(solution.domains)}
-                    best = (found, solution, used)
-                if best[0] >= tight - 2 * tol:
+                if self.best is None or found > self.best[0]:
+                    used = {_key(final.columns[i]): int(solution.domains[i])
+                            for i in np.flatnonzero(solution.domains)}
+                    self.best = (found, solution, used)
+                if self.best[0] >= self.tight - 2 * tol:
                     break
-            wider = (4 if best is None or quick else _WIDEN) * slack
-            if best is not None:
-                wider = min(wider, bound - best[0] + tol)
-            if wider <= slack * (1 + 1e-9):
+            if time.perf_counter() >= t_end - 0.05 and (self.best is None or self.best[0] <= before):
+                break                        # stopped at the time limit with nothing new: resume it as it was
+            wider = (4 if self.best is None or quick else _WIDEN) * self.slack
+            if self.best is not None:
+                wider = min(wider, ceiling - self.best[0] + tol)
+            if wider <= self.slack * (1 + 1e-9):
+                self.over = True
                 break
-            slack = wider
-        if best is not None:
-            sol = best[1]
-            return replace(sol, bound=min(tight, sol.bound), proven=best[0] >= tight - 2 * tol)
-        return FragmentSolution(final, tight, None, None, False)
+            self.slack = wider
+        if self.best is not None:
+            sol = self.best[1]
+            proven = self.best[0] >= self.tight - 2 * tol
+            return replace(sol, bound=min(self.tight, sol.bound), proven=proven,
+                           _search=None if proven else self)
+        return FragmentSolution(self.final, self.tight, None, None, False, self)
 
 
 class _OutOfNodes(Exception):

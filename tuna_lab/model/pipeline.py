@@ -75,6 +75,10 @@ _CONSTRUCT_SHARE = 0.6
 # ... and where HiGHS cannot run in the time limit at all: all but what
 # local search and the bound's check of the mapping need.
 _CONSTRUCT_SHARE_ALONE = 0.85
+# ... and of what is left after it and local search, where HiGHS still cannot
+# run: the bound's stopped search goes on (a plan found late is often the
+# optimum, and proving it takes one more program), local search has the rest.
+_RESUME_SHARE = 0.9
 # HiGHS is told to stop this much before the time it is given (a fraction
 # of it, at least a tenth of a second), so that it returns its incumbent and
 # dual bound itself where its clock checks allow.
@@ -258,6 +262,11 @@ def run(model, options):
             # left: the polished mapping, with its certified gap, is the answer.
             record.notes.append(f"compiling and HiGHS's presolve (~{need:.1f} s) would overrun the "
                                 f"{max(left, 0.0):.2f} s left: the constructive mapping is the answer")
+            if by_bound:
+                # the bound's own search (compact mode's fragment programs) may close it with that time
+                proven = _certificate(model, start, record, time_limit=_RESUME_SHARE * left)
+                if proven is not None:
+                    return proven
             # the time HiGHS would not have used goes to local search
             start, proven = _polish(model, start, record, by_bound, clock.left() - _RESULT_RESERVE_S)
             if proven is not None:
@@ -317,11 +326,14 @@ def _polish(model, start, record, by_bound, budget):
     return start, None
 
 
-def _certificate(model, start, record):
-    """The mapping ``start``, proven optimal, if it reaches :meth:`TunaModel.certificate`; else ``None``."""
+def _certificate(model, start, record, time_limit=None):
+    """The mapping ``start``, proven optimal, if it reaches :meth:`TunaModel.certificate`; else ``None``.
+
+    ``time_limit``: what the certificate's stopped searches may go on for.
+    """
     objective = model.value(start)
     t0 = time.perf_counter()
-    cert = model.certificate(target=objective)
+    cert = model.certificate(target=objective, time_limit=time_limit)
     record.construct_seconds += time.perf_counter() - t0
     if cert is None:
         return None

@@ -310,15 +310,21 @@ class TunaModel:
         cert = self.certificate(target=target)
         return None if cert is None else cert.bound
 
-    def certificate(self, target=None):
+    def certificate(self, target=None, time_limit=None):
         """The :class:`~tuna_lab.model.bounds.Certificate` of :meth:`bound`: the bound and what proves it.
 
         ``None`` where :meth:`bound` is ``None``. See
-        :func:`~tuna_lab.model.bounds.bound_certificate`.
+        :func:`~tuna_lab.model.bounds.bound_certificate`. ``time_limit``:
+        seconds the fragment programs whose search stopped at its time
+        limit may go on for (:meth:`FragmentSolution.resume
+        <tuna_lab.model.fragments.FragmentSolution.resume>`), until the
+        bound reaches ``target``; none by default.
         """
         chain = self._chain()
         if chain is None or not self.caps.understood:
             return None
+        if time_limit is not None and time_limit > 0 and self._fragments:
+            self._resume_fragments(time_limit)
         if target is None and self._full_bound is not None:
             return self._full_bound
         cert = bound_certificate(self.caps, chain, target=target)
@@ -333,6 +339,18 @@ class TunaModel:
         if target is None:
             self._full_bound = cert
         return cert
+
+    def _resume_fragments(self, time_limit):
+        """Resume the fragment programs left unproven, for ``time_limit`` seconds in all."""
+        deadline = time.perf_counter() + time_limit
+        resumed = []
+        for sol in self._fragments:
+            left = deadline - time.perf_counter()
+            if left > 0 and not sol.proven:
+                sol = sol.resume(left)
+            resumed.append(sol)
+        self._fragments = tuple(resumed)
+        self._full_bound = None              # a resumed program may have tightened it
 
     def _fragment_solutions(self, time_limit=5.0, more=None):
         """The solved fragment programs of the top cache level (compact mode), each computed once.
