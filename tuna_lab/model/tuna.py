@@ -323,8 +323,11 @@ class TunaModel:
         chain = self._chain()
         if chain is None or not self.caps.understood:
             return None
-        if time_limit is not None and time_limit > 0 and self._fragments:
-            self._resume_fragments(time_limit)
+        if time_limit is not None and time_limit > 0:
+            deadline = time.perf_counter() + time_limit
+            # the next program not solved yet (the joint one first: the tighter), then the stopped ones
+            self._fragment_solutions(time_limit, more=1)
+            self._resume_fragments(deadline - time.perf_counter())
         if target is None and self._full_bound is not None:
             return self._full_bound
         cert = bound_certificate(self.caps, chain, target=target)
@@ -344,13 +347,14 @@ class TunaModel:
         """Resume the fragment programs left unproven, for ``time_limit`` seconds in all."""
         deadline = time.perf_counter() + time_limit
         resumed = []
-        for sol in self._fragments:
+        for sol in self._fragments or ():
             left = deadline - time.perf_counter()
             if left > 0 and not sol.proven:
                 sol = sol.resume(left)
             resumed.append(sol)
-        self._fragments = tuple(resumed)
-        self._full_bound = None              # a resumed program may have tightened it
+        if resumed:
+            self._fragments = tuple(resumed)
+            self._full_bound = None          # a resumed program may have tightened it
 
     def _fragment_solutions(self, time_limit=5.0, more=None):
         """The solved fragment programs of the top cache level (compact mode), each computed once.
