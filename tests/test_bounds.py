@@ -212,8 +212,20 @@ def test_bound_covers_a_known_mapping_of_a_crowded_epyc():
     chain = ultrametric_chain(model.instance.topology, model.instance.costs)
     # the joint program proven (its restricted programs need some seconds): its optimum was 599,464
     # in the levels' scale, below this mapping's 602,224. Stopped early first, then resumed
-    stopped = fragment_program(model.caps, chain, 2, inner=True).solve(time_limit=2.5)
+    seen = []
+    stopped = fragment_program(model.caps, chain, 2, inner=True).solve(time_limit=2.5, on_plan=seen.append)
     assert stopped is not None
+
+    def plan_value(sol):
+        return float(sol.program.value @ np.concatenate([sol.domains, sol.workers]))
+
+    # the plans come as they are found, each better than the last; the solution keeps the earlier
+    # ones, best first, each below its own
+    assert seen and all(plan_value(a) < plan_value(b) for a, b in zip(seen, seen[1:]))
+    earlier = [plan_value(alt) for alt in stopped.alternatives]
+    assert earlier == sorted(earlier, reverse=True)
+    if stopped.domains is not None:
+        assert all(v < plan_value(stopped) for v in earlier)
     solution = stopped.resume(300)
     assert solution.proven
     assert solution.bound <= stopped.bound + 1e-6

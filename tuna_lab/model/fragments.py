@@ -81,6 +81,18 @@ def _count_vectors(n_min, n_max, largest):
     return np.vstack(rows) if rows else np.zeros((0, largest), dtype=np.int64)
 
 
+def _count_partitions(n_max, largest, most):
+    """How many partitions of each ``n <= n_max`` have parts of at most ``largest`` and at most ``most`` parts."""
+    # ways[n, p]: partitions of n into exactly p parts, sizes added one at a time (each any number of times)
+    most = min(most, n_max)
+    ways = np.zeros((n_max + 1, most + 1))
+    ways[0, 0] = 1.0
+    for k in range(1, largest + 1):
+        for n in range(k, n_max + 1):
+            ways[n, 1:] += ways[n - k, :-1]
+    return ways.sum(axis=1)
+
+
 def _counts(part, largest):
     """A partition as a count vector: entry ``k - 1`` is how many parts have size ``k``."""
     return np.bincount(np.asarray(part, dtype=int) - 1, minlength=largest)[:largest] if part \
@@ -118,6 +130,10 @@ class FragmentSolution:
         How many workers take each partition of ``T``.
     proven : bool
         The plan reaches ``bound``.
+    alternatives : tuple of FragmentSolution
+        The other plans the search found on the way, best first (a plan
+        forgets which worker is which, and a mapping may follow a worse one
+        where it cannot follow the best).
     """
 
     program: object
@@ -125,18 +141,19 @@ class FragmentSolution:
     domains: np.ndarray | None
     workers: np.ndarray | None
     proven: bool
+    alternatives: tuple = ()
     _search: object = field(default=None, repr=False, compare=False)
 
-    def resume(self, time_limit):
+    def resume(self, time_limit, on_plan=None):
         """The search that stopped at this solution's time limit, run ``time_limit`` seconds more.
 
         A :class:`FragmentSolution` at least as good (a bound as low, a plan
         as high); ``self`` when it is proven or its search has nothing left
-        to try.
+        to try. ``on_plan``: as in :meth:`FragmentProgram.solve`.
         """
         if self.proven or self._search is None:
             return self
-        return self._search.run(time_limit)
+        return self._search.run(time_limit, on_plan)
 
 
 @dataclass
@@ -166,7 +183,8 @@ class FragmentProgram:
     upper: int
     pricing: object = None
 
-    def solve(self, time_limit=5.0, slack=None, complete_below=np.inf, duals=None, ceiling=None, start=None):
+    def solve(self, time_limit=5.0, slack=None, complete_below=np.inf, duals=None, ceiling=None, start=None,
+              on_plan=None):
         """The level's bound and, where one is found, an integer plan (:class:`FragmentSolution`).
 
         The linear relaxation first: its optimum bounds the level in any
@@ -188,12 +206,15 @@ class FragmentProgram:
         together; the program then holds every column whose reduced cost is
         below ``complete_below`` (all of them unless it was generated).
         ``start``: a plan to begin from (counts of every column, domain
-        columns first).
+        columns first). ``on_plan``: called with each better plan a
+        generated program's search finds on its way (a
+        :class:`FragmentSolution`), so that a caller can map it while the
+        search goes on to its time limit.
         """
         from ._highs import integer_program
 
         if self.pricing is not None:
-            return self.pricing.solve(self, time_limit, slack)
+            return self.pricing.solve(self, time_limit, slack, on_plan)
 
         t_end = time.perf_counter() + time_limit
         A, lb, ub = self.A, self.lb, self.ub
@@ -218,6 +239,7 @@ class FragmentProgram:
             best = (float(self.value @ start), np.asarray(start, dtype=int))
         while time.perf_counter() < t_end - 0.05:
             keep = np.flatnonzero(reduced <= slack + tol)
+            keep = keep[np.argsort(reduced[keep], kind="stable")]     # a canonical order: HiGHS is sensitive to it
             if not len(keep):
                 slack = min(max(4 * slack, float(reduced.min())), complete_below)
                 continue
@@ -567,7 +589,7 @@ class _Pricing:
                 found += self._columns_over(shape, np.array(leaves), y, threshold, keep)
         return found
 
-    def solve(self, program, time_limit, slack):
+    def solve(self, program, time_limit, slack, on_plan=None):
         """Generate columns until none prices out, then price-and-branch (:class:`_Branching`)."""
         t_end = time.perf_counter() + time_limit
         while True:
@@ -595,7 +617,7 @@ class _Pricing:
             found = self.price(yc, eps, t_end)
             if found is not None and all(_key(c) in known for c in found):
                 y, ceiling = yc, ceiling_c
-        return _Branching(self, program, y, ceiling, slack).run(t_end - time.perf_counter())
+        return _Branching(self, program, y, ceiling, slack).run(t_end - time.perf_counter(), on_plan)
 
     def extended(self, program, new):
         """``program`` with the columns of ``new`` it does not hold yet (a generated program, each time
@@ -612,7 +634,7 @@ class _Pricing:
 
 def _key(column):
     """A domain column's identity: its class, mains, events and fragment counts."""
-    return column[:4] + (tuple(column[4]),)
+    return column[:4] + (np.asarray(column[4], dtype=np.int64).tobytes(),)
 
 
 class _Branching:
@@ -632,10 +654,12 @@ class _Branching:
         self.tol = 1e-7 * max(1.0, abs(ceiling))
         self.slack = 1e-3 * max(1.0, abs(ceiling)) if slack is None else float(slack)
         self.best, self.final, self.tight = None, replace(program, pricing=None), ceiling + self.tol
+        self.plans = []                    # the plans best was before, best first
         self.over = False                  # nothing left to try
 
-    def run(self, time_limit):
-        """The best solution after up to ``time_limit`` seconds more (:class:`FragmentSolution`)."""
+    def run(self, time_limit, on_plan=None):
+        """The best solution after up to ``time_limit`` seconds more (:class:`FragmentSolution`); ``on_plan``
+        is called with each better plan on the way."""
         t_end = time.perf_counter() + time_limit
         tol, ceiling = self.tol, self.ceiling
         while not self.over and time.perf_counter() < t_end:
@@ -662,14 +686,20 @@ class _Branching:
                 self.over = solution is not None
                 break
             if solution.proven:
-                return solution
+                value = float(final.value @ np.concatenate([solution.domains, solution.workers]))
+                same = self.best is not None and self.best[0] >= value - 2 * tol
+                return replace(solution, alternatives=self.alternatives(1 if same else 0))
             self.tight = min(self.tight, solution.bound)
             if solution.domains is not None:
                 found = float(final.value @ np.concatenate([solution.domains, solution.workers]))
                 if self.best is None or found > self.best[0]:
+                    if self.best is not None:
+                        self.plans.insert(0, self.best[1])
                     used = {_key(final.columns[i]): int(solution.domains[i])
                             for i in np.flatnonzero(solution.domains)}
                     self.best = (found, solution, used)
+                    if on_plan is not None and found < self.tight - 2 * tol:
+                        on_plan(solution)
                 if self.best[0] >= self.tight - 2 * tol:
                     break
             if time.perf_counter() >= t_end - 0.05 and (self.best is None or self.best[0] <= before):
@@ -684,14 +714,22 @@ class _Branching:
         if self.best is not None:
             sol = self.best[1]
             proven = self.best[0] >= self.tight - 2 * tol
-            return replace(sol, bound=min(self.tight, sol.bound), proven=proven,
+            return replace(sol, bound=min(self.tight, sol.bound), proven=proven, alternatives=self.alternatives(1),
                            _search=None if proven else self)
-        return FragmentSolution(self.final, self.tight, None, None, False, self)
+        return FragmentSolution(self.final, self.tight, None, None, False, (), self)
+
+    def alternatives(self, skip=0):
+        """The plans found so far, best first, without the ``skip`` best (a few: each holds its program)."""
+        plans = ([self.best[1]] if self.best is not None else []) + self.plans
+        return tuple(replace(p, alternatives=(), _search=None) for p in plans[skip:skip + _ALTERNATIVES])
 
 
 class _OutOfNodes(Exception):
     """The pricing walk's node budget ran out."""
 
+
+#: Most earlier plans a solution keeps as :attr:`FragmentSolution.alternatives`.
+_ALTERNATIVES = 3
 
 #: Most columns the integer program of :meth:`FragmentProgram.solve` keeps.
 _RESTRICTED_COLUMNS = 8000
@@ -765,20 +803,15 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadli
         return FragmentProgram(caps, chain, j, levels, classes, columns, partitions, value, A, lb, ub,
                                max(max(classes.values()), W), pricing)
 
-    by_n, total = {}, 0
-    for n in range(hi_max + 1):
-        rows = []
-        for part in _partitions(n, largest):
-            if len(part) <= W:
-                rows.append(_counts(part, largest))
-                total += 1
-            if total > max_columns:
-                break
-        if total > max_columns or len(partitions) > max_columns:
-            return generated()
-        if deadline is not None and time.perf_counter() > deadline:
-            return None
-        by_n[n] = np.array(rows, dtype=int).reshape(-1, largest)
+    if _count_partitions(hi_max, largest, W).sum() > max_columns or len(partitions) > max_columns:
+        return generated()                   # too many to write out: counted, not listed
+    # every partition of up to hi_max threads into at most W fragments, as count vectors by their total
+    V = _count_vectors(0, hi_max, largest)
+    V = V[V.sum(axis=1) <= W]
+    totals = V @ np.arange(1, largest + 1)
+    by_n = {n: V[totals == n] for n in range(hi_max + 1)}
+    if deadline is not None and time.perf_counter() > deadline:
+        return None
     squares = np.arange(1, largest + 1) ** 2
     columns = []
     for ci, a, el, ep, lo, hi, own, other in shapes:

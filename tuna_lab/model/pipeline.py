@@ -73,8 +73,10 @@ _RESULT_RESERVE_S = 0.25
 # finish anyway, and on small ones they finish in milliseconds.
 _CONSTRUCT_SHARE = 0.6
 # ... and where HiGHS cannot run in the time limit at all: all but what
-# local search and the bound's check of the mapping need.
-_CONSTRUCT_SHARE_ALONE = 0.85
+# local search and the bound's check of the mapping need (the programs' plans
+# are mapped as they come, so a search cut at its limit leaves a mapping,
+# but a cut restricted program starts again when it is resumed).
+_CONSTRUCT_SHARE_ALONE = 0.97
 # ... and of what is left after it and local search, where HiGHS still cannot
 # run: the bound's stopped search goes on (a plan found late is often the
 # optimum, and proving it takes one more program), local search has the rest.

@@ -26,8 +26,8 @@ from .pipeline import SolveOptions, run
 __all__ = ["TunaModel", "solve"]
 
 #: The share of :meth:`TunaModel.construct`'s time left that a fragment program may take; the rest
-#: maps its plan (each domain's placement program: a second or two on 384 cores).
-_PROGRAM_SHARE = 0.8
+#: maps its last plan (the plans it finds on the way are mapped as they come).
+_PROGRAM_SHARE = 0.97
 #: Seconds each placement program of a fragment plan gets, tried in turn until the mapping reaches
 #: the bound (None: all the time left).
 _PLACE_LIMITS = (0.25, 1.0, 4.0, None)
@@ -222,9 +222,34 @@ class TunaModel:
         deadline = time.perf_counter() + time_limit
         # each program's plan as soon as it is solved: a plan that reaches the bound ends the search
         done, reached, counted = 0, False, None
+
+        # each plan's best mapping so far, and the plans whose placement programs all finished within
+        # their limit (more time maps them no better)
+        mapped, complete = {}, set()
+
+        def mapping(plan, place_limit):
+            key = id(plan.domains)
+            left = deadline - time.perf_counter()
+            if key not in complete and left > 0:
+                t0 = time.perf_counter()
+                pos = fragment_mapping(self.caps, chain, plan, time_limit=left, place_limit=place_limit)
+                candidates.append(pos)
+                # done in less than one program's limit: no placement program was cut short
+                if time.perf_counter() - t0 < min(left, np.inf if place_limit is None else place_limit):
+                    complete.add(key)
+                if pos is not None and (mapped.get(key) is None or self.value(pos) > self.value(mapped[key])):
+                    mapped[key] = pos
+            return mapped.get(key), key in complete or left <= 0
+
+        def on_plan(plan):
+            # a plan the search finds on its way, mapped while it goes on: a mapping at hand
+            # whatever the search has when its time runs out
+            mapping(plan, _PLACE_LIMITS[0])
+
         while not reached:
             # a program that runs to the deadline leaves its plan unmapped: keep some time back for that
-            solutions = self._fragment_solutions(_PROGRAM_SHARE * max(0.0, deadline - time.perf_counter()), more=1)
+            solutions = self._fragment_solutions(_PROGRAM_SHARE * max(0.0, deadline - time.perf_counter()), more=1,
+                                                 on_plan=on_plan)
             if len(solutions) <= done:
                 break
             sol = solutions[done]
@@ -233,15 +258,17 @@ class TunaModel:
                 counted, step = bound_certificate(self.caps, chain), self.granularity()
             target = self._with_fragments(counted, compute=False).bound
             # HiGHS finds a domain's best placement long before it proves it: give each placement
-            # program a little time first, and more only while the mapping falls short of the bound
-            for place_limit in _PLACE_LIMITS:
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    break
-                pos = fragment_mapping(self.caps, chain, sol, time_limit=left, place_limit=place_limit)
-                candidates.append(pos)
-                if pos is not None and bound_closes(target, self.value(pos), step):
-                    reached = True
+            # program a little time first, and more only while the mapping falls short of the bound.
+            # A plan forgets which worker is which, and one may put a worker's two fragments in one
+            # domain, where no mapping can: then the search's earlier plans, best first
+            for plan in (sol,) + sol.alternatives:
+                for place_limit in _PLACE_LIMITS:
+                    pos, finished = mapping(plan, place_limit)
+                    if pos is not None and bound_closes(target, self.value(pos), step):
+                        reached = True
+                    if reached or finished:
+                        break
+                if reached or mapped.get(id(plan.domains)) is not None or deadline <= time.perf_counter():
                     break
         for pos in candidates:
             if pos is None or any(f.violations(pos, inst) for f in self.families):
@@ -356,14 +383,15 @@ class TunaModel:
             self._fragments = tuple(resumed)
             self._full_bound = None          # a resumed program may have tightened it
 
-    def _fragment_solutions(self, time_limit=5.0, more=None):
+    def _fragment_solutions(self, time_limit=5.0, more=None, on_plan=None):
         """The solved fragment programs of the top cache level (compact mode), each computed once.
 
         The level with its finer levels (where the inner rule applies), then
         alone: the joint bound is tighter, the level's own plan is sometimes
         the better mapping. Solves at most ``more`` of those not solved yet
         (all if ``None``), stopping at ``time_limit`` seconds; what did not
-        finish is left out (and not tried again).
+        finish is left out (and not tried again). ``on_plan``: see
+        :meth:`FragmentProgram.solve <tuna_lab.model.fragments.FragmentProgram.solve>`.
         """
         if self._fragment_todo is None:
             todo = []
@@ -380,7 +408,7 @@ class TunaModel:
             j, inner = self._fragment_todo.pop(0)
             program = fragment_program(self.caps, self._chain(), j, inner=inner, deadline=deadline)
             left = deadline - time.perf_counter()
-            solution = program.solve(time_limit=left) if program is not None and left > 0 else None
+            solution = program.solve(time_limit=left, on_plan=on_plan) if program is not None and left > 0 else None
             solved += 1
             if solution is not None:
                 self._fragments += (solution,)
