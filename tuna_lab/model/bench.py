@@ -44,7 +44,7 @@ MODES = ("scatter", "compact")
 #: Workers x threads of the issue's scale goal on 384 logical cores.
 SCALE_SHAPES = ((32, 16), (48, 8), (64, 6), (96, 4), (192, 2), (16, 24), (24, 32))
 #: Shapes that do not divide the 384-core machine evenly.
-UNEVEN_SHAPES = ((28, 14), (40, 12), (36, 10), (20, 20), (44, 9), (52, 7))
+UNEVEN_SHAPES = ((28, 14), (40, 12), (36, 10), (20, 20), (44, 9), (52, 7), (30, 16))
 #: ``(preset, time limit, worker factor)``: the machines of the scale part; on
 #: the 768-core one the shapes keep T and double W (W x T scales with C).
 SCALE_MACHINES = (("epyc-9654-2s", 10.0, 1), ("epyc-9965-2s", 30.0, 2))
