@@ -601,12 +601,18 @@ class _Pricing:
             # patterns that gain less than ``eps`` are left out: together they add at most
             # ``eps`` per domain, which the bound below counts (``unseen``)
             eps = 1e-7 * max(1.0, abs(bound))
+            y = _dual_bound(program, y)[0]        # signs clipped: the bound below comes from these duals
             new = self.price(y, eps, t_end)
             if new is None:
                 return None                  # the relaxation's optimum over all patterns is not proven
             known = {_key(c) for c in program.columns}
             if all(_key(c) in known for c in new):
-                break
+                # the best few of each shape are all known: so is every pattern that prices out?
+                new = self.price(y, eps, t_end, keep=None)
+                if new is None:
+                    return None
+                if all(_key(c) in known for c in new):
+                    break
             program = self.extended(program, new)
         unseen = eps * sum(self.counts)
         y, _, ceiling = _dual_bound(program, y, unseen)
@@ -614,7 +620,7 @@ class _Pricing:
         # take them where no pattern left out prices out at them either
         yc, _, ceiling_c = _central(program, y, bound, t_end, unseen)
         if not np.array_equal(yc, y):
-            found = self.price(yc, eps, t_end)
+            found = self.price(yc, eps, t_end, keep=None)
             if found is not None and all(_key(c) in known for c in found):
                 y, ceiling = yc, ceiling_c
         return _Branching(self, program, y, ceiling, slack).run(t_end - time.perf_counter(), on_plan)
@@ -686,15 +692,16 @@ class _Branching:
                 self.over = solution is not None
                 break
             if solution.proven:
-                value = float(final.value @ np.concatenate([solution.domains, solution.workers]))
-                same = self.best is not None and self.best[0] >= value - 2 * tol
+                used = {_key(final.columns[i]): int(solution.domains[i]) for i in np.flatnonzero(solution.domains)}
+                same = self.best is not None and self.best[2] == used and \
+                    np.array_equal(self.best[1].workers, solution.workers)
                 return replace(solution, alternatives=self.alternatives(1 if same else 0))
             self.tight = min(self.tight, solution.bound)
             if solution.domains is not None:
                 found = float(final.value @ np.concatenate([solution.domains, solution.workers]))
                 if self.best is None or found > self.best[0]:
                     if self.best is not None:
-                        self.plans.insert(0, self.best[1])
+                        self.plans = [self.best[1]] + self.plans[:_ALTERNATIVES - 1]
                     used = {_key(final.columns[i]): int(solution.domains[i])
                             for i in np.flatnonzero(solution.domains)}
                     self.best = (found, solution, used)
@@ -702,13 +709,14 @@ class _Branching:
                         on_plan(solution)
                 if self.best[0] >= self.tight - 2 * tol:
                     break
-            if time.perf_counter() >= t_end - 0.05 and (self.best is None or self.best[0] <= before):
+            stopped = time.perf_counter() >= t_end - 0.05
+            if stopped and (self.best is None or self.best[0] <= before):
                 break                        # stopped at the time limit with nothing new: resume it as it was
             wider = (4 if self.best is None or quick else _WIDEN) * self.slack
             if self.best is not None:
                 wider = min(wider, ceiling - self.best[0] + tol)
             if wider <= self.slack * (1 + 1e-9):
-                self.over = True
+                self.over = not stopped      # a program cut short may still prove it: run it again
                 break
             self.slack = wider
         if self.best is not None:

@@ -28,6 +28,8 @@ __all__ = ["TunaModel", "solve"]
 #: The share of :meth:`TunaModel.construct`'s time left that a fragment program may take; the rest
 #: maps its last plan (the plans it finds on the way are mapped as they come).
 _PROGRAM_SHARE = 0.97
+#: Least time :meth:`TunaModel.certificate` starts a fragment program with.
+_MIN_PROGRAM_S = 0.5
 #: Seconds each placement program of a fragment plan gets, tried in turn until the mapping reaches
 #: the bound (None: all the time left).
 _PLACE_LIMITS = (0.25, 1.0, 4.0, None)
@@ -223,23 +225,24 @@ class TunaModel:
         # each program's plan as soon as it is solved: a plan that reaches the bound ends the search
         done, reached, counted = 0, False, None
 
-        # each plan's best mapping so far, and the plans whose placement programs all finished within
-        # their limit (more time maps them no better)
-        mapped, complete = {}, set()
+        # each plan's best mapping so far and whether its placement programs all finished within their
+        # limit (more time maps it no better), by the plan's counts (the plan itself kept alive with them)
+        mapped = {}
 
         def mapping(plan, place_limit):
             key = id(plan.domains)
+            _, pos, complete = mapped.get(key, (plan, None, False))
             left = deadline - time.perf_counter()
-            if key not in complete and left > 0:
+            if not complete and left > 0:
                 t0 = time.perf_counter()
-                pos = fragment_mapping(self.caps, chain, plan, time_limit=left, place_limit=place_limit)
-                candidates.append(pos)
+                new = fragment_mapping(self.caps, chain, plan, time_limit=left, place_limit=place_limit)
+                candidates.append(new)
                 # done in less than one program's limit: no placement program was cut short
-                if time.perf_counter() - t0 < min(left, np.inf if place_limit is None else place_limit):
-                    complete.add(key)
-                if pos is not None and (mapped.get(key) is None or self.value(pos) > self.value(mapped[key])):
-                    mapped[key] = pos
-            return mapped.get(key), key in complete or left <= 0
+                complete = time.perf_counter() - t0 < min(left, np.inf if place_limit is None else place_limit)
+                if new is not None and (pos is None or self.value(new) > self.value(pos)):
+                    pos = new
+                mapped[key] = (plan, pos, complete)
+            return pos, complete or left <= 0
 
         def on_plan(plan):
             # a plan the search finds on its way, mapped while it goes on: a mapping at hand
@@ -268,7 +271,7 @@ class TunaModel:
                         reached = True
                     if reached or finished:
                         break
-                if reached or mapped.get(id(plan.domains)) is not None or deadline <= time.perf_counter():
+                if reached or pos is not None or deadline <= time.perf_counter():
                     break
         for pos in candidates:
             if pos is None or any(f.violations(pos, inst) for f in self.families):
@@ -350,12 +353,16 @@ class TunaModel:
         chain = self._chain()
         if chain is None or not self.caps.understood:
             return None
-        if time_limit is not None and time_limit > 0:
+        timed = time_limit is not None
+        if timed and time_limit > 0:
             deadline = time.perf_counter() + time_limit
-            # the next program not solved yet (the joint one first: the tighter), then the stopped ones
-            self._fragment_solutions(time_limit, more=1)
-            self._resume_fragments(deadline - time.perf_counter())
-        if target is None and self._full_bound is not None:
+            # the stopped searches first (the joint program's: the tighter), then the next program
+            # not solved yet, with what is left
+            self._resume_fragments(time_limit)
+            left = deadline - time.perf_counter()
+            if left > _MIN_PROGRAM_S:        # (a program given less is dropped, not tried again)
+                self._fragment_solutions(left, more=1)
+        if target is None and self._full_bound is not None and not timed:
             return self._full_bound
         cert = bound_certificate(self.caps, chain, target=target)
         if cert.sources and not (target is not None and cert.name == "counting"
@@ -365,8 +372,9 @@ class TunaModel:
                 quick = self._with_fragments(cert, compute=False)
                 if bound_closes(quick.bound, target, self.granularity()):
                     return quick
-            cert = self._with_fragments(cert)
-        if target is None:
+            # with a time limit, only what it allowed: the rest would run past it
+            cert = self._with_fragments(cert, compute=not timed)
+        if target is None and not timed:
             self._full_bound = cert
         return cert
 
