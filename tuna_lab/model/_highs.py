@@ -95,6 +95,24 @@ def highs_lp(cost, A, row_lower, row_upper, col_lower, col_upper, integer=()):
     return lp
 
 
+def _boxed_max(c, A, lb, ub, upper, time_limit, integer, options):
+    """A quiet ``highspy.Highs`` holding ``max c @ x``, ``lb <= A @ x <= ub``, ``0 <= x <= upper``
+    (integer ``x`` if ``integer``), with ``options`` and the time limit set."""
+    import scipy.sparse as sp
+
+    n = len(c)
+    lp = highs_lp(-np.asarray(c, dtype=float), sp.csc_matrix(np.asarray(A, dtype=float)), lb, ub,  # HiGHS minimises
+                  np.zeros(n), np.full(n, float(upper)), integer=np.arange(n) if integer else ())
+    fresh_scheduler()
+    h = new_highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", max(0.05, float(time_limit)))
+    for key, value in options.items():
+        h.setOptionValue(key, value)
+    h.passModel(lp)
+    return h
+
+
 def central_duals(c, A, lb, ub, upper, time_limit):
     """Row duals ``y`` of ``max c @ x``, ``lb <= A @ x <= ub``, ``0 <= x <= upper`` near the centre of the optimal face, or ``None``.
 
@@ -106,18 +124,9 @@ def central_duals(c, A, lb, ub, upper, time_limit):
     proves with it works out the bound it implies itself.
     """
     import highspy
-    import scipy.sparse as sp
 
-    n = len(c)
-    lp = highs_lp(-np.asarray(c, dtype=float), sp.csc_matrix(np.asarray(A, dtype=float)), lb, ub,
-                  np.zeros(n), np.full(n, float(upper)))
-    fresh_scheduler()
-    h = new_highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("solver", "ipm")
-    h.setOptionValue("run_crossover", "off")
-    h.setOptionValue("time_limit", max(0.05, float(time_limit)))
-    h.passModel(lp)
+    h = _boxed_max(c, A, lb, ub, upper, time_limit, integer=False,
+                   options={"solver": "ipm", "run_crossover": "off"})
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return None
@@ -160,20 +169,9 @@ def integer_program(c, A, lb, ub, upper, time_limit, start=None):
     ``start``: a feasible ``x`` to begin from (its value prunes the search).
     """
     import highspy
-    import scipy.sparse as sp
 
     c = np.asarray(c, dtype=float)
-    n = len(c)
-    lp = highs_lp(-c, sp.csc_matrix(np.asarray(A, dtype=float)), lb, ub,      # HiGHS minimises
-                  np.zeros(n), np.full(n, float(upper)), integer=np.arange(n))
-    fresh_scheduler()
-    h = new_highs()
-    h.setOptionValue("output_flag", False)
-    h.setOptionValue("mip_rel_gap", 0.0)
-    h.setOptionValue("time_limit", max(0.05, float(time_limit)))
-    for key, value in _QUIET_HEURISTICS.items():
-        h.setOptionValue(key, value)
-    h.passModel(lp)
+    h = _boxed_max(c, A, lb, ub, upper, time_limit, integer=True, options={"mip_rel_gap": 0.0, **_QUIET_HEURISTICS})
     if start is not None:
         sol = highspy.HighsSolution()
         sol.col_value = np.asarray(start, dtype=float)

@@ -379,13 +379,8 @@ class _Pricing:
         if self._table is None:
             h_max = max((hi for *_, hi, _, _ in self.shapes), default=0)
             n_min = min((max(lo, a) for _, a, _, _, lo, *_ in self.shapes), default=0)
-            # count them first (partitions of n into parts <= largest, the usual recurrence)
-            ways = np.zeros(h_max + 1, dtype=float)
-            ways[0] = 1.0
-            for k in range(1, self.largest + 1):
-                for n in range(k, h_max + 1):
-                    ways[n] += ways[n - k]
-            if ways[n_min:].sum() > _TABLE_ROWS:
+            # count them first (any number of parts: the table's rows before the W filter)
+            if _count_partitions(h_max, self.largest, h_max)[n_min:].sum() > _TABLE_ROWS:
                 self._table = False
                 return None
             V = _count_vectors(n_min, h_max, self.largest)
@@ -643,6 +638,11 @@ def _key(column):
     return column[:4] + (np.asarray(column[4], dtype=np.int64).tobytes(),)
 
 
+def _used(program, solution):
+    """The domain columns ``solution`` uses, by :func:`_key`, with their counts."""
+    return {_key(program.columns[i]): int(solution.domains[i]) for i in np.flatnonzero(solution.domains)}
+
+
 class _Branching:
     """Price-and-branch over the patterns of a generated program within a growing slack.
 
@@ -692,7 +692,7 @@ class _Branching:
                 self.over = solution is not None
                 break
             if solution.proven:
-                used = {_key(final.columns[i]): int(solution.domains[i]) for i in np.flatnonzero(solution.domains)}
+                used = _used(final, solution)
                 same = self.best is not None and self.best[2] == used and \
                     np.array_equal(self.best[1].workers, solution.workers)
                 return replace(solution, alternatives=self.alternatives(1 if same else 0))
@@ -702,9 +702,7 @@ class _Branching:
                 if self.best is None or found > self.best[0]:
                     if self.best is not None:
                         self.plans = [self.best[1]] + self.plans[:_ALTERNATIVES - 1]
-                    used = {_key(final.columns[i]): int(solution.domains[i])
-                            for i in np.flatnonzero(solution.domains)}
-                    self.best = (found, solution, used)
+                    self.best = (found, solution, _used(final, solution))
                     if on_plan is not None and found < self.tight - 2 * tol:
                         on_plan(solution)
                 if self.best[0] >= self.tight - 2 * tol:
