@@ -9,6 +9,8 @@ where the bound is of some levels only; and on instances too big to
 enumerate, against the optimum HiGHS proves.
 """
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
@@ -50,6 +52,28 @@ def level_parts(assign, model):
             per_worker += np.stack([np.bincount(row, minlength=n_dom) ** 2 for row in lab[:, w, :]]).sum(axis=1)
         parts[:, j] = -0.5 * wt * ((mains ** 2).sum(axis=1) * (1 if caps.spread_main else 0) + s * per_worker)
     return const, parts
+
+
+def keeps_workers_apart(solution):
+    """A fragment plan puts no two fragments of one worker in one domain, as far as counts can tell.
+
+    Written from the definition: a domain whose pattern holds ``k`` fragments
+    of sizes in a set ``S`` needs ``k`` distinct workers with a fragment of a
+    size in ``S``, for every such set.
+    """
+    if solution.domains is None:
+        return True
+    program = solution.program
+    parts = np.array([vec for vec, _ in program.partitions])
+    for i in np.flatnonzero(solution.domains):
+        vec = np.asarray(program.columns[i][4])
+        sizes = np.flatnonzero(vec)
+        for r in range(1, len(sizes) + 1):
+            for S in itertools.combinations(sizes, r):
+                S = list(S)
+                if solution.workers @ (parts[:, S].sum(axis=1) > 0) < vec[S].sum():
+                    return False
+    return True
 
 
 def _model(spec, W, T, drop, mode="compact"):
@@ -98,6 +122,7 @@ def test_no_bound_cuts_off_a_feasible_mapping(case):
             event(f"fragment program of levels {program.levels}")
             covered = list(program.levels)
             assert solution.bound >= parts[:, covered].sum(axis=1).max() - 1e-6, (j, inner)
+            assert keeps_workers_apart(solution), (j, inner)
             positions = fragment_mapping(model.caps, chain, solution)
             if positions is not None:
                 event("fragment mapping")
@@ -145,6 +170,28 @@ def test_bounds_agree_with_highs(spec, W, T, drop):
     assert cert.bound >= optimum - 1e-6
     by_default = model.solve(time_limit=60)
     assert model.value(by_default.positions) == pytest.approx(optimum)
+
+
+# (8+) with L+ = 1 and no event of (12+) left: a main is alone on its physical core, so its
+# fragment pairs one thread fewer, mains cannot share a core at L+, and the loads fix how many
+# cores can hold a pair. The bound knows it and closes on the optimum HiGHS proves.
+PHYSICAL_MAIN_CASES = [
+    ("l3:2 l2:4 core:1 pu:2", 5, 2),
+    ("l3:3 l2:4 core:1 pu:2", 4, 4),
+    ("l3:3 l2:4 core:1 pu:2", 5, 4),
+]
+
+
+@pytest.mark.parametrize("spec,W,T", PHYSICAL_MAIN_CASES)
+def test_bound_closes_where_mains_hold_physical_cores_alone(spec, W, T):
+    keys, model = _model(spec, W, T, ())
+    assert model.caps.phys_load[0] == 1 and model.caps.phys_event_budget is not None
+    by_highs = model.solve(prove="solver", time_limit=120)
+    assert by_highs.proven_optimal
+    optimum = model.value(by_highs.positions)
+    cert = model.certificate()
+    assert cert.bound >= optimum - 1e-6
+    assert bound_closes(cert.bound, optimum, model.granularity()), (cert.name, cert.bound, optimum)
 
 
 SMT_L3 = "l3:2 l2:2 core:1 pu:2"      # two L3 domains of two SMT-2 cores: the joint program's shape, in small

@@ -97,12 +97,14 @@ def highs_lp(cost, A, row_lower, row_upper, col_lower, col_upper, integer=()):
 
 def _boxed_max(c, A, lb, ub, upper, time_limit, integer, options):
     """A quiet ``highspy.Highs`` holding ``max c @ x``, ``lb <= A @ x <= ub``, ``0 <= x <= upper``
-    (integer ``x`` if ``integer``), with ``options`` and the time limit set."""
+    (integer ``x`` if ``integer``; ``upper`` one for all or one per column), with ``options`` and the
+    time limit set."""
     import scipy.sparse as sp
 
     n = len(c)
     lp = highs_lp(-np.asarray(c, dtype=float), sp.csc_matrix(np.asarray(A, dtype=float)), lb, ub,  # HiGHS minimises
-                  np.zeros(n), np.full(n, float(upper)), integer=np.arange(n) if integer else ())
+                  np.zeros(n), np.broadcast_to(np.asarray(upper, dtype=float), (n,)).copy(),
+                  integer=np.arange(n) if integer else ())
     fresh_scheduler()
     h = new_highs()
     h.setOptionValue("output_flag", False)
@@ -166,7 +168,8 @@ _QUIET_HEURISTICS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": 
 def integer_program(c, A, lb, ub, upper, time_limit, start=None):
     """``max c @ x`` over integers ``0 <= x <= upper`` with ``lb <= A @ x <= ub`` (HiGHS), as an :class:`IntegerResult`.
 
-    ``start``: a feasible ``x`` to begin from (its value prunes the search).
+    ``upper``: one bound for every column or one per column. ``start``: a
+    feasible ``x`` to begin from (its value prunes the search).
     """
     import highspy
 

@@ -517,10 +517,19 @@ def domain_shapes(caps, chain, j):
                     if has_load and log_ev and main_cap <= 1:
                         hi -= (a - el) * (inst.U - inst.L)     # main cores at L unless an event
                     if phys:
-                        kp = -(-a // 2) if main_cap <= 1 else -(-a // (2 * main_cap))
                         hp = npc * inst.U_phys
                         if phys_ev:
-                            hp -= max(0, min(kp, npc) - ep) * (inst.U_phys - inst.L_phys)
+                            # a physical core hosting mains carries L+ threads unless it spends an
+                            # event (then U+): it hosts at most L+ mains, an event core U+ (and
+                            # either at most its siblings' share); the ``ep`` event cores take what
+                            # they can, the rest need ``k`` cores held at L+
+                            room = -(-sz // npc) * main_cap
+                            per_low, per_up = min(inst.L_phys, room), min(inst.U_phys, room)
+                            rest = max(0, a - ep * per_up)
+                            k = -(-rest // per_low) if per_low > 0 else (npc + 1 if rest else 0)
+                            if k + ep > npc:
+                                continue            # the mains do not fit: no domain takes this shape
+                            hp -= k * (inst.U_phys - inst.L_phys)
                         hi = min(hi, hp)
                     hi = min(hi, W * T)
                     # cores a main thread holds alone (at most one thread there)

@@ -35,6 +35,7 @@ Examples
 (64, 6)
 """
 
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 
@@ -134,6 +135,9 @@ class FragmentSolution:
         The other plans the search found on the way, best first (a plan
         forgets which worker is which, and a mapping may follow a worse one
         where it cannot follow the best).
+    cuts : tuple of (tuple of int, int)
+        The worker rules the search added (:func:`_worker_cuts`): the plan
+        and the bound keep them.
     """
 
     program: object
@@ -142,6 +146,7 @@ class FragmentSolution:
     workers: np.ndarray | None
     proven: bool
     alternatives: tuple = ()
+    cuts: tuple = ()
     _search: object = field(default=None, repr=False, compare=False)
 
     def resume(self, time_limit, on_plan=None):
@@ -184,7 +189,7 @@ class FragmentProgram:
     pricing: object = None
 
     def solve(self, time_limit=5.0, slack=None, complete_below=np.inf, duals=None, ceiling=None, start=None,
-              on_plan=None):
+              on_plan=None, cuts=None):
         """The level's bound and, where one is found, an integer plan (:class:`FragmentSolution`).
 
         The linear relaxation first: its optimum bounds the level in any
@@ -210,15 +215,22 @@ class FragmentProgram:
         generated program's search finds on its way (a
         :class:`FragmentSolution`), so that a caller can map it while the
         search goes on to its time limit.
-        """
-        from ._highs import integer_program
 
+        A plan forgets which worker is which, so it may put two fragments
+        of one worker in one domain, which no mapping can follow: such a
+        plan is cut off by a worker rule (:func:`_worker_cuts`), each a 0-1
+        column of the integer program, and the program solved again. The
+        rules hold for every mapping, so the bound is one on mappings (and
+        no longer on the program). ``cuts``: the rules to begin with
+        (default: :func:`_pair_cuts`).
+        """
         if self.pricing is not None:
             return self.pricing.solve(self, time_limit, slack, on_plan)
 
         t_end = time.perf_counter() + time_limit
         A, lb, ub = self.A, self.lb, self.ub
         n_dom = len(self.columns)
+        cuts = _pair_cuts(self) if cuts is None else list(cuts)
         if duals is None:
             relaxed = self.relaxation(time_limit)
             if relaxed is None:
@@ -227,7 +239,8 @@ class FragmentProgram:
             if np.all(np.abs(x - np.round(x)) < 1e-7):
                 x = np.round(x).astype(int)
                 tol = 1e-7 * max(1.0, abs(bound))
-                return FragmentSolution(self, bound + tol, x[:n_dom], x[n_dom:], True)
+                if not _worker_cuts(self, x):
+                    return FragmentSolution(self, bound + tol, x[:n_dom], x[n_dom:], True, cuts=tuple(cuts))
             _, reduced, ceiling = _central(self, y, bound, t_end)
         else:
             reduced, ceiling = _dual_bound(self, duals)[1], float(ceiling)
@@ -235,7 +248,8 @@ class FragmentProgram:
         slack = 1e-3 * max(1.0, abs(ceiling)) if slack is None else float(slack)
         slack = min(slack, complete_below)
         best, tight = None, ceiling
-        if start is not None and np.all(A @ start >= lb - 1e-9) and np.all(A @ start <= ub + 1e-9):
+        if start is not None and np.all(A @ start >= lb - 1e-9) and np.all(A @ start <= ub + 1e-9) \
+                and not _worker_cuts(self, start):
             best = (float(self.value @ start), np.asarray(start, dtype=int))
         while time.perf_counter() < t_end - 0.05:
             keep = np.flatnonzero(reduced <= slack + tol)
@@ -251,8 +265,7 @@ class FragmentProgram:
             begin = None
             if best is not None and not np.any(np.delete(best[1], keep)):
                 begin = best[1][keep]
-            res = integer_program(self.value[keep], A[:, keep], lb, ub, self.upper,
-                                  max(0.05, t_end - time.perf_counter()), start=begin)
+            res = _restricted(self, keep, cuts, max(0.05, t_end - time.perf_counter()), start=begin)
             # a plan better than max(its dual bound, D - slack) would use only kept columns, and
             # none of those beats the dual bound: a bound on the level even when HiGHS stops early
             if res.status == "infeasible":
@@ -262,21 +275,28 @@ class FragmentProgram:
             if res.x is not None:
                 x = np.zeros(len(self.value), dtype=int)
                 x[keep] = res.x
+                broken = _worker_cuts(self, x)
+                if broken:
+                    # no mapping follows it: cut it off (and every plan that breaks the same rules)
+                    cuts += broken
+                    if res.status == "optimal":
+                        continue
+                    break
                 found = float(self.value @ x)
                 if best is None or found > best[0]:
                     best = (found, x)
                 if (res.status == "optimal" and found >= ceiling - slack) or found >= tight - tol:
                     # no plan with a column left out beats it: it is the integer optimum
-                    return FragmentSolution(self, found + tol, x[:n_dom], x[n_dom:], True)
+                    return FragmentSolution(self, found + tol, x[:n_dom], x[n_dom:], True, cuts=tuple(cuts))
             if capped or res.status == "stopped" or slack >= complete_below:
                 break                       # out of columns to add, or out of time
             # widen the columns to what a better plan could still use
             slack = max(2 * slack, ceiling - best[0] + tol) if best is not None else 4 * slack
             slack = min(slack, complete_below)
         if best is None:
-            return FragmentSolution(self, tight + tol, None, None, False)
+            return FragmentSolution(self, tight + tol, None, None, False, cuts=tuple(cuts))
         x = best[1]
-        return FragmentSolution(self, tight + tol, x[:n_dom], x[n_dom:], False)
+        return FragmentSolution(self, tight + tol, x[:n_dom], x[n_dom:], False, cuts=tuple(cuts))
 
     def relaxation(self, time_limit=5.0):
         """``(optimum, x, reduced costs)`` of the linear relaxation, or ``None``.
@@ -343,6 +363,86 @@ def _central(program, y, bound, t_end, unseen=0.0):
     return vertex
 
 
+def _worker_cuts(program, x):
+    """The worker rules plan ``x`` (counts of every column of ``program``) breaks, as ``(sizes, need)``.
+
+    A domain's fragments belong to distinct workers, so a domain that takes
+    ``need`` fragments of the sizes ``sizes`` (indices: size - 1) needs
+    ``need`` workers with a fragment of one of those sizes. Every mapping
+    keeps these rules; a plan, which forgets which worker is which, may not.
+    The smallest sets of sizes a used pattern breaks the rule for, at most
+    ``_CUT_SIZES`` sizes of a pattern considered.
+    """
+    n_dom = len(program.columns)
+    x = np.asarray(x)
+    parts = np.array([vec for vec, _ in program.partitions])
+    out = []
+    for c in np.flatnonzero(x[:n_dom]):
+        vec = np.asarray(program.columns[c][4])
+        sizes = np.flatnonzero(vec)[::-1][:_CUT_SIZES]
+        broken = []
+        for r in range(1, len(sizes) + 1):
+            for S in itertools.combinations(sorted(int(k) for k in sizes), r):
+                if any(set(b) <= set(S) for b in broken):
+                    continue
+                need = int(vec[list(S)].sum())
+                if int(x[n_dom:] @ (parts[:, list(S)].sum(axis=1) > 0)) < need:
+                    broken.append(S)
+                    if (S, need) not in out:
+                        out.append((S, need))
+    return out
+
+
+def _pair_cuts(program):
+    """The worker rules of :func:`_worker_cuts` for the workers of two fragments, written before any plan breaks them.
+
+    A plan breaks a rule most often by putting one worker's two fragments
+    ``p`` and ``T - p`` in one domain, where no worker can hold them both:
+    one rule for each split of ``T`` in two, so that the search never meets
+    those plans (found one at a time, each would cost a program solved again).
+    """
+    T, largest = program.caps.instance.T, len(program.partitions[0][0])
+    return [(tuple(sorted({p - 1, T - p - 1})), 2) for p in range(1, T // 2 + 1) if T - p <= largest]
+
+
+def _restricted(program, keep, cuts, time_limit, start=None):
+    """:func:`_highs.integer_program` over the columns ``keep`` of ``program``, with the worker rules ``cuts``.
+
+    Each rule ``(sizes, need)`` (:func:`_worker_cuts`) is a 0-1 column ``u``:
+    the domains taking a pattern of ``need`` or more fragments of those
+    sizes are at most ``u`` times all of them, and the workers with a
+    fragment of one of them at least ``need u``. ``start``: counts of the
+    kept columns. The result's ``x`` holds the kept columns only.
+    """
+    from ._highs import IntegerResult, integer_program
+
+    A, lb, ub, value = program.A[:, keep], program.lb, program.ub, program.value[keep]
+    upper = np.full(len(keep), float(program.upper))
+    if cuts:
+        n_dom = len(program.columns)
+        dom, wrk = keep[keep < n_dom], keep[keep >= n_dom] - n_dom
+        vecs = np.zeros((len(keep), len(program.partitions[0][0])))
+        vecs[keep < n_dom] = [program.columns[i][4] for i in dom]
+        parts = np.zeros_like(vecs)
+        parts[keep >= n_dom] = [program.partitions[i][0] for i in wrk]
+        k, domains = len(cuts), float(sum(program.classes.values()))
+        takes = np.array([vecs[:, list(S)].sum(axis=1) >= need for S, need in cuts], dtype=float)
+        has = np.array([parts[:, list(S)].sum(axis=1) > 0 for S, _ in cuts], dtype=float)
+        needs = np.array([need for _, need in cuts], dtype=float)
+        A = np.block([[A, np.zeros((len(A), k))], [takes, -domains * np.eye(k)], [has, -np.diag(needs)]])
+        lb = np.concatenate([lb, np.full(k, -np.inf), np.zeros(k)])
+        ub = np.concatenate([ub, np.zeros(k), np.full(k, np.inf)])
+        value = np.concatenate([value, np.zeros(k)])
+        upper = np.concatenate([upper, np.ones(k)])
+        if start is not None:
+            used = (takes @ start > 0).astype(float)
+            start = np.concatenate([start, used]) if np.all(has @ start >= needs * used) else None
+    res = integer_program(value, A, lb, ub, upper, time_limit, start=start)
+    if cuts and res.x is not None:
+        res = IntegerResult(res.status, res.x[:len(keep)], res.value, res.bound)
+    return res
+
+
 class _Pricing:
     """The domain patterns of a program too big to write out: a first few, and those that price out.
 
@@ -396,7 +496,7 @@ class _Pricing:
         ci, a, el, ep, *_ = shape
         value = -0.5 * self.wt * ((a * a if self.use_main else 0) - V.astype(float) @ self.squares)
         if self.inner is not None:
-            value = value + self.inner(V, V @ self.sizes, a, el, ep, self.npc[ci])
+            value = value + self.inner(V, V @ self.sizes, a, el, ep, self.npc[ci], shape[-1])
         return value
 
     def _columns(self, shape, V, values=None):
@@ -662,6 +762,7 @@ class _Branching:
         self.best, self.final, self.tight = None, replace(program, pricing=None), ceiling + self.tol
         self.plans = []                    # the plans best was before, best first
         self.over = False                  # nothing left to try
+        self.cuts = tuple(_pair_cuts(program))      # the worker rules so far (they hold for every program)
 
     def run(self, time_limit, on_plan=None):
         """The best solution after up to ``time_limit`` seconds more (:class:`FragmentSolution`); ``on_plan``
@@ -686,11 +787,12 @@ class _Branching:
                     start[len(final.columns):] = self.best[1].workers
             began, before = time.perf_counter(), -np.inf if self.best is None else self.best[0]
             solution = final.solve(left, slack=self.slack, complete_below=self.slack, duals=self.y,
-                                   ceiling=ceiling, start=start) if left > 0 else None
+                                   ceiling=ceiling, start=start, cuts=self.cuts) if left > 0 else None
             quick = time.perf_counter() - began < min(_QUICK * left, _QUICK_S)
             if solution is None or solution.bound > ceiling + 2 * tol:     # (its own tolerance added)
                 self.over = solution is not None
                 break
+            self.cuts = solution.cuts
             if solution.proven:
                 used = _used(final, solution)
                 same = self.best is not None and self.best[2] == used and \
@@ -739,6 +841,9 @@ _ALTERNATIVES = 3
 
 #: Most columns the integer program of :meth:`FragmentProgram.solve` keeps.
 _RESTRICTED_COLUMNS = 8000
+
+#: Most fragment sizes of a pattern (the largest) whose subsets :func:`_worker_cuts` tries.
+_CUT_SIZES = 8
 
 #: How much the branching's slack grows at most once it has a plan and its programs take time: the
 #: columns within it (and HiGHS's time) grow much faster than the slack, and a better plan found on
@@ -833,7 +938,7 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadli
             V = counts[keep]
             values = -0.5 * wt * ((a * a if use_main else 0) + s * (V @ squares).astype(float))
             if inner is not None and len(V):
-                values = values + inner(V, np.full(len(V), n), a, el, ep, npc)
+                values = values + inner(V, np.full(len(V), n), a, el, ep, npc, other)
             columns += [(ci, a, el, ep, vec, float(value), other) for vec, value in zip(V, values)]
             if deadline is not None and time.perf_counter() > deadline:
                 return None
@@ -932,12 +1037,23 @@ def _inner_rule(caps, chain, j):
     # two workers can each have one there
     per_core = max(0, min(U, phys[1] // 2) if phys is not None else U)
     events = caps.phys_event_budget is not None and phys is not None and phys[1] > phys[0]
+    balanced = phys is not None and phys[1] - phys[0] <= 1
+    # a main on a physical core at L+ = 1 (no event) is alone there: its own fragment pairs one thread fewer
+    alone_phys = events and phys[0] == 1
 
-    def inner(vec, n, a, el, ep, npc):
+    def inner(vec, n, a, el, ep, npc, other):
         # numpy's element-wise min/max: ``vec`` may be one pattern or a table of them (rows), ``n`` their sizes
         # a worker holds at most one pair on a physical core: no more pairs there than fragments of two or more
         duos = vec.sum(axis=-1) - vec[..., 0]
-        pairs = np.minimum(npc * np.minimum(per_core, duos), vec @ (np.arange(1, vec.shape[-1] + 1) // 2))
+        halves = vec @ (np.arange(1, vec.shape[-1] + 1) // 2)
+        if alone_phys:
+            halves = halves - _lone_main_loss(vec, n, a, ep, npc, other)
+        pairs = np.minimum(npc * np.minimum(per_core, duos), halves)
+        if balanced:
+            # (8+) holds each physical core at L+ or U+ threads: ``n`` fixes how many carry U+, and a
+            # core of ``l`` threads holds at most ``l // 2`` pairs
+            up = np.clip(n - npc * phys[0], 0, npc)
+            pairs = np.minimum(pairs, (npc - up) * (phys[0] // 2) + up * (phys[1] // 2))
         shared = 0                  # physical cores two mains must share
         if events:
             q_max = (npc * phys[1] - n) // (phys[1] - phys[0]) + ep
@@ -961,6 +1077,32 @@ def _inner_rule(caps, chain, j):
     inner.per_main = -0.5 * (w0 + w1) * (1 if use_main else 0)
     inner.per_core = per_core
     return inner
+
+
+def _lone_main_loss(vec, n, a, ep, npc, other):
+    """The fewest pairs a domain's fragments lose to mains alone on their physical core (L+ = 1).
+
+    ``vec``: fragment counts (one pattern or rows of them) of ``n`` threads
+    on ``npc`` physical cores; ``a`` mains, all alone but those on the ``ep``
+    event cores (load U+ = 2), of which one per core may pair with its own
+    worker. Two mains on an event core pair with neither, and the mains the
+    ``2 npc - n`` cores at L+ do not seat must double up so. A main without
+    a pair takes one thread of its fragment out of the pairing, which costs
+    a fragment of even size one pair and an odd one none. Mains lie in
+    distinct fragments, every fragment bigger than ``other`` holds one, and
+    the others go to odd fragments first; the mains paired on event cores
+    spare even fragments first.
+    """
+    vec = np.asarray(vec)
+    sizes = np.arange(1, vec.shape[-1] + 1)
+    even, big = sizes % 2 == 0, sizes > other
+    must_even = vec @ (even & big)
+    must = vec @ big
+    odd_free = vec @ (~even & ~big)
+    extra_even = np.maximum(0, (a - must) - odd_free)
+    doubled = np.maximum(0, a - np.maximum(0, 2 * npc - n) - ep)
+    spared = np.minimum(a, np.maximum(0, ep - doubled))
+    return np.maximum(0, must_even + extra_even - spared)
 
 
 def _lone_main_pairs(pairs, duos, a, npc, per_core, shared, use_main):
