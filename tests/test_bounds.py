@@ -307,6 +307,33 @@ def test_generated_fragment_program_is_the_written_out_one(W, T, inner):
         assert b.bound == pytest.approx(a.bound, abs=1e-4)
 
 
+@pytest.mark.parametrize("spec,W,T,drop", [(SMT_L3, 1, 6, ("8p", "11p-12p")), (SMT_L3, 2, 3, ()),
+                                             (SMT_L3, 2, 4, ("8p", "11p-12p")), CROWDED_CASES[3]])
+@pytest.mark.parametrize("inner", [True, False])
+def test_generated_workers_give_the_written_out_bound(spec, W, T, drop, inner, monkeypatch):
+    """Where ``T`` has too many partitions to write out (``T`` far above a domain's size), the workers
+    are generated too: forced here from the partitions of fewest parts, the bound is the one of every
+    partition written out, and it covers the optimum."""
+    from tuna_lab.model import fragments
+
+    keys, model = _model(spec, W, T, drop)
+    by_highs = model.solve(prove="solver", time_limit=120)
+    assert by_highs.proven_optimal
+    const, parts = level_parts(by_highs.positions[None], model)
+    chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+    full = fragment_program(model.caps, chain, 2, inner=inner)
+    monkeypatch.setattr(fragments, "_WORKER_PARTITIONS", 0)
+    monkeypatch.setattr(fragments, "_EXTRA_PARTS", 0)
+    generated = fragment_program(model.caps, chain, 2, inner=inner)
+    assert generated.pricing is not None and len(generated.partitions) < len(full.partitions)
+    a, b = full.solve(time_limit=20), generated.solve(time_limit=20)
+    assert a.proven and b.proven
+    if spec == SMT_L3:          # (the fewest parts fit no plan or not the best: partitions were added)
+        assert len(b.program.partitions) > len(generated.partitions)
+    assert b.bound == pytest.approx(a.bound, abs=1e-4)
+    assert b.bound >= parts[0, list(full.levels)].sum() - 1e-6
+
+
 @pytest.mark.parametrize("W,T", [(2, 3), (3, 2), (1, 6), (4, 2)])
 @pytest.mark.parametrize("inner", [True, False])
 def test_pricing_by_table_and_by_walk_find_the_same_patterns(W, T, inner, monkeypatch):

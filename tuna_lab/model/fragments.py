@@ -100,6 +100,21 @@ def _counts(part, largest):
         else np.zeros(largest, dtype=int)
 
 
+def _marked(T, largest, most=None):
+    """The workers: partitions of ``T`` (at most ``most`` parts) as ``(count vector, index of the marked size)``,
+    one for each size a part has (the fragment holding the main thread)."""
+    out = []
+    for part in _partitions(T, largest, most):
+        vec = _counts(part, largest)
+        out += [(vec, int(k)) for k in np.flatnonzero(vec)]
+    return out
+
+
+def _part_key(partition):
+    """A worker column's identity: its count vector and marked size."""
+    return np.asarray(partition[0], dtype=np.int64).tobytes(), int(partition[1])
+
+
 def _mains(cnt, a, other):
     """How many of each pattern's fragments of each size must / may hold a main: ``(must, may)``.
 
@@ -453,10 +468,14 @@ class _Pricing:
     best any completion of a partial pattern can reach is a knapsack over
     the threads left, and a depth-first walk over the partitions (largest
     fragments first) prunes every branch that cannot reach the threshold.
+    With ``workers``, the partitions of ``T`` are generated the same way
+    (:meth:`price_workers`).
     """
 
-    def __init__(self, caps, chain, j, wt, classes, shapes, largest, inner):
+    def __init__(self, caps, chain, j, wt, classes, shapes, largest, inner, workers=False):
         self.caps, self.wt, self.shapes, self.largest, self.inner = caps, wt, shapes, largest, inner
+        self.workers = workers
+        self.most = caps.instance.T           # the most parts of the partitions written out first
         self.npc = [key[1] for key in classes]
         self.counts = list(classes.values())
         self.nc = len(classes)
@@ -684,12 +703,71 @@ class _Pricing:
                 found += self._columns_over(shape, np.array(leaves), y, threshold, keep)
         return found
 
+    def price_workers(self, y, threshold, deadline, node_limit=400000):
+        """Partitions of ``T`` (marked, as in :attr:`FragmentProgram.partitions`) whose profit at ``y`` exceeds
+        ``threshold``; ``[]`` unless the workers are generated, ``None`` out of nodes or time.
+
+        A worker column's profit is the workers' row dual, less each part's
+        fragment-count dual, plus the marked size's two main duals: a
+        depth-first walk over the parts (largest first), pruned by the best
+        any completion can add (an exact-fill knapsack over the threads left).
+        """
+        if not self.workers:
+            return []
+        L, T, base = self.largest, self.caps.instance.T, self.nc + 2
+        gain = -y[base::3][:L]                        # a part of size k + 1
+        mark = y[base + 1::3][:L] + y[base + 2::3][:L]
+        const = y[self.nc + 1]
+        # fill[k, R]: the most parts of sizes <= k + 1 add on exactly R threads
+        fill = np.full((L, T + 1), -np.inf)
+        fill[:, 0] = 0.0
+        for k in range(L):
+            for R in range(1, T + 1):
+                best = fill[k - 1, R] if k else -np.inf
+                if R >= k + 1:
+                    best = max(best, fill[k, R - k - 1] + gain[k])
+                fill[k, R] = best
+        top_mark = np.maximum.accumulate(mark)        # the best marked size among sizes <= k + 1
+        nodes, found, vec = [0], [], np.zeros(L, dtype=int)
+
+        def walk(k, R, acc, marked):
+            nodes[0] += 1
+            if nodes[0] > node_limit:
+                raise _OutOfNodes
+            if R == 0:
+                for m in np.flatnonzero(vec):
+                    if const + acc + mark[m] > threshold:
+                        found.append((vec.copy(), int(m)))
+                return
+            if k < 0 or const + acc + fill[k, R] + max(marked, top_mark[k]) <= threshold:
+                return
+            for c in range(R // (k + 1), -1, -1):
+                vec[k] = c
+                walk(k - 1, R - c * (k + 1), acc + c * gain[k], max(marked, mark[k]) if c else marked)
+            vec[k] = 0
+
+        try:
+            walk(L - 1, T, 0.0, -np.inf)
+        except _OutOfNodes:
+            return None
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
+        return found
+
     def solve(self, program, time_limit, slack, on_plan=None):
-        """Generate columns until none prices out, then price-and-branch (:class:`_Branching`)."""
+        """Generate columns until none prices out, then price-and-branch (:class:`_Branching`).
+
+        With :attr:`workers`, the partitions of ``T`` are generated alongside the domain patterns.
+        """
         t_end = time.perf_counter() + time_limit
         while True:
             left = t_end - time.perf_counter()
             relaxed = program.relaxation(left) if left > 0 else None
+            if relaxed is None and left > 0 and self.workers and self.most < self.caps.instance.T:
+                # the partitions of few parts fit no plan: those of a few parts more (pricing needs one)
+                self.most += _EXTRA_PARTS
+                program = self.extended(program, (), _marked(self.caps.instance.T, self.largest, self.most))
+                continue
             if relaxed is None:
                 return None
             bound, _, _, y = relaxed
@@ -697,40 +775,50 @@ class _Pricing:
             # ``eps`` per domain, which the bound below counts (``unseen``)
             eps = 1e-7 * max(1.0, abs(bound))
             y = _dual_bound(program, y)[0]        # signs clipped: the bound below comes from these duals
-            new = self.price(y, eps, t_end)
-            if new is None:
+            new, new_workers = self.price(y, eps, t_end), self.price_workers(y, eps, t_end)
+            if new is None or new_workers is None:
                 return None                  # the relaxation's optimum over all patterns is not proven
             known = {_key(c) for c in program.columns}
-            if all(_key(c) in known for c in new):
+            known_workers = {_part_key(p) for p in program.partitions}
+            if all(_key(c) in known for c in new) and all(_part_key(p) in known_workers for p in new_workers):
                 # the best few of each shape are all known: so is every pattern that prices out?
                 new = self.price(y, eps, t_end, keep=None)
                 if new is None:
                     return None
                 if all(_key(c) in known for c in new):
                     break
-            program = self.extended(program, new)
-        unseen = eps * sum(self.counts)
+            program = self.extended(program, new, new_workers)
+        # (and each worker left out less than ``eps``)
+        unseen = eps * (sum(self.counts) + (self.W if self.workers else 0))
         y, _, ceiling = _dual_bound(program, y, unseen)
         # central duals put far fewer columns within a slack than the vertex's (see FragmentProgram.solve):
         # take them where no pattern left out prices out at them either
         yc, _, ceiling_c = _central(program, y, bound, t_end, unseen)
         if not np.array_equal(yc, y):
-            found = self.price(yc, eps, t_end, keep=None)
-            if found is not None and all(_key(c) in known for c in found):
+            found, found_workers = self.price(yc, eps, t_end, keep=None), self.price_workers(yc, eps, t_end)
+            if found is not None and all(_key(c) in known for c in found) and found_workers is not None \
+                    and all(_part_key(p) in known_workers for p in found_workers):
                 y, ceiling = yc, ceiling_c
         return _Branching(self, program, y, ceiling, slack).run(t_end - time.perf_counter(), on_plan)
 
-    def extended(self, program, new):
-        """``program`` with the columns of ``new`` it does not hold yet (a generated program, each time
-        from its own columns: each branch must hold every column it was priced for)."""
+    def extended(self, program, new, new_workers=()):
+        """``program`` with the columns of ``new`` (and the partitions of ``new_workers``) it does not hold
+        yet (a generated program, each time from its own columns: each branch must hold every column it
+        was priced for)."""
         seen = {_key(c) for c in program.columns}
         cols = list(program.columns)
         for c in new:
             if _key(c) not in seen:
                 seen.add(_key(c))
                 cols.append(c)
-        value, A, lb, ub = _assemble(self.caps, program.classes, cols, program.partitions, self.largest)
-        return replace(program, columns=cols, value=value, A=A, lb=lb, ub=ub)
+        seen = {_part_key(p) for p in program.partitions}
+        parts = list(program.partitions)
+        for p in new_workers:
+            if _part_key(p) not in seen:
+                seen.add(_part_key(p))
+                parts.append(p)
+        value, A, lb, ub = _assemble(self.caps, program.classes, cols, parts, self.largest)
+        return replace(program, columns=cols, partitions=parts, value=value, A=A, lb=lb, ub=ub)
 
 
 def _key(column):
@@ -739,8 +827,9 @@ def _key(column):
 
 
 def _used(program, solution):
-    """The domain columns ``solution`` uses, by :func:`_key`, with their counts."""
-    return {_key(program.columns[i]): int(solution.domains[i]) for i in np.flatnonzero(solution.domains)}
+    """The columns ``solution`` uses, by :func:`_key` (domains) and :func:`_part_key` (workers), with their counts."""
+    return ({_key(program.columns[i]): int(solution.domains[i]) for i in np.flatnonzero(solution.domains)} |
+            {_part_key(program.partitions[i]): int(solution.workers[i]) for i in np.flatnonzero(solution.workers)})
 
 
 class _Branching:
@@ -771,20 +860,21 @@ class _Branching:
         tol, ceiling = self.tol, self.ceiling
         while not self.over and time.perf_counter() < t_end:
             near = self.pricing.price(self.y, -self.slack, t_end, keep=None)
-            if near is None or len(near) > MAX_COLUMNS:
-                self.over = near is not None     # too many to branch over: the bound stands alone
+            near_workers = self.pricing.price_workers(self.y, -self.slack, t_end) if near is not None else None
+            if near is None or near_workers is None or len(near) + len(near_workers) > MAX_COLUMNS:
+                self.over = near is not None and near_workers is not None   # too many: the bound stands alone
                 break
-            final = replace(self.pricing.extended(self.program, near), pricing=None)
+            final = replace(self.pricing.extended(self.program, near, near_workers), pricing=None)
             self.final = final
             left = t_end - time.perf_counter()
             start = None
             if self.best is not None:         # the best plan so far, on this program's columns
-                at = {_key(c): i for i, c in enumerate(final.columns)}
+                at = {_key(c): i for i, c in enumerate(final.columns)} | \
+                    {_part_key(p): len(final.columns) + i for i, p in enumerate(final.partitions)}
                 used = self.best[2]
                 if all(k in at for k in used):
                     start = np.zeros(len(final.value), dtype=int)
                     start[[at[k] for k in used]] = list(used.values())
-                    start[len(final.columns):] = self.best[1].workers
             began, before = time.perf_counter(), -np.inf if self.best is None else self.best[0]
             solution = final.solve(left, slack=self.slack, complete_below=self.slack, duals=self.y,
                                    ceiling=ceiling, start=start, cuts=self.cuts) if left > 0 else None
@@ -795,8 +885,7 @@ class _Branching:
             self.cuts = solution.cuts
             if solution.proven:
                 used = _used(final, solution)
-                same = self.best is not None and self.best[2] == used and \
-                    np.array_equal(self.best[1].workers, solution.workers)
+                same = self.best is not None and self.best[2] == used
                 return replace(solution, alternatives=self.alternatives(1 if same else 0))
             self.tight = min(self.tight, solution.bound)
             if solution.domains is not None:
@@ -844,6 +933,11 @@ _RESTRICTED_COLUMNS = 8000
 
 #: Most fragment sizes of a pattern (the largest) whose subsets :func:`_worker_cuts` tries.
 _CUT_SIZES = 8
+
+#: Partitions of ``T`` above which the workers are generated too (:meth:`_Pricing.price_workers`): those of
+#: at most ``_EXTRA_PARTS`` more parts than the fewest first (T = 32 into parts of 16 has 7,665; 36 has 15,892).
+_WORKER_PARTITIONS = 10000
+_EXTRA_PARTS = 2
 
 #: How much the branching's slack grows at most once it has a plan and its programs take time: the
 #: columns within it (and HiGHS's time) grow much faster than the slack, and a better plan found on
@@ -895,18 +989,16 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadli
         return None
     inner = _inner_rule(caps, chain, j) if inner else None
     levels = tuple(range(j + 1)) if inner is not None else (j,)
-    # a worker: a partition of T with one marked part, the fragment that holds its main thread
-    partitions = []
-    for part in _partitions(T, largest):
-        vec = _counts(part, largest)
-        for k in np.flatnonzero(vec):
-            partitions.append((vec, int(k)))
+    # a worker: a partition of T with one marked part, the fragment that holds its main thread; where
+    # T has too many partitions (T much bigger than a domain), those of few parts and the ones that price out
+    many = _count_partitions(T, largest, T)[T] > _WORKER_PARTITIONS
+    most = -(-T // largest) + _EXTRA_PARTS if many else T
+    partitions = _marked(T, largest, most)
 
     def generated():
         # too many patterns to write out: generate the ones that matter (see FragmentProgram.solve)
-        if len(partitions) > max_columns:
-            return None
-        pricing = _Pricing(caps, chain, j, wt, classes, shapes, largest, inner)
+        pricing = _Pricing(caps, chain, j, wt, classes, shapes, largest, inner, workers=many)
+        pricing.most = most
         columns = pricing.initial(deadline)
         if not columns:
             return None
@@ -914,7 +1006,7 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadli
         return FragmentProgram(caps, chain, j, levels, classes, columns, partitions, value, A, lb, ub,
                                max(max(classes.values()), W), pricing)
 
-    if _count_partitions(hi_max, largest, W).sum() > max_columns or len(partitions) > max_columns:
+    if many or _count_partitions(hi_max, largest, W).sum() > max_columns or len(partitions) > max_columns:
         return generated()                   # too many to write out: counted, not listed
     # every partition of up to hi_max threads into at most W fragments, as count vectors by their total
     V = _count_vectors(0, hi_max, largest)
