@@ -79,3 +79,40 @@ def test_time_limit_leaves_small_models_proven(epyc):
     mapping, wall = _timed_solve(model, time_limit=5.0)
     assert mapping.proven_optimal and mapping.gap == 0.0
     assert mapping.certificate["name"] != "highs" and mapping.certificate["proven"]
+
+
+def test_work_in_a_child_ends_by_its_timeout():
+    """HiGHS may run many seconds past its time limit in one uninterruptible step; a program run in a
+    child process (:func:`tuna_lab.model._highs.in_child`) is killed at its timeout instead, and
+    leaves no process behind."""
+    import psutil
+
+    from tuna_lab.model._highs import in_child
+
+    t0 = time.perf_counter()
+    assert in_child(time.sleep, (30,), 0.5) is None
+    assert time.perf_counter() - t0 < 0.5 + MARGIN
+    assert not psutil.Process().children(recursive=True)
+    assert in_child(divmod, (7, 2), 30) == (True, (3, 1))
+    ok, reason = in_child(int, ("seven",), 30)
+    assert not ok and "seven" in reason
+
+
+def test_a_big_restricted_program_solves_alike_in_a_child(monkeypatch):
+    """The restricted programs of the fragment search big enough to run in a child give what they
+    give in process."""
+    import numpy as np
+
+    from tuna_lab.model import _highs
+
+    rng = np.random.default_rng(7)
+    n = 1200
+    c = rng.integers(1, 50, n).astype(float)
+    A = rng.integers(0, 4, (6, n)).astype(float)
+    lb, ub = np.zeros(6), np.full(6, 40.0)
+    monkeypatch.setattr(_highs, "_CHILD_COLUMNS", 10 * n)
+    here = _highs.integer_program(c, A, lb, ub, 3, time_limit=30)
+    monkeypatch.setattr(_highs, "_CHILD_COLUMNS", n)
+    there = _highs.integer_program(c, A, lb, ub, 3, time_limit=30)
+    assert here.status == there.status == "optimal"
+    assert there.value == here.value == float(c @ there.x) and np.all(A @ there.x <= ub)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["new_highs", "fresh_scheduler", "highs_lp", "central_duals", "integer_program", "IntegerResult"]
+__all__ = ["new_highs", "fresh_scheduler", "in_child", "highs_lp", "central_duals", "integer_program",
+           "IntegerResult"]
 
 
 def new_highs(quiet=True):
@@ -68,6 +69,79 @@ def fresh_scheduler():
         # not blocking: the copied workers never ran in this process, there is nothing to wait for
         highspy.Highs.resetGlobalScheduler(False)
         _forked = False
+
+
+def in_child(target, args, timeout):
+    """``target(*args)`` in a forked process, killed if it has not answered within ``timeout`` seconds.
+
+    Returns ``(True, value)``, ``(False, reason)`` when it raised or died,
+    or ``None`` at the timeout. For HiGHS, which checks its time limit only
+    now and then: on some programs it goes on for many seconds past it in
+    one step (node propagation at the root) that no callback interrupts. In
+    a process that may not have children (a daemon), ``target`` runs here.
+    """
+    import multiprocessing
+
+    if multiprocessing.current_process().daemon:
+        try:
+            return True, target(*args)
+        except Exception as exc:
+            return False, _one_line(exc)
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, target, args, os.getpid()), name="tuna-lab-highs", daemon=True)
+    proc.start()
+    send.close()
+    try:
+        # poll also returns on a dead child (end of file), then recv raises EOFError
+        if not receive.poll(max(0.0, timeout)):
+            return None
+        try:
+            return receive.recv()
+        except EOFError:
+            return False, f"the HiGHS process ended with status {proc.exitcode}"
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        receive.close()
+
+
+def _child(conn, target, args, parent):
+    """In the forked child of :func:`in_child`: run, send the outcome to the parent, end."""
+    _die_with(parent)
+    try:
+        # a parent that ran HiGHS in-process before leaves the child HiGHS's scheduler without its
+        # workers: start it afresh
+        fresh_scheduler()
+        out = True, target(*args)
+    except BaseException as exc:   # the parent reports it
+        out = False, _one_line(exc)
+    conn.send(out)
+    conn.close()
+
+
+def _die_with(parent):
+    """Have the kernel kill this (forked) process when its parent ends (Linux ``PR_SET_PDEATHSIG``).
+
+    A parent killed outright (SIGKILL, SIGTERM without cleanup) would
+    otherwise leave HiGHS running on its own until its time limit.
+    """
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:              # it ended before the call
+        os._exit(1)
+
+
+def _one_line(exc):
+    from .._checks import one_line
+
+    return one_line(exc)
 
 
 def highs_lp(cost, A, row_lower, row_upper, col_lower, col_upper, integer=()):
@@ -165,12 +239,34 @@ _QUIET_HEURISTICS = {"mip_heuristic_run_rins": False, "mip_heuristic_run_rens": 
                      "mip_heuristic_run_root_reduced_cost": False}
 
 
+#: Programs of at least this many columns given at least ``_CHILD_S`` seconds run in a child process
+#: (:func:`in_child`), killed ``_CHILD_GRACE_S`` after their time limit.
+_CHILD_COLUMNS = 1000
+_CHILD_S = 1.0
+_CHILD_GRACE_S = 0.2
+
+
 def integer_program(c, A, lb, ub, upper, time_limit, start=None):
     """``max c @ x`` over integers ``0 <= x <= upper`` with ``lb <= A @ x <= ub`` (HiGHS), as an :class:`IntegerResult`.
 
     ``upper``: one bound for every column or one per column. ``start``: a
-    feasible ``x`` to begin from (its value prunes the search).
+    feasible ``x`` to begin from (its value prunes the search). A big
+    program runs in a child process, so that it ends by its time limit
+    (and a little) whatever HiGHS does; it is ``"stopped"`` with nothing
+    found when it had to be killed.
     """
+    if len(c) >= _CHILD_COLUMNS and time_limit >= _CHILD_S:
+        out = in_child(_integer_program, (c, A, lb, ub, upper, time_limit, start), time_limit + _CHILD_GRACE_S)
+        if out is None:
+            return IntegerResult("stopped", None, None, np.inf)
+        ok, value = out
+        if not ok:
+            raise RuntimeError(f"HiGHS failed on a restricted program: {value}")
+        return value
+    return _integer_program(c, A, lb, ub, upper, time_limit, start)
+
+
+def _integer_program(c, A, lb, ub, upper, time_limit, start=None):
     import highspy
 
     c = np.asarray(c, dtype=float)

@@ -280,7 +280,8 @@ class FragmentProgram:
             begin = None
             if best is not None and not np.any(np.delete(best[1], keep)):
                 begin = best[1][keep]
-            res = _restricted(self, keep, cuts, max(0.05, t_end - time.perf_counter()), start=begin)
+            ruled = len(keep) <= _CUT_COLUMNS
+            res = _restricted(self, keep, cuts if ruled else (), max(0.05, t_end - time.perf_counter()), start=begin)
             # a plan better than max(its dual bound, D - slack) would use only kept columns, and
             # none of those beats the dual bound: a bound on the level even when HiGHS stops early
             if res.status == "infeasible":
@@ -290,19 +291,20 @@ class FragmentProgram:
             if res.x is not None:
                 x = np.zeros(len(self.value), dtype=int)
                 x[keep] = res.x
+                found = float(self.value @ x)
                 broken = _worker_cuts(self, x)
                 if broken:
-                    # no mapping follows it: cut it off (and every plan that breaks the same rules)
+                    # no mapping follows it: cut it off (and every plan that breaks the same rules), and
+                    # solve again where a plan of these columns could still prove it; else widen them
                     cuts += broken
-                    if res.status == "optimal":
+                    if ruled and res.status == "optimal" and found >= ceiling - slack - tol:
                         continue
-                    break
-                found = float(self.value @ x)
-                if best is None or found > best[0]:
-                    best = (found, x)
-                if (res.status == "optimal" and found >= ceiling - slack) or found >= tight - tol:
-                    # no plan with a column left out beats it: it is the integer optimum
-                    return FragmentSolution(self, found + tol, x[:n_dom], x[n_dom:], True, cuts=tuple(cuts))
+                else:
+                    if best is None or found > best[0]:
+                        best = (found, x)
+                    if (res.status == "optimal" and found >= ceiling - slack) or found >= tight - tol:
+                        # no plan with a column left out beats it: it is the integer optimum
+                        return FragmentSolution(self, found + tol, x[:n_dom], x[n_dom:], True, cuts=tuple(cuts))
             if capped or res.status == "stopped" or slack >= complete_below:
                 break                       # out of columns to add, or out of time
             # widen the columns to what a better plan could still use
@@ -933,6 +935,11 @@ _RESTRICTED_COLUMNS = 8000
 
 #: Most fragment sizes of a pattern (the largest) whose subsets :func:`_worker_cuts` tries.
 _CUT_SIZES = 8
+
+#: Most columns of a restricted program that carries the worker rules: HiGHS stalls for many seconds
+#: at the root of bigger ones on their 0-1 columns (past its time limit), and a program without them
+#: still bounds every mapping (a plan that breaks them is not taken as one).
+_CUT_COLUMNS = 4000
 
 #: Partitions of ``T`` above which the workers are generated too (:meth:`_Pricing.price_workers`): those of
 #: at most ``_EXTRA_PARTS`` more parts than the fewest first (T = 32 into parts of 16 has 7,665; 36 has 15,892).

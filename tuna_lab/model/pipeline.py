@@ -43,9 +43,9 @@ from types import SimpleNamespace
 import cvxpy as cp
 import numpy as np
 
-from .._checks import one_line, positive_number
+from .._checks import positive_number
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
-from ._highs import fresh_scheduler, highs_lp, new_highs
+from ._highs import highs_lp, in_child, new_highs
 from .bounds import bound_closes
 from .mapping import Mapping
 
@@ -500,62 +500,13 @@ def _highs_solve(model, x0, options):
             "info": {k: getattr(info, k, 0) for k in _INFO}, "run_time": h.getRunTime()}
 
 
-def _highs_child(conn, model, x0, options, parent):
-    """In the forked child: solve, send the outcome to the parent, end."""
-    _die_with(parent)
-    try:
-        # a parent that ran HiGHS in-process before (a solve without a time
-        # limit, compact mode's fragment programs) leaves the child HiGHS's
-        # scheduler without its workers: start it afresh
-        fresh_scheduler()
-        out = _highs_solve(model, x0, options)
-    except BaseException as exc:   # the parent reports it
-        out = {"error": one_line(exc)}
-    conn.send(out)
-    conn.close()
-
-
-def _die_with(parent):
-    """Have the kernel kill this (forked) process when its parent ends (Linux ``PR_SET_PDEATHSIG``).
-
-    A parent killed outright (SIGKILL, SIGTERM without cleanup) would
-    otherwise leave HiGHS running on its own until its time limit.
-    """
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:              # it ended before the call
-        os._exit(1)
-
-
 def _highs_in_child(model, x0, options, clock):
     """:func:`_highs_solve` in a forked process, killed when the deadline nears; ``None`` then."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_highs_child, args=(send, model, x0, options, os.getpid()), name="tuna-lab-highs",
-                       daemon=True)
-    proc.start()
-    send.close()
-    try:
-        # poll also returns on a dead child (end of file), then recv raises EOFError
-        ready = receive.poll(max(0.0, clock.left() - _RESULT_RESERVE_S))
-        if not ready:
-            return None
-        try:
-            return receive.recv()
-        except EOFError:
-            return {"error": f"the HiGHS process ended with status {proc.exitcode}"}
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-        receive.close()
+    out = in_child(_highs_solve, (model, x0, options), max(0.0, clock.left() - _RESULT_RESERVE_S))
+    if out is None:
+        return None
+    ok, value = out
+    return value if ok else {"error": value}
 
 
 # HiGHS's model statuses that carry no solution and no verdict on the model.
