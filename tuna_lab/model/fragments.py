@@ -854,6 +854,7 @@ class _Branching:
         self.plans = []                    # the plans best was before, best first
         self.over = False                  # nothing left to try
         self.cuts = tuple(_pair_cuts(program))      # the worker rules so far (they hold for every program)
+        self.kept = 0                      # the columns within the slack of the last program solved
 
     def run(self, time_limit, on_plan=None):
         """The best solution after up to ``time_limit`` seconds more (:class:`FragmentSolution`); ``on_plan``
@@ -868,6 +869,14 @@ class _Branching:
                 break
             final = replace(self.pricing.extended(self.program, near, near_workers), pricing=None)
             self.final = final
+            # HiGHS's time grows much faster than the columns: at most _GROWTH times the last program's
+            # (the slack that holds that many), unless that is still few
+            reduced = _dual_bound(final, self.y)[1]
+            within = np.sort(reduced[reduced <= self.slack + tol])
+            most = max(int(_GROWTH * self.kept), _FREE_COLUMNS)
+            if self.kept and len(within) > most:
+                self.slack = float(within[most])
+            self.kept = int(np.sum(reduced <= self.slack + tol))
             left = t_end - time.perf_counter()
             start = None
             if self.best is not None:         # the best plan so far, on this program's columns
@@ -953,6 +962,11 @@ _EXTRA_PARTS = 2
 _WIDEN = 1.5
 _QUICK = 0.05
 _QUICK_S = 0.25
+
+#: A widened restricted program holds at most ``_GROWTH`` times the columns of the one before, or
+#: ``_FREE_COLUMNS`` (programs that small take HiGHS a fraction of a second).
+_GROWTH = 2.5
+_FREE_COLUMNS = 1000
 
 #: Most patterns :meth:`_Pricing.table` writes out for pricing (the partitions of up to 32 threads are
 #: about 30,000; of 32 to 48, hundreds of thousands: those domains price with the pruned walk).
