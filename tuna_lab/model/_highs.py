@@ -246,31 +246,35 @@ _CHILD_S = 1.0
 _CHILD_GRACE_S = 0.2
 
 
-def integer_program(c, A, lb, ub, upper, time_limit, start=None):
+def integer_program(c, A, lb, ub, upper, time_limit, start=None, cutoff=None):
     """``max c @ x`` over integers ``0 <= x <= upper`` with ``lb <= A @ x <= ub`` (HiGHS), as an :class:`IntegerResult`.
 
     ``upper``: one bound for every column or one per column. ``start``: a
-    feasible ``x`` to begin from (its value prunes the search). A big
+    feasible ``x`` to begin from (its value prunes the search). ``cutoff``:
+    a value ``c @ x`` must beat; ``"infeasible"`` then when none does. A big
     program runs in a child process, so that it ends by its time limit
     (and a little) whatever HiGHS does; it is ``"stopped"`` with nothing
     found when it had to be killed.
     """
     if len(c) >= _CHILD_COLUMNS and time_limit >= _CHILD_S:
-        out = in_child(_integer_program, (c, A, lb, ub, upper, time_limit, start), time_limit + _CHILD_GRACE_S)
+        out = in_child(_integer_program, (c, A, lb, ub, upper, time_limit, start, cutoff),
+                       time_limit + _CHILD_GRACE_S)
         if out is None:
             return IntegerResult("stopped", None, None, np.inf)
         ok, value = out
         if not ok:
             raise RuntimeError(f"HiGHS failed on a restricted program: {value}")
         return value
-    return _integer_program(c, A, lb, ub, upper, time_limit, start)
+    return _integer_program(c, A, lb, ub, upper, time_limit, start, cutoff)
 
 
-def _integer_program(c, A, lb, ub, upper, time_limit, start=None):
+def _integer_program(c, A, lb, ub, upper, time_limit, start=None, cutoff=None):
     import highspy
 
     c = np.asarray(c, dtype=float)
     h = _boxed_max(c, A, lb, ub, upper, time_limit, integer=True, options={"mip_rel_gap": 0.0, **_QUIET_HEURISTICS})
+    if cutoff is not None:
+        h.setOptionValue("objective_bound", -float(cutoff))       # (HiGHS minimises -c @ x)
     if start is not None:
         sol = highspy.HighsSolution()
         sol.col_value = np.asarray(start, dtype=float)

@@ -163,6 +163,7 @@ class FragmentSolution:
     alternatives: tuple = ()
     cuts: tuple = ()
     _search: object = field(default=None, repr=False, compare=False)
+    _within: tuple = field(default=None, repr=False, compare=False)
 
     def resume(self, time_limit, on_plan=None):
         """The search that stopped at this solution's time limit, run ``time_limit`` seconds more.
@@ -204,7 +205,7 @@ class FragmentProgram:
     pricing: object = None
 
     def solve(self, time_limit=5.0, slack=None, complete_below=np.inf, duals=None, ceiling=None, start=None,
-              on_plan=None, cuts=None):
+              on_plan=None, cuts=None, within=None):
         """The level's bound and, where one is found, an integer plan (:class:`FragmentSolution`).
 
         The linear relaxation first: its optimum bounds the level in any
@@ -238,6 +239,12 @@ class FragmentProgram:
         rules hold for every mapping, so the bound is one on mappings (and
         no longer on the program). ``cuts``: the rules to begin with
         (default: :func:`_pair_cuts`).
+
+        ``within``: ``(slack, value)`` - no plan of the columns within
+        ``slack`` beats ``value``, as a program solved before proved (its
+        solution's ``_within``); the integer program then looks only at
+        plans with a column outside, and only at those better than the best
+        plan so far, which is far less work than all of them again.
         """
         if self.pricing is not None:
             return self.pricing.solve(self, time_limit, slack, on_plan)
@@ -276,18 +283,31 @@ class FragmentProgram:
             if capped:
                 keep = keep[np.argsort(reduced[keep], kind="stable")[:_RESTRICTED_COLUMNS]]
                 slack = float(reduced[keep].max()) - tol
+            # the plans within the slack of a program solved before are known: at most ``known``. Only
+            # those with a new column are left (one row), and only those better than the best plan
+            # (HiGHS's cutoff)
+            fresh = reduced[keep] > within[0] + tol if within is not None and within[0] < slack - tol else None
+            known = within[1] if fresh is not None else -np.inf
+            cutoff = best[0] if fresh is not None and best is not None else None
             # the best plan so far, where it lies within the kept columns, is HiGHS's start
             begin = None
-            if best is not None and not np.any(np.delete(best[1], keep)):
+            if fresh is None and best is not None and not np.any(np.delete(best[1], keep)):
                 begin = best[1][keep]
             ruled = len(keep) <= _CUT_COLUMNS
-            res = _restricted(self, keep, cuts if ruled else (), max(0.05, t_end - time.perf_counter()), start=begin)
+            res = _restricted(self, keep, cuts if ruled else (), max(0.05, t_end - time.perf_counter()), start=begin,
+                              fresh=fresh, cutoff=cutoff)
             # a plan better than max(its dual bound, D - slack) would use only kept columns, and
             # none of those beats the dual bound: a bound on the level even when HiGHS stops early
             if res.status == "infeasible":
-                tight = min(tight, ceiling - slack)     # every plan leaves a kept column out
+                # no plan (no plan better than the cutoff) with a new column: every plan leaves a kept
+                # column out, or is one of those known
+                region = -np.inf if cutoff is None else cutoff
+                tight = min(tight, max(region, known, ceiling - slack))
+                within = (slack, max(region, known))
             elif np.isfinite(res.bound):
-                tight = min(tight, max(res.bound, ceiling - slack))
+                tight = min(tight, max(res.bound, known, ceiling - slack))
+                if res.status == "optimal":
+                    within = (slack, max(res.bound, known))
             if res.x is not None:
                 x = np.zeros(len(self.value), dtype=int)
                 x[keep] = res.x
@@ -299,21 +319,21 @@ class FragmentProgram:
                     cuts += broken
                     if ruled and res.status == "optimal" and found >= ceiling - slack - tol:
                         continue
-                else:
-                    if best is None or found > best[0]:
-                        best = (found, x)
-                    if (res.status == "optimal" and found >= ceiling - slack) or found >= tight - tol:
-                        # no plan with a column left out beats it: it is the integer optimum
-                        return FragmentSolution(self, found + tol, x[:n_dom], x[n_dom:], True, cuts=tuple(cuts))
+                elif best is None or found > best[0]:
+                    best = (found, x)
+            if best is not None and best[0] >= tight - tol:
+                # no plan with a column left out beats it: it is the integer optimum
+                x = best[1]
+                return FragmentSolution(self, best[0] + tol, x[:n_dom], x[n_dom:], True, cuts=tuple(cuts))
             if capped or res.status == "stopped" or slack >= complete_below:
                 break                       # out of columns to add, or out of time
             # widen the columns to what a better plan could still use
             slack = max(2 * slack, ceiling - best[0] + tol) if best is not None else 4 * slack
             slack = min(slack, complete_below)
         if best is None:
-            return FragmentSolution(self, tight + tol, None, None, False, cuts=tuple(cuts))
+            return FragmentSolution(self, tight + tol, None, None, False, cuts=tuple(cuts), _within=within)
         x = best[1]
-        return FragmentSolution(self, tight + tol, x[:n_dom], x[n_dom:], False, cuts=tuple(cuts))
+        return FragmentSolution(self, tight + tol, x[:n_dom], x[n_dom:], False, cuts=tuple(cuts), _within=within)
 
     def relaxation(self, time_limit=5.0):
         """``(optimum, x, reduced costs)`` of the linear relaxation, or ``None``.
@@ -422,14 +442,16 @@ def _pair_cuts(program):
     return [(tuple(sorted({p - 1, T - p - 1})), 2) for p in range(1, T // 2 + 1) if T - p <= largest]
 
 
-def _restricted(program, keep, cuts, time_limit, start=None):
+def _restricted(program, keep, cuts, time_limit, start=None, fresh=None, cutoff=None):
     """:func:`_highs.integer_program` over the columns ``keep`` of ``program``, with the worker rules ``cuts``.
 
     Each rule ``(sizes, need)`` (:func:`_worker_cuts`) is a 0-1 column ``u``:
     the domains taking a pattern of ``need`` or more fragments of those
     sizes are at most ``u`` times all of them, and the workers with a
     fragment of one of them at least ``need u``. ``start``: counts of the
-    kept columns. The result's ``x`` holds the kept columns only.
+    kept columns. ``fresh``: the kept columns (a mask) of which a plan must
+    use one; ``cutoff``: a value a plan must beat (``"infeasible"`` when none
+    does). The result's ``x`` holds the kept columns only.
     """
     from ._highs import IntegerResult, integer_program
 
@@ -454,10 +476,18 @@ def _restricted(program, keep, cuts, time_limit, start=None):
         if start is not None:
             used = (takes @ start > 0).astype(float)
             start = np.concatenate([start, used]) if np.all(has @ start >= needs * used) else None
-    res = integer_program(value, A, lb, ub, upper, time_limit, start=start)
+    if fresh is not None:
+        row = np.zeros(A.shape[1])
+        row[:len(keep)] = fresh
+        A, lb, ub = np.vstack([A, row]), np.append(lb, 1.0), np.append(ub, np.inf)
+    res = integer_program(value, A, lb, ub, upper, time_limit, start=start, cutoff=cutoff)
     if cuts and res.x is not None:
         res = IntegerResult(res.status, res.x[:len(keep)], res.value, res.bound)
     return res
+
+
+#: Most patterns of each shape one round of pricing adds.
+_KEEP = 200
 
 
 class _Pricing:
@@ -591,7 +621,7 @@ class _Pricing:
         hits = hits if keep is None else hits[:keep]
         return self._columns(shape, V[hits], values[hits])
 
-    def price(self, y, threshold, deadline, node_limit=400000, keep=200):
+    def price(self, y, threshold, deadline, node_limit=400000, keep=_KEEP):
         """Patterns whose profit at ``y`` exceeds ``threshold`` (at most ``keep`` per shape, best first; all if ``None``).
 
         ``None`` when the walk runs out of nodes or time (nothing proven then).
@@ -783,7 +813,11 @@ class _Pricing:
             known = {_key(c) for c in program.columns}
             known_workers = {_part_key(p) for p in program.partitions}
             if all(_key(c) in known for c in new) and all(_part_key(p) in known_workers for p in new_workers):
-                # the best few of each shape are all known: so is every pattern that prices out?
+                # the best few of each shape are all known: so is every pattern that prices out? (only
+                # a shape that found its fill may have more)
+                shapes = [c[:4] for c in new]
+                if all(shapes.count(k) < _KEEP for k in set(shapes)):
+                    break
                 new = self.price(y, eps, t_end, keep=None)
                 if new is None:
                     return None
@@ -855,6 +889,7 @@ class _Branching:
         self.over = False                  # nothing left to try
         self.cuts = tuple(_pair_cuts(program))      # the worker rules so far (they hold for every program)
         self.kept = 0                      # the columns within the slack of the last program solved
+        self.within = None                 # (slack, value): no plan within that slack beats the value
 
     def run(self, time_limit, on_plan=None):
         """The best solution after up to ``time_limit`` seconds more (:class:`FragmentSolution`); ``on_plan``
@@ -888,12 +923,14 @@ class _Branching:
                     start[[at[k] for k in used]] = list(used.values())
             began, before = time.perf_counter(), -np.inf if self.best is None else self.best[0]
             solution = final.solve(left, slack=self.slack, complete_below=self.slack, duals=self.y,
-                                   ceiling=ceiling, start=start, cuts=self.cuts) if left > 0 else None
+                                   ceiling=ceiling, start=start, cuts=self.cuts, within=self.within) \
+                if left > 0 else None
             quick = time.perf_counter() - began < min(_QUICK * left, _QUICK_S)
             if solution is None or solution.bound > ceiling + 2 * tol:     # (its own tolerance added)
                 self.over = solution is not None
                 break
             self.cuts = solution.cuts
+            self.within = solution._within or self.within
             if solution.proven:
                 used = _used(final, solution)
                 same = self.best is not None and self.best[2] == used
