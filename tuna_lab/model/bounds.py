@@ -466,6 +466,56 @@ def domain_pattern_bound(caps, chain, j):
 
 
 
+def _most_threads(caps, npc, a_max, K, Kp):
+    """The most threads ``npc`` physical cores of two SMT siblings can carry, by mains and events.
+
+    ``out[a, e_l, e_p]``: the most threads with ``a`` mains using at most
+    ``e_l`` events of (12) and ``e_p`` of (12+) (``-1``: no way to seat the
+    mains). Each physical core takes one *type*: its siblings' loads ``l1, l2``
+    within the logical load rule ``[L, U]`` and their sum within ``[L+, U+]``,
+    and mains ``m1 <= l1``, ``m2 <= l2`` (at most the rank cap each); a
+    sibling hosting a main spends ``l - L`` events of (12), a physical core
+    hosting one ``l1 + l2 - L+`` of (12+) (0 or 1: (8) and (8+) keep the
+    loads within one of each other). A knapsack over the
+    cores (all rules are per core, or counts the shape fixes). Without the
+    event families the events are free (``K``/``Kp`` ``None``).
+    """
+    L, U = caps.load
+    Lp, Up = caps.phys_load
+    m_cap = caps.main_max
+    n_l = 1 if K is None else min(K, a_max) + 1
+    n_p = 1 if Kp is None else min(Kp, a_max) + 1
+    types = set()
+    for l1 in range(L, U + 1):
+        for l2 in range(L, U + 1):
+            if not Lp <= l1 + l2 <= Up:
+                continue
+            for m1 in range(min(l1, m_cap) + 1):
+                for m2 in range(min(l2, m_cap) + 1):
+                    # (11)/(11+) as the families define them: (N - L) M, (N+ - L+) M+
+                    ev_l = 0 if K is None else (l1 - L) * (m1 > 0) + (l2 - L) * (m2 > 0)
+                    ev_p = 0 if Kp is None else (l1 + l2 - Lp) * (m1 + m2 > 0)
+                    types.add((l1 + l2, m1 + m2, ev_l, ev_p))
+    # of two types that differ only in threads, the one with more
+    best = {}
+    for threads, m, el, ep in types:
+        best[m, el, ep] = max(best.get((m, el, ep), -1), threads)
+    out = np.full((a_max + 1, n_l, n_p), -np.inf)
+    out[0, 0, 0] = 0.0
+    for _ in range(npc):
+        nxt = np.full_like(out, -np.inf)
+        for (m, el, ep), threads in best.items():
+            if m > a_max or el >= n_l or ep >= n_p:
+                continue
+            moved = np.full_like(out, -np.inf)
+            moved[m:, el:, ep:] = out[:a_max + 1 - m, :n_l - el, :n_p - ep] + threads
+            nxt = np.maximum(nxt, moved)
+        out = nxt
+    # at most e_l / e_p events: the best over fewer
+    out = np.maximum.accumulate(np.maximum.accumulate(out, axis=1), axis=2)
+    return np.where(np.isfinite(out), out, -1)
+
+
 def domain_shapes(caps, chain, j):
     """The domains of level ``j`` by class, and every shape a domain of a class can take.
 
@@ -510,12 +560,20 @@ def domain_shapes(caps, chain, j):
     shapes = []
     for ci, (sz, npc) in enumerate(classes):
         lo = max(sz * inst.L if has_load else 0, npc * inst.L_phys if phys else 0)
+        # where the domain's physical cores are SMT pairs under both load rules: the most threads
+        # its cores can carry, core by core (see _most_threads)
+        most = _most_threads(caps, npc, min(sz * main_cap, W), K, Kp) \
+            if phys and has_load and sz == 2 * npc and np.all(inst.smt == 2) else None
         for a in range(min(sz * main_cap, W) + 1):
             for el in range(min(a, K) + 1 if log_ev else 1):
                 for ep in range(min(a, Kp) + 1 if phys_ev else 1):
                     hi = sz * worker_cap * W if not has_load else sz * inst.U
                     if has_load and log_ev and main_cap <= 1:
                         hi -= (a - el) * (inst.U - inst.L)     # main cores at L unless an event
+                    if most is not None:
+                        if most[a, min(el, most.shape[1] - 1), min(ep, most.shape[2] - 1)] < 0:
+                            continue                # the mains do not fit: no domain takes this shape
+                        hi = min(hi, int(most[a, min(el, most.shape[1] - 1), min(ep, most.shape[2] - 1)]))
                     if phys:
                         hp = npc * inst.U_phys
                         if phys_ev:
