@@ -18,7 +18,7 @@ from reference import ALL_KEYS, brute_force, model_objective
 from strategies import fragment_cases
 
 from tuna_lab import InfeasibleModelError, ModelError, Topology, TunaModel
-from tuna_lab.model.bounds import bound_closes
+from tuna_lab.model.bounds import bound_closes, patterns_infeasible
 from tuna_lab.model.encodings import ultrametric_chain
 from tuna_lab.model.fragments import fragment_mapping, fragment_program
 
@@ -96,6 +96,8 @@ def test_no_bound_cuts_off_a_feasible_mapping(case):
     const, parts = level_parts(feasible, model)
     # the reference's per-level split adds up to the objective the model maximises
     np.testing.assert_allclose(const + parts.sum(axis=1), values, atol=1e-6)
+    chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+    assert not patterns_infeasible(model.caps, chain)
     cert = model.certificate()
     if cert is None:
         return
@@ -195,6 +197,29 @@ def test_bound_closes_where_mains_hold_physical_cores_alone(spec, W, T):
     cert = model.certificate()
     assert cert.bound >= optimum - 1e-6
     assert bound_closes(cert.bound, optimum, model.granularity()), (cert.name, cert.bound, optimum)
+
+
+@pytest.mark.parametrize("spec", ["l2:2 core:1 pu:2", "l3:2 core:1 pu:2", "core:3 pu:2", "core:4 pu:2"])
+def test_patterns_prove_no_mapping_only_where_none_exists(spec):
+    """The sibling patterns prove some shapes infeasible (every main alone under (11-12), ranks apart
+    under (4-5)): brute force finds no mapping of any of them, and the solve says so."""
+    topo = Topology.synthetic(spec)
+    chain = ultrametric_chain(topo)
+    proven = 0
+    for W in range(1, 7):
+        for T in range(1, 5):
+            if topo.n_logical ** (W * T) > 400_000:
+                continue
+            for drop in ((), ("8p", "11p-12p"), ("11-12",)):
+                keys, model = _model(spec, W, T, drop)
+                if model is None or not patterns_infeasible(model.caps, chain):
+                    continue
+                proven += 1
+                assert brute_force(W, T, topo, "compact", keys)[0] is None, (W, T, drop)
+                with pytest.raises(InfeasibleModelError):
+                    model.solve(time_limit=30)
+    if spec.startswith(("l2:", "l3:")):      # (siblings sharing the first cache level: the patterns apply)
+        assert proven
 
 
 SMT_L3 = "l3:2 l2:2 core:1 pu:2"      # two L3 domains of two SMT-2 cores: the joint program's shape, in small

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["Certificate", "bound_certificate", "objective_bound", "objective_granularity", "bound_closes",
-           "sibling_pattern_bound", "domain_pattern_bound", "domain_shapes"]
+           "sibling_pattern_bound", "domain_pattern_bound", "domain_shapes", "patterns_infeasible"]
 
 
 @dataclass(frozen=True)
@@ -308,8 +308,46 @@ def sibling_pattern_bound(caps, chain):
 
     Returns ``None`` where it does not apply (no uniform 2-way SMT, siblings
     not the first cache level, several threads of a worker per core, or too
-    many patterns).
+    many patterns), and where no count of patterns fits (then no mapping
+    does: :func:`patterns_infeasible`).
     """
+    program = _sibling_program(caps, chain)
+    return None if program is None else _solve_counts(*program)
+
+
+def patterns_infeasible(caps, chain):
+    """Whether the sibling patterns of :func:`sibling_pattern_bound` prove that no mapping exists.
+
+    Every mapping gives a count of physical cores of each pattern that keeps
+    the program's rows (the totals of threads and mains, the events budgets,
+    the non-main pairs), so a program with no solution leaves the model none
+    either: found in well under a second where HiGHS on the full model looks
+    for minutes. ``False`` where the program does not apply or has solutions.
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology, TunaModel
+    >>> from tuna_lab.model.encodings import ultrametric_chain
+    >>> topo = Topology.preset("epyc-9654-2s")
+    >>> chain = ultrametric_chain(topo)
+    >>> patterns_infeasible(TunaModel(192, 2, topo, mode="compact").caps, chain)
+    False
+    >>> patterns_infeasible(TunaModel(200, 2, topo, mode="compact").caps, chain)   # mains alone, ranks apart
+    True
+    """
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    program = _sibling_program(caps, chain)
+    if program is None:
+        return False
+    value, A, lb, ub, upper = program
+    res = milp(np.zeros(len(value)), constraints=LinearConstraint(np.asarray(A, float), lb, ub),
+               integrality=np.ones(len(value)), bounds=Bounds(0, upper), options={"time_limit": 5.0})
+    return res.status == 2
+
+
+def _sibling_program(caps, chain):
+    """``(value, A, lb, ub, upper)`` of :func:`sibling_pattern_bound`'s program, or ``None``."""
     inst = caps.instance
     W, T, C, P = inst.W, inst.T, inst.C, inst.P
     if not (P < C and P * 2 == C and np.all(inst.smt == 2)):
@@ -377,7 +415,7 @@ def sibling_pattern_bound(caps, chain):
         A.append(ev_p)
         lb.append(-np.inf)
         ub.append(caps.phys_event_budget)
-    return _solve_counts(value, A, lb, ub, P)
+    return value, A, lb, ub, P
 
 
 def _same_partition(a, b):

@@ -46,7 +46,8 @@ import numpy as np
 from .._checks import positive_number
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
 from ._highs import highs_lp, in_child, new_highs
-from .bounds import bound_closes
+from .bounds import bound_closes, patterns_infeasible
+from .encodings import ultrametric_chain
 from .mapping import Mapping
 
 __all__ = ["SolveOptions", "RunRecord", "run"]
@@ -256,6 +257,21 @@ def run(model, options):
         start, proven = _constructive(model, options, record, by_bound, clock)
         if proven is not None:
             return proven
+    if start is None and by_bound and model.caps.understood:
+        # the greedy placement dead-ends: a model with no mapping at all says so at once (HiGHS on
+        # the full model looks for minutes), one that only seems hard goes on to HiGHS - if it can
+        # compile and presolve within the time left
+        try:
+            chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+        except ValueError:
+            chain = None
+        if chain is not None and patterns_infeasible(model.caps, chain):
+            raise _infeasible(model, "(the patterns of its physical cores admit none)")
+        if options.time_limit is not None and clock.left() - _RESULT_RESERVE_S < _highs_need(model):
+            raise NoSolutionError(
+                f"no mapping of W={model.instance.W} x T={model.instance.T} found within the time limit of "
+                f"{options.time_limit:g} s: the constructive mapping dead-ends, and compiling the model "
+                f"for HiGHS and its presolve need ~{_highs_need(model):.1f} s more; raise the time limit")
     if start is not None and options.time_limit is not None:
         need = _highs_need(model)
         left = clock.left() - _RESULT_RESERVE_S
@@ -514,17 +530,23 @@ _HIGHS_FAILED = ("kNotset", "kLoadError", "kModelError", "kPresolveError", "kSol
                  "kPostsolveError", "kModelEmpty", "kMemoryLimit", "kUnknown")
 
 
+def _infeasible(model, why=""):
+    """The :class:`InfeasibleModelError` of ``model`` (``why``: how it was proven, appended)."""
+    inst = model.instance
+    active = model.active_families
+    names = ", ".join(f"({f.key}) {f.name}" for f in active)
+    return InfeasibleModelError(
+        f"no mapping of W={inst.W} x T={inst.T} on {inst.C} cores satisfies the families {names}"
+        + (f" {why}" if why else ""), [f.key for f in active])
+
+
 def _result(model, problem, enc, compiled, results, start, prove, record):
     """The mapping HiGHS found (or ``start`` if it found none, or none better), with its evidence."""
     inst = model.instance
     info = results["info"]
     status = results["model_status"]
     if status in ("kInfeasible", "kUnboundedOrInfeasible"):
-        active = model.active_families
-        names = ", ".join(f"({f.key}) {f.name}" for f in active)
-        raise InfeasibleModelError(
-            f"no mapping of W={inst.W} x T={inst.T} on {inst.C} cores satisfies the families "
-            f"{names}", [f.key for f in active])
+        raise _infeasible(model)
     has_solution = (status not in _HIGHS_FAILED and info["primal_solution_status"] == 2
                     and results["col_value"] is not None)
     dual = float(info["mip_dual_bound"])

@@ -14,7 +14,7 @@ import cvxpy as cp
 import numpy as np
 
 from ..errors import ModelError
-from .bounds import Certificate, bound_certificate, bound_closes, objective_granularity
+from .bounds import Certificate, bound_certificate, bound_closes, objective_granularity, patterns_infeasible
 from .caps import Caps
 from .construct import greedy_mapping, local_search
 from .encodings import ENCODINGS, make_encoding, ultrametric_chain
@@ -220,6 +220,8 @@ class TunaModel:
             labels += [lab for _, lab in chain]
         best, best_value = None, -np.inf
         candidates = [greedy_mapping(self.caps, labels, order_by) for order_by in ("rank", "worker")]
+        if chain is not None and all(c is None for c in candidates) and patterns_infeasible(self.caps, chain):
+            return None                     # no mapping exists: nothing for the fragment programs to map
         # compact mode: the plans of the fragment programs, dealt and placed
         deadline = time.perf_counter() + time_limit
         # each program's plan as soon as it is solved: a plan that reaches the bound ends the search
