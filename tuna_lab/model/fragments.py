@@ -841,20 +841,21 @@ class _Pricing:
         """``program`` with the columns of ``new`` (and the partitions of ``new_workers``) it does not hold
         yet (a generated program, each time from its own columns: each branch must hold every column it
         was priced for)."""
-        seen = {_key(c) for c in program.columns}
-        cols = list(program.columns)
-        for c in new:
-            if _key(c) not in seen:
-                seen.add(_key(c))
-                cols.append(c)
-        seen = {_part_key(p) for p in program.partitions}
-        parts = list(program.partitions)
-        for p in new_workers:
-            if _part_key(p) not in seen:
-                seen.add(_part_key(p))
-                parts.append(p)
+        cols = _merged(program.columns, new, _key)
+        parts = _merged(program.partitions, new_workers, _part_key)
         value, A, lb, ub = _assemble(self.caps, program.classes, cols, parts, self.largest)
         return replace(program, columns=cols, partitions=parts, value=value, A=A, lb=lb, ub=ub)
+
+
+def _merged(old, new, key):
+    """``old`` and then the items of ``new`` whose ``key`` is not among them yet, in order."""
+    seen = {key(item) for item in old}
+    out = list(old)
+    for item in new:
+        if key(item) not in seen:
+            seen.add(key(item))
+            out.append(item)
+    return out
 
 
 def _key(column):
