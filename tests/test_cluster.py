@@ -196,12 +196,13 @@ def test_report_and_advise_read_the_multi_machine_tree(spread, tmp_path):
 
 def test_interrupt_keeps_finished_cells_and_leaves_no_server(cluster, tmp_path):
     out = tmp_path / "out"
-    # twelve cells: on a busy machine the interrupt must still find most of them unsent
-    batches = ",".join(str(10 * k) for k in range(1, 13))
     cmd = [sys.executable, "-m", "tuna_lab.cli", "sweep", "--configs", "1x1", "--models", "small",
-           "--batches", batches, "--policies", "cfs,round-robin", "--trials", "2", "--requests", "20",
+           "--batches", "10,20,30,40,50,60", "--policies", "cfs,round-robin", "--trials", "2", "--requests", "20",
            "--out", str(out), "--cluster", cluster.address, "--any-machine"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Ctrl-C as in a terminal: a test run started in the background (``cmd &`` without job control,
+    # nohup) has SIGINT ignored, and a child inherits that - the sweep would never see the interrupt
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
@@ -210,11 +211,11 @@ def test_interrupt_keeps_finished_cells_and_leaves_no_server(cluster, tmp_path):
         time.sleep(0.1)
     assert any(" done in " in line for line in lines), "".join(lines)
     proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=30) == 130
+    assert proc.wait(timeout=30) == 130, "".join(lines)
     reader.join(10)
     assert lines[-1].startswith("tuna-lab: interrupted") and any("no more cells are sent" in line for line in lines)
     where, _ = _cells(out)
-    assert 1 <= len(where) < 12 and all(len(m) == 1 for m in where.values())
+    assert 1 <= len(where) < 6 and all(len(m) == 1 for m in where.values())
     load_results(str(out))                               # what was kept is whole
     # The running cells stop after their current trial, their servers with them.
     deadline = time.monotonic() + 30
