@@ -609,9 +609,10 @@ def domain_shapes(caps, chain, j):
                     if has_load and log_ev and main_cap <= 1:
                         hi -= (a - el) * (inst.U - inst.L)     # main cores at L unless an event
                     if most is not None:
-                        if most[a, min(el, most.shape[1] - 1), min(ep, most.shape[2] - 1)] < 0:
+                        carried = int(most[a, min(el, most.shape[1] - 1), min(ep, most.shape[2] - 1)])
+                        if carried < 0:
                             continue                # the mains do not fit: no domain takes this shape
-                        hi = min(hi, int(most[a, min(el, most.shape[1] - 1), min(ep, most.shape[2] - 1)]))
+                        hi = min(hi, carried)
                     if phys:
                         hp = npc * inst.U_phys
                         if phys_ev:

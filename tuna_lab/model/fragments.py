@@ -500,14 +500,14 @@ class _Pricing:
     best any completion of a partial pattern can reach is a knapsack over
     the threads left, and a depth-first walk over the partitions (largest
     fragments first) prunes every branch that cannot reach the threshold.
-    With ``workers``, the partitions of ``T`` are generated the same way
-    (:meth:`price_workers`).
+    With ``most``, the partitions of ``T`` are generated the same way
+    (:meth:`price_workers`), from those of at most ``most`` parts.
     """
 
-    def __init__(self, caps, chain, j, wt, classes, shapes, largest, inner, workers=False):
+    def __init__(self, caps, chain, j, wt, classes, shapes, largest, inner, most=None):
         self.caps, self.wt, self.shapes, self.largest, self.inner = caps, wt, shapes, largest, inner
-        self.workers = workers
-        self.most = caps.instance.T           # the most parts of the partitions written out first
+        self.workers = most is not None
+        self.most = most                      # the most parts of the partitions written out so far
         self.npc = [key[1] for key in classes]
         self.counts = list(classes.values())
         self.nc = len(classes)
@@ -1056,8 +1056,7 @@ def fragment_program(caps, chain, j, inner=True, max_columns=MAX_COLUMNS, deadli
 
     def generated():
         # too many patterns to write out: generate the ones that matter (see FragmentProgram.solve)
-        pricing = _Pricing(caps, chain, j, wt, classes, shapes, largest, inner, workers=many)
-        pricing.most = most
+        pricing = _Pricing(caps, chain, j, wt, classes, shapes, largest, inner, most=most if many else None)
         columns = pricing.initial(deadline)
         if not columns:
             return None
