@@ -71,9 +71,21 @@ def test_light_commands_load_no_solver_and_no_ui(argv, status):
 def test_the_probe_sees_the_solver_when_it_is_used():
     # If this passes, a clean result above means "not loaded", not "the probe is blind".
     code = ("from tuna_lab import solve, Topology, TunaModel, Mapping\n"
-            "m = solve(2, 2, Topology.synthetic('core:4 pu:1'))\n"
+            "m = solve(2, 2, Topology.synthetic('core:4 pu:1'), prove='solver')\n"
             "assert isinstance(m, Mapping) and TunaModel is not None")
-    assert {"cvxpy"} <= loaded_by(code)
+    assert {"cvxpy", "cvxpy.problems"} <= loaded_by(code, HEAVY + ("cvxpy.problems",))
+
+
+def test_a_solve_the_constructive_route_proves_builds_no_cvxpy_problem():
+    # Importing cvxpy and building the problem take a second or two on hundreds of cores: a solve
+    # that needs no HiGHS must not pay for them (the CLI's wall time is the user's).
+    code = ("from tuna_lab.cli import main\n"
+            "status = main(['solve', '-w', '32', '-t', '16', '--mode', 'compact', '--preset', 'epyc-9654-2s',"
+            " '--time-limit', '30', '--json'])\n"
+            "assert status == 0, status")
+    # (cvxpy itself is a lazy module in sys.modules from the first import of the model; its
+    # submodules appear when it is really loaded)
+    assert loaded_by(code, ("cvxpy.problems", "cvxpy.atoms")) == set()
 
 
 # -- no module takes another module's private name -----------------------------------------------

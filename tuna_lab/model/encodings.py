@@ -44,13 +44,17 @@
 
 import abc
 
-import cvxpy as cp
+import lazy_loader
 import numpy as np
 import scipy.sparse as sp
 
 from ..errors import ModelError
 from .families import loads, main_counts, worker_counts
 from .ranks import assign_ranks
+
+# cvxpy takes most of a second to import; a compact solve that the constructive route
+# proves never builds the cvxpy problem, so it is loaded on first use
+cp = lazy_loader.load("cvxpy")
 
 __all__ = ["Encoding", "PairwiseEncoding", "CountEncoding", "ENCODINGS", "ultrametric_chain",
            "make_encoding"]

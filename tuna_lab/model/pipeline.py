@@ -40,7 +40,7 @@ import weakref
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-import cvxpy as cp
+import lazy_loader
 import numpy as np
 
 from .._checks import positive_number
@@ -49,6 +49,10 @@ from ._highs import highs_lp, in_child, new_highs
 from .bounds import bound_closes, patterns_infeasible
 from .encodings import ultrametric_chain
 from .mapping import Mapping
+
+# cvxpy takes most of a second to import; a compact solve that the constructive route
+# proves never builds the cvxpy problem, so it is loaded on first use
+cp = lazy_loader.load("cvxpy")
 
 __all__ = ["SolveOptions", "RunRecord", "run"]
 
@@ -375,9 +379,9 @@ def _full_certificate(model, record):
 
 def _highs_need(model):
     """Seconds compiling (unless done) and HiGHS's presolve will take at least, estimated from the size."""
-    problem, _, _ = model.build()
-    if problem in _NONZEROS:
-        return _PRESOLVE_S_PER_NONZERO * _NONZEROS[problem]
+    built = model.build(cached_only=True)
+    if built is not None and built[0] in _NONZEROS:
+        return _PRESOLVE_S_PER_NONZERO * _NONZEROS[built[0]]
     inst = model.instance
     nnz = _NNZ_PER_WORKER_CORE * inst.W * inst.C
     return (_COMPILE_S_PER_NONZERO + _PRESOLVE_S_PER_NONZERO) * nnz

@@ -10,7 +10,7 @@ search, counting bound) and hands :meth:`TunaModel.solve` to the pipeline of
 import time
 from collections import OrderedDict
 
-import cvxpy as cp
+import lazy_loader
 import numpy as np
 
 from ..errors import ModelError
@@ -22,6 +22,10 @@ from .fragments import fragment_mapping, fragment_program
 from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, SingleCore
 from .instance import Instance
 from .pipeline import SolveOptions, run
+
+# cvxpy takes most of a second to import; a compact solve that the constructive route
+# proves never builds the cvxpy problem, so it is loaded on first use
+cp = lazy_loader.load("cvxpy")
 
 __all__ = ["TunaModel", "solve"]
 
@@ -166,13 +170,20 @@ class TunaModel:
         return (self.encoding, inst.W, inst.T, inst.mode, _topology_key(inst.topology), costs,
                 tuple(f.key for f in self.families), tuple(type(f) for f in self.families))
 
-    def build(self):
-        """Build (or fetch the cached) cvxpy problem; returns ``(problem, encoding, seconds)``."""
+    def build(self, cached_only=False):
+        """Build (or fetch the cached) cvxpy problem; returns ``(problem, encoding, seconds)``.
+
+        ``cached_only``: fetch only - ``None`` if the problem is not built
+        yet (building takes a second on hundreds of cores, which a solve
+        that the constructive route proves does not need).
+        """
         key = self._key()
         if key in _BUILT:
             _BUILT.move_to_end(key)
             problem, enc = _BUILT[key]
             return problem, enc, 0.0
+        if cached_only:
+            return None
         t0 = time.perf_counter()
         enc = make_encoding(self.encoding, self.instance, self.caps)
         # Every family returns all its rows (auxiliary definitions included);
