@@ -891,6 +891,7 @@ class _Branching:
         self.cuts = tuple(_pair_cuts(program))      # the worker rules so far (they hold for every program)
         self.kept = 0                      # the columns within the slack of the last program solved
         self.within = None                 # (slack, value): no plan within that slack beats the value
+        self.jump = False                  # the last program was quick and found a plan (see run)
 
     def run(self, time_limit, on_plan=None):
         """The best solution after up to ``time_limit`` seconds more (:class:`FragmentSolution`); ``on_plan``
@@ -909,7 +910,7 @@ class _Branching:
             # (the slack that holds that many), unless that is still few
             reduced = _dual_bound(final, self.y)[1]
             within = np.sort(reduced[reduced <= self.slack + tol])
-            most = max(int(_GROWTH * self.kept), _FREE_COLUMNS)
+            most = _JUMP_COLUMNS if self.jump else max(int(_GROWTH * self.kept), _FREE_COLUMNS)
             if self.kept and len(within) > most:
                 self.slack = float(within[most])
             self.kept = int(np.sum(reduced <= self.slack + tol))
@@ -951,8 +952,12 @@ class _Branching:
             if stopped and (self.best is None or self.best[0] <= before):
                 break                        # stopped at the time limit with nothing new: resume it as it was
             wider = (4 if self.best is None or quick else _WIDEN) * self.slack
+            # a quick program with a plan: straight to the slack that proves the plan, or to as many
+            # columns as a program HiGHS solves in a second or two holds (its time hardly grows with
+            # the columns up to there, and each program solved on the way costs its root again)
+            self.jump = quick and self.best is not None
             if self.best is not None:
-                wider = min(wider, ceiling - self.best[0] + tol)
+                wider = ceiling - self.best[0] + tol if self.jump else min(wider, ceiling - self.best[0] + tol)
             if wider <= self.slack * (1 + 1e-9):
                 self.over = not stopped      # a program cut short may still prove it: run it again
                 break
@@ -1005,6 +1010,9 @@ _QUICK_S = 0.25
 #: ``_FREE_COLUMNS`` (programs that small take HiGHS a fraction of a second).
 _GROWTH = 2.5
 _FREE_COLUMNS = 1000
+
+#: Most columns of the program that follows a quick one that found a plan (see :meth:`_Branching.run`).
+_JUMP_COLUMNS = 2500
 
 #: Most patterns :meth:`_Pricing.table` writes out for pricing (the partitions of up to 32 threads are
 #: about 30,000; of 32 to 48, hundreds of thousands: those domains price with the pruned walk).
