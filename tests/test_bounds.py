@@ -199,6 +199,20 @@ def test_bound_closes_where_mains_hold_physical_cores_alone(spec, W, T):
     assert bound_closes(cert.bound, optimum, model.granularity()), (cert.name, cert.bound, optimum)
 
 
+def test_bound_closes_where_a_single_main_leaves_its_sibling_to_other_workers():
+    """Mains alone on their logical cores and every logical core at L = 1 or more: a main that is its
+    worker's whole (one-thread) fragment leaves its sibling a thread of another worker, which pairs
+    with nothing. Without that rule the bound is -1750 here; HiGHS proves -1790."""
+    keys, model = _model("l3:3 l2:5 core:1 pu:2", 7, 6, ("8p", "11p-12p"))
+    assert model.caps.load[0] >= 1
+    by_highs = model.solve(prove="solver", time_limit=120)
+    assert by_highs.proven_optimal
+    optimum = model.value(by_highs.positions)
+    cert = model.certificate()
+    assert cert.bound >= optimum - 1e-6
+    assert bound_closes(cert.bound, optimum, model.granularity()), (cert.name, cert.bound, optimum)
+
+
 @pytest.mark.parametrize("spec", ["l2:2 core:1 pu:2", "l3:2 core:1 pu:2", "core:3 pu:2", "core:4 pu:2"])
 def test_patterns_prove_no_mapping_only_where_none_exists(spec):
     """The sibling patterns prove some shapes infeasible (every main alone under (11-12), ranks apart

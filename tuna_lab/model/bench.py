@@ -45,10 +45,10 @@ MODES = ("scatter", "compact")
 SCALE_SHAPES = ((32, 16), (48, 8), (64, 6), (96, 4), (192, 2), (16, 24), (24, 32))
 #: Shapes that do not divide the 384-core machine evenly (the issue's three first; then shapes a sweep
 #: found unproven: mains alone on their physical cores (40x8, 44x8, 26x14), a worker's two fragments in
-#: one domain (30x16), workers far bigger than a domain (10x36), HiGHS past its limit (33x16), both load
-#: rules at once (34x16)).
+#: one domain (30x16), workers far bigger than a domain (10x36), HiGHS past its limit (33x16), a single
+#: main's sibling left to other workers (50x10), both load rules at once (34x16)).
 UNEVEN_SHAPES = ((28, 14), (40, 12), (36, 10), (20, 20), (44, 9), (52, 7), (30, 16), (40, 8), (44, 8), (26, 14),
-                 (10, 36), (33, 16), (34, 16))
+                 (10, 36), (33, 16), (50, 10), (34, 16))
 #: ``(preset, time limit, worker factor)``: the machines of the scale part; on
 #: the 768-core one the shapes keep T and double W (W x T scales with C).
 SCALE_MACHINES = (("epyc-9654-2s", 10.0, 1), ("epyc-9965-2s", 30.0, 2))

@@ -1220,7 +1220,8 @@ def _inner_rule(caps, chain, j):
         alone = caps.load is not None and (U == 1 or (caps.event_budget is not None and el == 0
                                                       and caps.load[0] == 1))
         if alone:
-            pairs = _lone_main_pairs(pairs, duos, a, npc, np.minimum(per_core, duos), shared, use_main)
+            pairs = _lone_main_pairs(pairs, duos, a, npc, np.minimum(per_core, duos), shared, use_main,
+                                     vec=vec, halves=halves, low=caps.load[0])
         else:
             pairs = pairs - (shared if use_main else 0)
         # ``pairs`` is now the most of (sibling pairs - mains sharing a physical core), what level 1 reads
@@ -1263,7 +1264,7 @@ def _lone_main_loss(vec, n, a, ep, npc, other):
     return np.maximum(0, must_even + extra_even - spared)
 
 
-def _lone_main_pairs(pairs, duos, a, npc, per_core, shared, use_main):
+def _lone_main_pairs(pairs, duos, a, npc, per_core, shared, use_main, vec=None, halves=None, low=0):
     """The most sibling pairs less mains sharing a physical core, of a domain whose mains are alone
     on their logical cores.
 
@@ -1279,16 +1280,31 @@ def _lone_main_pairs(pairs, duos, a, npc, per_core, shared, use_main):
     fragments of two or more threads, less ``2 c2``. The most of
     ``pairs - c2`` (the physical level reads both; ``pairs`` alone without
     (4-5)) over every ``c2``.
+
+    With ``vec`` (the fragment counts), ``halves`` (the most pairs the
+    fragments hold, ``floor(x / 2)`` each) and ``low`` (the least threads a
+    logical core carries, ``L``): a single-thread main alone on its physical
+    core's one sibling leaves the other sibling ``low`` threads of other
+    workers, which pair with nothing. An odd fragment, or one of one thread
+    without a main, gives one such thread for free; past those, every two
+    cost a pair.
     """
     singles = np.maximum(0, a - duos)
+    free = 0
+    if vec is not None and low > 0:
+        sizes = np.arange(1, vec.shape[-1] + 1)
+        free = vec @ ((sizes % 2 == 1) & (sizes > 1)) + np.maximum(0, vec[..., 0] - singles)
     best = np.full(np.shape(pairs), -np.inf)
     for c2 in range(0, a // 2 + 1):
         c1 = a - 2 * c2
         if c1 + c2 > npc:
             continue
         # (singles beyond what the c2 cores seat are on c1 cores: at most c1 of them, as singles <= a)
-        held = np.minimum(pairs, per_core * (npc - c1 - c2)
-                          + np.minimum(1, per_core) * (c1 - np.maximum(0, singles - 2 * c2)))
+        m1 = np.maximum(0, singles - 2 * c2)
+        held = np.minimum(pairs, per_core * (npc - c1 - c2) + np.minimum(1, per_core) * (c1 - m1))
+        if vec is not None and low > 0:
+            given = np.maximum(0, low * m1 - free)
+            held = np.minimum(held, halves - (given + 1) // 2)
         value = held - (c2 if use_main else 0)
         best = np.where(c2 >= shared, np.maximum(best, value), best)
     # no way to seat the mains: the pattern cannot occur, any finite value bounds it
