@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["new_highs", "fresh_scheduler", "in_child", "highs_lp", "central_duals", "integer_program",
-           "IntegerResult"]
+__all__ = ["new_highs", "fresh_scheduler", "in_child", "highs_lp", "boxed_max", "central_duals",
+           "integer_program", "IntegerResult"]
 
 
 def new_highs(quiet=True):
@@ -169,21 +169,21 @@ def highs_lp(cost, A, row_lower, row_upper, col_lower, col_upper, integer=()):
     return lp
 
 
-def _boxed_max(c, A, lb, ub, upper, time_limit, integer, options):
+def boxed_max(c, A, lb, ub, upper, time_limit, integer=False, options=None):
     """A quiet ``highspy.Highs`` holding ``max c @ x``, ``lb <= A @ x <= ub``, ``0 <= x <= upper``
-    (integer ``x`` if ``integer``; ``upper`` one for all or one per column), with ``options`` and the
-    time limit set."""
+    (integer ``x`` if ``integer``; ``upper`` one for all or one per column; ``A`` dense or scipy
+    sparse), with ``options`` and the time limit set."""
     import scipy.sparse as sp
 
     n = len(c)
-    lp = highs_lp(-np.asarray(c, dtype=float), sp.csc_matrix(np.asarray(A, dtype=float)), lb, ub,  # HiGHS minimises
+    lp = highs_lp(-np.asarray(c, dtype=float), sp.csc_matrix(A, dtype=float), lb, ub,  # HiGHS minimises
                   np.zeros(n), np.broadcast_to(np.asarray(upper, dtype=float), (n,)).copy(),
                   integer=np.arange(n) if integer else ())
     fresh_scheduler()
     h = new_highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", max(0.05, float(time_limit)))
-    for key, value in options.items():
+    for key, value in (options or {}).items():
         h.setOptionValue(key, value)
     h.passModel(lp)
     return h
@@ -201,7 +201,7 @@ def central_duals(c, A, lb, ub, upper, time_limit):
     """
     import highspy
 
-    h = _boxed_max(c, A, lb, ub, upper, time_limit, integer=False,
+    h = boxed_max(c, A, lb, ub, upper, time_limit, integer=False,
                    options={"solver": "ipm", "run_crossover": "off"})
     h.run()
     if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
@@ -284,7 +284,7 @@ def _integer_program(c, A, lb, ub, upper, time_limit, start=None, cutoff=None):
     import highspy
 
     c = np.asarray(c, dtype=float)
-    h = _boxed_max(c, A, lb, ub, upper, time_limit, integer=True, options={"mip_rel_gap": 0.0, **_RESTRICTED_OPTIONS})
+    h = boxed_max(c, A, lb, ub, upper, time_limit, integer=True, options={"mip_rel_gap": 0.0, **_RESTRICTED_OPTIONS})
     if cutoff is not None:
         h.setOptionValue("objective_bound", -float(cutoff))       # (HiGHS minimises -c @ x)
     if start is not None:

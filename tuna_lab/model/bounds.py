@@ -335,15 +335,17 @@ def patterns_infeasible(caps, chain):
     >>> patterns_infeasible(TunaModel(200, 2, topo, mode="compact").caps, chain)   # mains alone, ranks apart
     True
     """
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    import highspy
+
+    from ._highs import boxed_max
 
     program = _sibling_program(caps, chain)
     if program is None:
         return False
     value, A, lb, ub, upper = program
-    res = milp(np.zeros(len(value)), constraints=LinearConstraint(np.asarray(A, float), lb, ub),
-               integrality=np.ones(len(value)), bounds=Bounds(0, upper), options={"time_limit": 5.0})
-    return res.status == 2
+    h = boxed_max(np.zeros(len(value)), A, lb, ub, upper, 5.0, integer=True)
+    h.run()
+    return h.getModelStatus() == highspy.HighsModelStatus.kInfeasible
 
 
 def _sibling_program(caps, chain):
@@ -426,15 +428,17 @@ def _same_partition(a, b):
 
 def _solve_counts(value, A, lb, ub, upper, time_limit=5.0):
     """max value @ n over integer n in [0, upper] with lb <= A n <= ub; the proven bound, or None."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    import highspy
 
-    res = milp(-np.asarray(value, float), constraints=LinearConstraint(np.asarray(A, float), lb, ub),
-               integrality=np.ones(len(value)), bounds=Bounds(0, upper),
-               options={"mip_rel_gap": 0.0, "time_limit": time_limit})
-    if res.status not in (0, 1):             # infeasible or failed: no bound from here
-        return None
-    dual = getattr(res, "mip_dual_bound", None)
-    if dual is None or not np.isfinite(dual):
+    from ._highs import boxed_max
+
+    h = boxed_max(value, A, lb, ub, upper, time_limit, integer=True, options={"mip_rel_gap": 0.0})
+    h.run()
+    status = h.getModelStatus()
+    if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
+        return None                          # infeasible or failed: no bound from here
+    dual = h.getInfo().mip_dual_bound        # (of min -value @ n)
+    if not np.isfinite(dual):
         return None
     return float(-dual) + 1e-7 * max(1.0, abs(float(dual)))
 

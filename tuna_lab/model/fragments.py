@@ -342,25 +342,19 @@ class FragmentProgram:
         it, against the relaxation's optimum; with the duals ``y`` (one per
         row) it is ``-(value + A^T y)``.
         """
-        from scipy.optimize import linprog
+        # HiGHS itself rather than scipy's linprog over it: importing scipy.optimize takes 0.2-0.6 s
+        import highspy
 
-        A, lb, ub = self.A, self.lb, self.ub
-        eq = lb == ub
-        rows_ub = np.flatnonzero(~eq & np.isfinite(ub))
-        rows_lb = np.flatnonzero(~eq & np.isfinite(lb))
-        A_ub = np.vstack([A[rows_ub], -A[rows_lb]])
-        b_ub = np.concatenate([ub[rows_ub], -lb[rows_lb]])
-        lp = linprog(-self.value, A_ub=A_ub if len(A_ub) else None, b_ub=b_ub if len(b_ub) else None,
-                     A_eq=A[eq], b_eq=lb[eq], bounds=(0, self.upper), method="highs",
-                     options={"time_limit": max(0.1, time_limit)})
-        if lp.status != 0:
+        from ._highs import boxed_max
+
+        h = boxed_max(self.value, self.A, self.lb, self.ub, self.upper, max(0.1, time_limit))
+        h.run()
+        if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
-        y = np.zeros(len(lb))
-        y[np.flatnonzero(eq)] = lp.eqlin.marginals
-        if len(A_ub):
-            y[rows_ub] = lp.ineqlin.marginals[:len(rows_ub)]
-            y[rows_lb] = -lp.ineqlin.marginals[len(rows_ub):]
-        return float(-lp.fun), lp.x, -self.value - A.T @ y, y
+        solution = h.getSolution()
+        x, y = np.asarray(solution.col_value), np.asarray(solution.row_dual)
+        # (HiGHS minimises -value: its row duals are those of the reduced costs -value - A^T y)
+        return float(self.value @ x), x, -self.value - self.A.T @ y, y
 
 
 def _dual_bound(program, y, unseen=0.0):
@@ -1477,7 +1471,8 @@ def _place(caps, chain, j, cores, shape, el, ep, time_limit):
     ``None`` if infeasible.
     """
     import scipy.sparse as sp
-    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    from ._highs import boxed_max
 
     inst = caps.instance
     n = len(cores)
@@ -1567,7 +1562,7 @@ def _place(caps, chain, j, cores, shape, el, ep, time_limit):
     gain = np.array([d_j - D[a, b] for a, b in close])
     cost = np.zeros(N)
     if close:
-        cost[o_z:o_z + nz] = -np.tile(gain, F)           # milp minimises: shared worker pairs gain
+        cost[o_z:o_z + nz] = -np.tile(gain, F)           # (a cost, minimised): shared worker pairs gain
         if nzm:
             cost[o_zm:o_zm + nzm] = gain                  # shared main pairs lose
     data, ri, ci = [], [], []
@@ -1577,11 +1572,12 @@ def _place(caps, chain, j, cores, shape, el, ep, time_limit):
             ci.append(col)
             data.append(v)
     A = sp.csr_matrix((data, (ri, ci)), shape=(len(rows), N))
-    res = milp(cost, constraints=LinearConstraint(A, lo, hi), integrality=np.ones(N), bounds=Bounds(0, 1),
-               options={"time_limit": max(0.1, time_limit)})
-    if res.x is None:
+    h = boxed_max(-cost, A, np.array(lo, dtype=float), np.array(hi, dtype=float), 1.0, max(0.1, time_limit),
+                  integer=True)
+    h.run()
+    if h.getInfo().primal_solution_status != 2:       # no feasible point (infeasible, or none in time)
         return None
-    x = np.round(res.x).astype(int)
+    x = np.round(np.asarray(h.getSolution().col_value)).astype(int)
     out = []
     for f, (_, has) in enumerate(shape):
         on = np.flatnonzero(x[f * n:(f + 1) * n])
