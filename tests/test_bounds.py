@@ -376,6 +376,33 @@ def test_generated_workers_give_the_written_out_bound(spec, W, T, drop, inner, m
     assert b.bound >= parts[0, list(full.levels)].sum() - 1e-6
 
 
+@pytest.mark.parametrize("spec,W,T,drop", CROWDED_CASES + [(SMT_L3, 2, 3, ()), (SMT_L3, 1, 6, ("8p", "11p-12p"))])
+@pytest.mark.parametrize("inner", [True, False])
+def test_the_pricing_walk_finds_every_pattern_the_table_finds(spec, W, T, drop, inner, monkeypatch):
+    """The walk that prices a domain too big to write out (numpy over each level's partial patterns,
+    pruned by a knapsack bound) finds exactly the patterns that pricing every partition at once
+    finds, at the relaxation's duals and at duals moved at random, for thresholds from above the
+    best profit to far below it."""
+    keys, model = _model(spec, W, T, drop)
+    chain = ultrametric_chain(model.instance.topology, model.instance.costs)
+    program = fragment_program(model.caps, chain, 2, inner=inner, max_columns=1)
+    assert program.pricing is not None              # (generated: too many columns for max_columns)
+    y0 = program.relaxation()[3]
+    rng = np.random.default_rng(W * 100 + T)
+    found = 0
+    for y in [y0] + [y0 + rng.normal(scale=0.3 * (1 + np.abs(y0))) for _ in range(3)]:
+        for threshold in (1e9, 0.0, -50.0, -500.0):
+            by_table = program.pricing.price(y, threshold, None, keep=None)
+            with monkeypatch.context() as m:
+                m.setattr(program.pricing, "table", lambda deadline=None: None)
+                by_walk = program.pricing.price(y, threshold, None, keep=None)
+            assert by_walk is not None
+            as_set = [{(c[:4], tuple(int(v) for v in c[4])) for c in out} for out in (by_table, by_walk)]
+            assert as_set[0] == as_set[1], (threshold, len(by_table), len(by_walk))
+            found += len(by_table)
+    assert found                                     # (some thresholds found patterns)
+
+
 @pytest.mark.parametrize("W,T", [(2, 3), (3, 2), (1, 6), (4, 2)])
 @pytest.mark.parametrize("inner", [True, False])
 def test_pricing_by_table_and_by_walk_find_the_same_patterns(W, T, inner, monkeypatch):

@@ -483,6 +483,10 @@ def _restricted(program, keep, cuts, time_limit, start=None, fresh=None, cutoff=
 #: Most patterns of each shape one round of pricing adds.
 _KEEP = 200
 
+#: Most partial patterns one level of :meth:`_Pricing.price`'s walk may hold (a few hundred MB at most):
+#: past it the walk gives up, and nothing is proven by that round.
+_STATE_LIMIT = 2_000_000
+
 
 class _Pricing:
     """The domain patterns of a program too big to write out: a first few, and those that price out.
@@ -492,8 +496,9 @@ class _Pricing:
     on all of them (the finer levels' bound, which fragments must hold a
     main). Each fragment of size ``k`` adds at most ``h_k`` to it, so the
     best any completion of a partial pattern can reach is a knapsack over
-    the threads left, and a depth-first walk over the partitions (largest
-    fragments first) prunes every branch that cannot reach the threshold.
+    the threads left, and a walk over the partitions, level by level
+    (largest fragments first, every partial pattern of a level at once in
+    numpy), prunes every partial pattern that cannot reach the threshold.
     With ``most``, the partitions of ``T`` are generated the same way
     (:meth:`price_workers`), from those of at most ``most`` parts.
     """
@@ -615,10 +620,11 @@ class _Pricing:
         hits = hits if keep is None else hits[:keep]
         return self._columns(shape, V[hits], values[hits])
 
-    def price(self, y, threshold, deadline, node_limit=400000, keep=_KEEP):
+    def price(self, y, threshold, deadline, state_limit=_STATE_LIMIT, keep=_KEEP):
         """Patterns whose profit at ``y`` exceeds ``threshold`` (at most ``keep`` per shape, best first; all if ``None``).
 
-        ``None`` when the walk runs out of nodes or time (nothing proven then).
+        ``None`` when the walk holds more than ``state_limit`` partial
+        patterns at one level, or runs out of time (nothing proven then).
         """
         table = self.table(deadline)
         if table is not None:
@@ -680,12 +686,11 @@ class _Pricing:
         gain = per_pair * np.minimum(np.arange(2 * Q), pair_cap) if Q > 1 else np.zeros(2)
 
         def completion(knap, k, R, q_cur):
-            row = knap[k, R]
+            # (R, q_cur: arrays, one per partial pattern)
             if Q == 1:
-                return row[0]
-            return float(np.max(row + gain[min(q_cur, pair_cap) + np.arange(Q)]))
+                return knap[k, R, 0]
+            return np.max(knap[k][R] + gain[np.minimum(q_cur, pair_cap)[:, None] + np.arange(Q)], axis=1)
 
-        nodes = [0]
         found = []
         for shape in self.shapes:
             ci, a, el, ep, lo, hi, own, other = shape
@@ -698,35 +703,31 @@ class _Pricing:
             if self.caps.phys_event_budget is not None:
                 const += ep * y[self.pevent_row]
             knap = knap_for(a)
-            if const + completion(knap, top, hi, 0) <= threshold:
-                continue
-            vec = np.zeros(L, dtype=int)
-            leaves = []
-
-            def walk(k, n, parts, pairs, acc):
-                nodes[0] += 1
-                if nodes[0] > node_limit:
-                    raise _OutOfNodes
-                if k == 0:
-                    if n >= max(lo, a) and self._fits(shape, vec):
-                        leaves.append(vec.copy())       # priced together once the walk is done
-                    return
-                if const + acc + completion(knap, k, hi - n, pairs) <= threshold:
-                    return
-                for c in range(min((hi - n) // k, self.W - parts), -1, -1):
-                    vec[k - 1] = c
-                    walk(k - 1, n + c * k, parts + c, pairs + c * int(halves[k - 1]),
-                         acc + c * h[k - 1] + min(c, a) * bonus[k - 1])
-                vec[k - 1] = 0
-
-            try:
-                walk(top, 0, 0, 0, 0.0)
-            except _OutOfNodes:
-                return None
-            if deadline is not None and time.perf_counter() > deadline:
-                return None
-            if leaves:
-                found += self._columns_over(shape, np.array(leaves), y, threshold, keep)
+            # the partial patterns (counts of the sizes above k chosen), all at once, level by level from
+            # the largest size down: numpy over the whole frontier, not a walk node by node in Python
+            V = np.zeros((1, L), dtype=np.int8 if hi < 128 else np.int16)
+            n, parts, pairs, acc = (np.zeros(1, dtype=np.int64),) * 3 + (np.zeros(1),)
+            for k in range(top, 0, -1):
+                alive = const + acc + completion(knap, k, hi - n, pairs) > threshold
+                V, n, parts, pairs, acc = V[alive], n[alive], parts[alive], pairs[alive], acc[alive]
+                # each partial pattern takes 0..most fragments of size k
+                reps = np.minimum((hi - n) // k, self.W - parts) + 1
+                if reps.sum() > state_limit or (deadline is not None and time.perf_counter() > deadline):
+                    return None
+                at = np.repeat(np.arange(len(V)), reps)
+                c = np.arange(len(at)) - np.repeat(np.cumsum(reps) - reps, reps)
+                V = V[at]
+                V[:, k - 1] = c
+                n, parts = n[at] + c * k, parts[at] + c
+                pairs = pairs[at] + c * int(halves[k - 1])
+                acc = acc[at] + c * h[k - 1] + np.minimum(c, a) * bonus[k - 1]
+            fits = (n >= max(lo, a)) & (parts >= a) & (parts <= self.W) & (V[:, other:].sum(axis=1) <= a)
+            leaves = V[fits].astype(np.int64)
+            if len(leaves):
+                # in the order of a depth-first walk taking the most of the largest size first (the
+                # columns' order is the programs': HiGHS is sensitive to it)
+                leaves = leaves[np.lexsort(tuple(-leaves[:, i] for i in range(top)))]
+                found += self._columns_over(shape, leaves, y, threshold, keep)
         return found
 
     def price_workers(self, y, threshold, deadline, node_limit=400000):
