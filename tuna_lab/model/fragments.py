@@ -342,12 +342,15 @@ class FragmentProgram:
         it, against the relaxation's optimum; with the duals ``y`` (one per
         row) it is ``-(value + A^T y)``.
         """
-        # HiGHS itself rather than scipy's linprog over it: importing scipy.optimize takes 0.2-0.6 s
+        # HiGHS itself rather than scipy's linprog over it: importing scipy.optimize takes 0.2-0.6 s.
+        # Primal simplex without presolve: a cutting-stock relaxation has a few dozen rows and up to
+        # 80,000 columns, on which the dual simplex after presolve took 3.5 s and this 0.25 s
         import highspy
 
         from ._highs import boxed_max
 
-        h = boxed_max(self.value, self.A, self.lb, self.ub, self.upper, max(0.1, time_limit))
+        h = boxed_max(self.value, self.A, self.lb, self.ub, self.upper, max(0.1, time_limit),
+                      options={"presolve": "off", "simplex_strategy": 4})
         h.run()
         if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
             return None
@@ -561,24 +564,33 @@ class _Pricing:
         return parts >= a and parts <= self.W and int(vec[other:].sum()) <= a and not vec[own:].any()
 
     def initial(self, deadline, most_extra=2):
-        """Patterns of at most ``a + most_extra`` fragments: enough for a feasible start, usually."""
-        columns = []
+        """Patterns of at most ``a + most_extra`` fragments: enough for a feasible start, usually.
+
+        Fewer extra fragments where those are more than ``MAX_COLUMNS`` (domains
+        of 32 logical cores carrying up to 48 threads: hundreds of thousands);
+        ``None`` if even ``a`` fragments are, or at the deadline.
+        """
         # the mains a domain takes when they are spread evenly, and one more: pricing adds the rest
         spread = -(-self.W // sum(self.counts)) + 1
-        for shape in self.shapes:
-            ci, a, el, ep, lo, hi, own, other = shape
-            if a > spread:
-                continue
-            most = max(a, 1) + most_extra
-            for n in range(max(lo, a), hi + 1):
-                vecs = [vec for vec in (_counts(part, self.largest)
-                                        for part in _partitions(n, min(own, self.largest), most))
-                        if self._fits(shape, vec)]
-                if vecs:
-                    columns += self._columns(shape, np.array(vecs))
-                if len(columns) > MAX_COLUMNS or (deadline is not None and time.perf_counter() > deadline):
-                    return None
-        return columns
+        for extra in range(most_extra, -1, -1):
+            columns = []
+            for shape in (shape for shape in self.shapes if shape[1] <= spread):
+                ci, a, el, ep, lo, hi, own, other = shape
+                for n in range(max(lo, a), hi + 1):
+                    vecs = [vec for vec in (_counts(part, self.largest)
+                                            for part in _partitions(n, min(own, self.largest), max(a, 1) + extra))
+                            if self._fits(shape, vec)]
+                    if vecs:
+                        columns += self._columns(shape, np.array(vecs))
+                    if deadline is not None and time.perf_counter() > deadline:
+                        return None
+                    if len(columns) > MAX_COLUMNS:
+                        break
+                if len(columns) > MAX_COLUMNS:
+                    break
+            else:
+                return columns
+        return None
 
     def _profits(self, shape, V, y, values=None):
         """``value + A^T y`` of every pattern of ``V`` (fragment counts, one per row) in ``shape``:
