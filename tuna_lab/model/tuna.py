@@ -233,6 +233,14 @@ class TunaModel:
         candidates = [greedy_mapping(self.caps, labels, order_by) for order_by in ("rank", "worker")]
         if chain is not None and all(c is None for c in candidates) and patterns_infeasible(self.caps, chain):
             return None                     # no mapping exists: nothing for the fragment programs to map
+        # a greedy mapping the counting bound alone proves needs no fragment program (on hundreds of
+        # cores those take seconds and hundreds of MB to find the same)
+        valid = [c for c in candidates if c is not None and not any(f.violations(c, inst) for f in self.families)]
+        if chain is not None and valid:
+            top = max(valid, key=self.value)
+            if bound_closes(bound_certificate(self.caps, chain, patterns=False).bound, self.value(top),
+                            self.granularity()):
+                return self._ordered(top)
         # compact mode: the plans of the fragment programs, dealt and placed
         deadline = time.perf_counter() + time_limit
         # each program's plan as soon as it is solved: a plan that reaches the bound ends the search
