@@ -229,18 +229,16 @@ class TunaModel:
         chain = self._chain()
         if chain is not None:
             labels += [lab for _, lab in chain]
-        best, best_value = None, -np.inf
         candidates = [greedy_mapping(self.caps, labels, order_by) for order_by in ("rank", "worker")]
         if chain is not None and all(c is None for c in candidates) and patterns_infeasible(self.caps, chain):
             return None                     # no mapping exists: nothing for the fragment programs to map
         # a greedy mapping the counting bound alone proves needs no fragment program (on hundreds of
         # cores those take seconds and hundreds of MB to find the same)
-        valid = [c for c in candidates if c is not None and not any(f.violations(c, inst) for f in self.families)]
-        if chain is not None and valid:
-            top = max(valid, key=self.value)
-            if bound_closes(bound_certificate(self.caps, chain, patterns=False).bound, self.value(top),
-                            self.granularity()):
-                return self._ordered(top)
+        top = self._best_valid(candidates)
+        if chain is not None and top is not None and \
+                bound_closes(bound_certificate(self.caps, chain, patterns=False).bound, self.value(top),
+                             self.granularity()):
+            return self._ordered(top)
         # compact mode: the plans of the fragment programs, dealt and placed
         deadline = time.perf_counter() + time_limit
         # each program's plan as soon as it is solved: a plan that reaches the bound ends the search
@@ -294,15 +292,14 @@ class TunaModel:
                         break
                 if reached or pos is not None or deadline <= time.perf_counter():
                     break
-        for pos in candidates:
-            if pos is None or any(f.violations(pos, inst) for f in self.families):
-                continue
-            value = self.value(pos)
-            if value > best_value:
-                best, best_value = pos, value
-        if best is None:
-            return None
-        return self._ordered(best)
+        best = self._best_valid(candidates)
+        return None if best is None else self._ordered(best)
+
+    def _best_valid(self, candidates):
+        """The best of ``candidates`` (positions or ``None``) that breaks no family of the model, or ``None``."""
+        inst = self.instance
+        valid = [c for c in candidates if c is not None and not any(f.violations(c, inst) for f in self.families)]
+        return max(valid, key=self.value) if valid else None
 
     def _ordered(self, pos):
         # The counts encoding orders workers by their main thread's core
