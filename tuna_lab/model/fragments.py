@@ -1573,11 +1573,11 @@ def _place(caps, chain, j, cores, shape, el, ep, time_limit):
             row(entries, -np.inf, inst.L_phys + 1)
         row({o_p + xi: 1.0 for xi in range(nx)}, -np.inf, ep)
     gain = np.array([d_j - D[a, b] for a, b in close])
-    cost = np.zeros(N)
+    value = np.zeros(N)
     if close:
-        cost[o_z:o_z + nz] = -np.tile(gain, F)           # (a cost, minimised): shared worker pairs gain
+        value[o_z:o_z + nz] = np.tile(gain, F)            # shared worker pairs gain
         if nzm:
-            cost[o_zm:o_zm + nzm] = gain                  # shared main pairs lose
+            value[o_zm:o_zm + nzm] = -gain                # shared main pairs lose
     data, ri, ci = [], [], []
     for r, entries in enumerate(rows):
         for col, v in entries.items():
@@ -1585,7 +1585,7 @@ def _place(caps, chain, j, cores, shape, el, ep, time_limit):
             ci.append(col)
             data.append(v)
     A = sp.csr_matrix((data, (ri, ci)), shape=(len(rows), N))
-    h = boxed_max(-cost, A, np.array(lo, dtype=float), np.array(hi, dtype=float), 1.0, max(0.1, time_limit),
+    h = boxed_max(value, A, np.array(lo, dtype=float), np.array(hi, dtype=float), 1.0, max(0.1, time_limit),
                   integer=True)
     h.run()
     if h.getInfo().primal_solution_status != 2:       # no feasible point (infeasible, or none in time)
