@@ -25,7 +25,8 @@ import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from tuna_lab.measure.experiment import Config, load_results, sweep  # noqa: E402
+from tuna_lab.measure.experiment import Config, load_results  # noqa: E402
+from tuna_lab.measure.sweeps import sweep  # noqa: E402
 from tuna_lab.server.models import ensure_model  # noqa: E402
 
 DASK = Path(sys.executable).with_name("dask")

@@ -206,7 +206,7 @@ def _add_cluster_options(parser):
 
 
 def _cmd_sweep(args):
-    from ..measure.experiment import sweep
+    from ..measure.sweeps import sweep
 
     if args.cluster is None and (args.per_machine or args.spread or args.any_machine):
         raise ExperimentError("--per-machine, --spread and --any-machine spread a sweep over the machines of "
@@ -280,7 +280,7 @@ def _sweep_on_cluster(args, configs):
     """
     from .._checks import parse_cpulist
     from ..measure.cluster import connect
-    from ..measure.experiment import sweep
+    from ..measure.sweeps import sweep
 
     before = _finished_cells(args.out)
     if args.client_cpus is not None and args.client_cpus.strip().lower() != "none":

@@ -2,9 +2,13 @@
 
 :mod:`~tuna_lab.measure.load` drives a server with closed- or open-loop load,
 :mod:`~tuna_lab.measure.cpu` accounts each thread's CPU time,
-:mod:`~tuna_lab.measure.experiment` runs trials and sweeps and writes the
-per-request records to disk, :mod:`~tuna_lab.measure.cluster` runs a sweep's
-cells on the machines of a Dask cluster, and :mod:`~tuna_lab.measure.schema`
+:mod:`~tuna_lab.measure.target` is what is measured (the lab server, a
+user's app started by tuna_lab, or a server already running),
+:mod:`~tuna_lab.measure.experiment` runs one cell's trials against a target,
+:mod:`~tuna_lab.measure.store` writes the per-request records to disk and
+reads them back, :mod:`~tuna_lab.measure.sweeps` runs a grid of cells and
+:mod:`~tuna_lab.measure.cluster` a sweep's cells on the machines of a Dask
+cluster, and :mod:`~tuna_lab.measure.schema`
 defines what those records are: file and column names, cell names, latency
 percentiles.
 """
@@ -15,8 +19,10 @@ __all__ = ["Config", "Result", "run", "sweep", "grid", "load_results", "load_thr
            "payload", "closed_loop", "open_loop", "summary"]
 
 __getattr__, __dir__, _ = _lazy.attach(
-    __name__, submodules=["load", "cpu", "experiment", "cluster", "schema"], submod_attrs={
-        "experiment": ["Config", "Result", "run", "sweep", "grid", "load_results", "load_thread_cpu"],
+    __name__, submodules=["load", "cpu", "experiment", "sweeps", "store", "cluster", "schema", "target"], submod_attrs={
+        "experiment": ["Config", "Result", "run", "grid"],
+        "sweeps": ["sweep"],
+        "store": ["load_results", "load_thread_cpu"],
         "load": ["payload", "closed_loop", "open_loop", "summary"],
         # The light module: naming a cell loads no pandas.
         "schema": ["cell_key"],

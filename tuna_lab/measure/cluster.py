@@ -60,7 +60,8 @@ from .._checks import format_cpulist, one_line, positive_int, positive_number
 from ..errors import ExperimentError
 from ..machine.reserve import reserve_client_cpus
 from . import schema
-from .experiment import Result, check_policies, machine_name, run, write_cell
+from .experiment import Result, check_policies, run
+from .store import finished_keys, machine_name, write_cell
 
 __all__ = ["MACHINE_RESOURCE", "WORKER_COMMAND", "connect", "describe_machine", "sweep_on"]
 
@@ -324,13 +325,6 @@ def sweep_on(client, configs, policies, out, trials=5, requests=1000, progress=N
                   any_machine, worker_wait, csv).run()
 
 
-def _finished(folder):
-    """Keys of the finished cells in ``folder`` (a machine's folder of a cluster sweep)."""
-    if not os.path.isdir(folder):
-        return set()
-    return {key for key in os.listdir(folder) if os.path.exists(os.path.join(folder, key, schema.MANIFEST))}
-
-
 class _Sweep:
     """The client's side of :func:`sweep_on`: machines, queues, running cells, and the loop over them."""
 
@@ -420,7 +414,7 @@ class _Sweep:
             suffix = f"-{self.reference[:8]}"
             folders = [d for d in os.listdir(self.out) if d.endswith(suffix)]
             where = f"on machines of fingerprint {self.reference[:8]}"
-        done = set().union(*(_finished(os.path.join(self.out, d)) for d in folders))
+        done = set().union(*(finished_keys(os.path.join(self.out, d)) for d in folders))
         self.queue = deque(c for c in self.configs if c.key not in done)
         self.say(f"sweep: {len(self.configs) - len(self.queue)} of {len(self.configs)} cells already finished, "
                  f"{len(self.queue)} to run {where}")
@@ -510,7 +504,7 @@ class _Sweep:
                  f"worker {address}")
         self._check_machine(name, info)
         if self.per_machine:
-            done = _finished(os.path.join(self.out, name))
+            done = finished_keys(os.path.join(self.out, name))
             machine.queue = deque(c for c in self.configs if c.key not in done)
             self.say(f"sweep: [{name}] {len(self.configs) - len(machine.queue)} of {len(self.configs)} cells "
                      f"already finished, {len(machine.queue)} to run")

@@ -21,10 +21,8 @@ Examples
 >>> result.trials[["policy", "trial", "p99"]]                       # doctest: +SKIP
 """
 
-import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -44,8 +42,10 @@ from . import schema
 from .cpu import CpuSampler, account, summarise
 # Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
 from .schema import CPU_COLUMNS, GENERATOR_COLUMNS, cell_key, percentiles
+# Re-exported: where results are written and read back.
+from .store import finished_keys, load_results, load_thread_cpu, machine_name, write_cell
 
-__all__ = ["Config", "Result", "ExperimentError", "run", "sweep", "grid", "load_results", "ARTICLE_GRID",
+__all__ = ["Config", "Result", "ExperimentError", "run", "grid", "load_results", "ARTICLE_GRID",
            "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
@@ -493,167 +493,6 @@ def _measure(plan, labels, topo):
     return _Measured(_trial_row(labels, frame, wall, status, reason, cpu, generator), frame, per_thread)
 
 
-def write_cell(out, result, csv=False):
-    """Write ``result`` as the cell folder ``out``, atomically: into a temporary folder, then renamed.
-
-    The files are those of :mod:`tuna_lab.measure.schema`; an existing
-    ``out`` is replaced. :func:`run` writes its cells with it, and a cluster
-    sweep the cells its machines send back.
-
-    Parameters
-    ----------
-    out : str
-        The cell's folder.
-    result : Result
-    csv : bool
-        Also write the request and trial tables as CSV.
-
-    Returns
-    -------
-    str
-        ``out``.
-
-    Examples
-    --------
-    >>> write_cell("results/sweep/w2-t2-small-b100", result)            # doctest: +SKIP
-    'results/sweep/w2-t2-small-b100'
-    """
-    os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
-    tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    result.requests.to_parquet(os.path.join(tmp, schema.REQUESTS), index=False)
-    result.trials.to_parquet(os.path.join(tmp, schema.TRIALS), index=False)
-    if result.threads is not None and len(result.threads):
-        result.threads.to_parquet(os.path.join(tmp, schema.THREADS), index=False)
-    if csv:
-        for table, name in schema.CSV_TABLES.items():
-            getattr(result, table).to_csv(os.path.join(tmp, name), index=False)
-    with open(os.path.join(tmp, schema.MANIFEST), "w") as fh:
-        json.dump(result.manifest, fh, indent=1, default=str)
-    if os.path.exists(out):
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return out
-
-
-def machine_name(info):
-    """The name of the machine a manifest (or a worker's description) comes from: hostname and fingerprint.
-
-    A cluster sweep writes each machine's cells under this folder name; two
-    machines with one hostname but different CPUs (or two CPU sets of one
-    host) get different names. ``"unknown"`` when ``info`` lacks either
-    (cells measured before manifests recorded them).
-
-    Examples
-    --------
-    >>> machine_name({"hostname": "node7", "fingerprint": "3fb3535c90a1d2e4"})
-    'node7-3fb3535c'
-    >>> machine_name({})
-    'unknown'
-    """
-    host, fp = info.get("hostname"), info.get("fingerprint")
-    return f"{host}-{fp[:8]}" if host and fp else "unknown"
-
-
-def _cell_folders(path):
-    """The sub-folders of ``path`` that may be cells or machines: no temporary or partial ones."""
-    return [os.path.join(path, d) for d in os.listdir(path)
-            if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(schema.PARTIAL_SUFFIX)]
-
-
-def _is_cell(path):
-    # The manifest is written last: a folder without it is an unfinished cell, redone by a resume.
-    return os.path.exists(os.path.join(path, schema.MANIFEST))
-
-
-def _finished_cells(path):
-    """The finished cells under ``path`` as sorted ``(folder, machine)`` pairs.
-
-    ``path`` is a cell, a sweep (cells inside; machine None) or a cluster
-    sweep (machine folders with cells inside; machine: the folder's name).
-    """
-    if not os.path.isdir(path):
-        raise ExperimentError(f"no results folder at {path}")
-    if _is_cell(path):
-        return [(path, None)]
-    cells = []
-    for folder in sorted(_cell_folders(path)):
-        if _is_cell(folder):
-            cells.append((folder, None))
-        else:
-            cells += [(cell, os.path.basename(folder)) for cell in sorted(_cell_folders(folder)) if _is_cell(cell)]
-    if not cells:
-        raise ExperimentError(f"no finished tuna-lab results under {path}")
-    return cells
-
-
-def load_results(path):
-    """Read every finished cell under ``path`` -> ``(requests, trials, manifests)``.
-
-    ``path`` is a cell folder, a sweep, or a cluster sweep (``<path>/<machine>/<cell>``,
-    see :func:`tuna_lab.measure.cluster.sweep_on`). The results of a cluster sweep
-    have a ``machine`` column in both tables (and a ``"machine"`` key in each
-    manifest): the machine is a factor of the analysis. A sweep on one machine
-    has no such column.
-
-    Examples
-    --------
-    >>> requests, trials, manifests = load_results("results/sweep")      # doctest: +SKIP
-    >>> trials.groupby(["machine", "policy"])["p99"].mean()             # doctest: +SKIP
-    """
-    cells = _finished_cells(path)
-    # Cells found one level deeper (a cluster sweep): every row says which machine it comes from.
-    by_machine = any(machine is not None for _, machine in cells)
-    reqs, trials, manifests = [], [], []
-    for cell, machine in cells:
-        try:
-            with open(os.path.join(cell, schema.MANIFEST)) as fh:
-                meta = json.load(fh)
-            table = pd.read_parquet(os.path.join(cell, schema.TRIALS))
-            file = os.path.join(cell, schema.REQUESTS)
-            rows = pd.read_parquet(file) if os.path.exists(file) and os.path.getsize(file) else None
-        except Exception as exc:  # pyarrow and json raise many types for a damaged file
-            raise ExperimentError(f"{cell} is not a readable tuna-lab result ({type(exc).__name__}); "
-                                  "delete it to have a sweep redo it") from None
-        if by_machine:
-            machine = machine or machine_name(meta)
-            meta = {**meta, "machine": machine}
-            table = table.assign(machine=machine)
-            rows = None if rows is None else rows.assign(machine=machine)
-        manifests.append(meta)
-        trials.append(table)
-        if rows is not None:
-            reqs.append(rows)
-    return _concat(reqs), _concat(trials), manifests
-
-
-def load_thread_cpu(path):
-    """Per-thread CPU accounting of every finished cell under ``path`` (empty frame if none was recorded).
-
-    One row per (cell, policy, trial, worker, role): ``threads``, ``cpu_seconds``,
-    ``max_thread_cpu_seconds``, ``busy_cpu_seconds``, ``idle_cpu_seconds``, ``requests``,
-    ``wall_seconds``, ``numa_node``, ``numa_locality`` (see :func:`tuna_lab.measure.cpu.account`),
-    ``cpus`` (the cpulist its threads were allowed on at the end of the load; absent in older results);
-    and ``machine`` for a cluster sweep, as in :func:`load_results`.
-    """
-    cells = _finished_cells(path)
-    by_machine = any(machine is not None for _, machine in cells)
-    frames = []
-    for cell, machine in cells:
-        file = os.path.join(cell, schema.THREADS)
-        if os.path.exists(file):
-            try:
-                frame = pd.read_parquet(file)
-                if by_machine:
-                    with open(os.path.join(cell, schema.MANIFEST)) as fh:
-                        frame = frame.assign(machine=machine or machine_name(json.load(fh)))
-            except Exception as exc:  # pyarrow raises many types for a damaged file
-                raise ExperimentError(f"{file} is not readable ({type(exc).__name__})") from None
-            frames.append(frame)
-    return _concat(frames)
-
-
 def grid(kind="machine", cpus=None):
     """The article's {W} x {T} grid, as is (``"article"``) or scaled to this machine (``"machine"``).
 
@@ -679,80 +518,3 @@ def grid(kind="machine", cpus=None):
             if (w2, t2) not in out:
                 out.append((w2, t2))
     return sorted(out)
-
-
-def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client=None, per_machine=False,
-          any_machine=False, worker_wait=60, **run_options):
-    """Run every config not already finished under ``out``; each cell is written as soon as it is done.
-
-    Parameters
-    ----------
-    configs : iterable of Config
-    policies : list of str
-    out : str
-        The sweep's folder: ``<out>/<cell>``, or ``<out>/<machine>/<cell>`` on a cluster.
-    trials, requests : int
-        As for :func:`run`.
-    progress : callable, optional
-        Called with one line of text at a time.
-    client : distributed.Client, optional
-        Run the cells on the machines of this Dask cluster, one cell per
-        machine at a time (:func:`tuna_lab.measure.cluster.sweep_on`, which
-        ``per_machine``, ``any_machine`` and ``worker_wait`` are passed to).
-        Default: here, one cell after the other.
-    **run_options
-        ``concurrency``, ``seed``, ``warmup``, ``csv``, ``client_cpus``: as for
-        :func:`run`. ``client_cpus`` is chosen once here, or on each machine
-        of a cluster (CPU ids are per machine).
-
-    Returns
-    -------
-    str
-        ``out``.
-
-    Examples
-    --------
-    >>> sweep([Config(1, 2, "small", 10), Config(2, 1, "small", 10)], ["cfs", "round-robin"],
-    ...       "results/sweep", trials=3, requests=200)                        # doctest: +SKIP
-    'results/sweep'
-    >>> from dask.distributed import Client                                   # doctest: +SKIP
-    >>> sweep(configs, ["cfs", "round-robin"], "results/cluster", client=Client("tcp://10.0.0.5:8786"),
-    ...       per_machine=True)                                              # doctest: +SKIP
-    """
-    policies = check_policies(policies)
-    if client is not None:
-        # The client CPUs (a cpulist, "none" or the default) are chosen on each machine by its run().
-        from ..machine.reserve import ClientCpus
-        from .cluster import sweep_on
-
-        if isinstance(run_options.get("client_cpus"), ClientCpus):
-            raise ExperimentError("on a cluster, give client_cpus as a cpulist, 'none' or None: each machine "
-                                  "chooses its own CPUs")
-
-        return sweep_on(client, configs, policies, out, trials=trials, requests=requests, progress=progress,
-                        per_machine=per_machine, any_machine=any_machine, worker_wait=worker_wait, **run_options)
-    if per_machine or any_machine:
-        raise ExperimentError("per_machine and any_machine spread a sweep over a cluster's machines: "
-                              "give a Dask client too")
-    os.makedirs(out, exist_ok=True)
-    configs = list(configs)
-    # Here the client CPUs are chosen, checked against every cell and said once, before any cell runs.
-    given = run_options.get("client_cpus")
-    split = reserve_client_cpus(given, error=ExperimentError)
-    for config in configs:
-        split.check_threads(config.threads, ExperimentError)
-    run_options["client_cpus"] = split
-    done = [c for c in configs if os.path.exists(os.path.join(out, c.key, schema.MANIFEST))]
-    todo = [c for c in configs if c not in done]
-    if progress:
-        progress(f"sweep: {len(done)} of {len(configs)} cells already finished, {len(todo)} to run")
-        progress(split.describe())
-    t0 = time.monotonic()
-    for i, config in enumerate(todo):
-        run(config, policies, trials=trials, requests=requests, out=os.path.join(out, config.key),
-            progress=progress, **run_options)
-        if progress:
-            per = (time.monotonic() - t0) / (i + 1)
-            progress(f"sweep: cell {len(done) + i + 1}/{len(configs)} done ({config.key}); "
-                     f"~{per * (len(todo) - i - 1):.0f} s left")
-    return out

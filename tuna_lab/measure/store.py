@@ -1,0 +1,216 @@
+"""The result store: writing a cell, the one rule of a finished cell, and reading results back.
+
+A cell is a folder of the files :mod:`tuna_lab.measure.schema` names; it is
+written whole into a temporary folder and renamed in (:func:`write_cell`),
+with the manifest last, so that :func:`is_finished` - the only test of "is
+this cell done?" that a resume, a cluster sweep or a reader uses - never sees
+half a cell. :func:`load_results` and :func:`load_thread_cpu` read a cell, a
+sweep (``<path>/<cell>``) or a cluster sweep (``<path>/<machine>/<cell>``).
+
+Examples
+--------
+>>> from tuna_lab.measure.store import load_results
+>>> requests, trials, manifests = load_results("results/sweep")      # doctest: +SKIP
+"""
+
+import json
+import os
+import shutil
+
+import pandas as pd
+
+from ..errors import ExperimentError
+from . import schema
+
+__all__ = ["write_cell", "is_finished", "finished_keys", "finished_cells", "load_results", "load_thread_cpu",
+           "machine_name"]
+
+
+def _concat(frames):
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def write_cell(out, result, csv=False):
+    """Write ``result`` as the cell folder ``out``, atomically: into a temporary folder, then renamed.
+
+    The files are those of :mod:`tuna_lab.measure.schema`; an existing
+    ``out`` is replaced. :func:`run` writes its cells with it, and a cluster
+    sweep the cells its machines send back.
+
+    Parameters
+    ----------
+    out : str
+        The cell's folder.
+    result : Result
+    csv : bool
+        Also write the request and trial tables as CSV.
+
+    Returns
+    -------
+    str
+        ``out``.
+
+    Examples
+    --------
+    >>> write_cell("results/sweep/w2-t2-small-b100", result)            # doctest: +SKIP
+    'results/sweep/w2-t2-small-b100'
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
+    tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    result.requests.to_parquet(os.path.join(tmp, schema.REQUESTS), index=False)
+    result.trials.to_parquet(os.path.join(tmp, schema.TRIALS), index=False)
+    if result.threads is not None and len(result.threads):
+        result.threads.to_parquet(os.path.join(tmp, schema.THREADS), index=False)
+    if csv:
+        for table, name in schema.CSV_TABLES.items():
+            getattr(result, table).to_csv(os.path.join(tmp, name), index=False)
+    with open(os.path.join(tmp, schema.MANIFEST), "w") as fh:
+        json.dump(result.manifest, fh, indent=1, default=str)
+    if os.path.exists(out):
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
+def machine_name(info):
+    """The name of the machine a manifest (or a worker's description) comes from: hostname and fingerprint.
+
+    A cluster sweep writes each machine's cells under this folder name; two
+    machines with one hostname but different CPUs (or two CPU sets of one
+    host) get different names. ``"unknown"`` when ``info`` lacks either
+    (cells measured before manifests recorded them).
+
+    Examples
+    --------
+    >>> machine_name({"hostname": "node7", "fingerprint": "3fb3535c90a1d2e4"})
+    'node7-3fb3535c'
+    >>> machine_name({})
+    'unknown'
+    """
+    host, fp = info.get("hostname"), info.get("fingerprint")
+    return f"{host}-{fp[:8]}" if host and fp else "unknown"
+
+
+def _cell_folders(path):
+    """The sub-folders of ``path`` that may be cells or machines: no temporary or partial ones."""
+    return [os.path.join(path, d) for d in os.listdir(path)
+            if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(schema.PARTIAL_SUFFIX)]
+
+
+def is_finished(path):
+    """Whether the folder ``path`` holds a finished cell: the one rule every reader and resume applies.
+
+    The manifest is written last (:func:`write_cell`), so a folder without it
+    is an unfinished cell, which a sweep redoes and a reader skips.
+
+    Examples
+    --------
+    >>> is_finished("/nonexistent/w2-t2-small-b100")
+    False
+    """
+    return os.path.isfile(os.path.join(path, schema.MANIFEST))
+
+
+def finished_keys(folder):
+    """The names of the finished cells directly inside ``folder`` (empty if it does not exist).
+
+    Examples
+    --------
+    >>> finished_keys("/nonexistent")
+    set()
+    """
+    if not os.path.isdir(folder):
+        return set()
+    return {key for key in os.listdir(folder) if is_finished(os.path.join(folder, key))}
+
+
+def finished_cells(path):
+    """The finished cells under ``path`` as sorted ``(folder, machine)`` pairs.
+
+    Raises :class:`~tuna_lab.errors.ExperimentError` when ``path`` is no
+    folder or holds no finished cell.
+
+    ``path`` is a cell, a sweep (cells inside; machine None) or a cluster
+    sweep (machine folders with cells inside; machine: the folder's name).
+    """
+    if not os.path.isdir(path):
+        raise ExperimentError(f"no results folder at {path}")
+    if is_finished(path):
+        return [(path, None)]
+    cells = []
+    for folder in sorted(_cell_folders(path)):
+        if is_finished(folder):
+            cells.append((folder, None))
+        else:
+            cells += [(cell, os.path.basename(folder)) for cell in sorted(_cell_folders(folder)) if is_finished(cell)]
+    if not cells:
+        raise ExperimentError(f"no finished tuna-lab results under {path}")
+    return cells
+
+
+def load_results(path):
+    """Read every finished cell under ``path`` -> ``(requests, trials, manifests)``.
+
+    ``path`` is a cell folder, a sweep, or a cluster sweep (``<path>/<machine>/<cell>``,
+    see :func:`tuna_lab.measure.cluster.sweep_on`). The results of a cluster sweep
+    have a ``machine`` column in both tables (and a ``"machine"`` key in each
+    manifest): the machine is a factor of the analysis. A sweep on one machine
+    has no such column.
+
+    Examples
+    --------
+    >>> requests, trials, manifests = load_results("results/sweep")      # doctest: +SKIP
+    >>> trials.groupby(["machine", "policy"])["p99"].mean()             # doctest: +SKIP
+    """
+    cells = finished_cells(path)
+    # Cells found one level deeper (a cluster sweep): every row says which machine it comes from.
+    by_machine = any(machine is not None for _, machine in cells)
+    reqs, trials, manifests = [], [], []
+    for cell, machine in cells:
+        try:
+            with open(os.path.join(cell, schema.MANIFEST)) as fh:
+                meta = json.load(fh)
+            table = pd.read_parquet(os.path.join(cell, schema.TRIALS))
+            file = os.path.join(cell, schema.REQUESTS)
+            rows = pd.read_parquet(file) if os.path.exists(file) and os.path.getsize(file) else None
+        except Exception as exc:  # pyarrow and json raise many types for a damaged file
+            raise ExperimentError(f"{cell} is not a readable tuna-lab result ({type(exc).__name__}); "
+                                  "delete it to have a sweep redo it") from None
+        if by_machine:
+            machine = machine or machine_name(meta)
+            meta = {**meta, "machine": machine}
+            table = table.assign(machine=machine)
+            rows = None if rows is None else rows.assign(machine=machine)
+        manifests.append(meta)
+        trials.append(table)
+        if rows is not None:
+            reqs.append(rows)
+    return _concat(reqs), _concat(trials), manifests
+
+
+def load_thread_cpu(path):
+    """Per-thread CPU accounting of every finished cell under ``path`` (empty frame if none was recorded).
+
+    One row per (cell, policy, trial, worker, role): ``threads``, ``cpu_seconds``,
+    ``max_thread_cpu_seconds``, ``busy_cpu_seconds``, ``idle_cpu_seconds``, ``requests``,
+    ``wall_seconds``, ``numa_node``, ``numa_locality`` (see :func:`tuna_lab.measure.cpu.account`),
+    ``cpus`` (the cpulist its threads were allowed on at the end of the load; absent in older results);
+    and ``machine`` for a cluster sweep, as in :func:`load_results`.
+    """
+    cells = finished_cells(path)
+    by_machine = any(machine is not None for _, machine in cells)
+    frames = []
+    for cell, machine in cells:
+        file = os.path.join(cell, schema.THREADS)
+        if os.path.exists(file):
+            try:
+                frame = pd.read_parquet(file)
+                if by_machine:
+                    with open(os.path.join(cell, schema.MANIFEST)) as fh:
+                        frame = frame.assign(machine=machine or machine_name(json.load(fh)))
+            except Exception as exc:  # pyarrow raises many types for a damaged file
+                raise ExperimentError(f"{file} is not readable ({type(exc).__name__})") from None
+            frames.append(frame)
+    return _concat(frames)
