@@ -18,9 +18,20 @@ latency stays within an SLA ("throughput with bounded latency"), and
 :func:`measure_generator` measures the generator itself against a trivial
 endpoint in another process.
 
+Every request is the user's own: any ``method``, extra ``headers``, a
+``content_type``, and one ``body`` or several sent in turn (request ``i``
+carries ``body[i % len(body)]``). ``response="lab"`` (the default) reads the
+lab server's JSON answer (``server_seconds``, the stages, ``pid``, CPU);
+``response="any"`` measures a user's own app and reads no body. Either way
+the W3C ``Server-Timing`` header is read (:func:`parse_server_timing`): a 2xx
+response's duration there (the first metric with a ``dur``, or the one named
+``server_timing=``) is its ``server_seconds`` when the body gave none, and
+``frame.attrs["server_timing"]`` counts what was found.
+
 Every trial returns one row per request (:data:`COLUMNS`, the same tuple as
-:data:`tuna_lab.measure.schema.REQUEST_COLUMNS`); failures are rows
-(``status`` -1 for client-side failures), never exceptions. Only loopback
+:data:`tuna_lab.measure.schema.REQUEST_COLUMNS`); a request is ok when its
+status is 2xx; failures are rows (``status`` -1 for client-side failures,
+the HTTP status and the server's error text otherwise), never exceptions. Only loopback
 ``http://`` targets (127.0.0.0/8, ``localhost``, ``::1``) are accepted,
 redirects are not followed, no proxy is used, and every trial is bounded in
 request count and wall time.
@@ -42,6 +53,16 @@ Examples
 >>> frame = closed_loop(srv.url + "/predict", body, requests=200)   # doctest: +SKIP
 >>> summary(frame)["client_p99"]   # doctest: +SKIP
 0.41
+
+A user's own app, with two bodies in turn, a header and the app's
+``Server-Timing: app;dur=...`` as ``server_seconds``:
+
+>>> frame = closed_loop("http://127.0.0.1:8080/score", [b'{"x": 1}', b'{"x": 2}'], requests=200,
+...                     headers={"X-Tenant": "lab"}, response="any", server_timing="app")   # doctest: +SKIP
+>>> frame.attrs["server_timing"]["parsed"]   # doctest: +SKIP
+200
+>>> parse_server_timing('db;dur=2.5, app;dur=12.5;desc="model"', "app")
+0.0125
 """
 
 import asyncio
@@ -49,6 +70,7 @@ import concurrent.futures
 import json
 import math
 import os
+import re
 import resource
 import threading
 import time
@@ -69,6 +91,7 @@ __all__ = [
     "COLUMNS",
     "GENERATOR_KEYS",
     "payload",
+    "parse_server_timing",
     "poisson_schedule",
     "closed_loop",
     "aclosed_loop",
@@ -91,8 +114,10 @@ _PENDING = -2
 _MAX_REQUESTS = 10_000_000
 # File descriptors left for everything but the trial's sockets.
 _FD_RESERVE = 64
-# Longest error text kept in a request's row.
+# Longest error text kept in a request's row (and Server-Timing example in attrs).
 _ERROR_CHARS = 200
+# What response= may say: the lab server's JSON body, or a body not read at all.
+_RESPONSES = ("lab", "any")
 
 
 # -- input checks ------------------------------------------------------------------------
@@ -102,7 +127,37 @@ def _body_bytes(body):
         return body.encode()
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body)
-    raise LoadError(f"body must be bytes (see payload()), got {type(body).__name__}")
+    raise LoadError(f"body must be bytes (see payload()) or a non-empty list of bytes, got {type(body).__name__}")
+
+
+def _bodies(body):
+    """``body`` (bytes, or a non-empty list or tuple of them sent in turn) as a tuple of bytes."""
+    if isinstance(body, (list, tuple)):
+        if not body:
+            raise LoadError("body must not be an empty list: give at least one body")
+        return tuple(_body_bytes(b) for b in body)
+    return (_body_bytes(body),)
+
+
+def _requests(url, body, method, headers, content_type, response, server_timing):
+    """Check what a trial sends and how it reads the answers: ``(url, request, attrs)``.
+
+    ``request`` is the bytes of the one request, or a tuple of them (one per
+    body, in turn) for :func:`~tuna_lab.measure.wire.drive`; ``attrs`` the
+    frame's ``method``, ``bodies`` (distinct), ``response`` and the
+    Server-Timing ``metric``.
+    """
+    url, bodies = check_url(url), _bodies(body)
+    if not isinstance(response, str) or response not in _RESPONSES:
+        raise LoadError(f"response must be 'lab' (the lab server's JSON) or 'any' (no body read), got {response!r}")
+    if server_timing is not None and (not isinstance(server_timing, str) or not _ST_TOKEN.fullmatch(server_timing)):
+        raise LoadError(f"server_timing must be a Server-Timing metric name (a token), got {server_timing!r}")
+    built = {}
+    for b in bodies:
+        if b not in built:
+            built[b] = request_bytes(url, b, content_type, method, headers)
+    request = built[bodies[0]] if len(bodies) == 1 else tuple(built[b] for b in bodies)
+    return url, request, {"method": method, "bodies": len(built), "response": response, "metric": server_timing}
 
 
 def _check_fds(connections):
@@ -206,7 +261,8 @@ def poisson_schedule(rate, requests=None, duration=None, seed=0):
 class _Records:
     """Column arrays of a trial, written in place by the request coroutines."""
 
-    def __init__(self, n, scheduled=None):
+    def __init__(self, n, scheduled=None, response="lab", metric=None):
+        self.response, self.metric = response, metric
         self.status = np.full(n, _PENDING, dtype=np.int64)
         self.error = np.full(n, "", dtype=object)
         self.sent = np.full(n, np.nan)
@@ -223,6 +279,8 @@ class _Records:
         # Response bodies, decoded only after the trial: keeps the event loop's
         # per-request work (and so the generator's own delay) as small as possible.
         self.raw = np.full(n, b"", dtype=object)
+        # Raw Server-Timing header values (bytes, or None without one), written by drive().
+        self.timing = np.full(n, None, dtype=object)
 
     def cut(self, at):
         """Mark every unfinished request as cut by the trial's deadline at ``at`` seconds."""
@@ -234,11 +292,14 @@ class _Records:
         self.done[due] = at
 
     def frame(self, attrs):
-        for i in np.flatnonzero(self.status == 200):
-            _parse_ok(self, i, self.raw[i])
-        for i in np.flatnonzero(self.status > 0):
-            if self.status[i] != 200:
-                self.error[i] = _error_text(self.raw[i], self.status[i])
+        ok = np.flatnonzero((self.status >= 200) & (self.status < 300))
+        if self.response == "lab":
+            for i in ok:
+                if self.status[i] != 204:  # No Content: nothing to read
+                    _parse_ok(self, i, self.raw[i])
+        attrs["server_timing"] = self._server_timing(ok)
+        for i in np.flatnonzero((self.status > 0) & ((self.status < 200) | (self.status >= 300))):
+            self.error[i] = _error_text(self.raw[i], self.status[i])
         n = len(self.status)
         data = {"request": np.arange(n), "status": self.status, "error": self.error,
                 "client_seconds": self.done - self.scheduled, "server_seconds": self.server[:, 0]}
@@ -249,6 +310,141 @@ class _Records:
         frame = pd.DataFrame(data, columns=list(COLUMNS))
         frame.attrs.update(attrs)
         return frame
+
+    def _server_timing(self, ok):
+        """Server-Timing durations of the ok rows into ``server_seconds`` where the body gave none; the counts."""
+        timing, server = self.timing, self.server
+        responses = parsed = unparsed = 0
+        example = None
+        for i in ok:
+            value = timing[i]
+            if value is None:
+                continue
+            responses += 1
+            try:
+                seconds = parse_server_timing(value, self.metric)
+            except ValueError:
+                unparsed += 1
+                if example is None:
+                    example = shorten(value.decode("latin-1"), _ERROR_CHARS)
+                continue
+            if seconds is not None:
+                parsed += 1
+                if math.isnan(server[i, 0]):
+                    server[i, 0] = seconds
+        return {"metric": self.metric, "responses": responses, "parsed": parsed, "unparsed": unparsed,
+                "example": example}
+
+
+# -- Server-Timing -----------------------------------------------------------------------
+
+# The W3C Server-Timing grammar: a token (RFC 7230), optional whitespace, a quoted string.
+_ST_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_ST_OWS = re.compile(r"[ \t]*")
+_ST_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_ST_ESCAPE = re.compile(r"\\(.)")
+# A duration (milliseconds): a decimal number.
+_ST_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def _server_timing_metrics(text):
+    """The ``(name, params)`` of each metric of Server-Timing value ``text``, in order.
+
+    ``params`` maps each lower-cased parameter name to its first value
+    (unquoted; "" for a parameter without ``=``). ValueError when ``text``
+    does not follow the grammar.
+    """
+    def fail(pos, what):
+        raise ValueError(f"Server-Timing: expected {what} at character {pos} of {shorten(text, 80)!r}")
+
+    ows, token, n = _ST_OWS.match, _ST_TOKEN.match, len(text)
+    metrics = []
+    pos = ows(text, 0).end()
+    while pos < n:
+        if text[pos] == ",":  # an empty list element
+            pos = ows(text, pos + 1).end()
+            continue
+        m = token(text, pos)
+        if m is None:
+            fail(pos, "a metric name")
+        name, params = m.group(), {}
+        pos = ows(text, m.end()).end()
+        while pos < n and text[pos] == ";":
+            pos = ows(text, pos + 1).end()
+            m = token(text, pos)
+            if m is None:
+                fail(pos, "a parameter name")
+            key, value = m.group().lower(), ""
+            pos = ows(text, m.end()).end()
+            if pos < n and text[pos] == "=":
+                pos = ows(text, pos + 1).end()
+                m = _ST_QUOTED.match(text, pos) if text.startswith('"', pos) else token(text, pos)
+                if m is None:
+                    fail(pos, "a parameter value (a token or a quoted string)")
+                value = _ST_ESCAPE.sub(r"\1", m.group(1)) if m.lastindex else m.group()
+                pos = ows(text, m.end()).end()
+            params.setdefault(key, value)
+        if pos < n and text[pos] != ",":
+            fail(pos, "',' or ';'")
+        metrics.append((name, params))
+    return metrics
+
+
+def parse_server_timing(value, metric=None):
+    """The duration in seconds of one metric of a W3C ``Server-Timing`` header value.
+
+    The header (https://www.w3.org/TR/server-timing/) lists metrics, each a
+    name with optional parameters: ``db;dur=53;desc="select, join", app;dur=47.2``.
+    ``dur`` is in milliseconds; the answer is in seconds. Parameter names
+    are case-insensitive and the first of a repeated one counts; metric names
+    are compared as they are. Several headers are one value joined by ``", "``.
+
+    Parameters
+    ----------
+    value : str or bytes
+        The header's value (bytes are read as Latin-1).
+    metric : str, optional
+        The metric whose duration is wanted (the first of that name that
+        has a ``dur``). Default: the first metric that has a ``dur``.
+
+    Returns
+    -------
+    float or None
+        Seconds, or None when no such metric (or no ``dur``) is there.
+
+    Raises
+    ------
+    ValueError
+        A value that does not follow the grammar, or a ``dur`` that is not a
+        non-negative decimal number.
+
+    Examples
+    --------
+    >>> parse_server_timing('cache;desc="hit; fast, warm", db;dur=2.5, app;dur=12.5')
+    0.0025
+    >>> parse_server_timing(b"db;dur=2.5, app;dur=12.5", metric="app")
+    0.0125
+    >>> parse_server_timing("cache;desc=hit") is None, parse_server_timing("db;dur=1", "app") is None
+    (True, True)
+    >>> parse_server_timing("app;dur=abc")
+    Traceback (most recent call last):
+    ...
+    ValueError: Server-Timing: dur of 'app' is not a number of milliseconds: 'abc'
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value).decode("latin-1")
+    if not isinstance(value, str):
+        raise TypeError(f"value must be str or bytes, got {type(value).__name__}")
+    found = None
+    for name, params in _server_timing_metrics(value):
+        dur = params.get("dur")
+        if dur is None:
+            continue
+        if not _ST_NUMBER.fullmatch(dur) or not 0 <= float(dur) < math.inf:
+            raise ValueError(f"Server-Timing: dur of {name!r} is not a number of milliseconds: {shorten(dur, 40)!r}")
+        if found is None and (metric is None or name == metric):
+            found = float(dur) / 1000.0
+    return found
 
 
 def _error_text(raw, status):
@@ -366,37 +562,43 @@ async def _run_async(job, cpus):
 
 # -- closed loop -------------------------------------------------------------------------
 
-def _closed_plan(url, body, requests, concurrency, timeout, deadline):
+def _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
+                 server_timing):
     """Check a closed loop's arguments; the job that runs it in the generator thread."""
-    url, body = check_url(url), _body_bytes(body)
+    url, request, what = _requests(url, body, method, headers, content_type, response, server_timing)
     n = positive_int("requests", requests, LoadError)
     workers = n if concurrency is None else min(n, positive_int("concurrency", concurrency, LoadError))
     timeout = positive_number("timeout", timeout, LoadError)
     deadline = 2.0 * timeout if deadline is None else positive_number("deadline", deadline, LoadError)
     _check_fds(workers)
-    address, request = resolve(url), request_bytes(url, body)
+    address = resolve(url)
 
     def job():
-        rec = _Records(n)
+        rec = _Records(n, response=what["response"], metric=what["metric"])
         rec.cut(drive(rec, address, request, workers, timeout, deadline))
-        return rec, {"mode": "closed", "url": url, "requests": n, "concurrency": workers,
+        return rec, {"mode": "closed", "url": url, "method": what["method"], "bodies": what["bodies"],
+                     "response": what["response"], "requests": n, "concurrency": workers,
                      "timeout": timeout, "deadline": deadline}
 
     return job
 
 
-async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None, cpus=None):
+async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None, cpus=None, *,
+                       method="POST", headers=None, content_type="application/json", response="lab",
+                       server_timing=None):
     """Async variant of :func:`closed_loop`, for callers already in an event loop.
 
     Examples
     --------
     >>> frame = await aclosed_loop(url, body, requests=100)   # doctest: +SKIP
     """
-    job = _closed_plan(url, body, requests, concurrency, timeout, deadline)
+    job = _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
+                       server_timing)
     return await _run_async(job, _cpu_set(cpus))
 
 
-def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None, cpus=None):
+def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None, cpus=None, *,
+                method="POST", headers=None, content_type="application/json", response="lab", server_timing=None):
     """Send ``requests`` requests with ``concurrency`` in flight; one row per request.
 
     The article's closed mode: by default all requests start at once
@@ -407,8 +609,10 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
     ----------
     url : str
         A loopback URL, e.g. ``srv.url + "/predict"``.
-    body : bytes
-        The request body, e.g. from :func:`payload`; the same bytes every time.
+    body : bytes or list of bytes
+        The request body, e.g. from :func:`payload`; the same bytes every
+        time, or several bodies sent in turn (request ``i`` carries
+        ``body[i % len(body)]``).
     requests : int
     concurrency : int, optional
         Requests in flight (default: ``requests``, all at once).
@@ -422,69 +626,106 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
         thread is pinned to exactly these for the trial and exits with it.
         Default: wherever this process may run. CPUs this process may not use
         raise :class:`~tuna_lab.errors.LoadError`.
+    method : str
+        The HTTP method (any token, sent as given), e.g. ``"GET"``.
+    headers : dict or sequence of (str, str), optional
+        Extra request headers (see :func:`tuna_lab.measure.wire.request_bytes`:
+        ``Content-Type`` here replaces ``content_type``; ``Host``,
+        ``Content-Length``, ``Transfer-Encoding`` and ``Connection`` are refused).
+    content_type : str or None
+        The default ``Content-Type`` (none on a ``GET`` or ``HEAD`` without a body).
+    response : {"lab", "any"}
+        ``"lab"``: a 2xx body is the lab server's JSON (``server_seconds``,
+        stages, ``pid``, CPU), and one that is not JSON is an error.
+        ``"any"``: a user's app; bodies are not read.
+    server_timing : str, optional
+        The ``Server-Timing`` metric whose ``dur`` is ``server_seconds``
+        when the body gives none (default: the first metric with a ``dur``;
+        see :func:`parse_server_timing`). A header that does not parse is
+        ignored for that request, and counted.
 
     Returns
     -------
     pandas.DataFrame
-        Columns :data:`COLUMNS`. ``client_seconds`` runs from send to full
-        response; ``scheduled_at`` equals ``sent_at`` and ``send_lag`` is 0.
-        Server-side columns are NaN unless ``status`` is 200; ``pid`` is -1
-        when unknown. Times are seconds since the trial started.
-        ``frame.attrs["generator"]`` is the generator's own cost during the
-        trial (see :data:`GENERATOR_KEYS`): ``cpu_user``, ``cpu_sys``,
-        ``cpu_seconds`` (its thread's CPU time, not the whole process's),
-        ``cpus`` (its affinity), ``processes``, ``requests`` (sent) and
-        ``wall_seconds``.
+        Columns :data:`COLUMNS`. A request is ok when its status is 2xx.
+        ``client_seconds`` runs from send to full response; ``scheduled_at``
+        equals ``sent_at`` and ``send_lag`` is 0. Server-side columns are
+        NaN unless ``status`` is 2xx (and the body or ``Server-Timing``
+        gave them); ``pid`` is -1 when unknown. Times are seconds since the
+        trial started. ``frame.attrs`` holds the arguments (``mode``,
+        ``url``, ``method``, ``bodies`` - the number of distinct bodies -,
+        ``response``, ``requests``...), and:
+
+        * ``attrs["generator"]``: the generator's own cost during the trial
+          (see :data:`GENERATOR_KEYS`): ``cpu_user``, ``cpu_sys``,
+          ``cpu_seconds`` (its thread's CPU time, not the whole process's),
+          ``cpus`` (its affinity), ``processes``, ``requests`` (sent) and
+          ``wall_seconds``;
+        * ``attrs["server_timing"]``: ``metric`` (``server_timing``, or
+          None), ``responses`` (2xx responses with a ``Server-Timing``
+          header), ``parsed`` (those that gave the metric's duration),
+          ``unparsed`` (those whose header did not parse) and ``example``
+          (the first header that did not parse, as str, or None).
 
     Examples
     --------
     >>> frame = closed_loop(srv.url + "/predict", payload("small", 100), requests=1000)   # doctest: +SKIP
     >>> frame["status"].eq(200).all()   # doctest: +SKIP
     True
+    >>> frame = closed_loop("http://127.0.0.1:8080/health", b"", requests=100, method="GET",
+    ...                     response="any")   # doctest: +SKIP
+    >>> frame.attrs["method"], frame.attrs["server_timing"]["responses"]   # doctest: +SKIP
+    ('GET', 0)
     """
-    job = _closed_plan(url, body, requests, concurrency, timeout, deadline)
+    job = _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
+                       server_timing)
     return _run_blocking(job, _cpu_set(cpus))
 
 
 # -- open loop ---------------------------------------------------------------------------
 
-def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline):
+def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
+               content_type, response, server_timing):
     """Check an open loop's arguments; the job that runs it in the generator thread."""
-    url, body = check_url(url), _body_bytes(body)
+    url, request, what = _requests(url, body, method, headers, content_type, response, server_timing)
     at = poisson_schedule(rate, requests, duration, seed)
     timeout = positive_number("timeout", timeout, LoadError)
     slots = positive_int("max_in_flight", max_in_flight, LoadError)
     span = float(at[-1])
     deadline = span + timeout if deadline is None else positive_number("deadline", deadline, LoadError)
     _check_fds(min(slots, len(at)))
-    address, request = resolve(url), request_bytes(url, body)
+    address = resolve(url)
 
     def job():
-        rec = _Records(len(at), scheduled=at)
+        rec = _Records(len(at), scheduled=at, response=what["response"], metric=what["metric"])
         # At most `slots` requests (and sockets) in flight. A request waiting for
         # a slot is sent late, and its send_lag and client_seconds (from the
         # schedule) include the wait.
         rec.cut(drive(rec, address, request, min(slots, len(at)), timeout, deadline, schedule=at))
-        return rec, {"mode": "open", "url": url, "rate": float(rate), "seed": seed, "requests": len(at),
+        return rec, {"mode": "open", "url": url, "method": what["method"], "bodies": what["bodies"],
+                     "response": what["response"], "rate": float(rate), "seed": seed, "requests": len(at),
                      "duration": duration, "timeout": timeout, "max_in_flight": slots, "deadline": deadline}
 
     return job
 
 
 async def aopen_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.0,
-                     max_in_flight=1000, deadline=None, cpus=None):
+                     max_in_flight=1000, deadline=None, cpus=None, *, method="POST", headers=None,
+                     content_type="application/json", response="lab", server_timing=None):
     """Async variant of :func:`open_loop`, for callers already in an event loop.
 
     Examples
     --------
     >>> frame = await aopen_loop(url, body, rate=50, duration=2.0)   # doctest: +SKIP
     """
-    job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline)
+    job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
+                     content_type, response, server_timing)
     return await _run_async(job, _cpu_set(cpus))
 
 
 def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.0, max_in_flight=1000,
-              deadline=None, cpus=None):
+              deadline=None, cpus=None, *, method="POST", headers=None, content_type="application/json",
+              response="lab", server_timing=None):
     """Send requests at ``rate`` per second with Poisson arrivals; one row per request.
 
     Arrivals follow :func:`poisson_schedule` and do not wait for responses.
@@ -497,8 +738,9 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
     ----------
     url : str
         A loopback URL.
-    body : bytes
-        The request body, the same bytes every time.
+    body : bytes or list of bytes
+        The request body, the same bytes every time, or several sent in turn
+        (the ``i``-th scheduled request carries ``body[i % len(body)]``).
     rate : float
         Mean requests per second.
     requests, duration : int, float, optional
@@ -518,11 +760,13 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
         thread is pinned to exactly these for the trial and exits with it.
         Default: wherever this process may run. CPUs this process may not use
         raise :class:`~tuna_lab.errors.LoadError`.
+    method, headers, content_type, response, server_timing
+        What is sent and how answers are read, as for :func:`closed_loop`.
 
     Returns
     -------
     pandas.DataFrame
-        Columns :data:`COLUMNS`, as for :func:`closed_loop`.
+        Columns :data:`COLUMNS` and ``attrs``, as for :func:`closed_loop`.
 
     Examples
     --------
@@ -530,7 +774,8 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
     >>> summary(frame)["send_lag_p99"] < 0.002   # doctest: +SKIP
     True
     """
-    job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline)
+    job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
+                     content_type, response, server_timing)
     return _run_blocking(job, _cpu_set(cpus))
 
 
@@ -540,7 +785,7 @@ def summary(frame):
     """Counts, latency percentiles, throughput and send lag of one trial.
 
     Percentiles (:func:`tuna_lab.measure.schema.percentiles`: linear, as
-    :func:`numpy.percentile`) and means are over the ok rows (status 200, no
+    :func:`numpy.percentile`) and means are over the ok rows (status 2xx, no
     error). ``throughput`` is ok requests divided by the
     trial's wall time, from its start to the last response or the deadline.
 
@@ -565,7 +810,8 @@ def summary(frame):
     if missing:
         raise LoadError(f"not a load frame: missing columns {', '.join(missing)}")
     # A frame read back from CSV has NaN where the error was "".
-    ok = (frame["status"].to_numpy() == 200) & (frame["error"].fillna("").to_numpy() == "")
+    status = frame["status"].to_numpy()
+    ok = (status >= 200) & (status < 300) & (frame["error"].fillna("").to_numpy() == "")
     done = (frame["scheduled_at"] + frame["client_seconds"]).to_numpy(dtype=float)
     wall = float(np.nanmax(done)) if np.isfinite(done).any() else math.nan
     lag = frame["send_lag"].to_numpy(dtype=float)
@@ -583,7 +829,8 @@ def summary(frame):
 # -- throughput with bounded latency -----------------------------------------------------
 
 def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, high=4096.0, tolerance=0.1,
-                       max_steps=8, seed=0, timeout=None, max_in_flight=1000, cpus=None):
+                       max_steps=8, seed=0, timeout=None, max_in_flight=1000, cpus=None, *, method="POST",
+                       headers=None, content_type="application/json", response="lab", server_timing=None):
     """The highest Poisson rate whose p99 client latency stays within ``sla_p99``.
 
     Each step is an :func:`open_loop` trial of ``duration`` seconds; a rate
@@ -598,7 +845,7 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
     Parameters
     ----------
     url : str
-    body : bytes
+    body : bytes or list of bytes
     sla_p99 : float
         Latency bound in seconds.
     rates : sequence of float, optional
@@ -617,6 +864,8 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
     max_in_flight : int
     cpus : iterable of int or str, optional
         The generator's CPUs in every step (see :func:`open_loop`).
+    method, headers, content_type, response, server_timing
+        What every step sends and how it reads answers (see :func:`closed_loop`).
 
     Returns
     -------
@@ -642,14 +891,18 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
         rates = sorted(positive_number("rates[]", r, LoadError) for r in rates)
         if not rates:
             raise LoadError("rates must not be empty")
-    url, body = check_url(url), _body_bytes(body)
+    # Checked once, before any step: a bad header fails here, not in the first trial.
+    asked = {"method": method, "headers": headers, "content_type": content_type, "response": response,
+             "server_timing": server_timing}
+    _requests(url, body, **asked)
+    body = list(_bodies(body))
 
     cpus = _cpu_set(cpus)
     steps = []
 
     def step(rate):
         frame = open_loop(url, body, rate, duration=duration, seed=seed, timeout=timeout,
-                          max_in_flight=max_in_flight, deadline=duration + timeout, cpus=cpus)
+                          max_in_flight=max_in_flight, deadline=duration + timeout, cpus=cpus, **asked)
         s = summary(frame)
         passed = s["failed"] == 0 and s["client_p99"] <= sla
         steps.append({"rate": rate, "p99": s["client_p99"], "ok": s["ok"], "failed": s["failed"],

@@ -5,13 +5,19 @@ open loop, bounds, the rows of a trial); this module sends it at the cost of
 a C load generator such as wrk, so that the generator takes as little CPU as
 possible from the server it measures:
 
-* the request is built once (:func:`request_bytes`), and every send is one
-  ``send`` of the same bytes on a keep-alive HTTP/1.1 connection, or on a new
-  one when the server closes it (Gunicorn's sync workers close after every
-  response, as wrk's connections see too);
+* each request is built once (:func:`request_bytes`: any method, the
+  user's own headers), and every send is one ``send`` of the same bytes on
+  a keep-alive HTTP/1.1 connection, or on a new one when the server closes
+  it (Gunicorn's sync workers close after every response, as wrk's
+  connections see too). :func:`drive` sends one request every time, or
+  cycles through several (request ``i`` is ``requests[i % len(requests)]``);
 * responses are parsed by :func:`parse_response` only as far as it takes to
-  know where they end (``Content-Length``, chunked, or the connection's
-  close); their bodies are kept raw and decoded after the trial;
+  know where they end (``Content-Length``, chunked, the connection's close,
+  or no body at all for ``HEAD``); their bodies are kept raw and decoded
+  after the trial. When asked to, :func:`drive` also keeps each response's
+  raw ``Server-Timing`` header value (one search in the header block it has
+  already lower-cased), parsed after the trial by
+  :func:`tuna_lab.measure.load.parse_server_timing`;
 * :func:`drive` runs the whole trial in the calling thread on one ``epoll``,
   with no event-loop framework, no tasks and no futures. Open-loop send times
   come from a ``timerfd`` armed at the next scheduled send (nanosecond
@@ -26,6 +32,8 @@ Examples
 >>> request = request_bytes("http://127.0.0.1:8000/predict", b'{"rows": [[0.0]]}')
 >>> request.splitlines()[0]
 b'POST /predict HTTP/1.1'
+>>> request_bytes("http://127.0.0.1:8000/health", b"", method="GET", headers={"Accept": "*/*"}).decode()
+'GET /health HTTP/1.1\\r\\nHost: 127.0.0.1:8000\\r\\nUser-Agent: tuna-lab\\r\\nAccept: */*\\r\\n\\r\\n'
 """
 
 import collections
@@ -34,6 +42,7 @@ import ctypes
 import errno
 import ipaddress
 import os
+import re
 import select
 import socket
 import subprocess
@@ -65,6 +74,12 @@ _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 # Longest wait of one epoll call when nothing is due (s): bounds how late a
 # deadline is noticed if the clock and the timeouts disagree.
 _MAX_WAIT = 1.0
+# An HTTP token (RFC 7230 section 3.2.6): a method or a header name.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+# Header values may not break the request's framing: no CR, LF or NUL.
+_BAD_VALUE = re.compile(r"[\r\n\0]")
+# Headers the generator writes itself (lower-cased): a user's would break the framing.
+_OWN_HEADERS = ("host", "content-length", "transfer-encoding", "connection")
 # Response body of the trivial endpoint: what the inference server answers, minus the work.
 _TRIVIAL_BODY = (b'{"count": 1, "stages": {"deserialize": 0.0, "convert": 0.0, "dmatrix": 0.0, "predict": 0.0, '
                  b'"shap": 0.0}, "server_seconds": 0.0, "pid": -1}')
@@ -110,41 +125,125 @@ def check_url(url):
 
 # -- the request and the response --------------------------------------------------------
 
-def request_bytes(url, body, content_type="application/json"):
-    """The whole ``POST`` request for ``url`` with ``body``, as the bytes sent every time.
+def request_bytes(url, body, content_type="application/json", method="POST", headers=None):
+    """The whole request for ``url`` with ``body``, as the bytes sent every time.
 
-    HTTP/1.1 with ``Host``, ``Content-Type`` and ``Content-Length``; the
-    connection is kept alive unless the server closes it.
+    HTTP/1.1: the request line, ``Host``, ``User-Agent``, the user's
+    ``headers`` in their order, ``Content-Type`` and ``Content-Length``
+    (always computed here); the connection is kept alive unless the server
+    closes it. A ``GET`` or ``HEAD`` with an empty body has neither
+    ``Content-Type`` (unless given in ``headers``) nor ``Content-Length``.
 
     Parameters
     ----------
     url : str
         ``http://host[:port]/path[?query]``; checked by the caller.
     body : bytes
-    content_type : str
+    content_type : str or None
+        The default ``Content-Type``; None sends none.
+    method : str
+        Any HTTP method (a token): ``"GET"``, ``"POST"``, ``"PUT"``...
+        Sent as given (methods are case-sensitive).
+    headers : dict or sequence of (str, str), optional
+        More headers, sent after ``Host`` and ``User-Agent``. One named
+        ``Content-Type`` (or ``User-Agent``; names are case-insensitive)
+        replaces the default one. ``Host``, ``Content-Length``,
+        ``Transfer-Encoding`` and ``Connection`` are the generator's own and
+        refused.
 
     Returns
     -------
     bytes
+
+    Raises
+    ------
+    LoadError
+        A method or header name that is not a token, a value with CR, LF or
+        NUL (or not Latin-1), a header the generator writes itself, or
+        ``headers`` that are not (name, value) string pairs.
 
     Examples
     --------
     >>> r = request_bytes("http://localhost:8000/p?x=1", b"{}")
     >>> r.endswith(b"Content-Length: 2\\r\\n\\r\\n{}"), b"Host: localhost:8000" in r
     (True, True)
+    >>> r = request_bytes("http://localhost:8000/p", b"a=1", method="PUT",
+    ...                   headers=[("Content-Type", "text/plain"), ("X-Trace", "7")])
+    >>> r.split(b"\\r\\n")[:6]
+    [b'PUT /p HTTP/1.1', b'Host: localhost:8000', b'User-Agent: tuna-lab', b'Content-Type: text/plain', b'X-Trace: 7', b'Content-Length: 3']
+    >>> request_bytes("http://localhost:8000/p", b"", headers={"Content-Length": "0"})
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.LoadError: header 'Content-Length' is written by the load generator itself: Host, Content-Length, Transfer-Encoding and Connection cannot be given
     """
+    if not isinstance(method, str) or not _TOKEN.match(method):
+        raise LoadError(f"method must be an HTTP token such as 'GET' or 'POST', got {shorten(repr(method), 60)}")
+    pairs = _header_pairs(headers)
+    names = {name.lower() for name, _ in pairs}
+    body = bytes(body)
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    head = (f"POST {target} HTTP/1.1\r\nHost: {parts.netloc}\r\nUser-Agent: tuna-lab\r\n"
-            f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n")
-    return head.encode("latin-1") + bytes(body)
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}"]
+    if "user-agent" not in names:
+        lines.append("User-Agent: tuna-lab")
+    lines.extend(f"{name}: {value}" for name, value in pairs)
+    framed = body or method not in ("GET", "HEAD")
+    if content_type is not None and framed and "content-type" not in names:
+        _check_value("Content-Type", content_type, "content_type")
+        lines.append(f"Content-Type: {content_type}")
+    if framed:
+        lines.append(f"Content-Length: {len(body)}")
+    try:
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError:
+        raise LoadError("the request line and headers must be Latin-1 text (percent-encode the url)") from None
+    return head + body
 
 
-def parse_response(buf, eof=False):
+def _header_pairs(headers):
+    """``headers`` (None, a dict or (name, value) pairs) as a checked list of str pairs."""
+    if headers is None:
+        return []
+    items = headers.items() if isinstance(headers, dict) else headers
+    if isinstance(items, (str, bytes)):
+        raise LoadError("headers must be a dict or a sequence of (name, value) pairs, got a string")
+    pairs = []
+    try:
+        for item in items:
+            name, value = item
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise LoadError(f"header names and values must be str, got {shorten(repr(item), 80)}")
+            pairs.append((name, value))
+    except (TypeError, ValueError):
+        raise LoadError("headers must be a dict or a sequence of (name, value) pairs") from None
+    types = 0
+    for name, value in pairs:
+        if not _TOKEN.match(name):
+            raise LoadError(f"bad header name {shorten(repr(name), 60)}: a name is an HTTP token "
+                            "(letters, digits and !#$%&'*+-.^_`|~)")
+        if name.lower() in _OWN_HEADERS:
+            raise LoadError(f"header {name!r} is written by the load generator itself: "
+                            "Host, Content-Length, Transfer-Encoding and Connection cannot be given")
+        _check_value(name, value, "header")
+        types += name.lower() == "content-type"
+    if types > 1:
+        raise LoadError("headers give Content-Type more than once")
+    return pairs
+
+
+def _check_value(name, value, what):
+    if not isinstance(value, str):
+        raise LoadError(f"{what} {name!r} must be a str, got {type(value).__name__}")
+    if _BAD_VALUE.search(value):
+        raise LoadError(f"bad value of {what} {name!r}: a header value may not contain CR, LF or NUL")
+
+
+def parse_response(buf, eof=False, head=False):
     """Where the first HTTP/1.x response in ``buf`` ends, and what it says.
 
-    Handles ``Content-Length``, ``Transfer-Encoding: chunked`` and bodies
-    delimited by the connection's close; skips interim ``1xx`` responses.
+    Handles ``Content-Length``, ``Transfer-Encoding: chunked``, bodies
+    delimited by the connection's close and responses to ``HEAD`` (which have
+    no body, whatever their headers say); skips interim ``1xx`` responses.
 
     Parameters
     ----------
@@ -152,6 +251,8 @@ def parse_response(buf, eof=False):
         Everything received on the connection since the request was sent.
     eof : bool
         Whether the server has closed the connection (no more bytes will come).
+    head : bool
+        Whether the request was a ``HEAD``.
 
     Returns
     -------
@@ -174,7 +275,30 @@ def parse_response(buf, eof=False):
     (200, b'ok', 40, True)
     >>> parse_response(b"HTTP/1.1 200 OK\\r\\nContent-Length: 5\\r\\n\\r\\nok")
     (200, None, 43, True)
+    >>> parse_response(b"HTTP/1.1 200 OK\\r\\nContent-Length: 5\\r\\n\\r\\n", head=True)
+    (200, b'', 38, True)
     """
+    parsed = _parse_response(buf, eof, head, False)
+    return None if parsed is None else parsed[:4]
+
+
+def _server_timing(raw, head):
+    """The values of the ``Server-Timing`` headers of header block ``raw`` (``head`` is it lower-cased),
+    joined by ``b", "``, or None. ``raw`` and ``head`` have the same length (ASCII lower-casing)."""
+    at = head.find(b"\r\nserver-timing:")
+    if at < 0:
+        return None
+    values = []
+    while at >= 0:
+        at += 16
+        end = head.find(b"\r\n", at)
+        values.append((raw[at:] if end < 0 else raw[at:end]).strip())
+        at = head.find(b"\r\nserver-timing:", at)
+    return values[0] if len(values) == 1 else b", ".join(values)
+
+
+def _parse_response(buf, eof, no_body, timing):
+    """:func:`parse_response` plus, when ``timing``, the raw Server-Timing value (or None) as a 5th item."""
     start = 0
     while True:
         head_end = buf.find(b"\r\n\r\n", start)
@@ -191,6 +315,7 @@ def parse_response(buf, eof=False):
                 or status_line[12:13] not in (b"", b" ")):
             raise ValueError(f"not an HTTP/1.x status line: {shorten(status_line.decode('latin-1'), 80)!r}")
         status = int(status_line[9:12])
+        raw = head
         head = head.lower()
         length = _header(head, b"\r\ncontent-length:")
         if length is not None:
@@ -207,21 +332,22 @@ def parse_response(buf, eof=False):
             keep = b"close" not in connection
         else:
             keep = b"keep-alive" in connection
-        if status in (204, 304):
-            return status, b"", body_start, keep
+        st = _server_timing(raw, head) if timing else None
+        if no_body or status in (204, 304):
+            return status, b"", body_start, keep, st
         if chunked:
-            return _dechunk(buf, body_start, status, keep, eof)
+            return (*_dechunk(buf, body_start, status, keep, eof), st)
         if length is not None:
             end = body_start + length
             if len(buf) < end:
                 if eof:
                     raise ValueError("connection closed in the middle of the response")
-                return status, None, end, keep
-            return status, bytes(buf[body_start:end]), end, keep
+                return status, None, end, keep, st
+            return status, bytes(buf[body_start:end]), end, keep, st
         # No length: the body runs to the connection's close.
         if not eof:
-            return status, None, -1, False
-        return status, bytes(buf[body_start:]), len(buf), False
+            return status, None, -1, False, st
+        return status, bytes(buf[body_start:]), len(buf), False, st
 
 
 def _header(head, key):
@@ -419,7 +545,7 @@ class _Conn:
 
 
 def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
-    """Run one trial: send ``request`` once per row of ``rec``, in this thread; return when done.
+    """Run one trial: send one request per row of ``rec``, in this thread; return when done.
 
     Closed loop (``schedule`` None): ``concurrency`` requests in flight, the
     next sent as soon as one finishes. Open loop: request ``i`` is due at
@@ -434,11 +560,15 @@ def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
         ``done`` (float, seconds since the start), ``scheduled`` (float;
         written here in closed loop) and ``raw`` (the response body, bytes).
         A failed request gets status -1 and an error; a request never sent
-        stays pending.
+        stays pending. If ``rec`` has an attribute ``timing`` (an object
+        array of length ``n``), ``timing[i]`` gets the raw value of response
+        ``i``'s ``Server-Timing`` header (bytes; several such headers joined
+        by ``b", "``; trailers are not read), or None without one.
     address : tuple
         ``(family, sockaddr)`` from :func:`resolve`.
-    request : bytes
-        From :func:`request_bytes`.
+    request : bytes or sequence of bytes
+        From :func:`request_bytes`: the same request every time, or several
+        sent in turn (request ``i`` is ``request[i % len(request)]``).
     concurrency : int
         Requests in flight at most (and so connections open).
     timeout : float
@@ -469,10 +599,25 @@ class _Engine:
         self.status, self.raw, self.error = rec.status.tolist(), list(rec.raw), list(rec.error)
         self.scheduled = rec.scheduled.tolist()
         self.family, self.sockaddr = address
-        self.request = request
+        if isinstance(request, (bytes, bytearray, memoryview)):
+            requests = (bytes(request),)
+        else:
+            try:
+                requests = tuple(bytes(r) for r in request)
+            except TypeError:
+                raise LoadError("request must be bytes or a sequence of bytes (see request_bytes())") from None
+            if not requests:
+                raise LoadError("request must not be an empty sequence")
+        # One request: sent as is every time; several: request i is cycle[i % len(cycle)].
+        self.request = requests[0]
+        self.cycle = requests if len(requests) > 1 else None
+        heads = tuple(r.startswith(b"HEAD ") for r in requests)
+        self.heads = heads if any(heads) else None
+        # Server-Timing values are kept only when rec has somewhere to put them.
+        self.timing = None if getattr(rec, "timing", None) is None else [None] * len(rec.status)
         # A request in one segment (loopback's MSS is ~64 kB) goes out at once,
         # Nagle or not (nothing unacknowledged precedes it): spare the syscall.
-        self.nodelay = len(request) > _ONE_SEGMENT
+        self.nodelay = max(len(r) for r in requests) > _ONE_SEGMENT
         self.slots = concurrency
         self.timeout = timeout
         self.deadline = deadline
@@ -536,7 +681,9 @@ class _Engine:
         conn.mask = mask
 
     def _send(self, conn, connecting=False):
-        out = conn.out if conn.out is not None else self.request
+        out = conn.out
+        if out is None:
+            out = self.request if self.cycle is None else self.cycle[conn.i % len(self.cycle)]
         try:
             sent = conn.sock.send(out)
         except BlockingIOError:
@@ -599,14 +746,15 @@ class _Engine:
         self._parse(conn, buf, eof=False)
 
     def _parse(self, conn, buf, eof):
+        heads, timing = self.heads, self.timing
         try:
-            parsed = parse_response(buf, eof)
+            parsed = _parse_response(buf, eof, heads is not None and heads[conn.i % len(heads)], timing is not None)
         except ValueError as exc:
             self._fail(conn, conn.i, f"bad response: {exc}")
             return
         if parsed is None:
             return
-        status, body, end, keep = parsed
+        status, body, end, keep, st = parsed
         if body is None:
             conn.need = end if end > 0 else 0
             return
@@ -614,6 +762,8 @@ class _Engine:
         self.done[i] = self.clock() - self.t0
         self.status[i] = status
         self.raw[i] = body
+        if timing is not None:
+            timing[i] = st
         self._finished(i)
         if keep and end == len(buf) and not eof:
             conn.i, conn.buf, conn.need, conn.out = -1, b"", 0, None
@@ -684,6 +834,9 @@ class _Engine:
             rec.scheduled[:] = self.scheduled
             for i, (raw, error) in enumerate(zip(self.raw, self.error)):
                 rec.raw[i], rec.error[i] = raw, error
+            if self.timing is not None:
+                for i, value in enumerate(self.timing):
+                    rec.timing[i] = value
 
     def _loop(self, timer):
         clock, conns, schedule = self.clock, self.conns, self.schedule
