@@ -20,6 +20,7 @@ __all__ = [
     "AdviseError",
     "PlanError",
     "PinError",
+    "TargetError",
     "TopologyWarning",
 ]
 
@@ -106,6 +107,10 @@ class PlanError(TunaError, ValueError):
 
 class PinError(TunaError):
     """A running server cannot be pinned: no such process, no workers, or no permission."""
+
+
+class TargetError(ExperimentError):
+    """A server cannot be measured: a URL that refuses connections, an app that does not start, a bad body file."""
 
 
 class TopologyWarning(UserWarning):

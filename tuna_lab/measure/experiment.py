@@ -31,19 +31,18 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from .._checks import format_cpulist, one_line, positive_int
-from ..errors import CpuAccountingError, ExperimentError, TunaError
+from .._checks import positive_int, positive_number
+from ..errors import CpuAccountingError, ExperimentError
 from ..machine import host
 from ..machine.limits import Limits
 from ..machine.reserve import reserve_client_cpus
 from ..server.models import MODEL_FEATURES
 from ..server.openmp import LIBGOMP_DEFAULT_WAIT, wait_policy_env
 from . import schema
-from .cpu import CpuSampler, account, summarise
 # Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
-from .schema import CPU_COLUMNS, GENERATOR_COLUMNS, cell_key, percentiles
+from .schema import CPU_COLUMNS, cell_key
 # Re-exported: where results are written and read back.
-from .store import finished_keys, load_results, load_thread_cpu, machine_name, write_cell
+from .store import load_results, load_thread_cpu, machine_name, write_cell
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "grid", "load_results", "ARTICLE_GRID",
            "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies"]
@@ -59,6 +58,11 @@ class Config:
     ``wait_policy`` (``OMP_WAIT_POLICY``: ``"default"``, ``"passive"``,
     ``"active"``) and ``spincount`` (``GOMP_SPINCOUNT``) set how the OpenMP
     threads wait between requests; they are factors of the cell like W and T.
+
+    ``target`` says what serves: ``"lab"`` (tuna_lab's server; ``model`` is
+    one of its models), or ``"app"``/``"attached"`` (a user's server, see
+    :mod:`tuna_lab.measure.target`; ``model`` is its label and ``batch`` 0,
+    the requests being the user's own).
     """
 
     workers: int
@@ -67,11 +71,15 @@ class Config:
     batch: int = 100
     wait_policy: str = "default"
     spincount: int | None = None
+    target: str = "lab"
 
     def __post_init__(self):
-        for name in ("workers", "threads", "batch"):
+        for name in ("workers", "threads") + (("batch",) if self.target == "lab" else ()):
             positive_int(name, getattr(self, name), ExperimentError)
-        if self.model not in MODEL_FEATURES:
+        if self.target != "lab":
+            if not self.model or not all(ch.isalnum() or ch in "_." for ch in self.model):
+                raise ExperimentError(f"a target's label must be letters, digits, '_' and '.', got {self.model!r}")
+        elif self.model not in MODEL_FEATURES:
             raise ExperimentError(f"unknown model {self.model!r}; choose from {', '.join(MODEL_FEATURES)}")
         try:
             wait_policy_env(self.wait_policy, self.spincount)
@@ -170,73 +178,20 @@ def manifest(config, policies, trials, requests, seed, extra=None):
     }
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """What the trials of one cell run: the same for every (trial, policy) but the policy and its place."""
-
-    config: Config
-    #: One tuple of policies per trial, in the order they run.
-    orders: tuple
-    requests: int
-    concurrency: int | None
-    warmup: int
-    #: The request body, the same bytes for every request of every trial.
-    body: bytes
-    #: CPUs the server may use: this process's, minus the client CPUs (a column of every row,
-    #: the C of the subscription W x T / C).
-    cpus: int
-    #: The load generator's CPUs and the server's machine (:class:`~tuna_lab.machine.reserve.ClientCpus`).
-    client: object
-
-    @property
-    def runs(self):
-        """How many (trial, policy) runs the cell has."""
-        return sum(len(order) for order in self.orders)
-
-
-@dataclass(frozen=True)
-class _Measured:
-    """What one (trial, policy) run produced."""
-
-    #: Its row of the trials table.
-    row: dict
-    #: Its request rows (empty when the server never served).
-    requests: pd.DataFrame
-    #: Its per-thread CPU accounting (None when it could not be accounted).
-    threads: pd.DataFrame | None
-
-
-def _labels(plan, trial, order, policy):
-    """The columns that name a (trial, policy) in every table: the cell's factors, policy, trial, order."""
-    config = plan.config
-    return {"cell": config.key, "policy": policy, "workers": config.workers, "threads": config.threads,
-            "cpus": plan.cpus, "model": config.model, "batch": config.batch, "wait_policy": config.wait_policy,
-            "spincount": -1 if config.spincount is None else config.spincount, "trial": trial, "order": order}
-
-
-def _trial_row(labels, frame, wall, status, reason, cpu=None, generator=None):
-    ok = frame[frame["status"] == 200] if len(frame) else frame
-    server = ok["server_seconds"].to_numpy(float) if len(ok) else np.array([])
-    row = {**labels, "n": int(len(frame)), "ok": int(len(ok)), "failed": int(len(frame) - len(ok)),
-           "wall_seconds": wall, "trial_status": status, "reason": reason}
-    row.update(dict.fromkeys(CPU_COLUMNS, float("nan")))
-    row.update(cpu or {})
-    row.update(_generator_columns(generator, len(frame)))
-    row.update(percentiles(server))
-    row["throughput"] = row["ok"] / wall if wall > 0 else float("nan")
-    return row
-
-
 def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, seed=0, warmup=20,
-        progress=None, csv=False, on_trial=None, client_cpus=None):
-    """Measure ``config`` under each policy for ``trials`` trials of ``requests`` concurrent requests.
+        progress=None, csv=False, on_trial=None, client_cpus=None, target=None, rate=None, duration=None,
+        max_error_rate=0.01):
+    """Measure a target under each policy for ``trials`` trials of ``requests`` requests.
 
     Parameters
     ----------
-    config : Config
+    config : Config or None
+        The lab server's cell (W, T, model, batch, wait policy). None with a
+        ``target``: the cell is the target's (W, T and its label).
     policies : list of str
     trials, requests : int
-        The article: 5 trials x 1,000 concurrent requests.
+        The article: 5 trials x 1,000 concurrent requests. With ``rate``:
+        at most ``requests`` per trial (None: as many as ``duration`` holds).
     out : str, optional
         Directory to write the cell into (``requests.parquet``, ``trials.parquet``,
         ``manifest.json``; see :mod:`tuna_lab.measure.schema`); nothing is written
@@ -245,11 +200,13 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     concurrency : int, optional
         Requests in flight; default all of them at once (the article's closed mode).
     seed : int
-        Seeds the policy order of every trial and the payload.
+        Seeds the policy order of every trial, the payload and open-loop arrivals.
     warmup : int
-        Requests sent (and discarded) after each server start.
+        Requests sent (and discarded) after each server start or placement;
+        the CPU time each thread gains meanwhile tells pool threads from helpers.
     progress : callable, optional
-        Called with one line of text per finished trial.
+        Called with one line of text per finished trial (and once with a
+        warning when ``Server-Timing`` headers did not parse).
     csv : bool
         Also write the request and trial tables as CSV.
     on_trial : callable, optional
@@ -267,6 +224,18 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         ``progress`` only reports trials). Either way the generator's own CPU
         is recorded in every trial row
         (:data:`~tuna_lab.measure.schema.GENERATOR_COLUMNS`) and the manifest.
+        For a running server (``AttachedTarget``) the CPUs are those its master may use.
+    target : Target, optional
+        What is measured (:mod:`tuna_lab.measure.target`): default the lab
+        server of ``config``; an :class:`~tuna_lab.measure.target.AppTarget`
+        (a user's app, started per trial) or an
+        :class:`~tuna_lab.measure.target.AttachedTarget` (a running server,
+        pinned live and given back its masks at the end, whatever happens).
+    rate, duration : float, optional
+        Open loop: Poisson arrivals at ``rate`` per second for ``duration`` seconds.
+    max_error_rate : float
+        A trial with a larger share of failed requests (non-2xx, timeouts) is
+        marked failed (``trial_status``), with the reason.
 
     Returns
     -------
@@ -277,37 +246,70 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     ExperimentError
         Bad arguments; client CPUs not usable here, leaving no CPU for the
         server, or fewer than ``config.threads`` for it.
+    TargetError
+        A target that cannot be measured (a URL that refuses connections, a
+        PID with no workers); nothing was changed then.
 
     Examples
     --------
     >>> result = run(Config(2, 2, "small", 20), ["cfs", "round-robin"], trials=2, requests=50)  # doctest: +SKIP
     >>> result.trials.groupby("policy")["p99"].mean()                                         # doctest: +SKIP
+    >>> from tuna_lab.measure.target import AttachedTarget                                   # doctest: +SKIP
+    >>> run(None, ["cfs", "tuna-scatter"], target=AttachedTarget(1234, "http://127.0.0.1:8000/", 2))  # doctest: +SKIP
     """
-    from .load import payload
+    from .target import AttachedTarget, LabTarget
+    from .trials import TrialPlan, run_trials
 
     policies = check_policies(policies)
     trials = positive_int("trials", trials, ExperimentError)
-    requests = positive_int("requests", requests, ExperimentError)
-    resolved = reserve_client_cpus(client_cpus, error=ExperimentError)
+    if rate is None or requests is not None:
+        requests = positive_int("requests", requests, ExperimentError)
+    if not 0 <= float(max_error_rate) < 1:
+        raise ExperimentError(f"max_error_rate must be in [0, 1), got {max_error_rate!r}")
+    if rate is not None:
+        positive_number("rate", rate, ExperimentError)
+        positive_number("duration", duration, ExperimentError)
+    if target is None:
+        if config is None:
+            raise ExperimentError("give a config (the lab server) or a target")
+        target = LabTarget(config, seed=seed)
+    else:
+        if isinstance(target, AttachedTarget):
+            target.check()          # bad input refused here, before any mask is read or changed
+        config = Config(target.workers, target.threads, target.label, 0, target=target.kind)
+    machine = None
+    if isinstance(target, AttachedTarget):
+        from ..machine.topology import Topology
+
+        # A running server keeps its CPUs: plans are made for those its master may use.
+        machine = Topology.from_sysfs(allowed=os.sched_getaffinity(target.master))
+    resolved = reserve_client_cpus(client_cpus, topology=machine, error=ExperimentError)
     resolved.check_threads(config.threads, ExperimentError)
     rng = np.random.default_rng(seed)
     # A fresh random order per trial, drawn up front: the seed alone decides them.
     orders = tuple(tuple(str(p) for p in rng.permutation(policies)) for _ in range(trials))
-    plan = _Plan(config, orders, requests, concurrency, warmup, payload(config.model, config.batch, seed=seed),
-                 resolved.server.n_logical, resolved)
     meta = manifest(config, policies, trials, requests, seed, {
         "concurrency": concurrency, "warmup": warmup, "wait_policy": config.wait_policy,
-        "spincount": config.spincount,
+        "spincount": config.spincount, "rate": rate, "duration": duration, "max_error_rate": max_error_rate,
+        "load_mode": "open" if rate is not None else "closed",
         "wait_policy_default": LIBGOMP_DEFAULT_WAIT if config.wait_policy == "default" else None,
         "cpu_accounting": "schedstat" if os.path.exists("/proc/self/schedstat") else "stat utime+stime",
-        "client_cpus": resolved.to_dict()})
+        "client_cpus": resolved.to_dict(), "requests_sent": target.requests.describe()})
     done = []
     t_start = time.monotonic()
+    target.start(resolved.server)
     try:
-        for measured in _trials(plan):
+        plan = TrialPlan(config, target, orders, requests, concurrency, warmup, resolved.server.n_logical, resolved,
+                         rate=rate, duration=duration, seed=seed, max_error_rate=float(max_error_rate))
+        warned = False
+        for measured in run_trials(plan):
             done.append(measured)
             if on_trial:
                 on_trial(_result([measured], meta))
+            if progress and measured.row.get("server_timing_unparsed") and not warned:
+                warned = True
+                progress(f"warning: Server-Timing headers that do not parse are ignored "
+                         f"(first: {measured.row['server_timing_example']!r})")
             if progress:
                 progress(_progress_line(plan, measured.row, len(done), t_start))
     except KeyboardInterrupt:
@@ -315,11 +317,16 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         # manager; keep what finished next to the cell (a resume redoes the cell).
         if out is not None and done:
             begun = min(len(done) // len(policies) + 1, trials)
-            meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True, generator=_generator_total(done))
+            meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True, generator=_generator_total(done),
+                        target=target.describe())
             write_cell(out.rstrip("/") + schema.PARTIAL_SUFFIX, _result(done, meta), csv)
         raise
+    finally:
+        # Also on an error, Ctrl-C or SIGTERM: a running server gets its masks back.
+        target.stop()
     meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                generator=_generator_total(done))
+                generator=_generator_total(done), target=target.describe(),
+                latency=sorted({m.row["latency"] for m in done}))
     result = _result(done, meta)
     if out is not None:
         result.path = write_cell(out, result, csv)
@@ -344,51 +351,6 @@ def _progress_line(plan, row, done, t_start):
             f"{row['trial_status']}{(': ' + reason) if reason else ''}  [~{left:.0f} s left]{cost}")
 
 
-def _server_affinity(srv):
-    """``{(pid, role): CPUs}`` the server's threads may run on now, read from /proc.
-
-    Every thread of every live worker (its main thread, and the rest counted
-    as OpenMP, as :func:`~tuna_lab.measure.cpu.account` counts them) and of
-    the master (role ``"master"``); threads that end while being read are skipped.
-    """
-    from ..placement.binding import affinity_of, threads_of
-
-    master = srv.master_pid()
-    pids = [(pid, None) for pid in srv.worker_pids()] + ([(master, "master")] if master else [])
-    allowed = {}
-    for pid, role in pids:
-        try:
-            tids = threads_of(pid)
-        except TunaError:
-            continue
-        for tid in tids:
-            try:
-                cpus = affinity_of(tid)
-            except TunaError:
-                continue
-            key = (pid, role or ("main" if tid == pid else "openmp"))
-            allowed[key] = allowed.get(key, frozenset()) | cpus
-    return allowed
-
-
-def _generator_columns(generator, requests=0):
-    """The trial row's :data:`GENERATOR_COLUMNS` from a load frame's ``attrs["generator"]`` (NaN if absent)."""
-    row = dict.fromkeys(GENERATOR_COLUMNS, float("nan"))
-    row["generator_cpus"] = ""
-    row["server_cpus"] = format_cpulist((generator or {}).get("server_cpus") or ())
-    if not generator or "cpu_seconds" not in generator:
-        return row
-    sent = generator.get("requests") or requests
-    seconds = float(generator.get("cpu_seconds", float("nan")))
-    row.update(generator_cpu_user=float(generator.get("cpu_user", float("nan"))),
-               generator_cpu_sys=float(generator.get("cpu_sys", float("nan"))), generator_cpu_seconds=seconds,
-               generator_cpu_per_request=seconds / sent if sent else float("nan"),
-               generator_cpus=format_cpulist(generator.get("cpus") or ()),
-               generator_processes=float(generator.get("processes", float("nan"))),
-               generator_wall_seconds=float(generator.get("wall_seconds", float("nan"))))
-    return row
-
-
 def _generator_total(done):
     """The load generator's cost over the finished runs ``done``, for the manifest."""
     rows = pd.DataFrame([m.row for m in done])
@@ -401,96 +363,6 @@ def _generator_total(done):
     return {"cpu_user": float(known["generator_cpu_user"].sum()), "cpu_sys": float(known["generator_cpu_sys"].sum()),
             "cpu_seconds": seconds, "requests": sent, "cpu_per_request": seconds / sent if sent else None,
             "runs": int(len(known))}
-
-
-def _cpu_of(sampler, frame, labels):
-    """A trial's per-role CPU summary and its per-thread table (``(None, None)`` if not accountable)."""
-    try:
-        threads = account(sampler, frame)
-    except CpuAccountingError:
-        return None, None
-    ok = int((frame["status"] == 200).sum()) if len(frame) else 0
-    cpu = summarise(threads, ok)
-    cpu["load_seconds"] = float(sampler.times[-1] - sampler.times[0])
-    threads = threads.assign(**{k: labels[k] for k in ("cell", "policy", "trial", "wait_policy")})
-    return cpu, threads
-
-
-def _with_locality(per_thread, topo):
-    """Add each worker's NUMA locality (share of its resident pages on its main thread's node)."""
-    from ..machine.numa import worker_locality
-
-    found = {}
-    for pid in per_thread["pid"].unique():
-        try:
-            loc = worker_locality(int(pid), topo)
-            found[pid] = (loc.node, loc.share)
-        except TunaError:                      # the worker is gone, or /proc hides it: unknown
-            found[pid] = (-1, float("nan"))
-    per_thread = per_thread.assign(numa_node=per_thread["pid"].map(lambda p: found[p][0]),
-                                   numa_locality=per_thread["pid"].map(lambda p: found[p][1]))
-    shares = [share for _, share in found.values()]
-    return per_thread, float(np.nanmean(shares)) if np.isfinite(shares).any() else float("nan")
-
-
-def _trials(plan):
-    """Run every (trial, policy) of ``plan`` in its order, yielding a :class:`_Measured` as each finishes.
-
-    A generator, so that the caller holds every finished run when Ctrl-C
-    stops the one in progress (whose server its context manager stops).
-    """
-    from ..machine.topology import Topology
-
-    topo = Topology.from_sysfs()
-    for trial, order in enumerate(plan.orders):
-        for pos, policy in enumerate(order):
-            yield _measure(plan, _labels(plan, trial, pos, policy), topo)
-
-
-def _measure(plan, labels, topo):
-    """Start a server for one (trial, policy), warm it up, load it while sampling its threads' CPU, stop it."""
-    from ..server.launch import Server
-    from .load import closed_loop
-
-    config = plan.config
-    t0 = time.monotonic()
-    frame, status, reason, cpu, per_thread, generator = pd.DataFrame(), "ok", "", None, None, None
-    try:
-        # die_with_parent: a runner killed outright (SIGKILL, a lost cluster worker) leaves no server.
-        # The server places on the machine left once the client CPUs are kept (all of it when none are).
-        with Server(config.workers, config.threads, model=config.model, policy=labels["policy"],
-                    wait_policy=config.wait_policy, spincount=config.spincount, die_with_parent=True,
-                    topology=plan.client.server) as srv:
-            # The generator runs pinned to the client CPUs only while it sends (unpinned when none are kept).
-            pin = plan.client.cpus or None
-            if plan.warmup:
-                closed_loop(f"{srv.url}/predict", plan.body, requests=plan.warmup,
-                            concurrency=min(plan.warmup, 4), cpus=pin)
-            # Every server thread's CPU time, sampled while the load runs.
-            with CpuSampler(srv.server_threads(), period=0.1) as sampler:
-                frame = closed_loop(f"{srv.url}/predict", plan.body, requests=plan.requests,
-                                    concurrency=plan.concurrency, cpus=pin)
-            # frame.attrs does not survive every pandas operation: keep the generator's cost now.
-            generator = dict(frame.attrs.get("generator") or {})
-            # Where the server's threads may run, read live before it stops: off the generator's CPUs.
-            allowed = _server_affinity(srv)
-            generator["server_cpus"] = sorted(set().union(*allowed.values())) if allowed else []
-            if srv.proc is None or srv.proc.poll() is not None:
-                status, reason = "failed", "the server died during the trial"
-            cpu, per_thread = _cpu_of(sampler, frame, labels)
-            if per_thread is not None:
-                per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
-                per_thread = per_thread.assign(cpus=[format_cpulist(allowed.get((pid, role), ()))
-                                                     for pid, role in zip(per_thread["pid"], per_thread["role"])])
-    except TunaError as exc:
-        status, reason = "failed", one_line(exc)
-    wall = time.monotonic() - t0
-    if len(frame) and (frame["status"] != 200).any() and status == "ok":
-        bad = frame.loc[frame["status"] != 200, "error"].iloc[0]
-        status, reason = "failed", f"{int((frame['status'] != 200).sum())} requests failed: {bad}"
-    if len(frame):
-        frame = frame.assign(**labels, load_mode="closed")
-    return _Measured(_trial_row(labels, frame, wall, status, reason, cpu, generator), frame, per_thread)
 
 
 def grid(kind="machine", cpus=None):

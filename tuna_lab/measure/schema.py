@@ -95,8 +95,11 @@ def cell_key(workers, threads, model, batch, wait_policy="default", spincount=No
     'w4-t2-small-b10'
     >>> cell_key(4, 2, "small", 10, spincount=-1), cell_key(4, 2, "small", 10, "active", 0)
     ('w4-t2-small-b10', 'w4-t2-small-b10-active-spin0')
+    >>> cell_key(2, 2, "onnx_app", 0)
+    'w2-t2-onnx_app'
     """
-    key = f"w{workers}-t{threads}-{model}-b{batch}"
+    # A user's own requests have no batch (0): the name leaves it out.
+    key = f"w{workers}-t{threads}-{model}" + (f"-b{batch}" if batch else "")
     if wait_policy != "default":
         key += f"-{wait_policy}"
     if spincount is not None and spincount >= 0:

@@ -27,7 +27,7 @@ from .models import MODEL_FEATURES, ensure_model
 from .openmp import wait_policy_env
 from .pinning import PLAN_FILE, record_path
 
-__all__ = ["Server", "ServerError", "status", "stop", "free_port", "SERVER_ENV"]
+__all__ = ["Server", "ServerError", "status", "stop", "free_port", "SERVER_ENV", "child_setup", "terminate"]
 
 #: Thread pools other than the worker's OpenMP pool stay at one thread, so
 #: the only threads that compete are the ones the policy places.
@@ -214,7 +214,7 @@ class Server:
             with _interrupts_held():
                 self.proc = subprocess.Popen(cmd, env=self._env(), stdout=self._log, stderr=subprocess.STDOUT,
                                              start_new_session=True,
-                                             preexec_fn=_preexec(self.die_with_parent, self.cpus))
+                                             preexec_fn=child_setup(self.die_with_parent, self.cpus))
             with open(self.pidfile + ".tuna.json", "w") as fh:
                 json.dump({"state_dir": self.state_dir, "url": self.url, "policy": self.policy,
                            "workers": self.workers, "threads": self.threads, "model": self.model,
@@ -270,7 +270,7 @@ class Server:
         """Stop Gunicorn and make sure no worker survives."""
         if self.proc is None:
             return
-        _terminate(self.proc.pid, timeout)
+        terminate(self.proc.pid, timeout)
         try:
             # Collects the exit status (psutil may have reaped the master already).
             self.proc.wait(timeout=timeout)
@@ -317,7 +317,7 @@ def _parent_death_signal():
     return set_signal
 
 
-def _preexec(die_with_parent, cpus):
+def child_setup(die_with_parent, cpus):
     """The child's ``preexec_fn``: confine it to ``cpus`` (if any), then the parent-death signal (if asked)."""
     death = _parent_death_signal() if die_with_parent else None
     if not cpus:
@@ -355,7 +355,7 @@ def _interrupts_held():
             signal.raise_signal(sig)
 
 
-def _terminate(master, timeout):
+def terminate(master, timeout=15):
     """SIGTERM the master (graceful), then SIGKILL whatever is left of it, its workers and its group."""
     try:
         proc = _process(master)
@@ -453,7 +453,7 @@ def stop(pidfile, timeout=15):
     >>> stop("/tmp/srv.pid")   # doctest: +SKIP
     """
     master, meta = _sidecar(pidfile)
-    _terminate(master, timeout)
+    terminate(master, timeout)
     if meta.get("own_state"):
         shutil.rmtree(meta["state_dir"], ignore_errors=True)
     with contextlib.suppress(OSError):

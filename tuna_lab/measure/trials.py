@@ -1,0 +1,315 @@
+"""The trial runner: one (trial, policy) of a cell against a target, measured and turned into rows.
+
+:func:`run_trials` runs every (trial, policy) of a :class:`TrialPlan` in its
+order and yields a :class:`Measured` as each finishes. One trial:
+
+1. the target applies the policy (:meth:`~tuna_lab.measure.target.Target.apply`:
+   the lab server or a user's app started under it, a running server pinned live);
+2. warm-up requests, during which every worker thread's CPU time is read, so
+   that the pool threads are known by what they did;
+3. the placement is applied and read back from ``/proc``
+   (:meth:`~tuna_lab.measure.target.Live.place`); a placement not in effect
+   fails the trial before any measured request;
+4. the load (closed loop: ``requests`` with ``concurrency`` in flight; open
+   loop: Poisson arrivals at ``rate`` for ``duration``), with every server
+   thread's CPU time sampled;
+5. the trial's row: counts, the latency percentiles (server-side where the
+   server says it - the lab server's own timings or a ``Server-Timing``
+   header - else client-side, and the ``latency`` column says which), CPU
+   and the generator's cost. A trial with more failed requests (non-2xx,
+   timeouts) than ``max_error_rate`` is marked failed, never averaged in.
+
+Examples
+--------
+>>> from tuna_lab.measure.trials import latency_of
+>>> import pandas as pd
+>>> latency_of(pd.DataFrame({"server_seconds": [float("nan")], "client_seconds": [0.2]}), "any")
+'client'
+"""
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .._checks import format_cpulist, one_line
+from ..errors import CpuAccountingError, TunaError
+from .cpu import CpuSampler, account, summarise
+from .schema import CPU_COLUMNS, GENERATOR_COLUMNS, percentiles
+
+__all__ = ["TrialPlan", "Measured", "run_trials", "trial_row", "latency_of", "LATENCIES"]
+
+#: What the ``latency`` column of a trial says its percentiles are: the lab server's own timing
+#: of a request, a ``Server-Timing`` header's duration, or the client's (send to last byte).
+LATENCIES = ("server", "server-timing", "client")
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    """What the trials of one cell run: the same for every (trial, policy) but the policy and its place."""
+
+    #: The cell's factors (:class:`~tuna_lab.measure.experiment.Config`).
+    config: object
+    #: What is measured (:class:`~tuna_lab.measure.target.Target`), started already.
+    target: object
+    #: One tuple of policies per trial, in the order they run.
+    orders: tuple
+    #: Closed loop: requests per trial (open loop: at most this many, or None).
+    requests: int | None
+    concurrency: int | None
+    warmup: int
+    #: CPUs the server may use (a column of every row, the C of the subscription W x T / C).
+    cpus: int
+    #: The load generator's CPUs and the server's machine (:class:`~tuna_lab.machine.reserve.ClientCpus`).
+    client: object
+    #: Open loop: mean arrivals per second, for ``duration`` seconds (None: closed loop).
+    rate: float | None = None
+    duration: float | None = None
+    seed: int = 0
+    #: Most failed requests (share of those sent) a valid trial may have.
+    max_error_rate: float = 0.0
+
+    @property
+    def runs(self):
+        """How many (trial, policy) runs the cell has."""
+        return sum(len(order) for order in self.orders)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one (trial, policy) run produced."""
+
+    #: Its row of the trials table.
+    row: dict
+    #: Its request rows (empty when the server never served).
+    requests: pd.DataFrame
+    #: Its per-thread CPU accounting (None when it could not be accounted).
+    threads: pd.DataFrame | None
+
+
+def _labels(plan, trial, order, policy):
+    """The columns that name a (trial, policy) in every table: the cell's factors, policy, trial, order."""
+    config = plan.config
+    return {"cell": config.key, "policy": policy, "workers": config.workers, "threads": config.threads,
+            "cpus": plan.cpus, "model": config.model, "batch": config.batch, "wait_policy": config.wait_policy,
+            "spincount": -1 if config.spincount is None else config.spincount, "trial": trial, "order": order}
+
+
+def latency_of(frame, response):
+    """Which latency a trial's percentiles are of (:data:`LATENCIES`), from its 2xx rows.
+
+    The lab server's JSON (``response="lab"``) carries its own timing. A
+    user's response counts as server-timed when a ``Server-Timing`` duration
+    was read for some of its requests; otherwise the client's latency is all
+    there is.
+    """
+    if response == "lab":
+        return "server"
+    if len(frame) and np.isfinite(frame["server_seconds"].to_numpy(float)).any():
+        return "server-timing"
+    return "client"
+
+
+def _ok(frame):
+    status = frame["status"].to_numpy()
+    return (status >= 200) & (status < 300)
+
+
+def trial_row(labels, frame, wall, status, reason, cpu=None, generator=None, latency="server"):
+    """The trials-table row of one (trial, policy): counts, percentiles of ``latency``, CPU, generator cost."""
+    ok = frame[_ok(frame)] if len(frame) else frame
+    column = "client_seconds" if latency == "client" else "server_seconds"
+    values = ok[column].to_numpy(float) if len(ok) else np.array([])
+    values = values[np.isfinite(values)]
+    client = ok["client_seconds"].to_numpy(float) if len(ok) else np.array([])
+    row = {**labels, "n": int(len(frame)), "ok": int(len(ok)), "failed": int(len(frame) - len(ok)),
+           "wall_seconds": wall, "trial_status": status, "reason": reason, "latency": latency}
+    row.update(dict.fromkeys(CPU_COLUMNS, float("nan")))
+    row.update(cpu or {})
+    row.update(_generator_columns(generator, len(frame)))
+    row.update(percentiles(values))
+    row.update({k: v for k, v in percentiles(client[np.isfinite(client)], prefix="client").items()
+                if k in ("client_p50", "client_p99")})
+    row["throughput"] = row["ok"] / wall if wall > 0 else float("nan")
+    return row
+
+
+def run_trials(plan):
+    """Run every (trial, policy) of ``plan`` in its order, yielding a :class:`Measured` as each finishes.
+
+    A generator, so that the caller holds every finished run when Ctrl-C
+    stops the one in progress (whose server the target's context manager stops).
+    """
+    from ..machine.topology import Topology
+
+    topo = Topology.from_sysfs()
+    for trial, order in enumerate(plan.orders):
+        for pos, policy in enumerate(order):
+            yield _measure(plan, _labels(plan, trial, pos, policy), topo)
+
+
+def _thread_cpu(pids):
+    """``{tid: CPU seconds}`` of every thread of the processes ``pids`` (schedstat), read now."""
+    out = {}
+    for pid in pids:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                    out[int(tid)] = int(fh.read().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def _load(plan, url, body, options, pin):
+    from .load import closed_loop, open_loop
+
+    if plan.rate is not None:
+        return open_loop(url, body, plan.rate, requests=plan.requests, duration=plan.duration, seed=plan.seed,
+                         cpus=pin, **options)
+    return closed_loop(url, body, requests=plan.requests, concurrency=plan.concurrency, cpus=pin, **options)
+
+
+def _measure(plan, labels, topo):
+    """One (trial, policy): apply the policy, warm up, place and verify, load while sampling CPU, release."""
+    from .load import closed_loop
+
+    target, spec = plan.target, plan.target.requests
+    frame, status, reason, cpu, per_thread, generator, wall = pd.DataFrame(), "ok", "", None, None, None, 0.0
+    options, body = spec.load_options(), spec.body()
+    # The generator runs pinned to the client CPUs only while it sends (unpinned when none are kept).
+    pin = plan.client.cpus or None
+    try:
+        with target.apply(labels["policy"]) as live:
+            url = spec.url_on(live.url)
+            before = _thread_cpu(live.worker_pids())
+            if plan.warmup:
+                closed_loop(url, body, requests=plan.warmup, concurrency=min(plan.warmup, 4), cpus=pin, **options)
+            after = _thread_cpu(live.worker_pids())
+            activity = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+            problems = live.place(activity)
+            if problems:
+                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                raise _NotPlaced(f"placement not in effect: {problems[0]}{more}")
+            # Every server thread's CPU time, sampled while the load runs.
+            with CpuSampler(live.server_threads(), period=0.1) as sampler:
+                t0 = time.monotonic()
+                frame = _load(plan, url, body, options, pin)
+                wall = time.monotonic() - t0
+            # frame.attrs does not survive every pandas operation: keep what the load said now.
+            generator = dict(frame.attrs.get("generator") or {})
+            timing = dict(frame.attrs.get("server_timing") or {})
+            # Where the server's threads may run, read live before it stops: off the generator's CPUs.
+            allowed = _server_affinity(live)
+            generator["server_cpus"] = sorted(set().union(*allowed.values())) if allowed else []
+            if not live.alive():
+                status, reason = "failed", "the server died during the trial"
+            cpu, per_thread = _cpu_of(sampler, frame, labels)
+            if per_thread is not None:
+                per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
+                per_thread = per_thread.assign(cpus=[format_cpulist(allowed.get((pid, role), ()))
+                                                     for pid, role in zip(per_thread["pid"], per_thread["role"])])
+    except TunaError as exc:
+        status, reason, timing = "failed", one_line(exc), {}
+    except _NotPlaced as exc:
+        status, reason, timing = "failed", str(exc), {}
+    latency = latency_of(frame, spec.response)
+    if len(frame) and status == "ok":
+        failed = ~_ok(frame)
+        share = failed.mean()
+        if share > plan.max_error_rate:
+            bad = frame.loc[failed, "error"].iloc[0] or f"HTTP {frame.loc[failed, 'status'].iloc[0]}"
+            status = "failed"
+            reason = (f"{int(failed.sum())} of {len(frame)} requests failed ({share:.1%}, more than the "
+                      f"{plan.max_error_rate:.1%} allowed): {bad}")
+    if len(frame):
+        frame = frame.assign(**labels, load_mode="open" if plan.rate is not None else "closed", latency=latency)
+    row = trial_row(labels, frame, wall, status, reason, cpu, generator, latency)
+    row["server_timing_unparsed"] = int(timing.get("unparsed") or 0)
+    row["server_timing_example"] = timing.get("example") or ""
+    return Measured(row, frame, per_thread)
+
+
+class _NotPlaced(Exception):
+    """The trial's placement was not in effect when read back: the trial fails before its load."""
+
+
+def _server_affinity(live):
+    """``{(pid, role): CPUs}`` the server's threads may run on now, read from /proc.
+
+    Every thread of every live worker (its main thread, and the rest counted
+    as OpenMP, as :func:`~tuna_lab.measure.cpu.account` counts them) and of
+    the master (role ``"master"``); threads that end while being read are skipped.
+    """
+    from ..placement.binding import affinity_of, threads_of
+
+    master = live.master_pid()
+    pids = [(pid, None) for pid in live.worker_pids()] + ([(master, "master")] if master else [])
+    allowed = {}
+    for pid, role in pids:
+        try:
+            tids = threads_of(pid)
+        except TunaError:
+            continue
+        for tid in tids:
+            try:
+                cpus = affinity_of(tid)
+            except TunaError:
+                continue
+            key = (pid, role or ("main" if tid == pid else "openmp"))
+            allowed[key] = allowed.get(key, frozenset()) | cpus
+    return allowed
+
+
+def _generator_columns(generator, requests=0):
+    """The trial row's :data:`GENERATOR_COLUMNS` from a load frame's ``attrs["generator"]`` (NaN if absent)."""
+    row = dict.fromkeys(GENERATOR_COLUMNS, float("nan"))
+    row["generator_cpus"] = ""
+    row["server_cpus"] = format_cpulist((generator or {}).get("server_cpus") or ())
+    if not generator or "cpu_seconds" not in generator:
+        return row
+    sent = generator.get("requests") or requests
+    seconds = float(generator.get("cpu_seconds", float("nan")))
+    row.update(generator_cpu_user=float(generator.get("cpu_user", float("nan"))),
+               generator_cpu_sys=float(generator.get("cpu_sys", float("nan"))), generator_cpu_seconds=seconds,
+               generator_cpu_per_request=seconds / sent if sent else float("nan"),
+               generator_cpus=format_cpulist(generator.get("cpus") or ()),
+               generator_processes=float(generator.get("processes", float("nan"))),
+               generator_wall_seconds=float(generator.get("wall_seconds", float("nan"))))
+    return row
+
+
+def _cpu_of(sampler, frame, labels):
+    """A trial's per-role CPU summary and its per-thread table (``(None, None)`` if not accountable)."""
+    try:
+        threads = account(sampler, frame)
+    except CpuAccountingError:
+        return None, None
+    ok = int(_ok(frame).sum()) if len(frame) else 0
+    cpu = summarise(threads, ok)
+    cpu["load_seconds"] = float(sampler.times[-1] - sampler.times[0])
+    threads = threads.assign(**{k: labels[k] for k in ("cell", "policy", "trial", "wait_policy")})
+    return cpu, threads
+
+
+def _with_locality(per_thread, topo):
+    """Add each worker's NUMA locality (share of its resident pages on its main thread's node)."""
+    from ..machine.numa import worker_locality
+
+    found = {}
+    for pid in per_thread["pid"].unique():
+        try:
+            loc = worker_locality(int(pid), topo)
+            found[pid] = (loc.node, loc.share)
+        except TunaError:                      # the worker is gone, or /proc hides it: unknown
+            found[pid] = (-1, float("nan"))
+    per_thread = per_thread.assign(numa_node=per_thread["pid"].map(lambda p: found[p][0]),
+                                   numa_locality=per_thread["pid"].map(lambda p: found[p][1]))
+    shares = [share for _, share in found.values()]
+    return per_thread, float(np.nanmean(shares)) if np.isfinite(shares).any() else float("nan")
