@@ -250,6 +250,6 @@ def test_bad_plan_input_is_one_line_and_status_2(args):
 
 
 def test_every_format_is_offered():
-    assert set(FORMATS) == {"json", "omp-places", "taskset", "gunicorn"}
+    assert set(FORMATS) == {"json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn"}
     with pytest.raises(PlanError, match="unknown plan format"):
         placement("round-robin", 1, 1, HERE).plan().render("yaml")

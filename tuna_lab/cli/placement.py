@@ -1,8 +1,11 @@
 """``tuna-lab plan``, ``pin`` and ``unpin``: a placement you can take away, applied to any pre-fork server.
 
-``plan`` prints one placement plan (JSON, ``OMP_PLACES``, ``taskset`` lines or
-a Gunicorn config snippet); ``pin --pid MASTER`` binds every worker of a
-running server to it, ``--watch`` keeps replacements pinned, and ``unpin``
+``plan`` prints one placement plan (JSON, ``OMP_PLACES``, per-slot OpenMP
+environment, ONNX Runtime's ``session.intra_op_thread_affinities``,
+``taskset`` lines or a Gunicorn config snippet); ``pin --pid MASTER`` binds every worker of a
+running server to it (``--url`` sends a few requests first, to find pool
+threads that wait in libc by the CPU time they run), ``--watch`` keeps
+replacements pinned, and ``unpin``
 gives the threads the master's CPUs back. ``status --pid`` (in
 :mod:`tuna_lab.cli.server`) shows what is bound. Only the ``tuna-*`` policies
 load the solver.
@@ -13,9 +16,9 @@ import sys
 
 from .options import add_size_options, add_topology_options, positive_float_arg, topology_of
 
-__all__ = ["add_parser", "plan_for"]
+__all__ = ["add_parser", "plan_for", "add_traffic_options", "traffic_of"]
 
-_FORMATS = ("json", "omp-places", "taskset", "gunicorn")
+_FORMATS = ("json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn")
 _POLICY_HELP = "the placement policy: cfs, round-robin, omp-spread, omp-close, numa, tuna-scatter, tuna-compact"
 
 
@@ -32,9 +35,13 @@ def add_parser(subparsers):
     (1, 2, True, False)
     """
     p = subparsers.add_parser(
-        "plan", help="print a placement plan: JSON, OMP_PLACES, taskset lines or a Gunicorn config snippet",
+        "plan", help="print a placement plan: JSON, OMP_PLACES, OpenMP environment, ONNX Runtime affinities, "
+                     "taskset lines or a Gunicorn config snippet",
         epilog="examples:\n"
                "  tuna-lab plan -w 4 -t 4 --policy tuna-scatter > plan.json\n"
+               "  tuna-lab plan -w 2 -t 4 --policy round-robin --format env           OMP_*/GOMP_*/KMP_* per slot\n"
+               "  tuna-lab plan -w 2 -t 4 --policy round-robin --format onnxruntime   "
+               "session.intra_op_thread_affinities\n"
                "  tuna-lab plan -w 2 -t 2 --policy round-robin --format taskset --pid MASTER\n")
     add_size_options(p)
     p.add_argument("--policy", default="tuna-scatter", help=_POLICY_HELP)
@@ -50,7 +57,11 @@ def add_parser(subparsers):
         "pin", help="pin every worker thread of a running pre-fork server by its master's PID",
         epilog="examples:\n"
                "  tuna-lab pin --pid MASTER -t 4 --policy tuna-scatter --dry-run\n"
-               "  tuna-lab pin --pid MASTER --plan plan.json --watch   re-pin replacement workers until Ctrl-C\n")
+               "  tuna-lab pin --pid MASTER --plan plan.json --watch   re-pin replacement workers until Ctrl-C\n"
+               "  tuna-lab pin --pid MASTER -t 2 --policy round-robin --url http://127.0.0.1:8000/predict "
+               "--body req.json --header Content-Type:application/json\n"
+               "      finds pool threads that wait in libc (ONNX Runtime's) by the CPU time they run during "
+               "a few requests\n")
     n.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
     n.add_argument("-t", "--threads", type=int, default=None,
                    help="OpenMP threads per worker (with --policy; the workers are counted)")
@@ -62,6 +73,7 @@ def add_parser(subparsers):
                    help="stay in the foreground and re-pin replacement workers until Ctrl-C/SIGTERM")
     n.add_argument("--dry-run", action="store_true", help="show what would be bound; bind nothing")
     n.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_traffic_options(n)
     n.set_defaults(func=_cmd_pin)
 
     u = subparsers.add_parser("unpin", help="give every worker thread of a running server the master's CPUs back",
@@ -70,6 +82,66 @@ def add_parser(subparsers):
     u.add_argument("--json", action="store_true", help="print the report as JSON")
     u.set_defaults(func=_cmd_unpin)
     return [p, n, u]
+
+
+def add_traffic_options(parser):
+    """Add ``--url``, ``--method``, ``--header`` and ``--body``: the few requests that show which threads work.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_traffic_options(p)
+    >>> a = p.parse_args(["--url", "http://127.0.0.1:8000/", "--header", "A: b", "--header", "C:d"])
+    >>> a.url, a.method, a.header
+    ('http://127.0.0.1:8000/', None, ['A: b', 'C:d'])
+    """
+    g = parser.add_argument_group(
+        "finding pool threads by their activity",
+        "A thread that waits in libc (ONNX Runtime's own pool, a PyTorch inter-op thread) is told from "
+        "helper threads by the CPU time it runs while its worker serves requests: --url sends a few "
+        "(at least 8, at most 64, within 15 s; as many at once as there are workers) and measures.")
+    g.add_argument("--url", default=None, help="a loopback URL of a request that runs the model, "
+                                                "e.g. http://127.0.0.1:8000/predict")
+    g.add_argument("--method", default=None, help="HTTP method (default: POST with --body, else GET)")
+    g.add_argument("--header", action="append", default=[], metavar="K:V", help="a request header; repeatable")
+    g.add_argument("--body", default=None, metavar="FILE", help="the request body, read from FILE ('-': stdin)")
+
+
+def traffic_of(args, master):
+    """The :class:`~tuna_lab.placement.pin.Activity` of ``--url`` requests to server ``master`` (None without ``--url``).
+
+    Raises
+    ------
+    PinError
+        Options without ``--url``, a malformed header, an unreadable body
+        file, or a request that fails.
+    """
+    from ..errors import PinError
+
+    if args.url is None:
+        if args.method or args.header or args.body:
+            raise PinError("--method, --header and --body describe the requests of --url: give --url too")
+        return None
+    headers = []
+    for item in args.header:
+        key, sep, value = item.partition(":")
+        if not sep or not key.strip():
+            raise PinError(f"--header wants NAME:VALUE, got {item!r}")
+        headers.append((key.strip(), value.strip()))
+    body = None
+    if args.body is not None:
+        try:
+            if args.body == "-":
+                body = sys.stdin.buffer.read()
+            else:
+                with open(args.body, "rb") as fh:
+                    body = fh.read()
+        except OSError as exc:
+            raise PinError(f"cannot read --body {args.body}: {exc.strerror or exc}") from None
+    from ..placement.pin import serve_requests
+
+    return serve_requests(master, args.url, method=args.method, headers=headers, body=body)
 
 
 def plan_for(policy, workers, threads, topology, time_limit=None):
@@ -113,15 +185,20 @@ def _cmd_pin(args):
     from ..placement.pin import pin_server, watch_server, worker_pids
 
     plan = _plan_of(args, worker_pids(args.pid))
-    report = pin_server(args.pid, plan, dry_run=args.dry_run)
+    # Measured before anything is bound: a request that fails leaves every mask as it was.
+    activity = traffic_of(args, args.pid)
+    report = pin_server(args.pid, plan, dry_run=args.dry_run, activity=activity)
+    if activity is not None and activity.idle:
+        report.warnings.append(f"worker(s) {', '.join(map(str, activity.idle))} served none of the "
+                               f"{activity.requests} requests sent in {activity.seconds:.1f} s")
     _show(report, args.json)
     if not args.watch or args.dry_run:
         return 0
-    print(f"watching server {args.pid}: replacement workers are pinned to their slot; Ctrl-C to stop",
-          file=sys.stderr, flush=True)
+    print(f"watching server {args.pid}: replacement workers are pinned to their slot, pool threads found by "
+          "their activity under live traffic; Ctrl-C to stop", file=sys.stderr, flush=True)
     stop = threading.Event()
     try:
-        watch_server(args.pid, plan, stop, on_pin=lambda r: _show(r, args.json))
+        watch_server(args.pid, plan, stop, on_pin=lambda r: _show(r, args.json), activity=activity)
     except KeyboardInterrupt:
         stop.set()
     print("stopped watching; the pins stay in place", file=sys.stderr, flush=True)
@@ -140,5 +217,6 @@ def _show(report, as_json):
         print(json.dumps(report.to_dict()), flush=True)
     else:
         print(report.describe(), flush=True)
+    # Once, on stderr: stdout keeps only the report (or the JSON object, whose "warnings" hold them too).
     for warning in report.warnings:
         print(f"tuna-lab: warning: {warning}", file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ import json
 from ..errors import ServerError
 from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options, check_cpu_quota,
                       client_cpus_of, positive_float_arg)
+from .placement import add_traffic_options
 
 __all__ = ["add_parser"]
 
@@ -65,12 +66,14 @@ def add_parser(subparsers):
         "status", help="worker -> thread (role, TID) -> allowed CPUs of a running server",
         epilog="examples:\n"
                "  tuna-lab status --pidfile /tmp/t.pid\n"
-               "  tuna-lab status --pid MASTER --plan plan.json --json\n")
+               "  tuna-lab status --pid MASTER --plan plan.json --json\n"
+               "  tuna-lab status --pid MASTER --url http://127.0.0.1:8000/   evidence from a few requests\n")
     which = st.add_mutually_exclusive_group(required=True)
     which.add_argument("--pidfile", help="a server started by `tuna-lab serve`")
     which.add_argument("--pid", type=int, metavar="MASTER", help="any pre-fork server, by its master's PID")
     st.add_argument("--plan", default=None, metavar="FILE", help="with --pid: show the plan's CPUs beside")
     st.add_argument("--json", action="store_true", help="print one JSON object")
+    add_traffic_options(st)
     st.set_defaults(func=_cmd_status)
 
     sp = subparsers.add_parser("stop", help="stop a server started with --detach",
@@ -131,6 +134,10 @@ def _cmd_status(args):
 
     if args.pid is not None:
         return _status_of_pid(args)
+    if args.url is not None:
+        from ..errors import PinError
+
+        raise PinError("--url works with --pid (a server found by its master), not with --pidfile")
     from ..server.launch import status
 
     info = status(args.pidfile)
@@ -152,12 +159,21 @@ def _cmd_status(args):
 
 
 def _status_of_pid(args):
+    import sys
+
     from ..placement.pin import PinReport, server_threads
     from ..placement.plan import Plan
+    from .placement import traffic_of
 
     plan = Plan.read(args.plan) if args.plan else None
-    report = PinReport(args.pid, plan, server_threads(args.pid, plan))
+    activity = traffic_of(args, args.pid)
+    report = PinReport(args.pid, plan, server_threads(args.pid, plan, activity))
+    if activity is not None and activity.idle:
+        report.warnings.append(f"worker(s) {', '.join(map(str, activity.idle))} served none of the "
+                               f"{activity.requests} requests sent in {activity.seconds:.1f} s")
     print(json.dumps(report.to_dict()) if args.json else report.describe())
+    for warning in report.warnings:
+        print(f"tuna-lab: warning: {warning}", file=sys.stderr)
     return 0
 
 

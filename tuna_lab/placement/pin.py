@@ -48,12 +48,19 @@ from .._checks import format_cpulist
 from ..errors import BindingError, PinError
 from .binding import affinity_of, bind
 
-__all__ = ["ThreadRole", "classify_threads", "worker_pids", "worker_slots", "server_threads", "pin_server",
+__all__ = ["ThreadRole", "Activity", "classify_threads", "thread_cpu_times", "active_threads", "serve_requests",
+           "ACTIVE_FLOOR", "ACTIVE_SHARE", "worker_pids", "worker_slots", "server_threads", "pin_server",
            "unpin_server", "watch_server", "PinReport", "hook_dir", "write_hook_record"]
 
 # Libraries whose threads are an OpenMP team or a BLAS pool (file names as the loader maps them).
 _RUNTIMES = (("libgomp", "OpenMP"), ("libiomp", "OpenMP"), ("libomp", "OpenMP"),
              ("libopenblas", "BLAS"), ("libmkl", "BLAS"), ("libblis", "BLAS"))
+# Threads a thread name says are no pool thread, and what they are.
+_HELPER_NAMES = {"jemalloc_bg_thd": "jemalloc's background thread (LightGBM and scikit-learn wheels load it)"}
+#: :func:`active_threads`: a pool thread gains at least this much CPU time (s) during the requests ...
+ACTIVE_FLOOR = 0.002
+#: ... and at least this share of what the worker's busiest thread gained.
+ACTIVE_SHARE = 0.1
 # Why a thread that never waited while we looked is left alone (the report's words).
 _RUNNING = "running on every look"
 # Rounds of --watch that look again at a worker with such a thread: a pool thread busy with
@@ -66,12 +73,20 @@ _HELPER_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkse
 
 @dataclass(frozen=True)
 class ThreadRole:
-    """One thread of a worker: its TID, role (``main``, ``pool``, ``other``), rank and why."""
+    """One thread of a worker: its TID, role (``main``, ``pool``, ``other``), rank, why, and the evidence.
+
+    ``evidence`` names what decided the role: ``"tid: the process's PID"``,
+    ``"library: libgomp.so.1"`` (the library its blocking system call came
+    from), ``"activity: 0.420 s CPU during 8 requests"`` (time it ran while
+    the worker served requests) or ``"name: jemalloc_bg_thd"`` (its thread
+    name).
+    """
 
     tid: int
     role: str
     rank: object
     why: str
+    evidence: str = ""
 
 
 @dataclass
@@ -89,8 +104,11 @@ class PinReport:
                 "fingerprint": getattr(self.plan, "fingerprint", None),
                 "workers": self.workers, "warnings": list(self.warnings)}
 
-    def describe(self):
-        """The report as text: one block per worker, one line per thread."""
+    def describe(self, warnings=False):
+        """The report as text: one block per worker, one line per thread with the evidence of its role.
+
+        Warnings are left out unless ``warnings``: the CLI prints them once, on stderr.
+        """
         lines = [f"server {self.master}" + (f": {self.plan.policy}, {self.plan.workers} workers x "
                                             f"{self.plan.threads} threads" if self.plan else "")]
         for w in self.workers:
@@ -102,11 +120,13 @@ class PinReport:
                 if t.get("planned") is not None:
                     planned = f"  plan {format_cpulist(t['planned'])}" + (
                         "" if sorted(t["planned"]) == sorted(t["cpus"] or ()) else "  (differs)")
-                note = f"  - {t['why']}" if t["role"] == "other" or t.get("note") else ""
+                evidence = f"  [{t['evidence']}]" if t.get("evidence") else ""
+                note = f"  - {t['why']}" if t["role"] == "other" else ""
                 if t.get("note"):
                     note = f"  - {t['note']}"
-                lines.append(f"    {t['role']:>5}{rank:<3} tid {t['tid']:<8} cpus {cpus}{planned}{note}")
-        lines += [f"warning: {w}" for w in self.warnings]
+                lines.append(f"    {t['role']:>5}{rank:<3} tid {t['tid']:<8} cpus {cpus}{planned}{evidence}{note}")
+        if warnings:
+            lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
 
 
@@ -182,8 +202,110 @@ def _waiting_in(pid, tid, maps, looks, interval):
     return None
 
 
-def classify_threads(pid, looks=5, interval=0.02):
+def thread_cpu_times(pid):
+    """CPU time every thread of process ``pid`` has run so far, in seconds, by TID.
+
+    Read from the first field of ``/proc/<pid>/task/<tid>/schedstat`` (ns,
+    not rounded to clock ticks as ``stat`` is). A thread that exits while
+    it is read is left out.
+
+    Raises
+    ------
+    PinError
+        The process is gone, or its threads cannot be read.
+
+    Examples
+    --------
+    >>> import os
+    >>> times = thread_cpu_times(os.getpid())
+    >>> os.getpid() in times and times[os.getpid()] > 0
+    True
+    """
+    try:
+        tids = os.listdir(f"/proc/{int(pid)}/task")
+    except (FileNotFoundError, ProcessLookupError, ValueError, TypeError):
+        raise PinError(f"process {pid} is gone") from None
+    except PermissionError:
+        raise PinError(f"permission denied: cannot read the threads of process {pid}") from None
+    out = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                out[int(tid)] = int(fh.read().split()[0]) / 1e9
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        except PermissionError:
+            raise PinError(f"permission denied: cannot read thread {tid} of process {pid}") from None
+    return out
+
+
+def active_threads(activity, main=None, floor=ACTIVE_FLOOR, share=ACTIVE_SHARE):
+    """The threads that worked while a worker served requests: its pool, told from helper threads.
+
+    A pool thread runs while its worker serves a request and sleeps
+    otherwise; a helper thread (a Python thread, a server's, an allocator's,
+    a pool of a library the model does not use) barely runs. A thread counts
+    as active when it gained at least ``floor`` seconds and at least
+    ``share`` of what the busiest thread of the worker gained.
+
+    Parameters
+    ----------
+    activity : dict
+        ``{tid: cpu_seconds}`` each thread gained during the requests (from
+        two :func:`thread_cpu_times` readings around them).
+    main : int, optional
+        The worker's main thread (its PID): it is measured with the others
+        (it serves the request, and its time sets the scale) but never
+        returned.
+    floor, share : float
+        The thresholds above.
+
+    Returns
+    -------
+    set of int
+        The active TIDs, ``main`` excluded.
+
+    Examples
+    --------
+    >>> sorted(active_threads({100: 0.40, 101: 0.35, 102: 0.0004, 103: 0.0}, main=100))
+    [101]
+    >>> active_threads({100: 0.0005, 101: 0.0003}, main=100)   # served nothing: nothing to tell
+    set()
+    """
+    if not activity:
+        return set()
+    top = max(activity.values())
+    return {tid for tid, gained in activity.items()
+            if tid != main and gained >= floor and gained >= share * top}
+
+
+def _comm(pid, tid):
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm") as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def classify_threads(pid, looks=5, interval=0.02, activity=None, requests=None):
     """Every thread of process ``pid`` as a :class:`ThreadRole`, main thread first, pool by rank.
+
+    A thread is a pool thread by the first evidence that says so:
+
+    1. **library**: it is blocked in a system call made from an OpenMP or BLAS
+       runtime's code (libgomp, libiomp, libomp, OpenBLAS, MKL, BLIS);
+    2. **name**: a thread name of a known helper (``jemalloc_bg_thd``) makes
+       it no pool thread;
+    3. **activity**: where the library says only ``libc`` (ONNX Runtime's own
+       pool, a BLAS pool waiting on a pthread condition) or the thread kept
+       running, the CPU time it gained while the worker served requests
+       (``activity``, see :func:`active_threads`) tells the pool from helper
+       threads.
+
+    Pool threads found by library are ranked first, by TID (creation order),
+    then those found by activity, by TID: in a PyTorch worker the libgomp
+    intra-op team takes ranks 1..T-1 and an inter-op thread that worked
+    during the requests comes after it.
 
     Parameters
     ----------
@@ -192,11 +314,23 @@ def classify_threads(pid, looks=5, interval=0.02):
     looks, interval : int, float
         A thread that is running (not in a system call) is looked at again,
         up to ``looks`` times ``interval`` seconds apart, until it waits.
+    activity : dict, optional
+        ``{tid: cpu_seconds}`` each thread gained while the worker served
+        requests. Without it, threads that wait in libc are left alone.
+    requests : int, optional
+        How many requests ``activity`` was measured over (for the evidence text).
 
     Raises
     ------
     PinError
         The process is gone, or its threads cannot be read (another user's).
+
+    Examples
+    --------
+    >>> import os
+    >>> main = classify_threads(os.getpid())[0]
+    >>> main.role, main.evidence
+    ('main', "tid: the process's PID")
     """
     try:
         tids = sorted(t.id for t in psutil.Process(pid).threads())
@@ -205,7 +339,10 @@ def classify_threads(pid, looks=5, interval=0.02):
         raise PinError(f"process {pid} is gone") from None
     except (psutil.AccessDenied, PermissionError):
         raise PinError(f"permission denied: cannot read the threads of process {pid}") from None
-    main, pool, other = [ThreadRole(pid, "main", 0, "its TID is the process's PID")], [], []
+    active = active_threads(activity, main=pid) if activity is not None else set()
+    during = f"during {requests} request{'' if requests == 1 else 's'}" if requests else "during the traffic"
+    main = [ThreadRole(pid, "main", 0, "its TID is the process's PID", "tid: the process's PID")]
+    by_library, by_activity, other = [], [], []
     for tid in tids:
         if tid == pid:
             continue
@@ -216,16 +353,205 @@ def classify_threads(pid, looks=5, interval=0.02):
         except PermissionError:
             raise PinError(f"permission denied: cannot read thread {tid} of process {pid}") from None
         kind = next((k for prefix, k in _RUNTIMES if lib and lib.startswith(prefix)), None)
+        name = _comm(pid, tid)
+        gained = None if activity is None else activity.get(tid, 0.0)
+        spent = "" if gained is None else f"{gained:.3f} s CPU {during}"
         if kind:
-            pool.append((tid, f"waiting in {lib} ({kind} pool)"))
+            by_library.append((tid, f"waiting in {lib} ({kind} pool)", f"library: {lib}"))
+        elif name in _HELPER_NAMES:
+            other.append(ThreadRole(tid, "other", None, f"named {name}: {_HELPER_NAMES[name]}", f"name: {name}"))
+        elif tid in active:
+            where = f"waiting in {lib}" if lib else _RUNNING
+            by_activity.append((tid, f"{where}, busy while the worker served requests (pool thread)",
+                                f"activity: {spent}"))
+        elif gained is not None:
+            where = f"waiting in {lib}" if lib else _RUNNING
+            other.append(ThreadRole(tid, "other", None, f"{where}, (nearly) idle while the worker served requests "
+                                    "(a Python, server or library helper thread)", f"activity: {spent}"))
         elif lib is None:
             other.append(ThreadRole(tid, "other", None, f"{_RUNNING}: cannot tell which library "
-                                    "it belongs to (an OpenMP thread that spins, OMP_WAIT_POLICY=active?)"))
+                                    "it belongs to (an OpenMP thread that spins, OMP_WAIT_POLICY=active?; "
+                                    "--url tells by activity)", "library: none seen"))
         else:
             other.append(ThreadRole(tid, "other", None, f"waiting in {lib}: not an OpenMP/BLAS pool thread "
-                                    "(a Python, server or library helper thread)"))
-    ranked = [ThreadRole(tid, "pool", k + 1, why) for k, (tid, why) in enumerate(pool)]
+                                    "(a Python, server or library helper thread; --url tells an ONNX Runtime "
+                                    "or other pool by its activity)", f"library: {lib}"))
+    ranked = [ThreadRole(tid, "pool", k + 1, why, ev) for k, (tid, why, ev) in enumerate(by_library + by_activity)]
     return main + ranked + other
+
+
+@dataclass
+class Activity:
+    """CPU time every worker thread gained while a server served requests.
+
+    ``threads[pid][tid]`` is seconds gained by thread ``tid`` of worker
+    ``pid``; ``requests`` how many requests were sent over ``seconds`` wall
+    seconds; ``idle`` the workers that gained (next to) no CPU time, i.e.
+    served none of them.
+    """
+
+    threads: dict
+    requests: int = 0
+    seconds: float = 0.0
+    idle: tuple = ()
+
+
+# What a worker must gain in CPU time (s) over the requests to count as having served some.
+_SERVED = 0.005
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _check_loopback(url):
+    from urllib.parse import urlsplit
+    import ipaddress
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        loopback = host in _LOOPBACK_NAMES or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if parts.scheme not in ("http", "https") or not loopback:
+        raise PinError(f"--url must be an http:// URL on this machine's loopback (127.0.0.1, localhost, ::1), "
+                       f"got {url!r}")
+
+
+def _send(opener, url, method, headers, body, timeout):
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            resp.read()
+    except urllib.error.HTTPError as exc:
+        raise PinError(f"{method} {url} answered {exc.code} {exc.reason}: give the URL (and --method, --header, "
+                       "--body) of a request that runs the model") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", None) or exc
+        raise PinError(f"cannot send {method} {url}: {getattr(reason, 'strerror', None) or reason}") from None
+
+
+def serve_requests(master, url, method=None, headers=(), body=None, requests=8, max_requests=64,
+                   max_seconds=15.0, timeout=10.0):
+    """Send a few requests to the running server ``master`` and measure what each worker thread ran meanwhile.
+
+    Requests go ``len(workers)`` at a time, so that every worker gets some,
+    until at least ``requests`` were sent and every worker gained CPU time,
+    or ``max_requests`` were sent, or ``max_seconds`` passed. Only loopback
+    URLs are accepted, and no proxy is used.
+
+    Parameters
+    ----------
+    master : int
+        The server's master PID.
+    url : str
+        An ``http://127.0.0.1:PORT/...`` (or ``localhost``, ``[::1]``) URL of a request that runs the model.
+    method : str, optional
+        Default ``POST`` when there is a ``body``, else ``GET``.
+    headers : iterable of (str, str)
+        Request headers.
+    body : bytes, optional
+        The request body, the same for every request.
+    requests, max_requests, max_seconds, timeout : int, int, float, float
+        The bounds above; ``timeout`` is per request.
+
+    Returns
+    -------
+    Activity
+        Per worker, per thread, the CPU seconds gained; pass it to
+        :func:`pin_server` or :func:`server_threads`.
+
+    Raises
+    ------
+    PinError
+        Not a loopback URL, a request that fails (connection refused, an
+        HTTP error status, a timeout), or no such server. Nothing is bound.
+
+    Examples
+    --------
+    >>> serve_requests(1, "http://example.com/")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.PinError: --url must be an http:// URL on this machine's loopback ...
+    """
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    _check_loopback(url)
+    method = (method or ("POST" if body is not None else "GET")).upper()
+    headers = list(headers or ())
+    workers = worker_pids(master)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    before = {pid: thread_cpu_times(pid) for pid in workers}
+    start, sent = time.monotonic(), 0
+    gains = {}
+    with ThreadPoolExecutor(len(workers)) as pool:
+        while True:
+            list(pool.map(lambda _: _send(opener, url, method, headers, body, timeout), range(len(workers))))
+            sent += len(workers)
+            gains = {}
+            for pid in workers:
+                try:
+                    now = thread_cpu_times(pid)
+                except PinError:
+                    continue                           # the worker exited meanwhile
+                gains[pid] = {tid: now[tid] - before[pid].get(tid, 0.0) for tid in now}
+            idle = tuple(pid for pid in workers if sum(gains.get(pid, {}).values()) < _SERVED)
+            elapsed = time.monotonic() - start
+            if (sent >= requests and not idle) or sent >= max_requests or elapsed >= max_seconds:
+                return Activity(gains, sent, elapsed, idle)
+
+
+def _activity_of(activity, pid):
+    """``({tid: s} or None, requests)`` of worker ``pid`` from an :class:`Activity` or a plain dict."""
+    if activity is None:
+        return None, None
+    if isinstance(activity, Activity):
+        return activity.threads.get(pid), activity.requests
+    return activity.get(pid), None
+
+
+# Libraries (file-name prefixes in /proc/<pid>/maps) of the runtimes whose pools tuna_lab places, and
+# whether the runtime sizes its pool from the calling thread's *current* affinity at every call.
+_INFERENCE_RUNTIMES = (("libxgboost", "XGBoost", True), ("onnxruntime_pybind11_state", "ONNX Runtime", False),
+                       ("libonnxruntime", "ONNX Runtime", False), ("libtorch_cpu", "PyTorch", False),
+                       ("lib_lightgbm", "LightGBM", False), ("libgomp", "OpenMP", False),
+                       ("libiomp", "OpenMP", False), ("libomp", "OpenMP", False))
+
+
+def _loaded_runtimes(pid):
+    """``{name: sizes_from_affinity}`` of the inference runtimes process ``pid`` has loaded."""
+    try:
+        libs = {lib for _, _, lib in _maps(pid)}
+    except OSError:
+        return {}
+    return {name: per_call for prefix, name, per_call in _INFERENCE_RUNTIMES
+            if any(lib.startswith(prefix) for lib in libs)}
+
+
+def _main_rule(pid):
+    """``(exact, why)``: may worker ``pid``'s main thread be bound to one CPU, and why (or why not).
+
+    Measured (docs/your-server.md): only XGBoost, on libgomp without
+    ``OMP_PLACES``, counts the main thread's current CPUs at every call.
+    ONNX Runtime, PyTorch, LightGBM and scikit-learn's libgomp size their
+    pools when they load (or from their own settings) - but a runtime that
+    loads *after* the main thread was bound to one CPU counts that one, so a
+    worker with no runtime loaded yet keeps its slot's CPUs.
+    """
+    if _places_in_effect(pid):
+        return True, "OMP_PLACES in effect: OpenMP counts its places, not the main thread's CPUs"
+    loaded = _loaded_runtimes(pid)
+    if any(loaded.values()):
+        return False, ("XGBoost loaded: without OMP_PLACES it counts the main thread's current CPUs at every "
+                       "call, and one CPU would shrink its pool to one thread")
+    if not loaded:
+        return False, ("no inference runtime loaded yet: one loaded after the main thread is bound to one CPU "
+                       "would size its pool from that CPU")
+    names = sorted(set(loaded) - {"OpenMP"}) or ["OpenMP"]
+    return True, (f"{', '.join(names)} loaded: sized {'its' if len(names) == 1 else 'their'} pool when loaded "
+                  "or from its own setting, not from the main thread's current CPUs")
 
 
 def _places_in_effect(pid):
@@ -299,20 +625,34 @@ def worker_slots(master, workers=None):
     hooked = {pid: rec for pid, rec in _hooked(master).items() if pid in workers}
     taken = {slot for slot, _ in hooked.values()}
     free = iter(s for s in range(len(workers) + len(taken)) if s not in taken)
-    out = [(hooked[pid][0], pid, hooked[pid][1]) if pid in hooked else (next(free), pid, _places_in_effect(pid))
+    out = [(hooked[pid][0], pid, hooked[pid][1]) if pid in hooked else (next(free), pid, _main_rule(pid)[0])
            for pid in workers]
     return sorted(out)
 
 
-def _thread_rows(pid, slot, plan, exact_main):
+def _main_note(pid, exact, plan, slot):
+    """Why worker ``pid``'s main thread is (to be) bound to one CPU or to all of its slot's."""
+    if plan is None or slot is None or slot >= plan.workers or plan.threads == 1:
+        return None
+    rule, why = _main_rule(pid)
+    if rule != exact:
+        why = "as the Gunicorn hooks placed it"
+    if exact:
+        return f"bound to CPU {format_cpulist(plan.slots[slot][0])} alone: {why}"
+    return f"bound to all of its slot's CPUs, not only CPU {format_cpulist(plan.slots[slot][0])}: {why}"
+
+
+def _thread_rows(pid, slot, plan, exact_main, activity=None):
+    threads, requests = _activity_of(activity, pid)
     rows = []
-    for th in classify_threads(pid):
+    for th in classify_threads(pid, activity=threads, requests=requests):
         try:
             cpus = sorted(affinity_of(th.tid))
         except BindingError:
             continue
-        rows.append({"tid": th.tid, "role": th.role, "rank": th.rank, "why": th.why, "cpus": cpus,
-                     "planned": _planned(plan, slot, th, exact_main)})
+        rows.append({"tid": th.tid, "role": th.role, "rank": th.rank, "why": th.why, "evidence": th.evidence,
+                     "cpus": cpus, "planned": _planned(plan, slot, th, exact_main),
+                     "note": _main_note(pid, exact_main, plan, slot) if th.role == "main" else None})
     return rows
 
 
@@ -327,16 +667,30 @@ def _planned(plan, slot, th, exact_main):
     return list(row[th.rank]) if th.rank < plan.threads else union
 
 
-def server_threads(master, plan=None):
+def server_threads(master, plan=None, activity=None):
     """Worker -> thread (role, TID) -> allowed CPUs of a running pre-fork server, beside the plan.
 
-    Returns a list of ``{"slot", "pid", "threads": [{"tid", "role", "rank", "why", "cpus", "planned"}]}``,
-    by slot (:func:`worker_slots`).
+    Parameters
+    ----------
+    master : int
+        The master's PID.
+    plan : Plan, optional
+        Adds each thread's ``planned`` CPUs.
+    activity : Activity or dict, optional
+        What each worker thread ran while the server served requests
+        (:func:`serve_requests`, or ``{pid: {tid: cpu_seconds}}``): tells
+        pool threads that wait in libc (ONNX Runtime's) from helper threads.
+
+    Returns
+    -------
+    list of dict
+        ``{"slot", "pid", "threads": [{"tid", "role", "rank", "why", "evidence", "cpus", "planned",
+        "note"}]}`` by slot (:func:`worker_slots`).
     """
     out = []
     for slot, pid, exact in worker_slots(master):
         try:
-            out.append({"slot": slot, "pid": pid, "threads": _thread_rows(pid, slot, plan, exact)})
+            out.append({"slot": slot, "pid": pid, "threads": _thread_rows(pid, slot, plan, exact, activity)})
         except PinError:
             continue                                   # the worker exited while we looked
     return out
@@ -356,22 +710,25 @@ def _check_permission(pids):
             continue
 
 
-def _pin_worker(pid, slot, plan, report, dry_run, exact=None):
-    exact = _places_in_effect(pid) if exact is None else exact
-    threads = classify_threads(pid)
+def _pin_worker(pid, slot, plan, report, dry_run, exact=None, activity=None):
+    exact = _main_rule(pid)[0] if exact is None else exact
+    gains, requests = _activity_of(activity, pid)
+    threads = classify_threads(pid, activity=gains, requests=requests)
     pool = [t for t in threads if t.role == "pool"]
     if len(pool) < plan.threads - 1:
+        if isinstance(activity, Activity) and pid in activity.idle:
+            hint = f"it served none of the {activity.requests} requests, so its activity tells nothing"
+        elif gains is None:
+            hint = ("its pool may not exist yet - OpenMP starts it at the first parallel region - or wait in "
+                    "libc, as ONNX Runtime's does: --url URL tells pool threads by their activity")
+        else:
+            hint = "its pool may not exist yet, or be smaller than T"
         report.warnings.append(f"worker {pid} (slot {slot}) has {len(pool)} pool thread(s), fewer than "
-                               f"T-1={plan.threads - 1}: pinned as far as it goes (its pool may not exist yet: "
-                               "OpenMP starts it at the first parallel region)")
+                               f"T-1={plan.threads - 1}: pinned as far as it goes ({hint})")
     rows = []
     for th in threads:
         want = _planned(plan, slot, th, exact)
-        note = None
-        if th.role == "main" and not exact and plan.threads > 1:
-            note = ("bound to all of its slot's CPUs, not only CPU " + format_cpulist(plan.slots[slot][0])
-                    + ": no OMP_PLACES in effect (not in its environment, or OpenMP not loaded yet), "
-                    "libgomp would count one CPU and shrink the pool")
+        note = _main_note(pid, exact, plan, slot) if th.role == "main" else None
         if want is not None and not dry_run:
             try:
                 got = sorted(bind(th.tid, want))
@@ -383,12 +740,12 @@ def _pin_worker(pid, slot, plan, report, dry_run, exact=None):
                 got = sorted(affinity_of(th.tid))
             except BindingError:
                 continue
-        rows.append({"tid": th.tid, "role": th.role, "rank": th.rank, "why": th.why, "cpus": got,
-                     "planned": want, "note": note})
+        rows.append({"tid": th.tid, "role": th.role, "rank": th.rank, "why": th.why, "evidence": th.evidence,
+                     "cpus": got, "planned": want, "note": note})
     report.workers.append({"slot": slot, "pid": pid, "threads": rows})
 
 
-def pin_server(master, plan, dry_run=False):
+def pin_server(master, plan, dry_run=False, activity=None):
     """Bind every worker of the running server ``master`` to ``plan`` (slots: :func:`worker_slots`).
 
     Parameters
@@ -399,6 +756,10 @@ def pin_server(master, plan, dry_run=False):
         Checked against this machine by the caller (:meth:`Plan.check_machine`).
     dry_run : bool
         Find and report, bind nothing.
+    activity : Activity or dict, optional
+        What each worker thread ran while the server served requests
+        (:func:`serve_requests`, or ``{pid: {tid: cpu_seconds}}``): pool
+        threads that wait in libc (ONNX Runtime's) are found by it.
 
     Returns
     -------
@@ -418,7 +779,7 @@ def pin_server(master, plan, dry_run=False):
     report = PinReport(int(master), plan)
     for slot, pid, exact in worker_slots(master, workers):
         try:
-            _pin_worker(pid, slot, plan, report, dry_run, exact)
+            _pin_worker(pid, slot, plan, report, dry_run, exact, activity)
         except PinError as exc:
             report.warnings.append(f"worker {pid} (slot {slot}) skipped: {exc}")
     return report
@@ -446,18 +807,24 @@ def unpin_server(master):
     return report
 
 
-def watch_server(master, plan, stop, interval=0.2, on_pin=None):
+def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None):
     """Keep ``master``'s workers pinned to ``plan`` until ``stop.is_set()`` (a :class:`threading.Event`).
 
     A new worker (a replacement of one that exited) takes the lowest slot no
     live worker holds, which is its predecessor's; pool threads that appear
     later in any worker (OpenMP starts its pool at the first parallel region)
     are bound when they are first seen waiting (a worker whose thread kept
-    running is looked at again for a few rounds). ``on_pin(report)`` is called
-    after each round that bound something. Pins stay in place when it returns.
+    running is looked at again for a few rounds). A worker with fewer pool
+    threads than ``T-1`` is watched under the live traffic: threads that gain
+    CPU time while it serves requests (:func:`active_threads`, counted from
+    when the watch first saw the worker) are bound as pool threads.
+    ``activity`` (from :func:`serve_requests`) is used for the workers it
+    measured until they change. ``on_pin(report)`` is called after each round
+    that bound something. Pins stay in place when it returns.
     """
     slots = {pid: slot for slot, pid, _ in worker_slots(master)}
-    seen, busy = {}, {}
+    seen, busy, short, known = {}, {}, {}, {}
+    base = {}
     while not stop.is_set():
         try:
             live = worker_pids(master)
@@ -467,8 +834,8 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None):
             live = []
         for pid in [p for p in slots if p not in live]:
             del slots[pid]
-            seen.pop(pid, None)
-            busy.pop(pid, None)
+            for state in (seen, busy, short, known, base):
+                state.pop(pid, None)
         hooked = _hooked(master) if any(pid not in slots for pid in live) else {}
         for pid in live:
             if pid not in slots:
@@ -483,16 +850,28 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None):
         for pid, slot in sorted(slots.items(), key=lambda kv: kv[1]):
             try:
                 tids = {t.id for t in psutil.Process(pid).threads()}
-            except psutil.NoSuchProcess:
+                now = thread_cpu_times(pid)
+            except (psutil.NoSuchProcess, PinError):
                 continue
-            if seen.get(pid) == tids:
+            base.setdefault(pid, now)
+            gains = {tid: now[tid] - base[pid].get(tid, 0.0) for tid in now}
+            measured = _activity_of(activity, pid)[0] if seen.get(pid) is None else None
+            active = active_threads(gains, main=pid)
+            if seen.get(pid) == tids and not (short.get(pid) and active - known.get(pid, set())):
                 continue
+            # Live traffic decides once it shows something; until then a measurement given to us does.
+            use = gains if active or measured is None else measured
             exact = _hooked(master).get(pid, (None, None))[1]
             try:
-                _pin_worker(pid, slot, plan, report, dry_run=False, exact=exact)
+                _pin_worker(pid, slot, plan, report, dry_run=False, exact=exact,
+                            activity=None if use is None else {pid: use})
             except PinError:
                 continue
-            if any(t["why"].startswith(_RUNNING) for t in report.workers[-1]["threads"]):
+            rows = report.workers[-1]["threads"]
+            pool = {t["tid"] for t in rows if t["role"] == "pool"}
+            short[pid] = len(pool) < plan.threads - 1
+            known[pid] = pool | active                 # an active thread its name rules out is not tried again
+            if any(t["why"].startswith(_RUNNING) for t in rows):
                 busy[pid] = busy.get(pid, 0) + 1
                 if busy[pid] < _WATCH_RETRIES:
                     continue                           # perhaps a pool thread at work: look again

@@ -14,6 +14,11 @@ Formats (:meth:`Plan.render`):
 * ``json``: the plan itself (:meth:`Plan.to_dict`);
 * ``omp-places``: each slot's ``OMP_PLACES`` string - with
   ``OMP_PROC_BIND=close``, OpenMP thread ``t`` binds to place ``t``;
+* ``env``: per slot, shell lines ``OMP_NUM_THREADS``, ``OMP_PLACES``,
+  ``OMP_PROC_BIND``, ``GOMP_CPU_AFFINITY`` (GNU libgomp) and
+  ``KMP_AFFINITY=explicit,proclist=[...]`` (Intel and LLVM OpenMP);
+* ``onnxruntime``: per slot, ONNX Runtime's ``session.intra_op_thread_affinities``
+  session-config value (:meth:`Plan.onnxruntime_affinities`);
 * ``taskset``: ``taskset -p -c CPUS TID`` for every thread (the TIDs of a
   running server, or placeholders);
 * ``gunicorn``: a config snippet for a user's ``gunicorn.conf.py``.
@@ -27,12 +32,15 @@ Examples
 (((0,), (1,)), ((2,), (3,)))
 >>> plan.omp_places(1)
 '{2},{3}'
+>>> plan.onnxruntime_affinities(1)     # ORT numbers processors from 1: CPU 3 is "4"
+'4'
 >>> Plan.from_dict(plan.to_dict()) == plan
 True
 """
 
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 
 from .._checks import format_cpulist, positive_int
@@ -41,7 +49,7 @@ from ..errors import PlanError
 __all__ = ["Plan", "FORMATS", "PLAN_FORMAT", "parse_omp_places"]
 
 #: What :meth:`Plan.render` can write.
-FORMATS = ("json", "omp-places", "taskset", "gunicorn")
+FORMATS = ("json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn")
 #: The ``format`` field of a plan's JSON: its schema's name and version.
 PLAN_FORMAT = "tuna_lab.plan/1"
 
@@ -201,13 +209,61 @@ class Plan:
         """
         return ",".join("{" + ",".join(map(str, cpus)) + "}" for cpus in self.slots[slot])
 
+    def onnxruntime_affinities(self, slot):
+        """Slot ``slot``'s ``session.intra_op_thread_affinities`` for ONNX Runtime.
+
+        One ``;``-separated group per intra-op thread *other than the caller*
+        (ranks 1..T-1: the thread that calls ``run`` is the worker's main
+        thread, which ORT does not bind), each a ``,`` list of ``a-b`` ranges
+        of logical processor ids counted **from 1**, ORT's convention (CPU 0
+        is ``1``; checked on Linux with ORT 1.32: ``"2"`` binds to CPU 1).
+        ORT wants exactly ``intra_op_num_threads - 1`` groups, so the session
+        needs ``intra_op_num_threads = T``. Empty for ``T = 1``.
+
+        Examples
+        --------
+        >>> from tuna_lab.machine import Topology
+        >>> from tuna_lab.placement import placement
+        >>> plan = placement("round-robin", 1, 3, Topology.synthetic("core:4 pu:1")).plan()
+        >>> plan.slots[0], plan.onnxruntime_affinities(0)
+        (((0,), (1,), (2,)), '2;3')
+        """
+        return ";".join(format_cpulist([c + 1 for c in cpus]).replace(" ", "") for cpus in self.slots[slot][1:])
+
+    def omp_env(self, slot):
+        """Slot ``slot``'s OpenMP environment as ``[(name, value)]``, for GNU, Intel and LLVM OpenMP.
+
+        ``OMP_PLACES`` with ``OMP_PROC_BIND=close`` binds thread ``t`` to place
+        ``t`` in every OpenMP runtime; ``KMP_AFFINITY`` says the same to Intel
+        and LLVM OpenMP (which honour it over ``OMP_PLACES``); GNU libgomp's
+        ``GOMP_CPU_AFFINITY`` binds each thread to one CPU, so it is given
+        only when every thread of the slot has exactly one.
+
+        Examples
+        --------
+        >>> from tuna_lab.machine import Topology
+        >>> from tuna_lab.placement import placement
+        >>> plan = placement("round-robin", 2, 2, Topology.synthetic("core:4 pu:1")).plan()
+        >>> plan.omp_env(1)  # doctest: +NORMALIZE_WHITESPACE
+        [('OMP_NUM_THREADS', '2'), ('OMP_PLACES', '{2},{3}'), ('OMP_PROC_BIND', 'close'),
+         ('GOMP_CPU_AFFINITY', '2 3'), ('KMP_AFFINITY', 'explicit,proclist=[2,3]')]
+        """
+        row = self.slots[slot]
+        env = [("OMP_NUM_THREADS", str(self.threads)), ("OMP_PLACES", self.omp_places(slot)),
+               ("OMP_PROC_BIND", "close")]
+        if all(len(cpus) == 1 for cpus in row):
+            env.append(("GOMP_CPU_AFFINITY", " ".join(str(cpus[0]) for cpus in row)))
+        procs = ",".join(str(cpus[0]) if len(cpus) == 1 else "{" + ",".join(map(str, cpus)) + "}" for cpus in row)
+        env.append(("KMP_AFFINITY", f"explicit,proclist=[{procs}]"))
+        return env
+
     def render(self, kind="json", tids=None):
         """The plan in one of :data:`FORMATS`.
 
         Parameters
         ----------
         kind : str
-            ``json``, ``omp-places``, ``taskset`` or ``gunicorn``.
+            ``json``, ``omp-places``, ``env``, ``onnxruntime``, ``taskset`` or ``gunicorn``.
         tids : list of dict, optional
             For ``taskset``: the threads of a running server, each with
             ``slot``, ``rank`` and ``tid`` (from
@@ -228,6 +284,27 @@ class Plan:
             return "\n".join([f"# {head}; OpenMP thread t binds to place t",
                               *(f'slot {w}: OMP_PLACES="{self.omp_places(w)}" OMP_PROC_BIND=close '
                                 f"OMP_NUM_THREADS={self.threads}" for w in range(self.workers))])
+        if kind == "env":
+            lines = [f"# {head}", "# Give each worker its own slot's lines before it loads its OpenMP runtime."]
+            for w in range(self.workers):
+                lines.append(f"# slot {w}")
+                lines += [f"{name}={shlex.quote(value)}" for name, value in self.omp_env(w)]
+                if not any(name == "GOMP_CPU_AFFINITY" for name, _ in self.omp_env(w)):
+                    lines.append("# no GOMP_CPU_AFFINITY: it binds each thread to one CPU, this slot's threads "
+                                 "have several (OMP_PLACES says it)")
+            return "\n".join(lines)
+        if kind == "onnxruntime":
+            lines = [f"# {head}",
+                     "# Per slot: SessionOptions.intra_op_num_threads = T and",
+                     "# add_session_config_entry(\"session.intra_op_thread_affinities\", VALUE): one group per",
+                     "# intra-op thread but the caller (the worker's main thread, bind it yourself), logical",
+                     "# processors numbered from 1 as ORT counts them (CPU 0 is 1)."]
+            if self.threads == 1:
+                lines.append("# T=1: no intra-op thread besides the caller, nothing to set")
+            lines += [f"slot {w}: intra_op_num_threads={self.threads} "
+                      f"session.intra_op_thread_affinities={self.onnxruntime_affinities(w)}"
+                      for w in range(self.workers) if self.threads > 1]
+            return "\n".join(lines)
         if kind == "taskset":
             lines = [f"# {head}"]
             if tids is None:
