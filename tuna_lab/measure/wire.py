@@ -282,12 +282,9 @@ def parse_response(buf, eof=False, head=False):
     return None if parsed is None else parsed[:4]
 
 
-def _server_timing(raw, head):
-    """The values of the ``Server-Timing`` headers of header block ``raw`` (``head`` is it lower-cased),
-    joined by ``b", "``, or None. ``raw`` and ``head`` have the same length (ASCII lower-casing)."""
-    at = head.find(b"\r\nserver-timing:")
-    if at < 0:
-        return None
+def _server_timing(raw, head, at):
+    """The values of the ``Server-Timing`` headers of header block ``raw`` (``head`` is it lower-cased,
+    ``at`` where the first is), joined by ``b", "``. ``raw`` and ``head`` have the same length."""
     values = []
     while at >= 0:
         at += 16
@@ -332,7 +329,11 @@ def _parse_response(buf, eof, no_body, timing):
             keep = b"close" not in connection
         else:
             keep = b"keep-alive" in connection
-        st = _server_timing(raw, head) if timing else None
+        st = None
+        if timing:
+            at = head.find(b"\r\nserver-timing:")
+            if at >= 0:
+                st = _server_timing(raw, head, at)
         if no_body or status in (204, 304):
             return status, b"", body_start, keep, st
         if chunked:
@@ -835,8 +836,7 @@ class _Engine:
             for i, (raw, error) in enumerate(zip(self.raw, self.error)):
                 rec.raw[i], rec.error[i] = raw, error
             if self.timing is not None:
-                for i, value in enumerate(self.timing):
-                    rec.timing[i] = value
+                rec.timing[:] = self.timing  # one C loop; an object array keeps the bytes as they are
 
     def _loop(self, timer):
         clock, conns, schedule = self.clock, self.conns, self.schedule
