@@ -147,7 +147,9 @@ def trial_stats(requests, trials=None):
     pandas.DataFrame
         One row per ``(workers, threads, cpus, model, batch, policy, trial)``
         with ``subscription``, ``n``, ``ok``, ``failed`` (request counts),
-        ``p50, p95, p99, mean`` of ``server_seconds``, ``client_p99``,
+        ``p50, p95, p99, mean`` of ``server_seconds`` (of ``client_seconds``
+        for the requests whose ``latency`` column, where there is one, says
+        ``"client"``: a user's server that reports no timing), ``client_p99``,
         ``throughput`` (ok requests per second from the first send to the
         last response) and ``<stage>_p99`` for every stage.
 
@@ -175,6 +177,11 @@ def trial_stats(requests, trials=None):
     ok = _is_ok(requests["status"])
     work = requests[by + list(_REQUEST_VALUES)].assign(
         _ok=ok, _end=requests["sent_at"] + requests["client_seconds"])
+    if "latency" in requests.columns:
+        # A user's server that gave no server-side timing: its trials' percentiles are the client's
+        # (the runner's ``latency`` column says so, per request, as the trial row does).
+        work["server_seconds"] = work["server_seconds"].where(requests["latency"].ne("client"),
+                                                              requests["client_seconds"])
     counts = work.groupby(by, sort=True, observed=True).agg(
         n=("status", "size"), ok=("_ok", "sum"), _start=("sent_at", "min"), _end=("_end", "max"))
 

@@ -48,21 +48,35 @@ def add_parser(subparsers):
     ('machine', '1x2,2x1', 5)
     """
     r = subparsers.add_parser(
-        "run", help="measure one configuration under several policies",
-        description="Start a real Gunicorn + XGBoost server on this machine once per policy and trial, pin "
-                    "its threads, send concurrent requests and record every request; prints p50/p99 per "
-                    "policy and the p99 speedups over cfs (the article's method).",
+        "run", help="measure one configuration under several policies: the lab server, your app, or a running server",
+        description="Measure a server once per policy and trial, with its threads pinned by the policy, and record "
+                    "every request; prints p50/p99 per policy and the p99 speedups over cfs (the article's method). "
+                    "The server is tuna_lab's own Gunicorn + XGBoost server (the default), your app started by "
+                    "tuna_lab (--app), or a server already running (--pid with --url), pinned live and given back "
+                    "its CPU masks at the end.",
         epilog="examples:\n"
                "  tuna-lab run -w 2 -t 2 --model small --trials 3 --requests 200\n"
                "  tuna-lab run -w 2 -t 2 --policies cfs,tuna-scatter --out results/ --json > run.json\n"
-               "  tuna-lab run -w 4 -t 2 --client-cpus 6-7        load generator on CPUs 6-7, server on the rest\n")
-    add_size_options(r)
+               "  tuna-lab run -w 4 -t 2 --client-cpus 6-7        load generator on CPUs 6-7, server on the rest\n"
+               "  tuna-lab run --app myapp:app --app-dir src -w 2 -t 2 --path /predict --body req.json\n"
+               "  tuna-lab run --app api:app --server uvicorn -w 2 -t 2 --bodies reqs.jsonl --rate 50 --duration 10\n"
+               "  tuna-lab run --pid MASTER --url http://127.0.0.1:8000/predict -t 2 --body req.json "
+               "--policies cfs,round-robin,tuna-scatter\n")
+    add_size_options(r, required=False)
     r.add_argument("--model", default="medium", help=_HELP["model"])
     r.add_argument("--batch", type=int, default=100, help=_HELP["batch"])
     r.add_argument("--policies", default="cfs,round-robin,tuna-scatter", help=_HELP["policies"])
     r.add_argument("--trials", type=int, default=5, help=_HELP["trials"])
-    r.add_argument("--requests", type=int, default=1000, help=_HELP["requests"])
+    r.add_argument("--requests", type=int, default=None,
+                   help="requests per policy and trial (default 1000; with --rate: as many as --duration holds)")
     r.add_argument("--concurrency", type=int, default=None, help="in flight (default: all, as the article)")
+    r.add_argument("--rate", type=positive_float_arg, default=None, metavar="PER_S",
+                   help="open loop: Poisson arrivals at this many requests per second (with --duration)")
+    r.add_argument("--duration", type=positive_float_arg, default=None, metavar="S",
+                   help="open loop: seconds of arrivals per trial")
+    r.add_argument("--max-error-rate", type=float, default=0.01, metavar="SHARE",
+                   help="a trial with a larger share of failed requests (non-2xx, timeouts) is marked failed "
+                        "(default 0.01)")
     r.add_argument("--seed", type=int, default=0, help=_HELP["seed"])
     r.add_argument("--out", default=None,
                    help="results folder (a cell folder is written inside; default: nothing is written)")
@@ -72,6 +86,30 @@ def add_parser(subparsers):
     add_wait_options(r)
     add_strict_option(r)
     add_client_cpus_option(r)
+    t = r.add_argument_group("your own server (docs/measure-your-server.md)")
+    t.add_argument("--app", default=None, metavar="MODULE:APP",
+                   help="your WSGI/ASGI app, started by tuna_lab once per policy and trial (with -w and -t)")
+    t.add_argument("--app-dir", default=None, metavar="DIR", help="the folder --app's module is in (default: here)")
+    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn",
+                   help="what serves --app (default gunicorn)")
+    t.add_argument("--server-conf", default=None, metavar="FILE",
+                   help="your gunicorn.conf.py: every setting kept, tuna_lab's bind, -w and hooks added")
+    t.add_argument("--pid", type=int, default=None, metavar="MASTER",
+                   help="a server already running: its master's PID (with --url and -t); never restarted")
+    t.add_argument("--url", default=None, help="where the requests go (a loopback URL); with --pid")
+    t.add_argument("--path", default="/", help="with --app: the path the requests go to (default /)")
+    t.add_argument("--method", default=None,
+                   help="the requests' HTTP method (default POST with a body, GET without)")
+    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+                   help="a request header (repeatable)")
+    t.add_argument("--body", default=None, metavar="FILE", help="the body of every request")
+    t.add_argument("--bodies", default=None, metavar="FILE.jsonl",
+                   help="bodies, one JSON document per line, sent in turn")
+    t.add_argument("--server-timing", default=None, metavar="METRIC",
+                   help="the Server-Timing metric taken as the server-side runtime (default: the first with a "
+                        "duration); without the header, latency is the client's")
+    t.add_argument("--label", default=None, help="the name of your server in the results (default: the module, "
+                                                 "or pid<MASTER>)")
     r.set_defaults(func=_cmd_run)
 
     sw = subparsers.add_parser(
@@ -136,36 +174,106 @@ def add_parser(subparsers):
     return [r, sw, rp, d]
 
 
+def _target_of(args):
+    """The :mod:`~tuna_lab.measure.target` that ``run``'s options name (None: the lab server), checked."""
+    from ..measure.target import AppTarget, AttachedTarget, Requests
+
+    user = args.app is not None or args.pid is not None
+    if args.app is not None and args.pid is not None:
+        raise ExperimentError("give --app (a server tuna_lab starts) or --pid (one already running), not both")
+    if not user:
+        given = [o for o in ("url", "body", "bodies", "method", "server_timing", "label") if getattr(args, o)]
+        if given or args.header:
+            option = "--" + (given[0] if given else "header").replace("_", "-")
+            raise ExperimentError(f"{option} is for your own server: give --app or --pid too")
+        if args.workers is None or args.threads is None:
+            raise ExperimentError("give -w and -t (the lab server's size)")
+        return None
+    if args.threads is None:
+        raise ExperimentError("give -t: the pool threads of each worker")
+    if args.pid is not None:
+        if args.url is None:
+            raise ExperimentError("--pid needs --url: where the running server answers")
+        if args.workers is not None:
+            raise ExperimentError("a running server keeps its workers: leave out -w (they are counted)")
+        requests = Requests.from_options(args.url, args.method, args.header, args.body, args.bodies,
+                                         args.server_timing)
+        return AttachedTarget(args.pid, args.url, args.threads, requests, label=args.label).check()
+    if args.workers is None:
+        raise ExperimentError("--app needs -w and -t")
+    if args.url is not None:
+        raise ExperimentError("--url is for a running server (--pid); with --app give --path")
+    requests = Requests.from_options(args.path, args.method, args.header, args.body, args.bodies, args.server_timing)
+    return AppTarget(args.app, args.workers, args.threads, server=args.server, app_dir=args.app_dir,
+                     server_conf=args.server_conf, requests=requests, label=args.label)
+
+
 def _cmd_run(args):
     from .._checks import positive_int
     from ..measure.experiment import Config, check_policies, run
 
-    config = Config(args.workers, args.threads, args.model, args.batch, wait_policy=args.wait_policy,
-                    spincount=args.spincount)
+    target = _target_of(args)
+    if (args.rate is None) != (args.duration is None):
+        raise ExperimentError("the open loop needs both --rate and --duration")
+    if args.requests is None and args.rate is None:
+        args.requests = 1000
+    if target is None:
+        config = Config(args.workers, args.threads, args.model, args.batch, wait_policy=args.wait_policy,
+                        spincount=args.spincount)
+    else:
+        config = Config(target.workers, target.threads, target.label, 0, target=target.kind)
     policies = check_policies(policies_arg(args.policies))
-    for name in ("trials", "requests"):
-        positive_int(name, getattr(args, name), ExperimentError)
+    positive_int("trials", args.trials, ExperimentError)
+    if args.requests is not None:
+        positive_int("requests", args.requests, ExperimentError)
+    if not 0 <= args.max_error_rate < 1:
+        raise ExperimentError(f"--max-error-rate must be in [0, 1), got {args.max_error_rate}")
     client = client_cpus_of(args, ExperimentError, threads=[config.threads])
     check_cpu_quota(config.workers * config.threads, args.strict, ExperimentError)
     # Said once all the input is checked: bad input stays one line.
     print(f"tuna-lab: {client.describe()}", file=sys.stderr, flush=True)
     out = os.path.join(args.out, config.key) if args.out else None
-    result = run(config, policies, trials=args.trials, requests=args.requests, out=out,
+    result = run(config if target is None else None, policies, trials=args.trials, requests=args.requests, out=out,
                  concurrency=args.concurrency, seed=args.seed, progress=_progress, csv=args.csv,
-                 client_cpus=client)
+                 client_cpus=client, target=target, rate=args.rate, duration=args.duration,
+                 max_error_rate=args.max_error_rate)
     rows, speedups = _summary(result.trials), _speedups(result.requests, result.trials)
+    latency = _latency_words(result.trials)
     if args.json:
         _print_json({"cell": config.key, "config": result.manifest.get("config"), "summary": rows,
-                     "speedups": speedups, "client_cpus": result.manifest.get("client_cpus"),
+                     "speedups": speedups, "latency": latency, "target": result.manifest.get("target"),
+                     "failed_trials": _failed(result.trials),
+                     "client_cpus": result.manifest.get("client_cpus"),
                      "generator": result.manifest.get("generator"), "path": result.path,
                      "files": sorted(os.path.join(result.path, f) for f in os.listdir(result.path))
                      if result.path else []})
         return 0
+    print(f"latency: {latency}")
     print(_summary_table(rows))
     print("\n".join(map(_speedup_line, speedups)))
+    for failure in _failed(result.trials):
+        print(f"failed: {failure['policy']} trial {failure['trial'] + 1}: {failure['reason']}")
     if out:
         print(f"wrote {out}")
     return 0
+
+
+# What each value of a trial's ``latency`` column means, in the words ``run`` prints.
+_LATENCY_WORDS = {"server": "server-side (the lab server's own timing of each request)",
+                  "server-timing": "server-side (the responses' Server-Timing duration)",
+                  "client": "client-side (send to the last byte of the response; the server sent no Server-Timing)"}
+
+
+def _latency_words(trials):
+    kinds = sorted(set(trials["latency"])) if "latency" in trials.columns and len(trials) else ["server"]
+    return "; ".join(f"{_LATENCY_WORDS.get(k, k)}" for k in kinds)
+
+
+def _failed(trials):
+    if not len(trials):
+        return []
+    bad = trials[trials["trial_status"] != "ok"]
+    return [{"policy": r["policy"], "trial": int(r["trial"]), "reason": r["reason"]} for _, r in bad.iterrows()]
 
 
 def _progress(line):

@@ -17,7 +17,7 @@ A target does five things, the protocol :func:`tuna_lab.measure.experiment.run` 
   server gets back exactly the masks it had at :meth:`~Target.start`.
 
 Inside a trial the runner warms the server up, then calls :meth:`Live.place`
-with the CPU time each thread gained during the warm-up: that is when a pool
+with the CPU time each worker thread gained during the warm-up: that is when a pool
 that only starts at the first request (ONNX Runtime's, libgomp's) exists and
 can be told from helper threads. :meth:`Live.place` pins and reads every
 binding back from ``/proc``; a placement not in effect fails the trial before
@@ -213,6 +213,7 @@ class Live:
     def __init__(self, url, master, plan=None, place_now=True, proc=None):
         self.url, self.master, self.plan, self.place_now, self.proc = url, int(master), plan, place_now, proc
         self.verified = None
+        self.warnings = []
         self._threads = None
 
     def master_pid(self):
@@ -235,36 +236,38 @@ class Live:
     def place(self, activity=None):
         """Apply the trial's policy to every worker, then read it back; returns the problems found.
 
-        ``activity`` is ``{tid: CPU seconds gained during the warm-up}``: it
+        ``activity`` is ``{pid: {tid: CPU seconds gained during the warm-up}}``: it
         tells a pool that waits in the C library (ONNX Runtime's) from helper
-        threads.
+        threads. Every thread the binding named is read again from ``/proc``
+        and compared with what the plan gives it (``cfs``: the master's own
+        CPUs); an empty list means the placement is in effect.
         """
         from ..placement import pin
+        from ..placement.binding import affinity_of
 
-        if self.place_now:
-            kwargs = {"activity": activity} if activity is not None and _takes(pin.pin_server, "activity") else {}
-            if self.plan is None:
-                pin.unpin_server(self.master)
-            else:
-                pin.pin_server(self.master, self.plan, **kwargs)
-        self.verified = self._verify(activity)
-        return self.verified
-
-    def _verify(self, activity):
-        """Problems with the placement as ``/proc`` shows it now (empty: in effect)."""
-        from ..placement import pin
-
-        kwargs = {"activity": activity} if activity is not None and _takes(pin.server_threads, "activity") else {}
-        rows = pin.server_threads(self.master, self.plan, **kwargs)
-        self._threads = rows
-        problems = []
+        if not self.place_now:
+            self.verified = []
+            return self.verified
+        kwargs = {"activity": activity} if activity is not None and _takes(pin.pin_server, "activity") else {}
+        report = pin.unpin_server(self.master) if self.plan is None else pin.pin_server(self.master, self.plan,
+                                                                                          **kwargs)
+        self.warnings = list(report.warnings)
+        self._threads = report.workers
         master_cpus = sorted(os.sched_getaffinity(self.master))
-        for worker in rows:
+        problems = []
+        for worker in report.workers:
             for t in worker["threads"]:
-                want = t.get("planned") if self.plan is not None else (master_cpus if t["role"] != "other" else None)
-                if want is not None and sorted(want) != sorted(t["cpus"] or ()):
+                want = t.get("planned") if self.plan is not None else master_cpus
+                if want is None:
+                    continue                       # a thread the plan leaves alone
+                try:
+                    now = sorted(affinity_of(t["tid"]))
+                except TunaError:
+                    continue                       # it ended meanwhile
+                if now != sorted(want):
                     problems.append(f"worker {worker['pid']} {t['role']} thread {t['tid']} is on "
-                                    f"{format_cpulist(t['cpus'] or ())}, not {format_cpulist(want)}")
+                                    f"{format_cpulist(now)}, not {format_cpulist(want)}")
+        self.verified = problems
         return problems
 
     def server_threads(self):

@@ -151,17 +151,18 @@ def run_trials(plan):
 
 
 def _thread_cpu(pids):
-    """``{tid: CPU seconds}`` of every thread of the processes ``pids`` (schedstat), read now."""
+    """``{pid: {tid: CPU seconds}}`` of every thread of the processes ``pids`` (schedstat), read now."""
     out = {}
     for pid in pids:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue
+        found = out.setdefault(pid, {})
         for tid in tids:
             try:
                 with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                    out[int(tid)] = int(fh.read().split()[0]) / 1e9
+                    found[int(tid)] = int(fh.read().split()[0]) / 1e9
             except (OSError, ValueError, IndexError):
                 continue
     return out
@@ -192,7 +193,8 @@ def _measure(plan, labels, topo):
             if plan.warmup:
                 closed_loop(url, body, requests=plan.warmup, concurrency=min(plan.warmup, 4), cpus=pin, **options)
             after = _thread_cpu(live.worker_pids())
-            activity = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+            activity = {pid: {tid: cpu - before.get(pid, {}).get(tid, 0.0) for tid, cpu in tids.items()}
+                        for pid, tids in after.items()}
             problems = live.place(activity)
             if problems:
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
@@ -293,6 +295,9 @@ def _cpu_of(sampler, frame, labels):
         return None, None
     ok = int(_ok(frame).sum()) if len(frame) else 0
     cpu = summarise(threads, ok)
+    if not len(frame) or not np.isfinite(frame["server_start"].to_numpy(float)).any():
+        # A user's server does not say when it began each request: busy and idle time cannot be told apart.
+        cpu.update({k: float("nan") for k in cpu if k.startswith("idle_cpu_share_")})
     cpu["load_seconds"] = float(sampler.times[-1] - sampler.times[0])
     threads = threads.assign(**{k: labels[k] for k in ("cell", "policy", "trial", "wait_policy")})
     return cpu, threads
