@@ -144,6 +144,10 @@ def test_get_and_head_without_a_body_send_no_content_headers(server):
         names = [k.lower() for k, _ in req["headers"]]
         assert "content-type" not in names and "content-length" not in names
     assert head.attrs["method"] == "HEAD" and head.attrs["mode"] == "open"
+    # The answer to a HEAD has no body: "lab" does not ask it for the lab server's JSON.
+    lab_head = closed_loop(server.url + "/health", b"", requests=2, method="HEAD", headers={"X-Reply": reply},
+                           **BOUNDS)
+    assert summary(lab_head)["ok"] == 2 and lab_head.attrs["response"] == "lab"
 
 
 def test_bodies_are_cycled_in_order(server):

@@ -31,10 +31,10 @@ response's duration there (the first metric with a ``dur``, or the one named
 Every trial returns one row per request (:data:`COLUMNS`, the same tuple as
 :data:`tuna_lab.measure.schema.REQUEST_COLUMNS`); a request is ok when its
 status is 2xx; failures are rows (``status`` -1 for client-side failures,
-the HTTP status and the server's error text otherwise), never exceptions. Only loopback
-``http://`` targets (127.0.0.0/8, ``localhost``, ``::1``) are accepted,
-redirects are not followed, no proxy is used, and every trial is bounded in
-request count and wall time.
+the HTTP status and the server's error text otherwise), never exceptions.
+Only loopback ``http://`` targets (127.0.0.0/8, ``localhost``, ``::1``) are
+accepted, redirects are not followed, no proxy is used, and every trial is
+bounded in request count and wall time.
 
 The generator costs about what a C load generator costs: each trial runs
 in a thread of its own on :func:`tuna_lab.measure.wire.drive` (raw HTTP/1.1
@@ -157,7 +157,10 @@ def _requests(url, body, method, headers, content_type, response, server_timing)
         if b not in built:
             built[b] = request_bytes(url, b, content_type, method, headers)
     request = built[bodies[0]] if len(bodies) == 1 else tuple(built[b] for b in bodies)
-    return url, request, {"method": method, "bodies": len(built), "response": response, "metric": server_timing}
+    # The answer to a HEAD has no body: not even the lab server's JSON to read.
+    read = "any" if method == "HEAD" else response
+    return url, request, {"method": method, "bodies": len(built), "response": response, "metric": server_timing,
+                          "read": read}
 
 
 def _check_fds(connections):
@@ -574,7 +577,7 @@ def _closed_plan(url, body, requests, concurrency, timeout, deadline, method, he
     address = resolve(url)
 
     def job():
-        rec = _Records(n, response=what["response"], metric=what["metric"])
+        rec = _Records(n, response=what["read"], metric=what["metric"])
         rec.cut(drive(rec, address, request, workers, timeout, deadline))
         return rec, {"mode": "closed", "url": url, "method": what["method"], "bodies": what["bodies"],
                      "response": what["response"], "requests": n, "concurrency": workers,
@@ -697,7 +700,7 @@ def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight
     address = resolve(url)
 
     def job():
-        rec = _Records(len(at), scheduled=at, response=what["response"], metric=what["metric"])
+        rec = _Records(len(at), scheduled=at, response=what["read"], metric=what["metric"])
         # At most `slots` requests (and sockets) in flight. A request waiting for
         # a slot is sent late, and its send_lag and client_seconds (from the
         # schedule) include the wait.
