@@ -632,9 +632,12 @@ def worker_slots(master, workers=None):
 
 def _main_note(pid, exact, plan, slot):
     """Why worker ``pid``'s main thread is (to be) bound to one CPU or to all of its slot's."""
-    if plan is None or slot is None or slot >= plan.workers or plan.threads == 1:
-        return None
     rule, why = _main_rule(pid)
+    if plan is None or slot is None or slot >= plan.workers:
+        where = "may be bound to one CPU" if rule else "is bound to all of its slot's CPUs when pinned"
+        return f"{where}: {why}"
+    if plan.threads == 1:
+        return None
     if rule != exact:
         why = "as the Gunicorn hooks placed it"
     if exact:
