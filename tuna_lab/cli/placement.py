@@ -109,7 +109,7 @@ def add_traffic_options(parser):
 
 
 def traffic_of(args, master):
-    """The :class:`~tuna_lab.placement.pin.Activity` of ``--url`` requests to server ``master`` (None without ``--url``).
+    """The :class:`~tuna_lab.placement.pin.Activity` of ``--url`` requests to ``master``; None without ``--url``.
 
     Raises
     ------

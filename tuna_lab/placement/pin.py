@@ -863,7 +863,7 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None):
             if seen.get(pid) == tids and not (short.get(pid) and active - known.get(pid, set())):
                 continue
             # Live traffic decides once it shows something; until then a measurement given to us does.
-            use = gains if active or measured is None else measured
+            use = gains if active else measured
             exact = _hooked(master).get(pid, (None, None))[1]
             try:
                 _pin_worker(pid, slot, plan, report, dry_run=False, exact=exact,
