@@ -339,6 +339,11 @@ class Target:
     def describe(self):
         return {"kind": self.kind}
 
+    def observe(self, live):
+        """Called by the runner once a trial's server is warm: note the runtimes its workers mapped."""
+        if not getattr(self, "_runtimes", None):
+            self._runtimes = _runtimes(live.worker_pids())
+
     def _placement(self, policy):
         """The plan of ``policy`` on the server's CPUs, made once per target (every trial runs the same)."""
         from ..placement.policies import placement
@@ -466,7 +471,8 @@ class AppTarget(Target):
         conf = os.path.join(self._state, f"gunicorn-{policy}.conf.py")
         with open(conf, "w") as fh:
             fh.write(_gunicorn_conf(self.server_conf, hooks=policy != "cfs", workers=self.workers, port=port))
-        return [sys.executable, "-m", "gunicorn", "-c", conf, "--chdir", self.app_dir, self.app]
+        return [sys.executable, "-m", "gunicorn", "-c", conf, "--chdir", self.app_dir, *_no_control_socket(),
+                self.app]
 
     def _env(self, policy):
         from ..server.launch import SERVER_ENV
@@ -504,10 +510,7 @@ class AppTarget(Target):
         try:
             _wait_ready(proc, self.url, self.workers, log.name)
             plan = None if policy == "cfs" else self._placement(policy).plan()
-            live = Live(self.url, proc.pid, plan, place_now=policy != "cfs", proc=proc)
-            if self._runtimes is None:
-                self._runtimes = _runtimes(live.worker_pids())
-            yield live
+            yield Live(self.url, proc.pid, plan, place_now=policy != "cfs", proc=proc)
         finally:
             terminate(proc.pid, 15)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -772,6 +775,15 @@ def _version_beside(path, runtime):
         for info in glob.glob(os.path.join(head + "site-packages", f"{dist.replace('-', '_')}-*.dist-info")):
             return os.path.basename(info)[len(dist) + 1:-len(".dist-info")]
     return None
+
+
+def _no_control_socket():
+    """Gunicorn 25+ opens a control socket at one fixed path per user; servers side by side would share it."""
+    try:
+        import gunicorn.config
+    except ImportError:
+        return []
+    return ["--no-control-socket"] if hasattr(gunicorn.config, "ControlSocketDisable") else []
 
 
 def _server_name(command):

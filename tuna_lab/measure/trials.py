@@ -196,6 +196,7 @@ def _measure(plan, labels, topo):
             activity = {pid: {tid: cpu - before.get(pid, {}).get(tid, 0.0) for tid, cpu in tids.items()}
                         for pid, tids in after.items()}
             problems = live.place(activity)
+            target.observe(live)
             if problems:
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
                 raise _NotPlaced(f"placement not in effect: {problems[0]}{more}")

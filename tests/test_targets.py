@@ -1,0 +1,251 @@
+"""Measure a user's own server: ``tuna-lab run --app`` (started by tuna_lab) and ``run --pid --url`` (running).
+
+Every server here is a real process tree on 127.0.0.1 running the user's
+apps of ``tests/userapp`` (which import nothing from tuna_lab); the CLI runs
+as a user runs it, and every mask is read from ``/proc`` independently of
+the library. A running server must end every run with exactly the masks it
+had: after a normal end, after SIGINT in the middle of a trial, and after
+one of its workers was SIGKILLed in the middle of a trial.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from tuna_lab.server.launch import free_port
+
+USERAPP = Path(__file__).parent / "userapp"
+CPUS = sorted(os.sched_getaffinity(0))
+
+pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs")
+
+
+# -- reading /proc (independently of tuna_lab) ------------------------------------------------------
+
+def masks(master):
+    """``{tid: Cpus_allowed_list}`` of every thread of ``master`` and its children."""
+    out = {}
+    procs = [master] + [c.pid for c in psutil.Process(master).children()]
+    for pid in procs:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except FileNotFoundError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/status") as fh:
+                    out[int(tid)] = next(line for line in fh if line.startswith("Cpus_allowed_list:")).split()[1]
+            except (FileNotFoundError, StopIteration):
+                pass
+    return out
+
+
+# -- running things ---------------------------------------------------------------------------------
+
+def cli(*args, timeout=240, env=None):
+    argv = [sys.executable, "-m", "tuna_lab", *map(str, args)]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def model_env(tmp_path_factory):
+    """The environment a user's app runs in: its model file, trained here on made-up data."""
+    folder = tmp_path_factory.mktemp("usermodel")
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(USERAPP)!r}); import usermodel; "
+                    f"usermodel.train({str(folder / 'model.json')!r})"], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNA_LAB_", "OMP_", "GOMP_"))}
+    env.update(USERAPP_MODEL=str(folder / "model.json"), PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture(scope="module")
+def body(tmp_path_factory):
+    path = tmp_path_factory.mktemp("body") / "request.json"
+    path.write_text('{"rows": [[0.5, 0.25]]}')
+    return path
+
+
+def _start(argv, env, tmp_path, name):
+    port = free_port()
+    log = open(tmp_path / f"{name}.log", "wb")
+    proc = subprocess.Popen([str(a).format(port=port) for a in argv], cwd=USERAPP, env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 60
+    import urllib.request
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10):
+                kids = [c for c in psutil.Process(proc.pid).children()
+                        if "resource_tracker" not in " ".join(c.cmdline())]
+                if len(kids) >= 2:
+                    return proc, port
+        except OSError:
+            time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)
+    raise AssertionError(f"{name} did not start: {(tmp_path / f'{name}.log').read_text()[-2000:]}")
+
+
+def _stop(proc):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=10)
+
+
+@pytest.fixture
+def uvicorn_server(model_env, tmp_path):
+    proc, port = _start([sys.executable, "-m", "uvicorn", "asgi_app:app", "--workers", "2", "--host", "127.0.0.1",
+                         "--port", "{port}", "--no-access-log"], model_env, tmp_path, "uvicorn")
+    yield proc, port
+    _stop(proc)
+
+
+@pytest.fixture
+def gunicorn_server(model_env, tmp_path):
+    import gunicorn.config
+
+    quiet = ["--no-control-socket"] if hasattr(gunicorn.config, "ControlSocketDisable") else []
+    proc, port = _start([sys.executable, "-m", "gunicorn", "-w", "2", "-b", "127.0.0.1:{port}", *quiet,
+                         "wsgi_app:application"], model_env, tmp_path, "gunicorn")
+    yield proc, port
+    _stop(proc)
+
+
+# -- a user's app that tuna_lab starts --------------------------------------------------------------
+
+def test_run_app_records_cfs_and_tuna_with_server_timing_that_report_reads(model_env, body, tmp_path):
+    out = tmp_path / "results"
+    r = cli("run", "--app", "timed_app:application", "--app-dir", USERAPP, "-w", 2, "-t", 2,
+            "--policies", "cfs,tuna-scatter", "--trials", 1, "--requests", 40, "--concurrency", 2,
+            "--body", body, "--out", out, "--json", env=model_env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert {row["policy"] for row in doc["summary"]} == {"cfs", "tuna-scatter"}
+    assert "Server-Timing" in doc["latency"]
+    assert doc["target"]["kind"] == "app" and doc["target"]["server"] == "gunicorn"
+    assert "xgboost" in doc["target"]["runtimes"] and "libgomp" in doc["target"]["runtimes"]
+    trials = pd.read_parquet(Path(doc["path"]) / "trials.parquet")
+    assert set(trials["latency"]) == {"server-timing"} and (trials["trial_status"] == "ok").all()
+    requests = pd.read_parquet(Path(doc["path"]) / "requests.parquet")
+    ok = requests[requests["status"] == 200]
+    # The header's milliseconds, as seconds, and never more than the client saw.
+    assert ok["server_seconds"].notna().all()
+    assert (ok["server_seconds"] <= ok["client_seconds"]).all()
+    rep = cli("report", out, "-o", tmp_path / "report.html", "--json", env=model_env)
+    assert rep.returncode == 0, rep.stderr
+    assert (tmp_path / "report.html").stat().st_size > 1000
+
+
+def test_every_response_a_500_makes_the_trial_invalid_and_the_run_says_so(model_env, tmp_path):
+    r = cli("run", "--app", "timed_app:application", "--app-dir", USERAPP, "-w", 1, "-t", 1, "--path", "/fail",
+            "--policies", "cfs", "--trials", 1, "--requests", 10, "--concurrency", 2, env=model_env)
+    assert r.returncode == 0, r.stderr
+    assert "no successful trials" in r.stdout
+    assert "failed: cfs trial 1: 10 of 10 requests failed" in r.stdout
+
+
+def test_a_server_timing_that_does_not_parse_is_ignored_with_one_warning(model_env, tmp_path):
+    r = cli("run", "--app", "timed_app:application", "--app-dir", USERAPP, "-w", 1, "-t", 1, "--path", "/garbled",
+            "--policies", "cfs", "--trials", 2, "--requests", 10, "--concurrency", 2, env=model_env)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("Server-Timing headers that do not parse") == 1, r.stderr
+    assert "client-side" in r.stdout
+
+
+# -- a server that is already running ---------------------------------------------------------------
+
+def test_attached_server_is_measured_live_and_ends_with_its_masks(uvicorn_server, model_env, tmp_path):
+    proc, port = uvicorn_server
+    before = masks(proc.pid)
+    out = tmp_path / "results"
+    r = cli("run", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2,
+            "--policies", "cfs,round-robin", "--trials", 1, "--requests", 30, "--concurrency", 2,
+            "--out", out, "--json", env=model_env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert {row["policy"] for row in doc["summary"]} == {"cfs", "round-robin"}
+    assert doc["target"]["kind"] == "attached" and doc["target"]["server"] == "uvicorn"
+    assert "client-side" in doc["latency"]
+    assert proc.poll() is None, "the server was never to be stopped"
+    assert masks(proc.pid) == before
+    assert cli("report", out, "-o", tmp_path / "r.html", env=model_env).returncode == 0
+
+
+def test_attached_server_gets_its_masks_back_after_sigint_mid_trial(uvicorn_server, model_env, tmp_path):
+    proc, port = uvicorn_server
+    before = masks(proc.pid)
+    run = subprocess.Popen([sys.executable, "-m", "tuna_lab", "run", "--pid", str(proc.pid), "--url",
+                            f"http://127.0.0.1:{port}/", "-t", "2", "--policies", "round-robin,tuna-scatter",
+                            "--trials", "3", "--requests", "400", "--concurrency", "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=model_env,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # Mid-trial: the first policy's pins are in place (some worker thread's mask changed).
+    deadline = time.monotonic() + 60
+    while masks(proc.pid) == before and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.05)
+    assert masks(proc.pid) != before, "the run never pinned anything"
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err
+    assert masks(proc.pid) == before
+    assert proc.poll() is None
+
+
+def test_attached_server_gets_its_masks_back_after_a_worker_is_killed_mid_trial(gunicorn_server, model_env):
+    proc, port = gunicorn_server
+    before = masks(proc.pid)
+    master_cpus = before[proc.pid]
+    run = subprocess.Popen([sys.executable, "-m", "tuna_lab", "run", "--pid", str(proc.pid), "--url",
+                            f"http://127.0.0.1:{port}/", "-t", "2", "--policies", "round-robin",
+                            "--trials", "1", "--requests", "300", "--concurrency", "1", "--max-error-rate", "0.5"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=model_env)
+    deadline = time.monotonic() + 60
+    while masks(proc.pid) == before and time.monotonic() < deadline and run.poll() is None:
+        time.sleep(0.05)
+    assert masks(proc.pid) != before, "the run never pinned anything"
+    victim = psutil.Process(proc.pid).children()[0]
+    victim.kill()
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    after = masks(proc.pid)
+    kept = {tid: cpus for tid, cpus in after.items() if tid in before}
+    assert kept, "no thread of the server survived"
+    # Every thread that was there gets exactly its mask back. (A replacement worker is the app's own:
+    # this XGBoost app's fresh workers may bind themselves as they start, so its masks are not asserted.)
+    assert kept == {tid: before[tid] for tid in kept}
+    assert after[proc.pid] == master_cpus
+    assert proc.poll() is None
+
+
+# -- bad input: one line, exit 2, no mask changed ---------------------------------------------------
+
+def test_bad_input_is_one_line_and_changes_no_mask(uvicorn_server, model_env, tmp_path):
+    proc, port = uvicorn_server
+    before = masks(proc.pid)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        cases = [
+            ("--pid", proc.pid, "--url", f"http://127.0.0.1:{free_port()}/", "-t", 2),     # refuses connections
+            ("--pid", sleeper.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2),         # no children
+            ("--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2, "--body", tmp_path / "missing.json"),
+            ("--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2, "--bodies", tmp_path),  # a folder
+            ("--pid", proc.pid, "-t", 2),                                                   # no --url
+        ]
+        for args in cases:
+            r = cli("run", *args, "--policies", "cfs,round-robin", "--trials", 1, "--requests", 5, env=model_env)
+            assert r.returncode == 2, (args, r.stderr)
+            assert len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+            assert r.stdout == ""
+            assert masks(proc.pid) == before, args
+    finally:
+        sleeper.kill()
+        sleeper.wait()
