@@ -248,9 +248,9 @@ def _cmd_run(args):
                      "files": sorted(os.path.join(result.path, f) for f in os.listdir(result.path))
                      if result.path else []})
         return 0
-    print(f"latency: {latency}")
     print(_summary_table(rows))
     print("\n".join(map(_speedup_line, speedups)))
+    print(f"latency: {latency}")
     for failure in _failed(result.trials):
         print(f"failed: {failure['policy']} trial {failure['trial'] + 1}: {failure['reason']}")
     if out:
