@@ -74,23 +74,53 @@ def body(tmp_path_factory):
 
 
 def _start(argv, env, tmp_path, name):
+    """Start a server and return once it is *settled*: both workers answer and no thread changes.
+
+    A server that is still booting a worker, waking a pool at its first
+    request or running a hook that pins changes its threads and masks by
+    itself; a snapshot taken then would blame the run for it.
+    """
+    import urllib.request
+
     port = free_port()
     log = open(tmp_path / f"{name}.log", "wb")
     proc = subprocess.Popen([str(a).format(port=port) for a in argv], cwd=USERAPP, env=env, stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 60
-    import urllib.request
+    deadline = time.monotonic() + 90
+    last, stable_since = None, None
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10):
-                kids = [c for c in psutil.Process(proc.pid).children()
-                        if "resource_tracker" not in " ".join(c.cmdline())]
-                if len(kids) >= 2:
-                    return proc, port
+            # Enough requests that every worker has served some (its pools are up).
+            for _ in range(8):
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10):
+                    pass
         except OSError:
             time.sleep(0.2)
+            continue
+        kids = [c for c in psutil.Process(proc.pid).children() if "resource_tracker" not in " ".join(c.cmdline())]
+        now = masks(proc.pid) if len(kids) >= 2 else None
+        if now is not None and now == last:
+            if time.monotonic() - stable_since >= 1.0:
+                return proc, port
+        else:
+            last, stable_since = now, time.monotonic()
+        time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
-    raise AssertionError(f"{name} did not start: {(tmp_path / f'{name}.log').read_text()[-2000:]}")
+    raise AssertionError(f"{name} did not settle: {(tmp_path / f'{name}.log').read_text()[-2000:]}")
+
+
+def moved(before, now):
+    """Whether a thread that was there before is now on other CPUs (new threads do not count)."""
+    return any(now[tid] != cpus for tid, cpus in before.items() if tid in now)
+
+
+def given_back(before, after, master):
+    """Every surviving thread has its mask back; a thread born since has its process's former main mask."""
+    kept = {tid: cpus for tid, cpus in after.items() if tid in before}
+    assert kept, "no thread of the server survived"
+    assert kept == {tid: before[tid] for tid in kept}
+    born = set(after) - set(before)
+    assert all(after[tid] == before[master] for tid in born), {tid: after[tid] for tid in born}
 
 
 def _stop(proc):
@@ -114,8 +144,20 @@ def gunicorn_server(model_env, tmp_path):
     import gunicorn.config
 
     quiet = ["--no-control-socket"] if hasattr(gunicorn.config, "ControlSocketDisable") else []
-    proc, port = _start([sys.executable, "-m", "gunicorn", "-w", "2", "-b", "127.0.0.1:{port}", *quiet,
+    # A plain server: an empty config, so Gunicorn does not read the hooks' ./gunicorn.conf.py.
+    plain = tmp_path / "plain.conf.py"
+    plain.write_text("")
+    proc, port = _start([sys.executable, "-m", "gunicorn", "-c", plain, "-w", "2", "-b", "127.0.0.1:{port}", *quiet,
                          "wsgi_app:application"], model_env, tmp_path, "gunicorn")
+    yield proc, port
+    _stop(proc)
+
+
+@pytest.fixture
+def hooked_gunicorn_server(model_env, tmp_path):
+    """Gunicorn as the user runs it with tuna_lab's hooks (tests/userapp/gunicorn.conf.py): pinned already."""
+    proc, port = _start([sys.executable, "-m", "gunicorn", "-b", "127.0.0.1:{port}", "wsgi_app:application"],
+                        model_env, tmp_path, "gunicorn-hooked")
     yield proc, port
     _stop(proc)
 
@@ -176,7 +218,7 @@ def test_attached_server_is_measured_live_and_ends_with_its_masks(uvicorn_server
     assert doc["target"]["kind"] == "attached" and doc["target"]["server"] == "uvicorn"
     assert "client-side" in doc["latency"]
     assert proc.poll() is None, "the server was never to be stopped"
-    assert masks(proc.pid) == before
+    given_back(before, masks(proc.pid), proc.pid)
     assert cli("report", out, "-o", tmp_path / "r.html", env=model_env).returncode == 0
 
 
@@ -190,13 +232,13 @@ def test_attached_server_gets_its_masks_back_after_sigint_mid_trial(uvicorn_serv
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # Mid-trial: the first policy's pins are in place (some worker thread's mask changed).
     deadline = time.monotonic() + 60
-    while masks(proc.pid) == before and time.monotonic() < deadline and run.poll() is None:
+    while not moved(before, masks(proc.pid)) and time.monotonic() < deadline and run.poll() is None:
         time.sleep(0.05)
-    assert masks(proc.pid) != before, "the run never pinned anything"
+    assert moved(before, masks(proc.pid)), "the run never pinned anything"
     run.send_signal(signal.SIGINT)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 130, err
-    assert masks(proc.pid) == before
+    given_back(before, masks(proc.pid), proc.pid)
     assert proc.poll() is None
 
 
@@ -209,21 +251,29 @@ def test_attached_server_gets_its_masks_back_after_a_worker_is_killed_mid_trial(
                             "--trials", "1", "--requests", "300", "--concurrency", "1", "--max-error-rate", "0.5"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=model_env)
     deadline = time.monotonic() + 60
-    while masks(proc.pid) == before and time.monotonic() < deadline and run.poll() is None:
+    while not moved(before, masks(proc.pid)) and time.monotonic() < deadline and run.poll() is None:
         time.sleep(0.05)
-    assert masks(proc.pid) != before, "the run never pinned anything"
+    assert moved(before, masks(proc.pid)), "the run never pinned anything"
     victim = psutil.Process(proc.pid).children()[0]
     victim.kill()
     out, err = run.communicate(timeout=120)
     assert run.returncode == 0, err
     after = masks(proc.pid)
-    kept = {tid: cpus for tid, cpus in after.items() if tid in before}
-    assert kept, "no thread of the server survived"
-    # Every thread that was there gets exactly its mask back. (A replacement worker is the app's own:
-    # this XGBoost app's fresh workers may bind themselves as they start, so its masks are not asserted.)
-    assert kept == {tid: before[tid] for tid in kept}
+    # Every thread that was there gets exactly its mask back; the replacement worker has the master's.
+    given_back(before, after, proc.pid)
     assert after[proc.pid] == master_cpus
     assert proc.poll() is None
+
+
+def test_a_server_pinned_by_the_hooks_is_measured_and_keeps_its_pins(hooked_gunicorn_server, model_env):
+    proc, port = hooked_gunicorn_server
+    before = masks(proc.pid)
+    assert any("-" not in cpus for cpus in before.values()), "the hooks pinned nothing"
+    r = cli("run", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2, "--policies", "cfs,round-robin",
+            "--trials", 1, "--requests", 30, "--concurrency", 2, "--json", env=model_env)
+    assert r.returncode == 0, r.stderr
+    # cfs unpinned every thread for its trial; the hooks' pins are back afterwards.
+    assert masks(proc.pid) == before
 
 
 # -- bad input: one line, exit 2, no mask changed ---------------------------------------------------
