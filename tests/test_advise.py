@@ -388,7 +388,7 @@ def test_cli_default_results_folder():
     add_parser(parser.add_subparsers())
     args = parser.parse_args(["advise", "-w", "1", "-t", "1", "--model", "small"])
     assert args.results == DEFAULT_RESULTS == os.path.join("results", "sweep")
-    assert args.func.__module__ == "tuna_lab.cli.advise" and args.wait_policy == "default" and args.batch == 100
+    assert args.func.__module__ == "tuna_lab.cli.advise" and args.wait_policy == "default" and args.batch is None
 
 
 def test_cli_wired_into_tuna_lab(sweep_dir, capsys):

@@ -203,6 +203,43 @@ def test_a_server_timing_that_does_not_parse_is_ignored_with_one_warning(model_e
     assert "client-side" in r.stdout
 
 
+def test_sweep_app_runs_each_cell_resumes_and_report_and_advise_read_it(model_env, body, tmp_path):
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--app", "timed_app:application", "--app-dir", USERAPP, "--configs", "1x1,1x2,2x1,3x1",
+            "--policies", "cfs,tuna-scatter", "--trials", 1, "--requests", 20, "--concurrency", 2, "--body", body,
+            "--out", out, "--json"]
+    r = cli(*argv, env=model_env)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    cells = sorted(os.path.basename(c) for c in doc["done"])
+    assert cells == ["w1-t1-timed_app", "w1-t2-timed_app", "w2-t1-timed_app", "w3-t1-timed_app"]
+    manifest = json.loads((out / "w1-t2-timed_app" / "manifest.json").read_text())
+    assert manifest["target"]["kind"] == "app" and manifest["config"]["threads"] == 2
+    again = json.loads(cli(*argv, env=model_env).stdout)
+    assert again["done"] == [] and len(again["skipped"]) == 4
+    assert cli("report", out, "-o", tmp_path / "r.html", env=model_env).returncode == 0
+    advice = cli("advise", "-w", 2, "-t", 1, "--model", "timed_app", "--results", out, "--json", env=model_env)
+    assert advice.returncode == 0, advice.stderr
+    rec = json.loads(advice.stdout)
+    assert rec["model"] == "timed_app" and rec["batch"] == 0 and rec["best_policy"] == "tuna-scatter"
+    unknown = cli("advise", "-w", 2, "-t", 1, "--model", "other_app", "--results", out, env=model_env)
+    assert unknown.returncode == 2 and "no app of that label (measured: timed_app)" in unknown.stderr
+
+
+@pytest.mark.parametrize("args, match", [
+    (("--pid", 1), "a running server keeps its workers and threads"),
+    (("--app", "timed_app:application", "--models", "small"), "--models is for the lab server"),
+    (("--app", "timed_app:application", "--cluster", "local"), "sweep it without --cluster"),
+    (("--app", "nomodule:app"), "no module nomodule"),
+    (("--body", "x.json"), "--body is for your own app"),
+])
+def test_sweep_bad_target_input_is_one_line(model_env, tmp_path, args, match):
+    r = cli("sweep", "--configs", "1x1", "--app-dir", USERAPP, *args, "--out", tmp_path / "s", env=model_env) \
+        if "--app" in args else cli("sweep", "--configs", "1x1", *args, "--out", tmp_path / "s", env=model_env)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and match in r.stderr, r.stderr
+    assert not (tmp_path / "s").exists()
+
+
 # -- a server that is already running ---------------------------------------------------------------
 
 def test_attached_server_is_measured_live_and_ends_with_its_masks(uvicorn_server, model_env, tmp_path):

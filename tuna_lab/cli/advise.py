@@ -42,10 +42,13 @@ def add_parser(subparsers):
                     "lies outside what the results cover.",
         epilog="examples:\n"
                "  tuna-lab advise -w 2 -t 2 --model medium\n"
-               "  tuna-lab advise -w 4 -t 1 --model small --batch 500 --results results/sweep --json\n")
+               "  tuna-lab advise -w 4 -t 1 --model small --batch 500 --results results/sweep --json\n"
+               "  tuna-lab advise -w 2 -t 1 --model myapp --results results/myapp    after `sweep --app myapp:app`\n")
     add_size_options(a)
-    a.add_argument("--model", required=True, help="small, medium or large")
-    a.add_argument("--batch", type=int, default=100, help="rows per request")
+    a.add_argument("--model", required=True,
+                   help="small, medium or large; or your app's label in the results (`sweep --app`)")
+    a.add_argument("--batch", type=int, default=None,
+                   help="rows per request (default 100; none for your app, whose requests are its own)")
     add_wait_options(a)
     a.add_argument("--results", default=DEFAULT_RESULTS, metavar="DIR",
                    help=f"sweep results to learn from (default: {DEFAULT_RESULTS})")

@@ -4,7 +4,6 @@ Results (tables, the ``--json`` object, the paths written) go to stdout;
 progress (one line per trial and per cell) goes to stderr.
 """
 
-import glob
 import json
 import math
 import os
@@ -86,30 +85,7 @@ def add_parser(subparsers):
     add_wait_options(r)
     add_strict_option(r)
     add_client_cpus_option(r)
-    t = r.add_argument_group("your own server (docs/measure-your-server.md)")
-    t.add_argument("--app", default=None, metavar="MODULE:APP",
-                   help="your WSGI/ASGI app, started by tuna_lab once per policy and trial (with -w and -t)")
-    t.add_argument("--app-dir", default=None, metavar="DIR", help="the folder --app's module is in (default: here)")
-    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn",
-                   help="what serves --app (default gunicorn)")
-    t.add_argument("--server-conf", default=None, metavar="FILE",
-                   help="your gunicorn.conf.py: every setting kept, tuna_lab's bind, -w and hooks added")
-    t.add_argument("--pid", type=int, default=None, metavar="MASTER",
-                   help="a server already running: its master's PID (with --url and -t); never restarted")
-    t.add_argument("--url", default=None, help="where the requests go (a loopback URL); with --pid")
-    t.add_argument("--path", default="/", help="with --app: the path the requests go to (default /)")
-    t.add_argument("--method", default=None,
-                   help="the requests' HTTP method (default POST with a body, GET without)")
-    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
-                   help="a request header (repeatable)")
-    t.add_argument("--body", default=None, metavar="FILE", help="the body of every request")
-    t.add_argument("--bodies", default=None, metavar="FILE.jsonl",
-                   help="bodies, one JSON document per line, sent in turn")
-    t.add_argument("--server-timing", default=None, metavar="METRIC",
-                   help="the Server-Timing metric taken as the server-side runtime (default: the first with a "
-                        "duration); without the header, latency is the client's")
-    t.add_argument("--label", default=None, help="the name of your server in the results (default: the module, "
-                                                 "or pid<MASTER>)")
+    _add_target_options(r)
     r.set_defaults(func=_cmd_run)
 
     sw = subparsers.add_parser(
@@ -119,7 +95,8 @@ def add_parser(subparsers):
                     "interruption and the finished cells are skipped.",
         epilog="examples:\n"
                "  tuna-lab sweep --grid machine --models small,medium --batches 100,500 --out results/sweep\n"
-               "  tuna-lab sweep --configs 1x2,2x2,4x1 --trials 3 --requests 500 --out results/sweep --json\n")
+               "  tuna-lab sweep --configs 1x2,2x2,4x1 --trials 3 --requests 500 --out results/sweep --json\n"
+               "  tuna-lab sweep --app myapp:app --app-dir src --configs 1x2,2x1 --body req.json --out results/myapp\n")
     sw.add_argument("--grid", choices=("machine", "article"), default="machine",
                     help="article: the article's 36 W x T pairs; machine: those scaled to this machine's "
                          "CPUs, keeping their over/undersubscription")
@@ -131,6 +108,10 @@ def add_parser(subparsers):
     sw.add_argument("--trials", type=int, default=5, help=_HELP["trials"])
     sw.add_argument("--requests", type=int, default=1000, help=_HELP["requests"])
     sw.add_argument("--seed", type=int, default=0, help=_HELP["seed"])
+    sw.add_argument("--concurrency", type=int, default=None, help="in flight (default: all, as the article)")
+    sw.add_argument("--max-error-rate", type=float, default=0.01, metavar="SHARE",
+                    help="a trial with a larger share of failed requests (non-2xx, timeouts) is marked failed "
+                         "(default 0.01)")
     sw.add_argument("--out", required=True, help="the sweep's folder: one cell folder per configuration")
     sw.add_argument("--json", action="store_true",
                     help="print one JSON object: the cells run now and those skipped, with their folders")
@@ -141,6 +122,7 @@ def add_parser(subparsers):
     add_strict_option(sw)
     add_client_cpus_option(sw)
     _add_cluster_options(sw)
+    _add_target_options(sw, running=False)
     sw.set_defaults(func=_cmd_sweep)
 
     rp = subparsers.add_parser(
@@ -174,9 +156,40 @@ def add_parser(subparsers):
     return [r, sw, rp, d]
 
 
+def _add_target_options(parser, running=True):
+    """The options that name the user's own server and requests (``run``; ``sweep`` has all but ``--url``)."""
+    t = parser.add_argument_group("your own server (docs/measure-your-server.md)")
+    t.add_argument("--app", default=None, metavar="MODULE:APP",
+                   help="your WSGI/ASGI app, started by tuna_lab once per policy and trial (with -w and -t)"
+                   if running else "your WSGI/ASGI app, started by tuna_lab for every cell, policy and trial")
+    t.add_argument("--app-dir", default=None, metavar="DIR", help="the folder --app's module is in (default: here)")
+    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn",
+                   help="what serves --app (default gunicorn)")
+    t.add_argument("--server-conf", default=None, metavar="FILE",
+                   help="your gunicorn.conf.py: every setting kept, tuna_lab's bind, -w and hooks added")
+    t.add_argument("--pid", type=int, default=None, metavar="MASTER",
+                   help="a server already running: its master's PID (with --url and -t); never restarted"
+                   if running else "not for a sweep: a running server keeps its W and T (use `run --pid`)")
+    if running:
+        t.add_argument("--url", default=None, help="where the requests go (a loopback URL); with --pid")
+    t.add_argument("--path", default="/", help="with --app: the path the requests go to (default /)")
+    t.add_argument("--method", default=None,
+                   help="the requests' HTTP method (default POST with a body, GET without)")
+    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+                   help="a request header (repeatable)")
+    t.add_argument("--body", default=None, metavar="FILE", help="the body of every request")
+    t.add_argument("--bodies", default=None, metavar="FILE.jsonl",
+                   help="bodies, one JSON document per line, sent in turn")
+    t.add_argument("--server-timing", default=None, metavar="METRIC",
+                   help="the Server-Timing metric taken as the server-side runtime (default: the first with a "
+                        "duration); without the header, latency is the client's")
+    t.add_argument("--label", default=None, help="the name of your server in the results (default: the module, "
+                                                 "or pid<MASTER>)")
+
+
 def _target_of(args):
     """The :mod:`~tuna_lab.measure.target` that ``run``'s options name (None: the lab server), checked."""
-    from ..measure.target import AppTarget, AttachedTarget, Requests
+    from ..measure.target import AttachedTarget, Requests
 
     user = args.app is not None or args.pid is not None
     if args.app is not None and args.pid is not None:
@@ -203,9 +216,21 @@ def _target_of(args):
         raise ExperimentError("--app needs -w and -t")
     if args.url is not None:
         raise ExperimentError("--url is for a running server (--pid); with --app give --path")
+    return _app_target(args)(args.workers, args.threads)
+
+
+def _app_target(args):
+    """``(W, T) -> AppTarget`` for ``--app`` and the request options, checked now (bad input: one line)."""
+    from ..measure.target import AppTarget, Requests
+
     requests = Requests.from_options(args.path, args.method, args.header, args.body, args.bodies, args.server_timing)
-    return AppTarget(args.app, args.workers, args.threads, server=args.server, app_dir=args.app_dir,
-                     server_conf=args.server_conf, requests=requests, label=args.label)
+
+    def target(workers, threads):
+        return AppTarget(args.app, workers, threads, server=args.server, app_dir=args.app_dir,
+                         server_conf=args.server_conf, requests=requests, label=args.label)
+
+    target(1, 1)            # the app, its folder and config are checked before anything runs
+    return target
 
 
 def _cmd_run(args):
@@ -314,6 +339,7 @@ def _add_cluster_options(parser):
 
 
 def _cmd_sweep(args):
+    from .._checks import positive_int
     from ..measure.sweeps import sweep
 
     if args.cluster is None and (args.per_machine or args.spread or args.any_machine):
@@ -321,7 +347,14 @@ def _cmd_sweep(args):
                               "a Dask cluster: give --cluster ADDRESS too")
     if args.per_machine and args.any_machine:
         raise ExperimentError("--any-machine is for --spread: --per-machine runs every cell on every machine")
+    if args.concurrency is not None:
+        positive_int("concurrency", args.concurrency, ExperimentError)
+    if not 0 <= args.max_error_rate < 1:
+        raise ExperimentError(f"--max-error-rate must be in [0, 1), got {args.max_error_rate}")
+    target = _sweep_target(args)
     if args.cluster is not None:
+        if target is not None:
+            raise ExperimentError("--app is measured on this machine: sweep it without --cluster")
         # CPU ids are per machine: each machine chooses (and checks) its client CPUs where it runs.
         return _sweep_on_cluster(args, _configs(args))
     configs = []
@@ -337,13 +370,37 @@ def _cmd_sweep(args):
     check_cpu_quota(max((c.workers * c.threads for c in configs), default=0), args.strict, ExperimentError)
     before = _finished_cells(args.out)
     sweep(configs, policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
-          progress=_progress, seed=args.seed, client_cpus=client)
+          progress=_progress, seed=args.seed, client_cpus=client, concurrency=args.concurrency,
+          max_error_rate=args.max_error_rate, target=None if target is None else (lambda c: target(c.workers, c.threads)))
     return _sweep_done(args, configs, before,
                        f"sweep results in {args.out}; `tuna-lab report {args.out} -o report.html` analyses them")
 
 
+def _sweep_target(args):
+    """``(W, T) -> AppTarget`` for ``sweep --app`` (None: the lab server); its options checked."""
+    given = [o for o in ("body", "bodies", "method", "server_timing", "label", "app_dir", "server_conf")
+             if getattr(args, o)] + (["header"] if args.header else []) + (["path"] if args.path != "/" else [])
+    if args.pid is not None:
+        raise ExperimentError("a running server keeps its workers and threads: measure it with `run --pid --url`")
+    if args.app is None:
+        if given:
+            raise ExperimentError(f"--{given[0].replace('_', '-')} is for your own app: give --app too")
+        return None
+    # The lab server's factors mean nothing to the user's app: refused rather than ignored.
+    for option, default in (("models", "medium"), ("batches", "100"), ("wait_policies", "default")):
+        if getattr(args, option) != default:
+            raise ExperimentError(f"--{option.replace('_', '-')} is for the lab server; your app serves its own "
+                                  "model (its requests are --body/--bodies)")
+    if args.spincount is not None:
+        raise ExperimentError("--spincount is for the lab server; set GOMP_SPINCOUNT in your app's environment")
+    return _app_target(args)
+
+
 def _configs(args, server_cpus=None):
-    """The sweep's cells: ``--configs`` or the grid (sized by at most ``server_cpus``) x models x batches x waits."""
+    """The sweep's cells: ``--configs`` or the grid (sized by at most ``server_cpus``) x models x batches x waits.
+
+    With ``--app`` a cell is a W x T pair of the user's app (labelled as ``run --app`` labels it).
+    """
     from ..machine import Limits
     from ..measure.experiment import Config, grid
 
@@ -352,6 +409,9 @@ def _configs(args, server_cpus=None):
     else:
         cpus = Limits.read().effective_cpus
         pairs = grid(args.grid, cpus=cpus if server_cpus is None else min(cpus, server_cpus))
+    if args.app is not None:
+        label = _app_target(args)(1, 1).label
+        return [Config(w, t, label, 0, target="app") for (w, t) in pairs]
     models = [m for m in args.models.split(",") if m]
     batches = [int(b) for b in args.batches.split(",") if b]
     waits = [w for w in args.wait_policies.split(",") if w]
@@ -361,11 +421,12 @@ def _configs(args, server_cpus=None):
 
 def _finished_cells(out):
     """The finished cell folders under ``out`` (``<cell>`` or, on a cluster, ``<machine>/<cell>``), sorted."""
-    from ..measure.schema import MANIFEST, PARTIAL_SUFFIX
+    from ..measure.store import finished_cells
 
-    found = glob.glob(os.path.join(glob.escape(out), "**", MANIFEST), recursive=True)
-    cells = (os.path.dirname(path) for path in found)
-    return sorted(cell for cell in cells if not cell.endswith(PARTIAL_SUFFIX) and cell != out.rstrip(os.sep))
+    try:
+        return sorted(folder for folder, _ in finished_cells(out))
+    except ExperimentError:         # no folder yet, or nothing finished in it
+        return []
 
 
 def _sweep_done(args, configs, before, message):
@@ -397,6 +458,7 @@ def _sweep_on_cluster(args, configs):
     with connect(args.cluster) as client:
         sweep(configs, policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
               progress=_progress, seed=args.seed, client=client, client_cpus=args.client_cpus,
+              concurrency=args.concurrency, max_error_rate=args.max_error_rate,
               per_machine=args.per_machine, any_machine=args.any_machine, worker_wait=args.wait_for_workers)
     return _sweep_done(args, configs, before, f"sweep results in {args.out} (one folder per machine); "
                                               f"`tuna-lab report {args.out} -o report.html` compares them")

@@ -25,7 +25,7 @@ __all__ = ["sweep"]
 
 
 def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client=None, per_machine=False,
-          any_machine=False, worker_wait=60, **run_options):
+          any_machine=False, worker_wait=60, target=None, **run_options):
     """Run every config not already finished under ``out``; each cell is written as soon as it is done.
 
     Parameters
@@ -35,7 +35,7 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
     out : str
         The sweep's folder: ``<out>/<cell>``, or ``<out>/<machine>/<cell>`` on a cluster.
     trials, requests : int
-        As for :func:`run`.
+        As for :func:`~tuna_lab.measure.experiment.run`.
     progress : callable, optional
         Called with one line of text at a time.
     client : distributed.Client, optional
@@ -43,9 +43,15 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
         machine at a time (:func:`tuna_lab.measure.cluster.sweep_on`, which
         ``per_machine``, ``any_machine`` and ``worker_wait`` are passed to).
         Default: here, one cell after the other.
+    target : callable, optional
+        ``target(config) -> Target``: what serves each cell, for a user's own
+        app (an :class:`~tuna_lab.measure.target.AppTarget` of the config's W
+        and T, whose ``label`` and ``kind`` the configs carry). Default: the
+        lab server of each config. Not with ``client``: the app is on this
+        machine.
     **run_options
         ``concurrency``, ``seed``, ``warmup``, ``csv``, ``client_cpus``: as for
-        :func:`run`. ``client_cpus`` is chosen once here, or on each machine
+        :func:`~tuna_lab.measure.experiment.run`. ``client_cpus`` is chosen once here, or on each machine
         of a cluster (CPU ids are per machine).
 
     Returns
@@ -58,11 +64,17 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
     >>> sweep([Config(1, 2, "small", 10), Config(2, 1, "small", 10)], ["cfs", "round-robin"],
     ...       "results/sweep", trials=3, requests=200)                        # doctest: +SKIP
     'results/sweep'
+    >>> from tuna_lab.measure.target import AppTarget                         # doctest: +SKIP
+    >>> sweep([Config(w, t, "myapp", 0, target="app") for w, t in [(1, 2), (2, 1)]], ["cfs", "tuna-scatter"],
+    ...       "results/myapp", target=lambda c: AppTarget("myapp:app", c.workers, c.threads))  # doctest: +SKIP
+    'results/myapp'
     >>> from dask.distributed import Client                                   # doctest: +SKIP
     >>> sweep(configs, ["cfs", "round-robin"], "results/cluster", client=Client("tcp://10.0.0.5:8786"),
     ...       per_machine=True)                                              # doctest: +SKIP
     """
     policies = check_policies(policies)
+    if target is not None and client is not None:
+        raise ExperimentError("a user's app is measured on this machine: sweep it without a cluster")
     if client is not None:
         # The client CPUs (a cpulist, "none" or the default) are chosen on each machine by its run().
         from ..machine.reserve import ClientCpus
@@ -93,8 +105,10 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
         progress(split.describe())
     t0 = time.monotonic()
     for i, config in enumerate(todo):
-        run(config, policies, trials=trials, requests=requests, out=os.path.join(out, config.key),
-            progress=progress, **run_options)
+        # A user's app: its cell is the target's (W, T and label), as run() names it.
+        run(None if target else config, policies, trials=trials, requests=requests,
+            out=os.path.join(out, config.key), progress=progress, target=target(config) if target else None,
+            **run_options)
         if progress:
             per = (time.monotonic() - t0) / (i + 1)
             progress(f"sweep: cell {len(done) + i + 1}/{len(configs)} done ({config.key}); "

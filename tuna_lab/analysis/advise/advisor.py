@@ -108,11 +108,14 @@ def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1):
     return Advisor.fit(table, n_splits=n_splits, seed=seed, nthread=nthread)
 
 
-def check_question(workers, threads, model, batch=100, wait_policy="default", spincount=None):
+def check_question(workers, threads, model, batch=None, wait_policy="default", spincount=None):
     """``(workers, threads, batch, spincount)`` of a well-formed question, as ints (spincount -1: unset).
 
-    :meth:`Advisor.recommend` checks its question with this; the CLI calls it
-    before training, so that a typo does not cost a training.
+    ``model`` is one of the lab server's models, or the label of a user's
+    app (``run --app``/``sweep --app`` cells, whose requests are the user's
+    own: their batch is 0). ``batch`` None means 100 for a lab model and 0
+    for an app. :meth:`Advisor.recommend` checks its question with this; the
+    CLI calls it before training, so that a typo does not cost a training.
 
     Raises
     ------
@@ -124,15 +127,24 @@ def check_question(workers, threads, model, batch=100, wait_policy="default", sp
     --------
     >>> check_question(2, 2, "medium")
     (2, 2, 100, -1)
-    >>> check_question(2, 2, "huge")
+    >>> check_question(2, 1, "myapp")
+    (2, 1, 0, -1)
+    >>> check_question(2, 2, "huge model")
     Traceback (most recent call last):
     ...
-    tuna_lab.errors.AdviseError: unknown model 'huge'; choose from small, medium, large
+    tuna_lab.errors.AdviseError: unknown model 'huge model'; choose from small, medium, large, or your app's label
     """
-    workers, threads, batch = (positive_int(n, v, AdviseError) for n, v in
-                               (("workers", workers), ("threads", threads), ("batch", batch)))
-    if model not in MODEL_FEATURES:
-        raise AdviseError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
+    workers, threads = (positive_int(n, v, AdviseError) for n, v in (("workers", workers), ("threads", threads)))
+    if model in MODEL_FEATURES:
+        batch = positive_int("batch", 100 if batch is None else batch, AdviseError)
+    elif isinstance(model, str) and model and all(ch.isalnum() or ch in "_." for ch in model):
+        # A user's app: its requests are its own, so its cells have no batch.
+        if batch not in (None, 0):
+            raise AdviseError(f"{model!r} is an app's label: its requests are its own and have no batch "
+                              f"(leave out batch), got {batch!r}")
+        batch = 0
+    else:
+        raise AdviseError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}, or your app's label")
     if wait_policy not in WAIT_POLICIES:
         raise AdviseError(f"unknown wait policy {wait_policy!r}; choose from {', '.join(WAIT_POLICIES)}")
     spin = -1 if spincount is None else non_negative_int("spincount", spincount, AdviseError)
@@ -310,15 +322,18 @@ class Advisor:
         first = self.table.drop_duplicates(keys).set_index(keys)
         return first.join(measured).reset_index()
 
-    def recommend(self, workers, threads, model, batch=100, wait_policy="default", spincount=None, topology=None,
+    def recommend(self, workers, threads, model, batch=None, wait_policy="default", spincount=None, topology=None,
                   stages=None, neighbours=3):
         """Should this configuration pin, and with which policy?
 
         Parameters
         ----------
         workers, threads : int
-        model : {"small", "medium", "large"}
-        batch : int, default 100
+        model : str
+            ``"small"``, ``"medium"``, ``"large"``, or the label of a user's
+            app the results measured (``sweep --app``).
+        batch : int, optional
+            Rows per request; default 100 (a user's app: none, 0).
         wait_policy : {"default", "passive", "active"}
         spincount : int, optional
             ``GOMP_SPINCOUNT``; default unset.
@@ -352,6 +367,10 @@ class Advisor:
         >>> print(rec)                                             # doctest: +SKIP
         """
         workers, threads, batch, spin = check_question(workers, threads, model, batch, wait_policy, spincount)
+        if model not in MODEL_FEATURES and model not in self._ranges["models"]:
+            # Nothing is known of an app that was not measured: no neighbour can stand in for it.
+            raise AdviseError(f"unknown model {model!r}: not one of {', '.join(MODEL_FEATURES)}, and the results have "
+                              f"no app of that label (measured: {', '.join(self._ranges['models'])})")
         neighbours = positive_int("neighbours", neighbours, AdviseError)
         shape = _asked_shape(topology)
         cpus = int(shape[0])
@@ -503,7 +522,12 @@ def _distance(configs, asked):
     one a factor of two closer in W.
     """
     d = sum(np.abs(np.log2(configs[k].astype(float) / asked[k]))
-            for k in ("workers", "threads", "oversubscription", "batch"))
+            for k in ("workers", "threads", "oversubscription"))
+    # An app's cells have batch 0 (the user's requests): equal batches are 0 apart, a lab batch from none 1.
+    batch = configs["batch"].astype(float).to_numpy()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        d = d + np.where((batch > 0) & (asked["batch"] > 0), np.abs(np.log2(batch / max(asked["batch"], 1))),
+                         (batch != asked["batch"]).astype(float))
     d = d + 2.0 * configs["model"].ne(asked["model"])
     d = d + 1.0 * configs["wait_policy"].ne(asked["wait_policy"])
     d = d + 1.0 * configs["spincount"].ne(asked["spincount"])
