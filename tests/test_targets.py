@@ -313,6 +313,30 @@ def test_a_server_pinned_by_the_hooks_is_measured_and_keeps_its_pins(hooked_guni
     assert masks(proc.pid) == before
 
 
+def test_live_widget_measures_a_running_server_and_gives_its_masks_back(uvicorn_server, model_env):
+    from tuna_lab.measure.target import AttachedTarget
+    from tuna_lab.widgets.live import LiveExperiment
+
+    proc, port = uvicorn_server
+    before = masks(proc.pid)
+    live = LiveExperiment(None, None, policies=["cfs", "round-robin"], trials=2, requests=20,
+                          target=AttachedTarget(proc.pid, f"http://127.0.0.1:{port}/", 2))
+    assert live.start()
+    assert live.wait(timeout=180)
+    assert live.state == "finished", (live.state, live.error)
+    assert sorted(live.results["policy"]) == ["cfs", "cfs", "round-robin", "round-robin"]
+    assert live.result.manifest["target"]["kind"] == "attached"
+    given_back(before, masks(proc.pid), proc.pid)
+    # Stopped between trials: the server is given its masks back too.
+    live = LiveExperiment(None, None, policies=["round-robin", "tuna-scatter"], trials=3, requests=20,
+                          target=AttachedTarget(proc.pid, f"http://127.0.0.1:{port}/", 2))
+    live.subscribe(lambda *_: live.stop(wait=False) if len(live.results) else None)
+    live.start()
+    assert live.wait(timeout=180)
+    assert live.state == "stopped" and 1 <= len(live.results) < 6
+    given_back(before, masks(proc.pid), proc.pid)
+
+
 # -- bad input: one line, exit 2, no mask changed ---------------------------------------------------
 
 def test_bad_input_is_one_line_and_changes_no_mask(uvicorn_server, model_env, tmp_path):

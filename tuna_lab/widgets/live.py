@@ -1,7 +1,6 @@
 """The live pin-and-measure experiment as a controller: a background run, results as they arrive."""
 
 import atexit
-import re
 import threading
 import weakref
 
@@ -13,15 +12,12 @@ from ._base import Controller
 
 __all__ = ["LiveExperiment"]
 
-# ``experiment.run`` reports a finished trial only as this line (see its
-# ``progress``); the exact numbers replace the parsed ones when the run ends.
-_PROGRESS = re.compile(r"trial (\d+)/\d+ (\S+)\s+p50\s+(\S+) ms p99\s+(\S+) ms\s+(\w+)(?:: (.*?))?\s+\[~")
 _RESULT_COLUMNS = ["trial", "order", "policy", "p50", "p99", "trial_status", "reason"]
 _RUNNING = weakref.WeakSet()
 
 
 class _StopRequested(KeyboardInterrupt):
-    """Raised from the progress callback to end a run between trials.
+    """Raised from the trial callback to end a run between trials.
 
     A KeyboardInterrupt so that ``experiment.run`` treats it as Ctrl-C: it
     keeps the finished trials next to ``out`` (``.partial``) and re-raises.
@@ -42,6 +38,7 @@ class LiveExperiment(Controller):
     Parameters
     ----------
     workers, threads : int
+        The lab server's W and T (ignored with ``target``, which has its own).
     model : {"small", "medium", "large"}
     batch : int
     policies : sequence of str
@@ -50,6 +47,11 @@ class LiveExperiment(Controller):
     out : str, optional
         Directory to write the cell into (nothing is written by default).
     seed : int
+    target : Target, optional
+        What to measure instead of the lab server: a user's app that tuna_lab
+        starts (:class:`~tuna_lab.measure.target.AppTarget`) or a server
+        already running (:class:`~tuna_lab.measure.target.AttachedTarget`,
+        given back its masks when the run ends or is stopped).
 
     Attributes
     ----------
@@ -70,16 +72,22 @@ class LiveExperiment(Controller):
     >>> live = LiveExperiment(1, 1, policies=["cfs"], trials=1, requests=20)
     >>> live.start(); live.wait()                                   # doctest: +SKIP
     >>> live.results[["policy", "trial", "p99"]]                    # doctest: +SKIP
+    >>> from tuna_lab.measure.target import AttachedTarget         # doctest: +SKIP
+    >>> live = LiveExperiment(None, None, policies=["cfs", "tuna-scatter"],
+    ...                       target=AttachedTarget(1234, "http://127.0.0.1:8000/", 2))  # doctest: +SKIP
     """
 
     def __init__(self, workers, threads, model="small", batch=100,
-                 policies=("cfs", "round-robin", "tuna-scatter"), trials=3, requests=100, *, out=None, seed=0):
+                 policies=("cfs", "round-robin", "tuna-scatter"), trials=3, requests=100, *, out=None, seed=0,
+                 target=None):
         from ..measure.experiment import Config, ExperimentError
         from ..model.instance import check_positive_int
         from ..placement.policies import POLICIES
 
         super().__init__()
-        self.config = Config(workers, threads, model, batch)
+        self.target = target
+        # A target's cell is its own (W, T and label), as run() names it.
+        self.config = None if target is not None else Config(workers, threads, model, batch)
         self.policies = list(dict.fromkeys([policies] if isinstance(policies, str) else policies))
         unknown = [p for p in self.policies if p not in POLICIES]
         if unknown or not self.policies:
@@ -88,7 +96,7 @@ class LiveExperiment(Controller):
         self.requests = check_positive_int("requests", requests)
         self.out, self.seed = out, seed
         self.state, self.lines, self.result = "idle", [], None
-        self._rows, self._lock = [], threading.Lock()
+        self._rows, self._lock, self._between = [], threading.Lock(), False
         self._stop, self._thread = threading.Event(), None
 
     @property
@@ -143,19 +151,22 @@ class LiveExperiment(Controller):
         with self._lock:
             return pd.DataFrame(self._rows, columns=_RESULT_COLUMNS)
 
+    def _trial(self, result):
+        """One (trial, policy) finished: its rows (``run`` then prints its line through :meth:`_progress`)."""
+        rows = result.trials.reindex(columns=_RESULT_COLUMNS).to_dict("records")
+        with self._lock:
+            self._rows.extend(rows)
+            self._between = True
+
     def _progress(self, line):
-        m = _PROGRESS.search(line)
         with self._lock:
             self.lines.append(line)
-            if m:
-                trial = int(m.group(1)) - 1
-                self._rows.append({
-                    "trial": trial, "order": sum(r["trial"] == trial for r in self._rows),
-                    "policy": m.group(2), "p50": float(m.group(3)) / 1e3, "p99": float(m.group(4)) / 1e3,
-                    "trial_status": m.group(5), "reason": m.group(6) or ""})
+            between, self._between = self._between, False
+            done = len(self._rows)
         self._notify()
-        # Stopping after the very last trial would only throw the finished result away.
-        if self._stop.is_set() and len(self._rows) < self.trials * len(self.policies):
+        # A stop asked for takes effect after a trial's line; after the very last one it would
+        # only throw the finished result away.
+        if between and self._stop.is_set() and done < self.trials * len(self.policies):
             raise _StopRequested
 
     def _run(self):
@@ -163,7 +174,7 @@ class LiveExperiment(Controller):
 
         try:
             result = run(self.config, self.policies, trials=self.trials, requests=self.requests, out=self.out,
-                         seed=self.seed, progress=self._progress)
+                         seed=self.seed, progress=self._progress, on_trial=self._trial, target=self.target)
         except _StopRequested:
             state, error = "stopped", None
             with self._lock:
