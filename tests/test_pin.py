@@ -33,6 +33,8 @@ from tuna_lab.placement import placement
 from tuna_lab.placement.plan import Plan
 from tuna_lab.server.launch import free_port
 
+from procfs import affinities, cpus_of, tids_of
+
 USERAPP = Path(__file__).parent / "userapp"
 GUNICORN = Path(sys.executable).with_name("gunicorn")
 UVICORN = Path(sys.executable).with_name("uvicorn")
@@ -44,25 +46,10 @@ pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2
 
 # -- reading /proc (independently of tuna_lab) ------------------------------------------------------
 
-def cpus_of(tid):
-    """``Cpus_allowed_list`` of a thread, as a sorted list of CPU ids."""
-    with open(f"/proc/{tid}/status") as fh:
-        text = next(line for line in fh if line.startswith("Cpus_allowed_list:")).split(":", 1)[1]
-    out = []
-    for part in text.strip().split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
 def cpu_ns(pid, tid):
     """CPU time a thread has run, in ns (first field of schedstat)."""
     with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
         return int(fh.read().split()[0])
-
-
-def tids_of(pid):
-    return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
 
 
 def openmp_loaded(pid):
@@ -99,18 +86,6 @@ def pool_tids(pid, looks=25):
                 break
             time.sleep(0.02)
     return pool
-
-
-def affinities(pids):
-    """``{tid: cpus}`` of every thread of the processes ``pids``."""
-    out = {}
-    for pid in pids:
-        for tid in tids_of(pid):
-            try:
-                out[tid] = cpus_of(tid)
-            except (FileNotFoundError, StopIteration):
-                pass
-    return out
 
 
 # -- running things ---------------------------------------------------------------------------------

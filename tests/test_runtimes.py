@@ -30,6 +30,8 @@ from tuna_lab.machine import topology_from
 from tuna_lab.placement import placement
 from tuna_lab.server.launch import free_port
 
+from procfs import affinities, cpu_seconds, cpus_of
+
 APPS = Path(__file__).parent / "runtimeapps"
 GUNICORN = Path(sys.executable).with_name("gunicorn")
 UVICORN = Path(sys.executable).with_name("uvicorn")
@@ -37,42 +39,6 @@ CPUS = sorted(os.sched_getaffinity(0))
 W, T = 2, 2
 
 pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs")
-
-
-# -- reading /proc (independently of tuna_lab) ------------------------------------------------------
-
-def cpus_of(tid):
-    """``Cpus_allowed_list`` of a thread, as a sorted list of CPU ids."""
-    with open(f"/proc/{tid}/status") as fh:
-        text = next(line for line in fh if line.startswith("Cpus_allowed_list:")).split(":", 1)[1]
-    out = []
-    for part in text.strip().split(","):
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
-
-
-def cpu_seconds(pid):
-    """``{tid: seconds}`` every thread of ``pid`` has run (first field of schedstat)."""
-    out = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                out[int(tid)] = int(fh.read().split()[0]) / 1e9
-        except FileNotFoundError:
-            pass
-    return out
-
-
-def affinities(pids):
-    out = {}
-    for pid in pids:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                out[int(tid)] = cpus_of(tid)
-            except (FileNotFoundError, StopIteration):
-                pass
-    return out
 
 
 # -- running things ---------------------------------------------------------------------------------

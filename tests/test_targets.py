@@ -22,30 +22,12 @@ import pytest
 
 from tuna_lab.server.launch import free_port
 
+from procfs import masks
+
 USERAPP = Path(__file__).parent / "userapp"
 CPUS = sorted(os.sched_getaffinity(0))
 
 pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs")
-
-
-# -- reading /proc (independently of tuna_lab) ------------------------------------------------------
-
-def masks(master):
-    """``{tid: Cpus_allowed_list}`` of every thread of ``master`` and its children."""
-    out = {}
-    procs = [master] + [c.pid for c in psutil.Process(master).children()]
-    for pid in procs:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except FileNotFoundError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/status") as fh:
-                    out[int(tid)] = next(line for line in fh if line.startswith("Cpus_allowed_list:")).split()[1]
-            except (FileNotFoundError, StopIteration):
-                pass
-    return out
 
 
 # -- running things ---------------------------------------------------------------------------------
