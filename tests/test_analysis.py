@@ -488,3 +488,52 @@ def test_the_report_shows_generator_cpu_per_request(tables, tmp_path):
     assert "load generator on CPU 7 (--client-cpus)" in text
     old = write_report(requests, _with_cpu(trials, generator=False), tmp_path / "old.html").read_text()
     assert "<th>generator CPU ms/req</th>" in old and "<th>server CPU ms/req</th>" in old
+
+
+# -- intervals on the averaged speedups ---------------------------------------------------------
+
+def _scenarios_with_spread():
+    import pandas as pd
+
+    rows = []
+    for w, base, pinned in ((2, 0.20, 0.16), (4, 0.30, 0.25), (8, 0.50, 0.45)):
+        for policy, mean in (("cfs", base), ("tuna-scatter", pinned)):
+            rows.append({"workers": w, "threads": 2, "cpus": 8, "model": "small", "batch": 100, "policy": policy,
+                         "mean_p99": mean, "std_p99": 0.1 * mean, "n_trials": 5})
+    return pd.DataFrame(rows)
+
+
+def test_one_application_gets_the_fieller_interval_run_prints():
+    from tuna_lab.analysis.stats import compare_policies, speedup_summary
+
+    scen = _scenarios_with_spread()
+    one = scen[scen["workers"] == 2]
+    row = speedup_summary(one, baselines="cfs", by=(None,)).iloc[0]
+    ref = compare_policies(one, "cfs", "tuna-scatter")
+    assert row["ci_low"] == pytest.approx(ref["speedup_ci_low"]) and row["ci_high"] == pytest.approx(
+        ref["speedup_ci_high"])
+
+
+def test_several_applications_get_an_interval_around_their_mean_that_widens_with_the_spread():
+    from tuna_lab.analysis.stats import speedup_summary
+
+    scen = _scenarios_with_spread()
+    row = speedup_summary(scen, baselines="cfs", by=(None,)).iloc[0]
+    assert row["ci_low"] < row["speedup"] < row["ci_high"]
+    noisier = scen.assign(std_p99=scen["std_p99"] * 3)
+    wide = speedup_summary(noisier, baselines="cfs", by=(None,)).iloc[0]
+    assert wide["ci_high"] - wide["ci_low"] > 2.5 * (row["ci_high"] - row["ci_low"])
+    # Without the trials' spread there is no interval, and no error bar is drawn.
+    bare = speedup_summary(scen.drop(columns=["std_p99", "n_trials"]), baselines="cfs", by=(None,)).iloc[0]
+    assert np.isnan(bare["ci_low"]) and np.isnan(bare["ci_high"])
+
+
+def test_speedup_bars_draw_the_intervals():
+    from tuna_lab.analysis.figures import speedup_bars
+    from tuna_lab.analysis.stats import speedup_summary
+
+    summary = speedup_summary(_scenarios_with_spread(), baselines="cfs", by=("workers",))
+    fig = speedup_bars(summary)
+    bars = fig.data[0]
+    assert len(bars.error_y.array) == 3 and np.all(np.asarray(bars.error_y.array) > 0)
+    np.testing.assert_allclose(np.asarray(bars.y) + np.asarray(bars.error_y.array), summary["ci_high"])

@@ -247,6 +247,21 @@ def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None, wait_
     return fig
 
 
+def _error_bars(rows):
+    """Plotly ``error_y`` for the rows' ``ci_low``/``ci_high``, and each interval as text for the hover.
+
+    An unbounded or missing interval draws no bar (plotly cannot draw infinity); its text says why.
+    """
+    if "ci_low" not in rows.columns:
+        return None, ["not computed"] * len(rows)
+    low, high, mid = (rows[c].to_numpy(float) for c in ("ci_low", "ci_high", "speedup"))
+    finite = np.isfinite(low) & np.isfinite(high)
+    text = [f"[{lo:.2f}, {hi:.2f}]" if ok else ("unbounded" if np.isinf(lo) or np.isinf(hi) else "too few trials")
+            for lo, hi, ok in zip(low, high, finite)]
+    return ({"type": "data", "symmetric": False, "array": np.where(finite, high - mid, np.nan),
+             "arrayminus": np.where(finite, mid - low, np.nan), "color": "black", "thickness": 1}, text)
+
+
 def speedup_bars(summary, *, group=None, baseline=None):
     """Average speedups of the policies over the baselines within groups, as grouped bars.
 
@@ -264,7 +279,9 @@ def speedup_bars(summary, *, group=None, baseline=None):
     -------
     plotly.graph_objects.Figure
         One bar trace per ``policy vs baseline`` pair; x = the groups
-        (``"over / small / 100"``); a dashed line marks speedup 1.
+        (``"over / small / 100"``); a dashed line marks speedup 1. Error bars
+        are the summary's 95% intervals (``ci_low``, ``ci_high``) where they
+        are finite; the hover says when one is unbounded.
 
     Raises
     ------
@@ -305,15 +322,18 @@ def speedup_bars(summary, *, group=None, baseline=None):
     fig = go.Figure()
     for b, policy in pairs.itertuples(index=False):
         sel = rows[rows["baseline"].eq(b) & rows["policy"].eq(policy)]
+        error, interval = _error_bars(sel)
         fig.add_trace(go.Bar(
-            x=sel["_label"], y=sel["speedup"], name=f"{policy} vs {b}", customdata=sel["n"],
+            x=sel["_label"], y=sel["speedup"], name=f"{policy} vs {b}", customdata=list(zip(sel["n"], interval)),
+            error_y=error,
             marker={"color": colors[policy], "pattern": {"shape": ["", "/", "x", "."][dashes[b] % 4]}},
-            hovertemplate=f"{policy} vs {b}<br>%{{x}}: %{{y:.3f}}x over %{{customdata}} applications"
-                          "<extra></extra>"))
+            hovertemplate=f"{policy} vs {b}<br>%{{x}}: %{{y:.3f}}x over %{{customdata[0]}} applications"
+                          "<br>95% interval %{customdata[1]}<extra></extra>"))
     fig.add_hline(y=1, line_dash="dash", line_color="grey")
     fig.update_layout(
         template=_TEMPLATE, barmode="group",
-        title=f"Average p99 speedup by {group.replace('+', ' x ')}",
+        title=f"Average p99 speedup by {group.replace('+', ' x ')}"
+              + (" (95% intervals from the trials)" if "ci_low" in rows.columns else ""),
         xaxis={"title": " / ".join(columns) if columns else ""},
         yaxis={"title": "mean speedup (baseline p99 / policy p99)"},
         legend={"title": "policy vs baseline"},

@@ -437,7 +437,15 @@ def speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=_DEFAULT_BY)
         ``policy``, ``group`` (the grouping's label: ``"all"``,
         ``"subscription"``, ``"subscription+model+batch"``, ...), the grouping
         columns (missing where a row is not grouped by them), ``n`` (number of
-        applications with a speedup), ``speedup`` (mean) and ``geomean``.
+        applications with a speedup), ``speedup`` (mean), ``geomean``, and
+        ``ci_low``/``ci_high``: the 95% interval of the mean speedup from the
+        trials' spread (NaN where the scenarios have no ``std_p99`` and
+        ``n_trials``, or fewer than two trials). One application: Fieller's
+        interval, as ``run`` prints it. Several: the mean's delta-method
+        variance, the sum of the applications' over ``n**2``, with a Student
+        t quantile at the Welch-Satterthwaite degrees of freedom. The
+        interval is over the trials of these applications, not over
+        applications one might have run instead.
 
     Raises
     ------
@@ -477,13 +485,63 @@ def speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=_DEFAULT_BY)
         parts.append(part)
     out = pd.concat(parts, ignore_index=True)
     out["geomean"] = np.exp(out.pop("_log"))
+    out["ci_low"], out["ci_high"] = _summary_intervals(scenarios, table, groupings)
     grouped = list(dict.fromkeys(c for _, columns in groupings for c in columns))
     for c in grouped:
         if is_integer_dtype(table[c]):
             out[c] = out[c].astype("Int64")
     out["_g"] = pd.Categorical(out["group"], categories=[label for label, _ in groupings]).codes
     out = sort_table(out, ["baseline", "_g", "policy", *grouped]).drop(columns="_g")
-    return out[["baseline", "policy", "group", *grouped, "n", "speedup", "geomean"]]
+    return out[["baseline", "policy", "group", *grouped, "n", "speedup", "geomean", "ci_low", "ci_high"]]
+
+
+def _summary_intervals(scenarios, table, groupings, confidence=0.95):
+    """``(ci_low, ci_high)`` of every row of the summary, in the order :func:`speedup_summary` builds them."""
+    n_rows = sum(len(table.groupby(["baseline", "policy", *columns], sort=False, dropna=False, observed=True))
+                 for _, columns in groupings)
+    if not {"std_p99", "n_trials"} <= set(scenarios.columns):
+        return np.full(n_rows, np.nan), np.full(n_rows, np.nan)
+    scenarios = with_defaults(scenarios)
+    app = list(_by(scenarios, APPLICATION))
+    spread = scenarios[app + ["policy", "std_p99", "n_trials"]]
+    t = table.merge(spread, on=app + ["policy"], how="left").merge(
+        spread.rename(columns={"policy": "baseline", "std_p99": "base_std", "n_trials": "base_n"}),
+        on=app + ["baseline"], how="left")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # Each application's speedup b/p: delta-method variance of a ratio of two independent means.
+        var_p = t["std_p99"] ** 2 / t["n_trials"]
+        var_b = t["base_std"] ** 2 / t["base_n"]
+        part_b = t["speedup"] ** 2 * var_b / t["baseline_p99"] ** 2
+        part_p = t["speedup"] ** 2 * var_p / t["policy_p99"] ** 2
+        t["_var"] = part_b + part_p
+        t["_wsd"] = part_b ** 2 / (t["base_n"] - 1) + part_p ** 2 / (t["n_trials"] - 1)
+    low, high = [], []
+    for _, columns in groupings:
+        for _, g in t.groupby(["baseline", "policy", *columns], sort=False, dropna=False, observed=True):
+            g = g[np.isfinite(g["speedup"])]
+            n = len(g)
+            if n == 1:
+                row = g.iloc[0]
+                q = _t_quantile(confidence, min(row["n_trials"], row["base_n"]) - 1)
+                lo, hi = _fieller(row["policy_p99"], row["baseline_p99"], row["std_p99"] ** 2 / row["n_trials"],
+                                  row["base_std"] ** 2 / row["base_n"], q)
+            elif n > 1 and np.isfinite(g["_var"]).all() and (g[["n_trials", "base_n"]] >= 2).all(axis=None):
+                var = g["_var"].sum() / n**2
+                dof = (g["_var"].sum() ** 2 / g["_wsd"].sum()) if g["_wsd"].sum() > 0 else np.inf
+                half = _t_quantile(confidence, dof) * np.sqrt(var)
+                lo, hi = g["speedup"].mean() - half, g["speedup"].mean() + half
+            else:
+                lo = hi = np.nan
+            low.append(float(lo))
+            high.append(float(hi))
+    return np.asarray(low), np.asarray(high)
+
+
+def _t_quantile(confidence, dof):
+    """The two-sided Student t quantile; NaN without degrees of freedom."""
+    if not np.isfinite(dof):
+        return float(stats.norm.ppf(0.5 + confidence / 2))
+    return float(stats.t.ppf(0.5 + confidence / 2, dof)) if dof > 0 else np.nan
 
 
 # -- one comparison with an interval -----------------------------------------------------
