@@ -181,7 +181,7 @@ class TuneResult:
     Attributes
     ----------
     table : pandas.DataFrame
-        One row per candidate, best first: ``candidate``, ``workers``,
+        One row per candidate, the winner (the best still in the race) first, then by rate: ``candidate``, ``workers``,
         ``threads``, ``policy``, ``wait_policy``, ``rate`` (the highest rate
         that met the target, requests/s), ``rate_low`` / ``rate_high`` (its
         one-sided bounds at ``confidence``; ``inf`` when no step missed),
@@ -543,7 +543,13 @@ def _result(entries, history, sla_p99, budget, elapsed, confidence, ran_out):
 
     rows = [e.summary(confidence) for e in entries]
     table = pd.DataFrame(rows)
-    table = table.sort_values(["rate", "rate_low"], ascending=False, kind="stable").reset_index(drop=True)
+    # The winner is the best of those still in the race: a dropped candidate's estimate rests on fewer,
+    # shorter steps than the survivors' (it may be higher only for that), so it never wins over them.
+    table["_alive"] = table["status"] == "in race"
+    if not (table["_alive"] & (table["rate"] > 0)).any():
+        table["_alive"] = True
+    table = table.sort_values(["_alive", "rate", "rate_low"], ascending=False, kind="stable")
+    table = table.drop(columns="_alive").reset_index(drop=True)
     winner, sure = None, "no candidate met the target"
     measured = table[table["steps"] > 0]
     if len(measured) and table.loc[0, "rate"] > 0:
