@@ -21,6 +21,8 @@ __all__ = [
     "PlanError",
     "PinError",
     "TargetError",
+    "TuneError",
+    "UnmeetableTargetError",
     "TopologyWarning",
 ]
 
@@ -111,6 +113,25 @@ class PinError(TunaError):
 
 class TargetError(ExperimentError):
     """A server cannot be measured: a URL that refuses connections, an app that does not start, a bad body file."""
+
+
+class TuneError(ExperimentError):
+    """A tune was asked for with bad input: a latency target or budget that does not parse, a budget too
+    small for one trial, candidates that do not fit the machine."""
+
+
+class UnmeetableTargetError(TuneError):
+    """No candidate of a tune met the latency target at any rate it tried.
+
+    Attributes
+    ----------
+    result : TuneResult
+        The evidence: every candidate's measurements (:mod:`tuna_lab.measure.tune`).
+    """
+
+    def __init__(self, message, result=None):
+        super().__init__(message)
+        self.result = result
 
 
 class TopologyWarning(UserWarning):

@@ -4,7 +4,7 @@ One module per command group, each with ``add_parser(subparsers)`` and its
 commands: :mod:`~tuna_lab.cli.machine` (``topology``),
 :mod:`~tuna_lab.cli.model` (``solve``), :mod:`~tuna_lab.cli.server`
 (``serve``, ``status``, ``stop``), :mod:`~tuna_lab.cli.experiment` (``run``,
-``sweep``, ``report``, ``demo``), :mod:`~tuna_lab.cli.bench` (``bench``) and
+``sweep``, ``report``, ``demo``), :mod:`~tuna_lab.cli.tune` (``tune``), :mod:`~tuna_lab.cli.bench` (``bench``) and
 :mod:`~tuna_lab.cli.advise` (``advise``); the options they share are in
 :mod:`~tuna_lab.cli.options`. A command imports what it needs when it runs,
 so building the parser stays cheap and ``tuna-lab topology``, ``status`` and
@@ -23,12 +23,12 @@ import textwrap
 
 from .. import __version__
 from ..errors import TunaError
-from . import advise, bench, experiment, machine, model, placement, server
+from . import advise, bench, experiment, machine, model, placement, server, tune
 
 __all__ = ["main", "build_parser"]
 
 # The order of `tuna-lab --help`'s list of commands.
-_GROUPS = (machine, model, placement, server, experiment, bench, advise)
+_GROUPS = (machine, model, placement, server, experiment, tune, bench, advise)
 
 
 class _HelpFormatter(argparse.HelpFormatter):

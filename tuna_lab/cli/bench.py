@@ -8,7 +8,7 @@ A group of its own rather than a part of ``solve``'s module: ``tuna-lab
 __all__ = ["add_parser"]
 
 # Where each benchmark writes its CSV unless --out says otherwise.
-_DEFAULT_OUT = {"solver": "bench/out/solver.csv", "load": "bench/out/load.csv"}
+_DEFAULT_OUT = {"solver": "bench/out/solver.csv", "load": "bench/out/load.csv", "tune": "bench/out/tune.csv"}
 
 
 def add_parser(subparsers):
@@ -29,15 +29,16 @@ def add_parser(subparsers):
     b = subparsers.add_parser(
         "bench", help="benchmarks",
         description="solver: the article's 72-model grid and the 384-core cases, solve times and model sizes "
-                    "per encoding, into a CSV. load: tuna_lab's load generator side by side with Debian's wrk "
+                    "per encoding, into a CSV. tune: `tune` against an exhaustive search of the same candidates at the same trial lengths (the lab server, medium model, batch 100, p99 target twice the best single-request latency). load: tuna_lab's load generator side by side with Debian's wrk "
                     "(installed if missing and root) against one real server: requests/s, p50, p99 and "
                     "generator CPU per request, in alternating rounds, and an open loop's send lag at 1,000/s.",
         epilog="examples:\n"
                "  tuna-lab bench solver --quick                a smoke run of a small subset\n"
                "  tuna-lab bench solver --pairwise-limit 60 --doc docs/solver-bench.md\n"
                "  tuna-lab bench load --doc docs/load-bench.md  tuna_lab's generator vs wrk\n"
-               "  tuna-lab bench load --duration 2 --rounds 1   a short run\n")
-    b.add_argument("what", choices=("solver", "load"), help="the benchmark to run")
+               "  tuna-lab bench load --duration 2 --rounds 1   a short run\n"
+               "  tuna-lab bench tune --doc docs/tune-bench.md  tune vs an exhaustive search (medium, batch 100)\n")
+    b.add_argument("what", choices=("solver", "load", "tune"), help="the benchmark to run")
     b.add_argument("--out", default=None,
                    help=f"CSV to write (default: {_DEFAULT_OUT['solver']} or {_DEFAULT_OUT['load']})")
     b.add_argument("--doc", default=None, metavar="FILE", help="also write a Markdown report")
@@ -63,6 +64,11 @@ def add_parser(subparsers):
     load.add_argument("--open-duration", type=float, default=3.0, metavar="S",
                       help="seconds of the open loop at 1,000 requests/s against a trivial endpoint")
     load.add_argument("--no-install", action="store_true", help="do not apt-get install wrk if it is missing")
+    tune = b.add_argument_group("tune (tune against an exhaustive search of the same candidates)")
+    tune.add_argument("--race-rounds", type=int, default=4, help="rounds of both searches")
+    tune.add_argument("--step-seconds", type=float, default=1.0, metavar="S", help="the first round's step length")
+    tune.add_argument("--configs", default="auto", metavar="auto|WxT,...", help="the candidates' W x T pairs")
+    tune.add_argument("--policies", default="cfs,round-robin,tuna-scatter", help="the candidates' policies")
     b.set_defaults(func=_cmd_bench)
     return b
 
@@ -70,6 +76,10 @@ def add_parser(subparsers):
 def _cmd_bench(args):
     if args.out is None:
         args.out = _DEFAULT_OUT[args.what]
+    if args.what == "tune":
+        from ..measure.tune_bench import run_tune_bench
+
+        return run_tune_bench(args)
     if args.what == "load":
         from ..measure.bench import run_load_bench
 

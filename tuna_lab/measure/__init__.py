@@ -8,7 +8,7 @@ user's app started by tuna_lab, or a server already running),
 :mod:`~tuna_lab.measure.store` writes the per-request records to disk and
 reads them back, :mod:`~tuna_lab.measure.sweeps` runs a grid of cells and
 :mod:`~tuna_lab.measure.cluster` a sweep's cells on the machines of a Dask
-cluster, and :mod:`~tuna_lab.measure.schema`
+cluster, :mod:`~tuna_lab.measure.tune` races configurations to a p99 target, and :mod:`~tuna_lab.measure.schema`
 defines what those records are: file and column names, cell names, latency
 percentiles.
 """

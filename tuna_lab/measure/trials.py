@@ -27,9 +27,10 @@ Examples
 'client'
 """
 
+import itertools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -39,7 +40,7 @@ from ..errors import CpuAccountingError, TunaError
 from .cpu import CpuSampler, account, summarise
 from .schema import CPU_COLUMNS, GENERATOR_COLUMNS, percentiles
 
-__all__ = ["TrialPlan", "Measured", "run_trials", "trial_row", "latency_of", "LATENCIES"]
+__all__ = ["TrialPlan", "Measured", "run_trials", "run_steps", "trial_row", "latency_of", "LATENCIES"]
 
 #: What the ``latency`` column of a trial says its percentiles are: the lab server's own timing
 #: of a request, a ``Server-Timing`` header's duration, or the client's (send to last byte).
@@ -70,6 +71,9 @@ class TrialPlan:
     seed: int = 0
     #: Most failed requests (share of those sent) a valid trial may have.
     max_error_rate: float = 0.0
+    #: Open loop: seconds each request may take once sent, and the drain after the last arrival
+    #: (None: the load's default). A step of a search over rates is bounded by ``duration + timeout``.
+    timeout: float | None = None
 
     @property
     def runs(self):
@@ -147,7 +151,31 @@ def run_trials(plan):
     topo = Topology.from_sysfs()
     for trial, order in enumerate(plan.orders):
         for pos, policy in enumerate(order):
-            yield _measure(plan, _labels(plan, trial, pos, policy), topo)
+            yield from _measure(plan, _labels(plan, trial, pos, policy), topo)
+
+
+def run_steps(plan, policy, steps, trial=0):
+    """One server start under ``policy``, then an open-loop load per step that ``steps`` names.
+
+    The server is started, warmed up and placed as for a trial of
+    :func:`run_trials` (a placement not in effect fails before any step);
+    then ``steps(None)`` names the first step's ``(rate, duration)`` and
+    ``steps(row)`` the next one from the last step's trials-table row, until
+    it returns None. Starting a server once for several rates is what makes a
+    search over rates (:mod:`tuna_lab.measure.tune`) affordable. A generator:
+    each step's :class:`Measured` is yielded as it finishes, its ``trial``
+    being ``trial`` plus the step's index, so every step is a trial of its own
+    in the records.
+
+    Examples
+    --------
+    >>> rates = iter([(5.0, 2.0), (10.0, 2.0)])
+    >>> for m in run_steps(plan, "cfs", lambda row: next(rates, None)):   # doctest: +SKIP
+    ...     print(m.row["trial"], m.row["client_p99"])
+    """
+    from ..machine.topology import Topology
+
+    yield from _measure(plan, _labels(plan, trial, 0, policy), Topology.from_sysfs(), steps)
 
 
 def _thread_cpu(pids):
@@ -172,20 +200,31 @@ def _load(plan, url, body, options, pin):
     from .load import closed_loop, open_loop
 
     if plan.rate is not None:
+        bound = {} if plan.timeout is None else {"timeout": plan.timeout, "deadline": plan.duration + plan.timeout}
         return open_loop(url, body, plan.rate, requests=plan.requests, duration=plan.duration, seed=plan.seed,
-                         cpus=pin, **options)
+                         cpus=pin, **bound, **options)
     return closed_loop(url, body, requests=plan.requests, concurrency=plan.concurrency, cpus=pin, **options)
 
 
-def _measure(plan, labels, topo):
-    """One (trial, policy): apply the policy, warm up, place and verify, load while sampling CPU, release."""
+def _measure(plan, labels, topo, steps=None):
+    """One (trial, policy): apply the policy, warm up, place and verify, load while sampling CPU, release.
+
+    A generator of :class:`Measured`: one for the trial, or with ``steps``
+    (see :func:`run_steps`) one per open-loop step on the same server.
+    """
     from .load import closed_loop
 
     target, spec = plan.target, plan.target.requests
-    frame, status, reason, cpu, per_thread, generator, wall = pd.DataFrame(), "ok", "", None, None, None, 0.0
     options, body = spec.load_options(), spec.body()
     # The generator runs pinned to the client CPUs only while it sends (unpinned when none are kept).
     pin = plan.client.cpus or None
+    here, mine = plan, labels
+    if steps is not None:
+        step = steps(None)
+        if step is None:
+            return
+        here = replace(plan, rate=float(step[0]), duration=float(step[1]))
+    done = []
     try:
         with target.apply(labels["policy"]) as live:
             url = spec.url_on(live.url)
@@ -200,29 +239,54 @@ def _measure(plan, labels, topo):
             if problems:
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
                 raise _NotPlaced(f"placement not in effect: {problems[0]}{more}")
-            # Every server thread's CPU time, sampled while the load runs.
-            with CpuSampler(live.server_threads(), period=0.1) as sampler:
-                t0 = time.monotonic()
-                frame = _load(plan, url, body, options, pin)
-                wall = time.monotonic() - t0
-            # frame.attrs does not survive every pandas operation: keep what the load said now.
-            generator = dict(frame.attrs.get("generator") or {})
-            timing = dict(frame.attrs.get("server_timing") or {})
-            # Where the server's threads may run, read live before it stops: off the generator's CPUs.
-            allowed = _server_affinity(live)
-            generator["server_cpus"] = sorted(set().union(*allowed.values())) if allowed else []
-            if not live.alive():
-                status, reason = "failed", "the server died during the trial"
-            cpu, per_thread = _cpu_of(sampler, frame, labels)
-            if per_thread is not None:
-                per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
-                per_thread = per_thread.assign(cpus=[format_cpulist(allowed.get((pid, role), ()))
-                                                     for pid, role in zip(per_thread["pid"], per_thread["role"])])
+            for index in itertools.count():
+                measured = _loaded(here, mine, topo, live, url, body, options, pin)
+                if steps is None:
+                    # Given out once the server is stopped: an error while stopping it fails the trial.
+                    done.append(measured)
+                    break
+                yield measured
+                step = steps(measured.row)
+                if step is None:
+                    break
+                here = replace(plan, rate=float(step[0]), duration=float(step[1]))
+                mine = {**labels, "trial": labels["trial"] + index + 1}
     except TunaError as exc:
-        status, reason, timing = "failed", one_line(exc), {}
+        done = [_measured(here, mine, status="failed", reason=one_line(exc))]
     except _NotPlaced as exc:
-        status, reason, timing = "failed", str(exc), {}
-    latency = latency_of(frame, spec.response)
+        done = [_measured(here, mine, status="failed", reason=str(exc))]
+    yield from done
+
+
+def _loaded(plan, labels, topo, live, url, body, options, pin):
+    """One load on a placed, warm server, every server thread's CPU time sampled meanwhile."""
+    status, reason = "ok", ""
+    with CpuSampler(live.server_threads(), period=0.1) as sampler:
+        t0 = time.monotonic()
+        frame = _load(plan, url, body, options, pin)
+        wall = time.monotonic() - t0
+    # frame.attrs does not survive every pandas operation: keep what the load said now.
+    generator = dict(frame.attrs.get("generator") or {})
+    timing = dict(frame.attrs.get("server_timing") or {})
+    # Where the server's threads may run, read live before it stops: off the generator's CPUs.
+    allowed = _server_affinity(live)
+    generator["server_cpus"] = sorted(set().union(*allowed.values())) if allowed else []
+    if not live.alive():
+        status, reason = "failed", "the server died during the trial"
+    cpu, per_thread = _cpu_of(sampler, frame, labels)
+    if per_thread is not None:
+        per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
+        per_thread = per_thread.assign(cpus=[format_cpulist(allowed.get((pid, role), ()))
+                                             for pid, role in zip(per_thread["pid"], per_thread["role"])])
+    return _measured(plan, labels, frame, wall, status, reason, cpu, generator, per_thread, timing)
+
+
+def _measured(plan, labels, frame=None, wall=0.0, status="ok", reason="", cpu=None, generator=None, per_thread=None,
+              timing=None):
+    """The :class:`Measured` of one load: the error-rate rule applied, the rows labelled."""
+    frame = pd.DataFrame() if frame is None else frame
+    timing = timing or {}
+    latency = latency_of(frame, plan.target.requests.response)
     if len(frame) and status == "ok":
         failed = ~_ok(frame)
         share = failed.mean()

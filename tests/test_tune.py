@@ -1,0 +1,198 @@
+"""tune: the race on a simulated target with known rates (seeded), one real tune on the lab server, bad input."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tuna_lab.errors import TuneError
+from tuna_lab.measure.tune import Candidate, Step, auto_configs, parse_duration, race, rate_bounds, tune
+
+SLA = 0.05
+
+
+class Simulated:
+    """A target whose candidates' true rates are known: each run draws its server's rate with noise.
+
+    At offered rate ``r`` a request is over the target with probability
+    ``0.01 ** ((true / r) ** 4)``: exactly 1% at the true rate, fast falling
+    below it and rising above, as an open loop's tail does. Time is simulated.
+    """
+
+    def __init__(self, rates, noise=0.05, overhead=4.0, seed=0):
+        self.rates, self.noise, self.overhead = rates, noise, overhead
+        self.rng = np.random.default_rng(seed)
+        self.now = 0.0
+        self.runs = {}
+
+    def clock(self):
+        return self.now
+
+    def evaluate(self, candidate, rnd, next_step):
+        self.now += self.overhead
+        self.runs.setdefault(candidate.name, []).append(rnd)
+        true = self.rates[candidate.name] * math.exp(self.rng.normal(0, self.noise))
+        step = next_step(None)
+        while step is not None:
+            rate, duration = step
+            n = int(self.rng.poisson(rate * duration))
+            over = int(self.rng.binomial(n, 0.01 ** ((true / rate) ** 4))) if n else 0
+            self.now += duration + 0.2
+            step = next_step(Step(rate, duration, n, over, SLA * (rate / true) ** 2, cpu_per_request=1 / true,
+                                  seconds=duration + 0.2))
+
+
+def _candidates():
+    """Five W x T pairs x three policies; the policies within 5% of each other, the pairs far apart."""
+    rates = {}
+    for (w, t), base in {(1, 1): 25.0, (2, 1): 21.0, (4, 1): 17.0, (1, 2): 9.0, (2, 2): 8.0}.items():
+        for policy, gain in {"cfs": 1.0, "round-robin": 1.02, "tuna-scatter": 1.05}.items():
+            rates[Candidate(w, t, policy).name] = base * gain
+    return [Candidate(w, t, p) for (w, t) in ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2))
+            for p in ("cfs", "round-robin", "tuna-scatter")], rates
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_race_finds_the_true_best_and_drops_the_clearly_worse_early(seed):
+    candidates, rates = _candidates()
+    sim = Simulated(rates, seed=seed)
+    result = race(candidates, sim.evaluate, SLA, 3600, clock=sim.clock, rounds=4, step_seconds=1.0)
+    best = max(rates.values())
+    assert rates[result.winner.name] >= 0.9 * best
+    # Less than half the best's rate: out after the first round, and the budget went to the close ones.
+    for name, runs in sim.runs.items():
+        if rates[name] < 0.5 * best:
+            assert runs == [0], name
+    assert len(sim.runs[result.winner.name]) >= 3
+    table = result.table.set_index("candidate")
+    assert table.loc[result.winner.name, "status"] == "winner"
+    dropped = table[table["status"] == "dropped"]
+    assert len(dropped) >= len(candidates) - 3 and (dropped["reason"] != "").all()
+    # The winner's estimate is within its interval, and the interval holds its true rate.
+    row = table.loc[result.winner.name]
+    assert row["rate_low"] <= row["rate"] < row["rate_high"]
+    assert row["rate_low"] <= rates[result.winner.name] * 1.15
+    assert list(result.history["round"].unique()) == sorted(result.history["round"].unique())
+
+
+def test_race_costs_a_fraction_of_the_exhaustive_search():
+    candidates, rates = _candidates()
+    raced, full = Simulated(rates, seed=4), Simulated(rates, seed=4)
+    fast = race(candidates, raced.evaluate, SLA, 3600, clock=raced.clock, rounds=4, step_seconds=1.0)
+    slow = race(candidates, full.evaluate, SLA, 3600, clock=full.clock, rounds=4, step_seconds=1.0, exhaustive=True)
+    assert all(runs == [0, 1, 2, 3] for runs in full.runs.values())
+    assert (slow.table["status"] != "dropped").all()
+    assert fast.elapsed <= 0.3 * slow.elapsed
+    exhaustive = slow.table.set_index("candidate")["rate"]
+    assert exhaustive[fast.winner.name] >= 0.9 * exhaustive.max()
+
+
+@pytest.mark.parametrize("budget", [40.0, 120.0])
+def test_race_honours_its_budget_and_says_how_sure_it_is(budget):
+    candidates, rates = _candidates()
+    sim = Simulated(rates, seed=5)
+    result = race(candidates, sim.evaluate, SLA, budget, clock=sim.clock, rounds=4, step_seconds=1.0)
+    assert sim.now <= 1.1 * budget
+    assert result.winner is not None and result.sure.startswith(("sure", "not sure"))
+    assert "budget ran out" in result.sure
+
+
+def test_a_candidate_that_cannot_meet_the_target_is_dropped_as_such():
+    candidates = [Candidate(1, 1, "cfs"), Candidate(1, 2, "cfs")]
+    sim = Simulated({"1x1 cfs": 20.0, "1x2 cfs": 1e-3}, seed=0)
+    result = race(candidates, sim.evaluate, SLA, 600, clock=sim.clock, rounds=2, step_seconds=1.0)
+    row = result.table.set_index("candidate").loc["1x2 cfs"]
+    assert row["status"] == "dropped" and row["reason"].startswith("cannot meet the target")
+    assert result.winner.name == "1x1 cfs"
+
+
+def test_rate_bounds_pool_steps_by_monotonicity():
+    # 300 requests with none over at 10/s: fewer than 1% over there, surely; 30 of 60 at 20/s: more.
+    assert rate_bounds([Step(10.0, 30.0, 300, 0, 0.02), Step(20.0, 3.0, 60, 30, 0.5)]) == (10.0, 20.0)
+    # Too few requests to say anything.
+    assert rate_bounds([Step(10.0, 1.0, 10, 0, 0.02)]) == (0.0, math.inf)
+    # Steps at higher rates that met the target count for a lower rate's lower bound.
+    steps = [Step(8.0, 10.0, 80, 0, 0.02), Step(9.0, 10.0, 90, 0, 0.02), Step(10.0, 10.0, 100, 0, 0.02)]
+    assert rate_bounds(steps)[0] == 8.0
+    # A stricter confidence needs more evidence.
+    assert rate_bounds(steps, confidence=0.99)[0] == 0.0
+
+
+def test_durations_and_auto_configs():
+    assert parse_duration("50ms") == pytest.approx(0.05) and parse_duration("15m") == 900.0
+    assert parse_duration("1.5 s") == 1.5 and parse_duration(3) == 3.0
+    for bad in ("fast", "-5s", "0ms", "5 parsecs", ""):
+        with pytest.raises(TuneError):
+            parse_duration(bad)
+    assert auto_configs(2) == [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]
+    assert all(t <= 32 and w * t in (16, 32, 64) for w, t in auto_configs(32))
+
+
+def test_library_bad_input_raises_before_any_server():
+    with pytest.raises(TuneError, match="too small for one trial"):
+        tune("50ms", configs=[(1, 1)], budget="3s")
+    with pytest.raises(TuneError, match="unknown policy"):
+        tune("50ms", configs=[(1, 1)], policies=["nope"])
+    with pytest.raises(TuneError, match="not a duration"):
+        tune("soon", configs=[(1, 1)])
+
+
+# -- the command line, on the lab server ------------------------------------------------------------------
+
+def _cli(*args, timeout=180):
+    return subprocess.run([sys.executable, "-m", "tuna_lab.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sla-p99", "fast"], "is not a duration"),
+    (["--sla-p99", "50ms", "--budget", "2s"], "too small for one trial"),
+    (["--sla-p99", "50ms", "--configs", "2y2"], "--configs wants WxT"),
+    (["--sla-p99", "50ms", "--url", "http://127.0.0.1:9/"], "is for your own server"),
+])
+def test_cli_bad_input_is_one_line_and_exit_2(args, message):
+    done = _cli("tune", *args, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1 and message in done.stderr
+
+
+def test_cli_a_target_no_candidate_can_meet_is_reported_as_such(tmp_path):
+    done = _cli("tune", "--sla-p99", "1ms", "--model", "small", "--batch", "10", "--configs", "1x1",
+                "--policies", "cfs", "--budget", "40s", "--step-seconds", "0.5", "--out", str(tmp_path / "t"))
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("tuna-lab: error: no candidate meets a p99 of 1 ms") and done.stdout == ""
+    assert os.path.isfile(tmp_path / "t" / "w1-t1-small-b10" / "manifest.json")     # the evidence is kept
+
+
+def test_cli_end_to_end_within_a_minute(tmp_path):
+    out = tmp_path / "tune"
+    t0 = time.monotonic()
+    done = _cli("tune", "--sla-p99", "200ms", "--model", "small", "--batch", "10", "--configs", "1x1,2x1",
+                "--policies", "cfs,round-robin", "--budget", "60s", "--step-seconds", "1", "--rounds", "3",
+                "--out", str(out), "--json")
+    took = time.monotonic() - t0
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert took <= 1.1 * 60 + 10          # the budget, and the interpreter's start and the records' writing
+    assert result["elapsed"] <= 1.1 * 60
+    win = result["winner"]
+    assert win["candidate"] in {c["candidate"] for c in result["candidates"]} and win["rate"] > 0
+    assert f"workers = {win['workers']}" in win["plan"] and "TUNA_LAB_PLAN" in win["plan"]
+    assert {c["status"] for c in result["candidates"]} <= {"winner", "in race", "dropped"}
+    assert all(c["rate_low"] <= c["rate"] for c in result["candidates"])
+    # The records are a sweep's: report reads them.
+    report = _cli("report", str(out), "-o", str(tmp_path / "report.html"), "--json", timeout=120)
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["cells"] == 2
+    from tuna_lab.measure.store import load_results
+
+    _, trials, manifests = load_results(str(out))
+    assert {"rate", "round", "step", "sla_p99"} <= set(trials.columns)
+    assert all(m["tune"]["winner"] == win["candidate"] for m in manifests)
+    assert trials.groupby(["cell", "policy", "trial"]).size().max() == 1     # every step is a trial of its own

@@ -1,0 +1,158 @@
+"""``tuna-lab tune``: the workers x threads x policy that serve the most requests within a p99 target.
+
+The search is :func:`tuna_lab.measure.tune.tune`; this module reads the
+options, names the target (the lab server, a user's app tuna_lab starts, or a
+running server, whose W and T cannot change) and prints the table, the
+winner and its plan, or one ``--json`` object. Progress goes to stderr.
+"""
+
+import json
+import math
+import sys
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers):
+    """Add ``tune`` to a ``tuna-lab`` subparsers object; returns the new parser.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="tuna-lab")
+    >>> _ = add_parser(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["tune", "--sla-p99", "50ms", "--configs", "1x1,2x1", "--budget", "90s"])
+    >>> args.sla_p99, args.configs, args.budget
+    ('50ms', '1x1,2x1', '90s')
+    """
+    from .options import add_client_cpus_option, positive_float_arg
+
+    p = subparsers.add_parser(
+        "tune", help="size to a latency target: the W x T x policy serving the most requests within a p99",
+        description="Race workers x threads x policy candidates on open-loop (Poisson) rate: for each, the "
+                    "highest rate whose client p99 stays within --sla-p99. Short trials first; a candidate is "
+                    "dropped once its upper bound on the rate is below the best lower bound, or halved out; "
+                    "the budget goes to the close ones. Prints each candidate's rate with its interval, CPU per "
+                    "request and why it was dropped, then the winner and its plan (plan --format gunicorn). "
+                    "Every step is kept as a trial in --out, which `report` and `advise` read as a sweep.",
+        epilog="examples:\n"
+               "  tuna-lab tune --sla-p99 50ms --budget 15m --out results/tune\n"
+               "  tuna-lab tune --sla-p99 200ms --model small --batch 10 --configs 1x1,2x1 --budget 2m --json\n"
+               "  tuna-lab tune --sla-p99 80ms --app myapp:app --app-dir src --path /predict --body req.json\n"
+               "  tuna-lab tune --sla-p99 80ms --pid MASTER --url http://127.0.0.1:8000/predict -t 2   "
+               "policies only\n")
+    p.add_argument("--sla-p99", required=True, metavar="DURATION",
+                   help="the p99 target of the client's latency: 50ms, 0.2s")
+    p.add_argument("--configs", default="auto", metavar="auto|WxT,...",
+                   help="W x T pairs; auto: under- and oversubscribed pairs for the effective CPUs")
+    p.add_argument("--policies", default="cfs,round-robin,tuna-scatter", help="comma-separated placement policies")
+    p.add_argument("--wait-policies", default="default",
+                   help="comma-separated OMP_WAIT_POLICY values: default,passive,active")
+    p.add_argument("--budget", default="15m", metavar="DURATION", help="wall time of the search: 90s, 15m")
+    p.add_argument("--model", default="medium", help="the lab server's model: small, medium, large")
+    p.add_argument("--batch", type=int, default=100, help="the lab server's rows per request")
+    p.add_argument("--out", default=None, help="folder for the records (one cell folder per W x T)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and payloads")
+    p.add_argument("--rounds", type=int, default=4, help="most rounds; round k's steps last STEP x 2^k")
+    p.add_argument("--step-seconds", type=positive_float_arg, default=2.0, metavar="S",
+                   help="the first round's step length")
+    p.add_argument("--confidence", type=float, default=0.9, help="one-sided confidence of the rate bounds")
+    add_client_cpus_option(p)
+    t = p.add_argument_group("your own server (as for run: docs/measure-your-server.md)")
+    t.add_argument("--app", default=None, metavar="MODULE:APP", help="your WSGI/ASGI app, started per candidate run")
+    t.add_argument("--app-dir", default=None, metavar="DIR", help="the folder --app's module is in")
+    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn", help="what serves --app")
+    t.add_argument("--server-conf", default=None, metavar="FILE", help="your gunicorn.conf.py")
+    t.add_argument("--pid", type=int, default=None, metavar="MASTER",
+                   help="a server already running (with --url and -t): only the policies are searched")
+    t.add_argument("--url", default=None, help="with --pid: where the requests go (a loopback URL)")
+    t.add_argument("-t", "--threads", type=int, default=None, help="with --pid: pool threads per worker")
+    t.add_argument("--path", default="/", help="with --app: the requests' path")
+    t.add_argument("--method", default=None, help="the requests' HTTP method")
+    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header")
+    t.add_argument("--body", default=None, metavar="FILE", help="the body of every request")
+    t.add_argument("--bodies", default=None, metavar="FILE.jsonl", help="bodies, one per line, sent in turn")
+    t.add_argument("--server-timing", default=None, metavar="METRIC", help="the Server-Timing metric to read")
+    t.add_argument("--label", default=None, help="the name of your server in the records")
+    p.set_defaults(func=_cmd_tune)
+    return p
+
+
+def _target(args):
+    """The user's target the options name (None: the lab server), checked."""
+    from ..errors import TuneError
+    from ..measure.target import AppTarget, AttachedTarget, Requests
+
+    if args.app is not None and args.pid is not None:
+        raise TuneError("give --app (a server tuna_lab starts) or --pid (one already running), not both")
+    if args.app is None and args.pid is None:
+        given = [o for o in ("url", "body", "bodies", "method", "server_timing", "label", "threads")
+                 if getattr(args, o) is not None]
+        if given or args.header:
+            option = "--" + (given[0] if given else "header").replace("_", "-")
+            raise TuneError(f"{option} is for your own server: give --app or --pid too")
+        return None
+    if args.pid is not None:
+        if args.url is None or args.threads is None:
+            raise TuneError("--pid needs --url (where it answers) and -t (its pool threads per worker)")
+        requests = Requests.from_options(args.url, args.method, args.header, args.body, args.bodies,
+                                         args.server_timing)
+        return AttachedTarget(args.pid, args.url, args.threads, requests, label=args.label).check()
+    if args.url is not None or args.threads is not None:
+        raise TuneError("with --app, W and T are searched (--configs) and the path is --path: leave out --url and -t")
+    requests = Requests.from_options(args.path, args.method, args.header, args.body, args.bodies, args.server_timing)
+    # W and T are placeholders: each candidate's run starts the app with its own.
+    return AppTarget(args.app, 1, 1, server=args.server, app_dir=args.app_dir, server_conf=args.server_conf,
+                     requests=requests, label=args.label)
+
+
+def _cmd_tune(args):
+    from ..errors import TuneError
+    from ..measure.tune import parse_duration, tune
+    from .options import configs_arg, policies_arg
+
+    sla = parse_duration(args.sla_p99, "--sla-p99")
+    budget = parse_duration(args.budget, "--budget")
+    if not 0 < args.confidence < 1:
+        raise TuneError(f"--confidence must be in (0, 1), got {args.confidence}")
+    if args.rounds < 1:
+        raise TuneError(f"--rounds must be at least 1, got {args.rounds}")
+    target = _target(args)
+    if args.pid is not None and args.configs != "auto":
+        raise TuneError("a running server keeps its W and T: leave out --configs (only policies are searched)")
+    configs = "auto" if args.configs.strip() == "auto" else configs_arg(args.configs)
+    result = tune(sla, configs=configs, policies=policies_arg(args.policies),
+                  wait_policies=[w for w in args.wait_policies.split(",") if w], model=args.model,
+                  batch=args.batch, target=target, budget=budget, out=args.out, client_cpus=args.client_cpus,
+                  seed=args.seed, rounds=args.rounds, step_seconds=args.step_seconds, confidence=args.confidence,
+                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+    if args.json:
+        print(json.dumps(result.to_dict(), allow_nan=False, default=str))
+        return 0
+    print(table_text(result))
+    return 0
+
+
+def table_text(result):
+    """The tune's table, winner, certainty and plan as ``tune`` prints them."""
+    lines = [f"{'candidate':<24}{'rate/s':>9}{'interval /s':>18}{'p99 ms':>9}{'CPU ms/req':>12}{'rounds':>8}  "
+             f"{'status':<9}why"]
+    for _, row in result.table.iterrows():
+        high = "inf" if not math.isfinite(row["rate_high"]) else f"{row['rate_high']:.1f}"
+        interval = f"[{row['rate_low']:.1f}, {high}]"
+        p99 = "-" if not math.isfinite(row["p99"]) else f"{row['p99'] * 1e3:.1f}"
+        cpu = "-" if not math.isfinite(row["cpu_per_request"]) else f"{row['cpu_per_request'] * 1e3:.2f}"
+        lines.append(f"{row['candidate']:<24}{row['rate']:>9.1f}{interval:>18}{p99:>9}{cpu:>12}{row['rounds']:>8}  "
+                     f"{row['status']:<9}{row['reason']}")
+    lines.append(f"p99 target {result.sla_p99 * 1e3:g} ms; {result.elapsed:.0f} s of a {result.budget:.0f} s budget; "
+                 f"intervals are {result.confidence:.0%} one-sided bounds")
+    if result.note:
+        lines.append(result.note)
+    if result.winner is not None:
+        lines.append(f"winner: {result.winner.name} ({result.sure})")
+        lines.append("plan (plan --format gunicorn):")
+        lines.append(result.plan)
+    if result.out:
+        lines.append(f"records: {result.out}; `tuna-lab report {result.out} -o report.html` reads them")
+    return "\n".join(lines)

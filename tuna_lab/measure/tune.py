@@ -1,0 +1,809 @@
+"""Sizing to a latency target: race workers x threads x policy candidates on open-loop rate.
+
+:func:`tune` answers "how many workers, how many threads each, and which
+placement, for my p99 target?". A *candidate* is a W x T pair, a placement
+policy and an OpenMP wait policy; its figure of merit is the highest
+Poisson (open-loop) rate at which the p99 of the client's latency - from each
+request's scheduled send time, so queueing counts - stays within the target,
+the "throughput with bounded latency" of
+:func:`~tuna_lab.measure.load.bounded_throughput`.
+
+Measuring every candidate well is what a sweep does, and most of its time
+goes to candidates that are out of the race after one short trial. The search
+here (:func:`race`) is successive halving with a racing rule:
+
+* Rounds. In round ``k`` every candidate still in the race gets one *run*: a
+  server start, a warm-up and its placement (as any trial), then a few
+  open-loop steps of ``step_seconds * 2**k`` seconds each on that server. The
+  steps search the rate: up by x4 until a step misses the target, down by x4
+  until one meets it, then bisection; once the bracket is within
+  ``tolerance``, further steps re-measure the best passing rate, which is the
+  evidence its lower bound needs.
+* Intervals (:func:`rate_bounds`). Latency grows with the offered rate, so a
+  request at a lower rate is no slower in distribution than one at a higher
+  rate. Every step counts its requests over the target (a failed request
+  counts as over); pooling the steps at or below a rate gives a one-sided
+  binomial test (:func:`scipy.stats.binomtest`) that more than 1% of requests
+  are over the target there (the rate is an upper bound), and pooling the
+  steps from a rate up to that bound one that fewer are (a lower bound).
+* Drops. After each round a candidate whose upper bound is below the best
+  lower bound is dropped (racing), then the rest are halved by their point
+  estimate, keeping the best ``1/eta`` of them (successive halving), so the
+  longer trials go to the close ones.
+  A candidate that misses the target even at ``low`` requests per second is
+  dropped as unable to meet it.
+* Budget. A run or a step is begun only when its worst case (duration plus
+  drain, and a server start estimated from the runs so far) fits in what is
+  left; when the budget runs out the best so far is returned, with a line
+  saying whether its interval separates it from every other candidate.
+
+Every step is a trial in the records, in the schema of ``run`` and ``sweep``
+(:mod:`tuna_lab.measure.schema`; one cell folder per W x T x wait policy,
+each step a trial with its ``rate``, ``round`` and ``step``), so ``tuna-lab
+report`` and ``advise`` read a tune as they read a sweep.
+
+Examples
+--------
+>>> from tuna_lab.measure.tune import parse_duration, auto_configs
+>>> parse_duration("50ms"), parse_duration("90s"), parse_duration("15m")
+(0.05, 90.0, 900.0)
+>>> auto_configs(2)
+[(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]
+>>> result = tune(0.05, model="medium", batch=100, budget="5m", out="results/tune")   # doctest: +SKIP
+>>> result.table[["candidate", "rate", "rate_low", "rate_high", "reason"]]             # doctest: +SKIP
+"""
+
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._checks import positive_int, positive_number
+from ..errors import ExperimentError, TuneError, UnmeetableTargetError
+
+__all__ = ["Candidate", "Step", "TuneResult", "parse_duration", "auto_configs", "rate_bounds", "race", "tune"]
+
+# The share of requests a p99 target allows over it.
+_OVER = 0.01
+# What a server start, warm-up and placement cost before the first run has measured it (seconds):
+# the lab server on a small machine takes 1-3 s to start, and a user's app may take longer.
+_START_GUESS = 5.0
+# The search's step factor before a bracket is found: x4 up from a passing rate, /4 down from a failing one.
+_GROWTH = 4.0
+# A step carries at least this many requests (its duration grows at low rates, up to 4 x the round's).
+_MIN_REQUESTS = 20
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text, name="duration", error=TuneError):
+    """Seconds from ``"50ms"``, ``"90s"``, ``"15m"``, ``"1h"`` or a bare number of seconds.
+
+    Parameters
+    ----------
+    text : str or float
+    name : str
+        What the value is, for the error message.
+    error : type
+        The exception raised when ``text`` is not a positive duration.
+
+    Returns
+    -------
+    float
+
+    Examples
+    --------
+    >>> parse_duration("1.5s"), parse_duration(2)
+    (1.5, 2.0)
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return positive_number(name, text, error)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|min|m|h)?\s*", str(text))
+    if not match:
+        raise error(f"{name} {text!r} is not a duration such as 50ms, 90s or 15m")
+    value = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if not value > 0 or not math.isfinite(value):
+        raise error(f"{name} must be more than 0, got {text!r}")
+    return value
+
+
+def auto_configs(cpus):
+    """The W x T pairs ``--configs auto`` takes on ``cpus`` effective CPUs.
+
+    As the article's grid does, under- and oversubscribed servers: ``W x T``
+    of half, once and twice the CPUs, with T a power of two no larger than
+    the CPUs (XGBoost runs at most that many threads per worker).
+
+    Examples
+    --------
+    >>> auto_configs(4)
+    [(1, 2), (1, 4), (2, 1), (2, 2), (2, 4), (4, 1), (4, 2), (8, 1)]
+    """
+    cpus = positive_int("cpus", cpus, TuneError)
+    pairs = set()
+    for total in {max(1, cpus // 2), cpus, 2 * cpus}:
+        threads = 1
+        while threads <= min(cpus, total):
+            if total % threads == 0:
+                pairs.add((total // threads, threads))
+            threads *= 2
+    return sorted(pairs)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration in the race: W workers x T threads, a placement policy and an OpenMP wait policy."""
+
+    workers: int
+    threads: int
+    policy: str
+    wait_policy: str = "default"
+
+    @property
+    def name(self):
+        """``"2x2 tuna-scatter"`` (and the wait policy when it is not the default)."""
+        wait = "" if self.wait_policy == "default" else f" {self.wait_policy}"
+        return f"{self.workers}x{self.threads} {self.policy}{wait}"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One open-loop step of a run: its offered rate and what the target saw of it.
+
+    ``over`` counts the requests slower than the target or failed, out of
+    ``n``; ``p99`` is the client's (infinite when more than 1% failed);
+    ``error`` says why a step could not be measured at all (the server did
+    not start, its placement was not in effect), and is empty otherwise.
+    """
+
+    rate: float
+    duration: float
+    n: int
+    over: int
+    p99: float
+    cpu_per_request: float = math.nan
+    round: int = 0
+    seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def passed(self):
+        """Whether at most 1% of the requests were over the target (the step's p99 met it)."""
+        return self.n > 0 and not self.error and self.over <= _OVER * self.n
+
+
+@dataclass
+class TuneResult:
+    """What :func:`tune` (or :func:`race`) found.
+
+    Attributes
+    ----------
+    table : pandas.DataFrame
+        One row per candidate, the winner (the best still in the race) first, then by rate: ``candidate``, ``workers``,
+        ``threads``, ``policy``, ``wait_policy``, ``rate`` (the highest rate
+        that met the target, requests/s), ``rate_low`` / ``rate_high`` (its
+        one-sided bounds at ``confidence``; ``inf`` when no step missed),
+        ``p99`` at ``rate`` (seconds), ``cpu_per_request`` at ``rate`` (server
+        CPU seconds), ``rounds``, ``steps``, ``seconds`` (wall time spent on
+        it), ``status`` (``winner``, ``in race``, ``dropped``) and ``reason``.
+    winner : Candidate or None
+    sure : str
+        How sure the winner is, in one line.
+    history : pandas.DataFrame
+        ``round``, ``candidate``, ``rate``, ``rate_low``, ``rate_high`` and
+        ``status`` after every round: the race as it narrows.
+    sla_p99, budget, elapsed, confidence : float
+    plan : str
+        The winner's ``plan --format gunicorn`` (empty without a winner or a machine).
+    note : str
+        What was searched (a running server: policies only).
+    out : str or None
+        Where the records were written.
+    """
+
+    table: object
+    winner: Candidate | None
+    sure: str
+    history: object
+    sla_p99: float
+    budget: float
+    elapsed: float
+    confidence: float
+    plan: str = ""
+    note: str = ""
+    out: str | None = None
+    steps: dict = field(default_factory=dict, repr=False)
+
+    def to_dict(self):
+        """The result as one JSON-able object (what ``tune --json`` prints)."""
+        rows = self.table.replace({np.inf: None}).astype(object).where(self.table.notna(), None)
+        win = None
+        if self.winner is not None:
+            first = rows.iloc[0].to_dict()
+            win = {"candidate": self.winner.name, "workers": self.winner.workers, "threads": self.winner.threads,
+                   "policy": self.winner.policy, "wait_policy": self.winner.wait_policy, "rate": first["rate"],
+                   "rate_low": first["rate_low"], "rate_high": first["rate_high"], "p99": first["p99"],
+                   "cpu_per_request": first["cpu_per_request"], "plan": self.plan}
+        return {"sla_p99": self.sla_p99, "budget": self.budget, "elapsed": self.elapsed,
+                "confidence": self.confidence, "winner": win, "sure": self.sure, "note": self.note,
+                "candidates": [{k: _plain(v) for k, v in r.items()} for r in rows.to_dict("records")],
+                "out": self.out}
+
+
+def _plain(value):
+    if isinstance(value, (np.floating, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _pooled(steps):
+    """``[(rate, n, over)]`` of measured ``steps``, one entry per distinct rate, by rate."""
+    by = {}
+    for s in steps:
+        if s.n and not s.error:
+            n, over = by.get(s.rate, (0, 0))
+            by[s.rate] = (n + s.n, over + s.over)
+    return [(r, *by[r]) for r in sorted(by)]
+
+
+def rate_bounds(steps, confidence=0.9):
+    """One-sided bounds ``(low, high)`` on the highest rate whose p99 meets the target.
+
+    Latency is taken to grow with the offered rate (requests at a lower rate
+    are no slower in distribution), so the share of requests over the target
+    at a rate is at most the pooled share of the steps at higher rates, and
+    at least that of the steps at lower rates. ``high`` is the lowest tested
+    rate at which the steps at or below it show, by an exact one-sided
+    binomial test at level ``1 - confidence``, more than 1% of requests over
+    the target; ``low`` the highest tested rate below ``high`` at which the
+    steps from it up to the lowest rate that missed the target show fewer
+    than 1% (choosing those steps by their outcome makes ``low`` a little
+    optimistic; it is what lets a race end before thousands of requests). ``(0, inf)`` when the
+    steps say neither. The steps of different runs are pooled as if
+    independent: a server that varies from start to start makes the bounds
+    too narrow, which the next rounds' runs correct.
+
+    Parameters
+    ----------
+    steps : iterable of Step
+    confidence : float
+        One-sided confidence of each bound, in (0, 1).
+
+    Returns
+    -------
+    tuple of float
+
+    Examples
+    --------
+    >>> steps = [Step(10.0, 30.0, 300, 0, 0.02), Step(20.0, 3.0, 60, 30, 0.5)]
+    >>> rate_bounds(steps)
+    (10.0, 20.0)
+    >>> rate_bounds([Step(10.0, 1.0, 10, 0, 0.02)])
+    (0.0, inf)
+    """
+    from scipy.stats import binomtest
+
+    alpha = 1.0 - float(confidence)
+    pooled = _pooled(steps)
+    high, upto = math.inf, len(pooled)
+    n = over = 0
+    for i, (rate, count, k) in enumerate(pooled):
+        n, over = n + count, over + k
+        if binomtest(over, n, _OVER, alternative="greater").pvalue <= alpha:
+            high, upto = rate, i
+            break
+    # The lower bound pools the steps from a rate up to the lowest rate that missed the target (or up to
+    # ``high``): the steps above that are valid evidence too, but a bound diluted by them says nothing.
+    _, missed = _bracket(steps)
+    upto = min(upto, sum(1 for rate, _, _ in pooled if missed is None or rate < missed))
+    low = 0.0
+    n = over = 0
+    for rate, count, k in reversed(pooled[:upto]):
+        n, over = n + count, over + k
+        if binomtest(over, n, _OVER, alternative="less").pvalue <= alpha:
+            low = rate
+            break
+    return low, high
+
+
+def _bracket(steps):
+    """``(passing, failing)``: the highest rate whose steps met the target below the lowest that did not."""
+    fails = [r for r, n, over in _pooled(steps) if over > _OVER * n]
+    fail = min(fails) if fails else None
+    passes = [r for r, n, over in _pooled(steps) if over <= _OVER * n and (fail is None or r < fail)]
+    return (max(passes) if passes else None), fail
+
+
+class _Entry:
+    """One candidate's state in the race."""
+
+    def __init__(self, candidate):
+        self.candidate = candidate
+        self.steps = []
+        self.status, self.reason = "in race", ""
+        self.rounds, self.seconds = 0, 0.0
+
+    def summary(self, confidence):
+        low, high = rate_bounds(self.steps, confidence)
+        point, _ = _bracket(self.steps)
+        point = max(point or 0.0, low)
+        at = [s for s in self.steps if s.rate == point and s.n and not s.error]
+        p99 = float(np.mean([s.p99 for s in at])) if at else math.nan
+        cpu = [s.cpu_per_request for s in at if np.isfinite(s.cpu_per_request)]
+        return {"candidate": self.candidate.name, "workers": self.candidate.workers,
+                "threads": self.candidate.threads, "policy": self.candidate.policy,
+                "wait_policy": self.candidate.wait_policy, "rate": point, "rate_low": low, "rate_high": high,
+                "p99": p99, "cpu_per_request": float(np.mean(cpu)) if cpu else math.nan, "rounds": self.rounds,
+                "steps": len(self.steps), "seconds": self.seconds, "status": self.status, "reason": self.reason}
+
+
+def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, steps=3, eta=3.0, tolerance=0.1,
+         confidence=0.9, low=1.0, high=1e5, start_rate=10.0, timeout=None, exhaustive=False, clock=time.monotonic,
+         progress=None):
+    """Successive halving with a racing rule over ``candidates``, measured through ``evaluate``.
+
+    Parameters
+    ----------
+    candidates : list of Candidate
+    evaluate : callable
+        ``evaluate(candidate, round, next_step)`` runs one run of a candidate:
+        it starts the server, calls ``next_step(None)`` for the first step's
+        ``(rate, duration)`` and ``next_step(step)`` with each measured
+        :class:`Step` for the next, until it returns None. A simulated target
+        (the tests') or the real one (:func:`tune`).
+    sla_p99 : float
+        The target, seconds (only for the message of an unmet target).
+    budget : float
+        Seconds the whole race may take (by ``clock``).
+    rounds : int
+        At most this many rounds; round ``k``'s steps last ``step_seconds * 2**k``.
+    steps : int
+        Steps per run.
+    eta : float
+        Successive halving keeps ``1/eta`` of the candidates after each round (1: none dropped).
+    tolerance : float
+        A bracket this narrow (relative) is resolved: later steps re-measure its passing rate.
+    confidence : float
+        One-sided confidence of the rate bounds (:func:`rate_bounds`).
+    low, high : float
+        Lowest and highest rate tried (requests per second).
+    start_rate : float
+        The first step's rate when no candidate has met the target yet.
+    timeout : float, optional
+        Drain of a step after its last arrival (default ``2 * sla_p99 + 0.5``).
+    exhaustive : bool
+        Every candidate runs every round (no racing, no halving): the baseline of ``bench tune``.
+    clock : callable
+        Seconds, monotonic (the tests' simulated target brings its own).
+    progress : callable, optional
+        Called with one line per run.
+
+    Returns
+    -------
+    TuneResult
+        Without ``plan``, ``note`` or ``out`` (:func:`tune` adds them).
+
+    Examples
+    --------
+    >>> def evaluate(candidate, round, next_step):                     # doctest: +SKIP
+    ...     step = next_step(None)
+    ...     while step is not None:
+    ...         rate, duration = step
+    ...         step = next_step(Step(rate, duration, n=int(rate * duration), over=0, p99=0.01))
+    >>> race([Candidate(1, 1, "cfs")], evaluate, 0.05, 60).winner        # doctest: +SKIP
+    """
+    import pandas as pd
+
+    if not candidates:
+        raise TuneError("no candidates to race")
+    timeout = 2.0 * sla_p99 + 0.5 if timeout is None else timeout
+    entries = [_Entry(c) for c in candidates]
+    t0 = clock()
+    deadline = t0 + budget
+    overheads = []
+    history = []
+    ran_out = None
+
+    def overhead():
+        # Start, warm-up, placement and stop: the mean of what the runs so far cost beyond their steps.
+        return float(np.mean(overheads)) if overheads else _START_GUESS
+
+    def leader_rate():
+        best = [_bracket(e.steps)[0] for e in entries if e.status != "dropped"]
+        return max([b for b in best if b], default=None)
+
+    for rnd in range(rounds):
+        alive = [e for e in entries if e.status == "in race"]
+        if not alive:
+            break
+        seconds = step_seconds * 2 ** rnd
+        for entry in alive:
+            first = _first_duration(entry, seconds, start_rate, leader_rate())
+            if clock() + overhead() + first + timeout > deadline:
+                ran_out = rnd
+                break
+            taken = []
+
+            def next_step(step, entry=entry, taken=taken, seconds=seconds):
+                if step is not None:
+                    step = Step(**{**step.__dict__, "round": rnd})
+                    entry.steps.append(step)
+                    taken.append(step)
+                    if step.error:
+                        entry.status, entry.reason = "dropped", f"could not be measured: {step.error}"
+                        return None
+                # A first run may take a few more steps, until its rate is bracketed: a candidate that had
+                # to climb from start_rate must not lose the halving for want of a failing step.
+                bracketed = None not in _bracket(entry.steps)
+                if len(taken) >= (steps if bracketed or entry.rounds else steps + 3):
+                    return None
+                rate = _next_rate(entry, low, high, tolerance, start_rate, leader_rate())
+                if rate is None:
+                    return None
+                duration = min(max(seconds, _MIN_REQUESTS / rate), 4 * seconds)
+                if clock() + duration + timeout > deadline:
+                    return None
+                return rate, duration
+
+            began = clock()
+            evaluate(entry.candidate, rnd, next_step)
+            spent = clock() - began
+            entry.rounds += 1
+            entry.seconds += spent
+            overheads.append(max(0.0, spent - sum(s.seconds or s.duration for s in taken)))
+            if progress:
+                row = entry.summary(confidence)
+                progress(f"tune: round {rnd + 1} {entry.candidate.name:<22} {len(taken)} steps, "
+                         f"best {row['rate']:.1f}/s [{row['rate_low']:.1f}, {row['rate_high']:.1f}] "
+                         f"({clock() - t0:.0f} of {budget:.0f} s)")
+        if ran_out is not None:
+            _snapshot(history, rnd, entries, confidence)
+            break
+        _drop(entries, rnd, rounds, eta, tolerance, confidence, low, exhaustive)
+        _snapshot(history, rnd, entries, confidence)
+        alive = [e for e in entries if e.status == "in race"]
+        if not exhaustive and len(alive) == 1:
+            point, fail = _bracket(alive[0].steps)
+            if point and fail and fail - point <= tolerance * point:
+                break                                   # one left, and its rate resolved: nothing to race
+    return _result(entries, history, sla_p99, budget, clock() - t0, confidence, ran_out)
+
+
+def _first_duration(entry, seconds, start_rate, leader):
+    rate = (_bracket(entry.steps)[0] or leader or start_rate)
+    return min(max(seconds, _MIN_REQUESTS / rate), 4 * seconds)
+
+
+def _next_rate(entry, low, high, tolerance, start_rate, leader):
+    """The search's next rate for ``entry``, or None (it cannot meet the target: it is marked so)."""
+    passing, failing = _bracket(entry.steps)
+    if passing is None and failing is None:
+        return min(max(leader or start_rate, low), high)
+    if failing is None:
+        # Only passes so far: up, unless the cap has passed already (then confirm it).
+        return min(passing * _GROWTH, high)
+    if passing is None:
+        if failing <= low:
+            worst = min((s for s in entry.steps if s.rate == failing), key=lambda s: s.p99)
+            entry.status = "dropped"
+            entry.reason = (f"cannot meet the target: p99 {_ms(worst.p99)} even at {failing:g}/s, the lowest "
+                            f"rate tried")
+            return None
+        return max(failing / _GROWTH, low)
+    if failing - passing <= tolerance * passing:
+        return passing                                   # resolved: more evidence at the best passing rate
+    # Bisection: geometric while the bracket is wide (rates span decades), arithmetic once it is narrow.
+    return math.sqrt(passing * failing) if failing > 2 * passing else (passing + failing) / 2
+
+
+def _ms(seconds):
+    return "timeout" if not math.isfinite(seconds) else f"{seconds * 1e3:.1f} ms"
+
+
+def _drop(entries, rnd, rounds, eta, tolerance, confidence, low, exhaustive):
+    """After round ``rnd``: the racing rule, then successive halving (neither when ``exhaustive``)."""
+    alive = [e for e in entries if e.status == "in race"]
+    if exhaustive or len(alive) < 2:
+        return
+    rows = {id(e): e.summary(confidence) for e in alive}
+    best = max(alive, key=lambda e: rows[id(e)]["rate_low"])
+    best_low = rows[id(best)]["rate_low"]
+    for e in alive:
+        if e is not best and rows[id(e)]["rate_high"] < best_low:
+            e.status = "dropped"
+            e.reason = (f"round {rnd + 1}: upper bound {rows[id(e)]['rate_high']:.1f}/s below the lower bound "
+                        f"{best_low:.1f}/s of {best.candidate.name}")
+    # Best first; a tie on the point estimate (round 1's coarse steps) goes to the better lower bound.
+    alive = sorted((e for e in alive if e.status == "in race"),
+                   key=lambda e: (-rows[id(e)]["rate"], -rows[id(e)]["rate_low"]))
+    if rnd + 1 >= rounds or eta <= 1 or len(alive) < 2:
+        return
+    keep = max(1, math.ceil(len(alive) / eta))
+    lead = rows[id(alive[0])]["rate"]
+    for rank, e in enumerate(alive[keep:], keep + 1):
+        rate = rows[id(e)]["rate"]
+        e.status = "dropped"
+        e.reason = (f"halving after round {rnd + 1}: {rate:.1f}/s, rank {rank} of {len(alive)} (leader "
+                    f"{lead:.1f}/s)")
+
+
+def _snapshot(history, rnd, entries, confidence):
+    for e in entries:
+        row = e.summary(confidence)
+        history.append({"round": rnd + 1, "candidate": row["candidate"], "rate": row["rate"],
+                        "rate_low": row["rate_low"], "rate_high": row["rate_high"], "status": e.status})
+
+
+def _result(entries, history, sla_p99, budget, elapsed, confidence, ran_out):
+    import pandas as pd
+
+    rows = [e.summary(confidence) for e in entries]
+    table = pd.DataFrame(rows)
+    # The winner is the best of those still in the race: a dropped candidate's estimate rests on fewer,
+    # shorter steps than the survivors' (it may be higher only for that), so it never wins over them.
+    table["_alive"] = table["status"] == "in race"
+    if not (table["_alive"] & (table["rate"] > 0)).any():
+        table["_alive"] = True
+    table = table.sort_values(["_alive", "rate", "rate_low"], ascending=False, kind="stable")
+    table = table.drop(columns="_alive").reset_index(drop=True)
+    winner, sure = None, "no candidate met the target"
+    measured = table[table["steps"] > 0]
+    if len(measured) and table.loc[0, "rate"] > 0:
+        top = table.iloc[0]
+        winner = next(e.candidate for e in entries if e.candidate.name == top["candidate"])
+        table.loc[0, "status"] = "winner"
+        others = table.iloc[1:]
+        others = others[others["steps"] > 0]
+        if not len(others):
+            sure = "the only candidate measured"
+        else:
+            rival = others.loc[others["rate_high"].idxmax()]
+            if top["rate_low"] >= rival["rate_high"]:
+                sure = (f"sure: its lower bound {top['rate_low']:.1f}/s is at or above every other candidate's "
+                        f"upper bound ({confidence:.0%} one-sided)")
+            else:
+                sure = (f"not sure: {rival['candidate']} may serve up to {rival['rate_high']:.1f}/s, above the "
+                        f"winner's lower bound {top['rate_low']:.1f}/s ({confidence:.0%} one-sided)")
+        if ran_out is not None:
+            sure += f"; the budget ran out in round {ran_out + 1}"
+    steps = {e.candidate.name: list(e.steps) for e in entries}
+    return TuneResult(table, winner, sure, pd.DataFrame(history), float(sla_p99), float(budget), float(elapsed),
+                      float(confidence), steps=steps)
+
+
+def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatter"), wait_policies=("default",),
+         model="medium", batch=100, target=None, budget="15m", out=None, client_cpus=None, seed=0, warmup=20,
+         max_error_rate=0.01, progress=None, **race_options):
+    """Find the workers x threads x policy serving the most requests per second within a p99 target.
+
+    Parameters
+    ----------
+    sla_p99 : float or str
+        The p99 target of the client's latency: seconds, or ``"50ms"``.
+    configs : "auto" or list of (int, int)
+        The W x T pairs (``"auto"``: :func:`auto_configs` of the effective CPUs
+        the server has). Unused for a running server (``AttachedTarget``): it
+        keeps its W and T, and only the policies are searched.
+    policies, wait_policies : sequence of str
+        Placement policies and OpenMP wait policies (``default``, ``passive``,
+        ``active``); every pair x policy x wait policy is a candidate.
+    model, batch : str, int
+        The lab server's model and rows per request (without ``target``).
+    target : AppTarget or AttachedTarget, optional
+        A user's app (W and T are set per candidate) or a running server.
+    budget : float or str
+        Wall time of the whole search (``"15m"``); honoured to within 10%.
+    out : str, optional
+        Folder for the records: one cell folder per W x T x wait policy, each
+        step a trial, as ``sweep`` writes them.
+    client_cpus : str, optional
+        CPUs kept for the load generator (as for :func:`~tuna_lab.measure.experiment.run`).
+    seed, warmup, max_error_rate
+        As for :func:`~tuna_lab.measure.experiment.run`.
+    progress : callable, optional
+        Called with one line per run.
+    **race_options
+        ``rounds``, ``step_seconds``, ``steps``, ``eta``, ``tolerance``,
+        ``confidence``, ``low``, ``high``, ``start_rate``, ``exhaustive``: see :func:`race`.
+
+    Returns
+    -------
+    TuneResult
+
+    Raises
+    ------
+    TuneError
+        A target or budget that does not parse, a budget too small for one
+        trial, a wait policy for a running server, unknown policies.
+    UnmeetableTargetError
+        No candidate met the target at any rate tried (``.result`` holds the evidence).
+
+    Examples
+    --------
+    >>> result = tune("100ms", configs=[(1, 1), (2, 1)], model="small", batch=10, budget="2m")  # doctest: +SKIP
+    >>> result.winner.name, result.plan.splitlines()[0]                                        # doctest: +SKIP
+    """
+    from ..machine.limits import Limits
+    from ..machine.reserve import reserve_client_cpus
+    from .experiment import Config, check_policies
+    from .target import AttachedTarget
+
+    sla = parse_duration(sla_p99, "the p99 target")
+    budget = parse_duration(budget, "the budget")
+    try:
+        policies = check_policies(list(policies))
+        waits = list(dict.fromkeys(wait_policies))
+        for wait in waits:
+            Config(1, 1, wait_policy=wait)
+    except ExperimentError as exc:
+        raise TuneError(str(exc)) from None
+    attached = isinstance(target, AttachedTarget)
+    note = ""
+    machine = None
+    if attached:
+        if waits != ["default"]:
+            raise TuneError("a running server keeps its OpenMP wait policy: leave out --wait-policies")
+        target.check()
+        pairs = [(target.workers, target.threads)]
+        note = (f"a running server keeps its workers and threads ({target.workers}x{target.threads}): "
+                f"only the policies were searched")
+        from ..machine.topology import Topology
+
+        machine = Topology.from_sysfs(allowed=os.sched_getaffinity(target.master))
+    split = reserve_client_cpus(client_cpus, topology=machine, error=TuneError)
+    if not attached:
+        if isinstance(configs, str):
+            if configs != "auto":
+                raise TuneError(f"configs must be 'auto' or W x T pairs, got {configs!r}")
+            pairs = auto_configs(min(Limits.read().effective_cpus, split.server.n_logical))
+        else:
+            pairs = [(positive_int("workers", w, TuneError), positive_int("threads", t, TuneError))
+                     for w, t in configs]
+            if not pairs:
+                raise TuneError("no W x T pairs given")
+    for _, threads in pairs:
+        split.check_threads(threads, TuneError)
+    options = {"rounds": 4, "step_seconds": 2.0, **race_options}
+    timeout = 2.0 * sla + 0.5
+    smallest = _START_GUESS + options["step_seconds"] + timeout
+    if budget < smallest:
+        raise TuneError(f"a budget of {budget:g} s is too small for one trial: a server start and one "
+                        f"{options['step_seconds']:g} s step take about {smallest:.0f} s")
+    candidates = [Candidate(w, t, p, wait) for (w, t) in pairs for wait in waits for p in policies]
+    lab = _Evaluator(sla, model, batch, target, split, seed, warmup, max_error_rate, timeout)
+    if progress:
+        progress(f"tune: {len(candidates)} candidates, p99 target {sla * 1e3:g} ms, budget {budget:g} s; "
+                 + split.describe())
+    try:
+        result = race(candidates, lab.evaluate, sla, budget, timeout=timeout, progress=progress, **options)
+    finally:
+        lab.stop()
+    result.note = note
+    result.out = lab.write(out, result) if out else None
+    if result.winner is None:
+        best = min((s for steps in result.steps.values() for s in steps if s.n), key=lambda s: s.p99, default=None)
+        seen = f": the best p99 seen was {_ms(best.p99)} at {best.rate:g}/s" if best else ""
+        raise UnmeetableTargetError(f"no candidate meets a p99 of {sla * 1e3:g} ms at any rate tried{seen}", result)
+    win = result.winner
+    result.plan = lab.plan(win)
+    return result
+
+
+class _Evaluator:
+    """The real target: a server per candidate run (the lab server, a user's app) or a running one, pinned."""
+
+    def __init__(self, sla, model, batch, target, split, seed, warmup, max_error_rate, timeout):
+        self.sla, self.model, self.batch, self.user = sla, model, batch, target
+        self.split, self.seed, self.warmup = split, seed, warmup
+        self.max_error_rate, self.timeout = max_error_rate, timeout
+        self.targets = {}
+        self.records = {}
+        self.counts = {}
+
+    def _target(self, candidate):
+        """The target and cell config of a candidate's W x T x wait, started once."""
+        from ..server.openmp import wait_policy_env
+        from .experiment import Config
+        from .target import AppTarget, LabTarget
+
+        key = (candidate.workers, candidate.threads, candidate.wait_policy)
+        if key not in self.targets:
+            user = self.user
+            if user is None:
+                config = Config(*key[:2], self.model, self.batch, wait_policy=key[2])
+                target = LabTarget(config, seed=self.seed)
+            elif isinstance(user, AppTarget):
+                env, _ = wait_policy_env(key[2])
+                target = AppTarget(user.app, key[0], key[1], server=user.server, app_dir=user.app_dir,
+                                   server_conf=user.server_conf, requests=user.requests, env={**user.env, **env},
+                                   label=user.label)
+                config = Config(*key[:2], target.label, 0, wait_policy=key[2], target="app")
+            else:
+                target = user
+                config = Config(user.workers, user.threads, user.label, 0, target="attached")
+            target.start(self.split.server)
+            self.targets[key] = (target, config)
+        return self.targets[key]
+
+    def evaluate(self, candidate, rnd, next_step):
+        from .trials import TrialPlan, run_steps
+
+        target, config = self._target(candidate)
+        plan = TrialPlan(config, target, (), None, None, self.warmup, self.split.server.n_logical, self.split,
+                         seed=self.seed, max_error_rate=self.max_error_rate, timeout=self.timeout)
+        counter = (config.key, candidate.policy)
+        first = self.counts.get(counter, 0)
+        # run_steps asks for each step with the last row; the race decides from a Step: converted in between.
+        current = {"step": next_step(None)}
+        if current["step"] is None:
+            return
+        for index, measured in enumerate(run_steps(plan, candidate.policy, lambda row: current["step"], trial=first)):
+            rate, duration = current["step"]
+            row = measured.row
+            row.update(rate=float(rate), step_duration=float(duration), round=rnd + 1, step=index,
+                       sla_p99=self.sla, candidate=candidate.name)
+            frame = measured.requests
+            if len(frame):
+                frame = frame.assign(rate=float(rate), round=rnd + 1, step=index)
+            self.records.setdefault(config.key, (config, []))[1].append((row, frame, measured.threads))
+            self.counts[counter] = first + index + 1
+            current["step"] = next_step(self._step(row, frame, rate, duration, rnd))
+
+    def _step(self, row, frame, rate, duration, rnd):
+        """The race's :class:`Step` of one measured step: requests over the target (failed ones count as over)."""
+        if not len(frame) or str(row.get("reason", "")).startswith("the server died"):
+            return Step(rate, duration, 0, 0, math.nan, round=rnd, seconds=float(row.get("wall_seconds") or 0),
+                        error=row.get("reason") or "no request was answered")
+        status = frame["status"].to_numpy()
+        ok = (status >= 200) & (status < 300) & (frame["error"].fillna("").to_numpy() == "")
+        latency = np.where(ok, frame["client_seconds"].to_numpy(float), np.inf)
+        latency = np.where(np.isnan(latency), np.inf, latency)
+        p99 = float(np.percentile(latency, 99, method="higher"))
+        return Step(rate, duration, int(len(latency)), int((latency > self.sla).sum()), p99,
+                    cpu_per_request=float(row.get("cpu_per_request", math.nan)), round=rnd,
+                    seconds=float(row.get("wall_seconds") or duration))
+
+    def stop(self):
+        for target, _ in self.targets.values():
+            target.stop()
+
+    def plan(self, candidate):
+        """The winner's ``plan --format gunicorn``."""
+        from ..placement.policies import placement
+
+        try:
+            placed = placement(candidate.policy, candidate.workers, candidate.threads, self.split.server)
+            return placed.plan().render("gunicorn")
+        except Exception as exc:   # a plan is a convenience: its absence must not lose the tune's evidence
+            return f"# no plan: {exc}"
+
+    def write(self, out, result):
+        """Every step as a trial, one cell folder per W x T x wait policy (the schema of ``run`` and ``sweep``)."""
+        import pandas as pd
+
+        from .experiment import Result, manifest
+        from .store import write_cell
+
+        os.makedirs(out, exist_ok=True)
+        for key, (config, measured) in self.records.items():
+            rows = pd.DataFrame([row for row, _, _ in measured])
+            frames = [frame for _, frame, _ in measured if len(frame)]
+            threads = [t for _, _, t in measured if t is not None and len(t)]
+            target = next(t for t, c in self.targets.values() if c.key == key)
+            meta = manifest(config, sorted(set(rows["policy"])), len(rows), None, self.seed, {
+                "warmup": self.warmup, "max_error_rate": self.max_error_rate, "load_mode": "open",
+                "rate": None, "duration": None, "wait_policy": config.wait_policy, "spincount": None,
+                "client_cpus": self.split.to_dict(), "requests_sent": target.requests.describe(),
+                "target": target.describe(), "latency": sorted(set(rows["latency"])),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "tune": {"sla_p99": result.sla_p99, "budget": result.budget, "elapsed": result.elapsed,
+                         "confidence": result.confidence, "winner": result.winner.name if result.winner else None,
+                         "sure": result.sure}})
+            res = Result(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), rows, meta,
+                         threads=pd.concat(threads, ignore_index=True) if threads else None)
+            write_cell(os.path.join(out, key), res)
+        return out
