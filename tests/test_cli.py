@@ -68,14 +68,24 @@ def test_topology_text_of_this_machine():
     ("topology", "--hwloc-xml", "/no/such/file.xml"),
     ("topology", "--preset", "a", "--synthetic", "core:2 pu:1"),
     ("frobnicate",),
+    # Refused before anything is measured (a traceback after the measurement would lose it).
+    ("sweep", "--batches", "100,abc", "--out", "{tmp}/s"),
+    ("sweep", "--models", ",", "--out", "{tmp}/s"),
+    ("sweep", "--seed", "-1", "--out", "{tmp}/s"),
+    ("sweep", "--out", "{tmp}/file", "--configs", "1x1"),
+    ("run", "-w", "1", "-t", "1", "--seed", "-1"),
+    ("run", "-w", "1", "-t", "1", "--out", "{tmp}/file"),
 ])
-def test_bad_input_is_one_line_on_stderr_and_exit_2(args):
+def test_bad_input_is_one_line_on_stderr_and_exit_2(args, tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    args = [a.format(tmp=tmp_path) for a in args]
     p = run(*args)
     assert p.returncode == 2
     assert p.stdout == ""
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "error" in lines[0]
     assert "Traceback" not in p.stderr
+    assert not (tmp_path / "s").exists()
 
 
 @pytest.mark.parametrize("args, message", [

@@ -11,7 +11,7 @@ import sys
 
 from ..errors import ExperimentError, TunaError
 from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options,
-                      check_cpu_quota, client_cpus_of, configs_arg, non_negative_int_arg, policies_arg,
+                      check_cpu_quota, client_cpus_of, configs_arg, list_arg, non_negative_int_arg, policies_arg,
                       positive_float_arg)
 
 __all__ = ["add_parser"]
@@ -234,8 +234,9 @@ def _app_target(args):
 
 
 def _cmd_run(args):
-    from .._checks import positive_int
+    from .._checks import non_negative_int, positive_int
     from ..measure.experiment import Config, check_policies, run
+    from ..measure.store import check_out
 
     target = _target_of(args)
     if (args.rate is None) != (args.duration is None):
@@ -249,6 +250,9 @@ def _cmd_run(args):
         config = Config(target.workers, target.threads, target.label, 0, target=target.kind)
     policies = check_policies(policies_arg(args.policies))
     positive_int("trials", args.trials, ExperimentError)
+    non_negative_int("seed", args.seed, ExperimentError)
+    if args.out:
+        check_out(args.out, "--out")
     if args.requests is not None:
         positive_int("requests", args.requests, ExperimentError)
     if not 0 <= args.max_error_rate < 1:
@@ -339,7 +343,8 @@ def _add_cluster_options(parser):
 
 
 def _cmd_sweep(args):
-    from .._checks import positive_int
+    from .._checks import non_negative_int, positive_int
+    from ..measure.store import check_out
     from ..measure.sweeps import sweep
 
     if args.cluster is None and (args.per_machine or args.spread or args.any_machine):
@@ -347,6 +352,10 @@ def _cmd_sweep(args):
                               "a Dask cluster: give --cluster ADDRESS too")
     if args.per_machine and args.any_machine:
         raise ExperimentError("--any-machine is for --spread: --per-machine runs every cell on every machine")
+    check_out(args.out, "--out")
+    non_negative_int("seed", args.seed, ExperimentError)
+    positive_int("trials", args.trials, ExperimentError)
+    positive_int("requests", args.requests, ExperimentError)
     if args.concurrency is not None:
         positive_int("concurrency", args.concurrency, ExperimentError)
     if not 0 <= args.max_error_rate < 1:
@@ -412,9 +421,9 @@ def _configs(args, server_cpus=None):
     if args.app is not None:
         label = _app_target(args)(1, 1).label
         return [Config(w, t, label, 0, target="app") for (w, t) in pairs]
-    models = [m for m in args.models.split(",") if m]
-    batches = [int(b) for b in args.batches.split(",") if b]
-    waits = [w for w in args.wait_policies.split(",") if w]
+    models = list_arg(args.models, "--models")
+    batches = list_arg(args.batches, "--batches", int)
+    waits = list_arg(args.wait_policies, "--wait-policies")
     return [Config(w, t, m, b, wait_policy=wp, spincount=args.spincount)
             for (w, t) in pairs for m in models for b in batches for wp in waits]
 

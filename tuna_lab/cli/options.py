@@ -328,6 +328,35 @@ def configs_arg(text):
     return pairs
 
 
+def list_arg(text, option, item=str):
+    """A comma-separated option (``--models``, ``--batches``) as a list, each item converted by ``item``.
+
+    Empty items are dropped; an empty list, or an item ``item`` refuses
+    (ValueError, or a TunaError of its own), is one line naming the option.
+
+    Examples
+    --------
+    >>> list_arg("100, 500", "--batches", int)
+    [100, 500]
+    >>> list_arg(",", "--models")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.TunaError: --models is empty: give at least one value
+    """
+    values = []
+    for raw in text.split(","):
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            values.append(item(raw))
+        except (ValueError, TypeError):
+            raise TunaError(f"{option}: {raw!r} is not a valid value") from None
+    if not values:
+        raise TunaError(f"{option} is empty: give at least one value")
+    return values
+
+
 def policies_arg(text):
     """``"cfs, tuna-scatter"`` (``--policies``) as a list of names, empty items dropped.
 

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from .._checks import positive_int, positive_number
+from .._checks import non_negative_int, positive_int, positive_number
 from ..errors import CpuAccountingError, ExperimentError
 from ..machine import host
 from ..machine.limits import Limits
@@ -42,7 +42,7 @@ from . import schema
 # Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
 from .schema import CPU_COLUMNS, cell_key
 # Re-exported: where results are written and read back.
-from .store import load_results, load_thread_cpu, machine_name, write_cell
+from .store import check_out, load_results, load_thread_cpu, machine_name, write_cell
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "grid", "load_results", "ARTICLE_GRID",
            "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies"]
@@ -262,6 +262,9 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
 
     policies = check_policies(policies)
     trials = positive_int("trials", trials, ExperimentError)
+    seed = non_negative_int("seed", seed, ExperimentError)
+    if out is not None:
+        check_out(out)
     if rate is None or requests is not None:
         requests = positive_int("requests", requests, ExperimentError)
     if not 0 <= float(max_error_rate) < 1:

@@ -22,12 +22,39 @@ import pandas as pd
 from ..errors import ExperimentError
 from . import schema
 
-__all__ = ["write_cell", "is_finished", "finished_keys", "finished_cells", "load_results", "load_thread_cpu",
+__all__ = ["check_out", "write_cell", "is_finished", "finished_keys", "finished_cells", "load_results", "load_thread_cpu",
            "machine_name"]
 
 
 def _concat(frames):
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def check_out(out, what="out"):
+    """Refuse (:class:`ExperimentError`) a results folder that could not be written, before anything runs.
+
+    ``out`` must be a folder or not exist yet; then the nearest folder that
+    exists above it must be writable. Measuring first and failing to write
+    afterwards would lose every trial.
+
+    Examples
+    --------
+    >>> check_out("/proc/version")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.ExperimentError: out /proc/version is a file, not a folder
+    """
+    path = os.path.abspath(os.fspath(out))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ExperimentError(f"{what} {out} is a file, not a folder")
+    parent = path
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ExperimentError(f"{what} {out}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ExperimentError(f"{what} {out}: {parent} is not writable")
+    return out
 
 
 def write_cell(out, result, csv=False):

@@ -19,7 +19,7 @@ import time
 from ..errors import ExperimentError
 from ..machine.reserve import reserve_client_cpus
 from .experiment import check_policies, run
-from .store import finished_keys
+from .store import check_out, finished_keys
 
 __all__ = ["sweep"]
 
@@ -73,6 +73,10 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
     ...       per_machine=True)                                              # doctest: +SKIP
     """
     policies = check_policies(policies)
+    check_out(out)
+    configs = list(configs)
+    if not configs:
+        raise ExperimentError("the sweep has no configurations")
     if target is not None and client is not None:
         raise ExperimentError("a user's app is measured on this machine: sweep it without a cluster")
     if client is not None:
