@@ -200,3 +200,24 @@ def test_results_of_several_machines_load_with_the_machine_as_a_column(tiny, tmp
 def test_machine_options_need_a_client(tmp_path):
     with pytest.raises(ExperimentError, match="client"):
         sweep([Config(1, 1, "small", 10)], ["cfs"], str(tmp_path), per_machine=True)
+
+
+def test_a_cell_with_no_valid_trial_is_written_but_not_finished_and_a_rewrite_replaces_it_whole(tmp_path):
+    from tuna_lab.measure.experiment import Result
+    from tuna_lab.measure.store import finished_keys, is_finished, write_cell
+
+    def result(statuses):
+        trials = pd.DataFrame({"policy": "cfs", "trial": range(len(statuses)), "trial_status": statuses,
+                               "p99": 0.1})
+        return Result(pd.DataFrame({"status": [503]}), trials, {"config": {"workers": 1}})
+
+    cell = str(tmp_path / "w1-t1-small-b100")
+    write_cell(cell, result(["failed", "failed"]))
+    assert os.path.isfile(os.path.join(cell, "manifest.json")) and not is_finished(cell)
+    assert finished_keys(str(tmp_path)) == set()        # a resume redoes it
+    write_cell(cell, result(["failed", "ok"]))
+    assert is_finished(cell) and json.load(open(os.path.join(cell, "manifest.json")))["valid_trials"] == 1
+    assert sorted(os.listdir(tmp_path)) == ["w1-t1-small-b100"]     # no temporary or old folder left
+    (tmp_path / "garbled").mkdir()
+    (tmp_path / "garbled" / "manifest.json").write_text("[1, 2")
+    assert not is_finished(str(tmp_path / "garbled"))

@@ -83,7 +83,8 @@ def write_cell(out, result, csv=False):
     'results/sweep/w2-t2-small-b100'
     """
     os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
-    tmp = f"{out.rstrip('/')}.tmp-{os.getpid()}"
+    out = out.rstrip("/")
+    tmp = f"{out}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     result.requests.to_parquet(os.path.join(tmp, schema.REQUESTS), index=False)
@@ -93,12 +94,39 @@ def write_cell(out, result, csv=False):
     if csv:
         for table, name in schema.CSV_TABLES.items():
             getattr(result, table).to_csv(os.path.join(tmp, name), index=False)
+    # The manifest says how many trials are valid: a cell with none is not finished (is_finished).
+    manifest = {**result.manifest, "valid_trials": _valid_trials(result.trials)}
     with open(os.path.join(tmp, schema.MANIFEST), "w") as fh:
-        json.dump(result.manifest, fh, indent=1, default=str)
+        json.dump(manifest, fh, indent=1, default=str)
+    # Durable before it counts: every file, then the folder, reach the disk before the rename.
+    for name in os.listdir(tmp):
+        _fsync(os.path.join(tmp, name))
+    _fsync(tmp)
+    # The old cell is moved aside, not deleted first: at every moment `out` is a whole cell or absent.
+    old = f"{out}.old-{os.getpid()}"
     if os.path.exists(out):
-        shutil.rmtree(out)
+        os.replace(out, old)
     os.replace(tmp, out)
+    _fsync(os.path.dirname(os.path.abspath(out)))
+    shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def _valid_trials(trials):
+    if not len(trials):
+        return 0
+    if "trial_status" not in trials.columns:
+        return int(len(trials))
+    return int(trials["trial_status"].eq("ok").sum())
+
+
+def _fsync(path):
+    """Flush ``path`` (a file or a folder's entries) to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def machine_name(info):
@@ -130,14 +158,22 @@ def is_finished(path):
     """Whether the folder ``path`` holds a finished cell: the one rule every reader and resume applies.
 
     The manifest is written last (:func:`write_cell`), so a folder without it
-    is an unfinished cell, which a sweep redoes and a reader skips.
+    is an unfinished cell, which a sweep redoes and a reader skips. A cell
+    whose manifest counts no valid trial (``valid_trials``: every trial
+    failed, for example every request refused) is not finished either: a
+    resume redoes it. Cells written before that count was kept are finished.
 
     Examples
     --------
     >>> is_finished("/nonexistent/w2-t2-small-b100")
     False
     """
-    return os.path.isfile(os.path.join(path, schema.MANIFEST))
+    try:
+        with open(os.path.join(path, schema.MANIFEST)) as fh:
+            manifest = json.load(fh)
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("valid_trials", 1) > 0
 
 
 def finished_keys(folder):
