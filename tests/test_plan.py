@@ -253,3 +253,37 @@ def test_every_format_is_offered():
     assert set(FORMATS) == {"json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn"}
     with pytest.raises(PlanError, match="unknown plan format"):
         placement("round-robin", 1, 1, HERE).plan().render("yaml")
+
+
+# -- the hooks' state folder trusts no one else's files ------------------------------------------
+
+def test_the_hooks_state_folder_is_trusted_only_when_it_is_a_private_folder_of_an_owner(tmp_path):
+    import os
+
+    from tuna_lab.placement.pin import trusted_hook_dir
+
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    assert trusted_hook_dir(mine, {os.geteuid()})
+    assert not trusted_hook_dir(mine, {os.geteuid() + 1})          # someone else's
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert not trusted_hook_dir(shared, {os.geteuid()})            # others may plant files in it
+    link = tmp_path / "link"
+    link.symlink_to(mine)
+    assert not trusted_hook_dir(link, {os.geteuid()})              # a symlink, even to a good folder
+    assert not trusted_hook_dir(tmp_path / "absent", {os.geteuid()})
+
+
+def test_the_hooks_state_folder_is_named_by_the_kernels_start_time_not_the_wall_clock():
+    import os
+
+    import psutil
+
+    from tuna_lab.placement.pin import hook_dir
+
+    with open(f"/proc/{os.getpid()}/stat") as fh:
+        ticks = fh.read().rsplit(")", 1)[1].split()[19]
+    name = os.path.basename(hook_dir(os.getpid()))
+    assert name == f"tuna_lab-gunicorn-{psutil.Process().uids().real}-{os.getpid()}-{ticks}"

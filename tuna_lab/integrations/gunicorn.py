@@ -49,7 +49,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 __all__ = ["post_fork", "post_worker_init", "child_exit", "configure", "SUPPORTED_WORKER_CLASSES"]
 
@@ -95,20 +94,38 @@ def _refuse(server, message):
     # Every worker of the first batch refuses, but one line in the log says it:
     # the first to create the marker writes it, with Gunicorn's own logger.
     try:
-        os.close(os.open(os.path.join(_run_dir(server.pid), "refused"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        os.close(os.open(os.path.join(_run_dir(server.pid, _owner(server)), "refused"),
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
     except FileExistsError:
         sys.exit(_BOOT_ERROR)
     server.log.error("tuna_lab: %s", message)
     sys.exit(_BOOT_ERROR)
 
 
-def _run_dir(master):
-    from ..placement.pin import hook_dir
+def _run_dir(master, owner=None):
+    """The hooks' state folder for ``master``: created 0700 if absent, refused unless it is trusted.
+
+    ``owner`` is ``(uid, gid)`` of Gunicorn's ``user``/``group`` when the
+    workers drop to them: the folder is then theirs (a worker writes its
+    slot record after the drop), and the master's user may still use it.
+    """
+    from ..errors import PlanError
+    from ..placement.pin import hook_dir, trusted_hook_dir
 
     path = hook_dir(master)
-    if not os.path.isdir(path):
+    if not os.path.lexists(path):
         _remove_stale(path)
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass                                   # another worker made it meanwhile: checked below
+        else:
+            if owner is not None and owner[0] != os.geteuid():
+                os.chown(path, owner[0], owner[1])
+    owners = {os.geteuid()} | ({owner[0]} if owner is not None else set())
+    if not trusted_hook_dir(path, owners):
+        raise PlanError(f"refusing the state folder {path}: it is not a folder of this server's user that "
+                        "only they may write (another user may have created it); remove it and restart")
     return path
 
 
@@ -119,10 +136,12 @@ def _remove_stale(path):
 
     import psutil
 
-    from ..placement.pin import hook_dir
+    from ..placement.pin import hook_dir, trusted_hook_dir
 
     prefix = path.rsplit("-", 2)[0]                            # .../tuna_lab-gunicorn-<uid>
-    for old in glob.glob(f"{prefix}-*-*"):
+    for old in glob.glob(f"{glob.escape(prefix)}-*-*"):
+        if not trusted_hook_dir(old, {os.geteuid()}):
+            continue                                           # not ours: never touched
         try:
             master = int(old.rsplit("-", 2)[1])
             alive = hook_dir(master) == old
@@ -130,6 +149,14 @@ def _remove_stale(path):
             alive = False
         if not alive:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _owner(server):
+    """``(uid, gid)`` the workers drop to with Gunicorn's ``user``/``group``; None if they keep the master's."""
+    uid, gid = getattr(server.cfg, "uid", None), getattr(server.cfg, "gid", None)
+    if uid is None or uid == os.geteuid():
+        return None
+    return int(uid), int(gid if gid is not None else os.getegid())
 
 
 def _record(slot, exact_main):
@@ -174,10 +201,15 @@ def _shared_plan(run_dir, workers):
     from ..placement.plan import Plan
 
     path = os.path.join(run_dir, "plan.json")
-    with open(os.path.join(run_dir, "plan.lock"), "w") as lock:
+    fd = os.open(os.path.join(run_dir, "plan.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if os.path.exists(path):
-            return Plan.read(path)
+            # Made by this server's first worker; still checked against this machine, as any plan is.
+            from ..machine import topology_from
+
+            return Plan.read(path).check_machine(topology_from(None),
+                                                 force=os.environ.get("TUNA_LAB_FORCE") == "1")
         plan = _make_plan(workers)
         plan.write(path + ".tmp")
         os.replace(path + ".tmp", path)
@@ -187,7 +219,8 @@ def _shared_plan(run_dir, workers):
 def _take_slot(run_dir, workers):
     """The lowest slot whose lock no live worker holds; the lock stays held until this process exits."""
     for slot in range(workers):
-        fd = os.open(os.path.join(run_dir, f"slot-{slot}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(os.path.join(run_dir, f"slot-{slot}.lock"),
+                     os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -211,7 +244,12 @@ def post_fork(server, worker):
     if kind not in SUPPORTED_WORKER_CLASSES:
         _refuse(server, f"worker class {kind!r} is not supported: tuna_lab pins 'sync' workers "
                 "(one request at a time on the main thread); use worker_class = \"sync\"")
-    run_dir = _run_dir(server.pid)
+    try:
+        run_dir = _run_dir(server.pid, _owner(server))
+    except (TunaError, OSError) as exc:
+        # No folder to leave a one-line marker in: each worker says it, and the master halts.
+        server.log.error("tuna_lab: %s", one_line(exc))
+        sys.exit(_BOOT_ERROR)
     try:
         plan = _shared_plan(run_dir, server.cfg.workers)
     except (TunaError, OSError, ValueError) as exc:
@@ -306,6 +344,12 @@ def post_worker_init(worker):
 
 def child_exit(server, worker):
     """Gunicorn hook (master, a worker exited): its slot's lock is free for the replacement."""
-    if os.path.exists(os.path.join(_run_dir(server.pid), "refused")):
-        return                                         # the server is stopping: no replacement comes
+    from ..errors import TunaError
+
+    try:
+        if os.path.exists(os.path.join(_run_dir(server.pid, _owner(server)), "refused")):
+            return                                     # the server is stopping: no replacement comes
+    except (TunaError, OSError):
+        return                                         # the workers say why; the master goes on
+
     server.log.info("tuna_lab: worker %s exited; its slot goes to its replacement", worker.pid)

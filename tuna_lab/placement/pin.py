@@ -35,6 +35,7 @@ Examples
 """
 
 import bisect
+import contextlib
 import glob
 import json
 import os
@@ -50,7 +51,7 @@ from .binding import affinity_of, bind
 
 __all__ = ["ThreadRole", "Activity", "classify_threads", "thread_cpu_times", "active_threads", "serve_requests",
            "ACTIVE_FLOOR", "ACTIVE_SHARE", "worker_pids", "worker_slots", "server_threads", "pin_server",
-           "unpin_server", "watch_server", "PinReport", "hook_dir", "write_hook_record"]
+           "unpin_server", "watch_server", "PinReport", "hook_dir", "trusted_hook_dir", "write_hook_record"]
 
 # Libraries whose threads are an OpenMP team or a BLAS pool (file names as the loader maps them).
 _RUNTIMES = (("libgomp", "OpenMP"), ("libiomp", "OpenMP"), ("libomp", "OpenMP"),
@@ -581,27 +582,68 @@ def hook_dir(master):
 
     Keyed by the master's owner, PID and start time: a later master with a
     recycled PID (PID 1 in a restarted container) must not inherit an old
-    plan, old slots or an old refusal.
+    plan, old slots or an old refusal. The start time is the kernel's, in
+    clock ticks since boot: a wall-clock time would change when the clock is
+    stepped, and a replacement worker would then look for another folder.
+    Only a folder :func:`trusted_hook_dir` accepts is ever used.
     """
     proc = psutil.Process(int(master))
-    started = int(proc.create_time() * 100)
+    try:
+        with open(f"/proc/{int(master)}/stat") as fh:
+            # Field 22, starttime; the command name (field 2) may hold spaces and parentheses.
+            started = int(fh.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        raise psutil.NoSuchProcess(int(master)) from None
     return os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{proc.uids().real}-{master}-{started}")
+
+
+def trusted_hook_dir(path, owners):
+    """Whether ``path`` is a real folder (no symlink) owned by one of ``owners`` that no one else may write.
+
+    The hooks' folder sits in the shared temporary folder under a name
+    anyone can predict: a folder another user created there first could
+    choose the pinning (a planted ``plan.json``) or plant symlinks. Such a
+    folder is refused, never used.
+
+    Examples
+    --------
+    >>> trusted_hook_dir("/nonexistent", {os.getuid()})
+    False
+    """
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid in set(owners) and not st.st_mode & 0o022
 
 
 def write_hook_record(run_dir, slot, pid, exact_main):
     """Record that worker ``pid`` holds ``slot`` and whether its main thread is bound to one CPU."""
     path = os.path.join(run_dir, f"slot-{slot}.json")
-    with open(f"{path}.{pid}.tmp", "w") as fh:
+    # O_NOFOLLOW|O_EXCL: never written through a symlink or into a file someone else made.
+    tmp = f"{path}.{pid}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
         json.dump({"slot": slot, "pid": pid, "exact_main": bool(exact_main)}, fh)
-    os.replace(f"{path}.{pid}.tmp", path)
+    os.replace(tmp, path)
 
 
 def _hooked(master):
     """``{pid: (slot, exact_main)}`` of the workers the Gunicorn hooks placed (none for other servers)."""
     try:
-        paths = glob.glob(os.path.join(hook_dir(master), "slot-*.json"))
+        folder = hook_dir(master)
+        # Written by the master's user or, with Gunicorn's `user =`, its workers'.
+        owners = {psutil.Process(int(master)).uids().real} | {p.uids().real for p in
+                                                              psutil.Process(int(master)).children()}
     except psutil.Error:
         return {}
+    if not trusted_hook_dir(folder, owners):
+        return {}
+    paths = glob.glob(os.path.join(folder, "slot-*.json"))
     out = {}
     for path in paths:
         try:
