@@ -221,3 +221,35 @@ def test_a_cell_with_no_valid_trial_is_written_but_not_finished_and_a_rewrite_re
     (tmp_path / "garbled").mkdir()
     (tmp_path / "garbled" / "manifest.json").write_text("[1, 2")
     assert not is_finished(str(tmp_path / "garbled"))
+
+
+def test_one_measurement_per_results_folder(tmp_path):
+    import threading
+
+    from tuna_lab.measure.store import lock_folder
+
+    folder = str(tmp_path / "results")
+    with lock_folder(folder):
+        with lock_folder(folder):                 # the same thread again: a sweep's own cells
+            pass
+        errors = []
+
+        def other():
+            try:
+                with lock_folder(folder):
+                    pass
+            except ExperimentError as exc:
+                errors.append(str(exc))
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert errors and "in use by another measurement in this process" in errors[0]
+        # Another process: refused at once, naming the holder.
+        p = subprocess.run([sys.executable, "-c", "from tuna_lab.measure.store import lock_folder\n"
+                            f"with lock_folder({folder!r}): pass"], capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0 and f"in use by process {os.getpid()}" in p.stderr
+    # Released: another process may take it now.
+    p = subprocess.run([sys.executable, "-c", "from tuna_lab.measure.store import lock_folder\n"
+                        f"with lock_folder({folder!r}): pass"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr

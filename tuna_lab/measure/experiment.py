@@ -21,6 +21,7 @@ Examples
 >>> result.trials[["policy", "trial", "p99"]]                       # doctest: +SKIP
 """
 
+import contextlib
 import os
 import platform
 import subprocess
@@ -42,7 +43,7 @@ from . import schema
 # Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
 from .schema import CPU_COLUMNS, cell_key
 # Re-exported: where results are written and read back.
-from .store import check_out, load_results, load_thread_cpu, machine_name, write_cell
+from .store import check_out, load_results, load_thread_cpu, lock_folder, machine_name, write_cell
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "grid", "load_results", "ARTICLE_GRID",
            "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies"]
@@ -300,40 +301,45 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         "client_cpus": resolved.to_dict(), "requests_sent": target.requests.describe()})
     done = []
     t_start = time.monotonic()
-    target.start(resolved.server)
-    try:
-        plan = TrialPlan(config, target, orders, requests, concurrency, warmup, resolved.server.n_logical, resolved,
-                         rate=rate, duration=duration, seed=seed, max_error_rate=float(max_error_rate))
-        warned = False
-        for measured in run_trials(plan):
-            done.append(measured)
-            if on_trial:
-                on_trial(_result([measured], meta))
-            if progress and measured.row.get("server_timing_unparsed") and not warned:
-                warned = True
-                progress(f"warning: Server-Timing headers that do not parse are ignored "
-                         f"(first: {measured.row['server_timing_example']!r})")
-            if progress:
-                progress(_progress_line(plan, measured.row, len(done), t_start))
-    except KeyboardInterrupt:
-        # Ctrl-C: the server of the running trial was stopped by its context
-        # manager; keep what finished next to the cell (a resume redoes the cell).
-        if out is not None and done:
-            begun = min(len(done) // len(policies) + 1, trials)
-            meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True, generator=_generator_total(done),
-                        target=target.describe())
-            write_cell(out.rstrip("/") + schema.PARTIAL_SUFFIX, _result(done, meta), csv)
-        raise
-    finally:
-        # Also on an error, Ctrl-C or SIGTERM: a running server gets its masks back.
-        target.stop()
-    meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                generator=_generator_total(done), target=target.describe(),
-                latency=sorted({m.row["latency"] for m in done}))
-    result = _result(done, meta)
-    if out is not None:
-        result.path = write_cell(out, result, csv)
-    return result
+    # One measurement per results folder: held from the first trial to the written cell.
+    with contextlib.ExitStack() as held:
+        if out is not None:
+            held.enter_context(lock_folder(os.path.dirname(os.path.abspath(out.rstrip("/"))) or "."))
+        target.start(resolved.server)
+        try:
+            plan = TrialPlan(config, target, orders, requests, concurrency, warmup, resolved.server.n_logical, resolved,
+                             rate=rate, duration=duration, seed=seed, max_error_rate=float(max_error_rate))
+            warned = False
+            for measured in run_trials(plan):
+                done.append(measured)
+                if on_trial:
+                    on_trial(_result([measured], meta))
+                if progress and measured.row.get("server_timing_unparsed") and not warned:
+                    warned = True
+                    progress(f"warning: Server-Timing headers that do not parse are ignored "
+                             f"(first: {measured.row['server_timing_example']!r})")
+                if progress:
+                    progress(_progress_line(plan, measured.row, len(done), t_start))
+        except KeyboardInterrupt:
+            # Ctrl-C: the server of the running trial was stopped by its context
+            # manager; keep what finished next to the cell (a resume redoes the cell).
+            if out is not None and done:
+                begun = min(len(done) // len(policies) + 1, trials)
+                meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True,
+                            generator=_generator_total(done),
+                            target=target.describe())
+                write_cell(out.rstrip("/") + schema.PARTIAL_SUFFIX, _result(done, meta), csv)
+            raise
+        finally:
+            # Also on an error, Ctrl-C or SIGTERM: a running server gets its masks back.
+            target.stop()
+        meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    generator=_generator_total(done), target=target.describe(),
+                    latency=sorted({m.row["latency"] for m in done}))
+        result = _result(done, meta)
+        if out is not None:
+            result.path = write_cell(out, result, csv)
+        return result
 
 
 def _result(done, meta):

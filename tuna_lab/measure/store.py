@@ -13,17 +13,20 @@ Examples
 >>> requests, trials, manifests = load_results("results/sweep")      # doctest: +SKIP
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
+import threading
 
 import pandas as pd
 
 from ..errors import ExperimentError
 from . import schema
 
-__all__ = ["check_out", "write_cell", "is_finished", "finished_keys", "finished_cells", "load_results", "load_thread_cpu",
-           "machine_name"]
+__all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "finished_keys", "finished_cells", "load_results",
+           "load_thread_cpu", "machine_name"]
 
 
 def _concat(frames):
@@ -55,6 +58,64 @@ def check_out(out, what="out"):
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ExperimentError(f"{what} {out}: {parent} is not writable")
     return out
+
+
+#: The name of a results folder's lock file (:func:`lock_folder`).
+LOCK_NAME = ".tuna-lab.lock"
+# Folders this process holds: realpath -> [fd, owning thread, depth]. A sweep holds its folder and
+# each run() inside it takes it again; another thread of this process (a second live experiment)
+# is refused like another process.
+_HELD = {}
+_HELD_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def lock_folder(folder):
+    """Hold ``folder`` (a results folder) for one measurement; :class:`ExperimentError` if another holds it.
+
+    Two runs or sweeps writing one folder would measure under each other's
+    load and replace each other's cells, so the second is refused at once,
+    with one line naming the holder. The lock is ``flock`` on
+    ``<folder>/.tuna-lab.lock``: the kernel drops it when the holder
+    exits, however it exits. The same thread may take it again (a sweep's
+    cells).
+
+    Examples
+    --------
+    >>> with lock_folder("results/sweep"):          # doctest: +SKIP
+    ...     pass
+    """
+    os.makedirs(folder, exist_ok=True)
+    key = os.path.realpath(folder)
+    me = threading.get_ident()
+    with _HELD_GUARD:
+        held = _HELD.get(key)
+        if held is not None and held[1] == me:
+            held[2] += 1
+            fd = None
+        elif held is not None:
+            raise ExperimentError(f"results folder {folder} is in use by another measurement in this process")
+        else:
+            fd = os.open(os.path.join(key, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.read(fd, 32).decode(errors="replace").strip() or "another process"
+                os.close(fd)
+                raise ExperimentError(f"results folder {folder} is in use by {holder} (one measurement per "
+                                      "folder: wait for it, or give another --out)") from None
+            os.ftruncate(fd, 0)
+            os.write(fd, f"process {os.getpid()}".encode())
+            _HELD[key] = [fd, me, 1]
+    try:
+        yield folder
+    finally:
+        with _HELD_GUARD:
+            held = _HELD[key]
+            held[2] -= 1
+            if held[2] == 0:
+                del _HELD[key]
+                os.close(held[0])                       # closing the last descriptor releases the flock
 
 
 def write_cell(out, result, csv=False):
@@ -151,7 +212,8 @@ def machine_name(info):
 def _cell_folders(path):
     """The sub-folders of ``path`` that may be cells or machines: no temporary or partial ones."""
     return [os.path.join(path, d) for d in os.listdir(path)
-            if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and not d.endswith(schema.PARTIAL_SUFFIX)]
+            if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and ".old-" not in d
+            and not d.endswith(schema.PARTIAL_SUFFIX)]
 
 
 def is_finished(path):

@@ -19,7 +19,7 @@ import time
 from ..errors import ExperimentError
 from ..machine.reserve import reserve_client_cpus
 from .experiment import check_policies, run
-from .store import check_out, finished_keys
+from .store import check_out, finished_keys, lock_folder
 
 __all__ = ["sweep"]
 
@@ -79,42 +79,44 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
         raise ExperimentError("the sweep has no configurations")
     if target is not None and client is not None:
         raise ExperimentError("a user's app is measured on this machine: sweep it without a cluster")
-    if client is not None:
-        # The client CPUs (a cpulist, "none" or the default) are chosen on each machine by its run().
-        from ..machine.reserve import ClientCpus
-        from .cluster import sweep_on
-
-        if isinstance(run_options.get("client_cpus"), ClientCpus):
-            raise ExperimentError("on a cluster, give client_cpus as a cpulist, 'none' or None: each machine "
-                                  "chooses its own CPUs")
-
-        return sweep_on(client, configs, policies, out, trials=trials, requests=requests, progress=progress,
-                        per_machine=per_machine, any_machine=any_machine, worker_wait=worker_wait, **run_options)
-    if per_machine or any_machine:
+    if client is None and (per_machine or any_machine):
         raise ExperimentError("per_machine and any_machine spread a sweep over a cluster's machines: "
                               "give a Dask client too")
-    os.makedirs(out, exist_ok=True)
-    configs = list(configs)
-    # Here the client CPUs are chosen, checked against every cell and said once, before any cell runs.
-    given = run_options.get("client_cpus")
-    split = reserve_client_cpus(given, error=ExperimentError)
-    for config in configs:
-        split.check_threads(config.threads, ExperimentError)
-    run_options["client_cpus"] = split
-    finished = finished_keys(out)
-    done = [c for c in configs if c.key in finished]
-    todo = [c for c in configs if c not in done]
-    if progress:
-        progress(f"sweep: {len(done)} of {len(configs)} cells already finished, {len(todo)} to run")
-        progress(split.describe())
-    t0 = time.monotonic()
-    for i, config in enumerate(todo):
-        # A user's app: its cell is the target's (W, T and label), as run() names it.
-        run(None if target else config, policies, trials=trials, requests=requests,
-            out=os.path.join(out, config.key), progress=progress, target=target(config) if target else None,
-            **run_options)
+    # One sweep per folder: a second one would measure under this one's load and redo its cells.
+    with lock_folder(out):
+        if client is not None:
+            # The client CPUs (a cpulist, "none" or the default) are chosen on each machine by its run().
+            from ..machine.reserve import ClientCpus
+            from .cluster import sweep_on
+
+            if isinstance(run_options.get("client_cpus"), ClientCpus):
+                raise ExperimentError("on a cluster, give client_cpus as a cpulist, 'none' or None: each machine "
+                                      "chooses its own CPUs")
+
+            return sweep_on(client, configs, policies, out, trials=trials, requests=requests, progress=progress,
+                            per_machine=per_machine, any_machine=any_machine, worker_wait=worker_wait, **run_options)
+        os.makedirs(out, exist_ok=True)
+        configs = list(configs)
+        # Here the client CPUs are chosen, checked against every cell and said once, before any cell runs.
+        given = run_options.get("client_cpus")
+        split = reserve_client_cpus(given, error=ExperimentError)
+        for config in configs:
+            split.check_threads(config.threads, ExperimentError)
+        run_options["client_cpus"] = split
+        finished = finished_keys(out)
+        done = [c for c in configs if c.key in finished]
+        todo = [c for c in configs if c not in done]
         if progress:
-            per = (time.monotonic() - t0) / (i + 1)
-            progress(f"sweep: cell {len(done) + i + 1}/{len(configs)} done ({config.key}); "
-                     f"~{per * (len(todo) - i - 1):.0f} s left")
-    return out
+            progress(f"sweep: {len(done)} of {len(configs)} cells already finished, {len(todo)} to run")
+            progress(split.describe())
+        t0 = time.monotonic()
+        for i, config in enumerate(todo):
+            # A user's app: its cell is the target's (W, T and label), as run() names it.
+            run(None if target else config, policies, trials=trials, requests=requests,
+                out=os.path.join(out, config.key), progress=progress, target=target(config) if target else None,
+                **run_options)
+            if progress:
+                per = (time.monotonic() - t0) / (i + 1)
+                progress(f"sweep: cell {len(done) + i + 1}/{len(configs)} done ({config.key}); "
+                         f"~{per * (len(todo) - i - 1):.0f} s left")
+        return out
