@@ -705,3 +705,19 @@ def test_uvicorn_workers_pinned_by_pid_and_unpinned(model_file, tmp_path):
         assert all(cpus == cpus_of(srv.master) for cpus in affinities(workers).values())
     finally:
         srv.stop()
+
+
+def test_a_server_confined_to_some_cpus_is_planned_on_those(model_file, tmp_path):
+    # The master may use CPU 1 only: the plan is made for that CPU, not for the CPUs this tool may use.
+    srv = Server(["taskset", "-c", "1", GUNICORN, "-w", W, "--chdir", USERAPP, "-b", "127.0.0.1:{port}",
+                  "-p", "{pidfile}", *_gunicorn_quiet(), "wsgi_app:application"],
+                 server_env(model_file), tmp_path, "confined")
+    try:
+        wait_until(lambda: ready(srv), 120, "the confined server's workers")
+        done = cli("pin", "--pid", srv.master, "--policy", "round-robin", "-t", 1, "--dry-run", "--json")
+        assert done.returncode == 0, done.stderr
+        planned = [t.get("planned") for w in json.loads(done.stdout)["workers"] for t in w["threads"]]
+        assert [p for p in planned if p is not None] and all(p == [1] for p in planned if p is not None), planned
+        assert all(cpus_of(tid) == [1] for tid in affinities([srv.master, *srv.workers()])), "dry run pinned"
+    finally:
+        srv.stop()

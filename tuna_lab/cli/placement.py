@@ -164,12 +164,22 @@ def _cmd_plan(args):
 
 
 def _plan_of(args, workers):
-    """The plan to apply: ``--plan`` checked against this machine, else one made here."""
-    from ..errors import PlanError
-    from ..machine import topology_from
+    """The plan to apply: ``--plan`` checked against the server's CPUs, else one made for them.
+
+    The server's CPUs are those its master may use, not this tool's: a server
+    confined to some CPUs (taskset, a cpuset) is planned on those.
+    """
+    import os
+
+    from ..errors import PinError, PlanError
+    from ..machine import Topology
     from ..placement.plan import Plan
 
-    here = topology_from(None)
+    try:
+        allowed = os.sched_getaffinity(args.pid)
+    except OSError:
+        raise PinError(f"no process with PID {args.pid}") from None
+    here = Topology.from_sysfs(allowed=allowed)
     if args.plan:
         if args.policy or args.threads:
             raise PlanError("give either --plan or --policy/-t, not both")
