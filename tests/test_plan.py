@@ -287,3 +287,16 @@ def test_the_hooks_state_folder_is_named_by_the_kernels_start_time_not_the_wall_
         ticks = fh.read().rsplit(")", 1)[1].split()[19]
     name = os.path.basename(hook_dir(os.getpid()))
     assert name == f"tuna_lab-gunicorn-{psutil.Process().uids().real}-{os.getpid()}-{ticks}"
+
+
+def test_a_cpu_list_given_as_text_is_refused_not_read_digit_by_digit():
+    from tuna_lab.errors import PlanError
+    from tuna_lab.machine import topology_from
+    from tuna_lab.placement import placement
+    from tuna_lab.placement.plan import Plan
+
+    data = placement("round-robin", 2, 1, topology_from(None)).plan().to_dict()
+    for bad in ("10", [True], [-1], ["1"], None):
+        broken = {**data, "slots": [{**data["slots"][0], "main": bad}, *data["slots"][1:]]}
+        with pytest.raises(PlanError, match="slot 0 main must be a list of CPU ids"):
+            Plan.from_dict(broken)

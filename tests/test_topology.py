@@ -678,3 +678,20 @@ def test_property_remote_level_counts_matches_brute_force(topo, W, T, mode):
         return
     assert model.solve(prove="solver").objective == pytest.approx(best)
     assert model.bound() >= best - 1e-6
+
+
+def test_hwloc_xml_with_non_ascii_digits_or_deep_nesting_is_read_without_a_traceback():
+    from tuna_lab.machine.hwloc_xml import read_hwloc_xml
+
+    with pytest.raises(TopologyError, match="PU without a valid os_index"):
+        read_hwloc_xml('<topology><object type="PU" os_index="²"/></topology>'.encode())
+    deep = (b"<topology>" + b'<object type="Group">' * 3000 + b'<object type="PU" os_index="0"/>'
+            + b"</object>" * 3000 + b"</topology>")
+    assert read_hwloc_xml(deep).cpus == (0,)
+
+
+def test_a_cpulist_with_an_absurd_cpu_id_is_one_error_not_a_billion_item_list():
+    from tuna_lab._checks import parse_cpulist
+
+    with pytest.raises(TopologyError, match="CPU id 4000000000 is above"):
+        parse_cpulist("0-4000000000", "--client-cpus")

@@ -53,7 +53,10 @@ def positive_number(name, value, error=TunaError):
     return float(value)
 
 
-_RANGE = re.compile(r"\s*(\d+)(?:-(\d+))?\s*")
+_RANGE = re.compile(r"\s*(\d+)(?:-(\d+))?\s*", re.ASCII)
+# Linux builds for at most 8192 CPUs (CONFIG_NR_CPUS); a larger id is a typo, and a range up to it
+# would be expanded into a list of billions.
+MAX_CPU_ID = 65535
 _MASK_WORD = re.compile(r"\s*([0-9a-fA-F]{1,8})\s*")
 
 
@@ -81,6 +84,8 @@ def parse_cpulist(text, where="cpulist", error=TopologyError):
         m = _RANGE.fullmatch(item)
         if not m or (m.group(2) and int(m.group(2)) < int(m.group(1))):
             raise error(f"{where}: bad cpulist {text!r}")
+        if int(m.group(2) or m.group(1)) > MAX_CPU_ID:
+            raise error(f"{where}: CPU id {int(m.group(2) or m.group(1))} is above {MAX_CPU_ID}")
         cpus.extend(range(int(m.group(1)), int(m.group(2) or m.group(1)) + 1))
     return tuple(cpus)
 

@@ -52,7 +52,8 @@ def read_hwloc_xml(path) -> Topology:
     pus = []  # (os_index, {kind: key}) for every PU, in document order
     counter = itertools.count()  # unique keys for the objects met
 
-    def walk(obj, ctx):
+    def visit(obj, ctx):
+        """This object's context for its children; None for a PU (recorded, no children)."""
         kind = obj.get("type", "")
         ctx = dict(ctx)
         if kind in ("Package", "Socket"):
@@ -64,19 +65,24 @@ def read_hwloc_xml(path) -> Topology:
         elif (level := _cache_level(obj)) is not None:
             ctx[level] = next(counter)
         elif kind == "PU":
-            if obj.get("os_index") is None or not obj.get("os_index").isdigit():
+            if not _decimal(obj.get("os_index")):
                 raise TopologyError(f"{name}: PU without a valid os_index")
             pus.append((int(obj.get("os_index")), ctx))
-            return
+            return None
         # hwloc v2: NUMA nodes hang below the object whose CPUs they serve.
         memory = _numa_child(obj)
         if memory is not None:
             ctx["numa"] = memory
-        for child in obj.iterfind("object"):
-            walk(child, ctx)
+        return ctx
 
-    for top in root.iterfind("object"):
-        walk(top, {})
+    # Depth first, in document order, with an explicit stack: a file may nest objects deeper than
+    # Python's recursion limit.
+    stack = [(top, {}) for top in reversed(root.findall("object"))]
+    while stack:
+        obj, ctx = stack.pop()
+        inner = visit(obj, ctx)
+        if inner is not None:
+            stack.extend((child, inner) for child in reversed(obj.findall("object")))
     if not pus:
         raise TopologyError(f"{name}: no PU objects in hwloc XML")
     ids = [pu for pu, _ in pus]
@@ -87,7 +93,7 @@ def read_hwloc_xml(path) -> Topology:
     own = {kind: [c.get(kind, ("own", n)) for n, c in enumerate(ctxs)] for kind in ("core", *CACHE_LEVELS)}
     caches = {lv: own[lv] for lv in CACHE_LEVELS if any(lv in c for c in ctxs)}
     nodes = [c.get("numa") for c in ctxs]
-    os_ids = [int(n) for n in nodes] if all(isinstance(n, str) and n.isdigit() for n in nodes) else None
+    os_ids = [int(n) for n in nodes] if all(_decimal(n) for n in nodes) else None
     topo = Topology.from_keys(name, sorted(ids), own["core"], [c.get("package") for c in ctxs], nodes,
                               caches, numa_os_index=os_ids)
     # Without OS ids for the nodes, a latency matrix cannot be matched to them.
@@ -126,6 +132,11 @@ def _cache_level(obj):
     return None
 
 
+def _decimal(text):
+    """Whether ``text`` is a string of ASCII digits (``str.isdigit`` also accepts ``"²"``)."""
+    return isinstance(text, str) and text.isascii() and text.isdigit()
+
+
 def _numa_child(obj):
     """os_index of the first NUMA node attached as a memory child (possibly behind MemCache)."""
     for child in obj.iterfind("object"):
@@ -150,7 +161,7 @@ def _numa_latency(root):
     for dist in root.iterfind("distances2"):
         kind = dist.get("kind", "")
         # kind bits (hwloc/distances.h): 4 means latency, 8 bandwidth
-        if dist.get("type") != "NUMANode" or (kind.isdigit() and not int(kind) & 4):
+        if dist.get("type") != "NUMANode" or (_decimal(kind) and not int(kind) & 4):
             continue
         indexes = " ".join(e.text or "" for e in dist.iterfind("indexes")).split()
         values = " ".join(e.text or "" for e in dist.iterfind("u64values")).split()
@@ -159,8 +170,8 @@ def _numa_latency(root):
                   if o.get("type") == "NUMANode"}
             indexes = [gp.get(i, "?") for i in indexes]
         n = len(indexes)
-        if n >= 2 and len(values) == n * n and all(i.isdigit() for i in indexes) \
-                and all(v.isdigit() for v in values):
+        if n >= 2 and len(values) == n * n and all(_decimal(i) for i in indexes) \
+                and all(_decimal(v) for v in values):
             return [int(i) for i in indexes], np.array(values, dtype=float).reshape(n, n)
     for obj in root.iter("object"):
         for dist in obj.iterfind("distances"):
@@ -172,6 +183,6 @@ def _numa_latency(root):
                 matrix = np.array(values, dtype=float).reshape(n, n)
             except ValueError:
                 continue
-            if n >= 2 and str(n) == dist.get("nbobjs", str(n)) and all(i.isdigit() for i in nodes):
+            if n >= 2 and str(n) == dist.get("nbobjs", str(n)) and all(_decimal(i) for i in nodes):
                 return [int(i) for i in nodes], matrix
     return (), None

@@ -114,8 +114,9 @@ def connect(address, timeout=10):
     cluster = None
     try:
         if address == "local":
-            cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                   resources={MACHINE_RESOURCE: 1}, dashboard_address=":0")
+            # Loopback only: a local cluster (and its dashboard) is nobody else's business.
+            cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                   resources={MACHINE_RESOURCE: 1}, dashboard_address="127.0.0.1:0")
             client = Client(cluster, timeout=timeout, set_as_default=False)
         else:
             client = Client(address, timeout=timeout, set_as_default=False)

@@ -152,8 +152,12 @@ class Plan:
             slots = sorted(data["slots"], key=lambda s: s["slot"])
             if [s["slot"] for s in slots] != list(range(len(slots))):
                 raise PlanError("a plan's slots must be numbered 0..W-1")
+            # Every CPU list is checked as such: "main": "10" must not be read as CPUs 1 and 0.
+            rows = [[_cpu_list(s["main"], f"slot {s['slot']} main"),
+                     *(_cpu_list(p, f"slot {s['slot']} pool") for p in _list(s["pool"], f"slot {s['slot']} pool"))]
+                    for s in slots]
             return cls(data["policy"], data["workers"], data["threads"],
-                       [[s["main"], *s["pool"]] for s in slots], topo["cpus"], topo["fingerprint"],
+                       rows, _cpu_list(topo["cpus"], "topology cpus"), topo["fingerprint"],
                        topo.get("name", ""), data.get("pinned_by", "tuna_lab"), data.get("env") or {})
         except (KeyError, TypeError) as exc:
             raise PlanError(f"malformed plan: missing or wrong field {exc}") from None
@@ -357,3 +361,17 @@ def parse_omp_places(text):
     except ValueError:                          # int("a"), int("") of "{}" too
         raise PlanError(f"not an explicit OMP_PLACES list: {text!r}") from None
     return places
+
+
+def _list(value, what):
+    if not isinstance(value, list):
+        raise PlanError(f"malformed plan: {what} must be a list, got {value!r}")
+    return value
+
+
+def _cpu_list(value, what):
+    """A JSON list of CPU ids (non-negative integers, not strings or booleans), as a list."""
+    ok = isinstance(value, list) and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in value)
+    if not ok:
+        raise PlanError(f"malformed plan: {what} must be a list of CPU ids, got {value!r}")
+    return value
