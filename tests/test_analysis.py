@@ -537,3 +537,29 @@ def test_speedup_bars_draw_the_intervals():
     bars = fig.data[0]
     assert len(bars.error_y.array) == 3 and np.all(np.asarray(bars.error_y.array) > 0)
     np.testing.assert_allclose(np.asarray(bars.y) + np.asarray(bars.error_y.array), summary["ci_high"])
+
+
+# -- issue 28: how many requests a p99 needs; trials paired ---------------------------------
+
+def test_quantile_rank_interval_covers_and_says_when_n_is_too_small():
+    from scipy.stats import binom
+
+    from tuna_lab.analysis.stats import quantile_rank_interval
+
+    assert quantile_rank_interval(200) == (195, None)     # 200 requests cannot bound a p99 from above
+    for n in (500, 1000, 5000):
+        lo, hi = quantile_rank_interval(n)
+        assert binom.cdf(hi - 1, n, 0.99) - binom.cdf(lo - 1, n, 0.99) >= 0.95
+    assert quantile_rank_interval(1000, q=0.5, confidence=0.9)[0] < 500 < quantile_rank_interval(1000, q=0.5)[1]
+
+
+def test_paired_trials_draws_one_line_per_trial_in_policy_order():
+    from tuna_lab.analysis.figures import paired_trials
+
+    t = pd.DataFrame({"workers": [2] * 4 + [3] * 4, "threads": 1,
+                      "policy": ["cfs", "tuna-scatter", "tuna-scatter", "cfs"] * 2,
+                      "trial": [0, 0, 1, 1] * 2, "p99": [0.01, 0.02, 0.03, 0.04] * 2})
+    fig = paired_trials(t, policies=["tuna-scatter", "cfs"])
+    assert len(fig.data) == 4
+    assert list(fig.data[0].x) == ["tuna-scatter", "cfs"] and list(fig.data[0].y) == [20.0, 10.0]
+    assert list(fig.data[1].y) == [30.0, 40.0]

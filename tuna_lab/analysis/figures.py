@@ -6,7 +6,9 @@
 * :func:`stage_p99_bars` - average per-stage p99 of one configuration, one
   bar per policy;
 * :func:`speedup_bars` - average speedups of the policies over the baselines
-  within groups.
+  within groups;
+* :func:`paired_trials` - each trial's p99 under every policy, joined by a
+  line per trial, so that a pair that crosses shows at once.
 
 Every figure takes the tables of :mod:`tuna_lab.analysis` and returns a
 :class:`plotly.graph_objects.Figure`; times are shown in milliseconds.
@@ -36,7 +38,7 @@ from ..server.models import STAGES
 from .stats import scenario_stats
 from .tables import MODELS, check_table, ordered, valid_trials, with_defaults
 
-__all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars"]
+__all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars", "paired_trials"]
 
 _MS = 1e3
 _PALETTE = qualitative.Plotly
@@ -338,4 +340,56 @@ def speedup_bars(summary, *, group=None, baseline=None):
         yaxis={"title": "mean speedup (baseline p99 / policy p99)"},
         legend={"title": "policy vs baseline"},
     )
+    return fig
+
+
+def paired_trials(trials_stats, policies=None):
+    """Each trial's p99 under every policy, one line per (configuration, trial): the trials paired.
+
+    A trial runs every policy once, in a random order, back to back; joining
+    its p99s shows whether a policy wins in every trial or on average only
+    (one outlier can make an average speedup).
+
+    Parameters
+    ----------
+    trials_stats : pandas.DataFrame
+        One row per (configuration, policy, trial) with ``workers``,
+        ``threads``, ``policy``, ``trial`` and ``p99`` (seconds), as
+        :func:`tuna_lab.analysis.trial_stats` or ``Result.trials`` give.
+    policies : sequence of str, optional
+        The policies and their order on the x axis; default as they appear.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        One panel per configuration ``W x T``; x = the policy, y = p99 (ms).
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"workers": 2, "threads": 2, "policy": ["cfs", "tuna-scatter"] * 2,
+    ...                   "trial": [0, 0, 1, 1], "p99": [0.107, 0.074, 0.075, 0.078]})
+    >>> fig = paired_trials(t)
+    >>> [(tr.name, list(tr.y)) for tr in fig.data]
+    [('2x2 trial 1', [107.0, 74.0]), ('2x2 trial 2', [75.0, 78.0])]
+    """
+    from plotly.subplots import make_subplots
+
+    check_table(trials_stats, "trials", ("workers", "threads", "policy", "trial", "p99"), numeric=("p99",))
+    order = list(policies) if policies is not None else list(pd.unique(trials_stats["policy"]))
+    configs = sorted(set(zip(trials_stats["workers"], trials_stats["threads"])))
+    fig = make_subplots(rows=1, cols=len(configs), shared_yaxes=False,
+                        subplot_titles=[f"W={w} x T={t}" for w, t in configs])
+    for col, (w, t) in enumerate(configs, start=1):
+        cell = trials_stats[trials_stats["workers"].eq(w) & trials_stats["threads"].eq(t)]
+        for trial, sel in cell.groupby("trial", sort=True):
+            sel = sel.set_index("policy").reindex(order).dropna(subset=["p99"])
+            fig.add_trace(go.Scatter(x=list(sel.index), y=(sel["p99"] * _MS).round(6).tolist(),
+                                     mode="lines+markers", name=f"{w}x{t} trial {int(trial) + 1}",
+                                     line={"color": _PALETTE[int(trial) % len(_PALETTE)]},
+                                     hovertemplate="%{x}: p99 %{y:.1f} ms<extra>trial " + str(int(trial) + 1)
+                                     + "</extra>"), row=1, col=col)
+    fig.update_layout(template=_TEMPLATE, title="p99 per trial, paired: one line per trial",
+                      height=340, margin={"l": 60, "r": 20, "t": 60, "b": 40})
+    fig.update_yaxes(title_text="p99 (ms)", row=1, col=1, rangemode="tozero")
     return fig

@@ -57,6 +57,7 @@ from .tables import APPLICATION, check_table, ordered, sort_table, valid_trials,
 __all__ = [
     "MACHINE",
     "trial_stats",
+    "quantile_rank_interval",
     "scenario_stats",
     "speedups",
     "speedup_summary",
@@ -670,3 +671,36 @@ def _reciprocal(x):
     if np.isnan(x):
         return np.nan
     return float(1 / x) if x > 0 else np.inf
+
+
+def quantile_rank_interval(n, q=0.99, confidence=0.95):
+    """Distribution-free interval of the ``q`` quantile from ``n`` values, as 1-based ranks of the sorted values.
+
+    The number of values below the true quantile is Binomial(``n``, ``q``),
+    so ranks ``(lo, hi)`` with ``P(lo <= X < hi) >= confidence`` bound it,
+    whatever the distribution. A side that ``n`` values cannot bound is
+    ``None``: with 200 requests the p99 has no upper bound at 95%, because
+    all 200 lie below it with probability ``0.99**200 = 13%``.
+
+    Returns
+    -------
+    tuple of (int or None, int or None)
+        ``(lo, hi)``: the interval runs from the ``lo``-th smallest to the
+        ``hi``-th smallest value.
+
+    Examples
+    --------
+    >>> quantile_rank_interval(200)
+    (195, None)
+    >>> quantile_rank_interval(1000)
+    (983, 997)
+    """
+    from scipy.stats import binom
+
+    _check_confidence(confidence)
+    tail = (1 - confidence) / 2
+    lo = int(binom.ppf(tail, n, q))                      # P(X < lo) <= tail
+    while lo > 0 and binom.cdf(lo - 1, n, q) > tail:
+        lo -= 1
+    hi = int(binom.ppf(1 - tail, n, q)) + 1              # P(X >= hi) <= tail
+    return (lo if lo >= 1 else None), (hi if hi <= n else None)
