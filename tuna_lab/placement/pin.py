@@ -813,8 +813,9 @@ def pin_server(master, plan, dry_run=False, activity=None):
     Raises
     ------
     PinError
-        No such process, no workers, a plan for another number of workers, or
-        no permission. Nothing is pinned then.
+        No such process, no workers, a plan for another number of workers, no
+        permission, or no worker whose threads could be read. Nothing is
+        pinned then.
     """
     workers = worker_pids(master)
     if len(workers) != plan.workers:
@@ -822,11 +823,17 @@ def pin_server(master, plan, dry_run=False, activity=None):
                        f"make the plan with -w {len(workers)}")
     _check_permission(workers)
     report = PinReport(int(master), plan)
+    skipped = []
     for slot, pid, exact in worker_slots(master, workers):
         try:
             _pin_worker(pid, slot, plan, report, dry_run, exact, activity)
         except PinError as exc:
+            skipped.append(f"worker {pid} (slot {slot}): {exc}")
             report.warnings.append(f"worker {pid} (slot {slot}) skipped: {exc}")
+    if skipped and not report.workers:
+        # Not one worker could be read or bound (ptrace rules, all exited): that is a failure, not a warning.
+        raise PinError(f"pinned nothing: {skipped[0]}" + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1
+                                                          else ""))
     return report
 
 
