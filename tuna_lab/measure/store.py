@@ -223,7 +223,9 @@ def is_finished(path):
     is an unfinished cell, which a sweep redoes and a reader skips. A cell
     whose manifest counts no valid trial (``valid_trials``: every trial
     failed, for example every request refused) is not finished either: a
-    resume redoes it. Cells written before that count was kept are finished.
+    resume redoes it. Cells written before that count was kept are finished,
+    and so is a cell whose manifest cannot be read: the readers report it
+    (one clear error) instead of passing over it in silence.
 
     Examples
     --------
@@ -233,9 +235,11 @@ def is_finished(path):
     try:
         with open(os.path.join(path, schema.MANIFEST)) as fh:
             manifest = json.load(fh)
-    except (OSError, ValueError):
+    except FileNotFoundError:
         return False
-    return isinstance(manifest, dict) and manifest.get("valid_trials", 1) > 0
+    except (OSError, ValueError):
+        return True            # there, but unreadable: the readers say so, loudly, rather than skip it
+    return not isinstance(manifest, dict) or manifest.get("valid_trials", 1) > 0
 
 
 def finished_keys(folder):
