@@ -21,7 +21,8 @@ from .encodings import ENCODINGS, make_encoding, ultrametric_chain
 from .fragments import fragment_mapping, fragment_program
 from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, SingleCore
 from .instance import Instance
-from .pipeline import SolveOptions, run
+from . import pipeline
+from .pipeline import SolveOptions
 
 # cvxpy takes most of a second to import; a compact solve that the constructive route
 # proves never builds the cvxpy problem, so it is loaded on first use
@@ -472,7 +473,31 @@ class TunaModel:
             return 0.0
         return objective_granularity(self.caps, chain)
 
-    def solve(self, time_limit=None, gap=None, verbose=False, warm_start=True, prove="auto"):
+    def explain(self, time_limit=None):
+        """Why the families admit no mapping: a minimal conflicting subset, or ``None`` if they admit one.
+
+        See :func:`~tuna_lab.model.explain.explain`: the counting argument
+        where it applies (no solver), else a deletion filter over the
+        solve pipeline's verdicts.
+
+        Returns
+        -------
+        Conflict or None
+
+        Examples
+        --------
+        >>> from tuna_lab import Topology, TunaModel
+        >>> print(TunaModel(10, 2, Topology.synthetic("pack:1 l3:2 l2:2 core:2 pu:2")).explain().describe())
+        (2) and (11-12) (with (8), (9-10), which they read) admit no mapping together: (8) puts U=2 threads on r=4 of the 16 cores and L=1 on the others; (2) lets a core hold at most 1 thread of each rank, so a core without a main thread holds at most 1x(T-1) = 1 < U threads: all 4 cores at U carry a main thread, but (11-12) allows at most max(0, W-C+r) = max(0, 10-16+4) = 0
+        >>> TunaModel(4, 4, Topology.preset("xeon-8272cl")).explain() is None
+        True
+        """
+        from .explain import explain
+
+        return explain(self, time_limit=time_limit)
+
+    def solve(self, time_limit=None, gap=None, verbose=False, warm_start=True, prove="auto",
+              on_infeasible="relax"):
         """Solve and return a :class:`Mapping`: by construction and bound where they prove it, else by HiGHS.
 
         The stages are those of :mod:`~tuna_lab.model.pipeline`.
@@ -492,18 +517,27 @@ class TunaModel:
         prove : {"auto", "solver", "bound"}
             ``"auto"``/``"bound"`` skip HiGHS when the constructive mapping already
             reaches the counting bound (:meth:`bound`), which proves it optimal;
-            ``"solver"`` always lets HiGHS prove optimality.
+            ``"solver"`` always lets HiGHS prove optimality (both stages of a
+            relaxation too).
+        on_infeasible : {"relax", "raise"}
+            When the families admit no mapping: ``"relax"`` returns the
+            nearest one (``status == "relaxed"``; the yielding family of a
+            minimal conflicting subset (:meth:`explain`) exceeded least,
+            then the objective maximised at that least excess; see
+            :attr:`Mapping.relaxed`), ``"raise"`` raises.
 
         Raises
         ------
         ModelError
             A bad option.
         InfeasibleModelError
-            The families admit no mapping.
+            The families admit no mapping, and ``on_infeasible="raise"`` or
+            no family of the conflict may yield; its ``families`` are a
+            minimal conflicting subset, its ``reason`` says why.
         NoSolutionError
             The time limit passed before any mapping was found.
         """
-        return run(self, SolveOptions(time_limit, gap, verbose, warm_start, prove))
+        return pipeline.solve(self, SolveOptions(time_limit, gap, verbose, warm_start, prove), on_infeasible)
 
     def __repr__(self):
         inst = self.instance
@@ -522,7 +556,7 @@ def solve(workers, threads, topology=None, mode="scatter", **options):
     mode : {"scatter", "compact"}
     **options
         ``families``, ``encoding``, ``costs`` go to :class:`TunaModel`;
-        ``time_limit``, ``gap``, ``verbose`` to :meth:`TunaModel.solve`.
+        ``time_limit``, ``gap``, ``verbose``, ``on_infeasible`` to :meth:`TunaModel.solve`.
 
     Examples
     --------
@@ -531,7 +565,7 @@ def solve(workers, threads, topology=None, mode="scatter", **options):
     True
     """
     model_opts = {k: options.pop(k) for k in ("families", "encoding", "costs") if k in options}
-    unknown = set(options) - {"time_limit", "gap", "verbose", "warm_start", "prove"}
+    unknown = set(options) - {"time_limit", "gap", "verbose", "warm_start", "prove", "on_infeasible"}
     if unknown:
         raise ModelError(f"unknown option(s): {', '.join(sorted(unknown))}")
     return TunaModel(workers, threads, topology, mode, **model_opts).solve(**options)
