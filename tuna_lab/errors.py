@@ -22,6 +22,7 @@ __all__ = [
     "PinError",
     "TargetError",
     "TopologyWarning",
+    "RelaxedMappingWarning",
 ]
 
 
@@ -127,4 +128,13 @@ class TopologyWarning(UserWarning):
 
     The topology is still usable; the warning names what is missing and what
     the model assumes instead, so that a flat distance matrix is never a silent surprise.
+    """
+
+
+class RelaxedMappingWarning(UserWarning):
+    """A ``tuna-*`` policy placed the threads by a relaxed mapping: the families admit none.
+
+    One line: the conflicting families and what the mapping exceeds
+    (:attr:`Mapping.relaxed <tuna_lab.model.mapping.Mapping.relaxed>`); the
+    CLI prints it as ``tuna-lab: note: ...`` on stderr.
     """
