@@ -141,8 +141,13 @@ class TunaModel:
         return TunaModel(**args)
 
     def without(self, *families):
-        """A copy of the model without the given families (keys, names or classes)."""
-        drop = {type(_resolve_family(f)) for f in families}
+        """A copy of the model without the given families (keys, names or classes).
+
+        A key may also name a family of one's own that the model holds.
+        """
+        here = {f.key: f for f in self.families}
+        drop = {type(here[f]) if isinstance(f, str) and f in here else type(_resolve_family(f))
+                for f in families}
         return self._replace(families=[f for f in self.families if type(f) not in drop])
 
     def with_(self, *families):
