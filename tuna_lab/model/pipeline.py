@@ -54,7 +54,7 @@ from .mapping import Mapping
 # proves never builds the cvxpy problem, so it is loaded on first use
 cp = lazy_loader.load("cvxpy")
 
-__all__ = ["SolveOptions", "RunRecord", "run", "solve", "ON_INFEASIBLE"]
+__all__ = ["SolveOptions", "RunRecord", "run", "run_or_relax", "ON_INFEASIBLE"]
 
 #: What :meth:`TunaModel.solve` does when the families admit no mapping: ``"relax"`` returns the
 #: nearest mapping (the yielding family's slack least, then the objective greatest), ``"raise"``
@@ -646,7 +646,7 @@ def _start_values(data, values, ints):
 
 # -- when the families admit no mapping: the nearest mapping ------------------------------------
 
-def solve(model, options, on_infeasible="relax"):
+def run_or_relax(model, options, on_infeasible="relax"):
     """The mapping of ``model``: :func:`run`'s, or where its families admit none, the nearest one.
 
     Where the families admit no mapping, :func:`~tuna_lab.model.explain.explain`

@@ -542,7 +542,7 @@ class TunaModel:
         NoSolutionError
             The time limit passed before any mapping was found.
         """
-        return pipeline.solve(self, SolveOptions(time_limit, gap, verbose, warm_start, prove), on_infeasible)
+        return pipeline.run_or_relax(self, SolveOptions(time_limit, gap, verbose, warm_start, prove), on_infeasible)
 
     def __repr__(self):
         inst = self.instance
