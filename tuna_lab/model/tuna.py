@@ -129,6 +129,7 @@ class TunaModel:
         self._check_requirements()
         self.caps = Caps.of(self.instance, self.families)
         self._full_bound = None
+        self._pattern_bound = None          # bound_certificate with its pattern bounds, once computed
         self._fragments = None
         self._fragment_todo = None          # fragment programs not solved yet; None: not listed yet
 
@@ -238,11 +239,12 @@ class TunaModel:
         candidates = [greedy_mapping(self.caps, labels, order_by) for order_by in ("rank", "worker")]
         if chain is not None and all(c is None for c in candidates) and patterns_infeasible(self.caps, chain):
             return None                     # no mapping exists: nothing for the fragment programs to map
-        # a greedy mapping the counting bound alone proves needs no fragment program (on hundreds of
-        # cores those take seconds and hundreds of MB to find the same)
+        # a greedy mapping the counting bound, or the pattern bounds where it falls short, prove needs
+        # no fragment program (on hundreds of cores those take seconds and hundreds of MB to find the
+        # same; the pattern bounds, small programs over core patterns, well under a second)
         top = self._best_valid(candidates)
         if chain is not None and top is not None and \
-                bound_closes(bound_certificate(self.caps, chain, patterns=False).bound, self.value(top),
+                bound_closes(self._bound_certificate(chain, self.value(top)).bound, self.value(top),
                              self.granularity()):
             return self._ordered(top)
         # compact mode: the plans of the fragment programs, dealt and placed
@@ -388,7 +390,7 @@ class TunaModel:
                 self._fragment_solutions(left, more=1)
         if target is None and self._full_bound is not None and not timed:
             return self._full_bound
-        cert = bound_certificate(self.caps, chain, target=target)
+        cert = self._bound_certificate(chain, target)
         if cert.sources and not (target is not None and cert.name == "counting"
                                  and cert.bound - target < max(self.granularity(), 1e-9)):
             if target is not None:
@@ -400,6 +402,20 @@ class TunaModel:
             cert = self._with_fragments(cert, compute=not timed)
         if target is None and not timed:
             self._full_bound = cert
+        return cert
+
+    def _bound_certificate(self, chain, target=None):
+        """:func:`~tuna_lab.model.bounds.bound_certificate` of the model, its pattern bounds computed once.
+
+        With ``target`` closed by the counting bound alone the pattern bounds
+        are skipped (and not kept); otherwise the full certificate is kept for
+        the next call (construct's check, then the run's certificate).
+        """
+        if self._pattern_bound is not None:
+            return self._pattern_bound
+        cert = bound_certificate(self.caps, chain, target=target)
+        if target is None or not bound_closes(cert.detail["counting_bound"], target, self.granularity()):
+            self._pattern_bound = cert
         return cert
 
     def _resume_fragments(self, time_limit):
