@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 from ..errors import InfeasibleModelError, NoSolutionError
 
-__all__ = ["Conflict", "explain", "counting_conflict", "forced_events"]
+__all__ = ["Conflict", "explain", "counting_conflict", "forced_events", "counting_conflicts"]
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,45 @@ def counting_conflict(caps):
               f"carry a main thread, but (11-12) allows at most max(0, W-C+r) = "
               f"max(0, {inst.W}-{inst.C}+{inst.r}) = {budget}")
     return Conflict(("2", "11-12"), ("8", "9-10"), reason, "counting", "11-12", forced - budget)
+
+
+def counting_conflicts(topology, max_threads=8):
+    """The configurations of the issue's count that the counting argument proves the families cannot place.
+
+    Every ``W x T`` with ``W <= 2C+1``, ``T <= max_threads`` and ``WT <= 4C``
+    on ``topology`` under the default families, whose (2) and (11)+(12)
+    conflict (:func:`counting_conflict`; no solver runs), as rows: ``workers``,
+    ``threads``, ``r``, ``U``, the cap ``max(0, W-C+r)`` of (12), and
+    ``least_excess``, the fewest cores with a main thread at ``U`` above it
+    (what the relaxation exceeds).
+
+    Returns
+    -------
+    list of dict
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology
+    >>> rows = counting_conflicts(Topology.synthetic("pack:1 l3:2 l2:2 core:2 pu:2"))
+    >>> len(rows), rows[0]
+    (15, {'workers': 9, 'threads': 2, 'r': 2, 'U': 2, 'cap': 0, 'least_excess': 2})
+    """
+    from .caps import Caps
+    from .families import DEFAULT_FAMILIES
+    from .instance import Instance
+
+    C = topology.n_logical
+    out = []
+    for T in range(1, max_threads + 1):
+        for W in range(1, 2 * C + 2):
+            if W * T > 4 * C:
+                break
+            caps = Caps.of(Instance(W, T, topology), DEFAULT_FAMILIES)
+            conflict = counting_conflict(caps)
+            if conflict is not None:
+                out.append({"workers": W, "threads": T, "r": caps.instance.r, "U": caps.instance.U,
+                            "cap": caps.event_budget, "least_excess": conflict.min_violation})
+    return out
 
 
 def explain(model, time_limit=None):
