@@ -392,6 +392,11 @@ class Target:
         """What ``policy``'s relaxed mapping exceeds (``"(11-12) exceeded by 8: ..."``), else ``""``: a trial row's.
 
         Reads the placement already made (none is made here).
+
+        Examples
+        --------
+        >>> Target().relaxed("tuna-scatter")
+        ''
         """
         placed = self.__dict__.get("_plans", {}).get(policy)
         mapping = None if placed is None else placed.mapping
