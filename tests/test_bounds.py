@@ -141,7 +141,7 @@ def test_the_default_route_proves_only_the_optimum(case):
     assume(model is not None)
     best = brute_force(W, T, model.instance.topology, "compact", keys)[0]
     try:
-        mapping = model.solve(time_limit=30)
+        mapping = model.solve(time_limit=30, on_infeasible="raise")
     except InfeasibleModelError:
         assert best is None
         return
@@ -231,7 +231,7 @@ def test_patterns_prove_no_mapping_only_where_none_exists(spec):
                 proven += 1
                 assert brute_force(W, T, topo, "compact", keys)[0] is None, (W, T, drop)
                 with pytest.raises(InfeasibleModelError):
-                    model.solve(time_limit=30)
+                    model.solve(time_limit=30, on_infeasible="raise")
     if spec.startswith(("l2:", "l3:")):      # (siblings sharing the first cache level: the patterns apply)
         assert proven
 

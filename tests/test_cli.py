@@ -103,10 +103,11 @@ def test_a_shape_no_mapping_fits_is_one_line_at_once():
     """200 workers of 2 threads on 384 cores: (11-12) leaves every main alone on its core, so the 200
     rank-1 threads need 200 other cores, of which there are 184 - the patterns of the physical cores
     prove it in a second, where HiGHS on the full model found nothing in minutes."""
-    p = run("solve", "-w", "200", "-t", "2", "--mode", "compact", "--preset", "epyc-9654-2s", "--time-limit", "10")
+    p = run("solve", "-w", "200", "-t", "2", "--mode", "compact", "--preset", "epyc-9654-2s", "--time-limit", "10",
+            "--strict-families")
     assert p.returncode == 2 and p.stdout == ""
     lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no mapping of W=200 x T=2 on 384 cores satisfies the families" in lines[0]
+    assert len(lines) == 1 and "no mapping of W=200 x T=2 on 384 cores: (2) and (11-12)" in lines[0]
 
 
 def test_topology_from_an_hwloc_xml_file():

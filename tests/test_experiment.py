@@ -253,3 +253,40 @@ def test_one_measurement_per_results_folder(tmp_path):
     p = subprocess.run([sys.executable, "-c", "from tuna_lab.measure.store import lock_folder\n"
                         f"with lock_folder({folder!r}): pass"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
+
+
+def test_run_records_a_relaxed_tuna_mapping_once_per_cell(tmp_path, monkeypatch, capsys):
+    """`tuna-lab run` end to end with a relaxed tuna-scatter mapping: the note said once (not once per
+    trial), the manifest's ``placements`` and the trial rows' ``relaxed`` say what it exceeds.
+
+    No configuration is relaxed on a machine this small (the families conflict only for
+    (T-1)C/T < W < C, none on 2 CPUs, and ``run`` serves on this machine's CPUs), so the solver's
+    answer is marked relaxed here; a real relaxed mapping is placed in tests/test_relax.py."""
+    from dataclasses import replace
+
+    import tuna_lab.model.tuna as tuna
+    from tuna_lab.cli import main
+    from tuna_lab.model.mapping import Relaxed
+
+    real, solved = tuna.solve, []
+
+    def relaxed(*args, **kwargs):
+        solved.append(args[:2])
+        return replace(real(*args, **kwargs), status="relaxed",
+                       relaxed=(Relaxed("11-12", 1.0, "1 core with a main thread carries U threads, above 0"),))
+
+    monkeypatch.setattr(tuna, "solve", relaxed)
+    out = tmp_path / "runs"
+    assert main(["run", "-w", "2", "-t", str(T), "--model", "small", "--batch", "10", "--policies",
+                 "cfs,tuna-scatter", "--trials", "2", "--requests", "10", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    notes = [line for line in err.splitlines() if line.startswith("tuna-lab: note:")]
+    assert len(notes) == 1 and "tuna-scatter 2x" in notes[0] and "(11-12) exceeded by 1" in notes[0], err
+    assert len(solved) == 1                               # solved once for the cell, not per trial
+    _, trials, manifests = load_results(str(out))
+    placed = manifests[0]["placements"]
+    assert set(placed) == {"tuna-scatter"} and placed["tuna-scatter"]["status"] == "relaxed"
+    assert placed["tuna-scatter"]["relaxed"] == [
+        {"family": "11-12", "amount": 1.0, "message": "1 core with a main thread carries U threads, above 0"}]
+    rows = trials.set_index(["policy", "trial"])["relaxed"]
+    assert (rows.loc["cfs"] == "").all() and rows.loc["tuna-scatter"].str.startswith("(11-12) exceeded by 1").all()

@@ -24,6 +24,7 @@ __all__ = [
     "TuneError",
     "UnmeetableTargetError",
     "TopologyWarning",
+    "RelaxedMappingWarning",
 ]
 
 
@@ -45,12 +46,21 @@ class InfeasibleModelError(TunaError):
     Attributes
     ----------
     families : tuple of str
-        Names of the families in the model that was proven infeasible.
+        Keys of a minimal conflicting subset of the model's families
+        (:func:`tuna_lab.model.explain.explain`): with (1) and :attr:`needs`
+        they admit no mapping, and without any one of them the rest admit
+        one. Where no subset was searched for, every active family.
+    needs : tuple of str
+        Families the conflicting ones read (e.g. (8) and (9-10) for (11-12)).
+    reason : str
+        Why they conflict, in words (empty where unknown).
     """
 
-    def __init__(self, message, families=()):
+    def __init__(self, message, families=(), needs=(), reason=""):
         super().__init__(message)
         self.families = tuple(families)
+        self.needs = tuple(needs)
+        self.reason = reason
 
 
 class NoSolutionError(TunaError):
@@ -139,4 +149,13 @@ class TopologyWarning(UserWarning):
 
     The topology is still usable; the warning names what is missing and what
     the model assumes instead, so that a flat distance matrix is never a silent surprise.
+    """
+
+
+class RelaxedMappingWarning(UserWarning):
+    """A ``tuna-*`` policy placed the threads by a relaxed mapping: the families admit none.
+
+    One line: the conflicting families and what the mapping exceeds
+    (:attr:`Mapping.relaxed <tuna_lab.model.mapping.Mapping.relaxed>`); the
+    CLI prints it as ``tuna-lab: note: ...`` on stderr.
     """

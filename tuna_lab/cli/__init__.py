@@ -138,12 +138,25 @@ def main(argv=None):
     """
     import signal
     import threading
+    import warnings
+
+    from ..errors import RelaxedMappingWarning
 
     parser = build_parser()
     args = parser.parse_args(argv)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    shown = warnings.showwarning
+
+    def one_line(message, category, filename, lineno, file=None, line=None):
+        # a relaxed Tuna mapping (plan, pin, serve, run, sweep): one line, said once
+        if issubclass(category, RelaxedMappingWarning):
+            print(f"tuna-lab: note: {message}", file=sys.stderr, flush=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = one_line
     try:
         return args.func(args)
     except TunaError as exc:
@@ -157,5 +170,6 @@ def main(argv=None):
         sys.stderr.close()
         return 0
     finally:
+        warnings.showwarning = shown
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

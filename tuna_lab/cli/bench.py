@@ -49,6 +49,10 @@ def add_parser(subparsers):
     solver.add_argument("--scale-only", "--scale", dest="scale_only", action="store_true",
                         help="only the scale cases (384 and 768 cores, time limits, certificates); with --doc, "
                              "replace only their section of the report")
+    solver.add_argument("--relaxed-only", action="store_true",
+                        help="only the relaxed part: the article machine's 283 configurations (1 s each) and the "
+                             "epyc-9654-2s shapes whose families conflict (10 s); with --doc, replace only its section "
+                             "of the report")
     load = b.add_argument_group("load")
     load.add_argument("-w", "--workers", type=int, default=2, help="the server's Gunicorn workers")
     load.add_argument("-t", "--threads", type=int, default=1, help="OpenMP threads per worker")

@@ -3,7 +3,8 @@
 import json
 import os
 
-from .options import add_size_options, add_topology_options, positive_float_arg, topology_of
+from .options import (add_size_options, add_strict_families_option, add_topology_options, positive_float_arg,
+                      topology_of)
 
 __all__ = ["add_parser"]
 
@@ -26,7 +27,8 @@ def add_parser(subparsers):
                     "threads that maximises f_main + f_mode on a machine (this one unless told).",
         epilog="examples:\n"
                "  tuna-lab solve -w 4 -t 4 --preset xeon-8272cl --mode compact --json\n"
-               "  tuna-lab solve -w 2 -t 2                   this machine (the CPUs this process may use)\n")
+               "  tuna-lab solve -w 2 -t 2                   this machine (the CPUs this process may use)\n"
+               "  tuna-lab solve -w 24 -t 2 --preset xeon-8272cl --strict-families   fail if the families conflict\n")
     add_size_options(s)
     s.add_argument("--mode", choices=("scatter", "compact"), default="scatter",
                    help="scatter spreads each worker's threads over distant cores, compact packs them close")
@@ -42,6 +44,7 @@ def add_parser(subparsers):
     s.add_argument("--gap", type=float, default=None, help="relative MIP gap (HiGHS default 1e-4)")
     s.add_argument("--json", action="store_true",
                    help="print one JSON object (workers, threads, assignment, f_main, f_mode, objective, ...)")
+    add_strict_families_option(s)
     s.set_defaults(func=_cmd_solve)
     return s
 
@@ -58,7 +61,7 @@ def _cmd_solve(args):
         # the user's clock started with the command: what importing cvxpy
         # and building the model took (about 1 s) comes out of the limit
         limit = max(0.05, limit - _process_age())
-    mapping = model.solve(time_limit=limit, gap=args.gap)
+    mapping = model.solve(time_limit=limit, gap=args.gap, on_infeasible=args.on_infeasible)
     if args.json:
         print(json.dumps(mapping.to_dict()))
     else:

@@ -21,7 +21,7 @@ from ..errors import TopologyWarning, TunaError
 
 __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_float_arg", "non_negative_int_arg",
            "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg",
-           "add_client_cpus_option", "client_cpus_of"]
+           "add_client_cpus_option", "client_cpus_of", "add_strict_families_option"]
 
 
 def add_topology_options(parser):
@@ -366,3 +366,26 @@ def policies_arg(text):
     ['cfs', 'tuna-scatter']
     """
     return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def add_strict_families_option(parser):
+    """Add ``--strict-families``: fail (exit 2) instead of relaxing when the families admit no mapping.
+
+    Without it a ``tuna-*`` solve whose families conflict returns the nearest
+    mapping, says so in one line and marks it ``relaxed``; with it the
+    command ends with the minimal conflicting families and the reason.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser()
+    >>> add_strict_families_option(parser)
+    >>> parser.parse_args(["--strict-families"]).on_infeasible
+    'raise'
+    >>> parser.parse_args([]).on_infeasible
+    'relax'
+    """
+    parser.add_argument("--strict-families", dest="on_infeasible", action="store_const", const="raise",
+                        default="relax",
+                        help="when the Tuna families admit no mapping, fail with the conflicting families and "
+                             "why, instead of using the nearest (relaxed) mapping")

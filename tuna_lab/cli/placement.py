@@ -14,7 +14,8 @@ load the solver.
 import json
 import sys
 
-from .options import add_size_options, add_topology_options, positive_float_arg, topology_of
+from .options import (add_size_options, add_strict_families_option, add_topology_options, positive_float_arg,
+                      topology_of)
 
 __all__ = ["add_parser", "plan_for", "add_traffic_options", "traffic_of"]
 
@@ -50,6 +51,7 @@ def add_parser(subparsers):
                    help="for --format taskset: the running server whose TIDs to name")
     p.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S",
                    help="solver time limit for the tuna-* policies")
+    add_strict_families_option(p)
     add_topology_options(p)
     p.set_defaults(func=_cmd_plan)
 
@@ -73,6 +75,7 @@ def add_parser(subparsers):
                    help="stay in the foreground and re-pin replacement workers until Ctrl-C/SIGTERM")
     n.add_argument("--dry-run", action="store_true", help="show what would be bound; bind nothing")
     n.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_strict_families_option(n)
     add_traffic_options(n)
     n.set_defaults(func=_cmd_pin)
 
@@ -144,15 +147,18 @@ def traffic_of(args, master):
     return serve_requests(master, args.url, method=args.method, headers=headers, body=body)
 
 
-def plan_for(policy, workers, threads, topology, time_limit=None):
-    """The :class:`~tuna_lab.placement.plan.Plan` of ``policy`` for ``workers`` x ``threads`` on ``topology``."""
+def plan_for(policy, workers, threads, topology, time_limit=None, on_infeasible="relax"):
+    """The :class:`~tuna_lab.placement.plan.Plan` of ``policy`` for ``workers`` x ``threads`` on ``topology``.
+
+    ``on_infeasible``: see :func:`~tuna_lab.placement.policies.placement`.
+    """
     from ..placement import placement
 
-    return placement(policy, workers, threads, topology, time_limit=time_limit).plan()
+    return placement(policy, workers, threads, topology, time_limit=time_limit, on_infeasible=on_infeasible).plan()
 
 
 def _cmd_plan(args):
-    plan = plan_for(args.policy, args.workers, args.threads, topology_of(args), args.time_limit)
+    plan = plan_for(args.policy, args.workers, args.threads, topology_of(args), args.time_limit, args.on_infeasible)
     tids = None
     if args.format == "taskset" and args.pid is not None:
         from ..placement.pin import server_threads
@@ -186,7 +192,7 @@ def _plan_of(args, workers):
         return Plan.read(args.plan).check_machine(here, force=args.force)
     if not args.policy or not args.threads:
         raise PlanError("say what to apply: --policy POLICY -t THREADS, or --plan FILE")
-    return plan_for(args.policy, len(workers), args.threads, here)
+    return plan_for(args.policy, len(workers), args.threads, here, on_infeasible=args.on_infeasible)
 
 
 def _cmd_pin(args):

@@ -326,15 +326,15 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
             if out is not None and done:
                 begun = min(len(done) // len(policies) + 1, trials)
                 meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True,
-                            generator=_generator_total(done),
-                            target=target.describe())
+                            generator=_generator_total(done), target=target.describe(),
+                            placements=target.placements())
                 write_cell(out.rstrip("/") + schema.PARTIAL_SUFFIX, _result(done, meta), csv)
             raise
         finally:
             # Also on an error, Ctrl-C or SIGTERM: a running server gets its masks back.
             target.stop()
         meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    generator=_generator_total(done), target=target.describe(),
+                    generator=_generator_total(done), target=target.describe(), placements=target.placements(),
                     latency=sorted({m.row["latency"] for m in done}))
         result = _result(done, meta)
         if out is not None:

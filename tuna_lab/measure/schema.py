@@ -9,15 +9,20 @@ policies) is a folder named by :func:`cell_key` holding:
     for the load generator (``cpus``, ``cpulist``, ``server_cpus``, ``how``:
     given, default or none, and the ``note`` printed), and ``generator``, its
     cost over the cell's trials (``cpu_user``, ``cpu_sys``, ``cpu_seconds``,
-    ``requests``, ``cpu_per_request``). Written last: a folder without it is
-    an unfinished cell, which a sweep redoes.
+    ``requests``, ``cpu_per_request``); ``placements``, per ``tuna-*``
+    policy its mapping's ``status`` and ``proven_optimal``, and where the
+    families admit no mapping (``status`` ``"relaxed"``) what the relaxed
+    mapping exceeds (``relaxed``: family, amount, message) and why
+    (``reason``). Written last: a folder without it is an unfinished cell,
+    which a sweep redoes.
 ``requests.parquet`` (:data:`REQUESTS`)
     One row per request (:data:`REQUEST_COLUMNS`, plus the cell and trial
     columns the runner adds).
 ``trials.parquet`` (:data:`TRIALS`)
     One row per (trial, policy): counts, the latency :func:`percentiles`, the
     server's CPU columns :data:`CPU_COLUMNS` and the load generator's own
-    :data:`GENERATOR_COLUMNS`.
+    :data:`GENERATOR_COLUMNS`; ``relaxed``, what a relaxed Tuna mapping
+    exceeds (empty for the others).
 ``threads.parquet`` (:data:`THREADS`)
     Per-thread CPU accounting, one row per (trial, policy, worker, role);
     absent when no trial could be accounted.

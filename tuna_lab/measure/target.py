@@ -323,6 +323,8 @@ class Target:
     kind = "target"
     #: Whether the server is started per trial (False: it runs already and stays running).
     restarts = True
+    #: Seconds a ``tuna-*`` policy's solve may take (None: no limit).
+    time_limit = None
 
     def start(self, topology):
         """Before the first trial; ``topology`` is the machine the server may use."""
@@ -345,13 +347,60 @@ class Target:
             self._runtimes = _runtimes(live.worker_pids())
 
     def _placement(self, policy):
-        """The plan of ``policy`` on the server's CPUs, made once per target (every trial runs the same)."""
+        """The placement of ``policy`` on the server's CPUs, made once per target (every trial runs the same).
+
+        Once: a ``tuna-*`` policy is solved once, and a relaxed mapping's
+        :class:`~tuna_lab.errors.RelaxedMappingWarning` is said once per cell.
+        """
         from ..placement.policies import placement
 
         plans = self.__dict__.setdefault("_plans", {})
         if policy not in plans:
-            plans[policy] = placement(policy, self.workers, self.threads, self.topology)
+            plans[policy] = placement(policy, self.workers, self.threads, self.topology,
+                                      time_limit=self.time_limit)
         return plans[policy]
+
+    def placements(self):
+        """What the manifest records of the Tuna mappings placed so far: ``{policy: record}``.
+
+        One record per policy whose placement is a solved mapping (the
+        ``tuna-*`` ones): its ``status`` and ``proven_optimal``, and
+        ``relaxed``, each family a relaxed mapping exceeds, by how much and
+        where (:attr:`Mapping.relaxed <tuna_lab.model.mapping.Mapping.relaxed>`;
+        empty when the families admit a mapping), with ``reason``, why they
+        admit none.
+
+        Examples
+        --------
+        >>> Target().placements()
+        {}
+        """
+        out = {}
+        for policy, placed in self.__dict__.get("_plans", {}).items():
+            mapping = placed.mapping
+            if mapping is None:
+                continue
+            relax = mapping.certificate.get("relaxation") or {}
+            out[policy] = {
+                "status": mapping.status, "proven_optimal": bool(mapping.proven_optimal),
+                "relaxed": [{"family": r.family, "amount": r.amount, "message": r.message} for r in mapping.relaxed],
+                "reason": "; ".join(c.get("reason", "") for c in relax.get("conflicts", ())),
+            }
+        return out
+
+    def relaxed(self, policy):
+        """What ``policy``'s relaxed mapping exceeds (``"(11-12) exceeded by 8: ..."``), else ``""``: a trial row's.
+
+        Reads the placement already made (none is made here).
+
+        Examples
+        --------
+        >>> Target().relaxed("tuna-scatter")
+        ''
+        """
+        placed = self.__dict__.get("_plans", {}).get(policy)
+        mapping = None if placed is None else placed.mapping
+        return "" if mapping is None else "; ".join(str(r) for r in mapping.relaxed)
 
 
 class LabTarget(Target):
@@ -366,6 +415,8 @@ class LabTarget(Target):
     """
 
     kind = "lab"
+    #: as :class:`~tuna_lab.server.launch.Server`'s default
+    time_limit = 60
 
     def __init__(self, config, seed=0):
         from .load import payload
@@ -381,7 +432,9 @@ class LabTarget(Target):
 
         c = self.config
         # die_with_parent: a runner killed outright (SIGKILL, a lost cluster worker) leaves no server.
-        with Server(c.workers, c.threads, model=c.model, policy=policy, wait_policy=c.wait_policy,
+        # the placement made once per cell (a Tuna mapping solved once, a relaxed one said once)
+        placed = self._placement(policy)
+        with Server(c.workers, c.threads, model=c.model, policy=placed, wait_policy=c.wait_policy,
                     spincount=c.spincount, die_with_parent=True, topology=self.topology) as srv:
             self.url = srv.url
             yield _LabLive(srv)

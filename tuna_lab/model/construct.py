@@ -109,9 +109,15 @@ def greedy_mapping(caps, chain_labels=None, order_by="rank"):
         sequence = [(w, 0) for w in range(W)] + [(w, t) for w in range(W) for t in range(1, T)]
     else:
         sequence = [(w, t) for t in range(T) for w in range(W)]
-    per_rank = np.zeros((T, C), dtype=int)
+    # (2) caps each rank on a core; the greedy keeps only what that implies for the counts - at most
+    # cap mains and cap (T-1) other threads per core - and numbers the ranks at the end
+    # (assign_ranks: such counts always admit a numbering, de Werra). Numbering as it goes would
+    # dead-end where the counts still fit: a core that took rank 2 early refusing the last rank 2
+    # while another core lacks one.
+    nonmain = np.zeros(C, dtype=int)
+    nonmain_cap = cap_rank * (T - 1)
     for w, t in sequence:
-        ok = (per_rank[t] < cap_rank) & (B[w] < cap_worker)
+        ok = ((mains < cap_rank) if t == 0 else (nonmain < nonmain_cap)) & (B[w] < cap_worker)
         reach_U = load + 1 == U
         if use_load:
             ok &= load < U
@@ -147,12 +153,17 @@ def greedy_mapping(caps, chain_labels=None, order_by="rank"):
         load[pick] += 1
         pload[x] += 1
         B[w, pick] += 1
-        per_rank[t, pick] += 1
         if t == 0:
             mains[pick] += 1
             pmain[x] += 1
+        else:
+            nonmain[pick] += 1
         out[w, t] = pick
-    return out
+    if caps.rank_cap is None or T < 2:
+        return out
+    others = B.copy()
+    others[np.arange(W), out[:, 0]] -= 1
+    return assign_ranks(out[:, 0], others, cap_rank)
 
 
 @dataclass

@@ -142,6 +142,10 @@ class Family:
     #: Off by default: a family of one's own that singles out some cores or
     #: workers would be cut off by them.
     symmetric = False
+    #: Where the family stands when a conflict forces one to yield
+    #: (:mod:`~tuna_lab.model.explain`): the lowest number yields first;
+    #: ``None``, the default, never yields (its rows stay hard).
+    yields = None
 
     @property
     def name(self):
@@ -166,6 +170,18 @@ class Family:
         an objective family returns the linearisation of its :meth:`term`.
         """
         return []
+
+    def elastic(self, enc):
+        """``(rows, slack)``: the family's rows with non-negative slack, or ``None`` if it cannot yield.
+
+        ``slack`` is a cvxpy expression, the total by which the rows are
+        exceeded, equal to ``residual(...).sum()`` at a mapping where the
+        slack is least. The relaxation (:mod:`~tuna_lab.model.pipeline`)
+        puts these rows in place of :meth:`constraints` for the family that
+        yields, minimises the slack, then maximises the objective at that
+        minimum.
+        """
+        return None
 
     def term(self, enc):
         """Objective term (to be maximised) of an objective family; ``None`` otherwise.
@@ -562,6 +578,10 @@ class MainLoadCap(Family):
             return "not scenario 3 (WT <= C or WT mod C = 0): (8) alone balances the cores"
         return f"at most {self.bound(inst)} cores with a main thread carry U={inst.U} threads"
 
+    # The first to yield to a conflict: it only prefers which loaded cores carry a main thread,
+    # where (2) keeps equally ranked threads apart and (8) keeps the balance (docs/model.md).
+    yields = 1
+
     def constraints(self, enc):
         inst = enc.inst
         if not inst.scenario3:
@@ -569,6 +589,19 @@ class MainLoadCap(Family):
         indicator, _ = enc.main_indicator()          # its rows belong to (9)+(10)
         events, cons = enc.main_load_events(enc.load - inst.L, indicator, "logical")
         return cons + [cp_sum(events) <= self.bound(inst)]
+
+    def elastic(self, enc):
+        """(12) with a slack: ``sum_c 1(E_c) <= max(0, W-C+r) + s``, ``s >= 0``.
+
+        Examples
+        --------
+        >>> from tuna_lab import Topology, TunaModel
+        >>> model = TunaModel(24, 2, Topology.preset("xeon-8272cl"))
+        >>> model.explain().families, model.solve().relaxed[0].amount
+        (('2', '11-12'), 8.0)
+        """
+        return _elastic_events(self, enc, enc.load - enc.inst.L, lambda: enc.main_indicator()[0],
+                               "logical", enc.inst.scenario3)
 
     def caps(self, inst):
         return {"event_budget": self.bound(inst)} if self.applies(inst) else {}
@@ -637,6 +670,9 @@ class PhysicalMainLoadCap(Family):
         has_main = np.bincount(inst.core, weights=main_counts(assign, inst.C), minlength=inst.P) > 0
         return (n == inst.U_phys) & has_main
 
+    # (the physical analogue yields before the article's own (11)+(12))
+    yields = 0
+
     def constraints(self, enc):
         inst = enc.inst
         if not self.applies(inst):
@@ -646,6 +682,16 @@ class PhysicalMainLoadCap(Family):
         events, more = enc.main_load_events(
             enc.load @ enc.physical_matrix - inst.L_phys, indicator, "physical")
         return cons + more + [cp_sum(events) <= self.bound(inst)]
+
+    def elastic(self, enc):
+        """(12+) with a slack, as :meth:`MainLoadCap.elastic`; its own ``M+_x`` rows included."""
+        inst = enc.inst
+        if not self.applies(inst):
+            return _elastic_events(self, enc, None, None, "physical", False)
+        indicator, cons = enc.physical_main_indicator()
+        rows, slack = _elastic_events(self, enc, enc.load @ enc.physical_matrix - inst.L_phys,
+                                      lambda: indicator, "physical", True)
+        return cons + rows, slack
 
     def caps(self, inst):
         return {"phys_event_budget": self.bound(inst)} if self.applies(inst) else {}
@@ -663,6 +709,17 @@ class PhysicalMainLoadCap(Family):
         return [Violation(self.key, (), float(res[0]),
                           f"{int(ev.sum())} physical cores with a main thread carry U+={inst.U_phys} "
                           f"threads (cores {np.flatnonzero(ev).tolist()}), above {self.bound(inst)}")]
+
+
+def _elastic_events(family, enc, excess, indicator, label, active):
+    """``(rows, slack)`` of an event budget (12)/(12+) that may be exceeded by ``slack >= 0``."""
+    import cvxpy as cp
+
+    slack = cp.Variable(nonneg=True, name=f"slack_{family.key}")
+    if not active:
+        return [slack == 0], slack
+    events, cons = enc.main_load_events(excess, indicator(), label)
+    return cons + [cp_sum(events) <= family.bound(enc.inst) + slack], slack
 
 
 def cp_sum(expr):

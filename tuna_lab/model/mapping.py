@@ -7,7 +7,31 @@ import numpy as np
 from .families import DEFAULT_FAMILIES, loads, main_counts, pair_sums, worker_counts
 from .instance import Instance
 
-__all__ = ["Mapping"]
+__all__ = ["Mapping", "Relaxed"]
+
+
+@dataclass(frozen=True)
+class Relaxed:
+    """A family a relaxed mapping exceeds, by how much and where.
+
+    Attributes
+    ----------
+    family : str
+        The family's key (``"11-12"``).
+    amount : float
+        The total of its rows' excess (:meth:`Family.residual
+        <tuna_lab.model.families.Family.residual>` summed), the least any
+        mapping of the other families reaches when the relaxation is proven.
+    message : str
+        Its violations, as :meth:`Mapping.verify` words them.
+    """
+
+    family: str
+    amount: float
+    message: str
+
+    def __str__(self):
+        return f"({self.family}) exceeded by {self.amount:g}: {self.message}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -23,9 +47,13 @@ class Mapping:
     families : tuple of Family
         The families the mapping was solved under (what :meth:`verify` checks).
     status : str
-        ``"optimal"``, ``"time_limit"``, ``"constructed"`` ...
+        ``"optimal"``, ``"time_limit"``, ``"constructed"`` ... or ``"relaxed"``:
+        the families admit no mapping and this one exceeds the yielding
+        families (:attr:`relaxed`) least, then maximises the objective.
     proven_optimal : bool
-        The solver proved no better mapping exists (within ``gap``).
+        The solver proved no better mapping exists (within ``gap``); for a
+        relaxed mapping, both stages are proven (least violation, then
+        objective).
     gap : float or None
         Relative gap between the objective and the solver's bound.
     build_seconds, solve_seconds : float
@@ -51,7 +79,13 @@ class Mapping:
         objective proves it (0 if unknown); ``dual_bound`` - HiGHS's, when it
         ran; ``combinatorial`` - the combinatorial bound's parts
         (:meth:`Certificate.as_dict <tuna_lab.model.bounds.Certificate.as_dict>`)
-        when computed.
+        when computed. A relaxed mapping adds ``relaxation``: the yielding
+        families, the conflicts (:meth:`Conflict.as_dict
+        <tuna_lab.model.explain.Conflict.as_dict>`) and the first stage's
+        least violation with its lower bound and proof.
+    relaxed : tuple of Relaxed
+        The families a relaxed mapping exceeds and by how much (empty otherwise):
+        exactly what :meth:`verify` reports.
 
     Examples
     --------
@@ -74,10 +108,12 @@ class Mapping:
     extra: dict = field(default_factory=dict)
     notes: tuple = ()
     certificate: dict = field(default_factory=dict)
+    relaxed: tuple = ()
 
     def __post_init__(self):
         object.__setattr__(self, "assignment", np.asarray(self.assignment, dtype=int))
         object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "relaxed", tuple(self.relaxed))
 
     # -- basic facts -----------------------------------------------------------
     @property
@@ -187,6 +223,7 @@ class Mapping:
             "violations": [v.message for v in self.verify()],
             "notes": list(self.notes),
             "certificate": dict(self.certificate),
+            "relaxed": [{"family": r.family, "amount": r.amount, "message": r.message} for r in self.relaxed],
         }
 
     def describe(self):
@@ -203,6 +240,7 @@ class Mapping:
                      f"[{self.encoding}: build {self.build_seconds:.3f}s solve {self.solve_seconds:.3f}s]")
         if self.certificate:
             lines.append(f"  certificate: {self._certificate_text()}")
+        lines += [f"  relaxed: {r}" for r in self.relaxed]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 

@@ -21,7 +21,8 @@ from .encodings import ENCODINGS, make_encoding, ultrametric_chain
 from .fragments import fragment_mapping, fragment_program
 from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, SingleCore
 from .instance import Instance
-from .pipeline import SolveOptions, run
+from . import pipeline
+from .pipeline import SolveOptions
 
 # cvxpy takes most of a second to import; a compact solve that the constructive route
 # proves never builds the cvxpy problem, so it is loaded on first use
@@ -128,6 +129,7 @@ class TunaModel:
         self._check_requirements()
         self.caps = Caps.of(self.instance, self.families)
         self._full_bound = None
+        self._pattern_bound = None          # bound_certificate with its pattern bounds, once computed
         self._fragments = None
         self._fragment_todo = None          # fragment programs not solved yet; None: not listed yet
 
@@ -140,8 +142,13 @@ class TunaModel:
         return TunaModel(**args)
 
     def without(self, *families):
-        """A copy of the model without the given families (keys, names or classes)."""
-        drop = {type(_resolve_family(f)) for f in families}
+        """A copy of the model without the given families (keys, names or classes).
+
+        A key may also name a family of one's own that the model holds.
+        """
+        here = {f.key: f for f in self.families}
+        drop = {type(here[f]) if isinstance(f, str) and f in here else type(_resolve_family(f))
+                for f in families}
         return self._replace(families=[f for f in self.families if type(f) not in drop])
 
     def with_(self, *families):
@@ -232,11 +239,12 @@ class TunaModel:
         candidates = [greedy_mapping(self.caps, labels, order_by) for order_by in ("rank", "worker")]
         if chain is not None and all(c is None for c in candidates) and patterns_infeasible(self.caps, chain):
             return None                     # no mapping exists: nothing for the fragment programs to map
-        # a greedy mapping the counting bound alone proves needs no fragment program (on hundreds of
-        # cores those take seconds and hundreds of MB to find the same)
+        # a greedy mapping the counting bound, or the pattern bounds where it falls short, prove needs
+        # no fragment program (on hundreds of cores those take seconds and hundreds of MB to find the
+        # same; the pattern bounds, small programs over core patterns, well under a second)
         top = self._best_valid(candidates)
         if chain is not None and top is not None and \
-                bound_closes(bound_certificate(self.caps, chain, patterns=False).bound, self.value(top),
+                bound_closes(self._bound_certificate(chain, self.value(top)).bound, self.value(top),
                              self.granularity()):
             return self._ordered(top)
         # compact mode: the plans of the fragment programs, dealt and placed
@@ -382,7 +390,7 @@ class TunaModel:
                 self._fragment_solutions(left, more=1)
         if target is None and self._full_bound is not None and not timed:
             return self._full_bound
-        cert = bound_certificate(self.caps, chain, target=target)
+        cert = self._bound_certificate(chain, target)
         if cert.sources and not (target is not None and cert.name == "counting"
                                  and cert.bound - target < max(self.granularity(), 1e-9)):
             if target is not None:
@@ -394,6 +402,20 @@ class TunaModel:
             cert = self._with_fragments(cert, compute=not timed)
         if target is None and not timed:
             self._full_bound = cert
+        return cert
+
+    def _bound_certificate(self, chain, target=None):
+        """:func:`~tuna_lab.model.bounds.bound_certificate` of the model, its pattern bounds computed once.
+
+        With ``target`` closed by the counting bound alone the pattern bounds
+        are skipped (and not kept); otherwise the full certificate is kept for
+        the next call (construct's check, then the run's certificate).
+        """
+        if self._pattern_bound is not None:
+            return self._pattern_bound
+        cert = bound_certificate(self.caps, chain, target=target)
+        if target is None or not bound_closes(cert.detail["counting_bound"], target, self.granularity()):
+            self._pattern_bound = cert
         return cert
 
     def _resume_fragments(self, time_limit):
@@ -472,7 +494,31 @@ class TunaModel:
             return 0.0
         return objective_granularity(self.caps, chain)
 
-    def solve(self, time_limit=None, gap=None, verbose=False, warm_start=True, prove="auto"):
+    def explain(self, time_limit=None):
+        """Why the families admit no mapping: a minimal conflicting subset, or ``None`` if they admit one.
+
+        See :func:`~tuna_lab.model.explain.explain`: the counting argument
+        where it applies (no solver), else a deletion filter over the
+        solve pipeline's verdicts.
+
+        Returns
+        -------
+        Conflict or None
+
+        Examples
+        --------
+        >>> from tuna_lab import Topology, TunaModel
+        >>> print(TunaModel(10, 2, Topology.synthetic("pack:1 l3:2 l2:2 core:2 pu:2")).explain().describe())
+        (2) and (11-12) (with (8), (9-10), which they read) admit no mapping together: (8) puts U=2 threads on r=4 of the 16 cores and L=1 on the others; (2) lets a core hold at most 1 thread of each rank, so a core without a main thread holds at most 1x(T-1) = 1 < U threads: all 4 cores at U carry a main thread, but (11-12) allows at most max(0, W-C+r) = max(0, 10-16+4) = 0
+        >>> TunaModel(4, 4, Topology.preset("xeon-8272cl")).explain() is None
+        True
+        """
+        from .explain import explain
+
+        return explain(self, time_limit=time_limit)
+
+    def solve(self, time_limit=None, gap=None, verbose=False, warm_start=True, prove="auto",
+              on_infeasible="relax"):
         """Solve and return a :class:`Mapping`: by construction and bound where they prove it, else by HiGHS.
 
         The stages are those of :mod:`~tuna_lab.model.pipeline`.
@@ -492,18 +538,27 @@ class TunaModel:
         prove : {"auto", "solver", "bound"}
             ``"auto"``/``"bound"`` skip HiGHS when the constructive mapping already
             reaches the counting bound (:meth:`bound`), which proves it optimal;
-            ``"solver"`` always lets HiGHS prove optimality.
+            ``"solver"`` always lets HiGHS prove optimality (both stages of a
+            relaxation too).
+        on_infeasible : {"relax", "raise"}
+            When the families admit no mapping: ``"relax"`` returns the
+            nearest one (``status == "relaxed"``; the yielding family of a
+            minimal conflicting subset (:meth:`explain`) exceeded least,
+            then the objective maximised at that least excess; see
+            :attr:`Mapping.relaxed`), ``"raise"`` raises.
 
         Raises
         ------
         ModelError
             A bad option.
         InfeasibleModelError
-            The families admit no mapping.
+            The families admit no mapping, and ``on_infeasible="raise"`` or
+            no family of the conflict may yield; its ``families`` are a
+            minimal conflicting subset, its ``reason`` says why.
         NoSolutionError
             The time limit passed before any mapping was found.
         """
-        return run(self, SolveOptions(time_limit, gap, verbose, warm_start, prove))
+        return pipeline.run_or_relax(self, SolveOptions(time_limit, gap, verbose, warm_start, prove), on_infeasible)
 
     def __repr__(self):
         inst = self.instance
@@ -522,7 +577,7 @@ def solve(workers, threads, topology=None, mode="scatter", **options):
     mode : {"scatter", "compact"}
     **options
         ``families``, ``encoding``, ``costs`` go to :class:`TunaModel`;
-        ``time_limit``, ``gap``, ``verbose`` to :meth:`TunaModel.solve`.
+        ``time_limit``, ``gap``, ``verbose``, ``on_infeasible`` to :meth:`TunaModel.solve`.
 
     Examples
     --------
@@ -531,7 +586,7 @@ def solve(workers, threads, topology=None, mode="scatter", **options):
     True
     """
     model_opts = {k: options.pop(k) for k in ("families", "encoding", "costs") if k in options}
-    unknown = set(options) - {"time_limit", "gap", "verbose", "warm_start", "prove"}
+    unknown = set(options) - {"time_limit", "gap", "verbose", "warm_start", "prove", "on_infeasible"}
     if unknown:
         raise ModelError(f"unknown option(s): {', '.join(sorted(unknown))}")
     return TunaModel(workers, threads, topology, mode, **model_opts).solve(**options)

@@ -79,6 +79,10 @@ class Plan:
         Who binds: tuna_lab by TID, the OpenMP runtime from ``env``, or nobody (``cfs``).
     env : dict
         Environment the workers need (``OMP_*`` of the ``omp-*`` policies).
+    relaxed : tuple of str
+        For a ``tuna-*`` plan whose families admit no mapping: what the
+        relaxed mapping exceeds (:attr:`Mapping.relaxed
+        <tuna_lab.model.mapping.Mapping.relaxed>`, as text); empty otherwise.
     """
 
     policy: str
@@ -90,6 +94,7 @@ class Plan:
     topology: str = ""
     pinned_by: str = "tuna_lab"
     env: dict = field(default_factory=dict)
+    relaxed: tuple = ()
 
     def __post_init__(self):
         W = positive_int("workers", self.workers, PlanError)
@@ -111,7 +116,8 @@ class Plan:
         if not isinstance(self.fingerprint, str) or not self.fingerprint:
             raise PlanError("a plan needs the fingerprint of the machine it was made for")
         for name, value in (("workers", W), ("threads", T), ("slots", slots), ("cpus", cpus),
-                            ("env", {str(k): str(v) for k, v in dict(self.env or {}).items()})):
+                            ("env", {str(k): str(v) for k, v in dict(self.env or {}).items()}),
+                            ("relaxed", tuple(str(r) for r in self.relaxed or ()))):
             object.__setattr__(self, name, value)
 
     # -- building and reading ---------------------------------------------------------------
@@ -121,15 +127,19 @@ class Plan:
         from ..machine.fingerprint import fingerprint
 
         topo = placement.topology
+        mapping = placement.mapping
+        relaxed = () if mapping is None else tuple(str(r) for r in mapping.relaxed)
         return cls(placement.policy, placement.workers, placement.threads, placement.allowed,
-                   tuple(topo.cpus), fingerprint(topo), topo.name, placement.pinned_by, dict(placement.env))
+                   tuple(topo.cpus), fingerprint(topo), topo.name, placement.pinned_by, dict(placement.env), relaxed)
 
     def to_dict(self):
         """The plan as JSON-able data (the ``json`` format).
 
         Per slot: ``main`` (the main thread's CPUs) and ``pool`` (each pool
-        thread's CPUs, by rank 1..T-1); plus the machine it was made for.
+        thread's CPUs, by rank 1..T-1); plus the machine it was made for;
+        ``relaxed`` only for a relaxed Tuna mapping.
         """
+        extra = {"status": "relaxed", "relaxed": list(self.relaxed)} if self.relaxed else {}
         return {
             "format": PLAN_FORMAT,
             "policy": self.policy,
@@ -140,6 +150,7 @@ class Plan:
             "topology": {"name": self.topology, "cpus": list(self.cpus), "fingerprint": self.fingerprint},
             "slots": [{"slot": w, "main": list(row[0]), "pool": [list(s) for s in row[1:]]}
                       for w, row in enumerate(self.slots)],
+            **extra,
         }
 
     @classmethod
@@ -158,7 +169,8 @@ class Plan:
                     for s in slots]
             return cls(data["policy"], data["workers"], data["threads"],
                        rows, _cpu_list(topo["cpus"], "topology cpus"), topo["fingerprint"],
-                       topo.get("name", ""), data.get("pinned_by", "tuna_lab"), data.get("env") or {})
+                       topo.get("name", ""), data.get("pinned_by", "tuna_lab"), data.get("env") or {},
+                       tuple(data.get("relaxed") or ()))
         except (KeyError, TypeError) as exc:
             raise PlanError(f"malformed plan: missing or wrong field {exc}") from None
 

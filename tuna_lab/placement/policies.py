@@ -53,13 +53,14 @@ Examples
 from __future__ import annotations
 
 import itertools
+import warnings
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from .._checks import format_cpulist
-from ..errors import ModelError, TopologyError
+from ..errors import ModelError, RelaxedMappingWarning, TopologyError
 from ..machine import Topology, topology_from
 from ..model.families import main_counts, pair_sums, worker_counts
 from ..model.instance import MODES, check_positive_int
@@ -303,7 +304,8 @@ class Placement:
         }
 
 
-def placement(policy, workers, threads, topology=None, *, places="cores", mode=None, time_limit=None):
+def placement(policy, workers, threads, topology=None, *, places="cores", mode=None, time_limit=None,
+              on_infeasible="relax"):
     """The placement of ``workers`` x ``threads`` under ``policy``.
 
     Parameters
@@ -321,6 +323,11 @@ def placement(policy, workers, threads, topology=None, *, places="cores", mode=N
         already fixes it); ignored by the others, which have no mode.
     time_limit : float, optional
         Seconds the ``tuna-*`` policies may give the solver.
+    on_infeasible : {"relax", "raise"}
+        For the ``tuna-*`` policies when the families admit no mapping: use
+        the relaxed mapping (with one :class:`~tuna_lab.errors.RelaxedMappingWarning`
+        saying so), or raise :class:`~tuna_lab.errors.InfeasibleModelError`
+        (:meth:`TunaModel.solve <tuna_lab.model.tuna.TunaModel.solve>`).
 
     Returns
     -------
@@ -357,7 +364,10 @@ def placement(policy, workers, threads, topology=None, *, places="cores", mode=N
             raise ModelError(f"policy {policy!r} solves in {wanted} mode, not {mode!r}")
         from ..model.tuna import solve     # the solver loads only for the tuna-* policies
 
-        mapping = solve(W, T, topology, wanted, time_limit=time_limit)
+        mapping = solve(W, T, topology, wanted, time_limit=time_limit, on_infeasible=on_infeasible)
+        if mapping.status == "relaxed":
+            warnings.warn(f"{policy} {W}x{T}: the families admit no mapping; relaxed mapping used - "
+                          + "; ".join(str(r) for r in mapping.relaxed), RelaxedMappingWarning, stacklevel=2)
         return Placement(policy, W, T, topology, _singletons(mapping.assignment, topology), {},
                          "tuna_lab", mapping)
     if policy == "cfs":

@@ -88,8 +88,11 @@ class Server:
     ----------
     workers, threads : int
     model : {"small", "medium", "large"}
-    policy : str
-        One of :data:`tuna_lab.placement.policies.POLICIES`.
+    policy : str or Placement
+        One of :data:`tuna_lab.placement.policies.POLICIES`, or a
+        :class:`~tuna_lab.placement.policies.Placement` already made for
+        ``workers`` x ``threads`` (the experiment runner makes each policy's
+        once per cell: a Tuna mapping is solved, and a relaxed one said, once).
     port : int, optional
         0 (default) picks a free loopback port. The server binds 127.0.0.1 only.
     pidfile : str, optional
@@ -134,7 +137,13 @@ class Server:
         except CpuAccountingError as exc:
             raise ServerError(str(exc)) from None
         self.wait_policy, self.spincount = wait_policy, spincount
-        self.placement = placement(policy, workers, threads, topology, places=places, time_limit=time_limit)
+        if isinstance(policy, str):
+            self.placement = placement(policy, workers, threads, topology, places=places, time_limit=time_limit)
+        else:
+            if (policy.workers, policy.threads) != (workers, threads):
+                raise ServerError(f"the placement given is for {policy.workers}x{policy.threads}, "
+                                  f"not {workers}x{threads}")
+            self.placement, policy = policy, policy.policy
         affinity = os.sched_getaffinity(0)
         own = set(self.placement.topology.cpus) & affinity
         # A topology narrower than the CPUs this process may use (CPUs kept for a
