@@ -299,7 +299,7 @@ def _measured(plan, labels, frame=None, wall=0.0, status="ok", reason="", cpu=No
         frame = frame.assign(**labels, load_mode="open" if plan.rate is not None else "closed", latency=latency)
     row = trial_row(labels, frame, wall, status, reason, cpu, generator, latency)
     # a tuna-* policy whose families admit no mapping: what its relaxed mapping exceeds ("" otherwise)
-    row["relaxed"] = target.relaxed(labels["policy"])
+    row["relaxed"] = plan.target.relaxed(labels["policy"])
     row["server_timing_unparsed"] = int(timing.get("unparsed") or 0)
     row["server_timing_example"] = timing.get("example") or ""
     return Measured(row, frame, per_thread)
