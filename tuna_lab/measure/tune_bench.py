@@ -27,8 +27,10 @@ __all__ = ["run_tune_bench", "single_latency"]
 _MODEL, _BATCH = "medium", 100
 
 
-def single_latency(pairs, model=_MODEL, batch=_BATCH, requests=20, rate=4.0):
+def single_latency(pairs, model=_MODEL, batch=_BATCH, requests=20, rate=4.0, median=False):
     """``{(W, T): seconds}``: the p99 latency of requests sent alone, on a fresh cfs server per pair.
+
+    With ``median``, ``{(W, T): (p50, p99)}``.
 
     The requests arrive as ``tune``'s steps send them (open loop, from the
     scheduled time) but at ``rate`` per second, far below any pair's capacity,
@@ -52,7 +54,9 @@ def single_latency(pairs, model=_MODEL, batch=_BATCH, requests=20, rate=4.0):
             frame = open_loop(srv.url + "/predict", body, rate, requests=requests, duration=requests / rate,
                               timeout=5.0)
             ok = frame[frame["status"] == 200]["client_seconds"].to_numpy(float)
-            out[(workers, threads)] = float(np.percentile(ok, 99)) if len(ok) else float("inf")
+            p99 = float(np.percentile(ok, 99)) if len(ok) else float("inf")
+            p50 = float(np.percentile(ok, 50)) if len(ok) else float("inf")
+            out[(workers, threads)] = (p50, p99) if median else p99
     return out
 
 
@@ -68,7 +72,9 @@ def run_tune_bench(args):
 
     pairs = auto_configs(Limits.read().effective_cpus) if args.configs == "auto" else configs_arg(args.configs)
     policies = policies_arg(args.policies)
-    single = single_latency(pairs)
+    both = single_latency(pairs, median=True)
+    single = {pair: p99 for pair, (_, p99) in both.items()}
+    medians = {pair: p50 for pair, (p50, _) in both.items()}
     best_pair = min(single, key=single.get)
     sla = 2 * single[best_pair]
     say(f"bench tune: best single-request latency {single[best_pair] * 1e3:.1f} ms ({best_pair[0]}x{best_pair[1]}); "
@@ -98,14 +104,15 @@ def run_tune_bench(args):
     both.assign(sla_p99=sla, race_seconds=race_seconds, exhaustive_seconds=full_seconds).to_csv(args.out, index=False)
     print("== race\n" + table_text(raced) + "\n\n== exhaustive\n" + table_text(full) + "\n\n" + summary)
     if args.doc:
-        _write_doc(args.doc, single, sla, raced, full, race_seconds, full_seconds, summary, table_text)
+        _write_doc(args.doc, single, medians, sla, raced, full, race_seconds, full_seconds, summary, table_text)
     return 0
 
 
-def _write_doc(path, single, sla, raced, full, race_seconds, full_seconds, summary, table_text):
+def _write_doc(path, single, medians, sla, raced, full, race_seconds, full_seconds, summary, table_text):
     from ..machine import host
 
-    lat = ", ".join(f"{w}x{t} {s * 1e3:.1f} ms" for (w, t), s in sorted(single.items()))
+    lat = ", ".join(f"{w}x{t} {s * 1e3:.1f} ms (median {medians[(w, t)] * 1e3:.1f})"
+                    for (w, t), s in sorted(single.items()))
     text = f"""# Bench: `tune` against an exhaustive search
 
 Written by `tuna-lab bench tune --doc {path}` on {time.strftime('%Y-%m-%d')}, {host.cpu_model()},
