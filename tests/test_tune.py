@@ -114,12 +114,26 @@ def test_race_honours_its_budget_and_says_how_sure_it_is(budget):
 
 
 def test_a_candidate_that_cannot_meet_the_target_is_dropped_as_such():
-    candidates = [Candidate(1, 1, "cfs"), Candidate(1, 2, "cfs")]
+    # Raced first, with no leader to compare with: it is searched down to the lowest rate.
+    candidates = [Candidate(1, 2, "cfs"), Candidate(1, 1, "cfs")]
     sim = Simulated({"1x1 cfs": 20.0, "1x2 cfs": 1e-3}, seed=0)
     result = race(candidates, sim.evaluate, SLA, 600, clock=sim.clock, rounds=2, step_seconds=1.0)
     row = result.table.set_index("candidate").loc["1x2 cfs"]
     assert row["status"] == "dropped" and row["reason"].startswith("cannot meet the target")
     assert result.winner.name == "1x1 cfs"
+
+
+def test_a_candidate_far_below_the_leader_is_not_searched_down():
+    candidates = [Candidate(1, 1, "cfs"), Candidate(1, 2, "cfs")]
+    sim = Simulated({"1x1 cfs": 20.0, "1x2 cfs": 1e-3}, seed=0)
+    result = race(candidates, sim.evaluate, SLA, 600, clock=sim.clock, rounds=2, step_seconds=1.0)
+    row = result.table.set_index("candidate").loc["1x2 cfs"]
+    assert row["status"] == "dropped" and "a quarter or less of the leader's" in row["reason"]
+    assert row["steps"] <= 2 and result.winner.name == "1x1 cfs"
+    # An exhaustive search measures it down to the lowest rate instead.
+    full = Simulated({"1x1 cfs": 20.0, "1x2 cfs": 1e-3}, seed=0)
+    slow = race(candidates, full.evaluate, SLA, 600, clock=full.clock, rounds=2, step_seconds=1.0, exhaustive=True)
+    assert slow.table.set_index("candidate").loc["1x2 cfs", "reason"].startswith("cannot meet the target")
 
 
 # -- properties of the race, on simulated targets drawn by hypothesis -----------------------------------

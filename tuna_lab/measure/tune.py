@@ -15,10 +15,15 @@ here (:func:`race`) is successive halving with a racing rule:
 * Rounds. In round ``k`` every candidate still in the race gets one *run*: a
   server start, a warm-up and its placement (as any trial), then a few
   open-loop steps of ``step_seconds * 2**k`` seconds each on that server. The
-  steps search the rate: up by x4 until a step misses the target, down by x4
-  until one meets it, then bisection; once the bracket is within
-  ``tolerance``, further steps re-measure the best passing rate, which is the
-  evidence its lower bound needs.
+  steps search the rate: from the leader's best passing rate, up by x4 until
+  a step misses the target, down by x4 until one meets it (gently, by
+  ``1 + 2 tolerance``, for a candidate that met the target there before),
+  then bisection; once the bracket is within ``tolerance``, further steps
+  re-measure the best passing rate, which is the evidence its lower bound
+  needs. Whether a rate met the target is read from the share of requests
+  over it at each rate, fitted non-decreasing in the rate (isotonic
+  regression): one unlucky short step below rates that met the target on
+  more requests does not cap the candidate.
 * Intervals (:func:`rate_bounds`). Latency grows with the offered rate, so a
   request at a lower rate is no slower in distribution than one at a higher
   rate. Every step counts its requests over the target (a failed request
@@ -26,12 +31,19 @@ here (:func:`race`) is successive halving with a racing rule:
   binomial test (:func:`scipy.stats.binomtest`) that more than 1% of requests
   are over the target there (the rate is an upper bound), and pooling the
   steps from a rate up to that bound one that fewer are (a lower bound).
+  Every round's steps count: the bounds pool all of a candidate's runs.
 * Drops. After each round a candidate whose upper bound is below the best
-  lower bound is dropped (racing), then the rest are halved by their point
-  estimate, keeping the best ``1/eta`` of them (successive halving), so the
-  longer trials go to the close ones.
-  A candidate that misses the target even at ``low`` requests per second is
-  dropped as unable to meet it.
+  lower bound is dropped (racing: the only statistical drop). Then the rest
+  are halved, keeping the best ``1/eta`` of them (default a quarter) but at
+  least two until the round before the last, ranked by where the p99 crosses
+  the target within each bracket (log p99 interpolated between the passing
+  and the failing rate), so the longer trials go to the close ones. Within a
+  run, a candidate that misses the target at a quarter of the leader's
+  passing rate is out at once (halving would rank it out anyway), and one
+  that misses even at ``low`` requests per second is dropped as unable to
+  meet it. Halving drops are by rank, not by a test: they guarantee nothing
+  statistically, and the ``sure`` line says whether the evidence separates
+  the winner.
 * Budget. A run or a step is begun only when its worst case (duration plus
   drain, and a server start estimated from the runs so far) fits in what is
   left; when the budget runs out the best so far is returned, with a line
@@ -470,7 +482,7 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
                     entry.reason = (f"round {rnd + 1}: missed the target at {failing:g}/s, a quarter or less of "
                                     f"the leader's {lead:g}/s")
                     return None
-                rate = _next_rate(entry, low, high, tolerance, start_rate, lead)
+                rate = _next_rate(entry, low, high, tolerance, start_rate, lead, confidence)
                 if rate is None:
                     return None
                 duration = min(max(seconds, _MIN_REQUESTS / rate), 4 * seconds)
@@ -507,8 +519,13 @@ def _first_duration(entry, seconds, start_rate, leader):
     return min(max(seconds, _MIN_REQUESTS / rate), 4 * seconds)
 
 
-def _next_rate(entry, low, high, tolerance, start_rate, leader):
-    """The search's next rate for ``entry``, or None (it cannot meet the target: it is marked so)."""
+def _next_rate(entry, low, high, tolerance, start_rate, leader, confidence=0.9):
+    """The search's next rate for ``entry``, or None (it cannot meet the target: it is marked so).
+
+    A candidate is marked unable to meet the target only when the steps at
+    the lowest rate show it (their upper bound, :func:`rate_bounds`, is that
+    rate); one unlucky step there is measured again.
+    """
     passing, failing = _bracket(entry.steps)
     if passing is None and failing is None:
         return min(max(leader or start_rate, low), high)
@@ -517,6 +534,8 @@ def _next_rate(entry, low, high, tolerance, start_rate, leader):
         return min(passing * _GROWTH, high)
     if passing is None:
         if failing <= low:
+            if rate_bounds(entry.steps, confidence)[1] > low:
+                return low
             worst = min((s for s in entry.steps if s.rate == failing), key=lambda s: s.p99)
             entry.status = "dropped"
             entry.reason = (f"cannot meet the target: p99 {_ms(worst.p99)} even at {failing:g}/s, the lowest "
