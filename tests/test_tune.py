@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -235,9 +236,9 @@ def test_library_bad_input_raises_before_any_server():
 
 # -- the command line, on the lab server ------------------------------------------------------------------
 
-def _cli(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "tuna_lab.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def _cli(*args, timeout=180, env=None):
+    return subprocess.run([sys.executable, "-m", "tuna_lab.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -245,6 +246,8 @@ def _cli(*args, timeout=180):
     (["--sla-p99", "50ms", "--budget", "2s"], "too small for one trial"),
     (["--sla-p99", "50ms", "--configs", "2y2"], "--configs wants WxT"),
     (["--sla-p99", "50ms", "--url", "http://127.0.0.1:9/"], "is for your own server"),
+    (["--sla-p99", "50ms", "--wait-policies", "sometimes"], "unknown wait policy 'sometimes'"),
+    (["--sla-p99", "50ms", "--app", "timed_app:application", "-t", "2"], "leave out --url and -t"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):
     done = _cli("tune", *args, timeout=60)
@@ -287,3 +290,47 @@ def test_cli_end_to_end_within_a_minute(tmp_path):
     assert {"rate", "round", "step", "sla_p99"} <= set(trials.columns)
     assert all(m["tune"]["winner"] == win["candidate"] for m in manifests)
     assert trials.groupby(["cell", "policy", "trial"]).size().max() == 1     # every step is a trial of its own
+
+
+# -- a user's app that tuna_lab starts, with two wait policies ------------------------------------------
+
+USERAPP = Path(__file__).parent / "userapp"
+
+
+@pytest.fixture(scope="module")
+def user_app(tmp_path_factory):
+    """``(env, body)``: the environment tests/userapp's apps run in (their model, trained here) and a request."""
+    folder = tmp_path_factory.mktemp("tune-usermodel")
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(USERAPP)!r}); import usermodel; "
+                    f"usermodel.train({str(folder / 'model.json')!r})"], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNA_LAB_", "OMP_", "GOMP_"))}
+    env.update(USERAPP_MODEL=str(folder / "model.json"), PYTHONUNBUFFERED="1")
+    body = folder / "request.json"
+    body.write_text('{"rows": [[0.5, 0.25]]}')
+    return env, body
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="tuna-scatter on one CPU is cfs")
+def test_cli_tunes_a_users_app_over_policies_and_wait_policies(user_app, tmp_path):
+    env, body = user_app
+    out = tmp_path / "tune"
+    done = _cli("tune", "--sla-p99", "100ms", "--app", "timed_app:application", "--app-dir", USERAPP,
+                "--body", body, "--configs", "1x1", "--policies", "cfs,tuna-scatter",
+                "--wait-policies", "default,passive", "--budget", "30s", "--step-seconds", "0.5", "--rounds", "2",
+                "--out", out, "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["elapsed"] <= 1.1 * 30
+    names = {c["candidate"] for c in result["candidates"]}
+    assert names == {"1x1 cfs", "1x1 tuna-scatter", "1x1 cfs passive", "1x1 tuna-scatter passive"}
+    win = result["winner"]
+    assert win["workers"] == 1 and win["threads"] == 1 and win["rate"] > 0
+    assert win["wait_policy"] in ("default", "passive") and "workers = 1" in win["plan"]
+    # One cell per wait policy, each the user's app as run and sweep record it.
+    from tuna_lab.measure.store import load_results
+
+    _, trials, manifests = load_results(str(out))
+    assert {m["wait_policy"] for m in manifests} <= {"default", "passive"} and len(manifests) >= 1
+    assert all(m["target"]["kind"] == "app" and m["target"]["app"] == "timed_app:application" for m in manifests)
+    assert "server-timing" in set(trials["latency"])        # the app's own Server-Timing header
+    assert set(trials["candidate"]) <= names
