@@ -470,8 +470,11 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
                         return None
                 # A first run may take a few more steps, until its rate is bracketed: a candidate that had
                 # to climb from start_rate must not lose the halving for want of a failing step.
-                bracketed = None not in _bracket(entry.steps)
-                if len(taken) >= (steps if bracketed or entry.rounds else steps + 3):
+                # Any run may take them while the candidate has no rate that met the target (a slower server
+                # start than the last, a busier machine): a run never ends with a candidate it measured at 0/s.
+                passing, failing = _bracket(entry.steps)
+                short = passing is None or (failing is None and not entry.rounds)
+                if len(taken) >= (steps + 3 if short else steps):
                     return None
                 lead = leader_rate()
                 passing, failing = _bracket(entry.steps)
