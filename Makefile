@@ -114,6 +114,8 @@ api-docs: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/tuna-lab bench solver --out bench/out/solver.csv --pairwise-limit 60 --doc docs/solver-bench.md
 	$(VENV)/bin/tuna-lab bench load --out bench/out/load.csv --doc docs/load-bench.md
+	@# tune against an exhaustive search of the same candidates: about 20 minutes on 2 CPUs (docs/tune-bench.md)
+	$(VENV)/bin/tuna-lab bench tune --out bench/out/tune.csv --doc docs/tune-bench.md
 	$(PY) bench/import_bench.py
 	$(VENV)/bin/tuna-lab run -w 2 -t 2 --model medium --batch 100 --policies cfs,round-robin,tuna-scatter \
 	    --trials 5 --requests 1000 --out bench/out/experiment

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tuna_lab.machine.topology import Topology
 
 __all__ = ["synthetic_specs", "topologies", "relabelled", "numa_specs", "numa_topologies",
-           "rank_problems", "fragment_cases"]
+           "rank_problems", "fragment_cases", "race_problems"]
 
 MAX_PUS = 16
 
@@ -145,3 +145,32 @@ def fragment_cases(draw, max_pus=8, max_assignments=300_000):
     drop = draw(st.sampled_from([(), (), ("8p", "11p-12p"), ("11p-12p",), ("11-12",), ("3",), ("2",),
                                  ("4-5",)]))
     return spec, W, T, drop
+
+
+@st.composite
+def race_problems(draw, max_candidates=9):
+    """A simulated ``tune`` race: ``{"rates": {name: true rate}, "pairs", "policies", ...}``.
+
+    1-3 W x T pairs x 1-3 policies (at most ``max_candidates`` candidates),
+    each with a true rate (requests/s within the target) between 2 and 400,
+    often close to another's (the hard case); the race's ``rounds``,
+    ``eta``, ``steps`` and ``step_seconds``; the per-run ``overhead`` (a
+    server start, seconds); a ``budget``, sometimes too short to finish; and
+    the ``seed`` of the target's noise.
+    """
+    pairs = draw(st.lists(st.sampled_from([(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]), min_size=1, max_size=3,
+                          unique=True))
+    policies = draw(st.lists(st.sampled_from(["cfs", "round-robin", "tuna-scatter"]), min_size=1,
+                             max_size=max(1, min(3, max_candidates // len(pairs))), unique=True))
+    rates = {}
+    for w, t in pairs:
+        base = draw(st.floats(2.0, 400.0))
+        for policy in policies:
+            # Policies of a pair close to each other (within 10%), pairs anywhere: as on a real machine.
+            rates[f"{w}x{t} {policy}"] = base * draw(st.floats(0.9, 1.1))
+    return {"rates": rates, "pairs": pairs, "policies": policies,
+            "rounds": draw(st.integers(1, 4)), "eta": draw(st.sampled_from([1.0, 2.0, 3.0, 4.0])),
+            "steps": draw(st.integers(1, 4)), "step_seconds": draw(st.sampled_from([0.5, 1.0, 2.0])),
+            "overhead": draw(st.floats(0.5, 5.0)),
+            "budget": draw(st.sampled_from([40.0, 120.0, 600.0, 3600.0])),
+            "seed": draw(st.integers(0, 2 ** 16))}

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from strategies import race_problems
 
 from tuna_lab.errors import TuneError
 from tuna_lab.measure.tune import Candidate, Step, auto_configs, parse_duration, race, rate_bounds, tune
@@ -24,11 +27,12 @@ class Simulated:
     below it and rising above, as an open loop's tail does. Time is simulated.
     """
 
-    def __init__(self, rates, noise=0.05, overhead=4.0, seed=0):
-        self.rates, self.noise, self.overhead = rates, noise, overhead
+    def __init__(self, rates, noise=0.05, overhead=4.0, seed=0, exact=False):
+        self.rates, self.noise, self.overhead, self.exact = rates, noise, overhead, exact
         self.rng = np.random.default_rng(seed)
         self.now = 0.0
         self.runs = {}
+        self.steps = []
 
     def clock(self):
         return self.now
@@ -36,12 +40,19 @@ class Simulated:
     def evaluate(self, candidate, rnd, next_step):
         self.now += self.overhead
         self.runs.setdefault(candidate.name, []).append(rnd)
-        true = self.rates[candidate.name] * math.exp(self.rng.normal(0, self.noise))
+        true = self.rates[candidate.name] * (1.0 if self.exact else math.exp(self.rng.normal(0, self.noise)))
         step = next_step(None)
+        self.steps.append(0)
         while step is not None:
             rate, duration = step
-            n = int(self.rng.poisson(rate * duration))
-            over = int(self.rng.binomial(n, 0.01 ** ((true / rate) ** 4))) if n else 0
+            self.steps[-1] += 1
+            if self.exact:
+                # No noise: every request is over the target above the true rate, none at or below it.
+                n = max(1, round(rate * duration))
+                over = n if rate > true else 0
+            else:
+                n = int(self.rng.poisson(rate * duration))
+                over = int(self.rng.binomial(n, 0.01 ** ((true / rate) ** 4))) if n else 0
             self.now += duration + 0.2
             step = next_step(Step(rate, duration, n, over, SLA * (rate / true) ** 2, cpu_per_request=1 / true,
                                   seconds=duration + 0.2))
@@ -68,7 +79,8 @@ def test_race_finds_the_true_best_and_drops_the_clearly_worse_early(seed):
     for name, runs in sim.runs.items():
         if rates[name] < 0.5 * best:
             assert runs == [0], name
-    assert len(sim.runs[result.winner.name]) >= 3
+    # 15 -> 4 -> 1 (eta 4): the winner ran at least the two rounds that chose it.
+    assert len(sim.runs[result.winner.name]) >= 2
     table = result.table.set_index("candidate")
     assert table.loc[result.winner.name, "status"] == "winner"
     dropped = table[table["status"] == "dropped"]
@@ -103,12 +115,92 @@ def test_race_honours_its_budget_and_says_how_sure_it_is(budget):
 
 
 def test_a_candidate_that_cannot_meet_the_target_is_dropped_as_such():
-    candidates = [Candidate(1, 1, "cfs"), Candidate(1, 2, "cfs")]
+    # Raced first, with no leader to compare with: it is searched down to the lowest rate.
+    candidates = [Candidate(1, 2, "cfs"), Candidate(1, 1, "cfs")]
     sim = Simulated({"1x1 cfs": 20.0, "1x2 cfs": 1e-3}, seed=0)
     result = race(candidates, sim.evaluate, SLA, 600, clock=sim.clock, rounds=2, step_seconds=1.0)
     row = result.table.set_index("candidate").loc["1x2 cfs"]
     assert row["status"] == "dropped" and row["reason"].startswith("cannot meet the target")
     assert result.winner.name == "1x1 cfs"
+
+
+def test_a_candidate_far_below_the_leader_is_not_searched_down():
+    candidates = [Candidate(1, 1, "cfs"), Candidate(1, 2, "cfs")]
+    sim = Simulated({"1x1 cfs": 20.0, "1x2 cfs": 1e-3}, seed=0)
+    result = race(candidates, sim.evaluate, SLA, 600, clock=sim.clock, rounds=2, step_seconds=1.0)
+    row = result.table.set_index("candidate").loc["1x2 cfs"]
+    assert row["status"] == "dropped" and "a quarter or less of the leader's" in row["reason"]
+    assert row["steps"] <= 2 and result.winner.name == "1x1 cfs"
+    # An exhaustive search measures it down to the lowest rate instead.
+    full = Simulated({"1x1 cfs": 20.0, "1x2 cfs": 1e-3}, seed=0)
+    slow = race(candidates, full.evaluate, SLA, 600, clock=full.clock, rounds=2, step_seconds=1.0, exhaustive=True)
+    assert slow.table.set_index("candidate").loc["1x2 cfs", "reason"].startswith("cannot meet the target")
+
+
+# -- properties of the race, on simulated targets drawn by hypothesis -----------------------------------
+
+def _race(problem, exact, exhaustive=False):
+    candidates = [Candidate(w, t, p) for (w, t) in problem["pairs"] for p in problem["policies"]]
+    sim = Simulated(problem["rates"], overhead=problem["overhead"], seed=problem["seed"], exact=exact)
+    result = race(candidates, sim.evaluate, SLA, problem["budget"], clock=sim.clock, rounds=problem["rounds"],
+                  eta=problem["eta"], steps=problem["steps"], step_seconds=problem["step_seconds"],
+                  exhaustive=exhaustive)
+    return sim, result
+
+
+def _check_shape(problem, sim, result):
+    """What holds whatever the noise: the budget, the rounds, the steps per run, who may win."""
+    assert sim.now <= 1.1 * problem["budget"]
+    assert max(sim.steps, default=0) <= problem["steps"] + 3
+    for runs in sim.runs.values():
+        assert runs == list(range(len(runs))) and len(runs) <= problem["rounds"]   # a run per round, no gaps
+    table = result.table
+    assert set(table["status"]) <= {"winner", "in race", "dropped"}
+    assert (table.loc[table["status"] == "dropped", "reason"] != "").all()
+    if result.winner is not None:
+        assert table.loc[0, "candidate"] == result.winner.name and table.loc[0, "status"] == "winner"
+        assert (table["status"] == "winner").sum() == 1 and table.loc[0, "rate"] > 0
+        last = result.history[result.history["round"] == result.history["round"].max()]
+        alive = set(last.loc[last["status"] == "in race", "candidate"])
+        # Never a dropped candidate over one still in the race that met the target.
+        assert result.winner.name in alive or not (table.set_index("candidate").loc[list(alive), "rate"] > 0).any()
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(race_problems())
+def test_race_on_an_exact_target_keeps_the_truth_inside_every_interval(problem):
+    """Without noise the bounds must hold the truth, so every racing drop is of a truly worse candidate."""
+    sim, result = _race(problem, exact=True)
+    _check_shape(problem, sim, result)
+    best = max(problem["rates"].values())
+    for _, row in result.table[result.table["steps"] > 0].iterrows():
+        true = problem["rates"][row["candidate"]]
+        assert row["rate_low"] <= row["rate"] <= true < row["rate_high"]
+        if row["reason"].startswith("round"):   # the racing rule, or missed at a quarter of the leader's rate
+            assert true < best
+    if result.winner is not None and sim.now + 60 < problem["budget"]:
+        # Finished within its budget: the winner is within the halving's resolution of the best (the
+        # first round brackets each rate within x2, and no better candidate is dropped by the racing rule).
+        assert problem["rates"][result.winner.name] >= best / 4
+
+
+@settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(race_problems())
+def test_race_on_a_noisy_target_keeps_its_budget_and_shape(problem):
+    sim, result = _race(problem, exact=False)
+    _check_shape(problem, sim, result)
+    assert (result.table["rate_low"] <= result.table["rate"]).all()
+
+
+@settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(race_problems(max_candidates=6))
+def test_exhaustive_search_drops_nothing_and_runs_every_round_it_can(problem):
+    sim, result = _race({**problem, "budget": 3600.0}, exact=False, exhaustive=True)
+    reasons = result.table["reason"]
+    assert not reasons.str.startswith(("round", "halving")).any()
+    for name, runs in sim.runs.items():
+        row = result.table.set_index("candidate").loc[name]
+        assert row["status"] != "in race" or runs == list(range(problem["rounds"]))
 
 
 def test_rate_bounds_pool_steps_by_monotonicity():
@@ -144,9 +236,9 @@ def test_library_bad_input_raises_before_any_server():
 
 # -- the command line, on the lab server ------------------------------------------------------------------
 
-def _cli(*args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "tuna_lab.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+def _cli(*args, timeout=180, env=None):
+    return subprocess.run([sys.executable, "-m", "tuna_lab.cli", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -154,6 +246,8 @@ def _cli(*args, timeout=180):
     (["--sla-p99", "50ms", "--budget", "2s"], "too small for one trial"),
     (["--sla-p99", "50ms", "--configs", "2y2"], "--configs wants WxT"),
     (["--sla-p99", "50ms", "--url", "http://127.0.0.1:9/"], "is for your own server"),
+    (["--sla-p99", "50ms", "--wait-policies", "sometimes"], "unknown wait policy 'sometimes'"),
+    (["--sla-p99", "50ms", "--app", "timed_app:application", "-t", "2"], "leave out --url and -t"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):
     done = _cli("tune", *args, timeout=60)
@@ -196,3 +290,47 @@ def test_cli_end_to_end_within_a_minute(tmp_path):
     assert {"rate", "round", "step", "sla_p99"} <= set(trials.columns)
     assert all(m["tune"]["winner"] == win["candidate"] for m in manifests)
     assert trials.groupby(["cell", "policy", "trial"]).size().max() == 1     # every step is a trial of its own
+
+
+# -- a user's app that tuna_lab starts, with two wait policies ------------------------------------------
+
+USERAPP = Path(__file__).parent / "userapp"
+
+
+@pytest.fixture(scope="module")
+def user_app(tmp_path_factory):
+    """``(env, body)``: the environment tests/userapp's apps run in (their model, trained here) and a request."""
+    folder = tmp_path_factory.mktemp("tune-usermodel")
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(USERAPP)!r}); import usermodel; "
+                    f"usermodel.train({str(folder / 'model.json')!r})"], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNA_LAB_", "OMP_", "GOMP_"))}
+    env.update(USERAPP_MODEL=str(folder / "model.json"), PYTHONUNBUFFERED="1")
+    body = folder / "request.json"
+    body.write_text('{"rows": [[0.5, 0.25]]}')
+    return env, body
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="tuna-scatter on one CPU is cfs")
+def test_cli_tunes_a_users_app_over_policies_and_wait_policies(user_app, tmp_path):
+    env, body = user_app
+    out = tmp_path / "tune"
+    done = _cli("tune", "--sla-p99", "100ms", "--app", "timed_app:application", "--app-dir", USERAPP,
+                "--body", body, "--configs", "1x1", "--policies", "cfs,tuna-scatter",
+                "--wait-policies", "default,passive", "--budget", "30s", "--step-seconds", "0.5", "--rounds", "2",
+                "--out", out, "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["elapsed"] <= 1.1 * 30
+    names = {c["candidate"] for c in result["candidates"]}
+    assert names == {"1x1 cfs", "1x1 tuna-scatter", "1x1 cfs passive", "1x1 tuna-scatter passive"}
+    win = result["winner"]
+    assert win["workers"] == 1 and win["threads"] == 1 and win["rate"] > 0
+    assert win["wait_policy"] in ("default", "passive") and "workers = 1" in win["plan"]
+    # One cell per wait policy, each the user's app as run and sweep record it.
+    from tuna_lab.measure.store import load_results
+
+    _, trials, manifests = load_results(str(out))
+    assert {m["wait_policy"] for m in manifests} <= {"default", "passive"} and len(manifests) >= 1
+    assert all(m["target"]["kind"] == "app" and m["target"]["app"] == "timed_app:application" for m in manifests)
+    assert "server-timing" in set(trials["latency"])        # the app's own Server-Timing header
+    assert set(trials["candidate"]) <= names

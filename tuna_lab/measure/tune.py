@@ -15,10 +15,15 @@ here (:func:`race`) is successive halving with a racing rule:
 * Rounds. In round ``k`` every candidate still in the race gets one *run*: a
   server start, a warm-up and its placement (as any trial), then a few
   open-loop steps of ``step_seconds * 2**k`` seconds each on that server. The
-  steps search the rate: up by x4 until a step misses the target, down by x4
-  until one meets it, then bisection; once the bracket is within
-  ``tolerance``, further steps re-measure the best passing rate, which is the
-  evidence its lower bound needs.
+  steps search the rate: from the leader's best passing rate, up by x4 until
+  a step misses the target, down by x4 until one meets it (gently, by
+  ``1 + 2 tolerance``, for a candidate that met the target there before),
+  then bisection; once the bracket is within ``tolerance``, further steps
+  re-measure the best passing rate, which is the evidence its lower bound
+  needs. Whether a rate met the target is read from the share of requests
+  over it at each rate, fitted non-decreasing in the rate (isotonic
+  regression): one unlucky short step below rates that met the target on
+  more requests does not cap the candidate.
 * Intervals (:func:`rate_bounds`). Latency grows with the offered rate, so a
   request at a lower rate is no slower in distribution than one at a higher
   rate. Every step counts its requests over the target (a failed request
@@ -26,12 +31,19 @@ here (:func:`race`) is successive halving with a racing rule:
   binomial test (:func:`scipy.stats.binomtest`) that more than 1% of requests
   are over the target there (the rate is an upper bound), and pooling the
   steps from a rate up to that bound one that fewer are (a lower bound).
+  Every round's steps count: the bounds pool all of a candidate's runs.
 * Drops. After each round a candidate whose upper bound is below the best
-  lower bound is dropped (racing), then the rest are halved by their point
-  estimate, keeping the best ``1/eta`` of them (successive halving), so the
-  longer trials go to the close ones.
-  A candidate that misses the target even at ``low`` requests per second is
-  dropped as unable to meet it.
+  lower bound is dropped (racing: the only statistical drop). Then the rest
+  are halved, keeping the best ``1/eta`` of them (default a quarter) but at
+  least two until the round before the last, ranked by where the p99 crosses
+  the target within each bracket (log p99 interpolated between the passing
+  and the failing rate), so the longer trials go to the close ones. Within a
+  run, a candidate that misses the target at a quarter of the leader's
+  passing rate is out at once (halving would rank it out anyway), and one
+  that misses even at ``low`` requests per second is dropped as unable to
+  meet it. Halving drops are by rank, not by a test: they guarantee nothing
+  statistically, and the ``sure`` line says whether the evidence separates
+  the winner.
 * Budget. A run or a step is begun only when its worst case (duration plus
   drain, and a server start estimated from the runs so far) fits in what is
   left; when the budget runs out the best so far is returned, with a line
@@ -311,11 +323,31 @@ def rate_bounds(steps, confidence=0.9):
 
 
 def _bracket(steps):
-    """``(passing, failing)``: the highest rate whose steps met the target below the lowest that did not."""
-    fails = [r for r, n, over in _pooled(steps) if over > _OVER * n]
-    fail = min(fails) if fails else None
-    passes = [r for r, n, over in _pooled(steps) if over <= _OVER * n and (fail is None or r < fail)]
-    return (max(passes) if passes else None), fail
+    """``(passing, failing)``: the highest rate that met the target and the lowest that did not.
+
+    Met or not by the share of requests over the target at each rate, fitted
+    non-decreasing in the rate (:func:`scipy.optimize.isotonic_regression`,
+    weighted by the requests): latency grows with the rate, so a rate that
+    missed below rates that met it on more requests (a slow server start, a
+    burst of other work) is pooled with them, rather than capping the
+    candidate by its one unlucky step.
+
+    Examples
+    --------
+    >>> _bracket([Step(20.0, 1.0, 20, 1, 0.3), Step(22.0, 8.0, 180, 0, 0.04), Step(30.0, 1.0, 30, 9, 0.5)])
+    (22.0, 30.0)
+    """
+    from scipy.optimize import isotonic_regression
+
+    pooled = _pooled(steps)
+    if not pooled:
+        return None, None
+    rates = [r for r, _, _ in pooled]
+    counts = np.array([n for _, n, _ in pooled], dtype=float)
+    share = isotonic_regression(np.array([o for _, _, o in pooled]) / counts, weights=counts).x
+    fails = [r for r, f in zip(rates, share) if f > _OVER]
+    passes = [r for r, f in zip(rates, share) if f <= _OVER]
+    return (max(passes) if passes else None), (min(fails) if fails else None)
 
 
 class _Entry:
@@ -341,7 +373,7 @@ class _Entry:
                 "steps": len(self.steps), "seconds": self.seconds, "status": self.status, "reason": self.reason}
 
 
-def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, steps=3, eta=3.0, tolerance=0.1,
+def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, steps=3, eta=4.0, tolerance=0.1,
          confidence=0.9, low=1.0, high=1e5, start_rate=10.0, timeout=None, exhaustive=False, clock=time.monotonic,
          progress=None):
     """Successive halving with a racing rule over ``candidates``, measured through ``evaluate``.
@@ -396,8 +428,6 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
     ...         step = next_step(Step(rate, duration, n=int(rate * duration), over=0, p99=0.01))
     >>> race([Candidate(1, 1, "cfs")], evaluate, 0.05, 60).winner        # doctest: +SKIP
     """
-    import pandas as pd
-
     if not candidates:
         raise TuneError("no candidates to race")
     timeout = 2.0 * sla_p99 + 0.5 if timeout is None else timeout
@@ -438,10 +468,22 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
                         return None
                 # A first run may take a few more steps, until its rate is bracketed: a candidate that had
                 # to climb from start_rate must not lose the halving for want of a failing step.
-                bracketed = None not in _bracket(entry.steps)
-                if len(taken) >= (steps if bracketed or entry.rounds else steps + 3):
+                # Any run may take them while the candidate has no rate that met the target (a slower server
+                # start than the last, a busier machine): a run never ends with a candidate it measured at 0/s.
+                passing, failing = _bracket(entry.steps)
+                short = passing is None or (failing is None and not entry.rounds)
+                if len(taken) >= (steps + 3 if short else steps):
                     return None
-                rate = _next_rate(entry, low, high, tolerance, start_rate, leader_rate())
+                lead = leader_rate()
+                passing, failing = _bracket(entry.steps)
+                if not exhaustive and passing is None and failing and lead and failing * _GROWTH <= lead:
+                    # Missed the target at a quarter of the leader's rate: whatever lower rate it meets, the
+                    # halving ranks it out of the lead, so the search for that rate is not worth its steps.
+                    entry.status = "dropped"
+                    entry.reason = (f"round {rnd + 1}: missed the target at {failing:g}/s, a quarter or less of "
+                                    f"the leader's {lead:g}/s")
+                    return None
+                rate = _next_rate(entry, low, high, tolerance, start_rate, lead, confidence)
                 if rate is None:
                     return None
                 duration = min(max(seconds, _MIN_REQUESTS / rate), 4 * seconds)
@@ -463,7 +505,7 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
         if ran_out is not None:
             _snapshot(history, rnd, entries, confidence)
             break
-        _drop(entries, rnd, rounds, eta, tolerance, confidence, low, exhaustive)
+        _drop(entries, rnd, rounds, eta, tolerance, confidence, low, exhaustive, sla_p99)
         _snapshot(history, rnd, entries, confidence)
         alive = [e for e in entries if e.status == "in race"]
         if not exhaustive and len(alive) == 1:
@@ -478,8 +520,13 @@ def _first_duration(entry, seconds, start_rate, leader):
     return min(max(seconds, _MIN_REQUESTS / rate), 4 * seconds)
 
 
-def _next_rate(entry, low, high, tolerance, start_rate, leader):
-    """The search's next rate for ``entry``, or None (it cannot meet the target: it is marked so)."""
+def _next_rate(entry, low, high, tolerance, start_rate, leader, confidence=0.9):
+    """The search's next rate for ``entry``, or None (it cannot meet the target: it is marked so).
+
+    A candidate is marked unable to meet the target only when the steps at
+    the lowest rate show it (their upper bound, :func:`rate_bounds`, is that
+    rate); one unlucky step there is measured again.
+    """
     passing, failing = _bracket(entry.steps)
     if passing is None and failing is None:
         return min(max(leader or start_rate, low), high)
@@ -488,12 +535,17 @@ def _next_rate(entry, low, high, tolerance, start_rate, leader):
         return min(passing * _GROWTH, high)
     if passing is None:
         if failing <= low:
+            if rate_bounds(entry.steps, confidence)[1] > low:
+                return low
             worst = min((s for s in entry.steps if s.rate == failing), key=lambda s: s.p99)
             entry.status = "dropped"
             entry.reason = (f"cannot meet the target: p99 {_ms(worst.p99)} even at {failing:g}/s, the lowest "
                             f"rate tried")
             return None
-        return max(failing / _GROWTH, low)
+        # Down x4 while the scale is unknown; a candidate that has met the target before (at this rate or
+        # above, in another run: its server varies from start to start) is near it, and steps down gently.
+        near = any(s.passed and s.rate >= failing for s in entry.steps)
+        return max(failing / (1.0 + 2.0 * tolerance if near else _GROWTH), low)
     if failing - passing <= tolerance * passing:
         return passing                                   # resolved: more evidence at the best passing rate
     # Bisection: geometric while the bracket is wide (rates span decades), arithmetic once it is narrow.
@@ -504,7 +556,37 @@ def _ms(seconds):
     return "timeout" if not math.isfinite(seconds) else f"{seconds * 1e3:.1f} ms"
 
 
-def _drop(entries, rnd, rounds, eta, tolerance, confidence, low, exhaustive):
+def _crossing(steps, sla_p99):
+    """Where the p99 crosses the target, interpolated within the bracket: the halving's ranking.
+
+    The bracket's passing rate alone ties every candidate whose short first
+    steps bracketed alike; the steps' p99s say how close to the target each
+    was. Between the passing rate ``p`` and the failing rate ``f`` (the
+    lowest p99 seen at each), ``log p99`` is taken as linear in the rate;
+    without a failing rate, ``p`` itself. Never below ``p`` nor above ``f``.
+
+    Examples
+    --------
+    >>> _crossing([Step(10.0, 1.0, 30, 0, 0.025), Step(20.0, 1.0, 30, 3, 0.1)], 0.05)
+    15.0
+    """
+    passing, failing = _bracket(steps)
+    if passing is None:
+        return 0.0
+    if failing is None:
+        return passing
+    at = {r: min((s.p99 for s in steps if s.rate == r and s.n and not s.error), default=math.nan)
+          for r in (passing, failing)}
+    lo, hi = at[passing], at[failing]
+    if not (0 < lo < hi and math.isfinite(lo)) or not math.isfinite(sla_p99):
+        return passing
+    if not math.isfinite(hi):
+        hi = max(lo, sla_p99) * 4.0           # a timed-out step: far over, but how far is unknown
+    share = (math.log(sla_p99) - math.log(lo)) / (math.log(hi) - math.log(lo)) if hi > lo else 0.0
+    return passing + min(max(share, 0.0), 1.0) * (failing - passing)
+
+
+def _drop(entries, rnd, rounds, eta, tolerance, confidence, low, exhaustive, sla_p99=math.nan):
     """After round ``rnd``: the racing rule, then successive halving (neither when ``exhaustive``)."""
     alive = [e for e in entries if e.status == "in race"]
     if exhaustive or len(alive) < 2:
@@ -517,12 +599,15 @@ def _drop(entries, rnd, rounds, eta, tolerance, confidence, low, exhaustive):
             e.status = "dropped"
             e.reason = (f"round {rnd + 1}: upper bound {rows[id(e)]['rate_high']:.1f}/s below the lower bound "
                         f"{best_low:.1f}/s of {best.candidate.name}")
-    # Best first; a tie on the point estimate (round 1's coarse steps) goes to the better lower bound.
+    # Best first, by where the p99 crosses the target within each bracket (round 1's coarse steps tie on
+    # the bracket alone); a tie goes to the better lower bound.
+    cross = {id(e): _crossing(e.steps, sla_p99) for e in alive}
     alive = sorted((e for e in alive if e.status == "in race"),
-                   key=lambda e: (-rows[id(e)]["rate"], -rows[id(e)]["rate_low"]))
+                   key=lambda e: (-cross[id(e)], -rows[id(e)]["rate"], -rows[id(e)]["rate_low"]))
     if rnd + 1 >= rounds or eta <= 1 or len(alive) < 2:
         return
-    keep = max(1, math.ceil(len(alive) / eta))
+    # Two stay until the round before the last: halving to one on short steps would crown a lucky step.
+    keep = max(2 if rnd + 2 < rounds else 1, math.ceil(len(alive) / eta))
     lead = rows[id(alive[0])]["rate"]
     for rank, e in enumerate(alive[keep:], keep + 1):
         rate = rows[id(e)]["rate"]
