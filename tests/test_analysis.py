@@ -448,7 +448,7 @@ def test_the_machine_is_a_factor_never_averaged_over(tables, tmp_path):
     assert "p99 by configuration - machine a" in text and "p99 by configuration - machine b" in text
 
 
-# -- the load generator's cost beside the server's (issue 17) -----------------------------------------
+# -- the load generator's cost beside the server's -----------------------------------------
 
 
 def _with_cpu(trials, generator=True):
@@ -539,7 +539,7 @@ def test_speedup_bars_draw_the_intervals():
     np.testing.assert_allclose(np.asarray(bars.y) + np.asarray(bars.error_y.array), summary["ci_high"])
 
 
-# -- issue 28: how many requests a p99 needs; trials paired ---------------------------------
+# -- how many requests a p99 needs; trials paired ---------------------------------
 
 def test_quantile_rank_interval_covers_and_says_when_n_is_too_small():
     from scipy.stats import binom

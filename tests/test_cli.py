@@ -137,7 +137,7 @@ def test_public_api_is_what_the_readme_documents():
         assert name in readme, f"{name} is public but the README does not mention it"
 
 
-# ------------------------------------------------------------ help, --version, --json (issue 16)
+# ------------------------------------------------------------ help, --version, --json 
 def _subcommands():
     """``{name: parser}`` of every ``tuna-lab`` sub-command."""
     import argparse

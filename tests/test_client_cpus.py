@@ -1,4 +1,4 @@
-"""The load generator's CPUs (issue 17): chosen, kept free of every policy, recorded in every trial.
+"""The load generator's CPUs: chosen, kept free of every policy, recorded in every trial.
 
 The choice is a pure function of a topology and its usable CPUs, tested on
 the presets, synthetic machines and hwloc's dumps (this machine has 2 CPUs,

@@ -8,7 +8,7 @@ alternating rounds, ``wrk`` (with a Lua script that POSTs the same body) and
 connections. For each round it records requests/s, p50, p99 and the
 generator's CPU per request: wrk's from its rusage as a child process
 (user + system), ours from ``frame.attrs["generator"]``. It then checks the
-targets of issue 17 on the median over the rounds of each round's ratio
+targets on the median over the rounds of each round's ratio
 (the two runs of a round are adjacent in time, so a load that drifts over
 the bench cancels out):
 
@@ -385,7 +385,7 @@ def _write_doc(path, result, lines):
     text = (
         "# Load generator benchmark\n\n"
         "tuna_lab's load generator (`tuna_lab.measure.load.closed_loop`) and Debian's `wrk`, side by side "
-        "against the same running tuna_lab server, in alternating rounds (issue 17). Produced by `make bench` "
+        "against the same running tuna_lab server, in alternating rounds. Produced by `make bench` "
         f"(`tuna-lab bench load`) on {time.strftime('%Y-%m-%d')}.\n\n"
         f"- machine: {m['cpu_model']}, {m['cpus']} CPUs ({m['usable_cpus']} usable), {m['kernel']}, "
         f"Python {m['python']}\n"
