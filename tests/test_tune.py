@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from strategies import race_problems
 
 from tuna_lab.errors import TuneError
-from tuna_lab.measure.tune import Candidate, Step, auto_configs, parse_duration, race, rate_bounds, tune
+from tuna_lab.measure.tune import Candidate, Step, auto_configs, parse_duration, race, rate_bounds, read_tune, tune
 
 SLA = 0.05
 
@@ -290,6 +290,11 @@ def test_cli_end_to_end_within_a_minute(tmp_path):
     assert {"rate", "round", "step", "sla_p99"} <= set(trials.columns)
     assert all(m["tune"]["winner"] == win["candidate"] for m in manifests)
     assert trials.groupby(["cell", "policy", "trial"]).size().max() == 1     # every step is a trial of its own
+    # The race itself is kept beside the records, and reads back as the run returned it.
+    kept = read_tune(str(out))
+    assert kept.winner.name == win["candidate"] and kept.plan == win["plan"]
+    assert set(kept.history["candidate"]) == {c["candidate"] for c in result["candidates"]}
+    assert kept.history["round"].max() >= 1 and (kept.table["rate_high"] > 0).all()
 
 
 # -- a user's app that tuna_lab starts, with two wait policies ------------------------------------------
@@ -334,3 +339,22 @@ def test_cli_tunes_a_users_app_over_policies_and_wait_policies(user_app, tmp_pat
     assert all(m["target"]["kind"] == "app" and m["target"]["app"] == "timed_app:application" for m in manifests)
     assert "server-timing" in set(trials["latency"])        # the app's own Server-Timing header
     assert set(trials["candidate"]) <= names
+
+
+def test_read_tune_names_a_folder_that_is_not_a_tune(tmp_path):
+    with pytest.raises(TuneError, match="no tune.json"):
+        read_tune(str(tmp_path))
+    (tmp_path / "tune.json").write_text("{")
+    with pytest.raises(TuneError, match="unreadable"):
+        read_tune(str(tmp_path))
+
+
+def test_the_stored_tune_draws_its_race_round_by_round():
+    from tuna_lab.analysis.figures import race_rounds
+
+    result = read_tune(str(Path(__file__).parent.parent / "notebooks" / "data" / "tune-2cpu"))
+    fig = race_rounds(result.history, result.sla_p99)
+    assert [t.name for t in fig.data] == [f"round {r}" for r in sorted(result.history["round"].unique())]
+    # A dropped candidate stays on the chart, greyed, with the interval it had.
+    last = result.history[result.history["round"] == result.history["round"].max()]
+    assert len(fig.data[-1].y) == len(last) and "rgb(170, 170, 170)" in fig.data[-1].marker.color

@@ -8,7 +8,9 @@
 * :func:`speedup_bars` - average speedups of the policies over the baselines
   within groups;
 * :func:`paired_trials` - each trial's p99 under every policy, joined by a
-  line per trial, so that a pair that crosses shows at once.
+  line per trial, so that a pair that crosses shows at once;
+* :func:`race_rounds` - a tune's race as it narrows: each candidate's rate
+  interval after every round.
 
 Every figure takes the tables of :mod:`tuna_lab.analysis` and returns a
 :class:`plotly.graph_objects.Figure`; times are shown in milliseconds.
@@ -38,7 +40,7 @@ from ..server.models import STAGES
 from .stats import scenario_stats
 from .tables import MODELS, check_table, ordered, valid_trials, with_defaults
 
-__all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars", "paired_trials"]
+__all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars", "paired_trials", "race_rounds"]
 
 _MS = 1e3
 _PALETTE = qualitative.Plotly
@@ -392,4 +394,70 @@ def paired_trials(trials_stats, policies=None):
     fig.update_layout(template=_TEMPLATE, title="p99 per trial, paired: one line per trial",
                       height=340, margin={"l": 60, "r": 20, "t": 60, "b": 40})
     fig.update_yaxes(title_text="p99 (ms)", row=1, col=1, rangemode="tozero")
+    return fig
+
+
+_STATUS_COLORS = {"in race": _PALETTE[0], "winner": _PALETTE[2], "dropped": "rgb(170, 170, 170)"}
+
+
+def race_rounds(history, sla_p99=None):
+    """A tune's race as it narrows: each candidate's best rate within the target, with its interval, per round.
+
+    Parameters
+    ----------
+    history : pandas.DataFrame
+        ``TuneResult.history`` (:func:`tuna_lab.measure.tune.tune`): one row
+        per (round, candidate) with ``rate``, ``rate_low``, ``rate_high``
+        (requests/s; ``inf`` when no step has missed the target yet) and
+        ``status`` (``in race``, ``dropped``).
+    sla_p99 : float, optional
+        The p99 target (seconds), for the title.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        One panel per round; y = the candidates, x = the rate, a bar from the
+        lower to the upper bound. A candidate dropped in an earlier round is
+        grey; an upper bound still unknown (no step missed) is drawn to the
+        panel's edge and marked with an arrow.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> h = pd.DataFrame({"round": [1, 1, 2, 2], "candidate": ["1x1 cfs", "2x1 cfs"] * 2,
+    ...                   "rate": [20.0, 9.0, 21.0, 9.0], "rate_low": [15.0, 6.0, 19.0, 6.0],
+    ...                   "rate_high": [30.0, 12.0, 24.0, 12.0],
+    ...                   "status": ["in race", "in race", "in race", "dropped"]})
+    >>> fig = race_rounds(h, sla_p99=0.05)
+    >>> last = fig.data[-1]                  # the best candidate at the top (plotly draws y from the bottom)
+    >>> last.name, list(last.y), list(last.x)
+    ('round 2', ['2x1 cfs', '1x1 cfs'], [9.0, 21.0])
+    """
+    from plotly.subplots import make_subplots
+
+    check_table(history, "history", ("round", "candidate", "rate", "rate_low", "rate_high", "status"),
+                numeric=("rate", "rate_low", "rate_high"))
+    rounds = sorted(history["round"].unique())
+    # Candidates from best to worst by their last estimate: the winner on top.
+    last = history[history["round"] == rounds[-1]].sort_values("rate")
+    order = list(last["candidate"]) + [c for c in pd.unique(history["candidate"]) if c not in set(last["candidate"])]
+    finite = history["rate_high"].replace(np.inf, np.nan)
+    edge = float(np.nanmax([finite.max(), history["rate"].max(), 1.0])) * 1.15
+    fig = make_subplots(rows=1, cols=len(rounds), shared_yaxes=True, shared_xaxes=True,
+                        subplot_titles=[f"after round {r}" for r in rounds])
+    for col, rnd in enumerate(rounds, start=1):
+        rows = history[history["round"] == rnd].set_index("candidate").reindex(order).dropna(subset=["rate"])
+        high = rows["rate_high"].where(np.isfinite(rows["rate_high"]), edge)
+        colors = [_STATUS_COLORS.get(s, _PALETTE[0]) for s in rows["status"]]
+        symbols = ["triangle-right" if not np.isfinite(h) else "circle" for h in rows["rate_high"]]
+        fig.add_trace(go.Scatter(
+            x=rows["rate"].round(6).tolist(), y=list(rows.index), mode="markers", name=f"round {rnd}",
+            marker={"color": colors, "symbol": symbols, "size": 9},
+            error_x={"type": "data", "symmetric": False, "array": (high - rows["rate"]).round(6).tolist(),
+                     "arrayminus": (rows["rate"] - rows["rate_low"]).round(6).tolist(), "thickness": 1.5},
+            hovertemplate="%{y}: %{x:.1f}/s<extra></extra>", showlegend=False), row=1, col=col)
+    target = f" within a p99 of {sla_p99 * _MS:g} ms" if sla_p99 else ""
+    fig.update_layout(template=_TEMPLATE, title=f"the race: best rate{target}, interval per round (grey: dropped)",
+                      height=max(260, 40 + 24 * len(order)), margin={"l": 160, "r": 20, "t": 70, "b": 40})
+    fig.update_xaxes(title_text="requests/s", range=[0, edge])
     return fig

@@ -76,7 +76,11 @@ import numpy as np
 from .._checks import positive_int, positive_number
 from ..errors import ExperimentError, TuneError, UnmeetableTargetError
 
-__all__ = ["Candidate", "Step", "TuneResult", "parse_duration", "auto_configs", "rate_bounds", "race", "tune"]
+__all__ = ["Candidate", "Step", "TuneResult", "parse_duration", "auto_configs", "rate_bounds", "race", "tune",
+           "read_tune", "TUNE_FILE"]
+
+#: The race itself (the table, the winner and every round), written beside the records: what `read_tune` reads.
+TUNE_FILE = "tune.json"
 
 # The share of requests a p99 target allows over it.
 _OVER = 0.01
@@ -238,10 +242,31 @@ class TuneResult:
                    "policy": self.winner.policy, "wait_policy": self.winner.wait_policy, "rate": first["rate"],
                    "rate_low": first["rate_low"], "rate_high": first["rate_high"], "p99": first["p99"],
                    "cpu_per_request": first["cpu_per_request"], "plan": self.plan}
+        history = self.history.astype(object).where(self.history.notna(), None) if len(self.history) else None
         return {"sla_p99": self.sla_p99, "budget": self.budget, "elapsed": self.elapsed,
                 "confidence": self.confidence, "winner": win, "sure": self.sure, "note": self.note,
                 "candidates": [{k: _plain(v) for k, v in r.items()} for r in rows.to_dict("records")],
+                "history": [] if history is None else [{k: _plain(v) for k, v in r.items()}
+                                                       for r in history.to_dict("records")],
                 "out": self.out}
+
+    @classmethod
+    def from_dict(cls, data):
+        """The result :meth:`to_dict` gave (an upper bound written as null - no step missed - is infinite again)."""
+        import pandas as pd
+
+        def frame(rows):
+            out = pd.DataFrame(rows)
+            if "rate_high" in out:
+                out["rate_high"] = out["rate_high"].astype(float).fillna(math.inf)
+            return out
+
+        win = data.get("winner")
+        winner = None if win is None else Candidate(int(win["workers"]), int(win["threads"]), win["policy"],
+                                                    win.get("wait_policy", "default"))
+        return cls(frame(data["candidates"]), winner, data["sure"], frame(data.get("history", [])),
+                   float(data["sla_p99"]), float(data["budget"]), float(data["elapsed"]), float(data["confidence"]),
+                   plan=(win or {}).get("plan", ""), note=data.get("note", ""), out=data.get("out"))
 
 
 def _plain(value):
@@ -770,12 +795,59 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     result.note = note
     result.out = lab.write(out, result) if out else None
     if result.winner is None:
+        _write_race(result)
         best = min((s for steps in result.steps.values() for s in steps if s.n), key=lambda s: s.p99, default=None)
         seen = f": the best p99 seen was {_ms(best.p99)} at {best.rate:g}/s" if best else ""
         raise UnmeetableTargetError(f"no candidate meets a p99 of {sla * 1e3:g} ms at any rate tried{seen}", result)
     win = result.winner
     result.plan = lab.plan(win)
+    _write_race(result)
     return result
+
+
+def _write_race(result):
+    """``<out>/tune.json``: the race as :meth:`TuneResult.to_dict` gives it, written whole or not at all."""
+    if not result.out:
+        return
+    import json
+
+    path = os.path.join(result.out, TUNE_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(result.to_dict(), f, indent=1, allow_nan=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_tune(out):
+    """The :class:`TuneResult` that ``tune(out=...)`` (or ``tuna-lab tune --out``) wrote into ``out``.
+
+    The records (one cell per W x T x wait policy) are read as any sweep's,
+    with :func:`~tuna_lab.measure.store.load_results`; this is the race:
+    the table, the winner and its plan, and ``history``, every candidate's
+    rate interval after every round.
+
+    Raises
+    ------
+    TuneError
+        ``out`` holds no ``tune.json``, or one that does not parse.
+
+    Examples
+    --------
+    >>> result = read_tune("notebooks/data/tune-2cpu")             # doctest: +SKIP
+    >>> result.history.groupby("round")["status"].value_counts()   # doctest: +SKIP
+    """
+    import json
+
+    path = os.path.join(out, TUNE_FILE)
+    try:
+        with open(path) as f:
+            return TuneResult.from_dict(json.load(f))
+    except FileNotFoundError:
+        raise TuneError(f"{out}: no {TUNE_FILE} (not the folder of a tune)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TuneError(f"{path}: unreadable ({exc})") from None
 
 
 class _Evaluator:
