@@ -239,6 +239,17 @@ def test_attached_server_is_measured_live_and_ends_with_its_masks(uvicorn_server
     assert proc.poll() is None, "the server was never to be stopped"
     given_back(before, masks(proc.pid), proc.pid)
     assert cli("report", out, "-o", tmp_path / "r.html", env=model_env).returncode == 0
+    # tune on the same running server: it keeps its W and T, so only the policies race, and it says so.
+    before = masks(proc.pid)
+    t = cli("tune", "--sla-p99", "500ms", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2,
+            "--policies", "cfs,round-robin", "--budget", "20s", "--step-seconds", "0.5", "--rounds", "2",
+            "--out", tmp_path / "tune", "--json", env=model_env)
+    assert t.returncode == 0, t.stderr
+    doc = json.loads(t.stdout)
+    assert {c["candidate"] for c in doc["candidates"]} == {"2x2 cfs", "2x2 round-robin"}
+    assert "only the policies were searched" in doc["note"] and doc["winner"]["workers"] == 2
+    assert proc.poll() is None
+    given_back(before, masks(proc.pid), proc.pid)
 
 
 def test_attached_server_gets_its_masks_back_after_sigint_mid_trial(uvicorn_server, model_env, tmp_path):
