@@ -5,11 +5,38 @@ the hypothesis strategies in ``strategies.py``; tests import them by name
 (``tests/`` is on ``sys.path`` as pytest's rootdir-relative test directory).
 """
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tuna_lab import Topology
+
+#: A user's own apps (WSGI, ASGI, with and without Server-Timing) and their model's recipe.
+USERAPP = Path(__file__).parent / "userapp"
 
 
 @pytest.fixture(scope="session")
 def xeon():
     return Topology.preset("xeon-8272cl")
+
+
+@pytest.fixture(scope="session")
+def model_env(tmp_path_factory):
+    """The environment tests/userapp's apps run in: their model file, trained once here on made-up data."""
+    folder = tmp_path_factory.mktemp("usermodel")
+    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(USERAPP)!r}); import usermodel; "
+                    f"usermodel.train({str(folder / 'model.json')!r})"], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNA_LAB_", "OMP_", "GOMP_"))}
+    env.update(USERAPP_MODEL=str(folder / "model.json"), PYTHONUNBUFFERED="1")
+    return env
+
+
+@pytest.fixture(scope="session")
+def body(tmp_path_factory):
+    """One request body for tests/userapp's apps."""
+    path = tmp_path_factory.mktemp("body") / "request.json"
+    path.write_text('{"rows": [[0.5, 0.25]]}')
+    return path

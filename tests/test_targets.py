@@ -37,24 +37,6 @@ def cli(*args, timeout=240, env=None):
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.fixture(scope="module")
-def model_env(tmp_path_factory):
-    """The environment a user's app runs in: its model file, trained here on made-up data."""
-    folder = tmp_path_factory.mktemp("usermodel")
-    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(USERAPP)!r}); import usermodel; "
-                    f"usermodel.train({str(folder / 'model.json')!r})"], check=True, timeout=120)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNA_LAB_", "OMP_", "GOMP_"))}
-    env.update(USERAPP_MODEL=str(folder / "model.json"), PYTHONUNBUFFERED="1")
-    return env
-
-
-@pytest.fixture(scope="module")
-def body(tmp_path_factory):
-    path = tmp_path_factory.mktemp("body") / "request.json"
-    path.write_text('{"rows": [[0.5, 0.25]]}')
-    return path
-
-
 def _start(argv, env, tmp_path, name):
     """Start a server and return once it is *settled*: both workers answer and no thread changes.
 

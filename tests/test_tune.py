@@ -302,22 +302,9 @@ def test_cli_end_to_end_within_a_minute(tmp_path):
 USERAPP = Path(__file__).parent / "userapp"
 
 
-@pytest.fixture(scope="module")
-def user_app(tmp_path_factory):
-    """``(env, body)``: the environment tests/userapp's apps run in (their model, trained here) and a request."""
-    folder = tmp_path_factory.mktemp("tune-usermodel")
-    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(USERAPP)!r}); import usermodel; "
-                    f"usermodel.train({str(folder / 'model.json')!r})"], check=True, timeout=120)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNA_LAB_", "OMP_", "GOMP_"))}
-    env.update(USERAPP_MODEL=str(folder / "model.json"), PYTHONUNBUFFERED="1")
-    body = folder / "request.json"
-    body.write_text('{"rows": [[0.5, 0.25]]}')
-    return env, body
-
-
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="tuna-scatter on one CPU is cfs")
-def test_cli_tunes_a_users_app_over_policies_and_wait_policies(user_app, tmp_path):
-    env, body = user_app
+def test_cli_tunes_a_users_app_over_policies_and_wait_policies(model_env, body, tmp_path):
+    env = model_env
     out = tmp_path / "tune"
     done = _cli("tune", "--sla-p99", "100ms", "--app", "timed_app:application", "--app-dir", USERAPP,
                 "--body", body, "--configs", "1x1", "--policies", "cfs,tuna-scatter",
