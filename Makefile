@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check
+.PHONY: demo test bench faults setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check
 
 # The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
 # compares every output except those of cells tagged nbval-ignore-output.
@@ -120,6 +120,13 @@ bench: $(STAMP)
 	$(VENV)/bin/tuna-lab run -w 2 -t 2 --model medium --batch 100 --policies cfs,round-robin,tuna-scatter \
 	    --trials 5 --requests 1000 --out bench/out/experiment
 	$(VENV)/bin/tuna-lab report bench/out/experiment -o bench/out/experiment/report.html
+
+# The fault test with more seeds: a SIGKILL of the sweep, its Gunicorn master or a worker at a random
+# point of a small sweep, then a resume, FAULT_SEEDS times (a third of each kind); about 15 s a seed
+# on 2 CPUs. `make test` runs three seeds; a Dask worker killed mid-cell is tests/test_cluster.py's.
+FAULT_SEEDS ?= 24
+faults: $(STAMP)
+	TUNA_LAB_FAULT_SEEDS=$(FAULT_SEEDS) $(PY) -m pytest -q -rA tests/test_faults.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis bench/out docs/_build

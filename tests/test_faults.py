@@ -1,0 +1,186 @@
+"""Faults: SIGKILL at a random point of a small sweep, resume, and check that nothing is lost or mixed.
+
+Each seed draws what to kill - the sweep itself, the Gunicorn master it
+started, or one of that master's workers - and when: after a random number
+of the sweep's trials have finished, plus a random fraction of a second.
+Then the sweep is resumed until it finishes, and every time:
+
+* every cell is finished exactly once, with the sweep's settings (policies,
+  trials, requests), and holds one row per (policy, trial), none twice;
+* no cell that was finished when the kill struck changes on resume;
+* no server of the sweep is left running, and this process's CPUs are what
+  they were (nothing stays pinned).
+
+``make test`` runs three seeds, one kill of each kind; ``make faults`` runs
+``TUNA_LAB_FAULT_SEEDS`` of them (24 by default there). The seed decides the
+kind and the point; what the kill hits at that point still depends on the
+machine's timing, which is the point of the test.
+"""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from tuna_lab.measure.store import is_finished, load_results
+from tuna_lab.server.models import ensure_model
+
+SEEDS = int(os.environ.get("TUNA_LAB_FAULT_SEEDS", "3"))
+KINDS = ("sweep", "master", "worker")
+CONFIGS, BATCHES, POLICIES, TRIALS, REQUESTS = "1x1", (10, 20), ("cfs", "round-robin"), 1, 20
+CELLS = [f"w1-t1-small-b{b}" for b in BATCHES]
+RUNS = len(CELLS) * len(POLICIES) * TRIALS
+#: Every process the sweeps of this module start carries it (Gunicorn inherits it): how survivors are found.
+MARK = f"tuna-lab-test-faults-{uuid.uuid4().hex[:8]}"
+
+
+def _argv(out):
+    return [sys.executable, "-m", "tuna_lab", "sweep", "--configs", CONFIGS, "--models", "small",
+            "--batches", ",".join(map(str, BATCHES)), "--policies", ",".join(POLICIES), "--trials", str(TRIALS),
+            "--requests", str(REQUESTS), "--out", str(out)]
+
+
+def _ours():
+    """Live processes that carry this module's mark (zombies do not count: they hold no CPU, no port)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get("TUNA_LAB_TEST_MARK") == MARK \
+                    and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _gunicorn_master(sweep_pid):
+    """The Gunicorn master the sweep runs now (a child of the sweep running gunicorn), or None."""
+    try:
+        kids = psutil.Process(sweep_pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return None
+    for p in kids:
+        try:
+            if "gunicorn" in " ".join(p.cmdline()) and p.ppid() == sweep_pid:
+                return p
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return None
+
+
+def _finished(out):
+    """``{cell: digest of its files}`` for every finished cell under ``out``."""
+    cells = {}
+    for folder in sorted(Path(out).iterdir()) if Path(out).is_dir() else ():
+        if folder.is_dir() and not folder.name.endswith(".partial") and is_finished(str(folder)):
+            digest = hashlib.sha256()
+            for f in sorted(folder.rglob("*")):
+                if f.is_file():
+                    digest.update(f.relative_to(folder).as_posix().encode() + f.read_bytes())
+            cells[folder.name] = digest.hexdigest()
+    return cells
+
+
+def _wait_gone(timeout=30):
+    deadline = time.monotonic() + timeout
+    while _ours() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return _ours()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _model():
+    ensure_model("small")            # trained once into the cache, before the first sweep is timed
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="round-robin on one CPU pins nothing")
+@pytest.mark.parametrize("seed", range(SEEDS))
+def test_a_kill_at_a_random_point_loses_nothing_and_mixes_nothing(seed, tmp_path):
+    rng = np.random.default_rng(seed)
+    kind = KINDS[seed % len(KINDS)]
+    after = int(rng.integers(0, RUNS))               # trials finished before the kill
+    delay = float(rng.uniform(0.0, 1.5))
+    out = tmp_path / "sweep"
+    env = {**os.environ, "TUNA_LAB_TEST_MARK": MARK}
+    affinity = os.sched_getaffinity(0)
+
+    sweep = subprocess.Popen(_argv(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             start_new_session=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(sweep.stderr), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while sum(" trial " in line for line in lines) < after and sweep.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(delay)
+        victim = None
+        if kind == "sweep":
+            victim = psutil.Process(sweep.pid) if sweep.poll() is None else None
+        else:
+            # A server to hit: the next one the sweep starts, if none runs at this instant.
+            while victim is None and sweep.poll() is None and time.monotonic() < deadline:
+                master = _gunicorn_master(sweep.pid)
+                if master is not None and kind == "master":
+                    victim = master
+                elif master is not None:
+                    try:
+                        workers = master.children()
+                    except psutil.NoSuchProcess:
+                        workers = []
+                    victim = workers[int(rng.integers(0, len(workers)))] if workers else None
+                if victim is None:
+                    time.sleep(0.02)
+        killed = False
+        if victim is not None:
+            try:
+                victim.send_signal(signal.SIGKILL)
+                killed = True
+            except psutil.NoSuchProcess:
+                pass
+        struck = _finished(out)                       # what was finished when the kill struck
+        sweep.wait(timeout=180)
+        reader.join(10)
+        assert not _wait_gone(), f"left running after the {kind} was killed: {_ours()}"
+
+        # Resume until finished (a killed server fails its trial; its cell is then redone on resume).
+        before = _finished(out)
+        assert all(before.get(cell) == digest for cell, digest in struck.items()), "a finished cell changed"
+        for _ in range(3):
+            done = subprocess.run(_argv(out), capture_output=True, text=True, env=env, timeout=180)
+            assert done.returncode == 0, done.stderr
+            if set(_finished(out)) == set(CELLS):
+                break
+        assert not _wait_gone(), f"left running after the resume: {_ours()}"
+    finally:
+        for p in _ours():
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    final = _finished(out)
+    assert set(final) == set(CELLS), (kind, after, sorted(final))
+    assert all(final[cell] == digest for cell, digest in before.items()), "the resume changed a finished cell"
+    _, trials, manifests = load_results(str(out))
+    assert len(trials) == RUNS and not trials.duplicated(["cell", "policy", "trial"]).any()
+    for m in manifests:
+        assert sorted(m["policies"]) == sorted(POLICIES) and m["trials"] == TRIALS and m["requests"] == REQUESTS
+    settings = out / "sweep.json"
+    if settings.exists():                              # the sweep's identity, where the sweep records one
+        json.loads(settings.read_text())
+    assert os.sched_getaffinity(0) == affinity
+    # Say what was struck, for the record of the kills survived (pytest -rA shows it).
+    print(f"seed {seed}: killed the {kind} after {after} trials + {delay:.2f} s: "
+          f"{'hit' if killed else 'nothing left to hit'}; {len(struck)} cells finished then")
