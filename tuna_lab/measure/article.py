@@ -6,7 +6,8 @@ round-robin and Tuna, 5 trials x 1,000 concurrent requests each.
 :func:`article_design` keeps that design on the CPUs at hand - the pairs
 scaled as :func:`~tuna_lab.measure.experiment.grid` ``("machine")`` scales
 them, keeping ``WT/C`` - and, given a budget, cuts it until its estimated
-time fits, in this order (each cut only as far as needed):
+time fits 90% of it (:data:`MARGIN`: the estimates are rough), in this
+order (each cut only as far as needed):
 
 1. requests per trial, down to 200;
 2. batch sizes 1,000 then 500 (100 stays: the batch of the article's figures);
@@ -25,11 +26,18 @@ leaves out the least important.
 
 Examples
 --------
->>> design = article_design(cpus=2, budget=600)
+>>> design = article_design(cpus=2, budget=300)
 >>> design.pairs, design.models, design.batches, design.trials, design.requests
-(((1, 1), (16, 1)), ('medium',), (100,), 3, 100)
->>> print(design.describe())          # doctest: +ELLIPSIS
-budget 10m: requests 1000 -> 200; batches 500, 1000 cut; models small, large cut; configurations ...
+(((1, 1), (16, 1)), ('medium',), (100,), 3, 140)
+>>> for part in design.describe().split("; "):
+...     print(part)
+budget 5m: requests 1000 -> 200
+batches 500, 1000 cut
+models small, large cut
+configurations 9 -> 2 (kept 1x1, 16x1)
+trials 5 -> 3
+requests 200 -> 140
+estimate 4.4 min for 2 cells
 """
 
 import math
@@ -47,11 +55,14 @@ ARTICLE = {"models": ("small", "medium", "large"), "batches": (100, 500, 1000),
            "stage_pairs": ((4, 4), (16, 16))}
 #: The floors of the cuts: requests per trial (first, then last) and trials.
 REQUESTS_FLOOR, REQUESTS_MIN, TRIALS_MIN = 200, 100, 3
-# Rough CPU-seconds of one request of 100 rows (all stages, SHAP included), measured on a shared
-# 2-CPU machine (notebooks/data/sweep-2cpu); a sweep rescales them by what its own cells took.
-_CPU_PER_100_ROWS = {"small": 0.2, "medium": 0.25, "large": 0.8}
-# Server start (Gunicorn, model load) per trial and policy: a base plus a part per worker.
-_START_SECONDS, _START_PER_WORKER = 6.0, 0.5
+#: The share of the budget a design is cut to: the estimates are rough, and a sweep stops at the budget.
+MARGIN = 0.9
+# CPU-seconds of one request of 100 rows (all stages, SHAP included): one-trial probes on a shared 2-CPU
+# machine (1x1, 100 requests: medium 32 ms, large 51 ms of server CPU, p50 58 and 91 ms), rounded up;
+# a sweep rescales them by what its own cells took.
+_CPU_PER_100_ROWS = {"small": 0.05, "medium": 0.07, "large": 0.11}
+# Server start (Gunicorn, model load) per trial and policy: a base plus a part per worker (16 workers: ~7 s).
+_START_SECONDS, _START_PER_WORKER = 3.0, 0.4
 _WARMUP = 20
 
 
@@ -69,8 +80,11 @@ class Cut:
             gone = [str(v) for v in self.before if v not in self.after]
             return f"{self.what} {', '.join(gone)} cut"
         if self.what == "configurations":
-            kept = ", ".join(f"{w}x{t}" for w, t in self.after)
-            return f"configurations {len(self.before)} -> {len(self.after)} (kept {kept})"
+            # The shorter list: what was kept, or what was cut.
+            cut = [p for p in self.before if p not in self.after]
+            which = ("kept", self.after) if len(self.after) <= len(cut) else ("cut", cut)
+            return (f"configurations {len(self.before)} -> {len(self.after)} "
+                    f"({which[0]} {', '.join(f'{w}x{t}' for w, t in which[1])})")
         return f"{self.what} {self.before} -> {self.after}"
 
     def to_dict(self):
@@ -120,7 +134,8 @@ class ArticleDesign:
         return {"cpus": self.cpus, "pairs": [list(p) for p in self.pairs], "models": list(self.models),
                 "batches": list(self.batches), "policies": list(self.policies), "trials": self.trials,
                 "requests": self.requests, "budget": self.budget, "estimate": round(self.estimate, 1),
-                "stage_pairs": [list(p) for p in self.stage_pairs], "cuts": [c.to_dict() for c in self.cuts]}
+                "stage_pairs": [list(p) for p in self.stage_pairs], "cuts": [c.to_dict() for c in self.cuts],
+                "summary": self.describe()}
 
 
 def _duration(seconds):
@@ -132,8 +147,8 @@ def _duration(seconds):
 def estimate_cell(config, policies, trials, requests, cpus, scale=1.0):
     """Estimated seconds of one cell: a server start per trial and policy, then its requests.
 
-    A start costs 6 s plus 0.5 s per worker; a request of ``b`` rows costs
-    ``b / 100`` x 0.2 (small), 0.25 (medium) or 0.8 (large) CPU-seconds,
+    A start costs 3 s plus 0.4 s per worker; a request of ``b`` rows costs
+    ``b / 100`` x 0.05 (small), 0.07 (medium) or 0.11 (large) CPU-seconds,
     spread over ``min(W T, cpus)`` CPUs; 20 warm-up requests come with each
     start. ``scale`` multiplies the whole: a sweep sets it from the cells it
     has finished (what they took over what they were estimated to take).
@@ -141,7 +156,7 @@ def estimate_cell(config, policies, trials, requests, cpus, scale=1.0):
     Examples
     --------
     >>> round(estimate_cell(Config(2, 1, "medium", 100), ["cfs", "round-robin"], 3, 100, cpus=2), 1)
-    141.0
+    48.0
     """
     per_request = _CPU_PER_100_ROWS.get(config.model, _CPU_PER_100_ROWS["large"]) * config.batch / 100
     busy = max(1, min(config.workers * config.threads, cpus))
@@ -255,9 +270,9 @@ def article_design(cpus=None, budget=None, *, pairs=None, models=None, batches=N
 
     cuts = []
     if budget is not None:
-        _cut(design, fixed, total, budget, cuts, stage, cpus)
-        if total() > budget:
-            cuts.append(Cut("estimate", f"{total():.0f} s", f"over the budget of {budget:.0f} s",
+        _cut(design, fixed, total, MARGIN * budget, cuts, stage, cpus)
+        if total() > MARGIN * budget:
+            cuts.append(Cut("estimate", f"{total():.0f} s", f"over {MARGIN:.0%} of the budget",
                             "the smallest design does not fit: the cells that do not are left for a resume"))
     return ArticleDesign(cpus, tuple(design["pairs"]), tuple(design["models"]), tuple(design["batches"]), policies,
                          design["trials"], design["requests"], budget, total(), stage, tuple(cuts))

@@ -385,7 +385,7 @@ def grid(kind="machine", cpus=None):
     the usable CPUs, capped by a CPU quota), so that a machine whose quota
     allows fewer CPUs than its affinity lists is not sized to measure throttling.
     """
-    W, T, C0 = ARTICLE_GRID["workers"], ARTICLE_GRID["threads"], ARTICLE_GRID["cpus"]
+    W, T = ARTICLE_GRID["workers"], ARTICLE_GRID["threads"]
     if kind == "article":
         return [(w, t) for w in W for t in T]
     if kind != "machine":

@@ -197,6 +197,10 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
         if progress:
             progress(f"sweep: {len(done)} of {len(configs)} cells already finished, {len(todo)} to run")
             progress(split.describe())
+            if budget is not None or cuts:
+                # Every cut on one line, as the design says it: what this sweep is not.
+                progress("sweep: " + ((design or {}).get("summary") or
+                                      f"budget {budget:.0f} s; " + "; ".join(map(str, cuts))))
         if budget is not None and estimate is None:
             from .article import estimate_cell
 
@@ -225,6 +229,6 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
                 progress(f"sweep: cell {len(done) + i + 1 - len(skipped)}/{len(configs)} done ({config.key}); "
                          f"~{per * (len(todo) - i - 1):.0f} s left")
         if skipped and progress:
-            progress(f"sweep: budget {budget:.0f} s: {len(skipped)} cells not run ({', '.join(c.key for c in skipped)});"
-                     " run the same command again to resume with them")
+            progress(f"sweep: budget {budget:.0f} s: {len(skipped)} cells not run "
+                     f"({', '.join(c.key for c in skipped)}); run the same command again to resume with them")
         return out
