@@ -543,6 +543,7 @@ def _sweep_on_cluster(args, configs, design=None):
 def _cmd_report(args):
     from ..analysis.report import write_report
     from ..measure.experiment import load_results, load_thread_cpu
+    from ..measure.store import read_sweep_file
 
     requests, trials, manifests = load_results(args.results)
     threads = load_thread_cpu(args.results)
@@ -552,8 +553,11 @@ def _cmd_report(args):
     if machines:
         header = {"cells": len(manifests), "machines": sorted(machines),
                   **{k: manifests[0][k] for k in ("git_commit", "command", "started") if k in manifests[0]}}
+    # A sweep of the article's design (sweep --grid article): the report sets its figures beside the article's.
+    settings = read_sweep_file(args.results) if os.path.isdir(args.results) else None
     path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
-                        threads=threads if len(threads) else None, manifest=header, machines=machines)
+                        threads=threads if len(threads) else None, manifest=header, machines=machines,
+                        article=(settings or {}).get("design"))
     if args.json:
         _print_json({"report": os.fspath(path), "results": args.results, "cells": len(manifests),
                      "speedups": _headline(requests, trials), "cpu": _cpu_rows(trials)})
