@@ -74,7 +74,6 @@ def test_topology_text_of_this_machine():
     ("sweep", "--seed", "-1", "--out", "{tmp}/s"),
     ("sweep", "--out", "{tmp}/file", "--configs", "1x1"),
     ("sweep", "--grid", "article", "--budget", "10x", "--out", "{tmp}/s"),
-    ("sweep", "--grid", "article", "--budget", "0s", "--out", "{tmp}/s"),
     ("run", "-w", "1", "-t", "1", "--seed", "-1"),
     ("run", "-w", "1", "-t", "1", "--out", "{tmp}/file"),
 ])
@@ -265,7 +264,7 @@ def test_sweep_json_tells_done_from_skipped(measured):
     assert obj["configurations"] == 2 and obj["out"] == str(out)
 
 
-def test_the_sweep_records_its_settings_and_resumes_with_the_same(measured):
+def test_the_sweep_records_its_settings_in_a_folder_of_an_older_sweep(measured):
     out, keys, _, p = measured
     assert p.returncode == 0, p.stderr
     obj = json.loads(p.stdout)
@@ -274,10 +273,7 @@ def test_the_sweep_records_its_settings_and_resumes_with_the_same(measured):
     settings = json.loads((out / "sweep.json").read_text())
     assert settings["configs"] == sorted(keys) and settings["requests"] == 20 and settings["trials"] == 1
     assert settings["policies"] == ["cfs"] and settings["version"] == tuna_lab.__version__
-    again = run("sweep", "--configs", "1x1,2x1", "--models", "small", "--batches", "10", "--policies", "cfs",
-                "--trials", "1", "--requests", "20", "--out", out, "--json", timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)["done"] == [] and "2 of 2 cells already finished" in again.stderr
+    # A resume with the same settings: test_experiment's test of sweep() (this command's only caller of it).
 
 
 def test_a_resume_with_other_settings_is_refused_and_writes_nothing(tmp_path):
