@@ -291,7 +291,7 @@ def _article_sections(per_trial, scenarios, design):
 
 
 def _article_speedups(scenarios):
-    """Each policy's speedup over cfs and round-robin, overall and by subscription, model and batch, with the article's."""
+    """Every policy's speedup over cfs and round-robin, overall and by S, M and B, with the article's beside it."""
     present = set(scenarios["policy"])
     baselines = [b for b in _BASELINES if b in present]
     if not baselines or len(present) < 2:
