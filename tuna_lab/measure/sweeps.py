@@ -199,8 +199,9 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
             progress(split.describe())
             if budget is not None or cuts:
                 # Every cut on one line, as the design says it: what this sweep is not.
-                progress("sweep: " + ((design or {}).get("summary") or
-                                      f"budget {budget:.0f} s; " + "; ".join(map(str, cuts))))
+                line = (design or {}).get("summary") or "; ".join(
+                    ([f"budget {budget:.0f} s"] if budget is not None else []) + [str(c) for c in cuts])
+                progress(f"sweep: {line}")
         if budget is not None and estimate is None:
             from .article import estimate_cell
 
