@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tuna_lab.machine.topology import Topology
 
 __all__ = ["synthetic_specs", "topologies", "relabelled", "numa_specs", "numa_topologies",
-           "rank_problems", "fragment_cases", "race_problems"]
+           "rank_problems", "fragment_cases", "race_problems", "article_budgets"]
 
 MAX_PUS = 16
 
@@ -174,3 +174,15 @@ def race_problems(draw, max_candidates=9):
             "overhead": draw(st.floats(0.5, 5.0)),
             "budget": draw(st.sampled_from([40.0, 120.0, 600.0, 3600.0])),
             "seed": draw(st.integers(0, 2 ** 16))}
+
+
+@st.composite
+def article_budgets(draw):
+    """``(cpus, smaller, larger)``: a machine's CPU count and two budgets in seconds for the article design.
+
+    From a minute (less than the smallest design needs) to two days (more than the whole design on 2 CPUs).
+    """
+    cpus = draw(st.sampled_from([1, 2, 3, 4, 8, 12, 16, 32, 64]))
+    low = draw(st.floats(60, 2 * 86_400, allow_nan=False))
+    high = draw(st.floats(low, 2 * 86_400, allow_nan=False))
+    return cpus, low, high

@@ -6,6 +6,7 @@ some requests fail (HTTP 500, client failure), and one trial fails entirely.
 Reference values are recomputed here with plain numpy / scipy.
 """
 
+import html
 import math
 import re
 
@@ -389,6 +390,30 @@ def test_write_report_is_one_self_contained_file(tables, per_trial, tmp_path):
     # rewriting replaces the file in place
     write_report(requests, trials, out)
     assert [p.name for p in out.parent.iterdir()] == ["report.html"]
+
+
+def test_a_sweep_of_the_articles_design_is_reported_beside_the_article(tables, per_trial, tmp_path):
+    cpus = 8
+    requests, trials = tables
+    design = {"cpus": cpus, "pairs": [[2, 2], [4, 8], [2, 16], [4, 2]], "models": ["medium", "small"],
+              "batches": [100, 500], "trials": TRIALS, "requests": N, "stage_pairs": [[2, 2], [4, 8]],
+              "summary": "budget 1m: requests 1000 -> 40"}
+    text = html.unescape(write_report(requests, trials, tmp_path / "a.html", article=design).read_text("utf-8"))
+    first = text.index("<h2>")
+    assert text[first:].startswith("<h2>The article's experiment on this machine</h2>")
+    assert "Cut to its budget: budget 1m: requests 1000 -> 40." in text
+    assert "This is the tiny version" in text and "On 8 CPUs the article's pairs scale to T = 2, 8, 16 threads" in text
+    # Tuna's speedups with their intervals, each beside the article's number or finding.
+    summary = speedup_summary(scenario_stats(per_trial), by=(None,)).set_index(["baseline", "policy"])
+    for baseline, article in (("cfs", "1.15x over cfs"), ("round-robin", "1.13x over round-robin")):
+        row = summary.loc[(baseline, "tuna-scatter")]
+        assert f"{row['speedup']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] (n=8)" in text
+        assert f"Tuna's average p99 speedup is {article}" in text
+    assert "Tuna's gain shrinks as the batch grows" in text
+    assert "2x2 for the article's 4x4, 4x8 for the article's 16x16" in text
+    assert "At 4x4, Tuna's gain comes mostly from the SHAP stage" in text
+    with pytest.raises(AnalysisError, match="article must be a mapping"):
+        write_report(requests, trials, tmp_path / "b.html", article=["not", "a", "design"])
 
 
 # -- bad input ----------------------------------------------------------------------------------------

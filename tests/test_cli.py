@@ -73,6 +73,7 @@ def test_topology_text_of_this_machine():
     ("sweep", "--models", ",", "--out", "{tmp}/s"),
     ("sweep", "--seed", "-1", "--out", "{tmp}/s"),
     ("sweep", "--out", "{tmp}/file", "--configs", "1x1"),
+    ("sweep", "--grid", "article", "--budget", "10x", "--out", "{tmp}/s"),
     ("run", "-w", "1", "-t", "1", "--seed", "-1"),
     ("run", "-w", "1", "-t", "1", "--out", "{tmp}/file"),
 ])
@@ -261,6 +262,38 @@ def test_sweep_json_tells_done_from_skipped(measured):
     obj = json.loads(p.stdout)
     assert obj["skipped"] == [str(out / keys[0])] and obj["done"] == [str(out / keys[1])]
     assert obj["configurations"] == 2 and obj["out"] == str(out)
+
+
+def test_the_sweep_records_its_settings_in_a_folder_of_an_older_sweep(measured):
+    out, keys, _, p = measured
+    assert p.returncode == 0, p.stderr
+    obj = json.loads(p.stdout)
+    assert obj["not_run"] == [] and obj["cuts"] == [] and obj["design"] is None
+    # The folder held a `run` cell and no sweep.json (an older sweep): it resumed and got one.
+    settings = json.loads((out / "sweep.json").read_text())
+    assert settings["configs"] == sorted(keys) and settings["requests"] == 20 and settings["trials"] == 1
+    assert settings["policies"] == ["cfs"] and settings["version"] == tuna_lab.__version__
+    # A resume with the same settings: test_experiment's test of sweep() (this command's only caller of it).
+
+
+def test_a_resume_with_other_settings_is_refused_and_writes_nothing(tmp_path):
+    from tuna_lab.measure.experiment import Config
+    from tuna_lab.measure.store import write_sweep_file
+    from tuna_lab.measure.sweeps import sweep_settings
+
+    out = tmp_path / "old"
+    write_sweep_file(out, sweep_settings([Config(w, 1, "small", 10) for w in (1, 2)], ["cfs"], trials=1,
+                                         requests=20))
+    before = sorted(os.listdir(out)), (out / "sweep.json").read_text()
+    # Other trials (and the library's test: policies) are refused alike; the message names each difference.
+    p = run("sweep", "--configs", "1x1,3x1", "--trials", "1", "--requests", "30", "--models", "small", "--batches",
+            "10", "--policies", "cfs", "--out", out)
+    assert p.returncode == 2 and p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "holds a sweep with other settings" in lines[0]
+    assert "configs: 1 not given now (e.g. w2-t1-small-b10), 1 new (e.g. w3-t1-small-b10)" in lines[0]
+    assert "requests 20 there, 30 now" in lines[0]
+    assert (sorted(os.listdir(out)), (out / "sweep.json").read_text()) == before
 
 
 def test_report_json_has_the_path_and_headline_speedups(measured, tmp_path):

@@ -125,9 +125,14 @@ def test_old_results_without_the_generator_columns_still_load_and_report(tiny, t
 def test_sweep_resumes_without_redoing_finished_cells(tmp_path):
     out = tmp_path / "sweep"
     configs = [Config(1, 1, "small", 10), Config(2, 1, "small", 10)]
-    sweep(configs, ["cfs"], str(out), trials=1, requests=20)
-    first = {c.key: os.path.getmtime(out / c.key / "manifest.json") for c in configs}
-    shutil.rmtree(out / configs[1].key)                  # as if interrupted before the second cell
+    said = []
+    # A budget the second cell's estimate does not fit: it is not started, and said to be left for a resume.
+    sweep(configs, ["cfs"], str(out), trials=1, requests=20, budget=600, progress=said.append,
+          estimate=lambda c: 1e4 if c == configs[1] else 1.0)
+    assert not (out / configs[1].key).exists() and any("1 cells not run (w2-t1-small-b10)" in s for s in said)
+    settings = json.loads((out / "sweep.json").read_text())
+    assert settings["configs"] == sorted(c.key for c in configs) and settings["budget"] == 600
+    first = {c.key: os.path.getmtime(out / c.key / "manifest.json") for c in configs[:1]}
     lines = []
     sweep(configs, ["cfs"], str(out), trials=1, requests=20, progress=lines.append)
     assert "1 of 2 cells already finished" in lines[0]
@@ -135,6 +140,11 @@ def test_sweep_resumes_without_redoing_finished_cells(tmp_path):
     assert (out / configs[1].key / "manifest.json").exists()
     _, trials, manifests = load_results(str(out))
     assert len(manifests) == 2 and len(trials) == 2
+    # Other settings are refused before anything runs, here and on a cluster (which goes through sweep() too).
+    with pytest.raises(ExperimentError, match="trials 1 there, 2 now"):
+        sweep(configs, ["cfs"], str(out), trials=2, requests=20)
+    with pytest.raises(ExperimentError, match=r"policies \['cfs'\] there, \['cfs', 'round-robin'\] now"):
+        sweep(configs, ["cfs", "round-robin"], str(out), trials=1, requests=20, client=object())
 
 
 def test_a_server_that_cannot_start_marks_the_trial_failed(tmp_path):

@@ -36,6 +36,24 @@ _BASELINES = ("cfs", "round-robin")
 # The article profiles its stages on 4x4 (undersubscribed) and 16x16 (oversubscribed).
 _ARTICLE_STAGE_CONFIGS = ((4, 4), (16, 16))
 _MAX_STAGE_FIGURES = 6
+# The article's own numbers and findings (docs/article.md, "The article's results, as it states them"), shown
+# beside what a sweep of its design measured; nothing here is a number the article does not give.
+_ARTICLE_SPEEDUP = {"cfs": 1.15, "round-robin": 1.13}
+_ARTICLE_FINDINGS = {
+    "all": "Over the 972 scenarios, Tuna's average p99 speedup is {speedup:.2f}x over {baseline}.",
+    "subscription": "Tuna gains in the undersubscribed range and slows the degradation in the oversubscribed one.",
+    "model": "Tuna's gain shrinks as the model grows; it outperforms CFS in every model group. With the small "
+             "model, round-robin is comparable to Tuna.",
+    "batch": "Tuna's gain shrinks as the batch grows; it outperforms CFS in every batch group.",
+    "p99": "Across the 36 configurations (medium model, batch 100), runtime improves with more threads while "
+           "undersubscribed and degrades while oversubscribed, for every policy. Tuna gains in the "
+           "undersubscribed range and slows the degradation in the oversubscribed one. Round-robin spikes "
+           "where T divides the cores, or where the cores do not divide WT.",
+    "stages": "At 4x4, Tuna's gain comes mostly from the SHAP stage. At 16x16, Tuna is faster in every stage "
+              "and round-robin is consistently slower.",
+}
+# Below this many CPUs the scaled design cannot show the article's effect (it measured 32 logical CPUs).
+_ARTICLE_MIN_CPUS = 16
 #: Manifest fields shown in the header, each with the keys it may be stored under.
 _HEADER = (
     ("CPU", ("cpu_model", "cpu")),
@@ -56,7 +74,8 @@ p.note { color: #555; font-size: 0.9em; }
 """
 
 
-def write_report(requests, trials, path, title="tuna_lab experiment", manifest=None, threads=None, machines=None):
+def write_report(requests, trials, path, title="tuna_lab experiment", manifest=None, threads=None, machines=None,
+                 article=None):
     """Write a self-contained HTML report of an experiment.
 
     The report holds, in order: a header from ``manifest``; the scenario
@@ -98,6 +117,15 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         Per machine name, a manifest of a cell measured there (its
         ``hostname``, ``cpu_model``, ``fingerprint``, ``kernel``, ``cpus``
         describe the machine in the comparison).
+    article : mapping, optional
+        The design of a sweep of the article's experiment (``sweep.json``'s
+        ``"design"``, :meth:`ArticleDesign.to_dict
+        <tuna_lab.measure.article.ArticleDesign.to_dict>`). Adds, first, the
+        article's figures drawn from these results with the article's number
+        or finding beside each: the speedups over cfs and round-robin by
+        subscription, model and batch with their intervals, the p99 over the
+        configurations and the stage breakdown at its 4x4 and 16x16 (scaled);
+        on fewer than 16 CPUs, a plain note that this is the tiny version.
 
     Returns
     -------
@@ -134,6 +162,10 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
          and "numa_locality" in getattr(threads, "columns", ()) else []),
         ("Failed trials", [_failures(requests, trials)]),
     ]
+    if article is not None:
+        if not isinstance(article, Mapping):
+            raise AnalysisError(f"article must be a mapping (a sweep's design), not {type(article).__name__}")
+        sections = _article_sections(per_trial, scenarios, article) + sections
     parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), _overview(requests, per_trial, scenarios),
              *_render(sections)]
     document = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -207,6 +239,83 @@ def _overview(requests, per_trial, scenarios):
             f"{len(scenarios[['workers', 'threads', 'cpus', 'model', 'batch']].drop_duplicates())} "
             f"applications on {cpus} logical cores{machines}; {counts.min()}-{counts.max()} valid trials "
             "per scenario.</p>")
+
+
+# -- the article's experiment --------------------------------------------------------------
+
+
+def _article_sections(per_trial, scenarios, design):
+    """The article's figures from a sweep of its design, each with the article's number or finding beside it."""
+    cpus = int(design.get("cpus") or per_trial["cpus"].max())
+    pairs = [tuple(p) for p in design.get("pairs", ())]
+    intro = [f'<p>This sweep ran the article\'s design on {cpus} CPUs: {len(pairs)} configurations '
+             f'({_esc(", ".join(f"{w}x{t}" for w, t in pairs))}), models {_esc(", ".join(design.get("models", ())))}, '
+             f'batches {_esc(", ".join(map(str, design.get("batches", ()))))}, {design.get("trials")} trials x '
+             f'{design.get("requests")} requests per policy. The article: 36 configurations x 3 models x 3 '
+             "batches, 5 trials x 1,000 requests, on 32 logical CPUs.</p>"]
+    if design.get("summary"):
+        intro.append(f'<p class="note">Cut to its budget: {_esc(design["summary"])}.</p>')
+    if cpus < _ARTICLE_MIN_CPUS:
+        threads = sorted({t for _, t in pairs})
+        intro.append(
+            f"<p><strong>This is the tiny version.</strong> On {cpus} CPUs the article's pairs scale to "
+            f"T = {', '.join(map(str, threads))} threads per worker"
+            + (" - with T = 1 scatter and compact are one mapping, and Tuna's mode term is 0" if threads == [1]
+               else "")
+            + f"; the effect the article measured needs more cores (it used 32 logical CPUs; give this "
+              f"command a machine of {_ARTICLE_MIN_CPUS} or more). Read the numbers below as the method at work, "
+              "not as a reproduction.</p>")
+    sections = [("The article's experiment on this machine", intro),
+                ("Speedups beside the article's", [_article_speedups(scenarios)])]
+    stage_trials, wp, sc = _one_wait(per_trial)
+    valid = stage_trials[valid_trials(stage_trials)]
+    present = set(valid[["model", "batch"]].drop_duplicates().itertuples(index=False, name=None))
+    model, batch = ("medium", 100) if ("medium", 100) in present else (sorted(present, key=str) or [(None, None)])[0]
+    if model is not None:
+        note = f'<p class="note">The article: {_esc(_ARTICLE_FINDINGS["p99"])}</p>'
+        sections.append((f"p99 over the configurations ({model} model, batch {batch})",
+                         [viz.p99_by_configuration(stage_trials, model=model, batch=batch, wait_policy=wp,
+                                                   spincount=sc), note]))
+        have = set(valid[valid["model"].eq(model) & valid["batch"].eq(batch)][["workers", "threads"]]
+                   .itertuples(index=False, name=None))
+        stages = [tuple(p) for p in design.get("stage_pairs", ()) if tuple(p) in have]
+        names = dict(zip(stages, ("4x4", "16x16"))) if len(stages) == 2 else {}
+        figures = [viz.stage_p99_bars(stage_trials, w, t, model=model, batch=batch, wait_policy=wp, spincount=sc)
+                   for w, t in stages]
+        scaled = ", ".join(f"{w}x{t} for the article's {names[(w, t)]}" for w, t in stages if (w, t) in names)
+        note = (f'<p class="note">{_esc(scaled)}. ' if scaled else '<p class="note">') + \
+            f'The article: {_esc(_ARTICLE_FINDINGS["stages"])}</p>'
+        sections.append(("Per-stage p99 at the article's 4x4 and 16x16 (scaled)", figures + [note] if figures else
+                         ['<p class="note">The stage cells were not run (see the budget above).</p>']))
+    return sections
+
+
+def _article_speedups(scenarios):
+    """Every policy's speedup over cfs and round-robin, overall and by S, M and B, with the article's beside it."""
+    present = set(scenarios["policy"])
+    baselines = [b for b in _BASELINES if b in present]
+    if not baselines or len(present) < 2:
+        return '<p class="note">No policy ran beside cfs or round-robin: nothing to set beside the article.</p>'
+    summary = speedup_summary(scenarios, baselines=baselines, by=(None, "subscription", "model", "batch"))
+    rows = []
+    for r in summary[summary["speedup"].notna()].itertuples(index=False):
+        if r.baseline == "round-robin" and r.policy == "cfs":
+            continue                                    # cfs against round-robin is shown once, the other way
+        column = {"all": None}.get(r.group, r.group)
+        if not str(r.policy).startswith("tuna"):
+            finding = "-"                               # the article's numbers and findings are Tuna's
+        elif r.group == "all":
+            finding = _ARTICLE_FINDINGS["all"].format(speedup=_ARTICLE_SPEEDUP[r.baseline], baseline=r.baseline)
+        else:
+            finding = _ARTICLE_FINDINGS[r.group]
+        here = f"{r.speedup:.3f}" + (f" [{r.ci_low:.3f}, {r.ci_high:.3f}]" if np.isfinite(r.ci_low) else "")
+        rows.append({"baseline": r.baseline, "policy": r.policy, "group": r.group,
+                     "value": "all" if column is None else str(getattr(r, column)),
+                     "speedup here [95% interval]": f"{here} (n={r.n})", "the article": finding})
+    return _table(pd.DataFrame(rows), "Speedup: mean over applications of (baseline mean p99) / (policy mean p99), "
+                                      "above 1 the policy is faster; the interval is from the trials' spread "
+                                      "(an interval holding 1: the trials cannot tell the policies apart). The "
+                                      "article gives means only, and its Tuna is tuna-scatter here.")
 
 
 # -- several machines ----------------------------------------------------------------------

@@ -43,8 +43,8 @@ def add_parser(subparsers):
     >>> parser = argparse.ArgumentParser(prog="tuna-lab")
     >>> _ = add_parser(parser.add_subparsers(dest="command"))
     >>> args = parser.parse_args(["sweep", "--out", "results/sweep", "--configs", "1x2,2x1"])
-    >>> args.grid, args.configs, args.trials
-    ('machine', '1x2,2x1', 5)
+    >>> args.grid, args.configs, args.trials          # None: the default (5), or the article design's trials
+    ('machine', '1x2,2x1', None)
     """
     r = subparsers.add_parser(
         "run", help="measure one configuration under several policies: the lab server, your app, or a running server",
@@ -96,17 +96,28 @@ def add_parser(subparsers):
         epilog="examples:\n"
                "  tuna-lab sweep --grid machine --models small,medium --batches 100,500 --out results/sweep\n"
                "  tuna-lab sweep --configs 1x2,2x2,4x1 --trials 3 --requests 500 --out results/sweep --json\n"
+               "  tuna-lab sweep --grid article --budget 10m --out results/article   the article's experiment, cut "
+               "to 10 minutes\n"
                "  tuna-lab sweep --app myapp:app --app-dir src --configs 1x2,2x1 --body req.json --out results/myapp\n")
     sw.add_argument("--grid", choices=("machine", "article"), default="machine",
-                    help="article: the article's 36 W x T pairs; machine: those scaled to this machine's "
-                         "CPUs, keeping their over/undersubscription")
+                    help="machine: the article's 36 W x T pairs scaled to this machine's CPUs, keeping their "
+                         "over/undersubscription; article: the article's whole experiment on this machine - those "
+                         "pairs, models small,medium,large, batches 100,500,1000, policies cfs,round-robin,"
+                         "tuna-scatter, 5 trials x 1,000 requests - cut to --budget (options given explicitly win; "
+                         "the article's 36 unscaled pairs are --configs article)")
     sw.add_argument("--configs", default=None, metavar="WxT,...",
-                    help="explicit workers x threads pairs instead of --grid, e.g. 1x2,2x2,4x1")
-    sw.add_argument("--models", default="medium", help="comma-separated models: small, medium, large")
-    sw.add_argument("--batches", default="100", help="comma-separated batch sizes (rows per request)")
-    sw.add_argument("--policies", default="cfs,round-robin,tuna-scatter", help=_HELP["policies"])
-    sw.add_argument("--trials", type=int, default=5, help=_HELP["trials"])
-    sw.add_argument("--requests", type=int, default=1000, help=_HELP["requests"])
+                    help="explicit workers x threads pairs instead of --grid, e.g. 1x2,2x2,4x1; 'article': the "
+                         "article's 36 pairs as they are, unscaled")
+    sw.add_argument("--budget", default=None, metavar="DURATION",
+                    help="wall time the sweep may take (90s, 10m, 2h): with --grid article the design is cut to "
+                         "fit, in a fixed order (docs/experiment.md); a cell whose estimate does not fit is not "
+                         "started (a re-run resumes with it)")
+    sw.add_argument("--models", default=None, help="comma-separated models: small, medium, large (default medium)")
+    sw.add_argument("--batches", default=None,
+                    help="comma-separated batch sizes (rows per request; default 100)")
+    sw.add_argument("--policies", default=None, help=_HELP["policies"] + " (default cfs,round-robin,tuna-scatter)")
+    sw.add_argument("--trials", type=int, default=None, help=_HELP["trials"] + " (default 5)")
+    sw.add_argument("--requests", type=int, default=None, help=_HELP["requests"] + " (default 1000)")
     sw.add_argument("--seed", type=int, default=0, help=_HELP["seed"])
     sw.add_argument("--concurrency", type=int, default=None, help="in flight (default: all, as the article)")
     sw.add_argument("--max-error-rate", type=float, default=0.01, metavar="SHARE",
@@ -354,8 +365,19 @@ def _cmd_sweep(args):
         raise ExperimentError("--any-machine is for --spread: --per-machine runs every cell on every machine")
     check_out(args.out, "--out")
     non_negative_int("seed", args.seed, ExperimentError)
-    positive_int("trials", args.trials, ExperimentError)
-    positive_int("requests", args.requests, ExperimentError)
+    budget = None
+    if args.budget is not None:
+        from ..measure.tune import parse_duration
+
+        budget = parse_duration(args.budget, "--budget", ExperimentError)
+        if args.cluster is not None:
+            raise ExperimentError("--budget is kept on this machine: sweep on a cluster without it")
+    if args.grid == "article" and args.app is not None:
+        raise ExperimentError("--grid article runs the lab server's models and batches: sweep your app with "
+                              "--grid machine or --configs")
+    for name in ("trials", "requests"):
+        if getattr(args, name) is not None:
+            positive_int(name, getattr(args, name), ExperimentError)
     if args.concurrency is not None:
         positive_int("concurrency", args.concurrency, ExperimentError)
     if not 0 <= args.max_error_rate < 1:
@@ -365,24 +387,40 @@ def _cmd_sweep(args):
         if target is not None:
             raise ExperimentError("--app is measured on this machine: sweep it without --cluster")
         # CPU ids are per machine: each machine chooses (and checks) its client CPUs where it runs.
-        return _sweep_on_cluster(args, _configs(args))
-    configs = []
+        configs, design = _configs(args)
+        return _sweep_on_cluster(args, configs, design)
+    configs, designs = [], []
 
     def threads(split):
         # The machine grid is sized by the CPUs the server will have, once the client's are kept.
-        configs.extend(_configs(args, split.server.n_logical))
+        cells, design = _configs(args, split.server.n_logical, budget)
+        configs.extend(cells)
+        designs.append(design)
         return {c.threads for c in configs}
 
     # Chosen here, to size the grid; sweep() checks the rest of the input and then says what was kept.
     client = client_cpus_of(args, ExperimentError, threads=threads)
     # Checked once, before any cell runs, for the largest cell.
     check_cpu_quota(max((c.workers * c.threads for c in configs), default=0), args.strict, ExperimentError)
+    design = designs[-1]
+    trials, requests, policies = _sweep_sizes(args, design)
     before = _finished_cells(args.out)
-    sweep(configs, policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
+    sweep(configs, policies, args.out, trials=trials, requests=requests,
           progress=_progress, seed=args.seed, client_cpus=client, concurrency=args.concurrency,
-          max_error_rate=args.max_error_rate, target=None if target is None else (lambda c: target(c.workers, c.threads)))
+          max_error_rate=args.max_error_rate,
+          target=None if target is None else (lambda c: target(c.workers, c.threads)), budget=budget,
+          cuts=design.cuts if design else (), design=design.to_dict() if design else None)
     return _sweep_done(args, configs, before,
-                       f"sweep results in {args.out}; `tuna-lab report {args.out} -o report.html` analyses them")
+                       f"sweep results in {args.out}; `tuna-lab report {args.out} -o report.html` analyses them",
+                       design)
+
+
+def _sweep_sizes(args, design):
+    """``(trials, requests, policies)`` of a sweep: the options given, else the article design's, else defaults."""
+    if design is not None:
+        return design.trials, design.requests, list(design.policies)
+    return (5 if args.trials is None else args.trials, 1000 if args.requests is None else args.requests,
+            policies_arg(args.policies or "cfs,round-robin,tuna-scatter"))
 
 
 def _sweep_target(args):
@@ -396,7 +434,7 @@ def _sweep_target(args):
             raise ExperimentError(f"--{given[0].replace('_', '-')} is for your own app: give --app too")
         return None
     # The lab server's factors mean nothing to the user's app: refused rather than ignored.
-    for option, default in (("models", "medium"), ("batches", "100"), ("wait_policies", "default")):
+    for option, default in (("models", None), ("batches", None), ("wait_policies", "default")):
         if getattr(args, option) != default:
             raise ExperimentError(f"--{option.replace('_', '-')} is for the lab server; your app serves its own "
                                   "model (its requests are --body/--bodies)")
@@ -405,27 +443,43 @@ def _sweep_target(args):
     return _app_target(args)
 
 
-def _configs(args, server_cpus=None):
-    """The sweep's cells: ``--configs`` or the grid (sized by at most ``server_cpus``) x models x batches x waits.
+def _configs(args, server_cpus=None, budget=None):
+    """The sweep's cells and its article design (None unless ``--grid article``).
 
-    With ``--app`` a cell is a W x T pair of the user's app (labelled as ``run --app`` labels it).
+    The cells: ``--configs`` or the grid (sized by at most ``server_cpus``) x
+    models x batches x waits; with ``--grid article``, the cells of
+    :func:`~tuna_lab.measure.article.article_design` (its factors cut to
+    ``budget``, those given explicitly kept) x waits. With ``--app`` a cell is
+    a W x T pair of the user's app (labelled as ``run --app`` labels it).
     """
     from ..machine import Limits
     from ..measure.experiment import Config, grid
 
+    cpus = Limits.read().effective_cpus
+    cpus = cpus if server_cpus is None else min(cpus, server_cpus)
+    pairs = None
     if args.configs:
-        pairs = configs_arg(args.configs)
-    else:
-        cpus = Limits.read().effective_cpus
-        pairs = grid(args.grid, cpus=cpus if server_cpus is None else min(cpus, server_cpus))
+        pairs = grid("article") if args.configs.strip().lower() == "article" else configs_arg(args.configs)
+    waits = list_arg(args.wait_policies, "--wait-policies")
+    if args.grid == "article" and args.app is None:
+        from ..measure.article import article_design
+
+        design = article_design(
+            cpus, budget, pairs=pairs, models=None if args.models is None else list_arg(args.models, "--models"),
+            batches=None if args.batches is None else list_arg(args.batches, "--batches", int),
+            policies=None if args.policies is None else policies_arg(args.policies), trials=args.trials,
+            requests=args.requests)
+        return [Config(c.workers, c.threads, c.model, c.batch, wait_policy=wp, spincount=args.spincount)
+                for c in design.configs for wp in waits], design
+    if pairs is None:
+        pairs = grid(args.grid, cpus=cpus)
     if args.app is not None:
         label = _app_target(args)(1, 1).label
-        return [Config(w, t, label, 0, target="app") for (w, t) in pairs]
-    models = list_arg(args.models, "--models")
-    batches = list_arg(args.batches, "--batches", int)
-    waits = list_arg(args.wait_policies, "--wait-policies")
+        return [Config(w, t, label, 0, target="app") for (w, t) in pairs], None
+    models = list_arg(args.models or "medium", "--models")
+    batches = list_arg(args.batches or "100", "--batches", int)
     return [Config(w, t, m, b, wait_policy=wp, spincount=args.spincount)
-            for (w, t) in pairs for m in models for b in batches for wp in waits]
+            for (w, t) in pairs for m in models for b in batches for wp in waits], None
 
 
 def _finished_cells(out):
@@ -438,19 +492,30 @@ def _finished_cells(out):
         return []
 
 
-def _sweep_done(args, configs, before, message):
-    """Print what the sweep did: ``message``, or with ``--json`` the cells run now and those skipped."""
+def _sweep_done(args, configs, before, message, design=None):
+    """Print what the sweep did: ``message``, or with ``--json`` the cells run now, skipped and not run.
+
+    ``not_run``: the cells a budget left out (a re-run resumes with them);
+    ``cuts``: how the article design was cut to the budget (empty without one).
+    """
+    cells = _finished_cells(args.out)
+    finished = {os.path.basename(c) for c in cells}
+    not_run = [os.path.join(args.out, c.key) for c in configs if c.key not in finished] if args.cluster is None \
+        else []
     if not args.json:
+        if not_run:
+            message += f" ({len(not_run)} of {len(configs)} cells not run within the budget: run it again to resume)"
         print(message)
         return 0
-    cells = _finished_cells(args.out)
-    _print_json({"out": args.out, "configurations": len(configs), "policies": policies_arg(args.policies),
+    _print_json({"out": args.out, "configurations": len(configs), "policies": _sweep_sizes(args, design)[2],
                  "done": [c for c in cells if c not in before], "skipped": [c for c in cells if c in before],
+                 "not_run": not_run, "cuts": [c.to_dict() for c in design.cuts] if design else [],
+                 "design": design.to_dict() if design else None,
                  "report": f"tuna-lab report {args.out} -o report.html"})
     return 0
 
 
-def _sweep_on_cluster(args, configs):
+def _sweep_on_cluster(args, configs, design=None):
     """The sweep on the machines of a Dask cluster (each machine's CPU quota is checked where it runs).
 
     ``--client-cpus`` goes to every machine as typed (or None for the default)
@@ -464,18 +529,21 @@ def _sweep_on_cluster(args, configs):
     if args.client_cpus is not None and args.client_cpus.strip().lower() != "none":
         # Only the syntax here: which CPUs exist is each machine's to say.
         parse_cpulist(args.client_cpus, "--client-cpus", ExperimentError)
+    trials, requests, policies = _sweep_sizes(args, design)
     with connect(args.cluster) as client:
-        sweep(configs, policies_arg(args.policies), args.out, trials=args.trials, requests=args.requests,
+        sweep(configs, policies, args.out, trials=trials, requests=requests,
               progress=_progress, seed=args.seed, client=client, client_cpus=args.client_cpus,
               concurrency=args.concurrency, max_error_rate=args.max_error_rate,
-              per_machine=args.per_machine, any_machine=args.any_machine, worker_wait=args.wait_for_workers)
+              per_machine=args.per_machine, any_machine=args.any_machine, worker_wait=args.wait_for_workers,
+              cuts=design.cuts if design else (), design=design.to_dict() if design else None)
     return _sweep_done(args, configs, before, f"sweep results in {args.out} (one folder per machine); "
-                                              f"`tuna-lab report {args.out} -o report.html` compares them")
+                                              f"`tuna-lab report {args.out} -o report.html` compares them", design)
 
 
 def _cmd_report(args):
     from ..analysis.report import write_report
     from ..measure.experiment import load_results, load_thread_cpu
+    from ..measure.store import read_sweep_file
 
     requests, trials, manifests = load_results(args.results)
     threads = load_thread_cpu(args.results)
@@ -485,8 +553,11 @@ def _cmd_report(args):
     if machines:
         header = {"cells": len(manifests), "machines": sorted(machines),
                   **{k: manifests[0][k] for k in ("git_commit", "command", "started") if k in manifests[0]}}
+    # A sweep of the article's design (sweep --grid article): the report sets its figures beside the article's.
+    settings = read_sweep_file(args.results) if os.path.isdir(args.results) else None
     path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
-                        threads=threads if len(threads) else None, manifest=header, machines=machines)
+                        threads=threads if len(threads) else None, manifest=header, machines=machines,
+                        article=(settings or {}).get("design"))
     if args.json:
         _print_json({"report": os.fspath(path), "results": args.results, "cells": len(manifests),
                      "speedups": _headline(requests, trials), "cpu": _cpu_rows(trials)})

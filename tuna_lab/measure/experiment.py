@@ -46,7 +46,7 @@ from .schema import CPU_COLUMNS, cell_key
 from .store import check_out, load_results, load_thread_cpu, lock_folder, machine_name, write_cell
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "grid", "load_results", "ARTICLE_GRID",
-           "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies"]
+           "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies", "scale_pair"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
 ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
@@ -385,17 +385,26 @@ def grid(kind="machine", cpus=None):
     the usable CPUs, capped by a CPU quota), so that a machine whose quota
     allows fewer CPUs than its affinity lists is not sized to measure throttling.
     """
-    W, T, C0 = ARTICLE_GRID["workers"], ARTICLE_GRID["threads"], ARTICLE_GRID["cpus"]
+    W, T = ARTICLE_GRID["workers"], ARTICLE_GRID["threads"]
     if kind == "article":
         return [(w, t) for w in W for t in T]
     if kind != "machine":
         raise ExperimentError(f"grid must be 'machine' or 'article', got {kind!r}")
     C = cpus or Limits.read().effective_cpus
-    out = []
-    for w in W:
-        for t in T:
-            t2 = int(min(max(round(t * C / C0), 1), C))
-            w2 = max(1, round(w * t / C0 * C / t2))
-            if (w2, t2) not in out:
-                out.append((w2, t2))
-    return sorted(out)
+    return sorted({scale_pair(w, t, C) for w in W for t in T})
+
+
+def scale_pair(workers, threads, cpus):
+    """The article's ``workers x threads`` (on its 32 CPUs) scaled to ``cpus``, keeping ``WT/C``.
+
+    ``T' = clip(round(T C / 32), 1, C)``, ``W' = max(1, round(W T / 32 * C / T'))``:
+    what :func:`grid` ``("machine")`` does to each of the article's pairs.
+
+    Examples
+    --------
+    >>> scale_pair(4, 4, 32), scale_pair(16, 16, 2), scale_pair(4, 4, 8)
+    ((4, 4), (16, 1), (4, 1))
+    """
+    C0 = ARTICLE_GRID["cpus"]
+    t2 = int(min(max(round(threads * cpus / C0), 1), cpus))
+    return max(1, round(workers * threads / C0 * cpus / t2)), t2

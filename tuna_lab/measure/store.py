@@ -26,7 +26,10 @@ from ..errors import ExperimentError
 from . import schema
 
 __all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "finished_keys", "finished_cells", "load_results",
-           "load_thread_cpu", "machine_name"]
+           "load_thread_cpu", "machine_name", "SWEEP_FILE", "write_sweep_file", "read_sweep_file"]
+
+#: The name of a sweep's settings file, written in its folder before the first cell.
+SWEEP_FILE = "sweep.json"
 
 
 def _concat(frames):
@@ -171,6 +174,58 @@ def write_cell(out, result, csv=False):
     _fsync(os.path.dirname(os.path.abspath(out)))
     shutil.rmtree(old, ignore_errors=True)
     return out
+
+
+def write_sweep_file(out, settings):
+    """Write ``settings`` (a JSON-able dict) as ``<out>/sweep.json``, atomically and durably.
+
+    Written to a temporary file, flushed to the disk and renamed over the old
+    one, as :func:`write_cell` writes a cell: a reader sees the old settings
+    or the new ones, never half of them.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> write_sweep_file(folder, {"trials": 3}) == os.path.join(folder, SWEEP_FILE)
+    True
+    >>> read_sweep_file(folder)
+    {'trials': 3}
+    """
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, SWEEP_FILE)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as fh:
+        json.dump(settings, fh, indent=1, default=str)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync(os.path.abspath(out))
+    return path
+
+
+def read_sweep_file(out):
+    """The settings in ``<out>/sweep.json``; None when there is none (a new folder, or an older sweep).
+
+    Raises :class:`~tuna_lab.errors.ExperimentError` when the file is there but unreadable.
+
+    Examples
+    --------
+    >>> read_sweep_file("/nonexistent") is None
+    True
+    """
+    path = os.path.join(out, SWEEP_FILE)
+    try:
+        with open(path) as fh:
+            settings = json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ExperimentError(f"{path} is not readable ({type(exc).__name__}): delete it to resume the sweep "
+                              "with the settings given now") from None
+    if not isinstance(settings, dict):
+        raise ExperimentError(f"{path} does not hold a sweep's settings: delete it to resume the sweep")
+    return settings
 
 
 def _valid_trials(trials):
