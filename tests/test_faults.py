@@ -177,9 +177,10 @@ def test_a_kill_at_a_random_point_loses_nothing_and_mixes_nothing(seed, tmp_path
     assert len(trials) == RUNS and not trials.duplicated(["cell", "policy", "trial"]).any()
     for m in manifests:
         assert sorted(m["policies"]) == sorted(POLICIES) and m["trials"] == TRIALS and m["requests"] == REQUESTS
-    settings = out / "sweep.json"
-    if settings.exists():                              # the sweep's identity, where the sweep records one
-        json.loads(settings.read_text())
+    # The sweep's identity, written before its first cell, is the one every resume ran under.
+    settings = json.loads((out / "sweep.json").read_text())
+    assert sorted(settings["configs"]) == CELLS and settings["policies"] == list(POLICIES)
+    assert (settings["trials"], settings["requests"]) == (TRIALS, REQUESTS)
     assert os.sched_getaffinity(0) == affinity
     # Say what was struck, for the record of the kills survived (pytest -rA shows it).
     print(f"seed {seed}: killed the {kind} after {after} trials + {delay:.2f} s: "
