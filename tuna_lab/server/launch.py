@@ -89,7 +89,7 @@ class Server:
     workers, threads : int
     model : {"small", "medium", "large"}
     policy : str or Placement
-        One of :data:`tuna_lab.placement.policies.POLICIES`, or a
+        A registered policy's name (:func:`tuna_lab.placement.policy_names`), or a
         :class:`~tuna_lab.placement.policies.Placement` already made for
         ``workers`` x ``threads`` (the experiment runner makes each policy's
         once per cell: a Tuna mapping is solved, and a relaxed one said, once).
@@ -208,10 +208,7 @@ class Server:
         """Start Gunicorn and wait until every worker is warm and pinned."""
         # Train (or find) the model here, once, rather than in W racing workers.
         ensure_model(self.model)
-        plan = self.placement.to_dict()
-        plan["allowed"] = [[sorted(cpus) for cpus in row] for row in self.placement.allowed]
-        with open(os.path.join(self.state_dir, PLAN_FILE), "w") as fh:
-            json.dump(plan, fh)
+        self.placement.plan().write(os.path.join(self.state_dir, PLAN_FILE))
         cmd = [sys.executable, "-m", "gunicorn", "-c", "python:tuna_lab.server.gunicorn_conf",
                "--bind", f"127.0.0.1:{self.port}", "--pid", self.pidfile,
                "tuna_lab.server.wsgi:app"]
