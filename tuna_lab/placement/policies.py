@@ -389,7 +389,10 @@ class Policy:
         except TypeError:
             raise PolicyError(f"policy {self.name!r} returned {type(placed).__name__}, not a Placement or "
                               "(W, T) nested CPUs") from None
-        return Placement(self.name, workers, threads, topology, allowed, {}, self.pinned_by)
+        try:
+            return Placement(self.name, workers, threads, topology, allowed, {}, self.pinned_by)
+        except ModelError as exc:
+            raise PolicyError(f"policy {self.name!r} placed no valid placement: {exc}") from None
 
 
 _registry = {}
