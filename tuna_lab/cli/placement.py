@@ -15,7 +15,7 @@ import json
 import sys
 
 from .options import (add_size_options, add_strict_families_option, add_topology_options, policies_help,
-                      policy_choices, positive_float_arg, topology_of)
+                      positive_float_arg, topology_of)
 
 __all__ = ["add_parser", "plan_for", "add_traffic_options", "traffic_of"]
 
@@ -44,7 +44,7 @@ def add_parser(subparsers):
                "session.intra_op_thread_affinities\n"
                "  tuna-lab plan -w 2 -t 2 --policy round-robin --format taskset --pid MASTER\n")
     add_size_options(p)
-    p.add_argument("--policy", default="tuna-scatter", choices=policy_choices(), metavar="POLICY",
+    p.add_argument("--policy", default="tuna-scatter", metavar="POLICY",
                    help=policies_help())
     p.add_argument("--format", choices=_FORMATS, default="json", help="what to print")
     p.add_argument("--pid", type=int, default=None, metavar="MASTER",
@@ -67,7 +67,7 @@ def add_parser(subparsers):
     n.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
     n.add_argument("-t", "--threads", type=int, default=None,
                    help="OpenMP threads per worker (with --policy; the workers are counted)")
-    n.add_argument("--policy", default=None, choices=policy_choices(), metavar="POLICY", help=policies_help())
+    n.add_argument("--policy", default=None, metavar="POLICY", help=policies_help())
     n.add_argument("--plan", default=None, metavar="FILE", help="a plan from `tuna-lab plan` instead of "
                                                                 "--policy/-t")
     n.add_argument("--force", action="store_true", help="apply a plan made on another machine")
