@@ -78,6 +78,7 @@ def configure(policy=None, threads=None, plan=None, force=False):
 
     Examples
     --------
+    >>> # Skipped as a doctest: it sets TUNA_LAB_* in this process's environment, for Gunicorn's hooks.
     >>> configure(policy="round-robin", threads=2)        # doctest: +SKIP
     """
     if plan is not None:

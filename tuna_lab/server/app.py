@@ -22,6 +22,7 @@ Examples
 >>> app = create_app("small", threads=2)
 >>> app.ready
 False
+>>> # Skipped as a doctest: the warm-up loads XGBoost and starts OpenMP in this process.
 >>> tids = app.warm_up()   # doctest: +SKIP
 """
 
@@ -127,6 +128,7 @@ class InferenceApp:
 
         Examples
         --------
+        >>> # Skipped as a doctest: it loads XGBoost and starts an OpenMP pool in this process.
         >>> create_app("small", threads=2).warm_up()   # doctest: +SKIP
         [48213]
         """

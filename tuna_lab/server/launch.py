@@ -1,5 +1,6 @@
 """Start, watch and stop a pinned Gunicorn + XGBoost server.
 
+>>> # Skipped as a doctest: it trains a model and starts a live server.
 >>> from tuna_lab.server.launch import Server
 >>> with Server(2, 2, model="small", policy="round-robin") as srv:   # doctest: +SKIP
 ...     srv.url, [w["slot"] for w in srv.worker_records()]
@@ -420,6 +421,7 @@ def status(pidfile):
 
     Examples
     --------
+    >>> # Skipped as a doctest: it needs a live server started with that pidfile.
     >>> info = status("/tmp/srv.pid")                                   # doctest: +SKIP
     >>> [(t["role"], t["cpus"]) for t in info["workers"][0]["threads"]]   # doctest: +SKIP
     [('main', [0]), ('openmp', [1])]
@@ -456,6 +458,7 @@ def stop(pidfile, timeout=15):
 
     Examples
     --------
+    >>> # Skipped as a doctest: it stops a live server.
     >>> stop("/tmp/srv.pid")   # doctest: +SKIP
     """
     master, meta = _sidecar(pidfile)
