@@ -274,6 +274,7 @@ def post_worker_init(worker):
     import psutil
 
     from ..placement.binding import bind_worker
+    from ..placement.plan import PinnedBy
     from ..placement.pools import pool_threads, wake_openmp
 
     log = worker.log
@@ -283,7 +284,7 @@ def post_worker_init(worker):
         log.warning("tuna_lab: worker %s has no slot (more workers than the plan's %s?): left unpinned",
                     pid, plan.workers if plan else "?")
         return
-    if plan.pinned_by == "none":
+    if plan.pinned_by == PinnedBy.NONE:
         log.info("tuna_lab: worker %s slot %s: policy %s pins nothing", pid, slot, plan.policy)
         return
     before = {t.id for t in psutil.Process(pid).threads()}

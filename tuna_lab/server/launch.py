@@ -24,6 +24,7 @@ import psutil
 from .._checks import positive_int
 from ..errors import CpuAccountingError, ServerError, TunaError
 from ..placement.binding import affinity_of, threads_of
+from ..placement.plan import PinnedBy
 from .models import MODEL_FEATURES, ensure_model
 from .openmp import wait_policy_env
 from .pinning import PLAN_FILE, record_path
@@ -182,7 +183,7 @@ class Server:
             env.pop(name, None)
         env.update(wait_set)
         env.update({k: str(v) for k, v in self.placement.env.items()})
-        if self.placement.pinned_by == "tuna_lab" and "OMP_PLACES" not in self.placement.env:
+        if self.placement.pinned_by == PinnedBy.TUNA_LAB and "OMP_PLACES" not in self.placement.env:
             # XGBoost runs min(nthread, omp_get_num_procs()) threads, and without
             # a place list GNU libgomp counts the CPUs of the *calling thread's*
             # current affinity: once we pin the main thread to one CPU, every

@@ -3,10 +3,12 @@
 Runs inside the worker (the ``post_worker_init`` hook), so every TID it binds
 is one of its own. The binding itself is :func:`~tuna_lab.placement.binding.bind_worker`,
 the same as the Gunicorn integration's and ``tuna-lab pin --pid``'s; the pool
-threads are the ones the warm-up started (:func:`~tuna_lab.placement.pools.new_pool_threads`). A worker's *slot* (0..W-1) is chosen by the master before
-it forks (``pre_fork``) and inherited; a replacement worker takes the slot
-its predecessor freed, so it is re-pinned to the same cores as soon as it is
-warm - the first caveat of the article's closing remarks.
+threads are the ones the warm-up started (:func:`~tuna_lab.placement.pools.new_pool_threads`).
+
+A worker's *slot* (0..W-1) is chosen by the master before it forks
+(``pre_fork``) and inherited; a replacement worker takes the slot its
+predecessor freed, so it is re-pinned to the same cores as soon as it is warm -
+the first caveat of the article's closing remarks.
 """
 
 import json
