@@ -23,7 +23,8 @@ thread is bound to all of its slot's CPUs, which keeps libgomp's pool size;
 the pool threads get their own CPUs. Each worker is bound by
 :func:`~tuna_lab.placement.binding.bind_worker`, as the Gunicorn hooks bind theirs.
 
-:func:`unpin_server` gives every worker thread the master's affinity back, and
+:func:`unpin_server` gives every worker thread back the mask it had before the
+pin (the master's, to a thread born since), and
 :func:`watch_server` re-pins a replacement worker to the slot its predecessor
 left. Nothing here pins the master.
 
@@ -292,13 +293,69 @@ def hook_dir(master):
     Only a folder :func:`trusted_hook_dir` accepts is ever used.
     """
     proc = psutil.Process(int(master))
+    return os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{proc.uids().real}-{master}-{_started(master)}")
+
+
+def _started(master):
+    """The kernel's start time of process ``master``, in clock ticks since boot."""
     try:
         with open(f"/proc/{int(master)}/stat") as fh:
             # Field 22, starttime; the command name (field 2) may hold spaces and parentheses.
-            started = int(fh.read().rsplit(")", 1)[1].split()[19])
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
         raise psutil.NoSuchProcess(int(master)) from None
-    return os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{proc.uids().real}-{master}-{started}")
+
+
+def _masks_path(master):
+    """Where ``pin --pid`` keeps, for ``unpin``, every worker thread's mask from before it was first bound.
+
+    Keyed like :func:`hook_dir`, by the user who pins rather than the server's:
+    only a folder of theirs that no one else may write is ever read or written.
+    """
+    folder = f"tuna_lab-pin-{os.geteuid()}-{int(master)}-{_started(master)}"
+    return os.path.join(tempfile.gettempdir(), folder, "masks.json")
+
+
+def _saved_masks(master):
+    """``{tid: cpus}`` saved by earlier pins of ``master``; empty if none (or not in a trusted folder)."""
+    try:
+        path = _masks_path(master)
+    except psutil.Error:
+        return {}
+    if not trusted_hook_dir(os.path.dirname(path), {os.geteuid()}):
+        return {}
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as fh:
+            return {int(tid): sorted(int(c) for c in cpus) for tid, cpus in json.load(fh).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _remember_masks(master, pids):
+    """Save the current mask of every thread of ``pids`` not saved yet: what ``unpin`` gives back."""
+    # Threads that exited since are dropped; a thread already saved keeps its first mask.
+    live = {tid: cpus for tid, cpus in _saved_masks(master).items() if os.path.exists(f"/proc/{tid}")}
+    for pid in pids:
+        try:
+            for tid in sorted(t.id for t in psutil.Process(pid).threads()):
+                live.setdefault(tid, sorted(affinity_of(tid)))
+        except (psutil.NoSuchProcess, BindingError):
+            continue                                   # gone while we looked
+    path = _masks_path(master)
+    folder = os.path.dirname(path)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    if not trusted_hook_dir(folder, {os.geteuid()}):
+        raise PinError(f"refusing the state folder {folder}: it is not a folder of this user that only they may "
+                       "write (another user may have created it); remove it and pin again")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({str(tid): cpus for tid, cpus in live.items()}, fh)
+    os.replace(tmp, path)
 
 
 def trusted_hook_dir(path, owners):
@@ -524,6 +581,8 @@ def pin_server(master, plan, dry_run=False, activity=None):
         raise PinError(f"server {master} has {len(workers)} workers but the plan has {plan.workers} slots: "
                        f"make the plan with -w {len(workers)}")
     _check_permission(workers)
+    if not dry_run:
+        _remember_masks(master, workers)
     report = PinReport(int(master), plan)
     skipped = []
     for slot, pid, exact in worker_slots(master, workers):
@@ -540,10 +599,16 @@ def pin_server(master, plan, dry_run=False, activity=None):
 
 
 def unpin_server(master):
-    """Give every thread of every worker of ``master`` the master's own CPU affinity back."""
+    """Give every worker thread of ``master`` back the mask it had when ``pin --pid`` first bound it.
+
+    A thread born after the pin (or a server never pinned by :func:`pin_server`)
+    gets the master's own CPU affinity. The saved masks are forgotten
+    afterwards: a later pin saves the masks of that moment.
+    """
     workers = worker_pids(master)
     _check_permission(workers)
     cpus = sorted(os.sched_getaffinity(int(master)))
+    saved = _saved_masks(master)
     report = PinReport(int(master), None)
     for slot, pid, _ in worker_slots(master, workers):
         rows = []
@@ -552,12 +617,15 @@ def unpin_server(master):
         except psutil.NoSuchProcess:
             continue
         for tid in tids:
+            mask, why = (saved[tid], "its mask before the pin") if tid in saved else (cpus, "the master's mask")
             try:
-                rows.append({"tid": tid, "role": "main" if tid == pid else "thread", "rank": None, "why": "",
-                             "cpus": sorted(bind(tid, cpus)), "planned": None})
+                rows.append({"tid": tid, "role": "main" if tid == pid else "thread", "rank": None, "why": why,
+                             "cpus": sorted(bind(tid, mask)), "planned": None})
             except BindingError as exc:
                 report.warnings.append(f"worker {pid}: {exc}")
         report.workers.append({"slot": slot, "pid": pid, "threads": rows})
+    with contextlib.suppress(OSError, psutil.Error):
+        os.remove(_masks_path(master))
     return report
 
 
@@ -617,6 +685,7 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None):
             use = gains if active else measured
             exact = _hooked(master).get(pid, (None, None))[1]
             try:
+                _remember_masks(master, [pid])
                 _pin_worker(pid, slot, plan, report, dry_run=False, exact=exact,
                             activity=None if use is None else {pid: use})
             except PinError:
