@@ -6,9 +6,10 @@ environment, ONNX Runtime's ``session.intra_op_thread_affinities``,
 running server to it (``--url`` sends a few requests first, to find pool
 threads that wait in libc by the CPU time they run), ``--watch`` keeps
 replacements pinned, and ``unpin``
-gives the threads the master's CPUs back. ``status --pid`` (in
-:mod:`tuna_lab.cli.server`) shows what is bound. Only the ``tuna-*`` policies
-load the solver.
+gives the threads back the masks they had before the pin. ``status --pid`` (in
+:mod:`tuna_lab.cli.server`) shows what is bound. ``--policy`` takes any
+registered policy (:func:`tuna_lab.placement.register`); only those that need
+the solver load it.
 """
 
 import json
@@ -79,7 +80,8 @@ def add_parser(subparsers):
     add_traffic_options(n)
     n.set_defaults(func=_cmd_pin)
 
-    u = subparsers.add_parser("unpin", help="give every worker thread of a running server the master's CPUs back",
+    u = subparsers.add_parser("unpin", help="give every worker thread of a running server its mask from before the "
+                                           "pin back (the master's, to threads born since)",
                               epilog="example:\n  tuna-lab unpin --pid MASTER\n")
     u.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
     u.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -4,7 +4,10 @@ A server runs ``W`` worker processes, each with ``T`` OpenMP threads (thread
 ``0`` is the worker's main thread, which is also the OpenMP initial thread).
 A policy turns ``(W, T, topology)`` into a :class:`Placement`: for every
 thread, the set of logical cores (OS cpu ids) it is allowed on, plus who
-enforces it and the environment the workers need.
+enforces it and the environment the workers need. Each policy is a
+:class:`Policy` in a registry: :func:`register` adds one (the CLI, the lab
+server, ``run`` and the widgets then offer it), :func:`registered_policies`
+lists them. The built-in ones, registered the same way:
 
 ================  ==========================================================  ==========
 policy            placement                                                   pinned by
