@@ -1,4 +1,4 @@
-"""The documentation sources in docs/ cover the library (cheap: no docs build, no imports).
+"""The documentation sources in docs/ cover the library (cheap: no docs build; one import, of the policies).
 
 `make docs` builds the site with Jupyter Book; these tests check, from the sources
 alone, what a build would not notice by itself: a new constraint family without a
@@ -155,3 +155,13 @@ def test_documented_names_parser():
     rst = (".. autoclass:: Topology\n   :members:\n\n"
            ".. autosummary::\n   :nosignatures:\n\n   ~tuna.solve\n   PRESETS\n\nText\n")
     assert documented_names(rst) == {"Topology", "solve", "PRESETS"}
+
+
+def test_the_policies_table_is_the_registry():
+    # The one import of this file: the table must say what the registered policies are, word for word.
+    from tuna_lab.placement.policies import POLICIES, get_policy
+
+    who = {"none": "nobody", "tuna_lab": "tuna_lab", "openmp": "the OpenMP runtime"}
+    rows = [f"| `{p.name}` | {p.description} | {who[p.pinned_by.value]} |" for p in map(get_policy, POLICIES)]
+    table = "\n".join(["| policy | placement | pinned by |", "|---|---|---|", *rows])
+    assert table in (DOCS / "concepts" / "policies.md").read_text(), table

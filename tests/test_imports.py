@@ -5,7 +5,6 @@ since imported everything, so only a new one shows what an import costs.
 """
 
 import ast
-import json
 import os
 import subprocess
 import sys
@@ -47,10 +46,12 @@ def test_import_tuna_lab_loads_nothing_heavy():
 @pytest.mark.parametrize("module", ["tuna_lab.server.app", "tuna_lab.server.gunicorn_conf",
                                     "tuna_lab.server.wsgi"])
 def test_a_server_worker_loads_no_solver_and_no_ui(module, tmp_path):
+    from tuna_lab.machine import Topology
+    from tuna_lab.placement import placement
     from tuna_lab.server.pinning import PLAN_FILE
 
-    # The Gunicorn config reads the launcher's placement when imported, as in a real master.
-    (tmp_path / PLAN_FILE).write_text(json.dumps({"workers": 2}))
+    # The Gunicorn config reads the launcher's plan when imported, as in a real master.
+    placement("round-robin", 2, 1, Topology.synthetic("core:2 pu:1")).plan().write(tmp_path / PLAN_FILE)
     assert loaded_by(f"import {module}", SOLVER_AND_UI, env={"TUNA_LAB_STATE": str(tmp_path)}) == set()
 
 

@@ -413,6 +413,11 @@ def test_pin_then_unpin_a_running_server(plain):
     workers = plain.workers()
     master_cpus = cpus_of(plain.master)
     plan = placement("round-robin", W, T, topology_from(None)).plan()
+    # Masks of their own before the pin: unpin gives a pool thread its own back, and the main
+    # thread (whose saved mask is dropped below, as if it were born after the pin) the master's.
+    own_pool, own_main = pool_tids(workers[0])[0], workers[0]
+    os.sched_setaffinity(own_pool, master_cpus[-1:])
+    os.sched_setaffinity(own_main, master_cpus[:1])
 
     done = cli("pin", "--pid", plain.master, "-t", T, "--policy", "round-robin")
     assert done.returncode == 0, done.stderr
@@ -431,10 +436,19 @@ def test_pin_then_unpin_a_running_server(plain):
                   "every pinned pool thread to run")
     assert affinities(workers) == pinned
 
+    [saved] = Path(tempfile.gettempdir()).glob(f"tuna_lab-pin-{os.geteuid()}-{plain.master}-*/masks.json")
+    masks = json.loads(saved.read_text())
+    assert masks[str(own_pool)] == master_cpus[-1:] and masks[str(own_main)] == master_cpus[:1]
+    del masks[str(own_main)]
+    saved.write_text(json.dumps(masks))
+
     done = cli("unpin", "--pid", plain.master)
     assert done.returncode == 0, done.stderr
     after = affinities(workers)
+    assert after.pop(own_pool) == master_cpus[-1:]
     assert after and all(cpus == master_cpus for cpus in after.values()), after
+    assert not saved.exists()                       # forgotten: a later pin saves the masks of its moment
+    os.sched_setaffinity(own_pool, master_cpus)
 
 
 def test_status_shows_roles_tids_and_cpus_as_proc_does(plain, scatter_plan):

@@ -300,3 +300,27 @@ def test_a_cpu_list_given_as_text_is_refused_not_read_digit_by_digit():
         broken = {**data, "slots": [{**data["slots"][0], "main": bad}, *data["slots"][1:]]}
         with pytest.raises(PlanError, match="slot 0 main must be a list of CPU ids"):
             Plan.from_dict(broken)
+
+
+def test_bind_worker_binds_main_and_pool_by_rank_and_reports_a_thread_that_is_gone():
+    import threading
+
+    from tuna_lab.placement.binding import bind_worker
+
+    cpus = sorted(os.sched_getaffinity(0))
+    plan = Plan("by-hand", 1, 3, [[cpus, cpus[-1:], cpus[:1]]], range(max(cpus) + 1), "fp")
+    done = threading.Event()
+    helper = threading.Thread(target=done.wait, name="pool-stand-in")
+    helper.start()
+    try:
+        # rank 1: a live thread of this process; rank 2: a TID no thread has
+        bound = bind_worker(plan, 0, [helper.native_id, 2 ** 22 + 1])
+        assert os.sched_getaffinity(helper.native_id) == set(cpus[-1:])
+    finally:
+        done.set()
+        helper.join()
+    assert [(b.role, b.rank, b.planned) for b in bound] == [
+        ("main", 0, tuple(cpus)), ("pool", 1, tuple(cpus[-1:])), ("pool", 2, tuple(cpus[:1]))]
+    assert bound[0].cpus == tuple(cpus) and bound[1].cpus == tuple(cpus[-1:]) and bound[1].error is None
+    assert bound[2].cpus is None and "exited" in bound[2].error
+    assert os.sched_getaffinity(0) == set(cpus)                 # the main thread kept its (whole) slot

@@ -8,6 +8,7 @@ __all__ = [
     "TunaError",
     "TopologyError",
     "ModelError",
+    "PolicyError",
     "InfeasibleModelError",
     "NoSolutionError",
     "ServerError",
@@ -38,6 +39,10 @@ class TopologyError(TunaError, ValueError):
 
 class ModelError(TunaError, ValueError):
     """A model was asked for with invalid parameters (workers, threads, mode, families)."""
+
+
+class PolicyError(ModelError):
+    """A placement policy is unknown, malformed, or registered twice under one name."""
 
 
 class InfeasibleModelError(TunaError):

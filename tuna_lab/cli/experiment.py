@@ -12,7 +12,7 @@ import sys
 from ..errors import ExperimentError, TunaError
 from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options,
                       check_cpu_quota, client_cpus_of, configs_arg, list_arg, non_negative_int_arg, policies_arg,
-                      positive_float_arg)
+                      policies_help, positive_float_arg)
 
 __all__ = ["add_parser"]
 
@@ -21,8 +21,6 @@ _HELP = {
     "model": "the XGBoost model served: small, medium or large (29, 155, 784 features); trained once on "
              "first use",
     "batch": "rows per request",
-    "policies": "comma-separated placement policies: cfs, round-robin, omp-spread, omp-close, numa, "
-                "tuna-scatter, tuna-compact",
     "trials": "trials; in each, every policy runs once, in a random order, on a fresh server",
     "requests": "concurrent requests per policy and trial",
     "seed": "seed of the random policy order and of the request payloads",
@@ -64,7 +62,8 @@ def add_parser(subparsers):
     add_size_options(r, required=False)
     r.add_argument("--model", default="medium", help=_HELP["model"])
     r.add_argument("--batch", type=int, default=100, help=_HELP["batch"])
-    r.add_argument("--policies", default="cfs,round-robin,tuna-scatter", help=_HELP["policies"])
+    r.add_argument("--policies", default="cfs,round-robin,tuna-scatter",
+                   help=policies_help("comma-separated placement policies"))
     r.add_argument("--trials", type=int, default=5, help=_HELP["trials"])
     r.add_argument("--requests", type=int, default=None,
                    help="requests per policy and trial (default 1000; with --rate: as many as --duration holds)")
@@ -115,7 +114,8 @@ def add_parser(subparsers):
     sw.add_argument("--models", default=None, help="comma-separated models: small, medium, large (default medium)")
     sw.add_argument("--batches", default=None,
                     help="comma-separated batch sizes (rows per request; default 100)")
-    sw.add_argument("--policies", default=None, help=_HELP["policies"] + " (default cfs,round-robin,tuna-scatter)")
+    sw.add_argument("--policies", default=None, help=policies_help("comma-separated placement policies")
+                    + " (default cfs,round-robin,tuna-scatter)")
     sw.add_argument("--trials", type=int, default=None, help=_HELP["trials"] + " (default 5)")
     sw.add_argument("--requests", type=int, default=None, help=_HELP["requests"] + " (default 1000)")
     sw.add_argument("--seed", type=int, default=0, help=_HELP["seed"])

@@ -21,7 +21,8 @@ from ..errors import TopologyWarning, TunaError
 
 __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_float_arg", "non_negative_int_arg",
            "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg",
-           "add_client_cpus_option", "client_cpus_of", "add_strict_families_option"]
+           "policy_choices", "policies_help", "add_client_cpus_option", "client_cpus_of",
+           "add_strict_families_option"]
 
 
 def add_topology_options(parser):
@@ -366,6 +367,30 @@ def policies_arg(text):
     ['cfs', 'tuna-scatter']
     """
     return [p.strip() for p in text.split(",") if p.strip()]
+
+
+def policy_choices():
+    """The registered policies' names (:func:`tuna_lab.placement.policy_names`): ``--policy``'s choices.
+
+    Examples
+    --------
+    >>> policy_choices()[:2]
+    ('cfs', 'round-robin')
+    """
+    from ..placement.policies import policy_names
+
+    return policy_names()
+
+
+def policies_help(what="the placement policy"):
+    """``what``, then the registered policies' names: the help of ``--policy`` and ``--policies``.
+
+    Examples
+    --------
+    >>> policies_help("comma-separated placement policies")[:48]
+    'comma-separated placement policies: cfs, round-r'
+    """
+    return f"{what}: {', '.join(policy_choices())}"
 
 
 def add_strict_families_option(parser):

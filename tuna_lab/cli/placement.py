@@ -6,21 +6,21 @@ environment, ONNX Runtime's ``session.intra_op_thread_affinities``,
 running server to it (``--url`` sends a few requests first, to find pool
 threads that wait in libc by the CPU time they run), ``--watch`` keeps
 replacements pinned, and ``unpin``
-gives the threads the master's CPUs back. ``status --pid`` (in
-:mod:`tuna_lab.cli.server`) shows what is bound. Only the ``tuna-*`` policies
-load the solver.
+gives the threads back the masks they had before the pin. ``status --pid`` (in
+:mod:`tuna_lab.cli.server`) shows what is bound. ``--policy`` takes any
+registered policy (:func:`tuna_lab.placement.register`); only those that need
+the solver load it.
 """
 
 import json
 import sys
 
-from .options import (add_size_options, add_strict_families_option, add_topology_options, positive_float_arg,
-                      topology_of)
+from .options import (add_size_options, add_strict_families_option, add_topology_options, policies_help,
+                      positive_float_arg, topology_of)
 
 __all__ = ["add_parser", "plan_for", "add_traffic_options", "traffic_of"]
 
 _FORMATS = ("json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn")
-_POLICY_HELP = "the placement policy: cfs, round-robin, omp-spread, omp-close, numa, tuna-scatter, tuna-compact"
 
 
 def add_parser(subparsers):
@@ -45,12 +45,13 @@ def add_parser(subparsers):
                "session.intra_op_thread_affinities\n"
                "  tuna-lab plan -w 2 -t 2 --policy round-robin --format taskset --pid MASTER\n")
     add_size_options(p)
-    p.add_argument("--policy", default="tuna-scatter", help=_POLICY_HELP)
+    p.add_argument("--policy", default="tuna-scatter", metavar="POLICY",
+                   help=policies_help())
     p.add_argument("--format", choices=_FORMATS, default="json", help="what to print")
     p.add_argument("--pid", type=int, default=None, metavar="MASTER",
                    help="for --format taskset: the running server whose TIDs to name")
     p.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S",
-                   help="solver time limit for the tuna-* policies")
+                   help="solver time limit for the policies that need the solver (tuna-*)")
     add_strict_families_option(p)
     add_topology_options(p)
     p.set_defaults(func=_cmd_plan)
@@ -67,7 +68,7 @@ def add_parser(subparsers):
     n.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
     n.add_argument("-t", "--threads", type=int, default=None,
                    help="OpenMP threads per worker (with --policy; the workers are counted)")
-    n.add_argument("--policy", default=None, help=_POLICY_HELP)
+    n.add_argument("--policy", default=None, metavar="POLICY", help=policies_help())
     n.add_argument("--plan", default=None, metavar="FILE", help="a plan from `tuna-lab plan` instead of "
                                                                 "--policy/-t")
     n.add_argument("--force", action="store_true", help="apply a plan made on another machine")
@@ -79,7 +80,8 @@ def add_parser(subparsers):
     add_traffic_options(n)
     n.set_defaults(func=_cmd_pin)
 
-    u = subparsers.add_parser("unpin", help="give every worker thread of a running server the master's CPUs back",
+    u = subparsers.add_parser("unpin", help="give every worker thread of a running server its mask from before the "
+                                           "pin back (the master's, to threads born since)",
                               epilog="example:\n  tuna-lab unpin --pid MASTER\n")
     u.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
     u.add_argument("--json", action="store_true", help="print the report as JSON")

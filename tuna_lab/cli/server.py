@@ -8,7 +8,7 @@ import json
 
 from ..errors import ServerError
 from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options, check_cpu_quota,
-                      client_cpus_of, positive_float_arg)
+                      client_cpus_of, policies_help, positive_float_arg)
 from .placement import add_traffic_options
 
 __all__ = ["add_parser"]
@@ -44,9 +44,8 @@ def add_parser(subparsers):
     v.add_argument("--model", choices=("small", "medium", "large"), default="medium",
                    help="the XGBoost model served: 29, 155 or 784 features, as the article's three; "
                         "trained once on first use")
-    v.add_argument("--policy", default="tuna-scatter",
-                   help="the placement policy: cfs, round-robin, omp-spread, omp-close, numa, tuna-scatter, "
-                        "tuna-compact")
+    v.add_argument("--policy", default="tuna-scatter", metavar="POLICY",
+                   help=policies_help())
     v.add_argument("--places", choices=("cores", "threads"), default="cores", help="OMP_PLACES for omp-*")
     v.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1; 0 picks a free one")
     v.add_argument("--pidfile", default=None,

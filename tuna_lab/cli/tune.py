@@ -25,7 +25,7 @@ def add_parser(subparsers):
     >>> args.sla_p99, args.configs, args.budget
     ('50ms', '1x1,2x1', '90s')
     """
-    from .options import add_client_cpus_option, positive_float_arg
+    from .options import add_client_cpus_option, policies_help, positive_float_arg
 
     p = subparsers.add_parser(
         "tune", help="size to a latency target: the W x T x policy serving the most requests within a p99",
@@ -45,7 +45,8 @@ def add_parser(subparsers):
                    help="the p99 target of the client's latency: 50ms, 0.2s")
     p.add_argument("--configs", default="auto", metavar="auto|WxT,...",
                    help="W x T pairs; auto: under- and oversubscribed pairs for the effective CPUs")
-    p.add_argument("--policies", default="cfs,round-robin,tuna-scatter", help="comma-separated placement policies")
+    p.add_argument("--policies", default="cfs,round-robin,tuna-scatter",
+                   help=policies_help("comma-separated placement policies"))
     p.add_argument("--wait-policies", default="default",
                    help="comma-separated OMP_WAIT_POLICY values: default,passive,active")
     p.add_argument("--budget", default="15m", metavar="DURATION", help="wall time of the search: 90s, 15m")

@@ -68,7 +68,7 @@ def configure(policy=None, threads=None, plan=None, force=False):
     Parameters
     ----------
     policy : str, optional
-        A policy of :data:`tuna_lab.placement.POLICIES`.
+        A registered policy (:func:`tuna_lab.placement.policy_names`).
     threads : int, optional
         OpenMP threads per worker (with ``policy``).
     plan : str or Plan, optional
@@ -78,6 +78,7 @@ def configure(policy=None, threads=None, plan=None, force=False):
 
     Examples
     --------
+    >>> # Skipped as a doctest: it sets TUNA_LAB_* in this process's environment, for Gunicorn's hooks.
     >>> configure(policy="round-robin", threads=2)        # doctest: +SKIP
     """
     if plan is not None:
@@ -183,7 +184,9 @@ def _make_plan(workers):
                         "tuna_lab.integrations.gunicorn")
     text = os.environ.get("TUNA_LAB_THREADS", "")
     threads = positive_int("TUNA_LAB_THREADS", int(text) if text.strip().isdigit() else text, PlanError)
-    if policy.startswith("tuna-"):
+    from ..placement import get_policy, placement
+
+    if get_policy(policy).needs_solver:
         # The solver stays out of the server: a worker forked from a master that
         # imported cvxpy would carry it for its whole life.
         done = subprocess.run([sys.executable, "-m", "tuna_lab", "plan", "-w", str(workers), "-t", str(threads),
@@ -191,8 +194,6 @@ def _make_plan(workers):
         if done.returncode != 0:
             raise PlanError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "tuna-lab plan failed")
         return Plan.from_dict(json.loads(done.stdout))
-    from ..placement import placement
-
     return placement(policy, workers, threads, here).plan()
 
 
@@ -230,15 +231,11 @@ def _take_slot(run_dir, workers):
     return None, None
 
 
-def _openmp_loaded():
-    with open("/proc/self/maps") as fh:
-        return any("libgomp" in line or "libiomp" in line or "libomp" in line for line in fh)
-
-
 def post_fork(server, worker):
     """Gunicorn hook (worker, right after the fork): check the worker class, take a slot, prepare OpenMP."""
     from .._checks import one_line
     from ..errors import TunaError
+    from ..placement.pools import openmp_loaded
 
     kind = getattr(server.cfg, "worker_class_str", "sync")
     if kind not in SUPPORTED_WORKER_CLASSES:
@@ -263,7 +260,7 @@ def post_fork(server, worker):
     # Under OMP_PROC_BIND=false libgomp ignores OMP_PLACES.
     unbound = os.environ.get("OMP_PROC_BIND", "").split(",")[0].strip().lower() == "false"
     exact = "OMP_PLACES" in os.environ and not unbound
-    if not exact and not unbound and not _openmp_loaded():
+    if not exact and not unbound and not openmp_loaded():
         os.environ["OMP_PLACES"] = "threads"
         exact = True
     _worker.update(slot=slot, lock=fd, exact_main=exact, plan=plan, run_dir=run_dir)
@@ -272,33 +269,13 @@ def post_fork(server, worker):
         _record(slot, False)
 
 
-def _wake_pools(threads):
-    """Run one empty parallel region of ``threads`` threads in every libgomp this process has loaded."""
-    import ctypes
-
-    paths = set()
-    with open("/proc/self/maps") as fh:
-        for line in fh:
-            name = line.rsplit(None, 1)[-1]
-            if name.startswith("/") and os.path.basename(name).startswith("libgomp"):
-                paths.add(name)
-    libc = ctypes.CDLL(None)
-    # The region's body is libc's getpid: it ignores its argument and needs no GIL.
-    body = ctypes.cast(libc.getpid, ctypes.c_void_p)
-    for path in sorted(paths):
-        gomp = ctypes.CDLL(path)
-        gomp.GOMP_parallel.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint)
-        gomp.GOMP_parallel(body, None, threads, 0)
-    return sorted(paths)
-
-
 def post_worker_init(worker):
     """Gunicorn hook (worker, app loaded): wake the OpenMP pool, bind main and pool threads by TID."""
     import psutil
 
-    from ..errors import BindingError, PinError
-    from ..placement.binding import bind
-    from ..placement.pin import classify_threads
+    from ..placement.binding import bind_worker
+    from ..placement.plan import PinnedBy
+    from ..placement.pools import pool_threads, wake_openmp
 
     log = worker.log
     plan, slot = _worker["plan"], _worker["slot"]
@@ -307,39 +284,26 @@ def post_worker_init(worker):
         log.warning("tuna_lab: worker %s has no slot (more workers than the plan's %s?): left unpinned",
                     pid, plan.workers if plan else "?")
         return
-    if plan.pinned_by == "none":
+    if plan.pinned_by == PinnedBy.NONE:
         log.info("tuna_lab: worker %s slot %s: policy %s pins nothing", pid, slot, plan.policy)
         return
     before = {t.id for t in psutil.Process(pid).threads()}
-    libs = _wake_pools(plan.threads) if plan.threads > 1 else []
-    new = sorted({t.id for t in psutil.Process(pid).threads()} - before)
-    if plan.threads > 1 and not new:
-        # The app had started its pool already: find it as `tuna-lab pin --pid` does.
-        try:
-            new = [t.tid for t in classify_threads(pid) if t.role == "pool"]
-        except PinError:
-            new = []
-    row = plan.slots[slot]
-    union = sorted({c for cpus in row for c in cpus})
+    libs = wake_openmp(plan.threads) if plan.threads > 1 else []
+    # The threads the wake-up started; if the app had started its pool already, found as `pin --pid` finds it.
+    pool = pool_threads(pid, before) if plan.threads > 1 else []
     # An app that loads its OpenMP runtime later (on its first request) builds its places
     # then, from the main thread's CPUs at that moment: a single CPU would leave no pool.
     exact = plan.threads == 1 or (_worker["exact_main"] and bool(libs))
-    wanted = {pid: row[0] if exact else union}
-    for rank, tid in enumerate(new, start=1):
-        wanted[tid] = row[rank] if rank < plan.threads else union
     _record(slot, exact)
-    bound = {}
-    for tid, cpus in wanted.items():
-        try:
-            bound[tid] = sorted(bind(tid, cpus))
-        except BindingError as exc:
-            log.error("tuna_lab: worker %s slot %s: %s (the worker keeps serving)", pid, slot, exc)
-    if plan.threads > 1 and len(new) < plan.threads - 1:
+    bound = bind_worker(plan, slot, pool, pid, exact_main=exact)
+    for b in bound:
+        if b.error:
+            log.error("tuna_lab: worker %s slot %s: %s (the worker keeps serving)", pid, slot, b.error)
+    if plan.threads > 1 and len(pool) < plan.threads - 1:
         log.warning("tuna_lab: worker %s slot %s found %d pool thread(s) for T=%d (OpenMP runtimes: %s)",
-                    pid, slot, len(new), plan.threads, ", ".join(map(os.path.basename, libs)) or "none loaded")
+                    pid, slot, len(pool), plan.threads, ", ".join(map(os.path.basename, libs)) or "none loaded")
     log.info("tuna_lab: worker %s slot %s (%s): %s", pid, slot, plan.policy,
-             ", ".join(f"{'main' if tid == pid else 'pool'} {tid} -> {','.join(map(str, cpus))}"
-                       for tid, cpus in bound.items()))
+             ", ".join(f"{b.role} {b.tid} -> {','.join(map(str, b.cpus))}" for b in bound if not b.error))
 
 
 def child_exit(server, worker):

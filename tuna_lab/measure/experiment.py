@@ -116,14 +116,15 @@ def check_policies(policies):
     >>> check_policies(["cfs", "round-robin", "cfs"])
     ['cfs', 'round-robin']
     """
-    from ..placement.policies import POLICIES
+    from ..placement.policies import policy_names
 
     policies = list(dict.fromkeys(policies))
     if not policies:
         raise ExperimentError("no policies given")
-    bad = [p for p in policies if p not in POLICIES]
+    known = policy_names()
+    bad = [p for p in policies if p not in known]
     if bad:
-        raise ExperimentError(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
+        raise ExperimentError(f"unknown policy {bad[0]!r}; choose from {', '.join(known)}")
     return policies
 
 

@@ -1,12 +1,15 @@
-"""Find a process's threads by TID and bind each one to its CPUs.
+"""Find a process's threads by TID and bind each one to its CPUs; bind a worker to a plan's slot.
 
 Linux schedules threads, not processes: ``sched_setaffinity`` takes a thread
 id (TID), and :func:`threads_of` lists a process's TIDs (with psutil; the
 main thread's TID is the PID). Binding is done per TID and always read back:
 a thread that exited between discovery and binding, or a mask the kernel
 trimmed (a CPU outside the cgroup's cpuset), is reported, never silently
-accepted. This module imports nothing heavier than psutil and numpy: a
-Gunicorn master loads it before it forks.
+accepted. :func:`bind_worker` is the one way tuna_lab binds a server worker -
+its main thread and its pool threads (found by :mod:`tuna_lab.placement.pools`) -
+to a slot of a :class:`~tuna_lab.placement.plan.Plan`: the lab server's hooks,
+the Gunicorn integration and ``tuna-lab pin --pid`` all call it. This module
+imports nothing heavier than psutil: a Gunicorn master loads it before it forks.
 
 Examples
 --------
@@ -18,13 +21,15 @@ True
 
 import os
 import time
+from dataclasses import dataclass
 
 import psutil
 
 from .._checks import parse_cpulist
 from ..errors import BindingError
 
-__all__ = ["threads_of", "affinity_of", "bind", "bind_all", "describe_threads"]
+__all__ = ["threads_of", "affinity_of", "bind", "bind_all", "describe_threads", "ThreadBinding", "planned_cpus",
+           "bind_worker"]
 
 
 def threads_of(pid):
@@ -136,4 +141,104 @@ def describe_threads(pid):
             out.append((tid, name, affinity_of(tid)))
         except (OSError, BindingError):
             continue                      # the thread exited while we looked
+    return out
+
+
+@dataclass(frozen=True)
+class ThreadBinding:
+    """One thread of a worker bound to a plan: TID, ``role`` (``main``/``pool``), rank, the CPUs planned and got.
+
+    ``cpus`` is the mask read back after binding (or without binding, for a
+    dry run); ``error`` says why the thread could not be bound (it exited, no
+    permission, a mask the kernel trimmed), else None.
+    """
+
+    tid: int
+    role: str
+    rank: int
+    planned: tuple
+    cpus: tuple = None
+    error: str = None
+
+
+def planned_cpus(plan, slot, rank, exact_main=True):
+    """The CPUs ``plan`` gives thread ``rank`` of worker ``slot``: rank 0 is the main thread, 1.. its pool.
+
+    The main thread gets its own CPUs only with ``exact_main``; otherwise all
+    of the slot's: an OpenMP runtime that counts the main thread's current
+    CPUs (XGBoost's libgomp without ``OMP_PLACES``) would shrink its pool to
+    one thread. A pool thread beyond the plan's ``T - 1`` (should a pool be
+    larger) also gets all of the slot's CPUs.
+
+    Examples
+    --------
+    >>> from tuna_lab.machine import Topology
+    >>> from tuna_lab.placement import placement
+    >>> plan = placement("round-robin", 2, 2, Topology.synthetic("core:4 pu:1")).plan()
+    >>> planned_cpus(plan, 1, 0), planned_cpus(plan, 1, 0, exact_main=False), planned_cpus(plan, 1, 5)
+    ((2,), (2, 3), (2, 3))
+    """
+    row = plan.slots[slot]
+    if (rank == 0 and exact_main) or 0 < rank < plan.threads:
+        return tuple(row[rank])
+    return tuple(sorted({c for cpus in row for c in cpus}))
+
+
+def bind_worker(plan, slot, pool, pid=None, *, exact_main=True, dry_run=False):
+    """Bind worker ``pid``'s main thread and its ``pool`` threads to slot ``slot`` of ``plan``.
+
+    Parameters
+    ----------
+    plan : Plan
+        The plan (:class:`~tuna_lab.placement.plan.Plan`); only its ``slots``
+        and ``threads`` are read.
+    slot : int
+        The worker's slot, ``0 <= slot < plan.workers``.
+    pool : sequence of int
+        The worker's pool threads in rank order (rank 1 first), as
+        :func:`tuna_lab.placement.pools.pool_threads` finds them.
+    pid : int, optional
+        The worker (its main thread's TID); default this process.
+    exact_main : bool
+        Bind the main thread to its own CPUs rather than all of the slot's
+        (see :func:`planned_cpus`).
+    dry_run : bool
+        Bind nothing, read every thread's mask back (a plan the OpenMP
+        runtime enforces, or ``pin --dry-run``).
+
+    Returns
+    -------
+    list of ThreadBinding
+        The main thread first, then the pool by rank. A thread that could
+        not be bound has its ``error`` set: the caller decides whether that
+        stops the worker (the lab server), is logged (the Gunicorn hooks) or
+        warned about (``pin --pid``).
+
+    Raises
+    ------
+    BindingError
+        ``slot`` is not one of the plan's.
+
+    Examples
+    --------
+    >>> from tuna_lab.machine import Topology
+    >>> from tuna_lab.placement import placement
+    >>> cpus = sorted(os.sched_getaffinity(0))
+    >>> plan = placement("cfs", 1, 1, Topology.synthetic(f"core:{len(cpus)} pu:1")).plan()
+    >>> [(b.role, b.error) for b in bind_worker(plan, 0, [], dry_run=True)]
+    [('main', None)]
+    """
+    if not 0 <= slot < len(plan.slots):
+        raise BindingError(f"slot {slot} is not one of the plan's {len(plan.slots)} slots")
+    pid = os.getpid() if pid is None else int(pid)
+    out = []
+    for rank, tid in enumerate([pid, *pool]):
+        planned = planned_cpus(plan, slot, rank, exact_main)
+        role = "main" if rank == 0 else "pool"
+        try:
+            got = affinity_of(tid) if dry_run else bind(tid, planned)
+        except BindingError as exc:
+            out.append(ThreadBinding(tid, role, rank, planned, None, str(exc)))
+            continue
+        out.append(ThreadBinding(tid, role, rank, planned, tuple(sorted(got))))
     return out

@@ -6,11 +6,10 @@ children are the workers. :func:`pin_server` gives each worker a *slot* of a
 threads and binds them by TID:
 
 * the **main thread** is the thread whose TID is the worker's PID;
-* the **pool threads** are the threads that sit in an OpenMP or BLAS runtime:
-  a thread blocked in a system call shows, in ``/proc/<pid>/task/<tid>/syscall``,
-  the user-space address it called from, and ``/proc/<pid>/maps`` says which
-  library holds that address (libgomp issues its futex waits from its own code).
-  Pool threads are ranked by TID, which is their creation order;
+* the **pool threads** are the threads that sit in an OpenMP or BLAS runtime,
+  or that work while the worker serves requests
+  (:func:`~tuna_lab.placement.pools.classify_threads`). Pool threads are
+  ranked by TID, which is their creation order;
 * every other thread (Python threads, Gunicorn's, jemalloc's, a thread that
   never stopped running while we looked) is left alone, and the report says why.
 
@@ -21,9 +20,11 @@ main thread pinned to one CPU makes every later request single-threaded. So
 unless the worker was started with ``OMP_PLACES`` (read from its environment;
 not with ``OMP_PROC_BIND=false``) and has loaded its OpenMP runtime, its main
 thread is bound to all of its slot's CPUs, which keeps libgomp's pool size;
-the pool threads get their own CPUs.
+the pool threads get their own CPUs. Each worker is bound by
+:func:`~tuna_lab.placement.binding.bind_worker`, as the Gunicorn hooks bind theirs.
 
-:func:`unpin_server` gives every worker thread the master's affinity back, and
+:func:`unpin_server` gives every worker thread back the mask it had before the
+pin (the master's, to a thread born since), and
 :func:`watch_server` re-pins a replacement worker to the slot its predecessor
 left. Nothing here pins the master.
 
@@ -34,7 +35,6 @@ Examples
 ['main']
 """
 
-import bisect
 import contextlib
 import glob
 import json
@@ -47,47 +47,20 @@ import psutil
 
 from .._checks import format_cpulist
 from ..errors import BindingError, PinError
-from .binding import affinity_of, bind
+from .binding import affinity_of, bind, bind_worker, planned_cpus
+from .pools import (ACTIVE_FLOOR, ACTIVE_SHARE, RUNNING, ThreadRole, active_threads, classify_threads, main_rule,
+                    thread_cpu_times)
 
 __all__ = ["ThreadRole", "Activity", "classify_threads", "thread_cpu_times", "active_threads", "serve_requests",
            "ACTIVE_FLOOR", "ACTIVE_SHARE", "worker_pids", "worker_slots", "server_threads", "pin_server",
            "unpin_server", "watch_server", "PinReport", "hook_dir", "trusted_hook_dir", "write_hook_record"]
 
-# Libraries whose threads are an OpenMP team or a BLAS pool (file names as the loader maps them).
-_RUNTIMES = (("libgomp", "OpenMP"), ("libiomp", "OpenMP"), ("libomp", "OpenMP"),
-             ("libopenblas", "BLAS"), ("libmkl", "BLAS"), ("libblis", "BLAS"))
-# Threads a thread name says are no pool thread, and what they are.
-_HELPER_NAMES = {"jemalloc_bg_thd": "jemalloc's background thread (LightGBM and scikit-learn wheels load it)"}
-#: :func:`active_threads`: a pool thread gains at least this much CPU time (s) during the requests ...
-ACTIVE_FLOOR = 0.002
-#: ... and at least this share of what the worker's busiest thread gained.
-ACTIVE_SHARE = 0.1
-# Why a thread that never waited while we looked is left alone (the report's words).
-_RUNNING = "running on every look"
 # Rounds of --watch that look again at a worker with such a thread: a pool thread busy with
 # a request settles within them (then it is bound); one that always spins never does.
 _WATCH_RETRIES = 25
 # Children of a master that are no workers: uvicorn --workers starts its workers with
 # multiprocessing's spawn, which first starts a resource tracker (and forkserver, a fork server).
 _HELPER_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
-
-
-@dataclass(frozen=True)
-class ThreadRole:
-    """One thread of a worker: its TID, role (``main``, ``pool``, ``other``), rank, why, and the evidence.
-
-    ``evidence`` names what decided the role: ``"tid: the process's PID"``,
-    ``"library: libgomp.so.1"`` (the library its blocking system call came
-    from), ``"activity: 0.420 s CPU during 8 requests"`` (time it ran while
-    the worker served requests) or ``"name: jemalloc_bg_thd"`` (its thread
-    name).
-    """
-
-    tid: int
-    role: str
-    rank: object
-    why: str
-    evidence: str = ""
 
 
 @dataclass
@@ -173,212 +146,6 @@ def _is_helper(proc):
     return any(name in command for name in _HELPER_PROCESSES)
 
 
-def _maps(pid):
-    """Sorted ``(start, end, library)`` of a process's file-backed mappings."""
-    out = []
-    with open(f"/proc/{pid}/maps") as fh:
-        for line in fh:
-            parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].startswith("/"):
-                lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                out.append((lo, hi, os.path.basename(parts[5].strip())))
-    out.sort()
-    return out
-
-
-def _library_at(maps, address):
-    i = bisect.bisect_right(maps, (address, float("inf"), "")) - 1
-    return maps[i][2] if i >= 0 and maps[i][0] <= address < maps[i][1] else None
-
-
-def _waiting_in(pid, tid, maps, looks, interval):
-    """The library a thread's current system call was made from; None if it kept running."""
-    for attempt in range(looks):
-        with open(f"/proc/{pid}/task/{tid}/syscall") as fh:
-            fields = fh.read().split()
-        if fields and fields[0] != "running":
-            return _library_at(maps, int(fields[-1], 16)) or "an anonymous mapping"
-        if attempt + 1 < looks:
-            time.sleep(interval)
-    return None
-
-
-def thread_cpu_times(pid):
-    """CPU time every thread of process ``pid`` has run so far, in seconds, by TID.
-
-    Read from the first field of ``/proc/<pid>/task/<tid>/schedstat`` (ns,
-    not rounded to clock ticks as ``stat`` is). A thread that exits while
-    it is read is left out.
-
-    Raises
-    ------
-    PinError
-        The process is gone, or its threads cannot be read.
-
-    Examples
-    --------
-    >>> import os
-    >>> times = thread_cpu_times(os.getpid())
-    >>> os.getpid() in times and times[os.getpid()] > 0
-    True
-    """
-    try:
-        tids = os.listdir(f"/proc/{int(pid)}/task")
-    except (FileNotFoundError, ProcessLookupError, ValueError, TypeError):
-        raise PinError(f"process {pid} is gone") from None
-    except PermissionError:
-        raise PinError(f"permission denied: cannot read the threads of process {pid}") from None
-    out = {}
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                out[int(tid)] = int(fh.read().split()[0]) / 1e9
-        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-            continue
-        except PermissionError:
-            raise PinError(f"permission denied: cannot read thread {tid} of process {pid}") from None
-    return out
-
-
-def active_threads(activity, main=None, floor=ACTIVE_FLOOR, share=ACTIVE_SHARE):
-    """The threads that worked while a worker served requests: its pool, told from helper threads.
-
-    A pool thread runs while its worker serves a request and sleeps
-    otherwise; a helper thread (a Python thread, a server's, an allocator's,
-    a pool of a library the model does not use) barely runs. A thread counts
-    as active when it gained at least ``floor`` seconds and at least
-    ``share`` of what the busiest thread of the worker gained.
-
-    Parameters
-    ----------
-    activity : dict
-        ``{tid: cpu_seconds}`` each thread gained during the requests (from
-        two :func:`thread_cpu_times` readings around them).
-    main : int, optional
-        The worker's main thread (its PID): it is measured with the others
-        (it serves the request, and its time sets the scale) but never
-        returned.
-    floor, share : float
-        The thresholds above.
-
-    Returns
-    -------
-    set of int
-        The active TIDs, ``main`` excluded.
-
-    Examples
-    --------
-    >>> sorted(active_threads({100: 0.40, 101: 0.35, 102: 0.0004, 103: 0.0}, main=100))
-    [101]
-    >>> active_threads({100: 0.0005, 101: 0.0003}, main=100)   # served nothing: nothing to tell
-    set()
-    """
-    if not activity:
-        return set()
-    top = max(activity.values())
-    return {tid for tid, gained in activity.items()
-            if tid != main and gained >= floor and gained >= share * top}
-
-
-def _comm(pid, tid):
-    try:
-        with open(f"/proc/{pid}/task/{tid}/comm") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
-def classify_threads(pid, looks=5, interval=0.02, activity=None, requests=None):
-    """Every thread of process ``pid`` as a :class:`ThreadRole`, main thread first, pool by rank.
-
-    A thread is a pool thread by the first evidence that says so:
-
-    1. **library**: it is blocked in a system call made from an OpenMP or BLAS
-       runtime's code (libgomp, libiomp, libomp, OpenBLAS, MKL, BLIS);
-    2. **name**: a thread name of a known helper (``jemalloc_bg_thd``) makes
-       it no pool thread;
-    3. **activity**: where the library says only ``libc`` (ONNX Runtime's own
-       pool, a BLAS pool waiting on a pthread condition) or the thread kept
-       running, the CPU time it gained while the worker served requests
-       (``activity``, see :func:`active_threads`) tells the pool from helper
-       threads.
-
-    Pool threads found by library are ranked first, by TID (creation order),
-    then those found by activity, by TID: in a PyTorch worker the libgomp
-    intra-op team takes ranks 1..T-1 and an inter-op thread that worked
-    during the requests comes after it.
-
-    Parameters
-    ----------
-    pid : int
-        A worker process.
-    looks, interval : int, float
-        A thread that is running (not in a system call) is looked at again,
-        up to ``looks`` times ``interval`` seconds apart, until it waits.
-    activity : dict, optional
-        ``{tid: cpu_seconds}`` each thread gained while the worker served
-        requests. Without it, threads that wait in libc are left alone.
-    requests : int, optional
-        How many requests ``activity`` was measured over (for the evidence text).
-
-    Raises
-    ------
-    PinError
-        The process is gone, or its threads cannot be read (another user's).
-
-    Examples
-    --------
-    >>> import os
-    >>> main = classify_threads(os.getpid())[0]
-    >>> main.role, main.evidence
-    ('main', "tid: the process's PID")
-    """
-    try:
-        tids = sorted(t.id for t in psutil.Process(pid).threads())
-        maps = _maps(pid)
-    except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
-        raise PinError(f"process {pid} is gone") from None
-    except (psutil.AccessDenied, PermissionError):
-        raise PinError(f"permission denied: cannot read the threads of process {pid}") from None
-    active = active_threads(activity, main=pid) if activity is not None else set()
-    during = f"during {requests} request{'' if requests == 1 else 's'}" if requests else "during the traffic"
-    main = [ThreadRole(pid, "main", 0, "its TID is the process's PID", "tid: the process's PID")]
-    by_library, by_activity, other = [], [], []
-    for tid in tids:
-        if tid == pid:
-            continue
-        try:
-            lib = _waiting_in(pid, tid, maps, looks, interval)
-        except (FileNotFoundError, ProcessLookupError):
-            continue                                   # exited while we looked
-        except PermissionError:
-            raise PinError(f"permission denied: cannot read thread {tid} of process {pid}") from None
-        kind = next((k for prefix, k in _RUNTIMES if lib and lib.startswith(prefix)), None)
-        name = _comm(pid, tid)
-        gained = None if activity is None else activity.get(tid, 0.0)
-        spent = "" if gained is None else f"{gained:.3f} s CPU {during}"
-        if kind:
-            by_library.append((tid, f"waiting in {lib} ({kind} pool)", f"library: {lib}"))
-        elif name in _HELPER_NAMES:
-            other.append(ThreadRole(tid, "other", None, f"named {name}: {_HELPER_NAMES[name]}", f"name: {name}"))
-        elif tid in active:
-            where = f"waiting in {lib}" if lib else _RUNNING
-            by_activity.append((tid, f"{where}, busy while the worker served requests (pool thread)",
-                                f"activity: {spent}"))
-        elif gained is not None:
-            where = f"waiting in {lib}" if lib else _RUNNING
-            other.append(ThreadRole(tid, "other", None, f"{where}, (nearly) idle while the worker served requests "
-                                    "(a Python, server or library helper thread)", f"activity: {spent}"))
-        elif lib is None:
-            other.append(ThreadRole(tid, "other", None, f"{_RUNNING}: cannot tell which library "
-                                    "it belongs to (an OpenMP thread that spins, OMP_WAIT_POLICY=active?; "
-                                    "--url tells by activity)", "library: none seen"))
-        else:
-            other.append(ThreadRole(tid, "other", None, f"waiting in {lib}: not an OpenMP/BLAS pool thread "
-                                    "(a Python, server or library helper thread; --url tells an ONNX Runtime "
-                                    "or other pool by its activity)", f"library: {lib}"))
-    ranked = [ThreadRole(tid, "pool", k + 1, why, ev) for k, (tid, why, ev) in enumerate(by_library + by_activity)]
-    return main + ranked + other
 
 
 @dataclass
@@ -513,68 +280,6 @@ def _activity_of(activity, pid):
     return activity.get(pid), None
 
 
-# Libraries (file-name prefixes in /proc/<pid>/maps) of the runtimes whose pools tuna_lab places, and
-# whether the runtime sizes its pool from the calling thread's *current* affinity at every call.
-_INFERENCE_RUNTIMES = (("libxgboost", "XGBoost", True), ("onnxruntime_pybind11_state", "ONNX Runtime", False),
-                       ("libonnxruntime", "ONNX Runtime", False), ("libtorch_cpu", "PyTorch", False),
-                       ("lib_lightgbm", "LightGBM", False), ("libgomp", "OpenMP", False),
-                       ("libiomp", "OpenMP", False), ("libomp", "OpenMP", False))
-
-
-def _loaded_runtimes(pid):
-    """``{name: sizes_from_affinity}`` of the inference runtimes process ``pid`` has loaded."""
-    try:
-        libs = {lib for _, _, lib in _maps(pid)}
-    except OSError:
-        return {}
-    return {name: per_call for prefix, name, per_call in _INFERENCE_RUNTIMES
-            if any(lib.startswith(prefix) for lib in libs)}
-
-
-def _main_rule(pid):
-    """``(exact, why)``: may worker ``pid``'s main thread be bound to one CPU, and why (or why not).
-
-    Measured (docs/your-server.md): only XGBoost, on libgomp without
-    ``OMP_PLACES``, counts the main thread's current CPUs at every call.
-    ONNX Runtime, PyTorch, LightGBM and scikit-learn's libgomp size their
-    pools when they load (or from their own settings) - but a runtime that
-    loads *after* the main thread was bound to one CPU counts that one, so a
-    worker with no runtime loaded yet keeps its slot's CPUs.
-    """
-    if _places_in_effect(pid):
-        return True, "OMP_PLACES in effect: OpenMP counts its places, not the main thread's CPUs"
-    loaded = _loaded_runtimes(pid)
-    if any(loaded.values()):
-        return False, ("XGBoost loaded: without OMP_PLACES it counts the main thread's current CPUs at every "
-                       "call, and one CPU would shrink its pool to one thread")
-    if not loaded:
-        return False, ("no inference runtime loaded yet: one loaded after the main thread is bound to one CPU "
-                       "would size its pool from that CPU")
-    names = sorted(set(loaded) - {"OpenMP"}) or ["OpenMP"]
-    return True, (f"{', '.join(names)} loaded: sized {'its' if len(names) == 1 else 'their'} pool when loaded "
-                  "or from its own setting, not from the main thread's current CPUs")
-
-
-def _places_in_effect(pid):
-    """Whether the OpenMP runtime of process ``pid`` counts its CPUs from an ``OMP_PLACES`` list.
-
-    Only then may its main thread be pinned to a single CPU. That needs
-    ``OMP_PLACES`` in the environment it was started with, without
-    ``OMP_PROC_BIND=false`` (libgomp ignores the places then), and the
-    runtime loaded already: libgomp builds its places when it loads, from the
-    CPUs the main thread may use at that moment - a main thread pinned to one
-    CPU before (a replacement worker that ``--watch`` catches while it
-    starts) leaves one place and no pool at all.
-    """
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            env = dict(v.partition(b"=")[::2] for v in fh.read().split(b"\0") if v)
-        loaded = any(lib.startswith(prefix) for _, _, lib in _maps(pid)
-                     for prefix, kind in _RUNTIMES if kind == "OpenMP")
-    except OSError:
-        return False
-    unbound = env.get(b"OMP_PROC_BIND", b"").split(b",")[0].strip().lower() == b"false"
-    return b"OMP_PLACES" in env and not unbound and loaded
 
 
 def hook_dir(master):
@@ -588,13 +293,69 @@ def hook_dir(master):
     Only a folder :func:`trusted_hook_dir` accepts is ever used.
     """
     proc = psutil.Process(int(master))
+    return os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{proc.uids().real}-{master}-{_started(master)}")
+
+
+def _started(master):
+    """The kernel's start time of process ``master``, in clock ticks since boot."""
     try:
         with open(f"/proc/{int(master)}/stat") as fh:
             # Field 22, starttime; the command name (field 2) may hold spaces and parentheses.
-            started = int(fh.read().rsplit(")", 1)[1].split()[19])
+            return int(fh.read().rsplit(")", 1)[1].split()[19])
     except (OSError, IndexError, ValueError):
         raise psutil.NoSuchProcess(int(master)) from None
-    return os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{proc.uids().real}-{master}-{started}")
+
+
+def _masks_path(master):
+    """Where ``pin --pid`` keeps, for ``unpin``, every worker thread's mask from before it was first bound.
+
+    Keyed like :func:`hook_dir`, by the user who pins rather than the server's:
+    only a folder of theirs that no one else may write is ever read or written.
+    """
+    folder = f"tuna_lab-pin-{os.geteuid()}-{int(master)}-{_started(master)}"
+    return os.path.join(tempfile.gettempdir(), folder, "masks.json")
+
+
+def _saved_masks(master):
+    """``{tid: cpus}`` saved by earlier pins of ``master``; empty if none (or not in a trusted folder)."""
+    try:
+        path = _masks_path(master)
+    except psutil.Error:
+        return {}
+    if not trusted_hook_dir(os.path.dirname(path), {os.geteuid()}):
+        return {}
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd) as fh:
+            return {int(tid): sorted(int(c) for c in cpus) for tid, cpus in json.load(fh).items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _remember_masks(master, pids):
+    """Save the current mask of every thread of ``pids`` not saved yet: what ``unpin`` gives back."""
+    # Threads that exited since are dropped; a thread already saved keeps its first mask.
+    live = {tid: cpus for tid, cpus in _saved_masks(master).items() if os.path.exists(f"/proc/{tid}")}
+    for pid in pids:
+        try:
+            for tid in sorted(t.id for t in psutil.Process(pid).threads()):
+                live.setdefault(tid, sorted(affinity_of(tid)))
+        except (psutil.NoSuchProcess, BindingError):
+            continue                                   # gone while we looked
+    path = _masks_path(master)
+    folder = os.path.dirname(path)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(folder, 0o700)
+    if not trusted_hook_dir(folder, {os.geteuid()}):
+        raise PinError(f"refusing the state folder {folder}: it is not a folder of this user that only they may "
+                       "write (another user may have created it); remove it and pin again")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump({str(tid): cpus for tid, cpus in live.items()}, fh)
+    os.replace(tmp, path)
 
 
 def trusted_hook_dir(path, owners):
@@ -667,14 +428,14 @@ def worker_slots(master, workers=None):
     hooked = {pid: rec for pid, rec in _hooked(master).items() if pid in workers}
     taken = {slot for slot, _ in hooked.values()}
     free = iter(s for s in range(len(workers) + len(taken)) if s not in taken)
-    out = [(hooked[pid][0], pid, hooked[pid][1]) if pid in hooked else (next(free), pid, _main_rule(pid)[0])
+    out = [(hooked[pid][0], pid, hooked[pid][1]) if pid in hooked else (next(free), pid, main_rule(pid)[0])
            for pid in workers]
     return sorted(out)
 
 
 def _main_note(pid, exact, plan, slot):
     """Why worker ``pid``'s main thread is (to be) bound to one CPU or to all of its slot's."""
-    rule, why = _main_rule(pid)
+    rule, why = main_rule(pid)
     if plan is None or slot is None or slot >= plan.workers:
         where = "may be bound to one CPU" if rule else "is bound to all of its slot's CPUs when pinned"
         return f"{where}: {why}"
@@ -705,11 +466,7 @@ def _planned(plan, slot, th, exact_main):
     """The CPUs the plan gives thread ``th`` of ``slot`` (None for threads left alone)."""
     if plan is None or slot is None or slot >= plan.workers or th.role == "other":
         return None
-    row = plan.slots[slot]
-    union = sorted({c for cpus in row for c in cpus})
-    if th.role == "main":
-        return list(row[0]) if exact_main else union
-    return list(row[th.rank]) if th.rank < plan.threads else union
+    return list(planned_cpus(plan, slot, th.rank, exact_main))
 
 
 def server_threads(master, plan=None, activity=None):
@@ -756,7 +513,7 @@ def _check_permission(pids):
 
 
 def _pin_worker(pid, slot, plan, report, dry_run, exact=None, activity=None):
-    exact = _main_rule(pid)[0] if exact is None else exact
+    exact = main_rule(pid)[0] if exact is None else exact
     gains, requests = _activity_of(activity, pid)
     threads = classify_threads(pid, activity=gains, requests=requests)
     pool = [t for t in threads if t.role == "pool"]
@@ -770,23 +527,25 @@ def _pin_worker(pid, slot, plan, report, dry_run, exact=None, activity=None):
             hint = "its pool may not exist yet, or be smaller than T"
         report.warnings.append(f"worker {pid} (slot {slot}) has {len(pool)} pool thread(s), fewer than "
                                f"T-1={plan.threads - 1}: pinned as far as it goes ({hint})")
+    # A worker the hooks placed beyond the plan's slots (another plan's) is only reported.
+    bound = {b.tid: b for b in bind_worker(plan, slot, [t.tid for t in pool], pid, exact_main=exact,
+                                           dry_run=dry_run)} if slot < plan.workers else {}
     rows = []
     for th in threads:
-        want = _planned(plan, slot, th, exact)
-        note = _main_note(pid, exact, plan, slot) if th.role == "main" else None
-        if want is not None and not dry_run:
-            try:
-                got = sorted(bind(th.tid, want))
-            except BindingError as exc:
-                report.warnings.append(f"worker {pid}: {exc}")
-                continue
-        else:
+        b = bound.get(th.tid)
+        if b is not None and b.error:
+            if not dry_run:
+                report.warnings.append(f"worker {pid}: {b.error}")
+            continue
+        if b is None:
             try:
                 got = sorted(affinity_of(th.tid))
             except BindingError:
                 continue
+        note = _main_note(pid, exact, plan, slot) if th.role == "main" else None
         rows.append({"tid": th.tid, "role": th.role, "rank": th.rank, "why": th.why, "evidence": th.evidence,
-                     "cpus": got, "planned": want, "note": note})
+                     "cpus": list(b.cpus) if b is not None else got,
+                     "planned": list(b.planned) if b is not None else None, "note": note})
     report.workers.append({"slot": slot, "pid": pid, "threads": rows})
 
 
@@ -822,6 +581,8 @@ def pin_server(master, plan, dry_run=False, activity=None):
         raise PinError(f"server {master} has {len(workers)} workers but the plan has {plan.workers} slots: "
                        f"make the plan with -w {len(workers)}")
     _check_permission(workers)
+    if not dry_run:
+        _remember_masks(master, workers)
     report = PinReport(int(master), plan)
     skipped = []
     for slot, pid, exact in worker_slots(master, workers):
@@ -838,10 +599,16 @@ def pin_server(master, plan, dry_run=False, activity=None):
 
 
 def unpin_server(master):
-    """Give every thread of every worker of ``master`` the master's own CPU affinity back."""
+    """Give every worker thread of ``master`` back the mask it had when ``pin --pid`` first bound it.
+
+    A thread born after the pin (or a server never pinned by :func:`pin_server`)
+    gets the master's own CPU affinity. The saved masks are forgotten
+    afterwards: a later pin saves the masks of that moment.
+    """
     workers = worker_pids(master)
     _check_permission(workers)
     cpus = sorted(os.sched_getaffinity(int(master)))
+    saved = _saved_masks(master)
     report = PinReport(int(master), None)
     for slot, pid, _ in worker_slots(master, workers):
         rows = []
@@ -850,12 +617,15 @@ def unpin_server(master):
         except psutil.NoSuchProcess:
             continue
         for tid in tids:
+            mask, why = (saved[tid], "its mask before the pin") if tid in saved else (cpus, "the master's mask")
             try:
-                rows.append({"tid": tid, "role": "main" if tid == pid else "thread", "rank": None, "why": "",
-                             "cpus": sorted(bind(tid, cpus)), "planned": None})
+                rows.append({"tid": tid, "role": "main" if tid == pid else "thread", "rank": None, "why": why,
+                             "cpus": sorted(bind(tid, mask)), "planned": None})
             except BindingError as exc:
                 report.warnings.append(f"worker {pid}: {exc}")
         report.workers.append({"slot": slot, "pid": pid, "threads": rows})
+    with contextlib.suppress(OSError, psutil.Error):
+        os.remove(_masks_path(master))
     return report
 
 
@@ -915,6 +685,7 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None):
             use = gains if active else measured
             exact = _hooked(master).get(pid, (None, None))[1]
             try:
+                _remember_masks(master, [pid])
                 _pin_worker(pid, slot, plan, report, dry_run=False, exact=exact,
                             activity=None if use is None else {pid: use})
             except PinError:
@@ -923,7 +694,7 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None):
             pool = {t["tid"] for t in rows if t["role"] == "pool"}
             short[pid] = len(pool) < plan.threads - 1
             known[pid] = pool | active                 # an active thread its name rules out is not tried again
-            if any(t["why"].startswith(_RUNNING) for t in rows):
+            if any(t["why"].startswith(RUNNING) for t in rows):
                 busy[pid] = busy.get(pid, 0) + 1
                 if busy[pid] < _WATCH_RETRIES:
                     continue                           # perhaps a pool thread at work: look again

@@ -38,6 +38,7 @@ Examples
 True
 """
 
+import enum
 import json
 import re
 import shlex
@@ -46,14 +47,37 @@ from dataclasses import dataclass, field
 from .._checks import format_cpulist, positive_int
 from ..errors import PlanError
 
-__all__ = ["Plan", "FORMATS", "PLAN_FORMAT", "parse_omp_places"]
+__all__ = ["Plan", "PinnedBy", "FORMATS", "PLAN_FORMAT", "parse_omp_places"]
 
 #: What :meth:`Plan.render` can write.
 FORMATS = ("json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn")
 #: The ``format`` field of a plan's JSON: its schema's name and version.
 PLAN_FORMAT = "tuna_lab.plan/1"
 
-_PINNED_BY = ("none", "tuna_lab", "openmp")
+
+
+class PinnedBy(enum.StrEnum):
+    """Who enforces a placement: nobody, tuna_lab (by TID) or the OpenMP runtime (from the environment).
+
+    A :class:`str`: it compares equal to, prints as and is written to JSON as its value.
+
+    Examples
+    --------
+    >>> PinnedBy("openmp") is PinnedBy.OPENMP, PinnedBy.TUNA_LAB == "tuna_lab", f"{PinnedBy.NONE}"
+    (True, True, 'none')
+    """
+
+    NONE = "none"
+    TUNA_LAB = "tuna_lab"
+    OPENMP = "openmp"
+
+    @classmethod
+    def of(cls, value, error):
+        """``value`` as a member; ``error`` (an exception class) if it is none of them."""
+        try:
+            return cls(value)
+        except ValueError:
+            raise error(f"pinned_by must be one of {', '.join(m.value for m in cls)}, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -75,8 +99,9 @@ class Plan:
         That machine's :func:`~tuna_lab.machine.fingerprint.fingerprint`.
     topology : str
         That machine's name (for people; the fingerprint decides).
-    pinned_by : {"tuna_lab", "openmp", "none"}
-        Who binds: tuna_lab by TID, the OpenMP runtime from ``env``, or nobody (``cfs``).
+    pinned_by : PinnedBy or {"tuna_lab", "openmp", "none"}
+        Who binds: tuna_lab by TID, the OpenMP runtime from ``env``, or nobody (``cfs``);
+        stored as a :class:`PinnedBy`.
     env : dict
         Environment the workers need (``OMP_*`` of the ``omp-*`` policies).
     relaxed : tuple of str
@@ -92,15 +117,14 @@ class Plan:
     cpus: tuple
     fingerprint: str
     topology: str = ""
-    pinned_by: str = "tuna_lab"
+    pinned_by: PinnedBy = PinnedBy.TUNA_LAB
     env: dict = field(default_factory=dict)
     relaxed: tuple = ()
 
     def __post_init__(self):
         W = positive_int("workers", self.workers, PlanError)
         T = positive_int("threads", self.threads, PlanError)
-        if self.pinned_by not in _PINNED_BY:
-            raise PlanError(f"pinned_by must be one of {', '.join(_PINNED_BY)}, got {self.pinned_by!r}")
+        pinned_by = PinnedBy.of(self.pinned_by, PlanError)
         try:
             slots = tuple(tuple(tuple(sorted(int(c) for c in cpus)) for cpus in row) for row in self.slots)
             cpus = tuple(int(c) for c in self.cpus)
@@ -115,7 +139,7 @@ class Plan:
                             + (f" (CPU {bad[0]} is not one of them)" if bad else ""))
         if not isinstance(self.fingerprint, str) or not self.fingerprint:
             raise PlanError("a plan needs the fingerprint of the machine it was made for")
-        for name, value in (("workers", W), ("threads", T), ("slots", slots), ("cpus", cpus),
+        for name, value in (("workers", W), ("threads", T), ("slots", slots), ("cpus", cpus), ("pinned_by", pinned_by),
                             ("env", {str(k): str(v) for k, v in dict(self.env or {}).items()}),
                             ("relaxed", tuple(str(r) for r in self.relaxed or ()))):
             object.__setattr__(self, name, value)
@@ -145,7 +169,7 @@ class Plan:
             "policy": self.policy,
             "workers": self.workers,
             "threads": self.threads,
-            "pinned_by": self.pinned_by,
+            "pinned_by": self.pinned_by.value,
             "env": dict(self.env),
             "topology": {"name": self.topology, "cpus": list(self.cpus), "fingerprint": self.fingerprint},
             "slots": [{"slot": w, "main": list(row[0]), "pool": [list(s) for s in row[1:]]}

@@ -4,7 +4,10 @@ A server runs ``W`` worker processes, each with ``T`` OpenMP threads (thread
 ``0`` is the worker's main thread, which is also the OpenMP initial thread).
 A policy turns ``(W, T, topology)`` into a :class:`Placement`: for every
 thread, the set of logical cores (OS cpu ids) it is allowed on, plus who
-enforces it and the environment the workers need.
+enforces it and the environment the workers need. Each policy is a
+:class:`Policy` in a registry: :func:`register` adds one (the CLI, the lab
+server, ``run`` and the widgets then offer it), :func:`registered_policies`
+lists them. The built-in ones, registered the same way:
 
 ================  ==========================================================  ==========
 policy            placement                                                   pinned by
@@ -53,25 +56,29 @@ Examples
 from __future__ import annotations
 
 import itertools
+import numbers
+import re
+import threading
 import warnings
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
 
 from .._checks import format_cpulist
-from ..errors import ModelError, RelaxedMappingWarning, TopologyError
+from ..errors import ModelError, PolicyError, RelaxedMappingWarning, TopologyError
 from ..machine import Topology, topology_from
 from ..model.families import main_counts, pair_sums, worker_counts
 from ..model.instance import MODES, check_positive_int
+from .plan import PinnedBy
 
-__all__ = ["POLICIES", "Placement", "placement", "compare"]
-
-#: Every policy :func:`placement` knows, baselines first.
-POLICIES = ("cfs", "round-robin", "omp-spread", "omp-close", "numa", "tuna-scatter", "tuna-compact")
+__all__ = ["POLICIES", "Policy", "register", "unregister", "registered_policies", "policy_names", "get_policy",
+           "Placement", "placement", "compare"]
 
 _PLACES = ("cores", "threads")
-_PINNED_BY = ("none", "tuna_lab", "openmp")
+# Names go into comma-separated lists (--policies) and file names: no commas, spaces or slashes.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 # Loads are sums of fractions 1/k: compare them with a little slack.
 _EPS = 1e-9
 
@@ -94,10 +101,11 @@ class Placement:
     env : dict of str to str
         Extra environment for the worker processes (``OMP_*`` for the OpenMP
         policies, empty for the others).
-    pinned_by : {"none", "tuna_lab", "openmp"}
+    pinned_by : PinnedBy or {"none", "tuna_lab", "openmp"}
         Who enforces ``allowed``: nobody (the kernel decides), tuna_lab
         (``sched_setaffinity`` on each thread id) or the OpenMP runtime
-        (from ``env``; tuna_lab only reads the affinities back).
+        (from ``env``; tuna_lab only reads the affinities back). Stored as
+        a :class:`~tuna_lab.placement.plan.PinnedBy`.
     mapping : Mapping, optional
         The solved Tuna mapping, for the ``tuna-*`` policies.
 
@@ -115,7 +123,7 @@ class Placement:
     topology: Topology
     allowed: tuple
     env: dict
-    pinned_by: str
+    pinned_by: PinnedBy
     mapping: object = None
 
     def __post_init__(self):
@@ -123,8 +131,7 @@ class Placement:
         T = check_positive_int("threads", self.threads)
         if not isinstance(self.topology, Topology):
             raise TopologyError(f"topology must be a Topology, got {type(self.topology).__name__}")
-        if self.pinned_by not in _PINNED_BY:
-            raise ModelError(f"pinned_by must be one of {', '.join(_PINNED_BY)}, got {self.pinned_by!r}")
+        pinned_by = PinnedBy.of(self.pinned_by, ModelError)
         rows = tuple(tuple(s if isinstance(s, frozenset) else frozenset(int(c) for c in s) for s in row)
                      for row in self.allowed)
         if len(rows) != W or any(len(row) != T for row in rows):
@@ -132,13 +139,13 @@ class Placement:
         known = frozenset(self.topology.cpus)
         if not all(s and s <= known for s in set(itertools.chain.from_iterable(rows))):
             raise ModelError("every allowed cpu set must be a non-empty subset of the topology's cpus")
-        for name, value in (("workers", W), ("threads", T), ("allowed", rows),
+        for name, value in (("workers", W), ("threads", T), ("allowed", rows), ("pinned_by", pinned_by),
                             ("env", {str(k): str(v) for k, v in dict(self.env or {}).items()})):
             object.__setattr__(self, name, value)
 
     def __repr__(self):
         return (f"Placement({self.policy!r}, W={self.workers}, T={self.threads}, "
-                f"topology={self.topology.name!r}, pinned_by={self.pinned_by!r})")
+                f"topology={self.topology.name!r}, pinned_by={self.pinned_by.value!r})")
 
     # -- the placement as arrays ------------------------------------------------
     @cached_property
@@ -295,7 +302,7 @@ class Placement:
             "topology": self.topology.name,
             "logical_cores": self.topology.n_logical,
             "physical_cores": self.topology.n_physical,
-            "pinned_by": self.pinned_by,
+            "pinned_by": self.pinned_by.value,
             "env": dict(self.env),
             "allowed": [[sorted(s) for s in row] for row in self.allowed],
             "cpus": [[int(c) if c >= 0 else None for c in row] for row in single.tolist()],
@@ -304,14 +311,209 @@ class Placement:
         }
 
 
+
+# -- the registry -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Policy:
+    """A placement policy: its name, what it does, who enforces it, and how it places.
+
+    Parameters
+    ----------
+    name : str
+        What users type (``--policy NAME``): letters, digits and ``_ . + -``,
+        no commas or spaces.
+    description : str
+        One line: the placement (the CLI's help and the docs' table show it).
+    place : callable
+        ``place(workers, threads, topology, **options)``, with ``options``
+        ``places``, ``mode``, ``time_limit`` and ``on_infeasible`` (take
+        ``**options`` to ignore them). Returns a :class:`Placement`, or the
+        ``(W, T)`` nested CPUs of every thread - each a CPU id or a set of
+        them - which becomes a placement with this policy's ``pinned_by``
+        and no environment.
+    needs_solver : bool
+        Whether placing loads the Tuna solver (cvxpy, HiGHS): a server process
+        then makes its plan in a separate process.
+    pinned_by : PinnedBy or str
+        Who enforces its placements: ``"tuna_lab"`` (by TID, the default),
+        ``"openmp"`` (the OpenMP runtime, from the placement's ``env``) or
+        ``"none"``.
+
+    Raises
+    ------
+    PolicyError
+        A malformed name, an empty description or a ``place`` that is not callable.
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology
+    >>> last = Policy("last-cpu", "every thread on the last CPU", lambda W, T, topo, **_: [[topo.cpus[-1]] * T] * W)
+    >>> last.placement(2, 2, Topology.synthetic("core:4 pu:1")).as_array().tolist()
+    [[3, 3], [3, 3]]
+    """
+
+    name: str
+    description: str
+    place: Callable = field(repr=False, compare=False)
+    needs_solver: bool = False
+    pinned_by: PinnedBy = PinnedBy.TUNA_LAB
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _NAME.fullmatch(self.name):
+            raise PolicyError(f"a policy name is letters, digits and _ . + - (no commas or spaces), got {self.name!r}")
+        if not isinstance(self.description, str) or not self.description.strip():
+            raise PolicyError(f"policy {self.name!r} needs a one-line description")
+        if not callable(self.place):
+            raise PolicyError(f"policy {self.name!r}: place must be callable, got {type(self.place).__name__}")
+        object.__setattr__(self, "pinned_by", PinnedBy.of(self.pinned_by, PolicyError))
+        object.__setattr__(self, "needs_solver", bool(self.needs_solver))
+
+    def placement(self, workers, threads, topology, **options):
+        """This policy's :class:`Placement` of ``workers`` x ``threads`` on ``topology``.
+
+        :func:`placement` checks its arguments and calls this; ``options`` go to ``place``.
+
+        Raises
+        ------
+        PolicyError
+            ``place`` returned a placement of another size, enforced by
+            another than ``pinned_by``, or something that is no placement.
+        """
+        placed = self.place(workers, threads, topology, **options)
+        if isinstance(placed, Placement):
+            if (placed.workers, placed.threads) != (workers, threads) or placed.pinned_by != self.pinned_by:
+                raise PolicyError(f"policy {self.name!r} placed {placed.workers}x{placed.threads} pinned by "
+                                  f"{placed.pinned_by}, not {workers}x{threads} pinned by {self.pinned_by}")
+            return placed if placed.policy == self.name else replace(placed, policy=self.name)
+        try:
+            allowed = tuple(tuple(frozenset((int(c),)) if isinstance(c, numbers.Integral) else frozenset(c)
+                                  for c in row) for row in placed)
+        except TypeError:
+            raise PolicyError(f"policy {self.name!r} returned {type(placed).__name__}, not a Placement or "
+                              "(W, T) nested CPUs") from None
+        try:
+            return Placement(self.name, workers, threads, topology, allowed, {}, self.pinned_by)
+        except ModelError as exc:
+            raise PolicyError(f"policy {self.name!r} placed no valid placement: {exc}") from None
+
+
+_registry = {}
+_registry_lock = threading.Lock()
+
+
+def register(policy):
+    """Add ``policy`` to the policies every part of tuna_lab offers (the CLI, the server, ``run``, widgets).
+
+    Parameters
+    ----------
+    policy : Policy
+
+    Returns
+    -------
+    Policy
+        ``policy``, so that ``register`` can wrap its definition.
+
+    Raises
+    ------
+    PolicyError
+        Not a :class:`Policy`, or a policy of that name is registered already
+        (:func:`unregister` it first).
+
+    Examples
+    --------
+    >>> from tuna_lab import Topology
+    >>> p = register(Policy("reverse-rr", "round-robin from the last CPU down",
+    ...                     lambda W, T, topo, **_: [[topo.cpus[-1 - (w * T + t) % len(topo.cpus)] for t in range(T)]
+    ...                                              for w in range(W)]))
+    >>> placement("reverse-rr", 2, 1, Topology.synthetic("core:4 pu:1")).as_array().tolist()
+    [[3], [2]]
+    >>> register(p)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.PolicyError: a policy named 'reverse-rr' is registered already
+    >>> unregister("reverse-rr")
+    """
+    if not isinstance(policy, Policy):
+        raise PolicyError(f"register takes a Policy, got {type(policy).__name__}")
+    with _registry_lock:
+        if policy.name in _registry:
+            raise PolicyError(f"a policy named {policy.name!r} is registered already")
+        _registry[policy.name] = policy
+    return policy
+
+
+def unregister(name):
+    """Remove the policy ``name`` (a test's, say); :class:`~tuna_lab.errors.PolicyError` if there is none.
+
+    Examples
+    --------
+    >>> unregister("no-such-policy")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.PolicyError: unknown policy 'no-such-policy'; valid policies: cfs, round-robin, ...
+    """
+    with _registry_lock:
+        found = _registry.pop(name, None) if isinstance(name, str) else None
+    if found is None:
+        raise _unknown(name)
+
+
+def registered_policies():
+    """Every registered :class:`Policy`, in registration order (the built-in ones first, baselines first).
+
+    Examples
+    --------
+    >>> [p.name for p in registered_policies() if p.needs_solver]
+    ['tuna-scatter', 'tuna-compact']
+    """
+    with _registry_lock:
+        return tuple(_registry.values())
+
+
+def policy_names():
+    """The names of every registered policy, in registration order.
+
+    Examples
+    --------
+    >>> policy_names()[:3]
+    ('cfs', 'round-robin', 'omp-spread')
+    """
+    return tuple(p.name for p in registered_policies())
+
+
+def get_policy(name):
+    """The registered :class:`Policy` called ``name``.
+
+    Raises
+    ------
+    PolicyError
+        No policy of that name.
+
+    Examples
+    --------
+    >>> get_policy("tuna-compact").needs_solver, get_policy("omp-close").pinned_by
+    (True, <PinnedBy.OPENMP: 'openmp'>)
+    """
+    with _registry_lock:
+        found = _registry.get(name) if isinstance(name, str) else None
+    if found is None:
+        raise _unknown(name)
+    return found
+
+
+def _unknown(name):
+    return PolicyError(f"unknown policy {name!r}; valid policies: {', '.join(policy_names())}")
+
+
 def placement(policy, workers, threads, topology=None, *, places="cores", mode=None, time_limit=None,
               on_infeasible="relax"):
     """The placement of ``workers`` x ``threads`` under ``policy``.
 
     Parameters
     ----------
-    policy : str
-        One of :data:`POLICIES`.
+    policy : str or Policy
+        The name of a registered policy (:func:`policies`), or a :class:`Policy`.
     workers, threads : int
         ``W`` server workers, ``T`` OpenMP threads each (thread 0 = main thread).
     topology : Topology, optional
@@ -322,7 +524,7 @@ def placement(policy, workers, threads, topology=None, *, places="cores", mode=N
         For the ``tuna-*`` policies, must agree with the policy's name (which
         already fixes it); ignored by the others, which have no mode.
     time_limit : float, optional
-        Seconds the ``tuna-*`` policies may give the solver.
+        Seconds the policies that need the solver may give it.
     on_infeasible : {"relax", "raise"}
         For the ``tuna-*`` policies when the families admit no mapping: use
         the relaxed mapping (with one :class:`~tuna_lab.errors.RelaxedMappingWarning`
@@ -335,8 +537,10 @@ def placement(policy, workers, threads, topology=None, *, places="cores", mode=N
 
     Raises
     ------
+    PolicyError
+        An unknown policy name.
     ModelError
-        Bad workers, threads, policy name, places or mode.
+        Bad workers, threads, places or mode.
     TopologyError
         ``topology`` is not a :class:`~tuna_lab.Topology`.
 
@@ -354,46 +558,19 @@ def placement(policy, workers, threads, topology=None, *, places="cores", mode=N
     """
     W = check_positive_int("workers", workers)
     T = check_positive_int("threads", threads)
-    if not isinstance(policy, str) or policy not in POLICIES:
-        raise ModelError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
+    chosen = policy if isinstance(policy, Policy) else get_policy(policy)
     _check_options(places, mode)
     topology = _resolve_topology(topology)
-    if policy.startswith("tuna-"):
-        wanted = policy.removeprefix("tuna-")
-        if mode is not None and mode != wanted:
-            raise ModelError(f"policy {policy!r} solves in {wanted} mode, not {mode!r}")
-        from ..model.tuna import solve     # the solver loads only for the tuna-* policies
-
-        mapping = solve(W, T, topology, wanted, time_limit=time_limit, on_infeasible=on_infeasible)
-        if mapping.status == "relaxed":
-            warnings.warn(f"{policy} {W}x{T}: the families admit no mapping; relaxed mapping used - "
-                          + "; ".join(str(r) for r in mapping.relaxed), RelaxedMappingWarning, stacklevel=2)
-        return Placement(policy, W, T, topology, _singletons(mapping.assignment, topology), {},
-                         "tuna_lab", mapping)
-    if policy == "cfs":
-        every = frozenset(topology.cpus)
-        return Placement(policy, W, T, topology, ((every,) * T,) * W, {}, "none")
-    if policy == "round-robin":
-        # OCC pinning (Algorithm 1): one counter over all threads, worker by
-        # worker, main thread first; no notion of load, hence the stacking.
-        counter = np.arange(W * T).reshape(W, T)
-        cpus = np.asarray(topology.cpus)[counter % topology.n_logical]
-        return Placement(policy, W, T, topology, _singletons(cpus, topology), {}, "tuna_lab")
-    if policy == "numa":
-        nodes = _groups(topology.numa, topology)
-        row = [(nodes[w % len(nodes)],) * T for w in range(W)]
-        return Placement(policy, W, T, topology, tuple(row), {}, "tuna_lab")
-    bind = policy.removeprefix("omp-")
-    if places == "cores":
-        place_list = _groups(topology.core, topology)
-    else:
-        place_list = [frozenset((c,)) for c in topology.cpus]
-    row = tuple(place_list[i] for i in _gomp_places(T, len(place_list), bind).tolist())
-    env = {"OMP_PROC_BIND": bind, "OMP_PLACES": places, "OMP_NUM_THREADS": str(T)}
-    return Placement(policy, W, T, topology, (row,) * W, env, "openmp")
+    placed = chosen.placement(W, T, topology, places=places, mode=mode, time_limit=time_limit,
+                              on_infeasible=on_infeasible)
+    mapping = placed.mapping
+    if mapping is not None and getattr(mapping, "status", None) == "relaxed":
+        warnings.warn(f"{chosen.name} {W}x{T}: the families admit no mapping; relaxed mapping used - "
+                      + "; ".join(str(r) for r in mapping.relaxed), RelaxedMappingWarning, stacklevel=2)
+    return placed
 
 
-def compare(workers, threads, topology=None, policies=POLICIES, *, places="cores", time_limit=None):
+def compare(workers, threads, topology=None, policies=None, *, places="cores", time_limit=None):
     """How evenly each policy loads the machine, and the Tuna objective where it applies.
 
     Parameters
@@ -402,7 +579,7 @@ def compare(workers, threads, topology=None, policies=POLICIES, *, places="cores
     topology : Topology, optional
         ``None`` reads this machine once for all policies.
     policies : sequence of str
-        Which policies to compare, default all of :data:`POLICIES`.
+        Which registered policies to compare, default the built-in ones (:data:`POLICIES`).
     places, time_limit
         Passed to :func:`placement`.
 
@@ -435,10 +612,9 @@ def compare(workers, threads, topology=None, policies=POLICIES, *, places="cores
 
     W = check_positive_int("workers", workers)
     T = check_positive_int("threads", threads)
-    policies = (policies,) if isinstance(policies, str) else tuple(policies)
+    policies = POLICIES if policies is None else (policies,) if isinstance(policies, str) else tuple(policies)
     for policy in policies:
-        if policy not in POLICIES:
-            raise ModelError(f"unknown policy {policy!r}; valid policies: {', '.join(POLICIES)}")
+        get_policy(policy)
     _check_options(places, None)
     topology = _resolve_topology(topology)
     distance = topology.distance()
@@ -446,6 +622,68 @@ def compare(workers, threads, topology=None, policies=POLICIES, *, places="cores
             for p in policies]
     return pd.DataFrame(rows, index=pd.Index(policies, name="policy"))
 
+
+
+# -- the built-in policies ----------------------------------------------------------------------
+
+def _place_cfs(workers, threads, topology, **_):
+    every = frozenset(topology.cpus)
+    return ((every,) * threads,) * workers
+
+
+def _place_round_robin(workers, threads, topology, **_):
+    # OCC pinning (Algorithm 1): one counter over all threads, worker by
+    # worker, main thread first; no notion of load, hence the stacking.
+    counter = np.arange(workers * threads).reshape(workers, threads)
+    return _singletons(np.asarray(topology.cpus)[counter % topology.n_logical], topology)
+
+
+def _place_numa(workers, threads, topology, **_):
+    nodes = _groups(topology.numa, topology)
+    return tuple((nodes[w % len(nodes)],) * threads for w in range(workers))
+
+
+def _openmp(bind):
+    def place(workers, threads, topology, places="cores", **_):
+        if places == "cores":
+            place_list = _groups(topology.core, topology)
+        else:
+            place_list = [frozenset((c,)) for c in topology.cpus]
+        row = tuple(place_list[i] for i in _gomp_places(threads, len(place_list), bind).tolist())
+        env = {"OMP_PROC_BIND": bind, "OMP_PLACES": places, "OMP_NUM_THREADS": str(threads)}
+        return Placement(f"omp-{bind}", workers, threads, topology, (row,) * workers, env, PinnedBy.OPENMP)
+
+    return place
+
+
+def _tuna(wanted):
+    def place(workers, threads, topology, mode=None, time_limit=None, on_infeasible="relax", **_):
+        if mode is not None and mode != wanted:
+            raise ModelError(f"policy 'tuna-{wanted}' solves in {wanted} mode, not {mode!r}")
+        from ..model.tuna import solve     # the solver loads only for the policies that need it
+
+        mapping = solve(workers, threads, topology, wanted, time_limit=time_limit, on_infeasible=on_infeasible)
+        return Placement(f"tuna-{wanted}", workers, threads, topology, _singletons(mapping.assignment, topology),
+                         {}, PinnedBy.TUNA_LAB, mapping)
+
+    return place
+
+
+for _policy in (
+        Policy("cfs", "no binding: the kernel's scheduler (CFS/EEVDF) decides", _place_cfs,
+               pinned_by=PinnedBy.NONE),
+        Policy("round-robin", "OCC pinning: threads in worker order, `cpus[k % C]`", _place_round_robin),
+        Policy("omp-spread", "`OMP_PROC_BIND=spread`, the same in every worker", _openmp("spread"),
+               pinned_by=PinnedBy.OPENMP),
+        Policy("omp-close", "`OMP_PROC_BIND=close`, the same in every worker", _openmp("close"),
+               pinned_by=PinnedBy.OPENMP),
+        Policy("numa", "all threads of worker `w` on NUMA node `w % nodes`", _place_numa),
+        Policy("tuna-scatter", "the Tuna ILP's mapping, scatter mode", _tuna("scatter"), needs_solver=True),
+        Policy("tuna-compact", "the Tuna ILP's mapping, compact mode", _tuna("compact"), needs_solver=True)):
+    register(_policy)
+
+#: The built-in policies, baselines first (:func:`policy_names` adds any registered since).
+POLICIES = policy_names()
 
 # ---------------------------------------------------------------- helpers
 def _check_options(places, mode):
@@ -514,7 +752,7 @@ def _metrics(p, distance):
         f_main = float(pair_sums(main_counts(pos, topo.n_logical), distance)[0])
         f_mode = float(pair_sums(worker_counts(pos, topo.n_logical), distance).sum())
     return {
-        "pinned_by": p.pinned_by,
+        "pinned_by": p.pinned_by.value,
         "max_logical_load": float(loads.max()),
         "max_physical_load": float(physical.max()),
         "load_std": float(loads.std()),

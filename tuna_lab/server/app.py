@@ -22,6 +22,7 @@ Examples
 >>> app = create_app("small", threads=2)
 >>> app.ready
 False
+>>> # Skipped as a doctest: the warm-up loads XGBoost and starts OpenMP in this process.
 >>> tids = app.warm_up()   # doctest: +SKIP
 """
 
@@ -37,7 +38,8 @@ import numpy as np
 
 from .._checks import positive_int, shorten
 from ..errors import ServerError
-from ..placement.binding import describe_threads, threads_of
+from ..placement.binding import threads_of
+from ..placement.pools import new_pool_threads
 from .cpuclock import process_thread_cpu, request_cpu
 # STAGES is defined by the model catalogue; re-exported as this app's stages.
 from .models import MODEL_FEATURES, STAGES, load_booster, make_rows
@@ -126,6 +128,7 @@ class InferenceApp:
 
         Examples
         --------
+        >>> # Skipped as a doctest: it loads XGBoost and starts an OpenMP pool in this process.
         >>> create_app("small", threads=2).warm_up()   # doctest: +SKIP
         [48213]
         """
@@ -141,12 +144,7 @@ class InferenceApp:
                              nthread=self.threads)
         booster.predict(dm)
         booster.predict(dm, pred_contribs=True)
-        names = {tid: name for tid, name, _ in describe_threads(os.getpid())}
-        # A pool thread carries the name of the thread that created it; a
-        # library's helper that starts meanwhile (jemalloc's background
-        # thread, say) names itself, and is not the pool's to pin.
-        main = names.get(os.getpid())
-        return sorted(tid for tid, name in names.items() if tid not in before and name == main)
+        return new_pool_threads(os.getpid(), before)
 
     def _load(self):
         # A lock, not a flag: a threaded worker may get two first requests at once.

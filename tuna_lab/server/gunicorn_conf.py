@@ -1,8 +1,8 @@
 """Gunicorn configuration (``-c python:tuna_lab.server.gunicorn_conf``): workers pinned by slot.
 
-The launcher writes the placement to ``$TUNA_LAB_STATE/placement.json``; this
-module reads it in the master (plain JSON: nothing here loads XGBoost or
-OpenMP before the fork) and installs four hooks:
+The launcher writes its :class:`~tuna_lab.placement.plan.Plan` to
+``$TUNA_LAB_STATE/plan.json``; this module reads it in the master (plain JSON:
+nothing here loads XGBoost or OpenMP before the fork) and installs four hooks:
 
 * ``pre_fork`` (master): give the new worker the lowest free slot;
 * ``post_fork`` (worker): keep scikit-learn (and with it pandas and pyarrow)
@@ -20,7 +20,7 @@ from tuna_lab.server.pinning import pick_slot, pin_worker, read_plan, record_pat
 _STATE = os.environ["TUNA_LAB_STATE"]
 _PLAN = read_plan(_STATE)
 
-workers = _PLAN["workers"]
+workers = _PLAN.workers
 worker_class = "sync"
 # One request at a time per worker (the article's pre-fork sync model).
 threads = 1
@@ -34,7 +34,7 @@ preload_app = False
 
 def pre_fork(server, worker):
     live = [getattr(w, "tuna_slot", None) for w in server.WORKERS.values()]
-    worker.tuna_slot = pick_slot(live, _PLAN["workers"], worker.age)
+    worker.tuna_slot = pick_slot(live, _PLAN.workers, worker.age)
 
 
 def post_fork(server, worker):

@@ -1,5 +1,6 @@
 """Start, watch and stop a pinned Gunicorn + XGBoost server.
 
+>>> # Skipped as a doctest: it trains a model and starts a live server.
 >>> from tuna_lab.server.launch import Server
 >>> with Server(2, 2, model="small", policy="round-robin") as srv:   # doctest: +SKIP
 ...     srv.url, [w["slot"] for w in srv.worker_records()]
@@ -23,6 +24,7 @@ import psutil
 from .._checks import positive_int
 from ..errors import CpuAccountingError, ServerError, TunaError
 from ..placement.binding import affinity_of, threads_of
+from ..placement.plan import PinnedBy
 from .models import MODEL_FEATURES, ensure_model
 from .openmp import wait_policy_env
 from .pinning import PLAN_FILE, record_path
@@ -89,7 +91,7 @@ class Server:
     workers, threads : int
     model : {"small", "medium", "large"}
     policy : str or Placement
-        One of :data:`tuna_lab.placement.policies.POLICIES`, or a
+        A registered policy's name (:func:`tuna_lab.placement.policy_names`), or a
         :class:`~tuna_lab.placement.policies.Placement` already made for
         ``workers`` x ``threads`` (the experiment runner makes each policy's
         once per cell: a Tuna mapping is solved, and a relaxed one said, once).
@@ -181,7 +183,7 @@ class Server:
             env.pop(name, None)
         env.update(wait_set)
         env.update({k: str(v) for k, v in self.placement.env.items()})
-        if self.placement.pinned_by == "tuna_lab" and "OMP_PLACES" not in self.placement.env:
+        if self.placement.pinned_by == PinnedBy.TUNA_LAB and "OMP_PLACES" not in self.placement.env:
             # XGBoost runs min(nthread, omp_get_num_procs()) threads, and without
             # a place list GNU libgomp counts the CPUs of the *calling thread's*
             # current affinity: once we pin the main thread to one CPU, every
@@ -208,10 +210,7 @@ class Server:
         """Start Gunicorn and wait until every worker is warm and pinned."""
         # Train (or find) the model here, once, rather than in W racing workers.
         ensure_model(self.model)
-        plan = self.placement.to_dict()
-        plan["allowed"] = [[sorted(cpus) for cpus in row] for row in self.placement.allowed]
-        with open(os.path.join(self.state_dir, PLAN_FILE), "w") as fh:
-            json.dump(plan, fh)
+        self.placement.plan().write(os.path.join(self.state_dir, PLAN_FILE))
         cmd = [sys.executable, "-m", "gunicorn", "-c", "python:tuna_lab.server.gunicorn_conf",
                "--bind", f"127.0.0.1:{self.port}", "--pid", self.pidfile,
                "tuna_lab.server.wsgi:app"]
@@ -423,6 +422,7 @@ def status(pidfile):
 
     Examples
     --------
+    >>> # Skipped as a doctest: it needs a live server started with that pidfile.
     >>> info = status("/tmp/srv.pid")                                   # doctest: +SKIP
     >>> [(t["role"], t["cpus"]) for t in info["workers"][0]["threads"]]   # doctest: +SKIP
     [('main', [0]), ('openmp', [1])]
@@ -459,6 +459,7 @@ def stop(pidfile, timeout=15):
 
     Examples
     --------
+    >>> # Skipped as a doctest: it stops a live server.
     >>> stop("/tmp/srv.pid")   # doctest: +SKIP
     """
     master, meta = _sidecar(pidfile)

@@ -1,10 +1,14 @@
 """What a Gunicorn worker does between loading the app and serving: warm up, find, bind, report.
 
 Runs inside the worker (the ``post_worker_init`` hook), so every TID it binds
-is one of its own. A worker's *slot* (0..W-1) is chosen by the master before
-it forks (``pre_fork``) and inherited; a replacement worker takes the slot
-its predecessor freed, so it is re-pinned to the same cores as soon as it is
-warm - the first caveat of the article's closing remarks.
+is one of its own. The binding itself is :func:`~tuna_lab.placement.binding.bind_worker`,
+the same as the Gunicorn integration's and ``tuna-lab pin --pid``'s; the pool
+threads are the ones the warm-up started (:func:`~tuna_lab.placement.pools.new_pool_threads`).
+
+A worker's *slot* (0..W-1) is chosen by the master before it forks
+(``pre_fork``) and inherited; a replacement worker takes the slot its
+predecessor freed, so it is re-pinned to the same cores as soon as it is warm -
+the first caveat of the article's closing remarks.
 """
 
 import json
@@ -14,22 +18,36 @@ import sys
 import time
 
 from ..errors import BindingError
-from ..placement.binding import affinity_of, bind_all, threads_of
+from ..placement.binding import affinity_of, bind_worker, threads_of
+from ..placement.plan import PinnedBy, Plan
 
 __all__ = ["pick_slot", "pin_worker", "read_plan", "record_path", "PLAN_FILE"]
 
 log = logging.getLogger("tuna_lab.server")
 
-PLAN_FILE = "placement.json"
+#: The launcher's :class:`~tuna_lab.placement.plan.Plan`, in the server's state directory.
+PLAN_FILE = "plan.json"
 #: Gunicorn stops the whole server when a worker exits with this code at
 #: boot: better no server than a half-pinned one reported as pinned.
 WORKER_BOOT_ERROR = 3
 
 
 def read_plan(state_dir):
-    """The placement the launcher wrote to ``<state_dir>/placement.json``, as a dict."""
-    with open(os.path.join(state_dir, PLAN_FILE)) as fh:
-        return json.load(fh)
+    """The :class:`~tuna_lab.placement.plan.Plan` the launcher wrote to ``<state_dir>/plan.json``.
+
+    Raises
+    ------
+    PlanError
+        No plan there, or not one.
+
+    Examples
+    --------
+    >>> read_plan("/nonexistent")                      # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.PlanError: cannot read plan /nonexistent/plan.json: ...
+    """
+    return Plan.read(os.path.join(state_dir, PLAN_FILE))
 
 
 def record_path(state_dir, slot):
@@ -65,51 +83,40 @@ def _write_json(path, obj):
 def pin_worker(app, slot, plan, state_dir):
     """Warm ``app`` up, bind this worker's threads to ``plan``'s slot, record it, mark ready.
 
-    Returns the record written to ``worker-<slot>.json``.
+    ``plan`` is a :class:`~tuna_lab.placement.plan.Plan`. Returns the record
+    written to ``worker-<slot>.json``.
     """
     pid = os.getpid()
-    T = plan["threads"]
-    allowed = plan["allowed"][slot]
     t0 = time.time()
-    omp_tids = sorted(app.warm_up())
+    pool = sorted(app.warm_up())
     warm = time.time()
-    # OpenMP numbers its threads in creation order, and Linux hands out TIDs
-    # in increasing order: the k-th new TID is OpenMP thread k+1.
-    roles = {pid: ("main", 0)}
-    for k, tid in enumerate(omp_tids):
-        roles[tid] = ("openmp", k + 1)
-    if plan["pinned_by"] == "tuna_lab":
-        union = sorted({c for cpus in allowed for c in cpus})
-        wanted = {pid: allowed[0]}
-        for tid in omp_tids:
-            rank = roles[tid][1]
-            # more pool threads than T (should not happen) get the worker's cores
-            wanted[tid] = allowed[rank] if rank < T else union
-        for attempt in range(2):
-            try:
-                bind_all(wanted)
-                break
-            except BindingError as exc:
-                if attempt == 1:
-                    _fail(state_dir, slot, pid, f"binding failed: {exc}")
-                # a pool thread may have been replaced: rediscover and retry once
-                live = set(threads_of(pid))
-                wanted = {t: c for t, c in wanted.items() if t in live}
+    # Only tuna_lab's placements are bound here; the OpenMP runtime binds its own, and cfs nothing.
+    dry = plan.pinned_by != PinnedBy.TUNA_LAB
+    bound = bind_worker(plan, slot, pool, pid, dry_run=dry)
+    if not dry and any(b.error for b in bound):
+        # A pool thread may have been replaced: bind the live ones once more.
+        live = set(threads_of(pid))
+        bound = bind_worker(plan, slot, [t for t in pool if t in live], pid)
+        failed = [b.error for b in bound if b.error]
+        if failed:
+            _fail(state_dir, slot, pid, f"binding failed: {failed[0]}")
+    roles = {b.tid: b for b in bound}
     threads = []
     for tid in threads_of(pid):
-        role, rank = roles.get(tid, ("other", None))
+        b = roles.get(tid)
         try:
             cpus = sorted(affinity_of(tid))
         except BindingError:
             continue
-        expected = sorted(allowed[rank]) if rank is not None and rank < T else None
-        threads.append({"tid": tid, "role": role, "rank": rank, "cpus": cpus, "expected": expected})
-    if plan["pinned_by"] == "tuna_lab":
+        expected = list(b.planned) if b is not None and b.rank < plan.threads else None
+        threads.append({"tid": tid, "role": "other" if b is None else "main" if b.rank == 0 else "openmp",
+                        "rank": None if b is None else b.rank, "cpus": cpus, "expected": expected})
+    if not dry:
         wrong = [t for t in threads if t["expected"] is not None and t["cpus"] != t["expected"]]
         if wrong:
             _fail(state_dir, slot, pid, f"read-back differs for TIDs {[t['tid'] for t in wrong]}")
-    record = {"pid": pid, "slot": slot, "policy": plan["policy"], "pinned_by": plan["pinned_by"],
-              "threads": threads, "omp_threads": len(omp_tids), "warm_seconds": warm - t0,
+    record = {"pid": pid, "slot": slot, "policy": plan.policy, "pinned_by": plan.pinned_by.value,
+              "threads": threads, "omp_threads": len(pool), "warm_seconds": warm - t0,
               "pinned_at": time.time(), "pin_seconds": time.time() - warm, "ready": True}
     _write_json(record_path(state_dir, slot), record)
     app.mark_ready()

@@ -82,14 +82,14 @@ class LiveExperiment(Controller):
                  target=None):
         from ..measure.experiment import Config, ExperimentError
         from ..model.instance import check_positive_int
-        from ..placement.policies import POLICIES
+        from ..placement.policies import policy_names
 
         super().__init__()
         self.target = target
         # A target's cell is its own (W, T and label), as run() names it.
         self.config = None if target is not None else Config(workers, threads, model, batch)
         self.policies = list(dict.fromkeys([policies] if isinstance(policies, str) else policies))
-        unknown = [p for p in self.policies if p not in POLICIES]
+        unknown = [p for p in self.policies if p not in policy_names()]
         if unknown or not self.policies:
             raise ExperimentError(f"unknown policy {unknown[0]!r}" if unknown else "no policies given")
         self.trials = check_positive_int("trials", trials)
