@@ -22,13 +22,45 @@ T = min(2, CPUS)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "cell"
+    seen = []
+
+    def on_trial(part):
+        # Called after the run is on disk: the partial cell holds every run so far, and nothing else.
+        kept = pd.read_parquet(f"{out}.partial/trials.parquet")
+        seen.append((len(kept), len(pd.read_parquet(f"{out}.partial/requests.parquet")), part.trials.iloc[0]["policy"],
+                     kept.iloc[-1]["policy"], json.loads(open(f"{out}.partial/manifest.json").read())["partial"]))
+
     result = run(Config(2, T, "small", 20), ["cfs", "round-robin"], trials=2, requests=50, out=str(out),
-                 concurrency=10, seed=3)
-    return result, out
+                 concurrency=10, seed=3, on_trial=on_trial)
+    return result, out, seen
+
+
+def test_each_run_is_on_disk_as_it_finishes_and_the_partial_cell_goes_once_the_cell_is_written(tiny):
+    _, out, seen = tiny
+    assert [s[:2] for s in seen] == [(1, 50), (2, 100), (3, 150), (4, 200)]
+    assert all(s[2] == s[3] and s[4] for s in seen)
+    assert not os.path.exists(f"{out}.partial") and (out / "manifest.json").exists()
+
+
+def test_a_write_error_stops_the_run_with_one_line_and_keeps_the_runs_written(tmp_path):
+    from tuna_lab.errors import StoreError
+
+    out = tmp_path / "c"
+
+    def block(part):
+        # The next partial cell cannot be written: its temporary folder's name is taken by a file.
+        (tmp_path / f"c.partial.tmp-{os.getpid()}").write_text("in the way")
+
+    # A server that cannot start (more threads than CPUs) fails its trial at once: a fast run that still writes.
+    with pytest.raises(StoreError, match="could not write") as info:
+        run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=3, requests=5, out=str(out), on_trial=block)
+    assert "\n" not in str(info.value)
+    kept = pd.read_parquet(tmp_path / "c.partial" / "trials.parquet")
+    assert len(kept) == 1 and not out.exists()
 
 
 def test_records_are_complete_and_tidy(tiny):
-    result, _ = tiny
+    result, _, _ = tiny
     req = result.requests
     assert len(req) == 2 * 2 * 50
     assert set(req["policy"]) == {"cfs", "round-robin"} and set(req["trial"]) == {0, 1}
@@ -40,7 +72,7 @@ def test_records_are_complete_and_tidy(tiny):
 
 
 def test_trial_p99_is_numpys_p99_of_the_raw_rows(tiny):
-    result, _ = tiny
+    result, _, _ = tiny
     for _, row in result.trials.iterrows():
         raw = result.requests[(result.requests.policy == row.policy) & (result.requests.trial == row.trial)]
         assert row.p99 == pytest.approx(np.percentile(raw["server_seconds"], 99))
@@ -49,7 +81,7 @@ def test_trial_p99_is_numpys_p99_of_the_raw_rows(tiny):
 
 
 def test_policy_order_is_randomised_per_trial_and_recorded(tiny):
-    result, _ = tiny
+    result, _, _ = tiny
     orders = result.manifest["orders"]
     assert len(orders) == 2 and all(sorted(o) == ["cfs", "round-robin"] for o in orders)
     got = result.trials.sort_values(["trial", "order"]).groupby("trial")["policy"].apply(list).tolist()
@@ -57,7 +89,7 @@ def test_policy_order_is_randomised_per_trial_and_recorded(tiny):
 
 
 def test_written_cell_reloads_with_its_manifest(tiny):
-    result, out = tiny
+    result, out, _ = tiny
     requests, trials, manifests = load_results(str(out))
     pd.testing.assert_frame_equal(trials.reset_index(drop=True), result.trials.reset_index(drop=True))
     assert len(requests) == len(result.requests)
@@ -68,7 +100,7 @@ def test_written_cell_reloads_with_its_manifest(tiny):
 
 
 def test_report_is_written_from_saved_results(tiny, tmp_path):
-    _, out = tiny
+    _, out, _ = tiny
     html = tmp_path / "report.html"
     p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "report", str(out), "-o", str(html)],
                        capture_output=True, text=True, timeout=300)
@@ -80,7 +112,7 @@ def test_report_is_written_from_saved_results(tiny, tmp_path):
 
 
 def test_every_trial_records_the_generator_cost(tiny):
-    result, _ = tiny
+    result, _, _ = tiny
     trials = result.trials
     for col in ("generator_cpu_user", "generator_cpu_sys", "generator_cpu_seconds", "generator_cpu_per_request",
                 "generator_cpus", "generator_processes", "generator_wall_seconds", "server_cpus"):
@@ -100,7 +132,7 @@ def test_every_trial_records_the_generator_cost(tiny):
 def test_old_results_without_the_generator_columns_still_load_and_report(tiny, tmp_path):
     from tuna_lab.measure.schema import GENERATOR_COLUMNS
 
-    _, out = tiny
+    _, out, _ = tiny
     old = tmp_path / "old" / out.name
     shutil.copytree(out, old)
     table = pd.read_parquet(old / "trials.parquet")
@@ -180,7 +212,7 @@ def test_machine_grid_keeps_threads_within_cpus_and_article_grid_is_36():
 
 
 def test_results_of_several_machines_load_with_the_machine_as_a_column(tiny, tmp_path):
-    result, out = tiny
+    result, out, _ = tiny
     single = load_results(str(out.parent))
     assert "machine" not in single[1].columns and "machine" not in single[2][0]       # one machine: unchanged
     assert result.manifest["hostname"] and len(result.manifest["fingerprint"]) == 16

@@ -24,6 +24,7 @@ Examples
 import contextlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -196,8 +197,15 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     out : str, optional
         Directory to write the cell into (``requests.parquet``, ``trials.parquet``,
         ``manifest.json``; see :mod:`tuna_lab.measure.schema`); nothing is written
-        when ``None``. If the run is interrupted (Ctrl-C), the trials that
-        finished are written to ``<out>.partial`` and the interruption re-raised.
+        when ``None``. Each (trial, policy) run is written, fsynced, to
+        ``<out>.partial`` as soon as it finishes, so that an interruption - Ctrl-C,
+        SIGKILL, a lost machine - loses at most the run in progress; the
+        finished cell is then swapped in whole and the partial folder removed.
+        A resume of an unfinished cell redoes the whole cell: trials of two
+        attempts are never mixed in one cell (they would be measured under
+        different conditions), and the first run of the new attempt replaces
+        the old ``<out>.partial``. On Ctrl-C the partial cell's manifest says
+        ``interrupted`` and the interruption is re-raised.
     concurrency : int, optional
         Requests in flight; default all of them at once (the article's closed mode).
     seed : int
@@ -247,6 +255,9 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     ExperimentError
         Bad arguments; client CPUs not usable here, leaving no CPU for the
         server, or fewer than ``config.threads`` for it.
+    StoreError
+        A result could not be written (a full disk, no permission): the run
+        stops, its server stopped; the runs written before stay in ``<out>.partial``.
     TargetError
         A target that cannot be measured (a URL that refuses connections, a
         PID with no workers); nothing was changed then.
@@ -300,6 +311,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         "cpu_accounting": "schedstat" if os.path.exists("/proc/self/schedstat") else "stat utime+stime",
         "client_cpus": resolved.to_dict(), "requests_sent": target.requests.describe()})
     done = []
+    # Each finished run is on disk here at once: a SIGKILL loses at most the run in progress.
+    partial = None if out is None else out.rstrip("/") + schema.PARTIAL_SUFFIX
     t_start = time.monotonic()
     # One measurement per results folder: held from the first trial to the written cell.
     with contextlib.ExitStack() as held:
@@ -312,6 +325,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
             warned = False
             for measured in run_trials(plan):
                 done.append(measured)
+                if partial is not None:
+                    _keep_partial(partial, done, meta, orders, len(policies), csv)
                 if on_trial:
                     on_trial(_result([measured], meta))
                 if progress and measured.row.get("server_timing_unparsed") and not warned:
@@ -322,13 +337,10 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
                     progress(_progress_line(plan, measured.row, len(done), t_start))
         except KeyboardInterrupt:
             # Ctrl-C: the server of the running trial was stopped by its context
-            # manager; keep what finished next to the cell (a resume redoes the cell).
-            if out is not None and done:
-                begun = min(len(done) // len(policies) + 1, trials)
-                meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True,
-                            generator=_generator_total(done), target=target.describe(),
-                            placements=target.placements())
-                write_cell(out.rstrip("/") + schema.PARTIAL_SUFFIX, _result(done, meta), csv)
+            # manager; the finished trials are in the partial folder already - say why it stopped.
+            if partial is not None and done:
+                _keep_partial(partial, done, {**meta, "interrupted": True, "target": target.describe(),
+                                              "placements": target.placements()}, orders, len(policies), csv)
             raise
         finally:
             # Also on an error, Ctrl-C or SIGTERM: a running server gets its masks back.
@@ -339,7 +351,22 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         result = _result(done, meta)
         if out is not None:
             result.path = write_cell(out, result, csv)
+            # Only once the whole cell is on disk: until then the partial folder is all there is.
+            shutil.rmtree(partial, ignore_errors=True)
         return result
+
+
+def _keep_partial(partial, done, meta, orders, per_trial, csv):
+    """Write the runs ``done`` so far as the partial cell ``partial`` (fsynced, swapped in whole).
+
+    The whole partial cell is rewritten after each run: it is small beside a
+    trial's time, and so the folder is always one readable cell, never a
+    pile of pieces from different attempts.
+    """
+    begun = min((len(done) - 1) // per_trial + 1, len(orders))
+    meta = {**meta, "orders": [list(o) for o in orders[:begun]], "partial": True,
+            "generator": _generator_total(done)}
+    write_cell(partial, _result(done, meta), csv)
 
 
 def _result(done, meta):
