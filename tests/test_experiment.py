@@ -322,3 +322,45 @@ def test_run_records_a_relaxed_tuna_mapping_once_per_cell(tmp_path, monkeypatch,
         {"family": "11-12", "amount": 1.0, "message": "1 core with a main thread carries U threads, above 0"}]
     rows = trials.set_index(["policy", "trial"])["relaxed"]
     assert (rows.loc["cfs"] == "").all() and rows.loc["tuna-scatter"].str.startswith("(11-12) exceeded by 1").all()
+
+
+def test_limits_are_checked_before_any_server_starts(tmp_path, monkeypatch):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    out = tmp_path / "c"
+    try:
+        # A soft limit the load would exceed is raised (the hard one allows it); then the batch is refused.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+        monkeypatch.setenv("TUNA_LAB_MAX_BODY", "1000")
+        with pytest.raises(ExperimentError, match=r"body of \d+ bytes \(batch 20 of small\) exceeds .* 1000 bytes"):
+            run(Config(1, 1, "small", 20), ["cfs"], trials=1, requests=300, out=str(out))
+        monkeypatch.delenv("TUNA_LAB_MAX_BODY")
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 300
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    monkeypatch.setenv("TUNA_LAB_MAX_ROWS", "5")
+    with pytest.raises(ExperimentError, match="batch 10 exceeds the server's limit of 5 rows"):
+        sweep([Config(1, 1, "small", 4), Config(1, 1, "small", 10)], ["cfs"], str(tmp_path / "s"), trials=1,
+              requests=5)
+    monkeypatch.delenv("TUNA_LAB_MAX_ROWS")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TUNA_LAB_CACHE", str(tmp_path / "file" / "models"))
+    with pytest.raises(ExperimentError, match="not cached and cannot be trained"):
+        run(Config(1, 1, "small", 4), ["cfs"], trials=1, requests=5, out=str(out))
+    # Nothing was measured, so nothing was written: no cell, no partial one, no sweep cell.
+    assert not out.exists() and not (tmp_path / "c.partial").exists() and not list((tmp_path / "s").glob("w*"))
+
+
+def test_a_hard_descriptor_limit_below_the_load_is_one_line_and_exit_2(tmp_path):
+    import resource
+
+    def low():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+
+    p = subprocess.run([sys.executable, "-m", "tuna_lab", "run", "--workers", "1", "--threads", "1", "--model",
+                        "small", "--batch", "5", "--policies", "cfs", "--trials", "1", "--requests", "500",
+                        "--out", str(tmp_path / "c")], capture_output=True, text=True, timeout=120, preexec_fn=low)
+    errors = [line for line in p.stderr.splitlines() if "error:" in line]
+    assert p.returncode == 2 and len(errors) == 1, p.stderr
+    assert "hard limit is 100" in errors[0] and not (tmp_path / "c").exists()

@@ -47,7 +47,8 @@ from .schema import CPU_COLUMNS, cell_key
 from .store import check_out, load_results, load_thread_cpu, lock_folder, machine_name, write_cell
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "grid", "load_results", "ARTICLE_GRID",
-           "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies"]
+           "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies",
+           "check_resources"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
 ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
@@ -126,6 +127,66 @@ def check_policies(policies):
     if bad:
         raise ExperimentError(f"unknown policy {bad[0]!r}; choose from {', '.join(POLICIES)}")
     return policies
+
+
+def check_resources(target, requests, concurrency=None, rate=None):
+    """Refuse (:class:`ExperimentError`) a measurement this machine cannot make, before any server starts.
+
+    Checked: the file descriptors the load needs (one socket per request in
+    flight; the soft limit is raised up to the hard one when that suffices,
+    see :func:`~tuna_lab.measure.load.ensure_fds`); and for the lab server,
+    its request body against the server's limit (``TUNA_LAB_MAX_BODY``), its
+    batch against the rows a request may carry (``TUNA_LAB_MAX_ROWS``, see
+    :func:`~tuna_lab.server.app.max_rows`), and its model: cached, or a cache
+    folder it can be trained into. Each would otherwise fail every trial,
+    after a server start each, or - the model - in every worker at once.
+
+    Parameters
+    ----------
+    target : Target
+    requests, concurrency, rate
+        As for :func:`run`.
+
+    Examples
+    --------
+    >>> from tuna_lab.measure.target import LabTarget
+    >>> check_resources(LabTarget(Config(1, 1, "small", 300000)), 10)     # doctest: +SKIP
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.ExperimentError: batch 300000 exceeds the server's limit of 225986 rows per request ...
+    """
+    from ..errors import ServerError
+    from ..server.app import MAX_BODY_BYTES, max_rows
+    from ..server.models import cache_dir, model_path
+    from .load import ensure_fds
+
+    # The open loop's sockets are capped by its max_in_flight (1000 by default), the closed loop's by the requests.
+    in_flight = 1000 if rate is not None else None
+    connections = min(x for x in (requests, concurrency, in_flight) if x is not None)
+    ensure_fds(connections, ExperimentError)
+    if target.kind != "lab":
+        return
+    config = target.config
+    try:
+        limit = int(os.environ.get("TUNA_LAB_MAX_BODY") or MAX_BODY_BYTES)
+        rows = max_rows(config.model)
+    except (ValueError, ServerError) as exc:
+        raise ExperimentError(f"the server's limits do not parse: {exc}") from None
+    body = max(len(b) for b in target.requests.bodies)
+    if body > limit:
+        raise ExperimentError(f"a request body of {body} bytes (batch {config.batch} of {config.model}) exceeds the "
+                              f"server's limit of {limit} bytes (TUNA_LAB_MAX_BODY); use a smaller batch")
+    if config.batch > rows:
+        raise ExperimentError(f"batch {config.batch} exceeds the server's limit of {rows} rows per request "
+                              "(TUNA_LAB_MAX_ROWS); use a smaller batch")
+    if not model_path(config.model).exists():
+        folder = cache_dir()
+        parent = folder
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ExperimentError(f"model {config.model!r} is not cached and cannot be trained into {folder} "
+                                  f"({parent} is not a writable folder); set TUNA_LAB_CACHE to one that is")
 
 
 def _git_commit():
@@ -298,6 +359,7 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
 
         # A running server keeps its CPUs: plans are made for those its master may use.
         machine = Topology.from_sysfs(allowed=os.sched_getaffinity(target.master))
+    check_resources(target, requests, concurrency, rate)
     resolved = reserve_client_cpus(client_cpus, topology=machine, error=ExperimentError)
     resolved.check_threads(config.threads, ExperimentError)
     rng = np.random.default_rng(seed)
