@@ -42,6 +42,23 @@ def test_each_run_is_on_disk_as_it_finishes_and_the_partial_cell_goes_once_the_c
     assert not os.path.exists(f"{out}.partial") and (out / "manifest.json").exists()
 
 
+def test_the_load_is_timed_apart_from_start_up_warm_up_and_stop(tiny):
+    from tuna_lab.measure.schema import PHASE_COLUMNS
+
+    result, _, _ = tiny
+    trials = result.trials
+    for column in PHASE_COLUMNS:
+        assert (trials[column] > 0).all(), column
+    # The throughput is over the load alone; the server's start (seconds: Gunicorn, XGBoost) is not in it.
+    assert trials["throughput"].to_numpy() == pytest.approx((trials["ok"] / trials["wall_seconds"]).to_numpy())
+    assert (trials["startup_seconds"] > trials["wall_seconds"] / 100).all()
+    spent = result.manifest["time"]
+    assert spent["measuring_seconds"] == pytest.approx(trials["wall_seconds"].sum())
+    assert spent["startup_seconds"] == pytest.approx(trials["startup_seconds"].sum())
+    parts = spent["measuring_seconds"] + sum(spent[c] for c in PHASE_COLUMNS)
+    assert parts <= spent["total_seconds"] and spent["measuring_seconds"] < spent["total_seconds"]
+
+
 def test_a_write_error_stops_the_run_with_one_line_and_keeps_the_runs_written(tmp_path):
     from tuna_lab.errors import StoreError
 

@@ -409,7 +409,7 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
             target.stop()
         meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     generator=_generator_total(done), target=target.describe(), placements=target.placements(),
-                    latency=sorted({m.row["latency"] for m in done}))
+                    latency=sorted({m.row["latency"] for m in done}), time=_time_spent(done, t_start))
         result = _result(done, meta)
         if out is not None:
             result.path = write_cell(out, result, csv)
@@ -447,6 +447,16 @@ def _progress_line(plan, row, done, t_start):
     return (f"{row['cell']} trial {row['trial'] + 1}/{len(plan.orders)} {row['policy']:<13} "
             f"p50 {row['p50'] * 1e3:7.1f} ms p99 {row['p99'] * 1e3:7.1f} ms  "
             f"{row['trial_status']}{(': ' + reason) if reason else ''}  [~{left:.0f} s left]{cost}")
+
+
+def _time_spent(done, t_start):
+    """Where the cell's wall time went, for the manifest: measuring apart from starting and stopping servers."""
+    rows = pd.DataFrame([m.row for m in done])
+    spent = {"total_seconds": time.monotonic() - t_start,
+             "measuring_seconds": float(rows["wall_seconds"].sum()) if len(rows) else 0.0}
+    for column in schema.PHASE_COLUMNS:
+        spent[column] = float(rows[column].sum()) if column in rows else 0.0
+    return spent
 
 
 def _generator_total(done):
