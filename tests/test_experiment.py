@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -381,3 +382,64 @@ def test_a_hard_descriptor_limit_below_the_load_is_one_line_and_exit_2(tmp_path)
     errors = [line for line in p.stderr.splitlines() if "error:" in line]
     assert p.returncode == 2 and len(errors) == 1, p.stderr
     assert "hard limit is 100" in errors[0] and not (tmp_path / "c").exists()
+
+
+def _hold_cpus(cpus, seconds):
+    """Another process holding ``cpus`` for ``seconds``; returns once it holds them."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom tuna_lab.measure.cpulock import lock_cpus\n"
+                          f"with lock_cpus({sorted(cpus)!r}):\n    print('held', flush=True)\n"
+                          f"    time.sleep({seconds})\n"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_two_measurements_never_share_a_cpu_and_the_second_waits_or_refuses(tmp_path, monkeypatch):
+    from tuna_lab.measure.cpulock import lock_cpus
+
+    mine = sorted(os.sched_getaffinity(0))
+    holder = _hold_cpus(mine[:1], 60)
+    try:
+        monkeypatch.setenv("TUNA_LAB_CPU_LOCK_WAIT", "0")
+        with pytest.raises(ExperimentError, match=f"in use by process {holder.pid}") as info:
+            run(Config(1, 1, "small", 5), ["cfs"], trials=1, requests=5, out=str(tmp_path / "c"))
+        assert "\n" not in str(info.value) and not (tmp_path / "c").exists()
+        if len(mine) > 1:
+            with lock_cpus(mine[1:]):            # disjoint CPUs: side by side, as the cluster's taskset workers
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    # The second waits (and says so) while the first holds the CPUs, then runs.
+    holder = _hold_cpus(mine, 1.0)
+    monkeypatch.setenv("TUNA_LAB_CPU_LOCK_WAIT", "30")
+    lines = []
+    try:
+        t0 = time.monotonic()
+        # A server that cannot start (more threads than CPUs) fails its trial at once: only the wait takes time.
+        result = run(Config(1, CPUS + 1, "small", 5), ["cfs"], trials=1, requests=5, progress=lines.append)
+        assert time.monotonic() - t0 >= 0.5 and len(result.trials) == 1
+        assert lines[0].startswith("waiting up to 30 s") and f"process {holder.pid}" in lines[0]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_cpu_lock_files_are_never_followed_and_an_untrusted_folder_is_refused(tmp_path, monkeypatch):
+    from tuna_lab.measure.cpulock import lock_cpus
+
+    folder = tmp_path / "locks"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv("TUNA_LAB_LOCK_DIR", str(folder))
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (folder / "cpu3.lock").symlink_to(victim)
+    with pytest.raises(ExperimentError, match="is a symbolic link"):
+        with lock_cpus([3]):
+            pass
+    assert victim.read_text() == "keep me"
+    with lock_cpus([4]):
+        assert (folder / "cpu4.lock").stat().st_size == 0       # nothing is ever written to a lock file
+    os.chmod(folder, 0o777)
+    with pytest.raises(ExperimentError, match="may be written by others and is not sticky"):
+        with lock_cpus([4]):
+            pass

@@ -41,6 +41,7 @@ from ..machine.reserve import reserve_client_cpus
 from ..server.models import MODEL_FEATURES
 from ..server.openmp import LIBGOMP_DEFAULT_WAIT, wait_policy_env
 from . import schema
+from .cpulock import lock_cpus
 # Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
 from .schema import CPU_COLUMNS, cell_key
 # Re-exported: where results are written and read back.
@@ -316,6 +317,10 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     ExperimentError
         Bad arguments; client CPUs not usable here, leaving no CPU for the
         server, or fewer than ``config.threads`` for it.
+    ExperimentError
+        Another measurement held one of its CPUs for longer than
+        ``TUNA_LAB_CPU_LOCK_WAIT`` seconds (:mod:`tuna_lab.measure.cpulock`:
+        a run waits, with one line to ``progress``, for the CPUs it needs).
     StoreError
         A result could not be written (a full disk, no permission): the run
         stops, its server stopped; the runs written before stay in ``<out>.partial``.
@@ -380,6 +385,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     with contextlib.ExitStack() as held:
         if out is not None:
             held.enter_context(lock_folder(os.path.dirname(os.path.abspath(out.rstrip("/"))) or "."))
+        # And one measurement per CPU of this machine: the server's and the load generator's.
+        held.enter_context(lock_cpus(set(resolved.server.cpus) | set(resolved.cpus), progress))
         target.start(resolved.server)
         try:
             plan = TrialPlan(config, target, orders, requests, concurrency, warmup, resolved.server.n_logical, resolved,
