@@ -311,3 +311,24 @@ def test_a_scheduler_without_workers_says_so_after_a_bounded_wait(tmp_path):
 def test_cluster_options_need_a_cluster(tmp_path):
     p, _ = _cli("sweep", *GRID, "--out", tmp_path / "out", "--per-machine")
     assert p.returncode == 2 and "--cluster" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_worker_without_tuna_lab_is_reported_at_once(tmp_path):
+    # A worker whose Python finds a tuna_lab that cannot be imported (as one with none installed).
+    fake = tmp_path / "site" / "tuna_lab"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named tuna_lab (test worker)')\n")
+    scheduler, address = _scheduler(tmp_path)
+    env = {**os.environ, "TUNA_LAB_TEST_MARK": MARK, "PYTHONPATH": str(tmp_path / "site")}
+    worker = subprocess.Popen([str(DASK), "worker", address, "--nthreads", "1", "--nworkers", "1", "--resources",
+                               "machine=1", "--no-dashboard"], stdout=open(tmp_path / "w.log", "wb"),
+                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        p, seconds = _cli("sweep", *GRID, "--out", tmp_path / "out", "--cluster", address,
+                          "--wait-for-workers", "60")
+    finally:
+        _stop(worker)
+        _stop(scheduler)
+    assert p.returncode == 2 and seconds < 30, p.stderr
+    line = p.stderr.strip().splitlines()[-1]
+    assert "cannot import" in line and "No module named tuna_lab (test worker)" in line and "install tuna_lab" in line

@@ -253,6 +253,25 @@ def _cell(config, policies, trials, requests, options, topic, attempt):
 # -- on the client -------------------------------------------------------------------------
 
 
+def _import_error(error):
+    """The text of an import failure a worker sent back (None for anything else).
+
+    A worker that cannot unpickle the function it is sent (no tuna_lab, or
+    an older one without it) answers with an exception the client may not be
+    able to rebuild: Dask then hands over ``Exception("ImportError('...')")``.
+    """
+    if isinstance(error, ImportError):
+        return one_line(error)
+    if not isinstance(error, BaseException):
+        return None
+    text = str(error)
+    for kind in ("ModuleNotFoundError", "ImportError"):
+        if text.startswith(kind + "("):
+            inner = text[len(kind) + 1:].rstrip(")").strip("'\"")
+            return f"{kind}: {inner}"
+    return None
+
+
 @dataclass
 class _Machine:
     """What the client knows of one machine."""
@@ -516,10 +535,18 @@ class _Sweep:
         if not new:
             return
         try:
-            described = self.client.run(describe_machine, workers=new)
+            described = self.client.run(describe_machine, workers=new, on_error="return")
         except Exception:  # a worker left between the listing and the call: the next look sees it gone
             return
         for address, info in described.items():
+            missing = _import_error(info)
+            if missing:
+                # A worker without tuna_lab (or with a broken one) would never join: say so now, not as a
+                # missing machine after the wait.
+                raise ExperimentError(f"Dask worker {address} cannot import what a cell needs: {missing}; "
+                                      "install tuna_lab (pip install 'tuna_lab[cluster]') on every measuring machine")
+            if isinstance(info, BaseException):     # it left, or failed to describe itself: looked at again later
+                continue
             self._join(address, info)
 
     def _join(self, address, info):
