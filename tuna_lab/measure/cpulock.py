@@ -2,8 +2,8 @@
 
 Two measurements on one host that share a CPU measure each other: the
 latencies of both are wrong, and nothing in their records says so. So a
-measurement (:func:`~tuna_lab.measure.experiment.run`) holds, from its first
-server start to its last stop, an exclusive ``flock`` on one file per CPU
+measurement (:func:`~tuna_lab.measure.experiment.run`, and a tune for its
+whole race) holds, from its first server start to its last stop, an exclusive ``flock`` on one file per CPU
 it uses - its server's and its load generator's. Measurements on disjoint
 CPUs (cluster workers each confined with ``taskset`` to their own CPUs)
 run side by side; one that shares a CPU with a running one **waits**, with
