@@ -422,6 +422,15 @@ def test_two_measurements_never_share_a_cpu_and_the_second_waits_or_refuses(tmp_
     finally:
         holder.kill()
         holder.wait()
+    # Without a progress line the wait is a warning, never silent.
+    holder = _hold_cpus(mine[:1], 0.5)
+    try:
+        with pytest.warns(UserWarning, match=f"waiting up to 30 s .* in use by process {holder.pid}"):
+            with lock_cpus(mine[:1]):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_cpu_lock_files_are_never_followed_and_an_untrusted_folder_is_refused(tmp_path, monkeypatch):

@@ -43,6 +43,7 @@ import os
 import stat
 import tempfile
 import time
+import warnings
 
 from .._checks import format_cpulist
 from ..errors import ExperimentError
@@ -187,7 +188,8 @@ def lock_cpus(cpus, say=None):
     cpus : iterable of int
         Every CPU the measurement's server and load generator may run on.
     say : callable, optional
-        Called with one line when the CPUs are busy and the measurement waits.
+        Called with one line when the CPUs are busy and the measurement waits
+        (default: a :class:`UserWarning` with that line).
 
     Raises
     ------
@@ -216,8 +218,12 @@ def lock_cpus(cpus, say=None):
                     f"(locks in {folder})")
             if limit == 0:
                 raise ExperimentError(f"{line}; two measurements on one CPU would measure each other")
+            message = f"waiting up to {limit:g} s ({LOCK_WAIT_VAR}): {line}"
             if say:
-                say(f"waiting up to {limit:g} s ({LOCK_WAIT_VAR}): {line}")
+                say(message)
+            else:
+                # Never a silent wait: a caller without a progress line gets a warning.
+                warnings.warn(message, stacklevel=3)
         while busy:
             if time.monotonic() >= deadline:
                 raise ExperimentError(f"CPUs {format_cpulist(busy)} still in use by another measurement after "
