@@ -150,17 +150,20 @@ def write_cell(out, result, csv=False):
     'results/sweep/w2-t2-small-b100'
     """
     out = out.rstrip("/")
-    tmp = f"{out}.tmp-{os.getpid()}"
+    tmp, old = f"{out}.tmp-{os.getpid()}", f"{out}.old-{os.getpid()}"
     try:
-        return _write_cell(out, tmp, result, csv)
+        return _write_cell(out, tmp, old, result, csv)
     except OSError as exc:
         # A full disk or a lost permission: the cell (or the partial one) written before stays as it was.
         shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.isdir(old) and not os.path.exists(out):
+            with contextlib.suppress(OSError):
+                os.replace(old, out)
         where = exc.filename or out
         raise StoreError(f"could not write {where}: {exc.strerror or exc}") from None
 
 
-def _write_cell(out, tmp, result, csv):
+def _write_cell(out, tmp, old, result, csv):
     os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
@@ -180,7 +183,6 @@ def _write_cell(out, tmp, result, csv):
         _fsync(os.path.join(tmp, name))
     _fsync(tmp)
     # The old cell is moved aside, not deleted first: at every moment `out` is a whole cell or absent.
-    old = f"{out}.old-{os.getpid()}"
     if os.path.exists(out):
         os.replace(out, old)
     os.replace(tmp, out)
