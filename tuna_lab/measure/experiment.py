@@ -151,10 +151,10 @@ def check_resources(target, requests, concurrency=None, rate=None):
     Examples
     --------
     >>> from tuna_lab.measure.target import LabTarget
-    >>> check_resources(LabTarget(Config(1, 1, "small", 300000)), 10)     # doctest: +SKIP
+    >>> check_resources(LabTarget(Config(1, 1, "large", 5000)), 10)       # doctest: +SKIP
     Traceback (most recent call last):
     ...
-    tuna_lab.errors.ExperimentError: batch 300000 exceeds the server's limit of 225986 rows per request ...
+    tuna_lab.errors.ExperimentError: a request body of ... bytes (batch 5000 of large) exceeds the server's ...
     """
     from ..errors import ServerError
     from ..server.app import MAX_BODY_BYTES, max_rows
