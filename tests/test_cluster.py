@@ -227,16 +227,24 @@ def test_interrupt_keeps_finished_cells_and_leaves_no_server(cluster, tmp_path):
 
 def test_a_worker_killed_mid_cell_loses_nothing_and_mixes_nothing(cluster, tmp_path):
     out = tmp_path / "out"
-    victim = f"cpu{CPUS[1]}"
+    # The default spread: the two 1-CPU workers are one machine *shape* (CPU ids aside), so both run cells,
+    # and the cell of the first machine seen - the one the sweep keeps to - moves to the other when it is lost.
     cmd = [sys.executable, "-m", "tuna_lab.cli", "sweep", "--configs", "1x1", "--models", "small",
            "--batches", "10,20,30", "--policies", "cfs,round-robin", "--trials", "2", "--requests", "20",
-           "--out", str(out), "--cluster", cluster.address, "--any-machine"]
+           "--out", str(out), "--cluster", cluster.address]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
-    address = cluster.address_of[victim]
     deadline = time.monotonic() + 90
+    joined = []
+    while not joined and time.monotonic() < deadline:
+        joined = [line.rstrip().split()[-1] for line in list(lines) if line.startswith("cluster: machine ")
+                  and " worker tcp://" in line]
+        time.sleep(0.05)
+    assert joined, "".join(lines)
+    address = joined[0]
+    victim = next(name for name, a in cluster.address_of.items() if a == address)
 
     def machine():
         return next((line.split()[2].rstrip(":") for line in lines if line.startswith("cluster: machine")
@@ -263,9 +271,13 @@ def test_a_worker_killed_mid_cell_loses_nothing_and_mixes_nothing(cluster, tmp_p
     reader.join(10)
     text = "".join(lines)
     assert f"[{machine()}] its machine left during" in text and "queued again" in text
-    where, _ = _cells(out)
+    assert "of another shape" not in text
+    where, manifests = _cells(out)
     assert sorted(where) == ["w1-t1-small-b10", "w1-t1-small-b20", "w1-t1-small-b30"]
     assert all(len(m) == 1 for m in where.values())
+    # The lost cell finished on the other machine: one shape, two folders (one per fingerprint) on this host.
+    lost = next(line.split(" during ")[1].split(":")[0] for line in lines if "its machine left during" in line)
+    assert where[lost] != [machine()] and len({m["shape"] for m in manifests.values()}) == 1
     partial = list(out.glob(f"{machine()}/*.partial"))
     assert len(partial) == 1 and (partial[0] / "trials.parquet").exists()
     # Every (cell, policy, trial) once: the partial runs are kept apart, not counted.
@@ -299,3 +311,30 @@ def test_a_scheduler_without_workers_says_so_after_a_bounded_wait(tmp_path):
 def test_cluster_options_need_a_cluster(tmp_path):
     p, _ = _cli("sweep", *GRID, "--out", tmp_path / "out", "--per-machine")
     assert p.returncode == 2 and "--cluster" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_worker_without_tuna_lab_is_reported_at_once(tmp_path):
+    # A worker whose Python finds a tuna_lab that cannot be imported (as one with none installed).
+    fake = tmp_path / "site" / "tuna_lab"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('No module named tuna_lab (test worker)')\n")
+    scheduler, address = _scheduler(tmp_path)
+    env = {**os.environ, "TUNA_LAB_TEST_MARK": MARK, "PYTHONPATH": str(tmp_path / "site")}
+    worker = subprocess.Popen([str(DASK), "worker", address, "--nthreads", "1", "--nworkers", "1", "--resources",
+                               "machine=1", "--no-dashboard"], stdout=open(tmp_path / "w.log", "wb"),
+                              stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    from tuna_lab.errors import ExperimentError
+    from tuna_lab.measure.cluster import connect
+
+    started = time.monotonic()
+    try:
+        # In this process (the CLI turns the error into one line and exit 2 like any other): no CLI start-up.
+        with connect(address) as client, pytest.raises(ExperimentError) as info:
+            sweep([Config(1, 1, "small", 10)], ["cfs"], str(tmp_path / "out"), trials=1, requests=5, client=client,
+                  worker_wait=60)
+    finally:
+        _stop(worker)
+        _stop(scheduler)
+    line = str(info.value)
+    assert time.monotonic() - started < 30 and "\n" not in line
+    assert "cannot import" in line and "No module named tuna_lab (test worker)" in line and "install tuna_lab" in line

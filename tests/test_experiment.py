@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pandas as pd
@@ -22,13 +23,62 @@ T = min(2, CPUS)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "cell"
+    seen = []
+
+    def on_trial(part):
+        # Called after the run is on disk: the partial cell holds every run so far, and nothing else.
+        kept = pd.read_parquet(f"{out}.partial/trials.parquet")
+        seen.append((len(kept), len(pd.read_parquet(f"{out}.partial/requests.parquet")), part.trials.iloc[0]["policy"],
+                     kept.iloc[-1]["policy"], json.loads(open(f"{out}.partial/manifest.json").read())["partial"]))
+
     result = run(Config(2, T, "small", 20), ["cfs", "round-robin"], trials=2, requests=50, out=str(out),
-                 concurrency=10, seed=3)
-    return result, out
+                 concurrency=10, seed=3, on_trial=on_trial)
+    return result, out, seen
+
+
+def test_each_run_is_on_disk_as_it_finishes_and_the_partial_cell_goes_once_the_cell_is_written(tiny):
+    _, out, seen = tiny
+    assert [s[:2] for s in seen] == [(1, 50), (2, 100), (3, 150), (4, 200)]
+    assert all(s[2] == s[3] and s[4] for s in seen)
+    assert not os.path.exists(f"{out}.partial") and (out / "manifest.json").exists()
+
+
+def test_the_load_is_timed_apart_from_start_up_warm_up_and_stop(tiny):
+    from tuna_lab.measure.schema import PHASE_COLUMNS
+
+    result, _, _ = tiny
+    trials = result.trials
+    for column in PHASE_COLUMNS:
+        assert (trials[column] > 0).all(), column
+    # The throughput is over the load alone; the server's start (seconds: Gunicorn, XGBoost) is not in it.
+    assert trials["throughput"].to_numpy() == pytest.approx((trials["ok"] / trials["wall_seconds"]).to_numpy())
+    assert (trials["startup_seconds"] > trials["wall_seconds"] / 100).all()
+    spent = result.manifest["time"]
+    assert spent["measuring_seconds"] == pytest.approx(trials["wall_seconds"].sum())
+    assert spent["startup_seconds"] == pytest.approx(trials["startup_seconds"].sum())
+    parts = spent["measuring_seconds"] + sum(spent[c] for c in PHASE_COLUMNS)
+    assert parts <= spent["total_seconds"] and spent["measuring_seconds"] < spent["total_seconds"]
+
+
+def test_a_write_error_stops_the_run_with_one_line_and_keeps_the_runs_written(tmp_path):
+    from tuna_lab.errors import StoreError
+
+    out = tmp_path / "c"
+
+    def block(part):
+        # The next partial cell cannot be written: its temporary folder's name is taken by a file.
+        (tmp_path / f"c.partial.tmp-{os.getpid()}").write_text("in the way")
+
+    # A server that cannot start (more threads than CPUs) fails its trial at once: a fast run that still writes.
+    with pytest.raises(StoreError, match="could not write") as info:
+        run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=3, requests=5, out=str(out), on_trial=block)
+    assert "\n" not in str(info.value)
+    kept = pd.read_parquet(tmp_path / "c.partial" / "trials.parquet")
+    assert len(kept) == 1 and not out.exists()
 
 
 def test_records_are_complete_and_tidy(tiny):
-    result, _ = tiny
+    result, _, _ = tiny
     req = result.requests
     assert len(req) == 2 * 2 * 50
     assert set(req["policy"]) == {"cfs", "round-robin"} and set(req["trial"]) == {0, 1}
@@ -40,7 +90,7 @@ def test_records_are_complete_and_tidy(tiny):
 
 
 def test_trial_p99_is_numpys_p99_of_the_raw_rows(tiny):
-    result, _ = tiny
+    result, _, _ = tiny
     for _, row in result.trials.iterrows():
         raw = result.requests[(result.requests.policy == row.policy) & (result.requests.trial == row.trial)]
         assert row.p99 == pytest.approx(np.percentile(raw["server_seconds"], 99))
@@ -49,7 +99,7 @@ def test_trial_p99_is_numpys_p99_of_the_raw_rows(tiny):
 
 
 def test_policy_order_is_randomised_per_trial_and_recorded(tiny):
-    result, _ = tiny
+    result, _, _ = tiny
     orders = result.manifest["orders"]
     assert len(orders) == 2 and all(sorted(o) == ["cfs", "round-robin"] for o in orders)
     got = result.trials.sort_values(["trial", "order"]).groupby("trial")["policy"].apply(list).tolist()
@@ -57,7 +107,7 @@ def test_policy_order_is_randomised_per_trial_and_recorded(tiny):
 
 
 def test_written_cell_reloads_with_its_manifest(tiny):
-    result, out = tiny
+    result, out, _ = tiny
     requests, trials, manifests = load_results(str(out))
     pd.testing.assert_frame_equal(trials.reset_index(drop=True), result.trials.reset_index(drop=True))
     assert len(requests) == len(result.requests)
@@ -68,7 +118,7 @@ def test_written_cell_reloads_with_its_manifest(tiny):
 
 
 def test_report_is_written_from_saved_results(tiny, tmp_path):
-    _, out = tiny
+    _, out, _ = tiny
     html = tmp_path / "report.html"
     p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "report", str(out), "-o", str(html)],
                        capture_output=True, text=True, timeout=300)
@@ -80,7 +130,7 @@ def test_report_is_written_from_saved_results(tiny, tmp_path):
 
 
 def test_every_trial_records_the_generator_cost(tiny):
-    result, _ = tiny
+    result, _, _ = tiny
     trials = result.trials
     for col in ("generator_cpu_user", "generator_cpu_sys", "generator_cpu_seconds", "generator_cpu_per_request",
                 "generator_cpus", "generator_processes", "generator_wall_seconds", "server_cpus"):
@@ -100,7 +150,7 @@ def test_every_trial_records_the_generator_cost(tiny):
 def test_old_results_without_the_generator_columns_still_load_and_report(tiny, tmp_path):
     from tuna_lab.measure.schema import GENERATOR_COLUMNS
 
-    _, out = tiny
+    _, out, _ = tiny
     old = tmp_path / "old" / out.name
     shutil.copytree(out, old)
     table = pd.read_parquet(old / "trials.parquet")
@@ -190,7 +240,7 @@ def test_machine_grid_keeps_threads_within_cpus_and_article_grid_is_36():
 
 
 def test_results_of_several_machines_load_with_the_machine_as_a_column(tiny, tmp_path):
-    result, out = tiny
+    result, out, _ = tiny
     single = load_results(str(out.parent))
     assert "machine" not in single[1].columns and "machine" not in single[2][0]       # one machine: unchanged
     assert result.manifest["hostname"] and len(result.manifest["fingerprint"]) == 16
@@ -300,3 +350,115 @@ def test_run_records_a_relaxed_tuna_mapping_once_per_cell(tmp_path, monkeypatch,
         {"family": "11-12", "amount": 1.0, "message": "1 core with a main thread carries U threads, above 0"}]
     rows = trials.set_index(["policy", "trial"])["relaxed"]
     assert (rows.loc["cfs"] == "").all() and rows.loc["tuna-scatter"].str.startswith("(11-12) exceeded by 1").all()
+
+
+def test_limits_are_checked_before_any_server_starts(tmp_path, monkeypatch):
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    out = tmp_path / "c"
+    try:
+        # A soft limit the load would exceed is raised (the hard one allows it); then the batch is refused.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
+        monkeypatch.setenv("TUNA_LAB_MAX_BODY", "1000")
+        with pytest.raises(ExperimentError, match=r"body of \d+ bytes \(batch 20 of small\) exceeds .* 1000 bytes"):
+            run(Config(1, 1, "small", 20), ["cfs"], trials=1, requests=300, out=str(out))
+        monkeypatch.delenv("TUNA_LAB_MAX_BODY")
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 300
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    monkeypatch.setenv("TUNA_LAB_MAX_ROWS", "5")
+    with pytest.raises(ExperimentError, match="batch 10 exceeds the server's limit of 5 rows"):
+        sweep([Config(1, 1, "small", 4), Config(1, 1, "small", 10)], ["cfs"], str(tmp_path / "s"), trials=1,
+              requests=5)
+    monkeypatch.delenv("TUNA_LAB_MAX_ROWS")
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TUNA_LAB_CACHE", str(tmp_path / "file" / "models"))
+    with pytest.raises(ExperimentError, match="not cached and cannot be trained"):
+        run(Config(1, 1, "small", 4), ["cfs"], trials=1, requests=5, out=str(out))
+    # Nothing was measured, so nothing was written: no cell, no partial one, no sweep cell.
+    assert not out.exists() and not (tmp_path / "c.partial").exists() and not list((tmp_path / "s").glob("w*"))
+
+
+def test_a_hard_descriptor_limit_below_the_load_is_one_line_and_exit_2(tmp_path):
+    import resource
+
+    def low():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (100, 100))
+
+    p = subprocess.run([sys.executable, "-m", "tuna_lab", "run", "--workers", "1", "--threads", "1", "--model",
+                        "small", "--batch", "5", "--policies", "cfs", "--trials", "1", "--requests", "500",
+                        "--out", str(tmp_path / "c")], capture_output=True, text=True, timeout=120, preexec_fn=low)
+    errors = [line for line in p.stderr.splitlines() if "error:" in line]
+    assert p.returncode == 2 and len(errors) == 1, p.stderr
+    assert "hard limit is 100" in errors[0] and not (tmp_path / "c").exists()
+
+
+def _hold_cpus(cpus, seconds):
+    """Another process holding ``cpus`` for ``seconds``; returns once it holds them."""
+    p = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom tuna_lab.measure.cpulock import lock_cpus\n"
+                          f"with lock_cpus({sorted(cpus)!r}):\n    print('held', flush=True)\n"
+                          f"    time.sleep({seconds})\n"], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_two_measurements_never_share_a_cpu_and_the_second_waits_or_refuses(tmp_path, monkeypatch):
+    from tuna_lab.measure.cpulock import lock_cpus
+
+    mine = sorted(os.sched_getaffinity(0))
+    holder = _hold_cpus(mine[:1], 60)
+    try:
+        monkeypatch.setenv("TUNA_LAB_CPU_LOCK_WAIT", "0")
+        with pytest.raises(ExperimentError, match=f"in use by process {holder.pid}") as info:
+            run(Config(1, 1, "small", 5), ["cfs"], trials=1, requests=5, out=str(tmp_path / "c"))
+        assert "\n" not in str(info.value) and not (tmp_path / "c").exists()
+        if len(mine) > 1:
+            with lock_cpus(mine[1:]):            # disjoint CPUs: side by side, as the cluster's taskset workers
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    # The second waits (and says so) while the first holds the CPUs, then runs.
+    holder = _hold_cpus(mine, 1.0)
+    monkeypatch.setenv("TUNA_LAB_CPU_LOCK_WAIT", "30")
+    lines = []
+    try:
+        t0 = time.monotonic()
+        # A server that cannot start (more threads than CPUs) fails its trial at once: only the wait takes time.
+        result = run(Config(1, CPUS + 1, "small", 5), ["cfs"], trials=1, requests=5, progress=lines.append)
+        assert time.monotonic() - t0 >= 0.5 and len(result.trials) == 1
+        assert lines[0].startswith("waiting up to 30 s") and f"process {holder.pid}" in lines[0]
+    finally:
+        holder.kill()
+        holder.wait()
+    # Without a progress line the wait is a warning, never silent.
+    holder = _hold_cpus(mine[:1], 0.5)
+    try:
+        with pytest.warns(UserWarning, match=f"waiting up to 30 s .* in use by process {holder.pid}"):
+            with lock_cpus(mine[:1]):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_cpu_lock_files_are_never_followed_and_an_untrusted_folder_is_refused(tmp_path, monkeypatch):
+    from tuna_lab.measure.cpulock import lock_cpus
+
+    folder = tmp_path / "locks"
+    folder.mkdir(mode=0o700)
+    monkeypatch.setenv("TUNA_LAB_LOCK_DIR", str(folder))
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (folder / "cpu3.lock").symlink_to(victim)
+    with pytest.raises(ExperimentError, match="is a symbolic link"):
+        with lock_cpus([3]):
+            pass
+    assert victim.read_text() == "keep me"
+    with lock_cpus([4]):
+        assert (folder / "cpu4.lock").stat().st_size == 0       # nothing is ever written to a lock file
+    os.chmod(folder, 0o777)
+    with pytest.raises(ExperimentError, match="may be written by others and is not sticky"):
+        with lock_cpus([4]):
+            pass

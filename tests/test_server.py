@@ -211,6 +211,84 @@ def test_serve_detach_status_stop_from_the_cli(tmp_path):
     assert not os.path.exists(state_dir) and not (tmp_path / "cli.pid.tuna.json").exists()
 
 
+def test_stop_refuses_a_pidfile_that_names_another_process(tmp_path):
+    import subprocess
+    import sys
+
+    from tuna_lab.server.launch import start_ticks
+
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        state = tmp_path / "state"
+        state.mkdir()
+        pidfile = tmp_path / "other.pid"
+        pidfile.write_text(str(sleeper.pid))
+        cli = [sys.executable, "-m", "tuna_lab.cli"]
+        # A forged sidecar: first with another start time, then with the right one but no mark of ours.
+        for ticks in (start_ticks(sleeper.pid) - 1, start_ticks(sleeper.pid)):
+            (tmp_path / "other.pid.tuna.json").write_text(json.dumps(
+                {"master": sleeper.pid, "start_ticks": ticks, "server_id": "0" * 32, "state_dir": str(state),
+                 "own_state": True, "workers": 1}))
+            for command in ("stop", "status"):
+                p = subprocess.run(cli + [command, "--pidfile", str(pidfile)], capture_output=True, text=True,
+                                   timeout=60)
+                assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+                assert "not the server tuna-lab started" in p.stderr
+            time.sleep(0.1)
+            assert sleeper.poll() is None and state.is_dir() and (tmp_path / "other.pid.tuna.json").exists()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def _serving(pidfile, timeout=120):
+    """``(master, workers)`` of the server of ``pidfile`` once every worker is ready."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            info = status(str(pidfile))
+            if info["workers"] and all(w["ready"] for w in info["workers"]):
+                return info["master"], [w["pid"] for w in info["workers"]]
+        except Exception:  # not written yet, or half-written
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"no server for {pidfile} after {timeout} s")
+
+
+def _gone(pids, timeout=10):
+    deadline = time.monotonic() + timeout
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(running(p) for p in pids)
+
+
+@pytest.mark.parametrize("how", ["parent killed", "SIGHUP"])
+def test_a_foreground_serve_dies_with_its_parent_and_on_sighup(how, tmp_path):
+    import subprocess
+    import sys
+
+    pidfile = tmp_path / "fg.pid"
+    serve = [sys.executable, "-m", "tuna_lab.cli", "serve", "-w", "1", "-t", "1", "--model", "small",
+             "--policy", "cfs", "--port", str(free_port()), "--pidfile", str(pidfile)]
+    # The parent: a process that starts serve, says its PID and waits; it is killed outright below.
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               f"p = subprocess.Popen({serve!r}, stdout=subprocess.DEVNULL, "
+                               "stderr=subprocess.DEVNULL)\nprint(p.pid, flush=True)\ntime.sleep(300)\n"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        cli = int(parent.stdout.readline())
+        master, workers = _serving(pidfile)
+        if how == "SIGHUP":
+            os.kill(cli, signal.SIGHUP)
+        else:
+            parent.kill()
+        assert _gone([cli, master, *workers]), how
+        assert not (tmp_path / "fg.pid.tuna.json").exists()       # stopped cleanly, not just killed
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def test_serve_rejects_bad_input_with_one_line():
     import subprocess
     import sys

@@ -348,6 +348,37 @@ def test_served_over_http_by_wsgiref(app):
         server.server_close()
 
 
+def test_too_many_rows_are_413_over_http_with_the_reason(small_model):
+    limited = create_app("small", threads=1, max_rows=5)
+    server = wsgiref.simple_server.make_server("127.0.0.1", 0, limited, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=30)
+        for rows, want in ((6, 413), (5, 200)):
+            conn.request("POST", "/predict", good_body(rows), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            out = json.loads(response.read())
+            assert response.status == want, out
+        conn.request("POST", "/predict", good_body(6), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert "6 rows exceed the limit of 5 rows" in json.loads(response.read())["error"]
+        conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_row_limit_defaults_from_the_models_width_and_is_read_from_the_environment():
+    from tuna_lab.server.app import ROW_BUDGET_BYTES, max_rows
+
+    assert max_rows("small", {}) > max_rows("medium", {}) > max_rows("large", {}) > 1000
+    assert max_rows("large", {}) * 784 * 8 <= ROW_BUDGET_BYTES
+    assert app_from_env({"TUNA_LAB_MODEL": "small", "TUNA_LAB_MAX_ROWS": "7"}).max_rows == 7
+    with pytest.raises(ServerError, match="TUNA_LAB_MAX_ROWS must be a positive integer"):
+        app_from_env({"TUNA_LAB_MAX_ROWS": "-3"})
+
+
 class _QuietHandler(wsgiref.simple_server.WSGIRequestHandler):
     def log_message(self, *args):
         pass

@@ -18,6 +18,7 @@ __all__ = [
     "CpuAccountingError",
     "BindingError",
     "ExperimentError",
+    "StoreError",
     "AdviseError",
     "PlanError",
     "PinError",
@@ -112,6 +113,14 @@ class BindingError(TunaError):
 
 class ExperimentError(TunaError):
     """An experiment could not be run or its results could not be read."""
+
+
+class StoreError(ExperimentError):
+    """Results could not be written: a full disk, no permission, a read-only file system.
+
+    What was written before stays on disk (a cell's finished trials in its
+    ``.partial`` folder); the message names the file and the system's reason.
+    """
 
 
 class AdviseError(TunaError, ValueError):

@@ -87,17 +87,26 @@ def _cmd_serve(args):
     import time
 
     from .._checks import format_cpulist
-    from ..server.launch import Server
+    from ..server.launch import Server, signal_on_parent_death
 
     import sys
 
     client = client_cpus_of(args, ServerError, threads=[args.threads])
     check_cpu_quota(args.workers * args.threads, args.strict, ServerError)
     # The server places on the CPUs left; with client CPUs kept, all of its processes start confined there.
+    # In the foreground the server lives no longer than this process, even one killed outright.
     server = Server(args.workers, args.threads, model=args.model, policy=args.policy, port=args.port,
                     pidfile=args.pidfile, max_requests=args.max_requests,
                     request_log=args.request_log, places=args.places, wait_policy=args.wait_policy,
-                    spincount=args.spincount, topology=client.server)
+                    spincount=args.spincount, topology=client.server, die_with_parent=not args.detach)
+    stopping = []
+    if not args.detach:
+        # SIGTERM, SIGHUP (a closed terminal) and the death of whoever started us all end the wait
+        # loop below, so the server is stopped - and its CPUs given back - as after Ctrl-C.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, lambda *a: stopping.append(1))
+        if signal_on_parent_death(signal.SIGHUP) is False:
+            stopping.append(1)
     # Said once the input is known to be good (bad input stays one line).
     print(f"tuna-lab: {client.describe()}", file=sys.stderr, flush=True)
     server.start(ready_timeout=args.ready_timeout)
@@ -114,9 +123,6 @@ def _cmd_serve(args):
         # Leave it running; `tuna-lab stop --pidfile` ends it.
         server.proc = None
         return 0
-    # SIGTERM ends the wait loop below, so the server is stopped as after Ctrl-C.
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *a: stopping.append(1))
     try:
         while not stopping and server.proc.poll() is None:
             time.sleep(0.2)

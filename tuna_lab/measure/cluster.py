@@ -16,8 +16,11 @@ hostname and topology fingerprint). Nothing needs a shared filesystem.
 
 Two ways to spread the grid: every machine runs every cell (``per_machine``,
 to compare machine types), or each cell runs once (the default) on a machine
-whose topology fingerprint matches the first machine seen, or on any machine
-(``any_machine``).
+of the first machine's *shape* - its topology up to renaming of the CPU ids,
+CPU model, cache sizes and CPU quota (:func:`~tuna_lab.machine.fingerprint.shape`)
+- or on any machine (``any_machine``). A cell whose machine is lost moves to
+any machine of that shape; each machine's folder keeps its own name
+(hostname and fingerprint, unique per host).
 
 Nothing lost, nothing mixed:
 
@@ -140,7 +143,10 @@ def describe_machine():
     -------
     dict
         ``machine`` (its folder name), ``hostname``, ``fingerprint`` (of
-        the CPUs this process may use), ``cpu_model``, ``kernel``, ``cpus``,
+        the CPUs this process may use), ``shape`` (the same without the CPU
+        ids, with the CPU model, cache sizes and CPU quota:
+        :func:`~tuna_lab.machine.fingerprint.shape`), ``cpu_model``,
+        ``caches``, ``kernel``, ``cpus``,
         ``limits`` (:meth:`Limits.to_dict <tuna_lab.machine.limits.Limits.to_dict>`),
         ``python`` and ``tuna_lab`` (versions).
 
@@ -150,16 +156,36 @@ def describe_machine():
     >>> info["machine"] == f"{info['hostname']}-{info['fingerprint'][:8]}"
     True
     """
-    from ..machine.fingerprint import fingerprint
+    from ..machine.fingerprint import fingerprint, shape
     from ..machine.host import cpu_model
     from ..machine.limits import Limits
     from ..machine.topology import Topology
 
     topo = Topology.from_sysfs()
-    info = {"hostname": platform.node(), "fingerprint": fingerprint(topo), "cpu_model": cpu_model(),
-            "kernel": platform.release(), "cpus": [int(c) for c in topo.cpus], "limits": Limits.read().to_dict(),
-            "python": platform.python_version(), "tuna_lab": metadata.version("tuna_lab")}
+    limits = Limits.read()
+    model, caches = cpu_model(), _cache_sizes(topo.cpus)
+    # What makes two machines interchangeable for a cell: everything but the CPU ids.
+    same = {"cpu_model": model, "caches": caches, "quota": limits.quota, "effective_cpus": limits.effective_cpus}
+    info = {"hostname": platform.node(), "fingerprint": fingerprint(topo), "shape": shape(topo, same),
+            "cpu_model": model, "caches": caches, "kernel": platform.release(), "cpus": [int(c) for c in topo.cpus],
+            "limits": limits.to_dict(), "python": platform.python_version(), "tuna_lab": metadata.version("tuna_lab")}
     return {"machine": machine_name(info), **info}
+
+
+def _cache_sizes(cpus, root="/sys/devices/system/cpu"):
+    """The distinct caches (level, type, size) of ``cpus`` as sorted strings, read from sysfs (empty if hidden)."""
+    found = set()
+    for cpu in cpus:
+        folder = os.path.join(root, f"cpu{int(cpu)}", "cache")
+        with contextlib.suppress(OSError):
+            for index in os.listdir(folder):
+                with contextlib.suppress(OSError):
+                    parts = []
+                    for name in ("level", "type", "size"):
+                        with open(os.path.join(folder, index, name)) as fh:
+                            parts.append(fh.read().strip())
+                    found.add("L{} {} {}".format(*parts))
+    return sorted(found)
 
 
 # -- on the worker -------------------------------------------------------------------------
@@ -219,11 +245,31 @@ def _cell(config, policies, trials, requests, options, topic, attempt):
     result = run(config, policies, trials=trials, requests=requests, progress=progress,
                  on_trial=lambda part: send(trial=_to_wire(part)), **options)
     info = describe_machine()
-    result.manifest.update(machine=info["machine"], dask_worker=str(worker.name), dask_address=worker.address)
+    result.manifest.update(machine=info["machine"], shape=info["shape"], dask_worker=str(worker.name),
+                           dask_address=worker.address)
     return {"attempt": attempt, "cell": _to_wire(result), "seconds": time.monotonic() - started}
 
 
 # -- on the client -------------------------------------------------------------------------
+
+
+def _import_error(error):
+    """The text of an import failure a worker sent back (None for anything else).
+
+    A worker that cannot unpickle the function it is sent (no tuna_lab, or
+    an older one without it) answers with an exception the client may not be
+    able to rebuild: Dask then hands over ``Exception("ImportError('...')")``.
+    """
+    if isinstance(error, ImportError):
+        return one_line(error)
+    if not isinstance(error, BaseException):
+        return None
+    text = str(error)
+    for kind in ("ModuleNotFoundError", "ImportError"):
+        if text.startswith(kind + "("):
+            inner = text[len(kind) + 1:].rstrip(")").strip("'\"")
+            return f"{kind}: {inner}"
+    return None
 
 
 @dataclass
@@ -277,8 +323,9 @@ def sweep_on(client, configs, policies, out, trials=5, requests=1000, progress=N
     per_machine : bool
         Run every cell on every machine. Default: each cell once.
     any_machine : bool
-        Spread over every machine. Default: only over machines whose
-        topology fingerprint is that of the first machine seen.
+        Spread over every machine. Default: only over machines of the
+        shape of the first machine seen (its topology up to CPU ids, CPU
+        model, cache sizes, CPU quota).
     worker_wait : float
         Seconds to wait for a first machine, and for a machine to run the
         cells left when every machine that could has gone.
@@ -336,7 +383,8 @@ class _Sweep:
         self.machines = {}       # name -> _Machine
         self.where = {}          # worker address -> machine name
         self.ignored = set()     # worker addresses not used (no resource, another machine type)
-        self.reference = None    # the fingerprint a spread sweep keeps to
+        self.reference = None    # the shape a spread sweep keeps to (a fingerprint for an older worker)
+        self.reference_fingerprint = None
         self.queue = deque()     # a spread sweep's cells still to run
         self.running = {}        # future -> _Attempt
         self.attempts = {}       # attempt id -> _Attempt, until its cell is written
@@ -412,13 +460,24 @@ class _Sweep:
             folders = [d for d in os.listdir(self.out) if os.path.isdir(os.path.join(self.out, d))]
             where = "on any machine"
         else:
-            suffix = f"-{self.reference[:8]}"
-            folders = [d for d in os.listdir(self.out) if d.endswith(suffix)]
-            where = f"on machines of fingerprint {self.reference[:8]}"
+            folders = [d for d in os.listdir(self.out) if os.path.isdir(os.path.join(self.out, d))
+                       and self._of_reference(os.path.join(self.out, d), d)]
+            where = f"on machines of shape {self.reference[:8]}"
         done = set().union(*(finished_keys(os.path.join(self.out, d)) for d in folders))
         self.queue = deque(c for c in self.configs if c.key not in done)
         self.say(f"sweep: {len(self.configs) - len(self.queue)} of {len(self.configs)} cells already finished, "
                  f"{len(self.queue)} to run {where}")
+
+    def _of_reference(self, folder, name):
+        """Whether the machine folder ``folder`` holds cells of a machine of the reference shape."""
+        for cell in sorted(finished_keys(folder)):
+            with contextlib.suppress(OSError, ValueError):
+                with open(os.path.join(folder, cell, schema.MANIFEST)) as fh:
+                    recorded = json.load(fh).get("shape")
+                if recorded:
+                    return recorded == self.reference
+        # Cells written before shapes were recorded: the folder's name says its fingerprint.
+        return name.endswith(f"-{self.reference_fingerprint[:8]}")
 
     def _more(self):
         """Whether the loop goes on: cells run, or are queued for a machine that is (or may come) back."""
@@ -476,20 +535,31 @@ class _Sweep:
         if not new:
             return
         try:
-            described = self.client.run(describe_machine, workers=new)
+            described = self.client.run(describe_machine, workers=new, on_error="return")
         except Exception:  # a worker left between the listing and the call: the next look sees it gone
             return
         for address, info in described.items():
+            missing = _import_error(info)
+            if missing:
+                # A worker without tuna_lab (or with a broken one) would never join: say so now, not as a
+                # missing machine after the wait.
+                raise ExperimentError(f"Dask worker {address} cannot import what a cell needs: {missing}; "
+                                      "install tuna_lab (pip install 'tuna_lab[cluster]') on every measuring machine")
+            if isinstance(info, BaseException):     # it left, or failed to describe itself: looked at again later
+                continue
             self._join(address, info)
 
     def _join(self, address, info):
         name = info["machine"]
+        # A machine's kind is its shape (its topology up to the CPU ids): a worker of an older tuna_lab has none.
+        kind = info.get("shape") or info["fingerprint"]
         if self.reference is None:
-            self.reference = info["fingerprint"]
-        if not (self.per_machine or self.any_machine or info["fingerprint"] == self.reference):
+            self.reference = kind
+            self.reference_fingerprint = info["fingerprint"]
+        if not (self.per_machine or self.any_machine or kind == self.reference):
             self.ignored.add(address)
-            self.say(f"cluster: machine {name} ({address}) is of another topology than the first machine "
-                     f"(fingerprint {self.reference[:8]}) and is not used; --any-machine spreads over every machine")
+            self.say(f"cluster: machine {name} ({address}) is of another shape than the first machine "
+                     f"(shape {self.reference[:8]}) and is not used; --any-machine spreads over every machine")
             return
         self.where[address] = name
         machine = self.machines.get(name)

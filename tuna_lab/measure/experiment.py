@@ -24,6 +24,7 @@ Examples
 import contextlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -40,13 +41,15 @@ from ..machine.reserve import reserve_client_cpus
 from ..server.models import MODEL_FEATURES
 from ..server.openmp import LIBGOMP_DEFAULT_WAIT, wait_policy_env
 from . import schema
+from .cpulock import lock_cpus
 # Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
 from .schema import CPU_COLUMNS, cell_key
 # Re-exported: where results are written and read back.
 from .store import check_out, load_results, load_thread_cpu, lock_folder, machine_name, write_cell
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "grid", "load_results", "ARTICLE_GRID",
-           "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies", "scale_pair"]
+           "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies",
+           "check_resources", "scale_pair"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
 ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
@@ -128,6 +131,66 @@ def check_policies(policies):
     return policies
 
 
+def check_resources(target, requests, concurrency=None, rate=None):
+    """Refuse (:class:`ExperimentError`) a measurement this machine cannot make, before any server starts.
+
+    Checked: the file descriptors the load needs (one socket per request in
+    flight; the soft limit is raised up to the hard one when that suffices,
+    see :func:`~tuna_lab.measure.load.ensure_fds`); and for the lab server,
+    its request body against the server's limit (``TUNA_LAB_MAX_BODY``), its
+    batch against the rows a request may carry (``TUNA_LAB_MAX_ROWS``, see
+    :func:`~tuna_lab.server.app.max_rows`), and its model: cached, or a cache
+    folder it can be trained into. Each would otherwise fail every trial,
+    after a server start each, or - the model - in every worker at once.
+
+    Parameters
+    ----------
+    target : Target
+    requests, concurrency, rate
+        As for :func:`run`.
+
+    Examples
+    --------
+    >>> from tuna_lab.measure.target import LabTarget
+    >>> check_resources(LabTarget(Config(1, 1, "large", 5000)), 10)       # doctest: +SKIP
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.ExperimentError: a request body of ... bytes (batch 5000 of large) exceeds the server's ...
+    """
+    from ..errors import ServerError
+    from ..server.app import MAX_BODY_BYTES, max_rows
+    from ..server.models import cache_dir, model_path
+    from .load import ensure_fds
+
+    # The open loop's sockets are capped by its max_in_flight (1000 by default), the closed loop's by the requests.
+    in_flight = 1000 if rate is not None else None
+    connections = min(x for x in (requests, concurrency, in_flight) if x is not None)
+    ensure_fds(connections, ExperimentError)
+    if target.kind != "lab":
+        return
+    config = target.config
+    try:
+        limit = int(os.environ.get("TUNA_LAB_MAX_BODY") or MAX_BODY_BYTES)
+        rows = max_rows(config.model)
+    except (ValueError, ServerError) as exc:
+        raise ExperimentError(f"the server's limits do not parse: {exc}") from None
+    body = max(len(b) for b in target.requests.bodies)
+    if body > limit:
+        raise ExperimentError(f"a request body of {body} bytes (batch {config.batch} of {config.model}) exceeds the "
+                              f"server's limit of {limit} bytes (TUNA_LAB_MAX_BODY); use a smaller batch")
+    if config.batch > rows:
+        raise ExperimentError(f"batch {config.batch} exceeds the server's limit of {rows} rows per request "
+                              "(TUNA_LAB_MAX_ROWS); use a smaller batch")
+    if not model_path(config.model).exists():
+        folder = cache_dir()
+        parent = folder
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+            raise ExperimentError(f"model {config.model!r} is not cached and cannot be trained into {folder} "
+                                  f"({parent} is not a writable folder); set TUNA_LAB_CACHE to one that is")
+
+
 def _git_commit():
     here = os.path.dirname(os.path.abspath(__file__))
     try:
@@ -197,8 +260,15 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     out : str, optional
         Directory to write the cell into (``requests.parquet``, ``trials.parquet``,
         ``manifest.json``; see :mod:`tuna_lab.measure.schema`); nothing is written
-        when ``None``. If the run is interrupted (Ctrl-C), the trials that
-        finished are written to ``<out>.partial`` and the interruption re-raised.
+        when ``None``. Each (trial, policy) run is written, fsynced, to
+        ``<out>.partial`` as soon as it finishes, so that an interruption - Ctrl-C,
+        SIGKILL, a lost machine - loses at most the run in progress; the
+        finished cell is then swapped in whole and the partial folder removed.
+        A resume of an unfinished cell redoes the whole cell: trials of two
+        attempts are never mixed in one cell (they would be measured under
+        different conditions), and the first run of the new attempt replaces
+        the old ``<out>.partial``. On Ctrl-C the partial cell's manifest says
+        ``interrupted`` and the interruption is re-raised.
     concurrency : int, optional
         Requests in flight; default all of them at once (the article's closed mode).
     seed : int
@@ -248,6 +318,13 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     ExperimentError
         Bad arguments; client CPUs not usable here, leaving no CPU for the
         server, or fewer than ``config.threads`` for it.
+    ExperimentError
+        Another measurement held one of its CPUs for longer than
+        ``TUNA_LAB_CPU_LOCK_WAIT`` seconds (:mod:`tuna_lab.measure.cpulock`:
+        a run waits, with one line to ``progress``, for the CPUs it needs).
+    StoreError
+        A result could not be written (a full disk, no permission): the run
+        stops, its server stopped; the runs written before stay in ``<out>.partial``.
     TargetError
         A target that cannot be measured (a URL that refuses connections, a
         PID with no workers); nothing was changed then.
@@ -288,6 +365,7 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
 
         # A running server keeps its CPUs: plans are made for those its master may use.
         machine = Topology.from_sysfs(allowed=os.sched_getaffinity(target.master))
+    check_resources(target, requests, concurrency, rate)
     resolved = reserve_client_cpus(client_cpus, topology=machine, error=ExperimentError)
     resolved.check_threads(config.threads, ExperimentError)
     rng = np.random.default_rng(seed)
@@ -301,11 +379,15 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         "cpu_accounting": "schedstat" if os.path.exists("/proc/self/schedstat") else "stat utime+stime",
         "client_cpus": resolved.to_dict(), "requests_sent": target.requests.describe()})
     done = []
+    # Each finished run is on disk here at once: a SIGKILL loses at most the run in progress.
+    partial = None if out is None else out.rstrip("/") + schema.PARTIAL_SUFFIX
     t_start = time.monotonic()
     # One measurement per results folder: held from the first trial to the written cell.
     with contextlib.ExitStack() as held:
         if out is not None:
             held.enter_context(lock_folder(os.path.dirname(os.path.abspath(out.rstrip("/"))) or "."))
+        # And one measurement per CPU of this machine: the server's and the load generator's.
+        held.enter_context(lock_cpus(set(resolved.server.cpus) | set(resolved.cpus), progress))
         target.start(resolved.server)
         try:
             plan = TrialPlan(config, target, orders, requests, concurrency, warmup, resolved.server.n_logical, resolved,
@@ -313,6 +395,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
             warned = False
             for measured in run_trials(plan):
                 done.append(measured)
+                if partial is not None:
+                    _keep_partial(partial, done, meta, orders, len(policies), csv)
                 if on_trial:
                     on_trial(_result([measured], meta))
                 if progress and measured.row.get("server_timing_unparsed") and not warned:
@@ -323,24 +407,36 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
                     progress(_progress_line(plan, measured.row, len(done), t_start))
         except KeyboardInterrupt:
             # Ctrl-C: the server of the running trial was stopped by its context
-            # manager; keep what finished next to the cell (a resume redoes the cell).
-            if out is not None and done:
-                begun = min(len(done) // len(policies) + 1, trials)
-                meta.update(orders=[list(o) for o in orders[:begun]], interrupted=True,
-                            generator=_generator_total(done), target=target.describe(),
-                            placements=target.placements())
-                write_cell(out.rstrip("/") + schema.PARTIAL_SUFFIX, _result(done, meta), csv)
+            # manager; the finished trials are in the partial folder already - say why it stopped.
+            if partial is not None and done:
+                _keep_partial(partial, done, {**meta, "interrupted": True, "target": target.describe(),
+                                              "placements": target.placements()}, orders, len(policies), csv)
             raise
         finally:
             # Also on an error, Ctrl-C or SIGTERM: a running server gets its masks back.
             target.stop()
         meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     generator=_generator_total(done), target=target.describe(), placements=target.placements(),
-                    latency=sorted({m.row["latency"] for m in done}))
+                    latency=sorted({m.row["latency"] for m in done}), time=_time_spent(done, t_start))
         result = _result(done, meta)
         if out is not None:
             result.path = write_cell(out, result, csv)
+            # Only once the whole cell is on disk: until then the partial folder is all there is.
+            shutil.rmtree(partial, ignore_errors=True)
         return result
+
+
+def _keep_partial(partial, done, meta, orders, per_trial, csv):
+    """Write the runs ``done`` so far as the partial cell ``partial`` (fsynced, swapped in whole).
+
+    The whole partial cell is rewritten after each run: it is small beside a
+    trial's time, and so the folder is always one readable cell, never a
+    pile of pieces from different attempts.
+    """
+    begun = min((len(done) - 1) // per_trial + 1, len(orders))
+    meta = {**meta, "orders": [list(o) for o in orders[:begun]], "partial": True,
+            "generator": _generator_total(done)}
+    write_cell(partial, _result(done, meta), csv)
 
 
 def _result(done, meta):
@@ -359,6 +455,16 @@ def _progress_line(plan, row, done, t_start):
     return (f"{row['cell']} trial {row['trial'] + 1}/{len(plan.orders)} {row['policy']:<13} "
             f"p50 {row['p50'] * 1e3:7.1f} ms p99 {row['p99'] * 1e3:7.1f} ms  "
             f"{row['trial_status']}{(': ' + reason) if reason else ''}  [~{left:.0f} s left]{cost}")
+
+
+def _time_spent(done, t_start):
+    """Where the cell's wall time went, for the manifest: measuring apart from starting and stopping servers."""
+    rows = pd.DataFrame([m.row for m in done])
+    spent = {"total_seconds": time.monotonic() - t_start,
+             "measuring_seconds": float(rows["wall_seconds"].sum()) if len(rows) else 0.0}
+    for column in schema.PHASE_COLUMNS:
+        spent[column] = float(rows[column].sum()) if column in rows else 0.0
+    return spent
 
 
 def _generator_total(done):

@@ -100,6 +100,7 @@ __all__ = [
     "summary",
     "bounded_throughput",
     "measure_generator",
+    "ensure_fds",
 ]
 
 #: The keys of ``frame.attrs["generator"]``, the load generator's own cost in a
@@ -164,10 +165,41 @@ def _requests(url, body, method, headers, content_type, response, server_timing)
 
 
 def _check_fds(connections):
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and connections + _FD_RESERVE > soft:
-        raise LoadError(f"{connections} connections need more file descriptors than the limit of {soft}; "
-                        "lower the concurrency or raise `ulimit -n`")
+    ensure_fds(connections)
+
+
+def ensure_fds(connections, error=LoadError):
+    """Make room for ``connections`` sockets: raise the soft file-descriptor limit if the hard one allows.
+
+    Each request in flight holds a socket, plus a reserve for everything
+    else. A soft limit below that is raised up to what is needed (never past
+    the hard limit, which only root may raise); when even the hard limit is
+    too low, ``error`` says so in one line, before any server starts.
+
+    Returns
+    -------
+    int
+        The soft limit now in force.
+
+    Examples
+    --------
+    >>> ensure_fds(10) >= 10
+    True
+    >>> ensure_fds(10 ** 12)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.LoadError: 1000000000000 connections need 1000000000064 file descriptors ...
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = int(connections) + _FD_RESERVE
+    if soft == resource.RLIM_INFINITY or need <= soft:
+        return soft
+    if hard == resource.RLIM_INFINITY or need <= hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return need
+    raise error(f"{connections} connections need {need} file descriptors but the hard limit is {hard}; "
+                "lower the concurrency, or have the hard limit raised (`ulimit -Hn`, limits.conf, systemd's "
+                "LimitNOFILE)")
 
 
 # -- payload and schedule ----------------------------------------------------------------

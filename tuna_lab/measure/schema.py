@@ -9,7 +9,9 @@ policies) is a folder named by :func:`cell_key` holding:
     for the load generator (``cpus``, ``cpulist``, ``server_cpus``, ``how``:
     given, default or none, and the ``note`` printed), and ``generator``, its
     cost over the cell's trials (``cpu_user``, ``cpu_sys``, ``cpu_seconds``,
-    ``requests``, ``cpu_per_request``); ``placements``, per ``tuna-*``
+    ``requests``, ``cpu_per_request``); ``time``, where the cell's wall time
+    went (``total_seconds``; ``measuring_seconds``, the loads alone; and the
+    sums of the :data:`PHASE_COLUMNS`); ``placements``, per ``tuna-*``
     policy its mapping's ``status`` and ``proven_optimal``, and where the
     families admit no mapping (``status`` ``"relaxed"``) what the relaxed
     mapping exceeds (``relaxed``: family, amount, message) and why
@@ -21,7 +23,8 @@ policies) is a folder named by :func:`cell_key` holding:
 ``trials.parquet`` (:data:`TRIALS`)
     One row per (trial, policy): counts, the latency :func:`percentiles`, the
     server's CPU columns :data:`CPU_COLUMNS` and the load generator's own
-    :data:`GENERATOR_COLUMNS`; ``relaxed``, what a relaxed Tuna mapping
+    :data:`GENERATOR_COLUMNS`; ``wall_seconds``, the measured load alone, and
+    apart from it the start-up, warm-up and stop :data:`PHASE_COLUMNS`; ``relaxed``, what a relaxed Tuna mapping
     exceeds (empty for the others).
 ``threads.parquet`` (:data:`THREADS`)
     Per-thread CPU accounting, one row per (trial, policy, worker, role);
@@ -29,9 +32,10 @@ policies) is a folder named by :func:`cell_key` holding:
 ``requests.csv``, ``trials.csv``
     The same tables as CSV, on request.
 
-A cell interrupted by Ctrl-C keeps its finished trials in
-``<cell>`` + :data:`PARTIAL_SUFFIX`, which neither a reader nor a resume takes
-for a finished cell.
+While a cell runs, each finished (trial, policy) run is written, fsynced, to
+``<cell>`` + :data:`PARTIAL_SUFFIX` (a cell folder of its own whose manifest
+says ``partial``, and ``interrupted`` after Ctrl-C), which neither a reader
+nor a resume takes for a finished cell; it is removed once the cell is written.
 
 The latency percentiles every summary reports are computed here, one way
 (linear interpolation, numpy's and pandas' default), whether over one trial's
@@ -56,7 +60,7 @@ from ..server.models import STAGES
 
 __all__ = ["PERCENTILES", "percentiles", "cell_key", "MANIFEST", "REQUESTS", "TRIALS", "THREADS",
            "CSV_TABLES", "PARTIAL_SUFFIX", "REQUEST_COLUMNS", "LATE_REQUEST_COLUMNS", "CPU_COLUMNS",
-           "GENERATOR_COLUMNS"]
+           "GENERATOR_COLUMNS", "PHASE_COLUMNS"]
 
 # -- files of a cell ---------------------------------------------------------------------
 
@@ -165,6 +169,15 @@ CPU_COLUMNS = ("cpu_seconds", "cpu_per_request", "cpu_main_seconds", "cpu_main_p
 GENERATOR_COLUMNS = ("generator_cpu_user", "generator_cpu_sys", "generator_cpu_seconds",
                      "generator_cpu_per_request", "generator_cpus", "generator_processes", "generator_wall_seconds",
                      "server_cpus")
+
+#: Where a trial's time went besides the load, in its row (NaN for a phase it did not reach). The
+#: row's ``wall_seconds`` is the measured load alone, the time its ``throughput`` is over:
+#:
+#: * ``startup_seconds`` - starting the server under the policy until it answered (the lab server and a
+#:   user's app; for a running server, pinning it);
+#: * ``warmup_seconds`` - the warm-up requests and the placement, applied and read back;
+#: * ``stop_seconds`` - stopping the server (or giving a running server back its masks).
+PHASE_COLUMNS = ("startup_seconds", "warmup_seconds", "stop_seconds")
 
 # -- latency percentiles -----------------------------------------------------------------
 

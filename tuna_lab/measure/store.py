@@ -22,7 +22,7 @@ import threading
 
 import pandas as pd
 
-from ..errors import ExperimentError
+from ..errors import ExperimentError, StoreError
 from . import schema
 
 __all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "finished_keys", "finished_cells", "load_results",
@@ -141,14 +141,33 @@ def write_cell(out, result, csv=False):
     str
         ``out``.
 
+    Raises
+    ------
+    StoreError
+        The cell could not be written (a full disk, no permission); an
+        existing ``out`` is left as it was.
+
     Examples
     --------
     >>> write_cell("results/sweep/w2-t2-small-b100", result)            # doctest: +SKIP
     'results/sweep/w2-t2-small-b100'
     """
-    os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
     out = out.rstrip("/")
-    tmp = f"{out}.tmp-{os.getpid()}"
+    tmp, old = f"{out}.tmp-{os.getpid()}", f"{out}.old-{os.getpid()}"
+    try:
+        return _write_cell(out, tmp, old, result, csv)
+    except OSError as exc:
+        # A full disk or a lost permission: the cell (or the partial one) written before stays as it was.
+        shutil.rmtree(tmp, ignore_errors=True)
+        if os.path.isdir(old) and not os.path.exists(out):
+            with contextlib.suppress(OSError):
+                os.replace(old, out)
+        where = exc.filename or out
+        raise StoreError(f"could not write {where}: {exc.strerror or exc}") from None
+
+
+def _write_cell(out, tmp, old, result, csv):
+    os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     result.requests.to_parquet(os.path.join(tmp, schema.REQUESTS), index=False)
@@ -167,7 +186,6 @@ def write_cell(out, result, csv=False):
         _fsync(os.path.join(tmp, name))
     _fsync(tmp)
     # The old cell is moved aside, not deleted first: at every moment `out` is a whole cell or absent.
-    old = f"{out}.old-{os.getpid()}"
     if os.path.exists(out):
         os.replace(out, old)
     os.replace(tmp, out)

@@ -23,8 +23,9 @@ from .. import __version__
 from .._checks import positive_number
 from ..errors import ExperimentError
 from ..machine.reserve import reserve_client_cpus
-from .experiment import check_policies, run
+from .experiment import check_policies, check_resources, run
 from .store import check_out, finished_keys, lock_folder, read_sweep_file, write_sweep_file
+from .target import LabTarget
 
 __all__ = ["sweep", "sweep_settings", "COMPARED_SETTINGS"]
 
@@ -189,6 +190,9 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
         split = reserve_client_cpus(given, error=ExperimentError)
         for config in configs:
             split.check_threads(config.threads, ExperimentError)
+            if target is None:
+                # Every cell's limits before the first server starts, not when its turn comes.
+                check_resources(LabTarget(config), requests, run_options.get("concurrency"), run_options.get("rate"))
         run_options["client_cpus"] = split
         write_sweep_file(out, settings)
         finished = finished_keys(out)

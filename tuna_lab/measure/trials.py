@@ -38,7 +38,7 @@ import pandas as pd
 from .._checks import format_cpulist, one_line
 from ..errors import CpuAccountingError, TunaError
 from .cpu import CpuSampler, account, summarise
-from .schema import CPU_COLUMNS, GENERATOR_COLUMNS, percentiles
+from .schema import CPU_COLUMNS, GENERATOR_COLUMNS, PHASE_COLUMNS, percentiles
 
 __all__ = ["TrialPlan", "Measured", "run_trials", "run_steps", "trial_row", "latency_of", "LATENCIES"]
 
@@ -130,6 +130,7 @@ def trial_row(labels, frame, wall, status, reason, cpu=None, generator=None, lat
     client = ok["client_seconds"].to_numpy(float) if len(ok) else np.array([])
     row = {**labels, "n": int(len(frame)), "ok": int(len(ok)), "failed": int(len(frame) - len(ok)),
            "wall_seconds": wall, "trial_status": status, "reason": reason, "latency": latency}
+    row.update(dict.fromkeys(PHASE_COLUMNS, float("nan")))
     row.update(dict.fromkeys(CPU_COLUMNS, float("nan")))
     row.update(cpu or {})
     row.update(_generator_columns(generator, len(frame)))
@@ -225,8 +226,13 @@ def _measure(plan, labels, topo, steps=None):
             return
         here = replace(plan, rate=float(step[0]), duration=float(step[1]))
     done = []
+    # Start-up, warm-up and stop are timed apart from the load: a slow start is not a slow server.
+    phases = dict.fromkeys(PHASE_COLUMNS, float("nan"))
+    t0 = time.monotonic()
     try:
         with target.apply(labels["policy"]) as live:
+            t1 = time.monotonic()
+            phases["startup_seconds"] = t1 - t0
             url = spec.url_on(live.url)
             before = _thread_cpu(live.worker_pids())
             if plan.warmup:
@@ -236,11 +242,13 @@ def _measure(plan, labels, topo, steps=None):
                         for pid, tids in after.items()}
             problems = live.place(activity)
             target.observe(live)
+            phases["warmup_seconds"] = time.monotonic() - t1
             if problems:
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
                 raise _NotPlaced(f"placement not in effect: {problems[0]}{more}")
             for index in itertools.count():
                 measured = _loaded(here, mine, topo, live, url, body, options, pin)
+                measured.row.update(phases)
                 if steps is None:
                     # Given out once the server is stopped: an error while stopping it fails the trial.
                     done.append(measured)
@@ -251,10 +259,15 @@ def _measure(plan, labels, topo, steps=None):
                     break
                 here = replace(plan, rate=float(step[0]), duration=float(step[1]))
                 mine = {**labels, "trial": labels["trial"] + index + 1}
+            t_stop = time.monotonic()
+        for measured in done:
+            measured.row["stop_seconds"] = time.monotonic() - t_stop
     except TunaError as exc:
         done = [_measured(here, mine, status="failed", reason=one_line(exc))]
+        done[0].row.update(phases)
     except _NotPlaced as exc:
         done = [_measured(here, mine, status="failed", reason=str(exc))]
+        done[0].row.update(phases)
     yield from done
 
 

@@ -788,10 +788,14 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     if progress:
         progress(f"tune: {len(candidates)} candidates, p99 target {sla * 1e3:g} ms, budget {budget:g} s; "
                  + split.describe())
-    try:
-        result = race(candidates, lab.evaluate, sla, budget, timeout=timeout, progress=progress, **options)
-    finally:
-        lab.stop()
+    # One measurement per CPU of this machine, as for run(): waited for before the budget starts.
+    from .cpulock import lock_cpus
+
+    with lock_cpus(set(split.server.cpus) | set(split.cpus), progress):
+        try:
+            result = race(candidates, lab.evaluate, sla, budget, timeout=timeout, progress=progress, **options)
+        finally:
+            lab.stop()
     result.note = note
     result.out = lab.write(out, result) if out else None
     if result.winner is None:

@@ -44,11 +44,16 @@ from .cpuclock import process_thread_cpu, request_cpu
 # STAGES is defined by the model catalogue; re-exported as this app's stages.
 from .models import MODEL_FEATURES, STAGES, load_booster, make_rows
 
-__all__ = ["InferenceApp", "create_app", "app_from_env", "STAGES"]
+__all__ = ["InferenceApp", "create_app", "app_from_env", "max_rows", "max_rows_default", "STAGES", "MAX_BODY_BYTES",
+           "ROW_BUDGET_BYTES"]
 
 log = logging.getLogger("tuna_lab.server")
 
-_DEFAULT_MAX_BODY = 50 * 1024 * 1024
+#: Largest request body the server reads by default (``TUNA_LAB_MAX_BODY``); larger ones get 413.
+MAX_BODY_BYTES = 50 * 1024 * 1024
+#: Memory the rows of one request may take as float64 input, which sets the default row limit
+#: (:func:`max_rows`): a few huge requests must not push a worker into swap or the OOM killer.
+ROW_BUDGET_BYTES = 50 * 1024 * 1024
 _ROUTES = {"/healthz": "GET", "/predict": "POST"}
 # Enough rows that every OpenMP loop in DMatrix/predict/SHAP uses all threads.
 _WARM_ROWS = 64
@@ -73,6 +78,8 @@ class InferenceApp:
         OpenMP threads of DMatrix construction, prediction and SHAP.
     n_features : int
     max_body_bytes : int
+    max_rows : int
+        Most rows one request may carry; more get 413 (:func:`max_rows`).
     request_log : pathlib.Path or None
         Directory of ``requests-<pid>.jsonl``; one JSON line per request
         (``time``, ``pid``, ``method``, ``path``, ``status``, ``batch``,
@@ -80,11 +87,12 @@ class InferenceApp:
         are not logged: a poller would drown the inference requests.
     """
 
-    def __init__(self, model, threads, max_body_bytes, request_log):
+    def __init__(self, model, threads, max_body_bytes, request_log, max_rows=None):
         self.model = model
         self.threads = threads
         self.n_features = MODEL_FEATURES[model]
         self.max_body_bytes = max_body_bytes
+        self.max_rows = max_rows or max_rows_default(model)
         self.request_log = request_log
         self._booster = None
         self._xgboost = None
@@ -288,6 +296,10 @@ class InferenceApp:
         rows = doc["rows"]
         if not isinstance(rows, list) or not rows:
             raise _HTTPError(400, '"rows" must be a non-empty list of lists')
+        if len(rows) > self.max_rows:
+            # Before the rows are looked at or converted: the worker's memory stays bounded.
+            raise _HTTPError(413, f"{len(rows)} rows exceed the limit of {self.max_rows} rows per request "
+                                  "(TUNA_LAB_MAX_ROWS); send smaller batches")
         for i, row in enumerate(rows):
             if not isinstance(row, list):
                 raise _HTTPError(400, f'"rows"[{i}] is not a list')
@@ -330,7 +342,45 @@ class InferenceApp:
             log.warning("request log not written: %s", exc)
 
 
-def create_app(model="medium", threads=1, max_body_bytes=_DEFAULT_MAX_BODY, request_log=None):
+def max_rows_default(model):
+    """The default row limit of a request to ``model``: the rows whose float64 input fits :data:`ROW_BUDGET_BYTES`.
+
+    Examples
+    --------
+    >>> max_rows_default("small"), max_rows_default("large")
+    (225986, 8359)
+    """
+    return max(1, ROW_BUDGET_BYTES // (8 * MODEL_FEATURES[model]))
+
+
+def max_rows(model, environ=None):
+    """Most rows one request to ``model`` may carry: ``TUNA_LAB_MAX_ROWS``, else :func:`max_rows_default`.
+
+    The server answers a request with more rows 413 with the reason; a
+    measurement checks its batch against this before it starts a server.
+
+    Examples
+    --------
+    >>> max_rows("medium", {"TUNA_LAB_MAX_ROWS": "500"})
+    500
+    >>> max_rows("medium", {})
+    42281
+    """
+    env = os.environ if environ is None else environ
+    if model not in MODEL_FEATURES:
+        raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
+    if not env.get("TUNA_LAB_MAX_ROWS"):
+        return max_rows_default(model)
+    try:
+        value = int(env["TUNA_LAB_MAX_ROWS"])
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ServerError(f"TUNA_LAB_MAX_ROWS must be a positive integer, got {env['TUNA_LAB_MAX_ROWS']!r}")
+    return value
+
+
+def create_app(model="medium", threads=1, max_body_bytes=MAX_BODY_BYTES, request_log=None, max_rows=None):
     """Build the WSGI app; cheap, and loads no XGBoost.
 
     Parameters
@@ -340,6 +390,8 @@ def create_app(model="medium", threads=1, max_body_bytes=_DEFAULT_MAX_BODY, requ
         OpenMP threads per worker.
     max_body_bytes : int
         Larger request bodies get 413.
+    max_rows : int, optional
+        Requests with more rows get 413; default :func:`max_rows_default`.
     request_log : str or path-like, optional
         Directory for ``requests-<pid>.jsonl`` (created if missing).
 
@@ -352,17 +404,20 @@ def create_app(model="medium", threads=1, max_body_bytes=_DEFAULT_MAX_BODY, requ
         raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
     threads = positive_int("threads", threads, ServerError)
     max_body_bytes = positive_int("max_body_bytes", max_body_bytes, ServerError)
+    if max_rows is not None:
+        max_rows = positive_int("max_rows", max_rows, ServerError)
     if request_log is not None:
         request_log = Path(request_log)
         try:
             request_log.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ServerError(f"cannot create request log directory {str(request_log)!r}: {exc.strerror}") from None
-    return InferenceApp(model, threads, max_body_bytes, request_log)
+    return InferenceApp(model, threads, max_body_bytes, request_log, max_rows)
 
 
 def app_from_env(environ=None):
-    """Build the app from ``TUNA_LAB_MODEL``, ``TUNA_LAB_THREADS``, ``TUNA_LAB_MAX_BODY``, ``TUNA_LAB_REQUEST_LOG``.
+    """Build the app from ``TUNA_LAB_MODEL``, ``TUNA_LAB_THREADS``, ``TUNA_LAB_MAX_BODY``, ``TUNA_LAB_MAX_ROWS``,
+    ``TUNA_LAB_REQUEST_LOG``.
 
     Unset or empty variables take :func:`create_app`'s defaults.
 
@@ -381,6 +436,9 @@ def app_from_env(environ=None):
                 kwargs[key] = int(env[var])
             except ValueError:
                 raise ServerError(f"{var} must be a positive integer, got {env[var]!r}") from None
+    model = kwargs.get("model", "medium")
+    if model in MODEL_FEATURES:
+        kwargs["max_rows"] = max_rows(model, env)
     return create_app(request_log=env.get("TUNA_LAB_REQUEST_LOG") or None, **kwargs)
 
 

@@ -10,6 +10,7 @@
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -29,12 +30,17 @@ from .models import MODEL_FEATURES, ensure_model
 from .openmp import wait_policy_env
 from .pinning import PLAN_FILE, record_path
 
-__all__ = ["Server", "ServerError", "status", "stop", "free_port", "SERVER_ENV", "child_setup", "terminate"]
+__all__ = ["Server", "ServerError", "status", "stop", "free_port", "SERVER_ENV", "SERVER_ID_VAR", "child_setup",
+           "terminate", "start_ticks", "signal_on_parent_death"]
 
 #: Thread pools other than the worker's OpenMP pool stay at one thread, so
 #: the only threads that compete are the ones the policy places.
 SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "BLIS_NUM_THREADS": "1",
               "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}
+
+
+#: The environment variable whose value marks a server's master as the one a :class:`Server` started.
+SERVER_ID_VAR = "TUNA_LAB_SERVER_ID"
 
 
 def free_port():
@@ -170,6 +176,8 @@ class Server:
         self.max_body_bytes = max_body_bytes
         self.die_with_parent = bool(die_with_parent)
         self.proc = None
+        # A mark in the master's environment: `stop --pidfile` signals only a process that carries it.
+        self._server_id = secrets.token_hex(16)
 
     @property
     def url(self):
@@ -198,6 +206,7 @@ class Server:
             "TUNA_LAB_MODEL": self.model,
             "TUNA_LAB_THREADS": str(self.threads),
             "TUNA_LAB_MAX_REQUESTS": str(self.max_requests),
+            SERVER_ID_VAR: self._server_id,
         })
         if self.request_log:
             os.makedirs(self.request_log, exist_ok=True)
@@ -224,7 +233,10 @@ class Server:
                                              start_new_session=True,
                                              preexec_fn=child_setup(self.die_with_parent, self.cpus))
             with open(self.pidfile + ".tuna.json", "w") as fh:
-                json.dump({"state_dir": self.state_dir, "url": self.url, "policy": self.policy,
+                # Who the master is, beyond its PID (which the kernel reuses): what `stop` checks first.
+                json.dump({"master": self.proc.pid, "start_ticks": start_ticks(self.proc.pid),
+                           "server_id": self._server_id,
+                           "state_dir": self.state_dir, "url": self.url, "policy": self.policy,
                            "workers": self.workers, "threads": self.threads, "model": self.model,
                            "wait_policy": self.wait_policy, "spincount": self.spincount,
                            "server_cpus": list(self.cpus) if self.cpus else None,
@@ -325,6 +337,38 @@ def _parent_death_signal():
     return set_signal
 
 
+def signal_on_parent_death(sig=signal.SIGHUP):
+    """Have the kernel send this process ``sig`` when its parent dies (``PR_SET_PDEATHSIG``; Linux).
+
+    A foreground ``tuna-lab serve`` started by a script, a notebook or an
+    editor is stopped this way when that parent goes, however it goes, instead
+    of leaving a pinned server that nobody will stop.
+
+    Returns
+    -------
+    bool or None
+        True once set; False when the parent died while it was being set
+        (re-parented: no signal will come, the caller should stop now); None
+        where the call is not available.
+
+    Examples
+    --------
+    >>> signal_on_parent_death(signal.SIGHUP)     # doctest: +SKIP
+    True
+    """
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+    if prctl(pr_set_pdeathsig, int(sig), 0, 0, 0) != 0:
+        return None
+    return os.getppid() == parent
+
+
 def child_setup(die_with_parent, cpus):
     """The child's ``preexec_fn``: confine it to ``cpus`` (if any), then the parent-death signal (if asked)."""
     death = _parent_death_signal() if die_with_parent else None
@@ -404,6 +448,39 @@ def _records(state_dir, workers):
     return out
 
 
+def start_ticks(pid):
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22); None if gone.
+
+    With the PID it names one process for the machine's uptime: a PID the
+    kernel gave to another process since has another start time.
+
+    Examples
+    --------
+    >>> start_ticks(os.getpid()) > 0
+    True
+    """
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as fh:
+            stat = fh.read()
+    except (OSError, ValueError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
+    try:
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def _carries(pid, server_id):
+    """Whether process ``pid`` was started with our mark ``server_id`` in its environment."""
+    try:
+        with open(f"/proc/{int(pid)}/environ", "rb") as fh:
+            env = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return f"{SERVER_ID_VAR}={server_id}".encode() in env
+
+
 def _sidecar(pidfile):
     try:
         with open(pidfile) as fh:
@@ -412,8 +489,14 @@ def _sidecar(pidfile):
             meta = json.load(fh)
     except (OSError, ValueError):
         raise ServerError(f"no running tuna-lab server found for pidfile {pidfile}") from None
-    if not _process(master):
+    if not isinstance(meta, dict) or not _process(master):
         raise ServerError(f"the server of pidfile {pidfile} (pid {master}) is not running")
+    # The PID alone may name any process now (reused, or a pidfile someone edited): signal it only
+    # when it is the very process tuna-lab started - same PID, same start time, our mark.
+    if (meta.get("master") != master or meta.get("start_ticks") is None
+            or start_ticks(master) != meta.get("start_ticks") or not _carries(master, meta.get("server_id"))):
+        raise ServerError(f"pid {master} of pidfile {pidfile} is not the server tuna-lab started (another start "
+                          "time, or no mark of ours); nothing was signalled or deleted")
     return master, meta
 
 
@@ -456,6 +539,12 @@ def stop(pidfile, timeout=15):
 
     The launcher's notes beside the pidfile go too, and so does the server's
     scratch directory when the launcher made it (as :meth:`Server.stop` does).
+
+    Before anything is signalled, the PID is checked to be the master the
+    launcher started: its start time (:func:`start_ticks`, recorded at start)
+    and the mark :data:`SERVER_ID_VAR` in its environment. A pidfile naming
+    any other process - a PID reused since, a file someone edited - raises
+    :class:`ServerError`, and nothing is signalled or deleted.
 
     Examples
     --------
