@@ -164,6 +164,8 @@ def test_live_experiment_collects_trial_rows():
     assert rows[["trial", "policy"]].values.tolist() == [[0, "cfs"]]
     assert rows["p99"].iloc[0] > 0 and rows["trial_status"].iloc[0] == "ok"
     assert 1 in seen and live.lines
+    # The same table `tuna-lab run` prints, from the library.
+    assert live.summary.summary[["policy", "trials"]].values.tolist() == [["cfs", 1]]
     assert child_pids() <= before
 
 

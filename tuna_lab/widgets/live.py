@@ -151,6 +151,14 @@ class LiveExperiment(Controller):
         with self._lock:
             return pd.DataFrame(self._rows, columns=_RESULT_COLUMNS)
 
+    @property
+    def summary(self):
+        """The finished run's :class:`~tuna_lab.analysis.summary.RunSummary` (the tables ``tuna-lab run`` prints);
+        None until the run has finished."""
+        from ..analysis.summary import summarize
+
+        return None if self.result is None else summarize(self.result)
+
     def _trial(self, result):
         """One (trial, policy) finished: its rows (``run`` then prints its line through :meth:`_progress`)."""
         rows = result.trials.reindex(columns=_RESULT_COLUMNS).to_dict("records")
