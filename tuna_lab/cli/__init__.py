@@ -156,9 +156,12 @@ def main(argv=None):
         else:
             shown(message, category, filename, lineno, file, line)
 
-    warnings.showwarning = one_line
     try:
-        return args.func(args)
+        # The filters and showwarning are the command's own, restored after it (check_cpu_quota
+        # silences a warning it has already said).
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            return args.func(args)
     except TunaError as exc:
         print(f"tuna-lab: error: {exc}", file=sys.stderr)
         return 2
@@ -170,6 +173,5 @@ def main(argv=None):
         sys.stderr.close()
         return 0
     finally:
-        warnings.showwarning = shown
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

@@ -266,7 +266,7 @@ def _cmd_run(args):
     result = run(config if target is None else None, policies, trials=args.trials, requests=args.requests, out=out,
                  concurrency=args.concurrency, seed=args.seed, progress=_progress, csv=args.csv,
                  client_cpus=client, target=target, rate=args.rate, duration=args.duration,
-                 max_error_rate=args.max_error_rate)
+                 max_error_rate=args.max_error_rate, strict=args.strict)
     run_summary = summarize(result)
     summary = run_summary.to_dict()
     latency = _latency_words(result.trials)

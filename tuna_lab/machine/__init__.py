@@ -14,7 +14,7 @@ rely on. :mod:`tuna_lab.machine.numa` reads a process's NUMA locality.
 
 import lazy_loader as _lazy
 
-__all__ = ["Topology", "PRESETS", "DEFAULT_COSTS", "THIS_MACHINE", "topology_from", "Limits"]
+__all__ = ["Topology", "PRESETS", "DEFAULT_COSTS", "THIS_MACHINE", "topology_from", "Limits", "check_throttling"]
 
 __getattr__, __dir__, _ = _lazy.attach(
     __name__,
@@ -23,6 +23,6 @@ __getattr__, __dir__, _ = _lazy.attach(
         "topology": ["Topology", "DEFAULT_COSTS"],
         "synthetic": ["PRESETS"],
         "spec": ["THIS_MACHINE", "topology_from"],
-        "limits": ["Limits"],
+        "limits": ["Limits", "check_throttling"],
     },
 )

@@ -22,6 +22,7 @@ import psutil
 
 from .._checks import positive_int
 from ..errors import CpuAccountingError, ServerError, TunaError
+from ..machine.limits import check_throttling
 from ..placement.binding import affinity_of, threads_of
 from .models import MODEL_FEATURES, ensure_model
 from .openmp import wait_policy_env
@@ -206,6 +207,7 @@ class Server:
 
     def start(self, ready_timeout=180):
         """Start Gunicorn and wait until every worker is warm and pinned."""
+        check_throttling(self.workers * self.threads)
         # Train (or find) the model here, once, rather than in W racing workers.
         ensure_model(self.model)
         plan = self.placement.to_dict()
