@@ -243,6 +243,29 @@ class TuneResult:
                 "candidates": [{k: _plain(v) for k, v in r.items()} for r in rows.to_dict("records")],
                 "out": self.out}
 
+    def to_text(self):
+        """The table, the winner, how sure it is and its plan, as ``tuna-lab tune`` prints them."""
+        lines = [f"{'candidate':<24}{'rate/s':>9}{'interval /s':>18}{'p99 ms':>9}{'CPU ms/req':>12}{'rounds':>8}  "
+                 f"{'status':<9}why"]
+        for _, row in self.table.iterrows():
+            high = "inf" if not math.isfinite(row["rate_high"]) else f"{row['rate_high']:.1f}"
+            interval = f"[{row['rate_low']:.1f}, {high}]"
+            p99 = "-" if not math.isfinite(row["p99"]) else f"{row['p99'] * 1e3:.1f}"
+            cpu = "-" if not math.isfinite(row["cpu_per_request"]) else f"{row['cpu_per_request'] * 1e3:.2f}"
+            lines.append(f"{row['candidate']:<24}{row['rate']:>9.1f}{interval:>18}{p99:>9}{cpu:>12}"
+                         f"{row['rounds']:>8}  {row['status']:<9}{row['reason']}")
+        lines.append(f"p99 target {self.sla_p99 * 1e3:g} ms; {self.elapsed:.0f} s of a {self.budget:.0f} s budget; "
+                     f"intervals are {self.confidence:.0%} one-sided bounds")
+        if self.note:
+            lines.append(self.note)
+        if self.winner is not None:
+            lines.append(f"winner: {self.winner.name} ({self.sure})")
+            lines.append("plan (plan --format gunicorn):")
+            lines.append(self.plan)
+        if self.out:
+            lines.append(f"records: {self.out}; `tuna-lab report {self.out} -o report.html` reads them")
+        return "\n".join(lines)
+
 
 def _plain(value):
     if isinstance(value, (np.floating, float)):
