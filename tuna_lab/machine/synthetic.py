@@ -10,9 +10,10 @@ siblings.
 
 Examples
 --------
->>> read_synthetic("pack:2 core:2 pu:2").n_logical
+>>> len(read_synthetic("pack:2 core:2 pu:2").cpus)
 8
->>> read_preset("xeon-8272cl").siblings()[0]
+>>> from tuna_lab.machine.topology import Topology
+>>> Topology.from_reading(read_preset("xeon-8272cl")).siblings()[0]
 (0, 16)
 """
 
