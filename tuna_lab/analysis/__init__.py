@@ -15,7 +15,8 @@ import lazy_loader as _lazy
 __all__ = ["trial_stats", "scenario_stats", "speedups", "speedup_summary", "compare_policies", "cpu_cost",
            "summarize", "RunSummary", "write_report"]
 
-__getattr__, __dir__, _ = _lazy.attach(__name__, submodules=["tables", "stats", "summary", "figures", "report", "advise"],
+__getattr__, __dir__, _ = _lazy.attach(__name__,
+                                       submodules=["tables", "stats", "summary", "figures", "report", "advise"],
                                        submod_attrs={
     "stats": ["trial_stats", "scenario_stats", "speedups", "speedup_summary", "compare_policies", "cpu_cost"],
     "summary": ["summarize", "RunSummary"],

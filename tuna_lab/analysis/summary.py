@@ -12,8 +12,10 @@ tables; a notebook gets the same numbers as frames.
 Examples
 --------
 >>> from tuna_lab.measure import load_results
->>> requests, trials, _ = load_results("notebooks/data/sweep-2cpu")   # doctest: +SKIP
->>> summarize(requests, trials).headline                             # doctest: +SKIP
+>>> requests, trials, _ = load_results("notebooks/data/sweep-2cpu")   # the sweep notebook 06 reads
+>>> summarize(requests, trials).headline[["baseline", "policy", "applications"]].values.tolist()
+[['cfs', 'round-robin', 18], ['cfs', 'tuna-scatter', 18],
+ ['round-robin', 'cfs', 18], ['round-robin', 'tuna-scatter', 18]]
 """
 
 from dataclasses import dataclass

@@ -284,7 +284,7 @@ def check_cpu_quota(threads, strict=False, error=TunaError, limits=None):
     Examples
     --------
     >>> from tuna_lab.machine import Limits
-    >>> # +SKIP: the line goes to stderr, which doctest does not compare
+    >>> # skipped: the line goes to stderr, which doctest does not compare
     >>> _ = check_cpu_quota(4, limits=Limits(online=(0, 1, 2, 3), quota=1.5))  # doctest: +SKIP
     tuna-lab: warning: CPU quota 1.5 CPUs is below the 4 CPUs these threads run on: ...
     >>> check_cpu_quota(4, strict=True, limits=Limits(online=(0, 1, 2, 3), quota=1.5))

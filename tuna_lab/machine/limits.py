@@ -185,7 +185,7 @@ class Limits:
 
 
 def check_throttling(threads, strict=False, error=TunaError, limits=None):
-    """Warn (:class:`~tuna_lab.errors.ThrottlingWarning`) - or, ``strict``, raise - when the quota throttles ``threads``.
+    """Warn (:class:`~tuna_lab.errors.ThrottlingWarning`), or with ``strict`` raise, when the quota throttles threads.
 
     The threads run on at most ``min(threads, usable CPUs)`` CPUs at a time;
     a CFS quota below that makes them wait for quota at the end of every

@@ -588,6 +588,7 @@ class Topology:
 
         Examples
         --------
+        >>> # skipped: the CPUs are this machine's
         >>> Topology.from_sysfs(allowed={0, 1})  # doctest: +SKIP
         Topology('this machine', C=2, P=2, packages=1, L3 domains=1)
         """
@@ -620,6 +621,7 @@ class Topology:
 
         Examples
         --------
+        >>> # skipped: a dump unpacked from tests/data/hwloc-dumps
         >>> Topology.from_fsroot("hwloc-dumps/16em64t-4s2c2t")  # doctest: +SKIP
         Topology('16em64t-4s2c2t', C=16, P=8, packages=4, L3 domains=4)
         """
@@ -642,6 +644,7 @@ class Topology:
 
         Examples
         --------
+        >>> # skipped: an lstopo XML file of your machine
         >>> Topology.from_hwloc_xml("machine.xml")  # from `lstopo machine.xml`  # doctest: +SKIP
         Topology('machine.xml', C=32, P=16, packages=1, L3 domains=1)
         """

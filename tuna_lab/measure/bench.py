@@ -25,6 +25,7 @@ printed): run it on a quiet machine.
 
 Examples
 --------
+>>> # skipped: needs a server on port 8000 and Debian's wrk
 >>> run_wrk("http://127.0.0.1:8000/predict", b"{}", duration=2.0)["rps"] > 0   # doctest: +SKIP
 True
 """
@@ -80,6 +81,7 @@ def ensure_wrk(install=True):
 
     Examples
     --------
+    >>> # skipped: may install Debian's wrk
     >>> ensure_wrk(install=False)   # doctest: +SKIP
     '/usr/bin/wrk'
     """
@@ -131,6 +133,7 @@ def run_wrk(url, body, connections=8, duration=5.0, threads=1, wrk="wrk"):
 
     Examples
     --------
+    >>> # skipped: needs a server on port 8000 and Debian's wrk
     >>> r = run_wrk("http://127.0.0.1:8000/predict", b"{}", duration=2.0)   # doctest: +SKIP
     >>> r["cpu_per_request"] < 0.001   # doctest: +SKIP
     True
@@ -255,6 +258,7 @@ def compare_with_wrk(workers=2, threads=1, model="small", batch=10, policy="cfs"
 
     Examples
     --------
+    >>> # skipped: starts a lab server and runs wrk against it
     >>> result = compare_with_wrk(duration=2.0, rounds=1)   # doctest: +SKIP
     >>> sorted(result["medians"])   # doctest: +SKIP
     ['tuna_lab', 'wrk']
@@ -336,6 +340,7 @@ def format_table(result):
 
     Examples
     --------
+    >>> # skipped: starts a lab server and runs wrk against it
     >>> lines = format_table(compare_with_wrk(duration=2.0, rounds=1))   # doctest: +SKIP
     >>> lines[0].split()[:3]   # doctest: +SKIP
     ['tool', 'round', 'requests/s']
@@ -422,6 +427,7 @@ def run_load_bench(args):
     Examples
     --------
     >>> from tuna_lab.cli import main
+    >>> # skipped: starts a lab server and runs wrk against it
     >>> main(["bench", "load", "--duration", "2", "--rounds", "1"])   # doctest: +SKIP
     0
     """

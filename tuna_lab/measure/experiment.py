@@ -16,6 +16,7 @@ sweep given a Dask client runs its cells on the cluster's machines
 Examples
 --------
 >>> from tuna_lab.measure.experiment import Config, run
+>>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
 >>> result = run(Config(2, 2, "small", 100), ["cfs", "tuna-scatter"], trials=2,
 ...              requests=50, out="results/x")                        # doctest: +SKIP
 >>> result.trials[["policy", "trial", "p99"]]                       # doctest: +SKIP
@@ -259,8 +260,10 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
 
     Examples
     --------
+    >>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
     >>> result = run(Config(2, 2, "small", 20), ["cfs", "round-robin"], trials=2, requests=50)  # doctest: +SKIP
     >>> result.trials.groupby("policy")["p99"].mean()                                         # doctest: +SKIP
+    >>> # skipped: needs a server running as PID 1234
     >>> from tuna_lab.measure.target import AttachedTarget                                   # doctest: +SKIP
     >>> run(None, ["cfs", "tuna-scatter"], target=AttachedTarget(1234, "http://127.0.0.1:8000/", 2))  # doctest: +SKIP
     """

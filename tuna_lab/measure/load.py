@@ -50,6 +50,7 @@ Examples
 --------
 >>> from tuna_lab.measure.load import payload, closed_loop, summary
 >>> body = payload("small", 100)
+>>> # skipped: needs a running server (srv)
 >>> frame = closed_loop(srv.url + "/predict", body, requests=200)   # doctest: +SKIP
 >>> summary(frame)["client_p99"]   # doctest: +SKIP
 0.41
@@ -57,6 +58,7 @@ Examples
 A user's own app, with two bodies in turn, a header and the app's
 ``Server-Timing: app;dur=...`` as ``server_seconds``:
 
+>>> # skipped: needs a server on port 8080
 >>> frame = closed_loop("http://127.0.0.1:8080/score", [b'{"x": 1}', b'{"x": 2}'], requests=200,
 ...                     headers={"X-Tenant": "lab"}, response="any", server_timing="app")   # doctest: +SKIP
 >>> frame.attrs["server_timing"]["parsed"]   # doctest: +SKIP
@@ -593,6 +595,7 @@ async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0
 
     Examples
     --------
+    >>> # skipped: needs a running server and an event loop
     >>> frame = await aclosed_loop(url, body, requests=100)   # doctest: +SKIP
     """
     job = _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
@@ -672,9 +675,11 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
 
     Examples
     --------
+    >>> # skipped: needs a running server (srv)
     >>> frame = closed_loop(srv.url + "/predict", payload("small", 100), requests=1000)   # doctest: +SKIP
     >>> frame["status"].eq(200).all()   # doctest: +SKIP
     True
+    >>> # skipped: needs a server on port 8080
     >>> frame = closed_loop("http://127.0.0.1:8080/health", b"", requests=100, method="GET",
     ...                     response="any")   # doctest: +SKIP
     >>> frame.attrs["method"], frame.attrs["server_timing"]["responses"]   # doctest: +SKIP
@@ -719,6 +724,7 @@ async def aopen_loop(url, body, rate, requests=None, duration=None, seed=0, time
 
     Examples
     --------
+    >>> # skipped: needs a running server and an event loop
     >>> frame = await aopen_loop(url, body, rate=50, duration=2.0)   # doctest: +SKIP
     """
     job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
@@ -773,6 +779,7 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
 
     Examples
     --------
+    >>> # skipped: needs a running server (srv)
     >>> frame = open_loop(srv.url + "/predict", body, rate=50, duration=5.0)   # doctest: +SKIP
     >>> summary(frame)["send_lag_p99"] < 0.002   # doctest: +SKIP
     True
@@ -806,6 +813,7 @@ def summary(frame):
 
     Examples
     --------
+    >>> # skipped: needs a load trial's frame
     >>> summary(frame)["client_p99"]   # doctest: +SKIP
     0.0123
     """
@@ -879,6 +887,7 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
 
     Examples
     --------
+    >>> # skipped: needs a running server (srv)
     >>> bounded_throughput(srv.url + "/predict", body, sla_p99=0.5)["rate"]   # doctest: +SKIP
     37.5
     """
@@ -975,6 +984,7 @@ def measure_generator(rate=500, duration=3.0, requests_closed=3000, concurrency=
 
     Examples
     --------
+    >>> # skipped: starts a server and measures for seconds
     >>> measure_generator(rate=500, duration=1.0)["closed_rps"] > 0   # doctest: +SKIP
     True
     """

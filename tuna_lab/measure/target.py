@@ -473,6 +473,7 @@ class AppTarget(Target):
 
     Examples
     --------
+    >>> # skipped: needs your module myapp
     >>> t = AppTarget("myapp:app", 2, 2, server="uvicorn")       # doctest: +SKIP
     """
 
@@ -674,7 +675,7 @@ def thread_masks(master):
 
     Examples
     --------
-    >>> masks = thread_masks(os.getpid())      # doctest: +SKIP
+    >>> masks = thread_masks(os.getpid())
     """
     from ..placement.binding import affinity_of
 

@@ -61,6 +61,7 @@ Examples
 (0.05, 90.0, 900.0)
 >>> auto_configs(2)
 [(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]
+>>> # skipped: starts lab servers and races them for minutes
 >>> result = tune(0.05, model="medium", batch=100, budget="5m", out="results/tune")   # doctest: +SKIP
 >>> result.table[["candidate", "rate", "rate_low", "rate_high", "reason"]]             # doctest: +SKIP
 """
@@ -444,12 +445,13 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
 
     Examples
     --------
-    >>> def evaluate(candidate, round, next_step):                     # doctest: +SKIP
+    >>> def evaluate(candidate, round, next_step):     # every step meets the target: p99 10 ms
     ...     step = next_step(None)
     ...     while step is not None:
     ...         rate, duration = step
     ...         step = next_step(Step(rate, duration, n=int(rate * duration), over=0, p99=0.01))
-    >>> race([Candidate(1, 1, "cfs")], evaluate, 0.05, 60).winner        # doctest: +SKIP
+    >>> race([Candidate(1, 1, "cfs")], evaluate, 0.05, 60).winner
+    Candidate(workers=1, threads=1, policy='cfs', wait_policy='default')
     """
     if not candidates:
         raise TuneError("no candidates to race")
@@ -732,6 +734,7 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
 
     Examples
     --------
+    >>> # skipped: starts lab servers and races them for minutes
     >>> result = tune("100ms", configs=[(1, 1), (2, 1)], model="small", batch=10, budget="2m")  # doctest: +SKIP
     >>> result.winner.name, result.plan.splitlines()[0]                                        # doctest: +SKIP
     """

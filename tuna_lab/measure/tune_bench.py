@@ -11,6 +11,7 @@ within 10% of the exhaustive best, in at most 25% of the exhaustive time.
 
 Examples
 --------
+>>> # skipped: the bench starts lab servers for about 20 minutes (make bench)
 >>> from tuna_lab.measure.tune_bench import run_tune_bench    # doctest: +SKIP
 """
 
@@ -40,6 +41,7 @@ def single_latency(pairs, model=_MODEL, batch=_BATCH, requests=20, rate=4.0, med
 
     Examples
     --------
+    >>> # skipped: starts a lab server
     >>> single_latency([(1, 1)])                                 # doctest: +SKIP
     {(1, 1): 0.061}
     """

@@ -588,6 +588,7 @@ def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
 
     Examples
     --------
+    >>> # skipped: needs a recorder and a server's URL
     >>> end = drive(rec, resolve(url), request_bytes(url, body), 8, 30.0, 60.0)   # doctest: +SKIP
     """
     return _Engine(rec, address, request, concurrency, timeout, deadline, schedule).run()
@@ -895,6 +896,7 @@ def serve_trivial(sock, keep_alive=True):
 
     Examples
     --------
+    >>> # skipped: needs a listening socket; it serves until killed
     >>> serve_trivial(listening_socket)   # doctest: +SKIP
     """
     import asyncio
@@ -950,6 +952,7 @@ def trivial_endpoint(keep_alive=True):
 
     Examples
     --------
+    >>> # skipped: starts a process that serves HTTP (tests/test_load.py does)
     >>> with trivial_endpoint() as url:   # doctest: +SKIP
     ...     closed_loop(url, b"{}", requests=100)
     """

@@ -10,6 +10,7 @@ Examples
 >>> from tuna_lab.widgets import ModeExplorer
 >>> ModeExplorer("xeon-8272cl", workers=4, threads=8).mapping.assignment.shape
 (4, 8)
+>>> # skipped: needs ipywidgets and a notebook to show the view
 >>> from tuna_lab.widgets import mode_explorer       # doctest: +SKIP
 >>> mode_explorer("xeon-8272cl", workers=4, threads=8)   # doctest: +SKIP
 """

@@ -70,8 +70,10 @@ class LiveExperiment(Controller):
     Examples
     --------
     >>> live = LiveExperiment(1, 1, policies=["cfs"], trials=1, requests=20)
+    >>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
     >>> live.start(); live.wait()                                   # doctest: +SKIP
     >>> live.results[["policy", "trial", "p99"]]                    # doctest: +SKIP
+    >>> # skipped: needs a server running as PID 1234
     >>> from tuna_lab.measure.target import AttachedTarget         # doctest: +SKIP
     >>> live = LiveExperiment(None, None, policies=["cfs", "tuna-scatter"],
     ...                       target=AttachedTarget(1234, "http://127.0.0.1:8000/", 2))  # doctest: +SKIP

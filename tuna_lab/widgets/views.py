@@ -7,6 +7,7 @@ notebook can drive either and tests can click the buttons.
 Examples
 --------
 >>> from tuna_lab.widgets import mode_explorer
+>>> # skipped: needs ipywidgets and a notebook to show the view
 >>> view = mode_explorer("xeon-8272cl", workers=4, threads=8)       # doctest: +SKIP
 >>> view.parts["mode"].value = "compact"    # same as clicking          # doctest: +SKIP
 >>> view.controller.mapping.f_mode < 0                                # doctest: +SKIP
