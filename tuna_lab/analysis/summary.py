@@ -27,6 +27,8 @@ from .stats import compare_policies, cpu_cost, scenario_stats, speedup_summary, 
 
 __all__ = ["RunSummary", "summarize"]
 
+# The policy the per-policy speedups compare with, as the article does.
+_BASELINE = "cfs"
 # Columns of each table, also when it is empty (a run whose trials all failed).
 _SPEEDUP_COLUMNS = ["policy", "baseline", "speedup", "ci_low", "ci_high"]
 _HEADLINE_COLUMNS = ["baseline", "policy", "applications", "speedup", "geomean"]
@@ -108,7 +110,7 @@ class RunSummary:
         return _summary_table(self.summary) + "\n" + "\n".join(_speedup_line(r) for _, r in self.speedups.iterrows())
 
 
-def summarize(requests, trials=None, baseline="cfs"):
+def summarize(requests, trials=None):
     """The summary of a run (or of a sweep's results) as :class:`RunSummary`.
 
     Parameters
@@ -120,8 +122,6 @@ def summarize(requests, trials=None, baseline="cfs"):
         intervals, no headline).
     trials : pandas.DataFrame
         The per-trial table.
-    baseline : str, default "cfs"
-        The policy the per-policy speedups compare with.
 
     Returns
     -------
@@ -151,8 +151,8 @@ def summarize(requests, trials=None, baseline="cfs"):
     if len(trials) and not {"policy", "trial_status"} <= set(trials.columns):
         raise AnalysisError("the trial table needs the columns policy and trial_status")
     have_requests = isinstance(requests, pd.DataFrame) and len(requests)
-    return RunSummary(summary=_policy_rows(trials, baseline),
-                      speedups=_speedups(requests, trials, baseline) if have_requests else
+    return RunSummary(summary=_policy_rows(trials, _BASELINE),
+                      speedups=_speedups(requests, trials, _BASELINE) if have_requests else
                       pd.DataFrame(columns=_SPEEDUP_COLUMNS),
                       headline=_headline(requests, trials) if have_requests else
                       pd.DataFrame(columns=_HEADLINE_COLUMNS),
