@@ -140,7 +140,7 @@ def main(argv=None):
     import threading
     import warnings
 
-    from ..errors import RelaxedMappingWarning
+    from ..errors import RelaxedMappingWarning, ThrottlingWarning
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -153,6 +153,9 @@ def main(argv=None):
         # a relaxed Tuna mapping (plan, pin, serve, run, sweep): one line, said once
         if issubclass(category, RelaxedMappingWarning):
             print(f"tuna-lab: note: {message}", file=sys.stderr, flush=True)
+        elif issubclass(category, ThrottlingWarning):
+            # a command that starts servers without checking the quota first (tune, bench)
+            print(f"tuna-lab: warning: {message}", file=sys.stderr, flush=True)
         else:
             shown(message, category, filename, lineno, file, line)
 
