@@ -252,7 +252,7 @@ def compare_with_wrk(workers=2, threads=1, model="small", batch=10, policy="cfs"
         the rounds of each round's ratio) and ``checks`` (against
         :data:`TARGETS`; empty without wrk), ``open`` (from ``measure_generator``),
         ``wake_lag`` (the machine's floor for the send lag, from
-        :func:`tuna_lab.measure.wire.wake_lag`),
+        :func:`tuna_lab.measure.clock.wake_lag`),
         ``config``, ``machine``, ``wrk_version``, ``load_average``
         (before, after).
 
@@ -265,7 +265,7 @@ def compare_with_wrk(workers=2, threads=1, model="small", batch=10, policy="cfs"
     """
     from ..server.launch import Server
     from .load import closed_loop, measure_generator, payload, summary
-    from .wire import wake_lag
+    from .clock import wake_lag
 
     rounds = positive_int("rounds", rounds, LoadError)
     connections = positive_int("connections", connections, LoadError)

@@ -84,7 +84,8 @@ from .._checks import format_cpulist, non_negative_int, parse_cpulist, positive_
 from ..errors import LoadError
 from ..server.models import STAGES, make_rows
 from .schema import LATE_REQUEST_COLUMNS, percentiles
-from .wire import check_url, drive, request_bytes, resolve, trivial_endpoint
+from .trivial import trivial_endpoint
+from .wire import check_url, drive, request_bytes, resolve
 # The columns of a trial's frame (one row per request, documented in
 # tuna_lab.measure.schema), under the name this module has always given them.
 from .schema import REQUEST_COLUMNS as COLUMNS
@@ -951,7 +952,7 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
 def measure_generator(rate=500, duration=3.0, requests_closed=3000, concurrency=16, cpus=None):
     """The load generator's own limits, against a trivial endpoint in another process.
 
-    Starts :func:`tuna_lab.measure.wire.trivial_endpoint` (127.0.0.1, answers
+    Starts :func:`tuna_lab.measure.trivial.trivial_endpoint` (127.0.0.1, answers
     at once, keep-alive), runs a closed loop (``requests_closed`` requests,
     ``concurrency`` in flight) for the most requests per second the generator
     can drive and its CPU per request, then an open loop at ``rate`` for
