@@ -449,8 +449,9 @@ def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
 
     Parameters
     ----------
-    rec : object
-        Writable per-request arrays of the trial, of one length ``n``:
+    rec : Records or object
+        Writable per-request arrays of the trial
+        (:class:`~tuna_lab.measure.records.Records`), of one length ``n``:
         ``status`` (int; -2 while pending), ``error`` (str), ``sent``,
         ``done`` (float, seconds since the start), ``scheduled`` (float;
         written here in closed loop) and ``raw`` (the response body, bytes).
