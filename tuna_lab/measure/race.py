@@ -550,8 +550,8 @@ def _next_rate(entry, low, high, tolerance, start_rate, leader, confidence=0.9):
                 return low
             worst = min((s for s in entry.steps if s.rate == failing), key=lambda s: s.p99)
             entry.status = "dropped"
-            entry.reason = (f"cannot meet the target: p99 {format_seconds(worst.p99)} even at {failing:g}/s, the lowest "
-                            f"rate tried")
+            entry.reason = (f"cannot meet the target: p99 {format_seconds(worst.p99)} even at {failing:g}/s, "
+                            f"the lowest rate tried")
             return None
         # Down x4 while the scale is unknown; a candidate that has met the target before (at this rate or
         # above, in another run: its server varies from start to start) is near it, and steps down gently.
