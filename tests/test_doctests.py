@@ -29,6 +29,10 @@ MODULES_ALONE = ("tuna_lab", "tuna_lab.errors", "tuna_lab._checks", "tuna_lab.no
 #: ``TUNA_LAB_DOCTESTS`` (packages, walked) replaces the default selection and this list.
 EXCLUDED = ("tuna_lab.measure.sweeps", "tuna_lab.measure.article")
 
+#: Never collected: Gunicorn's config module reads the launcher's placement (TUNA_LAB_STATE) when it is
+#: imported, as the server's master does; it has no examples.
+NOT_IMPORTABLE_HERE = ("tuna_lab.server.gunicorn_conf",)
+
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
 
@@ -45,9 +49,11 @@ def _selected():
     """The names of the modules whose examples run."""
     wanted = [w.strip() for w in os.environ.get("TUNA_LAB_DOCTESTS", "").split(",") if w.strip()]
     if wanted:
-        return sorted(n for n in {n for package in wanted for n in _walk(package)} if not n.endswith(".__main__"))
-    names = {n for package in PACKAGES for n in _walk(package)} | set(MODULES_ALONE)
-    return sorted(n for n in names - set(EXCLUDED) if not n.endswith(".__main__"))  # __main__ runs on import
+        names = {n for package in wanted for n in _walk(package)}
+    else:
+        names = ({n for package in PACKAGES for n in _walk(package)} | set(MODULES_ALONE)) - set(EXCLUDED)
+    # A __main__ module runs its command when imported.
+    return sorted(n for n in names - set(NOT_IMPORTABLE_HERE) if not n.endswith(".__main__"))
 
 
 MODULES = _selected()
