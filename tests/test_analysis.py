@@ -9,6 +9,7 @@ Reference values are recomputed here with plain numpy / scipy.
 import html
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -588,3 +589,60 @@ def test_paired_trials_draws_one_line_per_trial_in_policy_order():
     assert len(fig.data) == 4
     assert list(fig.data[0].x) == ["tuna-scatter", "cfs"] and list(fig.data[0].y) == [20.0, 10.0]
     assert list(fig.data[1].y) == [30.0, 40.0]
+
+
+# ------------------------------------------------------------ the run summary
+SWEEP_2CPU = Path(__file__).resolve().parent.parent / "notebooks" / "data" / "sweep-2cpu"
+
+
+def test_summarize_a_stored_cell_gives_what_run_prints():
+    from tuna_lab.analysis import RunSummary, summarize
+    from tuna_lab.measure.experiment import load_results
+
+    requests, trials, _ = load_results(SWEEP_2CPU / "w3-t2-medium-b100")
+    s = summarize(requests, trials)
+    assert isinstance(s, RunSummary)
+    ok = trials[trials["trial_status"] == "ok"]
+    means = ok.groupby("policy")["p99"].mean()
+    table = s.summary.set_index("policy")
+    assert table["p99"].to_dict() == pytest.approx(means.to_dict())
+    assert table["p99_speedup_vs_cfs"].to_dict() == pytest.approx((means["cfs"] / means).to_dict())
+    assert table["trials"].to_dict() == ok.groupby("policy").size().to_dict()
+    # Each speedup is compare_policies' ratio of mean p99s, inside its own interval.
+    sp = s.speedups.set_index("policy")
+    assert sorted(sp.index) == ["round-robin", "tuna-scatter"] and set(sp["baseline"]) == {"cfs"}
+    assert sp["speedup"].to_dict() == pytest.approx((means["cfs"] / means).drop("cfs").to_dict(), rel=1e-9)
+    assert (sp["ci_low"] <= sp["speedup"]).all() and (sp["speedup"] <= sp["ci_high"]).all()
+    lines = s.to_text().splitlines()
+    assert lines[0].split()[:3] == ["policy", "p50", "ms"] and len(lines) == 1 + 3 + 2
+    assert lines[-1].startswith("tuna-scatter vs cfs: p99 speedup ")
+    assert s.to_dict()["summary"][0]["policy"] == "cfs"
+
+
+def test_summarize_a_sweep_gives_the_report_headline_and_cpu():
+    from tuna_lab.analysis import summarize
+    from tuna_lab.analysis.stats import cpu_cost
+    from tuna_lab.measure.experiment import load_results
+
+    requests, trials, _ = load_results(SWEEP_2CPU)
+    s = summarize(requests, trials)
+    expected = speedup_summary(scenario_stats(trial_stats(requests, trials)), by=(None,))
+    assert s.headline[["baseline", "policy"]].values.tolist() == expected[["baseline", "policy"]].values.tolist()
+    assert s.headline["speedup"].tolist() == pytest.approx(expected["speedup"].tolist())
+    assert (s.headline["applications"] == expected["n"]).all() and "machine" not in s.to_dict()["headline"][0]
+    assert len(s.cpu) == len(cpu_cost(trials)) and {"server_cpu_per_request", "generator_cpu_per_request"} <= set(
+        s.cpu.columns)
+    assert s.failed.columns.tolist() == ["policy", "trial", "reason"]
+
+
+def test_summarize_without_successful_trials_or_a_trial_table():
+    from tuna_lab.analysis import summarize
+
+    trials = pd.DataFrame({"policy": ["cfs"], "trial": [0], "trial_status": ["failed"], "reason": ["timeouts"],
+                           "p50": [np.nan], "p99": [np.nan]})
+    s = summarize(None, trials)
+    assert s.summary.empty and s.speedups.empty and s.headline.empty
+    assert s.to_text().startswith("no successful trials")
+    assert s.failed.to_dict("records") == [{"policy": "cfs", "trial": 0, "reason": "timeouts"}]
+    with pytest.raises(AnalysisError, match="trial table"):
+        summarize(pd.DataFrame({"policy": ["cfs"]}))

@@ -250,3 +250,44 @@ def test_grid_and_manifest_use_the_limits(quota_of_one_and_a_half):
     meta = manifest(Config(1, 1, "small"), ["cfs"], 1, 10, 0)
     assert meta["limits"] == quota_of_one_and_a_half.to_dict() and meta["limits"]["quota"] == 1.5
     json.dumps(meta)
+
+
+def test_the_library_warns_of_throttling_and_strict_refuses():
+    import warnings
+
+    from tuna_lab.errors import ExperimentError, ThrottlingWarning
+    from tuna_lab.machine import check_throttling
+
+    limits = Limits(online=(0, 1, 2, 3), quota=1.5)
+    with pytest.warns(ThrottlingWarning, match="CPU quota 1.5 CPUs is below the 2 CPUs"):
+        assert check_throttling(2, limits=limits) is limits
+    with pytest.raises(ExperimentError, match="size by 1 CPU"):
+        check_throttling(8, strict=True, error=ExperimentError, limits=limits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_throttling(1, strict=True, limits=limits)               # one CPU's worth fits in 1.5
+        check_throttling(64, limits=Limits(online=(0, 1)))            # no quota: nothing to say
+
+
+def test_run_checks_the_quota_before_anything_runs(quota_of_one_and_a_half, tmp_path):
+    from tuna_lab.errors import ExperimentError, ThrottlingWarning
+    from tuna_lab.measure.experiment import Config, run
+
+    out = tmp_path / "cell"
+    with pytest.raises(ExperimentError, match="CPU quota 1.5 CPUs is below the 4 CPUs"):
+        run(Config(2, 2, "small", 20), ["cfs"], trials=1, requests=10, out=str(out), strict=True)
+    # Not strict: the warning, then the run goes on - here to a bad client CPU list, before any server starts.
+    with pytest.warns(ThrottlingWarning, match="measure CFS throttling"), \
+            pytest.raises(ExperimentError, match="client"):
+        run(Config(2, 2, "small", 20), ["cfs"], trials=1, requests=10, client_cpus="99")
+    assert not out.exists()
+
+
+def test_a_lab_server_warns_of_throttling_when_it_starts(quota_of_one_and_a_half, tmp_path):
+    from tuna_lab.errors import ThrottlingWarning
+    from tuna_lab.server.launch import Server
+
+    # A state folder that does not exist ends the start right after the check (and the model's lookup).
+    server = Server(2, 1, "small", state_dir=str(tmp_path / "missing"))
+    with pytest.warns(ThrottlingWarning, match="below the 2 CPUs"), pytest.raises(FileNotFoundError):
+        server.start()

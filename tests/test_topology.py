@@ -336,18 +336,25 @@ def test_each_classmethod_is_its_reader():
     from tuna_lab.machine import hwloc_xml, synthetic, sysfs
     from tuna_lab.machine import topology as topology_module
 
+    from tuna_lab.machine.readers import Reading
+
     assert topology_module.PRESETS is synthetic.PRESETS
+    # The readers return plain data, which Topology.from_reading builds on.
+    read = Topology.from_reading
     spec = "pack:2 l3:1 core:2 pu:2(indexes=0,4,1,5,2,6,3,7)"
-    assert_same_machine(synthetic.read_synthetic(spec), Topology.synthetic(spec))
-    preset = synthetic.read_preset("epyc-7313p")
-    assert preset.name == "epyc-7313p"
+    assert isinstance(synthetic.read_synthetic(spec), Reading)
+    assert_same_machine(read(synthetic.read_synthetic(spec)), Topology.synthetic(spec))
+    assert Topology.synthetic(spec).siblings() == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    preset = read(synthetic.read_preset("epyc-7313p"))
+    assert preset.name == "epyc-7313p" and preset.siblings()[:2] == [(0, 16), (1, 17)]
     assert_same_machine(preset, Topology.preset("epyc-7313p"))
     path = DATA / "v2_numa2_distances.xml"
-    from_xml = hwloc_xml.read_hwloc_xml(path)
+    from_xml = read(hwloc_xml.read_hwloc_xml(path))
     assert from_xml.name == path.name and from_xml.costs == Topology.from_hwloc_xml(path).costs
+    assert from_xml.costs["remote"] > from_xml.costs["none"]      # the XML's latency matrix was applied
     assert_same_machine(from_xml, Topology.from_hwloc_xml(path))
     if Path("/sys/devices/system/cpu").is_dir():
-        assert_same_machine(sysfs.read_sysfs(), Topology.from_sysfs())
+        assert_same_machine(read(sysfs.read_sysfs()), Topology.from_sysfs())
 
 
 def test_from_keys_groups_equal_keys():
@@ -375,12 +382,14 @@ def test_with_numa_latency():
 
 @pytest.mark.skipif(not Path("/sys/devices/system/cpu").is_dir(), reason="no Linux sysfs")
 def test_reading_this_machine_loads_no_heavy_module():
-    # `tuna-lab topology --json` must start fast: numpy, and nothing heavier.
+    # `tuna-lab topology --json` must start fast: numpy, and nothing heavier. (The XML parser is a
+    # lazy module in sys.modules from the first import of the readers; ElementPath appears when it is
+    # really loaded.)
     code = ("import json, sys\n"
             "from tuna_lab.machine import Topology, topology_from\n"
             "json.dumps(Topology.from_sysfs().to_dict())\n"
             "json.dumps(topology_from('xeon-8260-2s').to_dict())\n"
-            "print(sorted(m for m in ('networkx', 'xml.etree.ElementTree', 'scipy', 'pandas', 'cvxpy')\n"
+            "print(sorted(m for m in ('networkx', 'xml.etree.ElementPath', 'scipy', 'pandas', 'cvxpy')\n"
             "             if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                          timeout=60).stdout

@@ -164,6 +164,8 @@ def test_live_experiment_collects_trial_rows():
     assert rows[["trial", "policy"]].values.tolist() == [[0, "cfs"]]
     assert rows["p99"].iloc[0] > 0 and rows["trial_status"].iloc[0] == "ok"
     assert 1 in seen and live.lines
+    # The same table `tuna-lab run` prints, from the library.
+    assert live.summary.summary[["policy", "trials"]].values.tolist() == [["cfs", 1]]
     assert child_pids() <= before
 
 
@@ -331,4 +333,5 @@ def test_live_view_plots_each_trial_and_offers_start_again_when_the_run_ends():
     # The run's last redraw comes from its own thread: start must be offered again all the same.
     assert not view.parts["start"].disabled and view.parts["stop"].disabled
     assert [len(t.y) for t in view.parts["figure"].data] == [1] and "finished:" in view.parts["status"].value
+    assert "p99 speedup vs cfs" in view.parts["log"].value       # the summary table ends the log
     assert child_pids() <= before

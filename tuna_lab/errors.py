@@ -27,6 +27,7 @@ __all__ = [
     "UnmeetableTargetError",
     "TopologyWarning",
     "RelaxedMappingWarning",
+    "ThrottlingWarning",
 ]
 
 
@@ -172,4 +173,16 @@ class RelaxedMappingWarning(UserWarning):
     One line: the conflicting families and what the mapping exceeds
     (:attr:`Mapping.relaxed <tuna_lab.model.mapping.Mapping.relaxed>`); the
     CLI prints it as ``tuna-lab: note: ...`` on stderr.
+    """
+
+
+class ThrottlingWarning(UserWarning):
+    """The CPU quota is below the CPUs the server's threads will run on: latencies will measure throttling.
+
+    A CFS quota (a container's CPU limit) below ``min(W x T, usable CPUs)``
+    makes the threads wait for quota at the end of every period, so the p99
+    measures CFS throttling, not placement. Raised by
+    :func:`tuna_lab.machine.limits.check_throttling`, which a run
+    (:func:`tuna_lab.measure.experiment.run`) and a lab server's start call;
+    with ``strict=True`` the run raises instead.
     """

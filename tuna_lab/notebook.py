@@ -57,6 +57,7 @@ def setup(static_images=True):
 
     Examples
     --------
+    >>> # skipped: changes this kernel's plotly renderer and logging
     >>> setup()                                   # doctest: +SKIP
     >>> import plotly.io as pio
     >>> pio.renderers.default                     # doctest: +SKIP

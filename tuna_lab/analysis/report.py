@@ -6,6 +6,7 @@ before the first figure, and every later figure reuses it.
 
 Examples
 --------
+>>> # skipped: writes an HTML file (tests/test_analysis.py writes reports)
 >>> write_report(requests, trials, "out/report.html", manifest={"kernel": "6.8"})  # doctest: +SKIP
 PosixPath('out/report.html')
 """
@@ -139,6 +140,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
 
     Examples
     --------
+    >>> # skipped: writes an HTML file (tests/test_analysis.py writes reports)
     >>> write_report(requests, trials, "report.html", manifest={"commit": "ba0cf89"})  # doctest: +SKIP
     PosixPath('report.html')
     """

@@ -140,7 +140,7 @@ def main(argv=None):
     import threading
     import warnings
 
-    from ..errors import RelaxedMappingWarning
+    from ..errors import RelaxedMappingWarning, ThrottlingWarning
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -153,12 +153,18 @@ def main(argv=None):
         # a relaxed Tuna mapping (plan, pin, serve, run, sweep): one line, said once
         if issubclass(category, RelaxedMappingWarning):
             print(f"tuna-lab: note: {message}", file=sys.stderr, flush=True)
+        elif issubclass(category, ThrottlingWarning):
+            # a command that starts servers without checking the quota first (tune, bench)
+            print(f"tuna-lab: warning: {message}", file=sys.stderr, flush=True)
         else:
             shown(message, category, filename, lineno, file, line)
 
-    warnings.showwarning = one_line
     try:
-        return args.func(args)
+        # The filters and showwarning are the command's own, restored after it (check_cpu_quota
+        # silences a warning it has already said).
+        with warnings.catch_warnings():
+            warnings.showwarning = one_line
+            return args.func(args)
     except TunaError as exc:
         print(f"tuna-lab: error: {exc}", file=sys.stderr)
         return 2
@@ -170,6 +176,5 @@ def main(argv=None):
         sys.stderr.close()
         return 0
     finally:
-        warnings.showwarning = shown
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

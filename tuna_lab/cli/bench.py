@@ -5,6 +5,8 @@ A group of its own rather than a part of ``solve``'s module: ``tuna-lab
 --help`` lists ``bench`` after the experiment commands, as it always has.
 """
 
+from .options import configs_arg, policies_arg
+
 __all__ = ["add_parser"]
 
 # Where each benchmark writes its CSV unless --out says otherwise.
@@ -83,6 +85,10 @@ def _cmd_bench(args):
     if args.what == "tune":
         from ..measure.tune_bench import run_tune_bench
 
+        # Parsed here: the bench (in measure/) takes lists, not the command line's text.
+        if args.configs != "auto":
+            args.configs = configs_arg(args.configs)
+        args.policies = policies_arg(args.policies)
         return run_tune_bench(args)
     if args.what == "load":
         from ..measure.bench import run_load_bench

@@ -9,7 +9,7 @@ import math
 import os
 import sys
 
-from ..errors import ExperimentError, TunaError
+from ..errors import ExperimentError
 from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options,
                       check_cpu_quota, client_cpus_of, configs_arg, list_arg, non_negative_int_arg, policies_arg,
                       policies_help, positive_float_arg)
@@ -246,6 +246,7 @@ def _app_target(args):
 
 def _cmd_run(args):
     from .._checks import non_negative_int, positive_int
+    from ..analysis.summary import summarize
     from ..measure.experiment import Config, check_policies, run
     from ..measure.store import check_out
 
@@ -276,22 +277,22 @@ def _cmd_run(args):
     result = run(config if target is None else None, policies, trials=args.trials, requests=args.requests, out=out,
                  concurrency=args.concurrency, seed=args.seed, progress=_progress, csv=args.csv,
                  client_cpus=client, target=target, rate=args.rate, duration=args.duration,
-                 max_error_rate=args.max_error_rate)
-    rows, speedups = _summary(result.trials), _speedups(result.requests, result.trials)
+                 max_error_rate=args.max_error_rate, strict=args.strict)
+    run_summary = summarize(result)
+    summary = run_summary.to_dict()
     latency = _latency_words(result.trials)
     if args.json:
-        _print_json({"cell": config.key, "config": result.manifest.get("config"), "summary": rows,
-                     "speedups": speedups, "latency": latency, "target": result.manifest.get("target"),
-                     "failed_trials": _failed(result.trials),
+        _print_json({"cell": config.key, "config": result.manifest.get("config"), "summary": summary["summary"],
+                     "speedups": summary["speedups"], "latency": latency, "target": result.manifest.get("target"),
+                     "failed_trials": summary["failed"],
                      "client_cpus": result.manifest.get("client_cpus"),
                      "generator": result.manifest.get("generator"), "path": result.path,
                      "files": sorted(os.path.join(result.path, f) for f in os.listdir(result.path))
                      if result.path else []})
         return 0
-    print(_summary_table(rows))
-    print("\n".join(map(_speedup_line, speedups)))
+    print(run_summary.to_text())
     print(f"latency: {latency}")
-    for failure in _failed(result.trials):
+    for failure in summary["failed"]:
         print(f"failed: {failure['policy']} trial {failure['trial'] + 1}: {failure['reason']}")
     if out:
         print(f"wrote {out}")
@@ -307,13 +308,6 @@ _LATENCY_WORDS = {"server": "server-side (the lab server's own timing of each re
 def _latency_words(trials):
     kinds = sorted(set(trials["latency"])) if "latency" in trials.columns and len(trials) else ["server"]
     return "; ".join(f"{_LATENCY_WORDS.get(k, k)}" for k in kinds)
-
-
-def _failed(trials):
-    if not len(trials):
-        return []
-    bad = trials[trials["trial_status"] != "ok"]
-    return [{"policy": r["policy"], "trial": int(r["trial"]), "reason": r["reason"]} for _, r in bad.iterrows()]
 
 
 def _progress(line):
@@ -542,6 +536,7 @@ def _sweep_on_cluster(args, configs, design=None):
 
 def _cmd_report(args):
     from ..analysis.report import write_report
+    from ..analysis.summary import summarize
     from ..measure.experiment import load_results, load_thread_cpu
     from ..measure.store import read_sweep_file
 
@@ -559,57 +554,17 @@ def _cmd_report(args):
                         threads=threads if len(threads) else None, manifest=header, machines=machines,
                         article=(settings or {}).get("design"))
     if args.json:
+        summary = summarize(requests, trials).to_dict()
         _print_json({"report": os.fspath(path), "results": args.results, "cells": len(manifests),
-                     "speedups": _headline(requests, trials), "cpu": _cpu_rows(trials)})
+                     "speedups": summary["headline"], "cpu": summary["cpu"]})
         return 0
     print(f"wrote {path}")
     return 0
 
 
-def _cpu_rows(trials):
-    """The report's CPU table as JSON rows: per application and policy, server and generator CPU per request.
-
-    ``server_cpu_per_request`` (every server thread, per ok request) beside
-    ``generator_cpu_per_request`` (the load generator's own, per request
-    sent; null for results recorded before it was), in seconds, with the
-    mean ``p99``; empty when the results have no CPU accounting at all.
-    """
-    from ..analysis.stats import cpu_cost
-
-    try:
-        cost = cpu_cost(trials)
-    except TunaError:
-        return []
-    keys = [c for c in ("machine", "workers", "threads", "cpus", "model", "batch", "wait_policy", "spincount",
-                        "policy") if c in cost.columns]
-    rows = []
-    for _, row in cost.iterrows():
-        rows.append({**{k: (row[k].item() if hasattr(row[k], "item") else row[k]) for k in keys},
-                     "p99": float(row["p99"]), "server_cpu_per_request": float(row["cpu_per_request"]),
-                     "generator_cpu_per_request": float(row["generator_cpu_per_request"]),
-                     "trials": int(row["trials"])})
-    return rows
-
-
-def _headline(requests, trials):
-    """The report's headline: each policy's average p99 speedup over cfs and round-robin, all applications.
-
-    A list of ``{"baseline", "policy", "applications", "speedup", "geomean"}``
-    (and ``"machine"`` for each machine of a sweep on a cluster).
-    """
-    from ..analysis.stats import scenario_stats, speedup_summary, trial_stats
-
-    scenarios = scenario_stats(trial_stats(requests, trials))
-    by = (None, "machine") if "machine" in scenarios.columns else (None,)
-    summary = speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=by)
-    return [{"baseline": row["baseline"], "policy": row["policy"],
-             **({"machine": row["machine"]} if row["group"] == "machine" else {}),
-             "applications": int(row["n"]), "speedup": float(row["speedup"]), "geomean": float(row["geomean"])}
-            for _, row in summary.iterrows()]
-
-
 def _cmd_demo(args):
     from ..analysis.report import write_report
+    from ..analysis.summary import summarize
     from ..machine import Limits, topology_from
     from ..measure.experiment import Config, run
     from ..model import solve
@@ -640,83 +595,8 @@ def _cmd_demo(args):
     result = run(config, ["cfs", "round-robin", "tuna-scatter"], trials=args.trials, requests=args.requests,
                  out=os.path.join(out, config.key), progress=lambda line: _progress("  " + line))
     print()
-    print(_summary_table(_summary(result.trials)))
-    print("\n".join(map(_speedup_line, _speedups(result.requests, result.trials))))
+    print(summarize(result).to_text())
     report = write_report(result.requests, result.trials, os.path.join(out, "report.html"),
                           title="tuna_lab demo", manifest=result.manifest)
     print(f"\nraw records: {result.path}\nreport: {report}")
     return 0
-
-
-def _speedups(requests, trials, against="cfs"):
-    """The p99 speedup of every other policy over ``against``, with its 95% Fieller interval.
-
-    A list of ``{"policy", "baseline", "speedup", "ci_low", "ci_high"}``;
-    empty when too few trials succeeded to compare.
-    """
-    from ..analysis.stats import compare_policies, scenario_stats, trial_stats
-
-    try:
-        scen = scenario_stats(trial_stats(requests, trials))
-    except TunaError:
-        # Too few successful trials to compare: the table above already says what ran.
-        return []
-    if against not in set(scen["policy"]):
-        return []
-    out = []
-    for policy in sorted(set(scen["policy"]) - {against}):
-        c = compare_policies(scen, against, policy)
-        out.append({"policy": policy, "baseline": against, "speedup": float(c["speedup"]),
-                    "ci_low": float(c["speedup_ci_low"]), "ci_high": float(c["speedup_ci_high"])})
-    return out
-
-
-def _speedup_line(s):
-    """"policy vs cfs: p99 speedup X [lo, hi] (95% CI, Fieller)"."""
-    return (f"{s['policy']} vs {s['baseline']}: p99 speedup {s['speedup']:.2f}x "
-            f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}] (95% CI, Fieller)")
-
-
-def _summary(trials):
-    """One row per policy: mean p50/p99 over its successful trials (seconds), the p99 speedup over cfs, CPU."""
-    ok = trials[trials["trial_status"] == "ok"] if len(trials) else trials
-    if ok.empty:
-        return []
-    cpu = [c for c in ("cpu_per_request", "idle_cpu_share_openmp", "generator_cpu_per_request") if c in ok.columns]
-    t = ok.groupby("policy")[["p50", "p99", *cpu]].mean()
-    n = ok.groupby("policy").size()
-    base = t["p99"].get("cfs")
-    rows = []
-    for policy, row in t.iterrows():
-        rows.append({"policy": policy, "trials": int(n[policy]), "p50": float(row["p50"]),
-                     "p99": float(row["p99"]),
-                     "p99_speedup_vs_cfs": float(base / row["p99"]) if base is not None and row["p99"] > 0
-                     else None,
-                     **{c: float(row[c]) for c in cpu}})
-    return rows
-
-
-def _summary_table(rows):
-    """:func:`_summary`'s rows as the text table ``run`` and ``demo`` print (milliseconds).
-
-    CPU per request: the server's (every server thread, per ok request) next
-    to the load generator's own (per request sent), when they were recorded.
-    """
-    if not rows:
-        return "no successful trials"
-    cpu = "cpu_per_request" in rows[0]
-    gen = "generator_cpu_per_request" in rows[0]
-    lines = [f"{'policy':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99 speedup vs cfs':>21}"
-             + (f"{'server CPU ms/req':>19}{'OpenMP idle':>13}" if cpu else "")
-             + (f"{'generator CPU ms/req':>22}" if gen else "")]
-    for row in rows:
-        sp = "-" if row["p99_speedup_vs_cfs"] is None else f"{row['p99_speedup_vs_cfs']:.2f}x"
-        line = f"{row['policy']:<14}{row['p50'] * 1e3:>9.1f}{row['p99'] * 1e3:>9.1f}{sp:>21}"
-        if cpu:
-            # With T=1 there is no OpenMP team, so no idle share to show (NaN).
-            idle = row["idle_cpu_share_openmp"]
-            line += f"{row['cpu_per_request'] * 1e3:>19.2f}" + (f"{'-':>13}" if idle != idle else f"{idle:>13.0%}")
-        if gen:
-            line += f"{row['generator_cpu_per_request'] * 1e3:>22.2f}"
-        lines.append(line)
-    return "\n".join(lines)

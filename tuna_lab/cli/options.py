@@ -17,7 +17,7 @@ import argparse
 import sys
 import warnings
 
-from ..errors import TopologyWarning, TunaError
+from ..errors import ThrottlingWarning, TopologyWarning, TunaError
 
 __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_float_arg", "non_negative_int_arg",
            "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg",
@@ -263,9 +263,9 @@ def client_cpus_of(args, error=TunaError, threads=(), topology=None):
 def check_cpu_quota(threads, strict=False, error=TunaError, limits=None):
     """Warn in one stderr line - or, ``strict``, raise ``error`` - when the CPU quota cannot run ``threads`` at once.
 
-    The threads run on at most ``min(threads, usable CPUs)`` CPUs at a time;
-    a CFS quota below that makes them wait for quota at the end of every
-    period, so latencies (the p99 first) measure throttling, not placement.
+    The rule is the library's (:func:`~tuna_lab.machine.limits.check_throttling`);
+    its :class:`~tuna_lab.errors.ThrottlingWarning` becomes one
+    ``tuna-lab: warning:`` line, said once per command.
 
     Parameters
     ----------
@@ -285,23 +285,25 @@ def check_cpu_quota(threads, strict=False, error=TunaError, limits=None):
     Examples
     --------
     >>> from tuna_lab.machine import Limits
+    >>> # skipped: the line goes to stderr, which doctest does not compare
     >>> _ = check_cpu_quota(4, limits=Limits(online=(0, 1, 2, 3), quota=1.5))  # doctest: +SKIP
     tuna-lab: warning: CPU quota 1.5 CPUs is below the 4 CPUs these threads run on: ...
     >>> check_cpu_quota(4, strict=True, limits=Limits(online=(0, 1, 2, 3), quota=1.5))
     Traceback (most recent call last):
     tuna_lab.errors.TunaError: CPU quota 1.5 CPUs is below the 4 CPUs these threads run on: ...
     """
-    from ..machine import Limits
+    from ..machine.limits import check_throttling
 
-    limits = Limits.read() if limits is None else limits
-    n = min(int(threads), len(limits.usable))
-    if limits.throttles(n):
-        message = (f"CPU quota {limits.quota:g} CPUs is below the {n} CPUs these threads run on: they will wait "
-                   f"for quota, not for cores, so the latencies (the p99 first) measure CFS throttling, not "
-                   f"placement; size by {limits.effective_cpus} CPU{'' if limits.effective_cpus == 1 else 's'}")
-        if strict:
-            raise error(message)
-        print(f"tuna-lab: warning: {message}", file=sys.stderr)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ThrottlingWarning)
+        limits = check_throttling(threads, strict=strict, error=error, limits=limits)
+    for w in caught:
+        if issubclass(w.category, ThrottlingWarning):
+            print(f"tuna-lab: warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    # Said once, here: the run and each server it starts check again (the command's main restores the filters).
+    warnings.filterwarnings("ignore", category=ThrottlingWarning)
     return limits
 
 

@@ -7,7 +7,6 @@ winner and its plan, or one ``--json`` object. Progress goes to stderr.
 """
 
 import json
-import math
 import sys
 
 __all__ = ["add_parser"]
@@ -131,29 +130,5 @@ def _cmd_tune(args):
     if args.json:
         print(json.dumps(result.to_dict(), allow_nan=False, default=str))
         return 0
-    print(table_text(result))
+    print(result.to_text())
     return 0
-
-
-def table_text(result):
-    """The tune's table, winner, certainty and plan as ``tune`` prints them."""
-    lines = [f"{'candidate':<24}{'rate/s':>9}{'interval /s':>18}{'p99 ms':>9}{'CPU ms/req':>12}{'rounds':>8}  "
-             f"{'status':<9}why"]
-    for _, row in result.table.iterrows():
-        high = "inf" if not math.isfinite(row["rate_high"]) else f"{row['rate_high']:.1f}"
-        interval = f"[{row['rate_low']:.1f}, {high}]"
-        p99 = "-" if not math.isfinite(row["p99"]) else f"{row['p99'] * 1e3:.1f}"
-        cpu = "-" if not math.isfinite(row["cpu_per_request"]) else f"{row['cpu_per_request'] * 1e3:.2f}"
-        lines.append(f"{row['candidate']:<24}{row['rate']:>9.1f}{interval:>18}{p99:>9}{cpu:>12}{row['rounds']:>8}  "
-                     f"{row['status']:<9}{row['reason']}")
-    lines.append(f"p99 target {result.sla_p99 * 1e3:g} ms; {result.elapsed:.0f} s of a {result.budget:.0f} s budget; "
-                 f"intervals are {result.confidence:.0%} one-sided bounds")
-    if result.note:
-        lines.append(result.note)
-    if result.winner is not None:
-        lines.append(f"winner: {result.winner.name} ({result.sure})")
-        lines.append("plan (plan --format gunicorn):")
-        lines.append(result.plan)
-    if result.out:
-        lines.append(f"records: {result.out}; `tuna-lab report {result.out} -o report.html` reads them")
-    return "\n".join(lines)

@@ -4,8 +4,9 @@
 reader that builds one has a module of its own - :mod:`~tuna_lab.machine.sysfs`
 (this machine, or a Linux filesystem root as ``lstopo --input`` reads it),
 :mod:`~tuna_lab.machine.hwloc_xml` and :mod:`~tuna_lab.machine.synthetic`
-(synthetic specs and :data:`PRESETS`) - and is called through a classmethod
-of :class:`Topology`. :func:`topology_from` turns anything a user may type
+(synthetic specs and :data:`PRESETS`) - returns plain data
+(:class:`~tuna_lab.machine.readers.Reading`) that a classmethod of
+:class:`Topology` builds on. :func:`topology_from` turns anything a user may type
 into one. :class:`Limits` (:mod:`~tuna_lab.machine.limits`) is what this
 process may really use - CPUs, cgroup cpuset, CPU quota - and the CPU count
 to size by; :mod:`~tuna_lab.machine.linuxfs` reads the kernel files both
@@ -14,15 +15,15 @@ rely on. :mod:`tuna_lab.machine.numa` reads a process's NUMA locality.
 
 import lazy_loader as _lazy
 
-__all__ = ["Topology", "PRESETS", "DEFAULT_COSTS", "THIS_MACHINE", "topology_from", "Limits"]
+__all__ = ["Topology", "PRESETS", "DEFAULT_COSTS", "THIS_MACHINE", "topology_from", "Limits", "check_throttling"]
 
 __getattr__, __dir__, _ = _lazy.attach(
     __name__,
-    submodules=["numa", "sysfs", "hwloc_xml", "synthetic", "linuxfs", "limits"],
+    submodules=["numa", "sysfs", "hwloc_xml", "synthetic", "readers", "linuxfs", "limits"],
     submod_attrs={
         "topology": ["Topology", "DEFAULT_COSTS"],
         "synthetic": ["PRESETS"],
         "spec": ["THIS_MACHINE", "topology_from"],
-        "limits": ["Limits"],
+        "limits": ["Limits", "check_throttling"],
     },
 )

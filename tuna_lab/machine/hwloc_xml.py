@@ -10,26 +10,36 @@ Examples
 >>> xml = ('<topology><object type="Machine"><object type="Core">'
 ...        '<object type="PU" os_index="0"/><object type="PU" os_index="1"/>'
 ...        '</object></object></topology>')
->>> read_hwloc_xml(xml).siblings()
+>>> from tuna_lab.machine.topology import Topology
+>>> Topology.from_reading(read_hwloc_xml(xml)).siblings()
 [(0, 1)]
 """
 
 import io
 import itertools
 import re
-import xml.etree.ElementTree as ET
+import warnings
 from pathlib import Path
 
+import lazy_loader as _lazy
 import numpy as np
 
 from ..errors import TopologyError
-from .topology import CACHE_LEVELS, Topology
+from .readers import CACHE_LEVELS, Reading
+
+# Loaded when a file is parsed: reading this machine (`tuna-lab topology`) never parses XML.
+# lazy_loader warns for any dotted name because it loads the parents first; xml and xml.etree
+# are empty packages, so that costs nothing here.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)
+    ET = _lazy.load("xml.etree.ElementTree")
 
 __all__ = ["read_hwloc_xml"]
 
 
-def read_hwloc_xml(path) -> Topology:
-    """A :class:`~tuna_lab.machine.topology.Topology` from hwloc XML.
+def read_hwloc_xml(path) -> Reading:
+    """The :class:`~tuna_lab.machine.readers.Reading` of hwloc XML (what
+    :meth:`Topology.from_hwloc_xml <tuna_lab.machine.topology.Topology.from_hwloc_xml>` builds on).
 
     Parameters
     ----------
@@ -94,10 +104,9 @@ def read_hwloc_xml(path) -> Topology:
     caches = {lv: own[lv] for lv in CACHE_LEVELS if any(lv in c for c in ctxs)}
     nodes = [c.get("numa") for c in ctxs]
     os_ids = [int(n) for n in nodes] if all(_decimal(n) for n in nodes) else None
-    topo = Topology.from_keys(name, sorted(ids), own["core"], [c.get("package") for c in ctxs], nodes,
-                              caches, numa_os_index=os_ids)
     # Without OS ids for the nodes, a latency matrix cannot be matched to them.
-    return topo if os_ids is None else topo.with_numa_latency(*_numa_latency(root))
+    return Reading(name, tuple(sorted(ids)), own["core"], [c.get("package") for c in ctxs], nodes, caches,
+                   numa_os_index=os_ids, numa_latency=None if os_ids is None else _numa_latency(root))
 
 
 def _parse(path):

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .._checks import format_cpulist, parse_cpulist
+from ..errors import ThrottlingWarning, TunaError
 from .linuxfs import cgroup_cpu_quota, cgroup_cpuset, online_cpus, read_text
 
-__all__ = ["Limits"]
+__all__ = ["Limits", "check_throttling"]
 
 _CPU_DIR = "sys/devices/system/cpu"
 
@@ -180,6 +182,55 @@ class Limits:
                    cpuset=cgroup_cpuset(root), quota=cgroup_cpu_quota(root),
                    isolated=_cpulist_or_empty(cpu_dir / "isolated"),
                    nohz_full=_cpulist_or_empty(cpu_dir / "nohz_full"))
+
+
+def check_throttling(threads, strict=False, error=TunaError, limits=None):
+    """Warn (:class:`~tuna_lab.errors.ThrottlingWarning`), or with ``strict`` raise, when the quota throttles threads.
+
+    The threads run on at most ``min(threads, usable CPUs)`` CPUs at a time;
+    a CFS quota below that makes them wait for quota at the end of every
+    period, so latencies (the p99 first) measure throttling, not placement.
+
+    Parameters
+    ----------
+    threads : int
+        Threads that may run at once (workers x threads per worker).
+    strict : bool
+        Raise ``error`` instead of warning.
+    error : type
+        The exception to raise (the caller's: ExperimentError, ServerError).
+    limits : Limits, optional
+        Default: this process's (:meth:`Limits.read`).
+
+    Returns
+    -------
+    Limits
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _ = check_throttling(4, limits=Limits(online=(0, 1, 2, 3), quota=1.5))
+    >>> caught[0].category.__name__, str(caught[0].message)[:45]
+    ('ThrottlingWarning', 'CPU quota 1.5 CPUs is below the 4 CPUs these ')
+    >>> check_throttling(4, strict=True, limits=Limits(online=(0, 1, 2, 3), quota=1.5))
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.TunaError: CPU quota 1.5 CPUs is below the 4 CPUs these threads run on: ...
+    """
+    limits = Limits.read() if limits is None else limits
+    n = min(int(threads), len(limits.usable))
+    if limits.throttles(n):
+        message = (f"CPU quota {limits.quota:g} CPUs is below the {n} CPUs these threads run on: they will wait "
+                   f"for quota, not for cores, so the latencies (the p99 first) measure CFS throttling, not "
+                   f"placement; size by {limits.effective_cpus} CPU{'' if limits.effective_cpus == 1 else 's'}")
+        if strict:
+            raise error(message)
+        # Attributed to this line, not the caller's: a run and each server it starts say the same
+        # thing, and Python's default filter then shows it once.
+        warnings.warn(message, ThrottlingWarning, stacklevel=1)
+    return limits
 
 
 def _cpulist_or_empty(path):

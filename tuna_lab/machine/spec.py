@@ -13,14 +13,11 @@ Examples
 import os
 
 from ..errors import TopologyError
+from .readers import THIS_MACHINE
 from .synthetic import PRESETS
 from .topology import Topology
 
 __all__ = ["THIS_MACHINE", "topology_from"]
-
-#: The name a user gives for the machine this process runs on.
-THIS_MACHINE = "this machine"
-
 
 def topology_from(spec):
     """A :class:`~tuna_lab.Topology` from whatever a topology box may hold.

@@ -10,9 +10,10 @@ siblings.
 
 Examples
 --------
->>> read_synthetic("pack:2 core:2 pu:2").n_logical
+>>> len(read_synthetic("pack:2 core:2 pu:2").cpus)
 8
->>> read_preset("xeon-8272cl").siblings()[0]
+>>> from tuna_lab.machine.topology import Topology
+>>> Topology.from_reading(read_preset("xeon-8272cl")).siblings()[0]
 (0, 16)
 """
 
@@ -22,7 +23,7 @@ import re
 import numpy as np
 
 from ..errors import TopologyError
-from .topology import CACHE_LEVELS, Topology
+from .readers import CACHE_LEVELS, Reading
 
 __all__ = ["PRESETS", "read_synthetic", "read_preset"]
 
@@ -63,8 +64,8 @@ _ALIASES = {**dict.fromkeys(("package", "pack", "socket"), "package"),
             **dict.fromkeys(("numa", "node", "numanode"), "numa"), "core": "core", "pu": "pu"}
 
 
-def read_synthetic(spec) -> Topology:
-    """A :class:`~tuna_lab.machine.topology.Topology` from an hwloc synthetic description.
+def read_synthetic(spec) -> Reading:
+    """The :class:`~tuna_lab.machine.readers.Reading` of an hwloc synthetic description.
 
     Parameters
     ----------
@@ -81,8 +82,8 @@ def read_synthetic(spec) -> Topology:
 
     Examples
     --------
-    >>> read_synthetic("numa:2 core:2 pu:1").numa_nodes()
-    {0: (0, 1), 1: (2, 3)}
+    >>> read_synthetic("numa:2 core:2 pu:1").numa.tolist()
+    [0, 0, 1, 1]
     """
     if not isinstance(spec, str) or not spec.strip():
         raise TopologyError(f"empty synthetic spec {spec!r}")
@@ -96,13 +97,13 @@ def read_synthetic(spec) -> Topology:
             labels[kind] = position // (n_pus // above)
     ids = _indexes(spec, levels[-1][2], n_pus)
     zeros = np.zeros(n_pus, dtype=int)
-    topo = Topology(f"synthetic:{' '.join(spec.split())}", tuple(range(n_pus)), labels.get("core", position),
-                    labels.get("package", zeros), labels.get("numa", zeros),
-                    {lv: labels[lv] for lv in CACHE_LEVELS if lv in labels})
-    return topo if ids is None else topo.relabel(dict(enumerate(ids)))
+    return Reading(f"synthetic:{' '.join(spec.split())}", tuple(range(n_pus)), labels.get("core", position),
+                   labels.get("package", zeros), labels.get("numa", zeros),
+                   {lv: labels[lv] for lv in CACHE_LEVELS if lv in labels},
+                   relabel=None if ids is None else dict(enumerate(ids)))
 
 
-def read_preset(name) -> Topology:
+def read_preset(name) -> Reading:
     """The machine ``name`` of :data:`PRESETS`: logical cores ``x`` and ``x + P`` are SMT siblings.
 
     Raises
@@ -112,17 +113,19 @@ def read_preset(name) -> Topology:
 
     Examples
     --------
-    >>> read_preset("xeon-8260-2s").numa_nodes()[1][:3]
-    (24, 25, 26)
+    >>> read_preset("xeon-8272cl").relabel[1]    # hwloc's PU 1, core 0's second thread
+    16
     """
     if name not in _PRESET_SPECS:
         raise TopologyError(f"unknown preset {name!r}; valid presets: {', '.join(PRESETS)}")
-    topo = read_synthetic(_PRESET_SPECS[name])
-    n_phys, smt = topo.n_physical, topo.threads_per_core
+    reading = read_synthetic(_PRESET_SPECS[name])
+    n_pus = len(reading.cpus)
+    n_phys = len(np.unique(reading.core))
+    smt = n_pus // n_phys
     # hwloc numbers PU i as thread i % smt of core i // smt; Linux as core + thread * P.
-    i = np.arange(topo.n_logical)
+    i = np.arange(n_pus)
     linux = dict(zip(i.tolist(), (i // smt + (i % smt) * n_phys).tolist()))
-    return dataclasses.replace(topo.relabel(linux), name=name)
+    return dataclasses.replace(reading, name=name, relabel=linux)
 
 
 def _parse(spec):

@@ -35,7 +35,7 @@ so that ``tuna-lab topology`` starts fast.
 
 Examples
 --------
->>> read_sysfs().n_logical >= 1
+>>> len(read_sysfs().cpus) >= 1
 True
 >>> read_fsroot("/").cpus == read_sysfs().cpus
 True
@@ -48,8 +48,7 @@ from pathlib import Path
 
 from ..errors import TopologyError, TopologyWarning
 from .linuxfs import cgroup_cpuset, online_cpus, read_cpulist, read_cpumask, read_text
-from .spec import THIS_MACHINE
-from .topology import CACHE_LEVELS, Topology
+from .readers import CACHE_LEVELS, THIS_MACHINE, Reading
 
 __all__ = ["read_sysfs", "read_fsroot"]
 
@@ -66,8 +65,8 @@ _CACHE_FILES = ("shared_cpu_map", "shared_cpu_list")
 _NODE_FILES = ("cpumap", "cpulist")
 
 
-def read_sysfs(root=None, allowed=None) -> Topology:
-    """This machine (or a copied sysfs tree) as a :class:`~tuna_lab.machine.topology.Topology`.
+def read_sysfs(root=None, allowed=None) -> Reading:
+    """This machine (or a copied sysfs tree) as a :class:`~tuna_lab.machine.readers.Reading`.
 
     Parameters
     ----------
@@ -101,8 +100,11 @@ def read_sysfs(root=None, allowed=None) -> Topology:
     return _read(THIS_MACHINE, cpu_dir, cpu_dir.parent / "node", fsroot, allowed, strict=True)
 
 
-def read_fsroot(root="/", allowed=None) -> Topology:
+def read_fsroot(root="/", allowed=None) -> Reading:
     """The machine whose filesystem root is ``root``, read as ``lstopo --input root`` reads it.
+
+    The :class:`~tuna_lab.machine.readers.Reading` behind
+    :meth:`Topology.from_fsroot <tuna_lab.machine.topology.Topology.from_fsroot>`.
 
     Parameters
     ----------
@@ -123,7 +125,7 @@ def read_fsroot(root="/", allowed=None) -> Topology:
 
     Examples
     --------
-    >>> read_fsroot("/").n_logical == len(__import__("os").sched_getaffinity(0))
+    >>> len(read_fsroot("/").cpus) == len(__import__("os").sched_getaffinity(0))
     True
     """
     root = Path(root)
@@ -176,10 +178,9 @@ def _read(name, cpu_dir, node_dir, fsroot, allowed, strict):
     position = {cpu: i for i, cpu in enumerate(online)}
     pick = [position[c] for c in keep]
     numa_ids = [node_of.get(cpu, -1) for cpu in keep]
-    topo = Topology.from_keys(name, keep, [cores[i] for i in pick], [packages[i] for i in pick], numa_ids,
-                              {lv: [keys[i] for i in pick] for lv, keys in caches.items()},
-                              numa_os_index=None if -1 in numa_ids else numa_ids)
-    return topo.with_numa_latency(columns, matrix)
+    return Reading(name, tuple(keep), [cores[i] for i in pick], [packages[i] for i in pick], numa_ids,
+                   {lv: [keys[i] for i in pick] for lv, keys in caches.items()},
+                   numa_os_index=None if -1 in numa_ids else numa_ids, numa_latency=(columns, matrix))
 
 
 def _domains(cpus, sets):

@@ -9,8 +9,8 @@ Linux filesystem root), :mod:`~tuna_lab.machine.hwloc_xml` and
 named presets) - and are reached through the classmethods
 :meth:`Topology.from_sysfs`, :meth:`Topology.from_fsroot`,
 :meth:`Topology.from_hwloc_xml`, :meth:`Topology.synthetic` and
-:meth:`Topology.preset`. Readers build a topology with
-:meth:`Topology.from_keys` and :meth:`Topology.with_numa_latency`.
+:meth:`Topology.preset`, which build the topology with
+:meth:`Topology.from_reading`.
 
 An optional cost ``"remote"`` adds a NUMA level above the caches: two cores
 that share no cache cost ``"none"`` on the same NUMA node and ``"remote"``
@@ -19,7 +19,8 @@ that share no cache cost ``"none"`` on the same NUMA node and ``"remote"``
 numpy is this module's only dependency, so that reading this machine and
 printing :meth:`Topology.to_dict` (``tuna-lab topology --json``) stays fast:
 networkx loads with :meth:`Topology.graph`, the XML parser with
-:meth:`Topology.from_hwloc_xml`.
+:meth:`Topology.from_hwloc_xml`. The readers return plain data
+(:class:`~tuna_lab.machine.readers.Reading`) and never import this module.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import TopologyError
+from . import hwloc_xml, synthetic, sysfs
+from .readers import CACHE_LEVELS
+from .synthetic import PRESETS
 
 __all__ = ["Topology", "PRESETS", "DEFAULT_COSTS", "CACHE_LEVELS"]
 
@@ -41,18 +45,6 @@ DEFAULT_COSTS = {"same": 1, "L1": 4, "L2": 10, "L3": 50, "L4": 200, "none": 200}
 # "remote": two cores on different NUMA nodes that share no cache (>= "none").
 _OPTIONAL_COSTS = ("remote",)
 
-#: The cache levels a topology may have, innermost first.
-CACHE_LEVELS = ("L1", "L2", "L3", "L4")
-
-
-def __getattr__(name):
-    # PRESETS lives with the synthetic specs it names (machine.synthetic, which
-    # builds on this module); it stays importable from here, as it always was.
-    if name == "PRESETS":
-        from .synthetic import PRESETS
-
-        return PRESETS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True, eq=False)
@@ -543,6 +535,27 @@ class Topology:
                    numa_os_index=numa_os_index)
 
     @classmethod
+    def from_reading(cls, reading) -> "Topology":
+        """The topology a reader found (:class:`~tuna_lab.machine.readers.Reading`).
+
+        Its keys become labels as in :meth:`from_keys`; then its NUMA latency
+        matrix sets ``costs["remote"]`` (:meth:`with_numa_latency`) and its
+        relabelling renames the cores (:meth:`relabel`).
+
+        Examples
+        --------
+        >>> from tuna_lab.machine.readers import Reading
+        >>> Topology.from_reading(Reading("r", (0, 1), core=[0, 0], package=[0, 0], numa=[0, 0],
+        ...                               relabel={0: 5, 1: 3})).cpus
+        (3, 5)
+        """
+        topo = cls.from_keys(reading.name, reading.cpus, reading.core, reading.package, reading.numa,
+                             reading.caches, numa_os_index=reading.numa_os_index)
+        if reading.numa_latency is not None:
+            topo = topo.with_numa_latency(*reading.numa_latency)
+        return topo if reading.relabel is None else topo.relabel(reading.relabel)
+
+    @classmethod
     def from_sysfs(cls, root=None, allowed=None) -> "Topology":
         """This machine, read from Linux sysfs as hwloc reads it.
 
@@ -575,12 +588,11 @@ class Topology:
 
         Examples
         --------
+        >>> # skipped: the CPUs are this machine's
         >>> Topology.from_sysfs(allowed={0, 1})  # doctest: +SKIP
         Topology('this machine', C=2, P=2, packages=1, L3 domains=1)
         """
-        from .sysfs import read_sysfs  # the readers build on this module
-
-        return read_sysfs(root, allowed)
+        return cls.from_reading(sysfs.read_sysfs(root, allowed))
 
     @classmethod
     def from_fsroot(cls, root="/", allowed=None) -> "Topology":
@@ -609,12 +621,11 @@ class Topology:
 
         Examples
         --------
+        >>> # skipped: a dump unpacked from tests/data/hwloc-dumps
         >>> Topology.from_fsroot("hwloc-dumps/16em64t-4s2c2t")  # doctest: +SKIP
         Topology('16em64t-4s2c2t', C=16, P=8, packages=4, L3 domains=4)
         """
-        from .sysfs import read_fsroot
-
-        return read_fsroot(root, allowed)
+        return cls.from_reading(sysfs.read_fsroot(root, allowed))
 
     @classmethod
     def from_hwloc_xml(cls, path) -> "Topology":
@@ -633,12 +644,11 @@ class Topology:
 
         Examples
         --------
+        >>> # skipped: an lstopo XML file of your machine
         >>> Topology.from_hwloc_xml("machine.xml")  # from `lstopo machine.xml`  # doctest: +SKIP
         Topology('machine.xml', C=32, P=16, packages=1, L3 domains=1)
         """
-        from .hwloc_xml import read_hwloc_xml
-
-        return read_hwloc_xml(path)
+        return cls.from_reading(hwloc_xml.read_hwloc_xml(path))
 
     @classmethod
     def synthetic(cls, spec: str) -> "Topology":
@@ -659,9 +669,7 @@ class Topology:
         >>> topo.package.tolist(), topo.core.tolist()
         ([0, 0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 2, 2, 3, 3])
         """
-        from .synthetic import read_synthetic
-
-        return read_synthetic(spec)
+        return cls.from_reading(synthetic.read_synthetic(spec))
 
     @classmethod
     def preset(cls, name: str) -> "Topology":
@@ -676,9 +684,7 @@ class Topology:
         >>> topo.distance()[0, [16, 1, 4]].tolist()  # sibling, same CCD, other CCD
         [4.0, 50.0, 200.0]
         """
-        from .synthetic import read_preset
-
-        return read_preset(name)
+        return cls.from_reading(synthetic.read_preset(name))
 
 
 # ---------------------------------------------------------------- helpers

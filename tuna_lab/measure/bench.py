@@ -25,6 +25,7 @@ printed): run it on a quiet machine.
 
 Examples
 --------
+>>> # skipped: needs a server on port 8000 and Debian's wrk
 >>> run_wrk("http://127.0.0.1:8000/predict", b"{}", duration=2.0)["rps"] > 0   # doctest: +SKIP
 True
 """
@@ -80,6 +81,7 @@ def ensure_wrk(install=True):
 
     Examples
     --------
+    >>> # skipped: may install Debian's wrk
     >>> ensure_wrk(install=False)   # doctest: +SKIP
     '/usr/bin/wrk'
     """
@@ -131,6 +133,7 @@ def run_wrk(url, body, connections=8, duration=5.0, threads=1, wrk="wrk"):
 
     Examples
     --------
+    >>> # skipped: needs a server on port 8000 and Debian's wrk
     >>> r = run_wrk("http://127.0.0.1:8000/predict", b"{}", duration=2.0)   # doctest: +SKIP
     >>> r["cpu_per_request"] < 0.001   # doctest: +SKIP
     True
@@ -249,19 +252,20 @@ def compare_with_wrk(workers=2, threads=1, model="small", batch=10, policy="cfs"
         the rounds of each round's ratio) and ``checks`` (against
         :data:`TARGETS`; empty without wrk), ``open`` (from ``measure_generator``),
         ``wake_lag`` (the machine's floor for the send lag, from
-        :func:`tuna_lab.measure.wire.wake_lag`),
+        :func:`tuna_lab.measure.clock.wake_lag`),
         ``config``, ``machine``, ``wrk_version``, ``load_average``
         (before, after).
 
     Examples
     --------
+    >>> # skipped: starts a lab server and runs wrk against it
     >>> result = compare_with_wrk(duration=2.0, rounds=1)   # doctest: +SKIP
     >>> sorted(result["medians"])   # doctest: +SKIP
     ['tuna_lab', 'wrk']
     """
     from ..server.launch import Server
     from .load import closed_loop, measure_generator, payload, summary
-    from .wire import wake_lag
+    from .clock import wake_lag
 
     rounds = positive_int("rounds", rounds, LoadError)
     connections = positive_int("connections", connections, LoadError)
@@ -336,6 +340,7 @@ def format_table(result):
 
     Examples
     --------
+    >>> # skipped: starts a lab server and runs wrk against it
     >>> lines = format_table(compare_with_wrk(duration=2.0, rounds=1))   # doctest: +SKIP
     >>> lines[0].split()[:3]   # doctest: +SKIP
     ['tool', 'round', 'requests/s']
@@ -422,6 +427,7 @@ def run_load_bench(args):
     Examples
     --------
     >>> from tuna_lab.cli import main
+    >>> # skipped: starts a lab server and runs wrk against it
     >>> main(["bench", "load", "--duration", "2", "--rounds", "1"])   # doctest: +SKIP
     0
     """

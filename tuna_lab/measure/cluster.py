@@ -39,6 +39,7 @@ Examples
 --------
 >>> from dask.distributed import Client
 >>> from tuna_lab.measure.experiment import Config
+>>> # skipped: needs a Dask scheduler at that address
 >>> client = Client("tcp://10.0.0.5:8786")                                    # doctest: +SKIP
 >>> sweep_on(client, [Config(2, 2, "small", 100)], ["cfs", "round-robin"], "results/cluster",
 ...          per_machine=True, progress=print)                                 # doctest: +SKIP
@@ -106,6 +107,7 @@ def connect(address, timeout=10):
 
     Examples
     --------
+    >>> # skipped: needs a Dask scheduler at that address
     >>> with connect("tcp://10.0.0.5:8786") as client:                       # doctest: +SKIP
     ...     sweep_on(client, configs, ["cfs", "round-robin"], "results/cluster")
     """
@@ -355,6 +357,7 @@ def sweep_on(client, configs, policies, out, trials=5, requests=1000, progress=N
 
     Examples
     --------
+    >>> # skipped: starts a local Dask cluster and runs a sweep on it (tests/test_cluster.py does)
     >>> with connect("local") as client:                                        # doctest: +SKIP
     ...     sweep_on(client, [Config(1, 1, "small", 10)], ["cfs", "round-robin"], "results/c",
     ...              trials=1, requests=20, progress=print)

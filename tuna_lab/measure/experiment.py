@@ -16,6 +16,7 @@ sweep given a Dask client runs its cells on the cluster's machines
 Examples
 --------
 >>> from tuna_lab.measure.experiment import Config, run
+>>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
 >>> result = run(Config(2, 2, "small", 100), ["cfs", "tuna-scatter"], trials=2,
 ...              requests=50, out="results/x")                        # doctest: +SKIP
 >>> result.trials[["policy", "trial", "p99"]]                       # doctest: +SKIP
@@ -36,7 +37,7 @@ import pandas as pd
 from .._checks import non_negative_int, positive_int, positive_number
 from ..errors import CpuAccountingError, ExperimentError
 from ..machine import host
-from ..machine.limits import Limits
+from ..machine.limits import Limits, check_throttling
 from ..machine.reserve import reserve_client_cpus
 from ..server.models import MODEL_FEATURES
 from ..server.openmp import LIBGOMP_DEFAULT_WAIT, wait_policy_env
@@ -245,7 +246,7 @@ def manifest(config, policies, trials, requests, seed, extra=None):
 
 def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, seed=0, warmup=20,
         progress=None, csv=False, on_trial=None, client_cpus=None, target=None, rate=None, duration=None,
-        max_error_rate=0.01):
+        max_error_rate=0.01, strict=False):
     """Measure a target under each policy for ``trials`` trials of ``requests`` requests.
 
     Parameters
@@ -308,6 +309,11 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     max_error_rate : float
         A trial with a larger share of failed requests (non-2xx, timeouts) is
         marked failed (``trial_status``), with the reason.
+    strict : bool
+        Refuse (ExperimentError) rather than warn
+        (:class:`~tuna_lab.errors.ThrottlingWarning`) when this process's CPU
+        quota is below the CPUs the server's W x T threads run on: the
+        latencies would measure throttling (:func:`~tuna_lab.machine.limits.check_throttling`).
 
     Returns
     -------
@@ -317,7 +323,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     ------
     ExperimentError
         Bad arguments; client CPUs not usable here, leaving no CPU for the
-        server, or fewer than ``config.threads`` for it.
+        server, or fewer than ``config.threads`` for it; with ``strict``, a
+        CPU quota that throttles the threads.
     ExperimentError
         Another measurement held one of its CPUs for longer than
         ``TUNA_LAB_CPU_LOCK_WAIT`` seconds (:mod:`tuna_lab.measure.cpulock`:
@@ -331,8 +338,10 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
 
     Examples
     --------
+    >>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
     >>> result = run(Config(2, 2, "small", 20), ["cfs", "round-robin"], trials=2, requests=50)  # doctest: +SKIP
     >>> result.trials.groupby("policy")["p99"].mean()                                         # doctest: +SKIP
+    >>> # skipped: needs a server running as PID 1234
     >>> from tuna_lab.measure.target import AttachedTarget                                   # doctest: +SKIP
     >>> run(None, ["cfs", "tuna-scatter"], target=AttachedTarget(1234, "http://127.0.0.1:8000/", 2))  # doctest: +SKIP
     """
@@ -359,6 +368,7 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         if isinstance(target, AttachedTarget):
             target.check()          # bad input refused here, before any mask is read or changed
         config = Config(target.workers, target.threads, target.label, 0, target=target.kind)
+    check_throttling(config.workers * config.threads, strict=strict, error=ExperimentError)
     machine = None
     if isinstance(target, AttachedTarget):
         from ..machine.topology import Topology

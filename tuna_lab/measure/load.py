@@ -50,6 +50,7 @@ Examples
 --------
 >>> from tuna_lab.measure.load import payload, closed_loop, summary
 >>> body = payload("small", 100)
+>>> # skipped: needs a running server (srv)
 >>> frame = closed_loop(srv.url + "/predict", body, requests=200)   # doctest: +SKIP
 >>> summary(frame)["client_p99"]   # doctest: +SKIP
 0.41
@@ -57,6 +58,7 @@ Examples
 A user's own app, with two bodies in turn, a header and the app's
 ``Server-Timing: app;dur=...`` as ``server_seconds``:
 
+>>> # skipped: needs a server on port 8080
 >>> frame = closed_loop("http://127.0.0.1:8080/score", [b'{"x": 1}', b'{"x": 2}'], requests=200,
 ...                     headers={"X-Tenant": "lab"}, response="any", server_timing="app")   # doctest: +SKIP
 >>> frame.attrs["server_timing"]["parsed"]   # doctest: +SKIP
@@ -70,19 +72,20 @@ import concurrent.futures
 import json
 import math
 import os
-import re
 import resource
 import threading
 import time
 
 import numpy as np
-import pandas as pd
 
-from .._checks import format_cpulist, non_negative_int, parse_cpulist, positive_int, positive_number, shorten
+from .._checks import format_cpulist, non_negative_int, parse_cpulist, positive_int, positive_number
 from ..errors import LoadError
-from ..server.models import STAGES, make_rows
+from ..server.models import make_rows
+from .records import Records
 from .schema import LATE_REQUEST_COLUMNS, percentiles
-from .wire import check_url, drive, request_bytes, resolve, trivial_endpoint
+from .server_timing import METRIC_NAME, parse_server_timing
+from .trivial import trivial_endpoint
+from .wire import check_url, drive, request_bytes, resolve
 # The columns of a trial's frame (one row per request, documented in
 # tuna_lab.measure.schema), under the name this module has always given them.
 from .schema import REQUEST_COLUMNS as COLUMNS
@@ -109,14 +112,10 @@ __all__ = [
 #: many requests were sent and the trial's wall-clock seconds.
 GENERATOR_KEYS = ("cpu_user", "cpu_sys", "cpu_seconds", "cpus", "processes", "requests", "wall_seconds")
 
-# Status of a request that has not finished (yet); never appears in a frame.
-_PENDING = -2
 # An upper bound on a schedule, so a typo in rate * duration cannot exhaust memory.
 _MAX_REQUESTS = 10_000_000
 # File descriptors left for everything but the trial's sockets.
 _FD_RESERVE = 64
-# Longest error text kept in a request's row (and Server-Timing example in attrs).
-_ERROR_CHARS = 200
 # What response= may say: the lab server's JSON body, or a body not read at all.
 _RESPONSES = ("lab", "any")
 
@@ -151,7 +150,7 @@ def _requests(url, body, method, headers, content_type, response, server_timing)
     url, bodies = check_url(url), _bodies(body)
     if not isinstance(response, str) or response not in _RESPONSES:
         raise LoadError(f"response must be 'lab' (the lab server's JSON) or 'any' (no body read), got {response!r}")
-    if server_timing is not None and (not isinstance(server_timing, str) or not _ST_TOKEN.fullmatch(server_timing)):
+    if server_timing is not None and (not isinstance(server_timing, str) or not METRIC_NAME.fullmatch(server_timing)):
         raise LoadError(f"server_timing must be a Server-Timing metric name (a token), got {server_timing!r}")
     built = {}
     for b in bodies:
@@ -291,236 +290,7 @@ def poisson_schedule(rate, requests=None, duration=None, seed=0):
     return at
 
 
-# -- per-request records -----------------------------------------------------------------
-
-class _Records:
-    """Column arrays of a trial, written in place by the request coroutines."""
-
-    def __init__(self, n, scheduled=None, response="lab", metric=None):
-        self.response, self.metric = response, metric
-        self.status = np.full(n, _PENDING, dtype=np.int64)
-        self.error = np.full(n, "", dtype=object)
-        self.sent = np.full(n, np.nan)
-        self.done = np.full(n, np.nan)
-        # Closed mode has no schedule: filled with the send time as requests go out.
-        self.scheduled = np.full(n, np.nan) if scheduled is None else np.asarray(scheduled, dtype=float)
-        self.server = np.full((n, 1 + len(STAGES)), np.nan)
-        self.pid = np.full(n, -1, dtype=np.int64)
-        # When the worker began the request, on the machine-wide monotonic clock
-        # (CLOCK_MONOTONIC): lets CPU samples be split into busy and idle time.
-        self.start = np.full(n, np.nan)
-        # CPU seconds the worker's main thread and OpenMP pool spent on the request.
-        self.cpu = np.full((n, 2), np.nan)
-        # Response bodies, decoded only after the trial: keeps the event loop's
-        # per-request work (and so the generator's own delay) as small as possible.
-        self.raw = np.full(n, b"", dtype=object)
-        # Raw Server-Timing header values (bytes, or None without one), written by drive().
-        self.timing = np.full(n, None, dtype=object)
-
-    def cut(self, at):
-        """Mark every unfinished request as cut by the trial's deadline at ``at`` seconds."""
-        pending = self.status == _PENDING
-        self.status[pending] = -1
-        self.error[pending] = "deadline"
-        # A lower bound on their latency; requests not yet due get none.
-        due = pending & (self.scheduled <= at)
-        self.done[due] = at
-
-    def frame(self, attrs):
-        ok = np.flatnonzero((self.status >= 200) & (self.status < 300))
-        if self.response == "lab":
-            for i in ok:
-                if self.status[i] != 204:  # No Content: nothing to read
-                    _parse_ok(self, i, self.raw[i])
-        attrs["server_timing"] = self._server_timing(ok)
-        for i in np.flatnonzero((self.status > 0) & ((self.status < 200) | (self.status >= 300))):
-            self.error[i] = _error_text(self.raw[i], self.status[i])
-        n = len(self.status)
-        data = {"request": np.arange(n), "status": self.status, "error": self.error,
-                "client_seconds": self.done - self.scheduled, "server_seconds": self.server[:, 0]}
-        data.update({name: self.server[:, k + 1] for k, name in enumerate(STAGES)})
-        data.update({"pid": self.pid, "sent_at": self.sent, "scheduled_at": self.scheduled,
-                     "send_lag": self.sent - self.scheduled, "server_start": self.start,
-                     "cpu_main": self.cpu[:, 0], "cpu_openmp": self.cpu[:, 1]})
-        frame = pd.DataFrame(data, columns=list(COLUMNS))
-        frame.attrs.update(attrs)
-        return frame
-
-    def _server_timing(self, ok):
-        """Server-Timing durations of the ok rows into ``server_seconds`` where the body gave none; the counts."""
-        timing, server = self.timing, self.server
-        responses = parsed = unparsed = 0
-        example = None
-        for i in ok:
-            value = timing[i]
-            if value is None:
-                continue
-            responses += 1
-            try:
-                seconds = parse_server_timing(value, self.metric)
-            except ValueError:
-                unparsed += 1
-                if example is None:
-                    example = shorten(value.decode("latin-1"), _ERROR_CHARS)
-                continue
-            if seconds is not None:
-                parsed += 1
-                if math.isnan(server[i, 0]):
-                    server[i, 0] = seconds
-        return {"metric": self.metric, "responses": responses, "parsed": parsed, "unparsed": unparsed,
-                "example": example}
-
-
-# -- Server-Timing -----------------------------------------------------------------------
-
-# The W3C Server-Timing grammar: a token (RFC 7230), optional whitespace, a quoted string.
-_ST_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_ST_OWS = re.compile(r"[ \t]*")
-_ST_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
-_ST_ESCAPE = re.compile(r"\\(.)")
-# A duration (milliseconds): a decimal number.
-_ST_NUMBER = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-
-
-def _server_timing_metrics(text):
-    """The ``(name, params)`` of each metric of Server-Timing value ``text``, in order.
-
-    ``params`` maps each lower-cased parameter name to its first value
-    (unquoted; "" for a parameter without ``=``). ValueError when ``text``
-    does not follow the grammar.
-    """
-    def fail(pos, what):
-        raise ValueError(f"Server-Timing: expected {what} at character {pos} of {shorten(text, 80)!r}")
-
-    ows, token, n = _ST_OWS.match, _ST_TOKEN.match, len(text)
-    metrics = []
-    pos = ows(text, 0).end()
-    while pos < n:
-        if text[pos] == ",":  # an empty list element
-            pos = ows(text, pos + 1).end()
-            continue
-        m = token(text, pos)
-        if m is None:
-            fail(pos, "a metric name")
-        name, params = m.group(), {}
-        pos = ows(text, m.end()).end()
-        while pos < n and text[pos] == ";":
-            pos = ows(text, pos + 1).end()
-            m = token(text, pos)
-            if m is None:
-                fail(pos, "a parameter name")
-            key, value = m.group().lower(), ""
-            pos = ows(text, m.end()).end()
-            if pos < n and text[pos] == "=":
-                pos = ows(text, pos + 1).end()
-                m = _ST_QUOTED.match(text, pos) if text.startswith('"', pos) else token(text, pos)
-                if m is None:
-                    fail(pos, "a parameter value (a token or a quoted string)")
-                value = _ST_ESCAPE.sub(r"\1", m.group(1)) if m.lastindex else m.group()
-                pos = ows(text, m.end()).end()
-            params.setdefault(key, value)
-        if pos < n and text[pos] != ",":
-            fail(pos, "',' or ';'")
-        metrics.append((name, params))
-    return metrics
-
-
-def parse_server_timing(value, metric=None):
-    """The duration in seconds of one metric of a W3C ``Server-Timing`` header value.
-
-    The header (https://www.w3.org/TR/server-timing/) lists metrics, each a
-    name with optional parameters: ``db;dur=53;desc="select, join", app;dur=47.2``.
-    ``dur`` is in milliseconds; the answer is in seconds. Parameter names
-    are case-insensitive and the first of a repeated one counts; metric names
-    are compared as they are. Several headers are one value joined by ``", "``.
-
-    Parameters
-    ----------
-    value : str or bytes
-        The header's value (bytes are read as Latin-1).
-    metric : str, optional
-        The metric whose duration is wanted (the first of that name that
-        has a ``dur``). Default: the first metric that has a ``dur``.
-
-    Returns
-    -------
-    float or None
-        Seconds, or None when no such metric (or no ``dur``) is there.
-
-    Raises
-    ------
-    ValueError
-        A value that does not follow the grammar, or a ``dur`` that is not a
-        non-negative decimal number.
-
-    Examples
-    --------
-    >>> parse_server_timing('cache;desc="hit; fast, warm", db;dur=2.5, app;dur=12.5')
-    0.0025
-    >>> parse_server_timing(b"db;dur=2.5, app;dur=12.5", metric="app")
-    0.0125
-    >>> parse_server_timing("cache;desc=hit") is None, parse_server_timing("db;dur=1", "app") is None
-    (True, True)
-    >>> parse_server_timing("app;dur=abc")
-    Traceback (most recent call last):
-    ...
-    ValueError: Server-Timing: dur of 'app' is not a number of milliseconds: 'abc'
-    """
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        value = bytes(value).decode("latin-1")
-    if not isinstance(value, str):
-        raise TypeError(f"value must be str or bytes, got {type(value).__name__}")
-    found = None
-    for name, params in _server_timing_metrics(value):
-        dur = params.get("dur")
-        if dur is None:
-            continue
-        if not _ST_NUMBER.fullmatch(dur) or not 0 <= float(dur) < math.inf:
-            raise ValueError(f"Server-Timing: dur of {name!r} is not a number of milliseconds: {shorten(dur, 40)!r}")
-        if found is None and (metric is None or name == metric):
-            found = float(dur) / 1000.0
-    return found
-
-
-def _error_text(raw, status):
-    try:
-        doc = json.loads(raw)
-        if isinstance(doc, dict) and "error" in doc:
-            return shorten(doc["error"], _ERROR_CHARS)
-    except ValueError:
-        pass
-    text = shorten(raw.decode("utf-8", "replace"), _ERROR_CHARS)
-    return text or f"HTTP {status}"
-
-
-def _number(value):
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return np.nan
-
-
-def _parse_ok(rec, i, raw):
-    """Fill the server-side columns of request ``i`` from a 200 body; fields it lacks stay NaN."""
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        rec.error[i] = "response is not JSON"
-        return
-    if not isinstance(doc, dict):
-        rec.error[i] = "response is not a JSON object"
-        return
-    stages = doc.get("stages")
-    stages = stages if isinstance(stages, dict) else {}
-    rec.server[i] = [_number(doc.get("server_seconds")), *(_number(stages.get(k)) for k in STAGES)]
-    rec.start[i] = _number(doc.get("started"))
-    cpu = doc.get("cpu")
-    if isinstance(cpu, dict):
-        rec.cpu[i] = [_number(cpu.get("main")), _number(cpu.get("openmp"))]
-    pid = doc.get("pid")
-    if isinstance(pid, int) and not isinstance(pid, bool):
-        rec.pid[i] = pid
-
+# -- the generator's thread ---------------------------------------------------------
 
 def _cpu_set(cpus):
     """``cpus`` (an iterable of CPU ids or a cpulist string) as a sorted tuple, or None; checked."""
@@ -609,7 +379,7 @@ def _closed_plan(url, body, requests, concurrency, timeout, deadline, method, he
     address = resolve(url)
 
     def job():
-        rec = _Records(n, response=what["read"], metric=what["metric"])
+        rec = Records(n, response=what["read"], metric=what["metric"])
         rec.cut(drive(rec, address, request, workers, timeout, deadline))
         return rec, {"mode": "closed", "url": url, "method": what["method"], "bodies": what["bodies"],
                      "response": what["response"], "requests": n, "concurrency": workers,
@@ -625,6 +395,7 @@ async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0
 
     Examples
     --------
+    >>> # skipped: needs a running server and an event loop
     >>> frame = await aclosed_loop(url, body, requests=100)   # doctest: +SKIP
     """
     job = _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
@@ -704,9 +475,11 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
 
     Examples
     --------
+    >>> # skipped: needs a running server (srv)
     >>> frame = closed_loop(srv.url + "/predict", payload("small", 100), requests=1000)   # doctest: +SKIP
     >>> frame["status"].eq(200).all()   # doctest: +SKIP
     True
+    >>> # skipped: needs a server on port 8080
     >>> frame = closed_loop("http://127.0.0.1:8080/health", b"", requests=100, method="GET",
     ...                     response="any")   # doctest: +SKIP
     >>> frame.attrs["method"], frame.attrs["server_timing"]["responses"]   # doctest: +SKIP
@@ -732,7 +505,7 @@ def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight
     address = resolve(url)
 
     def job():
-        rec = _Records(len(at), scheduled=at, response=what["read"], metric=what["metric"])
+        rec = Records(len(at), scheduled=at, response=what["read"], metric=what["metric"])
         # At most `slots` requests (and sockets) in flight. A request waiting for
         # a slot is sent late, and its send_lag and client_seconds (from the
         # schedule) include the wait.
@@ -751,6 +524,7 @@ async def aopen_loop(url, body, rate, requests=None, duration=None, seed=0, time
 
     Examples
     --------
+    >>> # skipped: needs a running server and an event loop
     >>> frame = await aopen_loop(url, body, rate=50, duration=2.0)   # doctest: +SKIP
     """
     job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
@@ -805,6 +579,7 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
 
     Examples
     --------
+    >>> # skipped: needs a running server (srv)
     >>> frame = open_loop(srv.url + "/predict", body, rate=50, duration=5.0)   # doctest: +SKIP
     >>> summary(frame)["send_lag_p99"] < 0.002   # doctest: +SKIP
     True
@@ -838,6 +613,7 @@ def summary(frame):
 
     Examples
     --------
+    >>> # skipped: needs a load trial's frame
     >>> summary(frame)["client_p99"]   # doctest: +SKIP
     0.0123
     """
@@ -911,6 +687,7 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
 
     Examples
     --------
+    >>> # skipped: needs a running server (srv)
     >>> bounded_throughput(srv.url + "/predict", body, sla_p99=0.5)["rate"]   # doctest: +SKIP
     37.5
     """
@@ -974,7 +751,7 @@ def bounded_throughput(url, body, sla_p99, rates=None, duration=5.0, low=1.0, hi
 def measure_generator(rate=500, duration=3.0, requests_closed=3000, concurrency=16, cpus=None):
     """The load generator's own limits, against a trivial endpoint in another process.
 
-    Starts :func:`tuna_lab.measure.wire.trivial_endpoint` (127.0.0.1, answers
+    Starts :func:`tuna_lab.measure.trivial.trivial_endpoint` (127.0.0.1, answers
     at once, keep-alive), runs a closed loop (``requests_closed`` requests,
     ``concurrency`` in flight) for the most requests per second the generator
     can drive and its CPU per request, then an open loop at ``rate`` for
@@ -1007,6 +784,7 @@ def measure_generator(rate=500, duration=3.0, requests_closed=3000, concurrency=
 
     Examples
     --------
+    >>> # skipped: starts a server and measures for seconds
     >>> measure_generator(rate=500, duration=1.0)["closed_rps"] > 0   # doctest: +SKIP
     True
     """

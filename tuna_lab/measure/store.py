@@ -10,7 +10,9 @@ sweep (``<path>/<cell>``) or a cluster sweep (``<path>/<machine>/<cell>``).
 Examples
 --------
 >>> from tuna_lab.measure.store import load_results
->>> requests, trials, manifests = load_results("results/sweep")      # doctest: +SKIP
+>>> requests, trials, manifests = load_results("notebooks/data/sweep-2cpu")   # the sweep notebook 06 reads
+>>> len(manifests), sorted(trials["policy"].unique())
+(18, ['cfs', 'round-robin', 'tuna-scatter'])
 """
 
 import contextlib
@@ -85,6 +87,7 @@ def lock_folder(folder):
 
     Examples
     --------
+    >>> # skipped: creates results/sweep
     >>> with lock_folder("results/sweep"):          # doctest: +SKIP
     ...     pass
     """
@@ -149,6 +152,7 @@ def write_cell(out, result, csv=False):
 
     Examples
     --------
+    >>> # skipped: needs a run's result
     >>> write_cell("results/sweep/w2-t2-small-b100", result)            # doctest: +SKIP
     'results/sweep/w2-t2-small-b100'
     """
@@ -363,7 +367,10 @@ def load_results(path):
 
     Examples
     --------
-    >>> requests, trials, manifests = load_results("results/sweep")      # doctest: +SKIP
+    >>> requests, trials, manifests = load_results("notebooks/data/sweep-2cpu")
+    >>> trials.groupby("policy")["p99"].mean().index.tolist()
+    ['cfs', 'round-robin', 'tuna-scatter']
+    >>> # skipped: needs a sweep on a cluster (a machine column)
     >>> trials.groupby(["machine", "policy"])["p99"].mean()             # doctest: +SKIP
     """
     cells = finished_cells(path)

@@ -1,5 +1,5 @@
 """What an experiment measures: a *target* - the lab server, a user's app that tuna_lab starts, or a
-server that is already running - and the requests it is sent.
+server that is already running - and the requests it is sent (:mod:`tuna_lab.measure.requests`).
 
 A target does five things, the protocol :func:`tuna_lab.measure.experiment.run` drives:
 
@@ -32,7 +32,6 @@ Examples
 """
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -48,7 +47,9 @@ import psutil
 
 from .._checks import format_cpulist, one_line, positive_int
 from ..errors import TargetError, TunaError
+from .requests import Requests, read_option_file
 
+# Requests lives in measure/requests.py; it stays importable from here.
 __all__ = ["Requests", "Target", "Live", "LabTarget", "AppTarget", "AttachedTarget", "SERVERS",
            "thread_masks", "restore_masks"]
 
@@ -56,8 +57,6 @@ __all__ = ["Requests", "Target", "Live", "LabTarget", "AppTarget", "AttachedTarg
 SERVERS = ("gunicorn", "uvicorn")
 # Seconds a started app may take to answer its first connection.
 _READY_TIMEOUT = 120.0
-# The request methods a user may name (RFC 7231's token, upper case by convention).
-_METHOD = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 # Libraries whose presence in a worker's memory map names the runtime it serves with.
 _RUNTIME_LIBS = {"libonnxruntime": "onnxruntime", "onnxruntime_pybind11_state": "onnxruntime",
                  "libtorch_cpu": "torch", "libxgboost": "xgboost", "lib_lightgbm": "lightgbm",
@@ -66,129 +65,6 @@ _RUNTIME_LIBS = {"libonnxruntime": "onnxruntime", "onnxruntime_pybind11_state": 
 # The Python distribution to read a runtime's version from.
 _DISTRIBUTIONS = {"onnxruntime": "onnxruntime", "torch": "torch", "xgboost": ("xgboost", "xgboost-cpu"),
                   "lightgbm": "lightgbm"}
-
-
-# -- the requests --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Requests:
-    """What every request of a trial is: method, path (or a full URL), headers and bodies (cycled).
-
-    Parameters
-    ----------
-    path : str
-        ``/p`` on the server tuna_lab started, or a whole loopback URL.
-    method : str
-    headers : tuple of (str, str)
-    bodies : tuple of bytes
-        Request ``i`` sends ``bodies[i % len(bodies)]``; empty for no body.
-    content_type : str
-    server_timing : str, optional
-        The ``Server-Timing`` metric taken as the server-side runtime
-        (default: the first metric with a duration).
-    response : {"lab", "any"}
-        ``"lab"``: the lab server's JSON body, with its own timings; ``"any"``:
-        a user's response, not parsed.
-    """
-
-    path: str = "/predict"
-    method: str = "POST"
-    headers: tuple = ()
-    bodies: tuple = ()
-    content_type: str = "application/json"
-    server_timing: str | None = None
-    response: str = "any"
-
-    def __post_init__(self):
-        if not _METHOD.match(self.method or ""):
-            raise TargetError(f"--method {self.method!r} is not an HTTP method")
-        object.__setattr__(self, "method", self.method.upper())
-        object.__setattr__(self, "headers", tuple((str(k), str(v)) for k, v in self.headers))
-        object.__setattr__(self, "bodies", tuple(bytes(b) for b in self.bodies))
-
-    @classmethod
-    def from_options(cls, path="/predict", method=None, headers=(), body=None, bodies=None, server_timing=None):
-        """Requests from the command line's options: ``--header K:V``, ``--body FILE``, ``--bodies FILE.jsonl``.
-
-        ``--body`` is sent as is; ``--bodies`` is a JSON Lines file whose every
-        non-empty line is one body, sent in turn. Without either, a ``GET``
-        with no body (or the ``method`` given).
-
-        Raises
-        ------
-        TargetError
-            A header without ``:``, a missing or unreadable file, an empty
-            file, a line of ``--bodies`` that is not JSON, or both files.
-
-        Examples
-        --------
-        >>> Requests.from_options("/p", headers=["X-Key: 1"]).headers, Requests.from_options("/p").method
-        ((('X-Key', '1'),), 'GET')
-        """
-        parsed = []
-        for h in headers or ():
-            name, sep, value = str(h).partition(":")
-            if not sep or not name.strip():
-                raise TargetError(f"--header {h!r} is not NAME:VALUE")
-            parsed.append((name.strip(), value.strip()))
-        if body is not None and bodies is not None:
-            raise TargetError("give --body or --bodies, not both")
-        data = ()
-        if body is not None:
-            data = (_read_file(body, "--body"),)
-        elif bodies is not None:
-            data = _read_jsonl(bodies)
-        method = method or ("POST" if data else "GET")
-        content_type = next((v for k, v in parsed if k.lower() == "content-type"), "application/json")
-        return cls(path=path, method=method, headers=tuple(parsed), bodies=data, content_type=content_type,
-                   server_timing=server_timing)
-
-    def url_on(self, base):
-        """The URL requests go to: ``path`` on ``base`` (``http://127.0.0.1:PORT``), or ``path`` if it is one."""
-        return self.path if "://" in self.path else base.rstrip("/") + "/" + self.path.lstrip("/")
-
-    def load_options(self):
-        """The keyword arguments of :func:`~tuna_lab.measure.load.closed_loop` that send these requests."""
-        headers = tuple((k, v) for k, v in self.headers if k.lower() != "content-type")
-        return {"method": self.method, "headers": headers, "content_type": self.content_type,
-                "response": self.response, "server_timing": self.server_timing}
-
-    def body(self):
-        """The body argument of the load functions: one body, or the list cycled."""
-        if not self.bodies:
-            return b""
-        return self.bodies[0] if len(self.bodies) == 1 else list(self.bodies)
-
-    def describe(self):
-        """What the manifest records: method, path, header names (not values), bodies and their digest."""
-        digest = hashlib.sha256(b"\0".join(self.bodies)).hexdigest()[:16] if self.bodies else None
-        return {"method": self.method, "path": self.path, "headers": [k for k, _ in self.headers],
-                "bodies": len(self.bodies), "bodies_sha256": digest, "server_timing": self.server_timing,
-                "response": self.response}
-
-
-def _read_file(path, option):
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise TargetError(f"{option} {path}: {exc.strerror or exc}") from None
-    return data
-
-
-def _read_jsonl(path):
-    out = []
-    for number, line in enumerate(_read_file(path, "--bodies").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            json.loads(line)
-        except ValueError:
-            raise TargetError(f"--bodies {path}: line {number} is not JSON") from None
-        out.append(line.strip())
-    if not out:
-        raise TargetError(f"--bodies {path}: no body in it (one JSON document per line)")
-    return tuple(out)
 
 
 # -- the live server of a trial ------------------------------------------------------------------
@@ -473,6 +349,7 @@ class AppTarget(Target):
 
     Examples
     --------
+    >>> # skipped: needs your module myapp
     >>> t = AppTarget("myapp:app", 2, 2, server="uvicorn")       # doctest: +SKIP
     """
 
@@ -494,7 +371,7 @@ class AppTarget(Target):
         if server_conf is not None:
             if server != "gunicorn":
                 raise TargetError("--server-conf is a gunicorn.conf.py: it needs --server gunicorn")
-            _read_file(server_conf, "--server-conf")
+            read_option_file(server_conf, "--server-conf")
             server_conf = os.path.abspath(server_conf)
         self.app, self.server, self.server_conf = str(app), server, server_conf
         self.workers = positive_int("workers", workers, TargetError)
@@ -674,7 +551,7 @@ def thread_masks(master):
 
     Examples
     --------
-    >>> masks = thread_masks(os.getpid())      # doctest: +SKIP
+    >>> masks = thread_masks(os.getpid())
     """
     from ..placement.binding import affinity_of
 

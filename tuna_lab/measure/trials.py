@@ -171,6 +171,7 @@ def run_steps(plan, policy, steps, trial=0):
     Examples
     --------
     >>> rates = iter([(5.0, 2.0), (10.0, 2.0)])
+    >>> # skipped: needs a trial plan, which starts a lab server
     >>> for m in run_steps(plan, "cfs", lambda row: next(rates, None)):   # doctest: +SKIP
     ...     print(m.row["trial"], m.row["client_p99"])
     """

@@ -11,6 +11,7 @@ within 10% of the exhaustive best, in at most 25% of the exhaustive time.
 
 Examples
 --------
+>>> # skipped: the bench starts lab servers for about 20 minutes (make bench)
 >>> from tuna_lab.measure.tune_bench import run_tune_bench    # doctest: +SKIP
 """
 
@@ -40,6 +41,7 @@ def single_latency(pairs, model=_MODEL, batch=_BATCH, requests=20, rate=4.0, med
 
     Examples
     --------
+    >>> # skipped: starts a lab server
     >>> single_latency([(1, 1)])                                 # doctest: +SKIP
     {(1, 1): 0.061}
     """
@@ -62,8 +64,6 @@ def single_latency(pairs, model=_MODEL, batch=_BATCH, requests=20, rate=4.0, med
 
 def run_tune_bench(args):
     """The bench: the p99 target, the race, the exhaustive search; CSV, and with ``args.doc`` a Markdown page."""
-    from ..cli.options import configs_arg, policies_arg
-    from ..cli.tune import table_text
     from ..machine.limits import Limits
     from .tune import auto_configs, tune
 
@@ -71,8 +71,8 @@ def run_tune_bench(args):
         print(line, file=sys.stderr, flush=True)
 
     load_before = os.getloadavg()
-    pairs = auto_configs(Limits.read().effective_cpus) if args.configs == "auto" else configs_arg(args.configs)
-    policies = policies_arg(args.policies)
+    pairs = auto_configs(Limits.read().effective_cpus) if args.configs == "auto" else args.configs
+    policies = args.policies
     both = single_latency(pairs, median=True)
     single = {pair: p99 for pair, (_, p99) in both.items()}
     medians = {pair: p50 for pair, (p50, _) in both.items()}
@@ -103,14 +103,14 @@ def run_tune_bench(args):
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     both = pd.concat([raced.table.assign(search="race"), full.table.assign(search="exhaustive")], ignore_index=True)
     both.assign(sla_p99=sla, race_seconds=race_seconds, exhaustive_seconds=full_seconds).to_csv(args.out, index=False)
-    print("== race\n" + table_text(raced) + "\n\n== exhaustive\n" + table_text(full) + "\n\n" + summary)
+    print("== race\n" + raced.to_text() + "\n\n== exhaustive\n" + full.to_text() + "\n\n" + summary)
     if args.doc:
         loads = (load_before, os.getloadavg())
-        _write_doc(args.doc, single, medians, sla, raced, full, race_seconds, full_seconds, summary, table_text, loads)
+        _write_doc(args.doc, single, medians, sla, raced, full, race_seconds, full_seconds, summary, loads)
     return 0
 
 
-def _write_doc(path, single, medians, sla, raced, full, race_seconds, full_seconds, summary, table_text, loads):
+def _write_doc(path, single, medians, sla, raced, full, race_seconds, full_seconds, summary, loads):
     from ..machine import host
 
     load = " / ".join(" ".join(f"{x:.2f}" for x in avg) for avg in loads)
@@ -139,13 +139,13 @@ by the exhaustive search's own measurement of it, in at most 25% of the exhausti
 ## The race
 
 ```
-{table_text(raced)}
+{raced.to_text()}
 ```
 
 ## The exhaustive search
 
 ```
-{table_text(full)}
+{full.to_text()}
 ```
 """
     with open(path, "w") as fh:

@@ -24,8 +24,9 @@ possible from the server it measures:
   resolution, where epoll's own timeout is rounded to whole milliseconds), so
   the generator neither sleeps past a send time nor spins waiting for it.
 
-:func:`trivial_endpoint` starts a server that answers every request at once,
-in a process of its own, to measure the generator rather than a server.
+:func:`~tuna_lab.measure.trivial.trivial_endpoint` starts a server that answers every request at
+once, in a process of its own, to measure the generator rather than a server; the open loop's
+clock is :mod:`tuna_lab.measure.clock`.
 
 Examples
 --------
@@ -37,16 +38,12 @@ b'POST /predict HTTP/1.1'
 """
 
 import collections
-import contextlib
-import ctypes
 import errno
 import ipaddress
 import os
 import re
 import select
 import socket
-import subprocess
-import sys
 import time
 from urllib.parse import urlsplit
 
@@ -56,7 +53,10 @@ from _socket import socket as _RawSocket
 
 from .._checks import shorten
 from ..errors import LoadError
+from .clock import MAX_WAIT, TimerFd, wake_lag
+from .trivial import serve_trivial, trivial_endpoint
 
+# The last three live in clock.py and trivial.py; they stay importable from here.
 __all__ = ["check_url", "request_bytes", "parse_response", "resolve", "drive", "trivial_endpoint", "serve_trivial",
            "wake_lag"]
 
@@ -71,18 +71,12 @@ _RECV = 262144
 _ONE_SEGMENT = 16384
 # The epoll event masks this engine uses.
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
-# Longest wait of one epoll call when nothing is due (s): bounds how late a
-# deadline is noticed if the clock and the timeouts disagree.
-_MAX_WAIT = 1.0
 # An HTTP token (RFC 7230 section 3.2.6): a method or a header name.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 # Header values may not break the request's framing: no CR, LF or NUL.
 _BAD_VALUE = re.compile(r"[\r\n\0]")
 # Headers the generator writes itself (lower-cased): a user's would break the framing.
 _OWN_HEADERS = ("host", "content-length", "transfer-encoding", "connection")
-# Response body of the trivial endpoint: what the inference server answers, minus the work.
-_TRIVIAL_BODY = (b'{"count": 1, "stages": {"deserialize": 0.0, "convert": 0.0, "dmatrix": 0.0, "predict": 0.0, '
-                 b'"shap": 0.0}, "server_seconds": 0.0, "pid": -1}')
 
 
 def check_url(url):
@@ -433,108 +427,6 @@ def _is_literal(host):
     return False
 
 
-# -- the open loop's clock ---------------------------------------------------------------
-
-class _TimerFd:
-    """A ``timerfd`` on CLOCK_MONOTONIC (the clock of :func:`time.monotonic`), armed at absolute times.
-
-    Python 3.11 has no ``os.timerfd_*``: the two calls go through ctypes
-    (they release the GIL, as any foreign call).
-    """
-
-    class _Timespec(ctypes.Structure):
-        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-    class _Itimerspec(ctypes.Structure):
-        _fields_ = [("it_interval", ctypes.c_long * 2), ("it_value", ctypes.c_long * 2)]
-
-    def __init__(self):
-        libc = ctypes.CDLL(None, use_errno=True)
-        self._settime = libc.timerfd_settime
-        self._spec = self._Itimerspec()
-        # CLOCK_MONOTONIC = 1; TFD_NONBLOCK | TFD_CLOEXEC.
-        self.fd = libc.timerfd_create(1, os.O_NONBLOCK | os.O_CLOEXEC)
-        if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "timerfd_create failed")
-        self._ref = ctypes.byref(self._spec)
-        self.armed = None
-
-    def arm(self, when):
-        """Fire at monotonic time ``when`` (seconds); re-arming replaces the previous time."""
-        if when == self.armed:
-            return
-        sec = int(when)
-        # it_value 0 would disarm: a time at 0 s cannot be meant, but keep it > 0.
-        self._spec.it_value[0], self._spec.it_value[1] = sec, max(1, int((when - sec) * 1e9))
-        # TFD_TIMER_ABSTIME = 1. Re-arming also clears an expiry not yet read.
-        if self._settime(self.fd, 1, self._ref, None) != 0:
-            raise OSError(ctypes.get_errno(), "timerfd_settime failed")
-        self.armed = when
-
-    def close(self):
-        os.close(self.fd)
-
-
-def wake_lag(rate=1000.0, duration=3.0, seed=0):
-    """How late this machine wakes a thread at a timer's time: the send lag of a generator that sends nothing.
-
-    Sleeps through a Poisson schedule at ``rate`` per second the way
-    :func:`drive` does (one ``timerfd`` armed at each time, waited for in
-    ``epoll``) and records how late each wake-up is. An open loop's send lag
-    cannot be lower: when this p99 is high, the machine is busy (other
-    runnable threads on the same CPUs), not the generator slow.
-
-    Parameters
-    ----------
-    rate : float
-        Wake-ups per second.
-    duration : float
-        Seconds.
-    seed : int
-
-    Returns
-    -------
-    dict
-        ``wakeups``, ``lag_p50``, ``lag_p99``, ``lag_max`` (seconds).
-
-    Examples
-    --------
-    >>> wake_lag(rate=200.0, duration=0.2)["lag_p99"] >= 0
-    True
-    """
-    import random
-
-    draw = random.Random(seed).expovariate
-    timer, ep = _TimerFd(), select.epoll()
-    lags = []
-    try:
-        ep.register(timer.fd, _IN | select.EPOLLET)
-        start = time.monotonic()
-        due = start
-        while True:
-            due += draw(rate)
-            if due - start >= duration:
-                break
-            timer.arm(due)
-            while (now := time.monotonic()) < due:
-                ep.poll(_MAX_WAIT)
-            lags.append(now - due)
-    finally:
-        ep.close()
-        timer.close()
-    lags.sort()
-    if not lags:
-        return {"wakeups": 0, "lag_p50": float("nan"), "lag_p99": float("nan"), "lag_max": float("nan")}
-
-    def pick(q):  # linear interpolation, as numpy.percentile
-        pos = q * (len(lags) - 1)
-        low = int(pos)
-        high = min(low + 1, len(lags) - 1)
-        return lags[low] + (lags[high] - lags[low]) * (pos - low)
-
-    return {"wakeups": len(lags), "lag_p50": pick(0.5), "lag_p99": pick(0.99), "lag_max": lags[-1]}
-
-
 # -- the engine --------------------------------------------------------------------------
 
 class _Conn:
@@ -557,8 +449,9 @@ def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
 
     Parameters
     ----------
-    rec : object
-        Writable per-request arrays of the trial, of one length ``n``:
+    rec : Records or object
+        Writable per-request arrays of the trial
+        (:class:`~tuna_lab.measure.records.Records`), of one length ``n``:
         ``status`` (int; -2 while pending), ``error`` (str), ``sent``,
         ``done`` (float, seconds since the start), ``scheduled`` (float;
         written here in closed loop) and ``raw`` (the response body, bytes).
@@ -588,6 +481,7 @@ def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
 
     Examples
     --------
+    >>> # skipped: needs a recorder and a server's URL
     >>> end = drive(rec, resolve(url), request_bytes(url, body), 8, 30.0, 60.0)   # doctest: +SKIP
     """
     return _Engine(rec, address, request, concurrency, timeout, deadline, schedule).run()
@@ -819,7 +713,7 @@ class _Engine:
     # -- the loop ------------------------------------------------------------------------
 
     def run(self):
-        timer = _TimerFd() if self.schedule is not None else None
+        timer = TimerFd() if self.schedule is not None else None
         try:
             if timer is not None:
                 # Edge-triggered: each expiry wakes the loop once, with no read() to clear it.
@@ -872,7 +766,7 @@ class _Engine:
                 # timeout (whole ms, rounded up) only bounds the timeouts.
                 wake = min(wake, due + 0.001)
             wait = wake - now
-            events = poll(min(max(wait, 0.0), _MAX_WAIT))
+            events = poll(min(max(wait, 0.0), MAX_WAIT))
             for fd, ev in events:
                 conn = conns.get(fd)
                 if conn is None:
@@ -881,96 +775,3 @@ class _Engine:
                     self._writable(conn)
                 elif ev & (_IN | select.EPOLLERR | select.EPOLLHUP):
                     self._readable(conn)
-
-
-# -- a trivial endpoint, in a process of its own -----------------------------------------
-
-def serve_trivial(sock, keep_alive=True):
-    """Answer every HTTP/1.1 request on listening socket ``sock`` at once, until stdin closes.
-
-    The body of each answer is fixed (the inference server's fields, all 0).
-    Connections are kept alive, or closed after each answer as Gunicorn's
-    sync workers do (``keep_alive=False``). The main of
-    :func:`trivial_endpoint`'s process.
-
-    Examples
-    --------
-    >>> serve_trivial(listening_socket)   # doctest: +SKIP
-    """
-    import asyncio
-
-    answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n"
-              % (len(_TRIVIAL_BODY), b"" if keep_alive else b"Connection: close\r\n")) + _TRIVIAL_BODY
-
-    class Answer(asyncio.Protocol):
-        def connection_made(self, transport):
-            self.transport, self.buf = transport, b""
-
-        def data_received(self, data):
-            self.buf += data
-            while True:
-                head_end = self.buf.find(b"\r\n\r\n")
-                if head_end < 0:
-                    return
-                length = 0
-                for line in self.buf[:head_end].split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                end = head_end + 4 + length
-                if len(self.buf) < end:
-                    return
-                self.buf = self.buf[end:]
-                self.transport.write(answer)
-                if not keep_alive:
-                    self.transport.close()
-                    return
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(Answer, sock=sock)
-        # stdin closes when the parent goes away (or stops us): then stop.
-        done = loop.create_future()
-        loop.add_reader(sys.stdin.fileno(), lambda: done.done() or done.set_result(None))
-        async with server:
-            await done
-
-    asyncio.run(main())
-
-
-@contextlib.contextmanager
-def trivial_endpoint(keep_alive=True):
-    """A server on 127.0.0.1 that answers every ``POST`` at once, in its own process; yields its URL.
-
-    Being another process, it takes nothing from the generator's thread (no
-    shared GIL or event loop), so what a trial against it measures is the
-    generator. With ``keep_alive=False`` it closes every connection after
-    its answer, as Gunicorn's sync workers do. The process is stopped when
-    the block ends.
-
-    Examples
-    --------
-    >>> with trivial_endpoint() as url:   # doctest: +SKIP
-    ...     closed_loop(url, b"{}", requests=100)
-    """
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(1024)
-        port = listener.getsockname()[1]
-        code = ("import socket, sys; from tuna_lab.measure.wire import serve_trivial; "
-                "serve_trivial(socket.socket(fileno=int(sys.argv[1])), sys.argv[2] == '1')")
-        proc = subprocess.Popen([sys.executable, "-c", code, str(listener.fileno()), "1" if keep_alive else "0"],
-                                stdin=subprocess.PIPE,
-                                pass_fds=(listener.fileno(),))
-    finally:
-        listener.close()
-    try:
-        yield f"http://127.0.0.1:{port}/predict"
-    finally:
-        proc.stdin.close()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

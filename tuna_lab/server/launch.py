@@ -24,6 +24,7 @@ import psutil
 
 from .._checks import positive_int
 from ..errors import CpuAccountingError, ServerError, TunaError
+from ..machine.limits import check_throttling
 from ..placement.binding import affinity_of, threads_of
 from ..placement.plan import PinnedBy
 from .models import MODEL_FEATURES, ensure_model
@@ -217,6 +218,7 @@ class Server:
 
     def start(self, ready_timeout=180):
         """Start Gunicorn and wait until every worker is warm and pinned."""
+        check_throttling(self.workers * self.threads)
         # Train (or find) the model here, once, rather than in W racing workers.
         ensure_model(self.model)
         self.placement.plan().write(os.path.join(self.state_dir, PLAN_FILE))

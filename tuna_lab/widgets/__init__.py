@@ -10,29 +10,28 @@ Examples
 >>> from tuna_lab.widgets import ModeExplorer
 >>> ModeExplorer("xeon-8272cl", workers=4, threads=8).mapping.assignment.shape
 (4, 8)
+>>> # skipped: needs ipywidgets and a notebook to show the view
 >>> from tuna_lab.widgets import mode_explorer       # doctest: +SKIP
 >>> mode_explorer("xeon-8272cl", workers=4, threads=8)   # doctest: +SKIP
 """
 
-from .controllers import (COMPARED_POLICIES, TOPOLOGY_CHOICES, ConstraintToggles, DistanceView,
-                          LiveExperiment, ModeExplorer, PolicyComparison, core_grid, topology_from)
+import lazy_loader as _lazy
 
-#: The views, imported from :mod:`tuna_lab.widgets.views` on first use.
+#: The views, imported from :mod:`tuna_lab.widgets.views` (and ipywidgets with them) on first use.
 VIEWS = ("mode_explorer", "distance_view", "constraint_toggles", "policy_comparison", "live_experiment")
 
 # The views stay out of __all__: a star import must not need ipywidgets.
 __all__ = ["ModeExplorer", "DistanceView", "ConstraintToggles", "PolicyComparison", "LiveExperiment",
            "core_grid", "topology_from", "TOPOLOGY_CHOICES", "COMPARED_POLICIES", "VIEWS"]
 
-
-def __getattr__(name):
-    # Views import ipywidgets; load them only when one is asked for.
-    if name in VIEWS:
-        from . import views
-
-        return getattr(views, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, _lazy_dir, _ = _lazy.attach(__name__, submodules=["controllers", "figures", "live", "views"],
+                                       submod_attrs={
+    "controllers": ["COMPARED_POLICIES", "TOPOLOGY_CHOICES", "ConstraintToggles", "DistanceView", "LiveExperiment",
+                    "ModeExplorer", "PolicyComparison", "core_grid", "topology_from"],
+    "views": list(VIEWS),
+})
 
 
 def __dir__():
-    return sorted([*globals(), *VIEWS])
+    # The module's own names (VIEWS) beside the ones lazy_loader serves.
+    return sorted({*globals(), *_lazy_dir()})

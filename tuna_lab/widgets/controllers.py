@@ -341,8 +341,10 @@ class ConstraintToggles(Controller):
     >>> ct = ConstraintToggles(12, 6, "xeon-8272cl")
     >>> ct.toggle("8"), ct.error
     (False, 'family (11-12) needs (8) in the same model')
-    >>> ct.toggle("11-12"), ct.violated, len(ct.changed)
-    (True, ('11-12',), 8)
+    >>> ct.toggle("11-12"), ct.violated
+    (True, ('11-12',))
+    >>> ct.changed.columns.tolist()       # how many threads move is the solver's choice among equals
+    ['worker', 'thread', 'role', 'reference_cpu', 'cpu']
     """
 
     def __init__(self, workers, threads, topology=None, mode="scatter", *, time_limit=10.0):

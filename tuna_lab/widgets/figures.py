@@ -260,6 +260,7 @@ def static(fig, width=None, height=None, scale=1):
     --------
     >>> from tuna_lab.widgets import ModeExplorer
     >>> ex = ModeExplorer("xeon-8272cl", workers=4, threads=8)
+    >>> # skipped: kaleido draws it in a headless Chromium, in seconds
     >>> still = static(mapping_figure(ex.grid(), ex.threads_frame()))     # doctest: +SKIP
     >>> still.format, len(still.data) > 10_000                            # doctest: +SKIP
     ('png', True)
@@ -287,6 +288,7 @@ class StaticRenderer(MimetypeRenderer):
     Examples
     --------
     >>> import plotly.io as pio
+    >>> # skipped: changes this kernel's plotly renderers
     >>> pio.renderers["tuna_lab_static"] = StaticRenderer()              # doctest: +SKIP
     >>> pio.renderers.default = "plotly_mimetype+tuna_lab_static"      # doctest: +SKIP
     """

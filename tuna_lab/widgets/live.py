@@ -70,8 +70,10 @@ class LiveExperiment(Controller):
     Examples
     --------
     >>> live = LiveExperiment(1, 1, policies=["cfs"], trials=1, requests=20)
+    >>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
     >>> live.start(); live.wait()                                   # doctest: +SKIP
     >>> live.results[["policy", "trial", "p99"]]                    # doctest: +SKIP
+    >>> # skipped: needs a server running as PID 1234
     >>> from tuna_lab.measure.target import AttachedTarget         # doctest: +SKIP
     >>> live = LiveExperiment(None, None, policies=["cfs", "tuna-scatter"],
     ...                       target=AttachedTarget(1234, "http://127.0.0.1:8000/", 2))  # doctest: +SKIP
@@ -150,6 +152,14 @@ class LiveExperiment(Controller):
         ``trial_status``, ``reason``."""
         with self._lock:
             return pd.DataFrame(self._rows, columns=_RESULT_COLUMNS)
+
+    @property
+    def summary(self):
+        """The finished run's :class:`~tuna_lab.analysis.summary.RunSummary` (the tables ``tuna-lab run`` prints);
+        None until the run has finished."""
+        from ..analysis.summary import summarize
+
+        return None if self.result is None else summarize(self.result)
 
     def _trial(self, result):
         """One (trial, policy) finished: its rows (``run`` then prints its line through :meth:`_progress`)."""

@@ -7,6 +7,7 @@ notebook can drive either and tests can click the buttons.
 Examples
 --------
 >>> from tuna_lab.widgets import mode_explorer
+>>> # skipped: needs ipywidgets and a notebook to show the view
 >>> view = mode_explorer("xeon-8272cl", workers=4, threads=8)       # doctest: +SKIP
 >>> view.parts["mode"].value = "compact"    # same as clicking          # doctest: +SKIP
 >>> view.controller.mapping.f_mode < 0                                # doctest: +SKIP
@@ -227,7 +228,8 @@ def live_experiment(workers=1, threads=1, model="small", batch=100, policies=("c
     Returns
     -------
     View
-        ``parts``: ``start``, ``stop`` (Buttons), ``status``, ``log`` (Textarea), ``figure``.
+        ``parts``: ``start``, ``stop`` (Buttons), ``status``, ``log`` (Textarea: the progress lines, then
+        the run's summary table), ``figure``.
     """
     ctl = controller or LiveExperiment(workers, threads, model, batch, policies, trials, requests)
     parts = {"start": widgets.Button(description="start", icon="play", button_style="success"),
@@ -244,7 +246,9 @@ def live_experiment(workers=1, threads=1, model="small", batch=100, policies=("c
         busy = ctl.state in ("running", "stopping")
         parts["start"].disabled, parts["stop"].disabled = busy, not busy
         parts["status"].value = _status(ctl.error, f"{ctl.state}: {about}")
-        parts["log"].value = "\n".join(ctl.lines)
+        # Once finished, the table `tuna-lab run` prints ends the log.
+        summary = ctl.summary if ctl.state == "finished" else None
+        parts["log"].value = "\n".join(ctl.lines + ([summary.to_text()] if summary is not None else []))
         _redraw(parts["figure"], figures.p99_figure(ctl.results))
 
     ctl.subscribe(redraw)

@@ -38,6 +38,7 @@ without loading pandas, scikit-learn or XGBoost.
 Examples
 --------
 >>> from tuna_lab.analysis.advise import train
+>>> # skipped: needs a sweep's results (tuna-lab sweep --out results/sweep)
 >>> advisor = train("results/sweep")                                # doctest: +SKIP
 >>> advisor.evaluation[["model", "mae", "r2"]]                      # doctest: +SKIP
 >>> rec = advisor.recommend(2, 2, "medium", batch=100)              # doctest: +SKIP

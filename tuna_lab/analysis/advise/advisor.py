@@ -8,6 +8,7 @@ them on every row. :meth:`Advisor.recommend` answers one question with a
 
 Examples
 --------
+>>> # skipped: needs a sweep's results (tuna-lab sweep --out results/sweep)
 >>> advisor = train("results/sweep")                                # doctest: +SKIP
 >>> advisor.recommend(2, 2, "medium", batch=100).best_policy        # doctest: +SKIP
 'tuna-scatter'
@@ -79,6 +80,7 @@ def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1):
 
     Examples
     --------
+    >>> # skipped: needs a sweep's results (tuna-lab sweep --out results/sweep)
     >>> advisor = train("results/sweep")       # doctest: +SKIP
     >>> advisor.evaluation                     # doctest: +SKIP
     """
@@ -253,6 +255,7 @@ class Advisor:
 
         Examples
         --------
+        >>> # skipped: needs a sweep's tables
         >>> advisor = Advisor.fit(feature_table(requests, trials, manifests))   # doctest: +SKIP
         """
         table = table.reset_index(drop=True)
@@ -284,6 +287,7 @@ class Advisor:
 
         Examples
         --------
+        >>> # skipped: needs a trained advisor
         >>> advisor.importance().head(3)        # doctest: +SKIP
         """
         score = self._fitted["xgboost"].booster.get_score(importance_type="total_gain")
@@ -363,6 +367,7 @@ class Advisor:
 
         Examples
         --------
+        >>> # skipped: needs a trained advisor
         >>> rec = advisor.recommend(2, 2, "medium", batch=100)     # doctest: +SKIP
         >>> print(rec)                                             # doctest: +SKIP
         """

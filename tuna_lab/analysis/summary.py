@@ -1,0 +1,261 @@
+"""A run's summary as DataFrames: the tables ``tuna-lab run``, ``demo`` and ``report --json`` print.
+
+:func:`summarize` reduces a run's ``requests`` and ``trials`` (a
+:class:`~tuna_lab.measure.experiment.Result`, or the two tables as
+:func:`~tuna_lab.measure.load_results` reads them) to a :class:`RunSummary`:
+one row per policy (mean p50/p99, the p99 speedup over cfs, CPU per
+request), each policy's p99 speedup over cfs with its Fieller interval, the
+headline averages over cfs and round-robin (the report's), the CPU cost per
+application and policy, and the failed trials. The command line prints these
+tables; a notebook gets the same numbers as frames.
+
+Examples
+--------
+>>> from tuna_lab.measure import load_results
+>>> requests, trials, _ = load_results("notebooks/data/sweep-2cpu")   # the sweep notebook 06 reads
+>>> summarize(requests, trials).headline[["baseline", "policy", "applications"]].values.tolist()
+[['cfs', 'round-robin', 18], ['cfs', 'tuna-scatter', 18],
+ ['round-robin', 'cfs', 18], ['round-robin', 'tuna-scatter', 18]]
+"""
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..errors import AnalysisError, TunaError
+from .stats import compare_policies, cpu_cost, scenario_stats, speedup_summary, trial_stats
+
+__all__ = ["RunSummary", "summarize"]
+
+# The policy the per-policy speedups compare with, as the article does.
+_BASELINE = "cfs"
+# Columns of each table, also when it is empty (a run whose trials all failed).
+_SPEEDUP_COLUMNS = ["policy", "baseline", "speedup", "ci_low", "ci_high"]
+_HEADLINE_COLUMNS = ["baseline", "policy", "applications", "speedup", "geomean"]
+_FAILED_COLUMNS = ["policy", "trial", "reason"]
+# Per-policy CPU columns, shown when the run recorded them.
+_POLICY_CPU = ("cpu_per_request", "idle_cpu_share_openmp", "generator_cpu_per_request")
+# What names one application in the CPU table, in this order, where present.
+_CPU_KEYS = ("machine", "workers", "threads", "cpus", "model", "batch", "wait_policy", "spincount", "policy")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a run (or a sweep) comes to, as DataFrames.
+
+    Attributes
+    ----------
+    summary : pandas.DataFrame
+        One row per policy over its successful trials: ``policy``, ``trials``,
+        ``p50`` and ``p99`` (means, seconds), ``p99_speedup_vs_cfs`` (cfs's
+        mean p99 over the policy's; NaN without cfs) and, when recorded,
+        ``cpu_per_request``, ``idle_cpu_share_openmp`` and
+        ``generator_cpu_per_request``.
+    speedups : pandas.DataFrame
+        Each other policy's p99 speedup over cfs with its 95% Fieller
+        interval: ``policy``, ``baseline``, ``speedup``, ``ci_low``,
+        ``ci_high``. Empty when too few trials succeeded to compare.
+    headline : pandas.DataFrame
+        Each policy's average p99 speedup over cfs and round-robin over all
+        applications (:func:`~tuna_lab.analysis.stats.speedup_summary`):
+        ``baseline``, ``policy`` (``machine`` for each machine of a sweep on a
+        cluster), ``applications``, ``speedup`` and ``geomean``.
+    cpu : pandas.DataFrame
+        Per application and policy: the application's keys, ``p99``,
+        ``server_cpu_per_request`` (every server thread, per ok request),
+        ``generator_cpu_per_request`` (the load generator's, per request
+        sent; NaN for results recorded before it was) and ``trials``. Empty
+        when the results have no CPU accounting.
+    failed : pandas.DataFrame
+        The trials not counted: ``policy``, ``trial`` (from 0), ``reason``.
+    """
+
+    summary: pd.DataFrame
+    speedups: pd.DataFrame
+    headline: pd.DataFrame
+    cpu: pd.DataFrame
+    failed: pd.DataFrame
+
+    def to_dict(self):
+        """Every table as a list of plain rows (``tuna-lab run --json`` and ``report --json`` print them).
+
+        A headline row not about one machine has no ``machine`` key; NaN stays NaN.
+
+        Examples
+        --------
+        >>> import pandas as pd
+        >>> trials = pd.DataFrame({"policy": ["cfs"], "trial": 0, "trial_status": "ok", "p50": 0.01, "p99": 0.02})
+        >>> summarize(None, trials).to_dict()["summary"]
+        [{'policy': 'cfs', 'trials': 1, 'p50': 0.01, 'p99': 0.02, 'p99_speedup_vs_cfs': 1.0}]
+        """
+        out = {name: getattr(self, name).to_dict("records") for name in ("summary", "speedups", "cpu", "failed")}
+        out["headline"] = [{k: v for k, v in row.items() if k != "machine" or isinstance(v, str)}
+                           for row in self.headline.to_dict("records")]
+        return out
+
+    def to_text(self):
+        """The per-policy table and the speedup lines, as ``tuna-lab run`` and ``demo`` print them (ms).
+
+        Examples
+        --------
+        >>> import pandas as pd
+        >>> trials = pd.DataFrame({"policy": ["cfs", "tuna-scatter"], "trial": 0, "trial_status": "ok",
+        ...                        "p50": [0.010, 0.008], "p99": [0.030, 0.020]})
+        >>> print(summarize(None, trials).to_text())
+        policy           p50 ms   p99 ms   p99 speedup vs cfs
+        cfs                10.0     30.0                1.00x
+        tuna-scatter        8.0     20.0                1.50x
+        <BLANKLINE>
+        """
+        return _summary_table(self.summary) + "\n" + "\n".join(_speedup_line(r) for _, r in self.speedups.iterrows())
+
+
+def summarize(requests, trials=None):
+    """The summary of a run (or of a sweep's results) as :class:`RunSummary`.
+
+    Parameters
+    ----------
+    requests : pandas.DataFrame, Result or None
+        The per-request table, or a :class:`~tuna_lab.measure.experiment.Result`
+        (its ``requests`` and ``trials`` are used, and ``trials`` must be
+        left out). None: only the trial table is summarised (no speedup
+        intervals, no headline).
+    trials : pandas.DataFrame
+        The per-trial table.
+
+    Returns
+    -------
+    RunSummary
+
+    Raises
+    ------
+    AnalysisError
+        No trial table, or a trial table without ``policy`` and ``trial_status``.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> trials = pd.DataFrame({"policy": ["cfs", "cfs", "round-robin"], "trial": [0, 1, 0],
+    ...                        "trial_status": ["ok", "failed", "ok"], "reason": ["", "timeouts", ""],
+    ...                        "p50": [0.01, None, 0.01], "p99": [0.03, None, 0.02]})
+    >>> s = summarize(None, trials)
+    >>> s.summary[["policy", "trials", "p99_speedup_vs_cfs"]].values.tolist()
+    [['cfs', 1, 1.0], ['round-robin', 1, 1.5]]
+    >>> s.failed.to_dict("records")
+    [{'policy': 'cfs', 'trial': 1, 'reason': 'timeouts'}]
+    """
+    if trials is None and hasattr(requests, "trials"):
+        requests, trials = requests.requests, requests.trials
+    if not isinstance(trials, pd.DataFrame):
+        raise AnalysisError(f"summarize needs the trial table (a DataFrame), not {type(trials).__name__}")
+    if len(trials) and not {"policy", "trial_status"} <= set(trials.columns):
+        raise AnalysisError("the trial table needs the columns policy and trial_status")
+    have_requests = isinstance(requests, pd.DataFrame) and len(requests)
+    return RunSummary(summary=_policy_rows(trials, _BASELINE),
+                      speedups=_speedups(requests, trials, _BASELINE) if have_requests else
+                      pd.DataFrame(columns=_SPEEDUP_COLUMNS),
+                      headline=_headline(requests, trials) if have_requests else
+                      pd.DataFrame(columns=_HEADLINE_COLUMNS),
+                      cpu=_cpu_rows(trials), failed=_failed(trials))
+
+
+def _policy_rows(trials, baseline):
+    """One row per policy: mean p50/p99 of its successful trials, the p99 speedup over ``baseline``, CPU."""
+    ok = trials[trials["trial_status"] == "ok"] if len(trials) else trials
+    if ok.empty:
+        return pd.DataFrame(columns=["policy", "trials", "p50", "p99", "p99_speedup_vs_cfs"])
+    cpu = [c for c in _POLICY_CPU if c in ok.columns]
+    means = ok.groupby("policy")[["p50", "p99", *cpu]].mean()
+    n = ok.groupby("policy").size()
+    base = means["p99"].get(baseline)
+    rows = []
+    for policy, row in means.iterrows():
+        rows.append({"policy": policy, "trials": int(n[policy]), "p50": float(row["p50"]), "p99": float(row["p99"]),
+                     "p99_speedup_vs_cfs": float(base / row["p99"]) if base is not None and row["p99"] > 0
+                     else float("nan"),
+                     **{c: float(row[c]) for c in cpu}})
+    return pd.DataFrame(rows)
+
+
+def _speedups(requests, trials, baseline):
+    """Each other policy's p99 speedup over ``baseline`` with its 95% Fieller interval."""
+    try:
+        scen = scenario_stats(trial_stats(requests, trials))
+    except TunaError:
+        # Too few successful trials to compare: the per-policy table says what ran.
+        return pd.DataFrame(columns=_SPEEDUP_COLUMNS)
+    if baseline not in set(scen["policy"]):
+        return pd.DataFrame(columns=_SPEEDUP_COLUMNS)
+    rows = []
+    for policy in sorted(set(scen["policy"]) - {baseline}):
+        c = compare_policies(scen, baseline, policy)
+        rows.append({"policy": policy, "baseline": baseline, "speedup": float(c["speedup"]),
+                     "ci_low": float(c["speedup_ci_low"]), "ci_high": float(c["speedup_ci_high"])})
+    return pd.DataFrame(rows, columns=_SPEEDUP_COLUMNS)
+
+
+def _headline(requests, trials):
+    """Each policy's average p99 speedup over cfs and round-robin, over all applications (per machine too)."""
+    try:
+        scenarios = scenario_stats(trial_stats(requests, trials))
+    except TunaError:
+        return pd.DataFrame(columns=_HEADLINE_COLUMNS)
+    by = (None, "machine") if "machine" in scenarios.columns else (None,)
+    summary = speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=by)
+    rows = [{"baseline": row["baseline"], "policy": row["policy"],
+             **({"machine": row["machine"]} if row["group"] == "machine" else {}),
+             "applications": int(row["n"]), "speedup": float(row["speedup"]), "geomean": float(row["geomean"])}
+            for _, row in summary.iterrows()]
+    return pd.DataFrame(rows, columns=_HEADLINE_COLUMNS[:2] + (["machine"] if len(by) > 1 else [])
+                        + _HEADLINE_COLUMNS[2:])
+
+
+def _cpu_rows(trials):
+    """:func:`~tuna_lab.analysis.stats.cpu_cost` with the server's and the generator's CPU per request."""
+    try:
+        cost = cpu_cost(trials)
+    except TunaError:
+        return pd.DataFrame(columns=["p99", "server_cpu_per_request", "generator_cpu_per_request", "trials"])
+    keys = [c for c in _CPU_KEYS if c in cost.columns]
+    return pd.DataFrame({**{k: cost[k] for k in keys}, "p99": cost["p99"].astype(float),
+                         "server_cpu_per_request": cost["cpu_per_request"].astype(float),
+                         "generator_cpu_per_request": cost["generator_cpu_per_request"].astype(float),
+                         "trials": cost["trials"].astype(int)})
+
+
+def _failed(trials):
+    if not len(trials):
+        return pd.DataFrame(columns=_FAILED_COLUMNS)
+    bad = trials[trials["trial_status"] != "ok"]
+    reasons = bad["reason"] if "reason" in bad.columns else pd.Series("", index=bad.index)
+    return pd.DataFrame({"policy": bad["policy"], "trial": bad["trial"].astype(int), "reason": reasons},
+                        columns=_FAILED_COLUMNS).reset_index(drop=True)
+
+
+def _summary_table(summary):
+    """The per-policy rows as text (milliseconds); CPU columns where they were recorded."""
+    if summary.empty:
+        return "no successful trials"
+    cpu = "cpu_per_request" in summary.columns
+    gen = "generator_cpu_per_request" in summary.columns
+    lines = [f"{'policy':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99 speedup vs cfs':>21}"
+             + (f"{'server CPU ms/req':>19}{'OpenMP idle':>13}" if cpu else "")
+             + (f"{'generator CPU ms/req':>22}" if gen else "")]
+    for _, row in summary.iterrows():
+        speedup = row["p99_speedup_vs_cfs"]
+        sp = "-" if pd.isna(speedup) else f"{speedup:.2f}x"
+        line = f"{row['policy']:<14}{row['p50'] * 1e3:>9.1f}{row['p99'] * 1e3:>9.1f}{sp:>21}"
+        if cpu:
+            # With T=1 there is no OpenMP team, so no idle share to show (NaN).
+            idle = row["idle_cpu_share_openmp"]
+            line += f"{row['cpu_per_request'] * 1e3:>19.2f}" + (f"{'-':>13}" if pd.isna(idle) else f"{idle:>13.0%}")
+        if gen:
+            line += f"{row['generator_cpu_per_request'] * 1e3:>22.2f}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def _speedup_line(s):
+    """"policy vs cfs: p99 speedup X [lo, hi] (95% CI, Fieller)"."""
+    return (f"{s['policy']} vs {s['baseline']}: p99 speedup {s['speedup']:.2f}x "
+            f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}] (95% CI, Fieller)")

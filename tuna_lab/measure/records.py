@@ -1,0 +1,153 @@
+"""A trial's per-request records: column arrays filled in place while it runs, one frame after it.
+
+:func:`tuna_lab.measure.wire.drive` writes each request's status, times and
+raw response into a :class:`Records`; once the trial is over,
+:meth:`Records.frame` decodes the bodies (the lab server's JSON: server
+time, stages, worker, CPU) and the ``Server-Timing`` headers and returns the
+request table (:data:`tuna_lab.measure.schema.REQUEST_COLUMNS`). Decoding
+after the trial keeps the generator's own work per request small.
+
+Examples
+--------
+>>> rec = Records(2)
+>>> rec.status[0], rec.raw[0] = 200, b'{"server_seconds": 0.01, "pid": 7}'
+>>> rec.cut(at=1.0)
+>>> rec.frame({})[["status", "error", "server_seconds", "pid"]].values.tolist()
+[[200, '', 0.01, 7], [-1, 'deadline', nan, -1]]
+"""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+
+from .._checks import shorten
+from ..server.models import STAGES
+from .schema import REQUEST_COLUMNS as COLUMNS
+from .server_timing import parse_server_timing
+
+__all__ = ["PENDING", "Records"]
+
+#: Status of a request that has not finished (yet); never appears in a frame.
+PENDING = -2
+# Longest error text kept in a request's row (and Server-Timing example in attrs).
+_ERROR_CHARS = 200
+
+
+class Records:
+    """Column arrays of a trial, written in place by the request coroutines."""
+
+    def __init__(self, n, scheduled=None, response="lab", metric=None):
+        self.response, self.metric = response, metric
+        self.status = np.full(n, PENDING, dtype=np.int64)
+        self.error = np.full(n, "", dtype=object)
+        self.sent = np.full(n, np.nan)
+        self.done = np.full(n, np.nan)
+        # Closed mode has no schedule: filled with the send time as requests go out.
+        self.scheduled = np.full(n, np.nan) if scheduled is None else np.asarray(scheduled, dtype=float)
+        self.server = np.full((n, 1 + len(STAGES)), np.nan)
+        self.pid = np.full(n, -1, dtype=np.int64)
+        # When the worker began the request, on the machine-wide monotonic clock
+        # (CLOCK_MONOTONIC): lets CPU samples be split into busy and idle time.
+        self.start = np.full(n, np.nan)
+        # CPU seconds the worker's main thread and OpenMP pool spent on the request.
+        self.cpu = np.full((n, 2), np.nan)
+        # Response bodies, decoded only after the trial: keeps the event loop's
+        # per-request work (and so the generator's own delay) as small as possible.
+        self.raw = np.full(n, b"", dtype=object)
+        # Raw Server-Timing header values (bytes, or None without one), written by drive().
+        self.timing = np.full(n, None, dtype=object)
+
+    def cut(self, at):
+        """Mark every unfinished request as cut by the trial's deadline at ``at`` seconds."""
+        pending = self.status == PENDING
+        self.status[pending] = -1
+        self.error[pending] = "deadline"
+        # A lower bound on their latency; requests not yet due get none.
+        due = pending & (self.scheduled <= at)
+        self.done[due] = at
+
+    def frame(self, attrs):
+        ok = np.flatnonzero((self.status >= 200) & (self.status < 300))
+        if self.response == "lab":
+            for i in ok:
+                if self.status[i] != 204:  # No Content: nothing to read
+                    _parse_ok(self, i, self.raw[i])
+        attrs["server_timing"] = self._server_timing(ok)
+        for i in np.flatnonzero((self.status > 0) & ((self.status < 200) | (self.status >= 300))):
+            self.error[i] = _error_text(self.raw[i], self.status[i])
+        n = len(self.status)
+        data = {"request": np.arange(n), "status": self.status, "error": self.error,
+                "client_seconds": self.done - self.scheduled, "server_seconds": self.server[:, 0]}
+        data.update({name: self.server[:, k + 1] for k, name in enumerate(STAGES)})
+        data.update({"pid": self.pid, "sent_at": self.sent, "scheduled_at": self.scheduled,
+                     "send_lag": self.sent - self.scheduled, "server_start": self.start,
+                     "cpu_main": self.cpu[:, 0], "cpu_openmp": self.cpu[:, 1]})
+        frame = pd.DataFrame(data, columns=list(COLUMNS))
+        frame.attrs.update(attrs)
+        return frame
+
+    def _server_timing(self, ok):
+        """Server-Timing durations of the ok rows into ``server_seconds`` where the body gave none; the counts."""
+        timing, server = self.timing, self.server
+        responses = parsed = unparsed = 0
+        example = None
+        for i in ok:
+            value = timing[i]
+            if value is None:
+                continue
+            responses += 1
+            try:
+                seconds = parse_server_timing(value, self.metric)
+            except ValueError:
+                unparsed += 1
+                if example is None:
+                    example = shorten(value.decode("latin-1"), _ERROR_CHARS)
+                continue
+            if seconds is not None:
+                parsed += 1
+                if math.isnan(server[i, 0]):
+                    server[i, 0] = seconds
+        return {"metric": self.metric, "responses": responses, "parsed": parsed, "unparsed": unparsed,
+                "example": example}
+
+
+def _error_text(raw, status):
+    try:
+        doc = json.loads(raw)
+        if isinstance(doc, dict) and "error" in doc:
+            return shorten(doc["error"], _ERROR_CHARS)
+    except ValueError:
+        pass
+    text = shorten(raw.decode("utf-8", "replace"), _ERROR_CHARS)
+    return text or f"HTTP {status}"
+
+
+def _number(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return np.nan
+
+
+def _parse_ok(rec, i, raw):
+    """Fill the server-side columns of request ``i`` from a 200 body; fields it lacks stay NaN."""
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        rec.error[i] = "response is not JSON"
+        return
+    if not isinstance(doc, dict):
+        rec.error[i] = "response is not a JSON object"
+        return
+    stages = doc.get("stages")
+    stages = stages if isinstance(stages, dict) else {}
+    rec.server[i] = [_number(doc.get("server_seconds")), *(_number(stages.get(k)) for k in STAGES)]
+    rec.start[i] = _number(doc.get("started"))
+    cpu = doc.get("cpu")
+    if isinstance(cpu, dict):
+        rec.cpu[i] = [_number(cpu.get("main")), _number(cpu.get("openmp"))]
+    pid = doc.get("pid")
+    if isinstance(pid, int) and not isinstance(pid, bool):
+        rec.pid[i] = pid

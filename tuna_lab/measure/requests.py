@@ -1,0 +1,155 @@
+"""What every request of a trial is: method, path (or a whole URL), headers and bodies, from the options.
+
+:class:`Requests` is what a target (:mod:`tuna_lab.measure.target`) sends:
+the lab server's payload, or a user's own requests as ``run --app`` and
+``run --pid`` read them from ``--path``, ``--method``, ``--header``,
+``--body`` and ``--bodies``.
+
+Examples
+--------
+>>> r = Requests(path="/score", method="PUT", headers=(("X-Key", "1"),), bodies=(b"{}", b"[]"))
+>>> r.describe()["bodies"], r.load_options()["method"]
+(2, 'PUT')
+"""
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+
+from ..errors import TargetError
+
+__all__ = ["Requests", "read_option_file"]
+
+# The request methods a user may name (RFC 7231's token, upper case by convention).
+_METHOD = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+@dataclass(frozen=True)
+class Requests:
+    """What every request of a trial is: method, path (or a full URL), headers and bodies (cycled).
+
+    Parameters
+    ----------
+    path : str
+        ``/p`` on the server tuna_lab started, or a whole loopback URL.
+    method : str
+    headers : tuple of (str, str)
+    bodies : tuple of bytes
+        Request ``i`` sends ``bodies[i % len(bodies)]``; empty for no body.
+    content_type : str
+    server_timing : str, optional
+        The ``Server-Timing`` metric taken as the server-side runtime
+        (default: the first metric with a duration).
+    response : {"lab", "any"}
+        ``"lab"``: the lab server's JSON body, with its own timings; ``"any"``:
+        a user's response, not parsed.
+    """
+
+    path: str = "/predict"
+    method: str = "POST"
+    headers: tuple = ()
+    bodies: tuple = ()
+    content_type: str = "application/json"
+    server_timing: str | None = None
+    response: str = "any"
+
+    def __post_init__(self):
+        if not _METHOD.match(self.method or ""):
+            raise TargetError(f"--method {self.method!r} is not an HTTP method")
+        object.__setattr__(self, "method", self.method.upper())
+        object.__setattr__(self, "headers", tuple((str(k), str(v)) for k, v in self.headers))
+        object.__setattr__(self, "bodies", tuple(bytes(b) for b in self.bodies))
+
+    @classmethod
+    def from_options(cls, path="/predict", method=None, headers=(), body=None, bodies=None, server_timing=None):
+        """Requests from the command line's options: ``--header K:V``, ``--body FILE``, ``--bodies FILE.jsonl``.
+
+        ``--body`` is sent as is; ``--bodies`` is a JSON Lines file whose every
+        non-empty line is one body, sent in turn. Without either, a ``GET``
+        with no body (or the ``method`` given).
+
+        Raises
+        ------
+        TargetError
+            A header without ``:``, a missing or unreadable file, an empty
+            file, a line of ``--bodies`` that is not JSON, or both files.
+
+        Examples
+        --------
+        >>> Requests.from_options("/p", headers=["X-Key: 1"]).headers, Requests.from_options("/p").method
+        ((('X-Key', '1'),), 'GET')
+        """
+        parsed = []
+        for h in headers or ():
+            name, sep, value = str(h).partition(":")
+            if not sep or not name.strip():
+                raise TargetError(f"--header {h!r} is not NAME:VALUE")
+            parsed.append((name.strip(), value.strip()))
+        if body is not None and bodies is not None:
+            raise TargetError("give --body or --bodies, not both")
+        data = ()
+        if body is not None:
+            data = (read_option_file(body, "--body"),)
+        elif bodies is not None:
+            data = _read_jsonl(bodies)
+        method = method or ("POST" if data else "GET")
+        content_type = next((v for k, v in parsed if k.lower() == "content-type"), "application/json")
+        return cls(path=path, method=method, headers=tuple(parsed), bodies=data, content_type=content_type,
+                   server_timing=server_timing)
+
+    def url_on(self, base):
+        """The URL requests go to: ``path`` on ``base`` (``http://127.0.0.1:PORT``), or ``path`` if it is one."""
+        return self.path if "://" in self.path else base.rstrip("/") + "/" + self.path.lstrip("/")
+
+    def load_options(self):
+        """The keyword arguments of :func:`~tuna_lab.measure.load.closed_loop` that send these requests."""
+        headers = tuple((k, v) for k, v in self.headers if k.lower() != "content-type")
+        return {"method": self.method, "headers": headers, "content_type": self.content_type,
+                "response": self.response, "server_timing": self.server_timing}
+
+    def body(self):
+        """The body argument of the load functions: one body, or the list cycled."""
+        if not self.bodies:
+            return b""
+        return self.bodies[0] if len(self.bodies) == 1 else list(self.bodies)
+
+    def describe(self):
+        """What the manifest records: method, path, header names (not values), bodies and their digest."""
+        digest = hashlib.sha256(b"\0".join(self.bodies)).hexdigest()[:16] if self.bodies else None
+        return {"method": self.method, "path": self.path, "headers": [k for k, _ in self.headers],
+                "bodies": len(self.bodies), "bodies_sha256": digest, "server_timing": self.server_timing,
+                "response": self.response}
+
+
+def read_option_file(path, option):
+    """The bytes of the file an option names (``--body``, ``--server-conf``...); one-line TargetError if unreadable.
+
+    Examples
+    --------
+    >>> read_option_file("/nonexistent", "--body")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.TargetError: --body /nonexistent: No such file or directory
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError as exc:
+        raise TargetError(f"{option} {path}: {exc.strerror or exc}") from None
+    return data
+
+
+def _read_jsonl(path):
+    out = []
+    for number, line in enumerate(read_option_file(path, "--bodies").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+        except ValueError:
+            raise TargetError(f"--bodies {path}: line {number} is not JSON") from None
+        out.append(line.strip())
+    if not out:
+        raise TargetError(f"--bodies {path}: no body in it (one JSON document per line)")
+    return tuple(out)
