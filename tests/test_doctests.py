@@ -20,14 +20,11 @@ import tuna_lab
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: The packages whose modules' examples run by default (each with its subpackages)...
-PACKAGES = ("tuna_lab.machine", "tuna_lab.analysis", "tuna_lab.measure", "tuna_lab.widgets", "tuna_lab.cli")
-#: ... and the modules taken alone (``tuna_lab`` is its ``__init__`` only).
-MODULES_ALONE = ("tuna_lab", "tuna_lab.errors", "tuna_lab._checks", "tuna_lab.notebook")
-
-#: Modules left out of the default run: their examples are being brought up to date by other work.
-#: ``TUNA_LAB_DOCTESTS`` (packages, walked) replaces the default selection and this list.
-EXCLUDED = ("tuna_lab.measure.sweeps", "tuna_lab.measure.article")
+#: The packages whose modules' examples run by default: all of tuna_lab.
+PACKAGES = ("tuna_lab",)
+MODULES_ALONE = ()
+#: Modules left out of the default run (none: every example runs or says why it is skipped).
+EXCLUDED = ()
 
 #: Never collected: Gunicorn's config module reads the launcher's placement (TUNA_LAB_STATE) when it is
 #: imported, as the server's master does; it has no examples.
