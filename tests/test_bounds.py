@@ -397,7 +397,8 @@ def test_the_pricing_walk_finds_every_pattern_the_table_finds(spec, W, T, drop, 
                 m.setattr(program.pricing, "table", lambda deadline=None: None)
                 by_walk = program.pricing.price(y, threshold, None, keep=None)
             assert by_walk is not None
-            as_set = [{(c.cls, c.mains, c.events, c.phys_events, tuple(int(v) for v in c.counts)) for c in out} for out in (by_table, by_walk)]
+            as_set = [{(c.cls, c.mains, c.events, c.phys_events, tuple(int(v) for v in c.counts)) for c in out}
+                      for out in (by_table, by_walk)]
             assert as_set[0] == as_set[1], (threshold, len(by_table), len(by_walk))
             found += len(by_table)
     assert found                                     # (some thresholds found patterns)
@@ -420,7 +421,8 @@ def test_pricing_by_table_and_by_walk_find_the_same_patterns(W, T, inner, monkey
         bound, _, _, y = generated.relaxation()
         hits = generated.pricing.price(y, -0.05 * max(1.0, abs(bound)), None, keep=None)
         assert hits is not None
-        return generated.pricing.table() is not None, {(c.cls, c.mains, c.events, c.phys_events, tuple(c.counts)) for c in hits}
+        return generated.pricing.table() is not None, {(c.cls, c.mains, c.events, c.phys_events, tuple(c.counts))
+                                                        for c in hits}
 
     by_table, table_hits = found(10 ** 6)
     by_walk, walk_hits = found(0)

@@ -161,7 +161,8 @@ class Pricing:
         return self._columns(shape, V[hits], values[hits])
 
     def price(self, y, threshold, deadline, state_limit=tuning.STATE_LIMIT, keep=tuning.KEEP):
-        """Patterns whose profit at ``y`` exceeds ``threshold`` (at most ``keep`` per shape, best first; all if ``None``).
+        """Patterns whose profit at ``y`` exceeds ``threshold`` (at most ``keep`` per shape, best first; all if
+        ``None``).
 
         ``None`` when the walk holds more than ``state_limit`` partial
         patterns at one level, or runs out of time (nothing proven then).

@@ -376,7 +376,8 @@ def pair_cuts(program):
 
 
 def restricted(program, keep, cuts, time_limit, start=None, fresh=None, cutoff=None):
-    """:func:`~tuna_lab.model._highs.integer_program` over the columns ``keep`` of ``program``, with the worker rules ``cuts``.
+    """:func:`~tuna_lab.model._highs.integer_program` over the columns ``keep`` of ``program``, with the
+    worker rules ``cuts``.
 
     Each rule ``(sizes, need)`` (:func:`worker_cuts`) is a 0-1 column ``u``:
     the domains taking a pattern of ``need`` or more fragments of those
