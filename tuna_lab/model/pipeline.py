@@ -1,10 +1,18 @@
 """How :meth:`TunaModel.solve <tuna_lab.model.tuna.TunaModel.solve>` reaches a mapping, stage by stage.
 
-1. *Constructive route.* The greedy mapping (:meth:`TunaModel.construct`);
-   when it reaches the combinatorial bound (:meth:`TunaModel.certificate`)
-   it is optimal and the run ends (``encoding="constructive+bound"``).
-   Otherwise local search polishes it and the bound is tried again.
-2. *Build.* The cvxpy problem (cached per model) compiled for HiGHS.
+Each run creates a :class:`~tuna_lab.model.search.Search` of the model and
+owns it: what one stage of the search finds (the pattern bounds, the
+fragment programs solved so far), the next reuses, and it all goes when the
+run ends. The model itself only declares and keeps nothing.
+
+1. *Constructive route.* The greedy mapping (:meth:`Search.construct
+   <tuna_lab.model.search.Search.construct>`); when it reaches the
+   combinatorial bound (:meth:`Search.certificate
+   <tuna_lab.model.search.Search.certificate>`) it is optimal and the run
+   ends (``encoding="constructive+bound"``). Otherwise local search polishes
+   it and the bound is tried again.
+2. *Build.* The cvxpy problem (:mod:`~tuna_lab.model.problem`, cached by the
+   model's declaration) compiled for HiGHS (:mod:`~tuna_lab.model.solver`).
 3. *Guard.* With a time limit that compiling (estimated from the model's
    size) and HiGHS's presolve (which does not stop at its time limit) would
    overrun, the polished mapping is the answer, with the bound's gap
@@ -20,8 +28,7 @@ mapping (not the import of cvxpy nor the building of the
 stop a little before the deadline; should it not (its presolve and the
 set-up of its search check the clock seldom), its process is killed and
 the best mapping found so far is returned, with the bound's certified gap.
-Only the constructive mapping itself (:meth:`TunaModel.construct`) runs to
-its end whatever the limit.
+Only the greedy construction itself runs to its end whatever the limit.
 
 The constructive route and the bound know the families that contribute to
 :class:`~tuna_lab.model.caps.Caps` only. With any other family the run goes

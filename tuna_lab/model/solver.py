@@ -6,6 +6,16 @@ problem by cvxpy), :func:`highs_need` (whether compiling and presolve fit
 the time left), :func:`run_highs` (in this process, or with a time limit
 in a forked child that is killed at the deadline) and :func:`unpack`
 (HiGHS's columns back into the problem's variables).
+
+Examples
+--------
+>>> from types import SimpleNamespace
+>>> from tuna_lab import Topology, TunaModel
+>>> problem, encoding, _ = TunaModel(2, 2, Topology.preset("xeon-8272cl")).build()
+>>> compiled = compile_problem(problem)
+>>> record = SimpleNamespace(notes=[], highs_seconds=0.0)      # what the pipeline's RunRecord holds
+>>> run_highs(compiled, encoding, None, False, {}, Clock(None), record)["model_status"]
+'kOptimal'
 """
 
 import os
@@ -38,9 +48,9 @@ _PRESOLVE_S_PER_NONZERO = 2e-5
 # compiles about a million of them per second (0.5 s and 2.1 s there).
 _NNZ_PER_WORKER_CORE = 40
 _COMPILE_S_PER_NONZERO = 1.2e-6
-# Kept back from the time limit for what follows HiGHS: reading its solution
-# back through cvxpy, extracting and scoring the mapping (0.05-0.2 s on 768
-# cores).
+#: Seconds kept back from the time limit for what follows HiGHS: reading its
+#: solution back through cvxpy, extracting and scoring the mapping (0.05-0.2 s
+#: on 768 cores).
 RESULT_RESERVE_S = 0.25
 # HiGHS is told to stop this much before the time it is given (a fraction
 # of it, at least a tenth of a second), so that it returns its incumbent and
@@ -194,7 +204,7 @@ def _highs_in_child(model, x0, options, clock):
     return value if ok else {"error": value}
 
 
-# HiGHS's model statuses that carry no solution and no verdict on the model.
+#: HiGHS's model statuses that carry no solution and no verdict on the model.
 HIGHS_FAILED = ("kNotset", "kLoadError", "kModelError", "kPresolveError", "kSolveError",
                  "kPostsolveError", "kModelEmpty", "kMemoryLimit", "kUnknown")
 
