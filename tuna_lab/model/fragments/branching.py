@@ -8,6 +8,7 @@ returned unproven at its time limit resumes where it stopped
 
 import time
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -15,6 +16,15 @@ from . import tuning
 from .program import FragmentSolution, dual_bound, pair_cuts, used_columns
 
 __all__ = ["Branching"]
+
+
+class _Plan(NamedTuple):
+    """The best plan a :class:`Branching` has found."""
+
+    value: float
+    solution: FragmentSolution
+    #: Its columns by key, with their counts (:func:`~.program.used_columns`): the plan on any program.
+    used: dict
 
 
 class Branching:
@@ -67,11 +77,11 @@ class Branching:
             if self.best is not None:         # the best plan so far, on this program's columns
                 at = {c.key(): i for i, c in enumerate(final.columns)} | \
                     {p.key(): len(final.columns) + i for i, p in enumerate(final.partitions)}
-                used = self.best[2]
+                used = self.best.used
                 if all(k in at for k in used):
                     start = np.zeros(len(final.value), dtype=int)
                     start[[at[k] for k in used]] = list(used.values())
-            began, before = time.perf_counter(), -np.inf if self.best is None else self.best[0]
+            began, before = time.perf_counter(), -np.inf if self.best is None else self.best.value
             solution = final.solve(left, slack=self.slack, complete_below=self.slack, duals=self.y,
                                    ceiling=ceiling, start=start, cuts=self.cuts, within=self.within) \
                 if left > 0 else None
@@ -83,21 +93,21 @@ class Branching:
             self.within = solution.within or self.within
             if solution.proven:
                 used = used_columns(final, solution)
-                same = self.best is not None and self.best[2] == used
+                same = self.best is not None and self.best.used == used
                 return replace(solution, alternatives=self.alternatives(1 if same else 0))
             self.tight = min(self.tight, solution.bound)
             if solution.domains is not None:
                 found = float(final.value @ np.concatenate([solution.domains, solution.workers]))
-                if self.best is None or found > self.best[0]:
+                if self.best is None or found > self.best.value:
                     if self.best is not None:
-                        self.plans = [self.best[1]] + self.plans[:tuning.ALTERNATIVES - 1]
-                    self.best = (found, solution, used_columns(final, solution))
+                        self.plans = [self.best.solution] + self.plans[:tuning.ALTERNATIVES - 1]
+                    self.best = _Plan(found, solution, used_columns(final, solution))
                     if on_plan is not None and found < self.tight - 2 * tol:
                         on_plan(solution)
-                if self.best[0] >= self.tight - 2 * tol:
+                if self.best.value >= self.tight - 2 * tol:
                     break
             stopped = time.perf_counter() >= t_end - 0.05
-            if stopped and (self.best is None or self.best[0] <= before):
+            if stopped and (self.best is None or self.best.value <= before):
                 break                        # stopped at the time limit with nothing new: resume it as it was
             wider = (4 if self.best is None or quick else tuning.WIDEN) * self.slack
             # a quick program with a plan: straight to the slack that proves the plan, or to as many
@@ -105,20 +115,20 @@ class Branching:
             # the columns up to there, and each program solved on the way costs its root again)
             self.jump = quick and self.best is not None
             if self.best is not None:
-                wider = ceiling - self.best[0] + tol if self.jump else min(wider, ceiling - self.best[0] + tol)
+                wider = ceiling - self.best.value + tol if self.jump else min(wider, ceiling - self.best.value + tol)
             if wider <= self.slack * (1 + 1e-9):
                 self.over = not stopped      # a program cut short may still prove it: run it again
                 break
             self.slack = wider
         if self.best is not None:
-            sol = self.best[1]
-            proven = self.best[0] >= self.tight - 2 * tol
+            sol = self.best.solution
+            proven = self.best.value >= self.tight - 2 * tol
             return replace(sol, bound=min(self.tight, sol.bound), proven=proven, alternatives=self.alternatives(1),
                            search=None if proven else self)
         return FragmentSolution(self.final, self.tight, None, None, False, (), self)
 
     def alternatives(self, skip=0):
         """The plans found so far, best first, without the ``skip`` best (a few: each holds its program)."""
-        plans = ([self.best[1]] if self.best is not None else []) + self.plans
+        plans = ([self.best.solution] if self.best is not None else []) + self.plans
         return tuple(replace(p, alternatives=(), search=None) for p in plans[skip:skip + tuning.ALTERNATIVES])
 

@@ -8,12 +8,27 @@ finer levels as good as they can be.
 """
 
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from ..ranks import assign_ranks
 
 __all__ = ["fragment_mapping"]
+
+
+class _Fragment(NamedTuple):
+    """A worker's threads dealt to one domain."""
+
+    worker: int
+    size: int
+
+
+class _Worker(NamedTuple):
+    """A worker's fragment sizes, largest first, and the size of the one holding its main thread."""
+
+    sizes: np.ndarray
+    marked: int
 
 
 def fragment_mapping(caps, chain, solution, time_limit=5.0, seed=0, place_limit=None):
@@ -72,15 +87,15 @@ def fragment_mapping(caps, chain, solution, time_limit=5.0, seed=0, place_limit=
     deal = _deal(plan, program.partitions, solution.workers, W, np.random.default_rng(seed), t_end)
     if deal is None:
         return None
-    fragments, mains = deal                     # fragments[g] = [(worker, size)], mains: (worker, g)
+    fragments, mains = deal                     # fragments[g]: its _Fragment list; mains: (worker, g)
     main_of = dict(mains)
     pos_main = np.full(W, -1)
     others = np.zeros((W, C), dtype=int)
     cache = {}
     for g in range(n_dom):
         cores = np.flatnonzero(labels == g)
-        frags = sorted(fragments[g], key=lambda f: (-int(main_of[f[0]] == g), -f[1], f[0]))
-        shape = tuple((k, main_of[w] == g) for w, k in frags)
+        frags = sorted(fragments[g], key=lambda f: (-int(main_of[f.worker] == g), -f.size, f.worker))
+        shape = tuple((f.size, main_of[f.worker] == g) for f in frags)
         key = (shape, plan[g].events, plan[g].phys_events, _structure(chain, j, cores, inst.core))
         if key not in cache:
             left = t_end - time.perf_counter()
@@ -91,12 +106,12 @@ def fragment_mapping(caps, chain, solution, time_limit=5.0, seed=0, place_limit=
         placed = cache[key]
         if placed is None:
             return None
-        for (w, _), (on, main_at) in zip(frags, placed):
+        for frag, (on, main_at) in zip(frags, placed):
             on = cores[on]
             if main_at is not None:
-                pos_main[w] = cores[main_at]
+                pos_main[frag.worker] = cores[main_at]
                 on = on[on != cores[main_at]]
-            others[w, on] += 1
+            others[frag.worker, on] += 1
     if np.any(pos_main < 0) or np.any(others.sum(axis=1) != T - 1):
         return None
     cap = caps.rank_cap if caps.rank_cap is not None else W
@@ -114,7 +129,7 @@ def _deal(plan, partitions, counts, W, rng, t_end, attempts=50):
     random orders. Returns ``(fragments per domain, [(worker, domain of its
     main)])`` or ``None``.
     """
-    workers = [(np.repeat(np.arange(1, len(p.counts) + 1), p.counts)[::-1], p.marked + 1)
+    workers = [_Worker(np.repeat(np.arange(1, len(p.counts) + 1), p.counts)[::-1], p.marked + 1)
                for p, n in zip(partitions, counts) for _ in range(int(n))]
     if len(workers) != W:
         return None
@@ -125,7 +140,7 @@ def _deal(plan, partitions, counts, W, rng, t_end, attempts=50):
         mains_left = [int(col.mains) for col in plan]
         frags_left = [int(col.counts.sum()) for col in plan]
         other = [int(col.other) for col in plan]
-        order = sorted(range(W), key=lambda w: (-len(workers[w][0]), -workers[w][1]))
+        order = sorted(range(W), key=lambda w: (-len(workers[w].sizes), -workers[w].marked))
         if attempt:
             order = list(rng.permutation(W))
         fragments, mains = [[] for _ in plan], []
@@ -151,7 +166,7 @@ def _deal(plan, partitions, counts, W, rng, t_end, attempts=50):
                 need[g][k] -= 1
                 frags_left[g] -= 1
                 used.add(g)
-                fragments[g].append((w, k))
+                fragments[g].append(_Fragment(w, k))
                 if marked:
                     mains_left[g] -= 1
                     mains.append((w, g))

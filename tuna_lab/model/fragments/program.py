@@ -22,6 +22,13 @@ __all__ = ["Column", "FragmentProgram", "FragmentSolution", "assemble", "main_co
            "central_bound", "worker_cuts", "pair_cuts", "restricted", "merged", "used_columns"]
 
 
+class _Best(NamedTuple):
+    """The best plan :meth:`FragmentProgram.solve` has found: its value and counts of every column."""
+
+    value: float
+    x: np.ndarray
+
+
 class Column(NamedTuple):
     """A domain pattern: one column of a :class:`FragmentProgram`."""
 
@@ -208,7 +215,7 @@ class FragmentProgram:
         best, tight = None, ceiling
         if start is not None and np.all(A @ start >= lb - 1e-9) and np.all(A @ start <= ub + 1e-9) \
                 and not worker_cuts(self, start):
-            best = (float(self.value @ start), np.asarray(start, dtype=int))
+            best = _Best(float(self.value @ start), np.asarray(start, dtype=int))
         while time.perf_counter() < t_end - 0.05:
             keep = np.flatnonzero(reduced <= slack + tol)
             keep = keep[np.argsort(reduced[keep], kind="stable")]     # a canonical order: HiGHS is sensitive to it
@@ -224,11 +231,11 @@ class FragmentProgram:
             # (HiGHS's cutoff)
             fresh = reduced[keep] > within[0] + tol if within is not None and within[0] < slack - tol else None
             known = within[1] if fresh is not None else -np.inf
-            cutoff = best[0] if fresh is not None and best is not None else None
+            cutoff = best.value if fresh is not None and best is not None else None
             # the best plan so far, where it lies within the kept columns, is HiGHS's start
             begin = None
-            if fresh is None and best is not None and not np.any(np.delete(best[1], keep)):
-                begin = best[1][keep]
+            if fresh is None and best is not None and not np.any(np.delete(best.x, keep)):
+                begin = best.x[keep]
             ruled = len(keep) <= tuning.CUT_COLUMNS
             res = restricted(self, keep, cuts if ruled else (), max(0.05, t_end - time.perf_counter()), start=begin,
                               fresh=fresh, cutoff=cutoff)
@@ -255,20 +262,20 @@ class FragmentProgram:
                     cuts += broken
                     if ruled and res.status == "optimal" and found >= ceiling - slack - tol:
                         continue
-                elif best is None or found > best[0]:
-                    best = (found, x)
-            if best is not None and best[0] >= tight - tol:
+                elif best is None or found > best.value:
+                    best = _Best(found, x)
+            if best is not None and best.value >= tight - tol:
                 # no plan with a column left out beats it: it is the integer optimum
-                x = best[1]
-                return FragmentSolution(self, best[0] + tol, x[:n_dom], x[n_dom:], True, cuts=tuple(cuts))
+                x = best.x
+                return FragmentSolution(self, best.value + tol, x[:n_dom], x[n_dom:], True, cuts=tuple(cuts))
             if capped or res.status == "stopped" or slack >= complete_below:
                 break                       # out of columns to add, or out of time
             # widen the columns to what a better plan could still use
-            slack = max(2 * slack, ceiling - best[0] + tol) if best is not None else 4 * slack
+            slack = max(2 * slack, ceiling - best.value + tol) if best is not None else 4 * slack
             slack = min(slack, complete_below)
         if best is None:
             return FragmentSolution(self, tight + tol, None, None, False, cuts=tuple(cuts), within=within)
-        x = best[1]
+        x = best.x
         return FragmentSolution(self, tight + tol, x[:n_dom], x[n_dom:], False, cuts=tuple(cuts), within=within)
 
     def relaxation(self, time_limit=5.0):
