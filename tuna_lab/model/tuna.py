@@ -76,8 +76,11 @@ class TunaModel:
     Attributes
     ----------
     instance : Instance
+        ``W``, ``T``, the topology, the mode and the costs.
     families : tuple of Family
         In canonical build order.
+    encoding : str
+        As given (``"auto"`` is resolved when the problem is built).
     caps : Caps
         What the families ask, as numbers: the one answer to "which rules
         apply" that the constructive route, the bound and the encodings read.
