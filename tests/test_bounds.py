@@ -64,9 +64,9 @@ def keeps_workers_apart(solution):
     if solution.domains is None:
         return True
     program = solution.program
-    parts = np.array([vec for vec, _ in program.partitions])
+    parts = np.array([p.counts for p in program.partitions])
     for i in np.flatnonzero(solution.domains):
-        vec = np.asarray(program.columns[i][4])
+        vec = np.asarray(program.columns[i].counts)
         sizes = np.flatnonzero(vec)
         for r in range(1, len(sizes) + 1):
             for S in itertools.combinations(sizes, r):
@@ -356,7 +356,7 @@ def test_generated_workers_give_the_written_out_bound(spec, W, T, drop, inner, m
     """Where ``T`` has too many partitions to write out (``T`` far above a domain's size), the workers
     are generated too: forced here from the partitions of fewest parts, the bound is the one of every
     partition written out, and it covers the optimum."""
-    from tuna_lab.model import fragments
+    from tuna_lab.model.fragments import tuning
 
     keys, model = _model(spec, W, T, drop)
     by_highs = model.solve(prove="solver", time_limit=120)
@@ -364,8 +364,8 @@ def test_generated_workers_give_the_written_out_bound(spec, W, T, drop, inner, m
     const, parts = level_parts(by_highs.positions[None], model)
     chain = ultrametric_chain(model.instance.topology, model.instance.costs)
     full = fragment_program(model.caps, chain, 2, inner=inner)
-    monkeypatch.setattr(fragments, "_WORKER_PARTITIONS", 0)
-    monkeypatch.setattr(fragments, "_EXTRA_PARTS", 0)
+    monkeypatch.setattr(tuning, "WORKER_PARTITIONS", 0)
+    monkeypatch.setattr(tuning, "EXTRA_PARTS", 0)
     generated = fragment_program(model.caps, chain, 2, inner=inner)
     assert generated.pricing is not None and len(generated.partitions) < len(full.partitions)
     a, b = full.solve(time_limit=20), generated.solve(time_limit=20)
@@ -397,7 +397,8 @@ def test_the_pricing_walk_finds_every_pattern_the_table_finds(spec, W, T, drop, 
                 m.setattr(program.pricing, "table", lambda deadline=None: None)
                 by_walk = program.pricing.price(y, threshold, None, keep=None)
             assert by_walk is not None
-            as_set = [{(c[:4], tuple(int(v) for v in c[4])) for c in out} for out in (by_table, by_walk)]
+            as_set = [{(c.cls, c.mains, c.events, c.phys_events, tuple(int(v) for v in c.counts)) for c in out}
+                      for out in (by_table, by_walk)]
             assert as_set[0] == as_set[1], (threshold, len(by_table), len(by_walk))
             found += len(by_table)
     assert found                                     # (some thresholds found patterns)
@@ -408,19 +409,20 @@ def test_the_pricing_walk_finds_every_pattern_the_table_finds(spec, W, T, drop, 
 def test_pricing_by_table_and_by_walk_find_the_same_patterns(W, T, inner, monkeypatch):
     """Pricing evaluates every pattern at once where they fit in a table, else walks them with a
     knapsack bound: both are exact, so at the same duals they must find the same patterns."""
-    from tuna_lab.model import fragments
+    from tuna_lab.model.fragments import tuning
 
     _, model = _model(SMT_L3, W, T, ("8p", "11p-12p"))
     chain = ultrametric_chain(model.instance.topology, model.instance.costs)
     full = fragment_program(model.caps, chain, 2, inner=inner)
 
     def found(rows):
-        monkeypatch.setattr(fragments, "_TABLE_ROWS", rows)
+        monkeypatch.setattr(tuning, "TABLE_ROWS", rows)
         generated = fragment_program(model.caps, chain, 2, inner=inner, max_columns=len(full.partitions) + 2)
         bound, _, _, y = generated.relaxation()
         hits = generated.pricing.price(y, -0.05 * max(1.0, abs(bound)), None, keep=None)
         assert hits is not None
-        return generated.pricing.table() is not None, {(c[:4], tuple(c[4])) for c in hits}
+        return generated.pricing.table() is not None, {(c.cls, c.mains, c.events, c.phys_events, tuple(c.counts))
+                                                        for c in hits}
 
     by_table, table_hits = found(10 ** 6)
     by_walk, walk_hits = found(0)

@@ -375,6 +375,27 @@ def test_with_mode_keeps_families_and_topology():
         model.with_mode("sideways")
 
 
+def test_a_model_is_immutable_and_solving_leaves_no_state_on_it():
+    """A model only declares: nothing can be set or deleted on it, a solve (whose search the pipeline
+    owns) adds nothing to it, and so a second solve finds what the first found."""
+    model = TunaModel(4, 4, Topology.preset("xeon-8272cl"), mode="compact")
+    declared = dict(vars(model))
+    assert set(declared) == {"instance", "families", "encoding", "caps"}
+    for name in ("families", "caps", "_fragments", "anything"):
+        with pytest.raises(AttributeError, match="immutable"):
+            setattr(model, name, None)
+    with pytest.raises(AttributeError, match="immutable"):
+        del model.caps
+    first, bound = model.solve(), model.bound()
+    second = model.solve()
+    assert vars(model).keys() == declared.keys() and all(vars(model)[k] is v for k, v in declared.items())
+    assert np.array_equal(first.positions, second.positions)
+    assert (first.objective, first.bound, first.proven_optimal) == (second.objective, second.bound, True)
+    assert first.certificate["name"] == second.certificate["name"] and model.bound() == bound
+    # the new model of a change, the old one as it was
+    assert model.with_mode("scatter").instance.mode == "scatter" and model.instance.mode == "compact"
+
+
 @pytest.mark.parametrize("bad", ["13", "nope", 13, 3.5, None, object(), int])
 def test_unknown_family_is_a_model_error(bad):
     model = TunaModel(2, 2, topo(CORE4))

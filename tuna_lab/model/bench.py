@@ -9,7 +9,7 @@ Four parts, each a table row set written to one CSV:
   proving every one (``prove="solver"``);
 * ``pairwise``: the article's literal encoding on the small models, with a
   time limit, to cross-check optima where it finishes;
-* ``scale``: the issue-15 cases (:data:`SCALE_SHAPES`, :data:`UNEVEN_SHAPES`)
+* ``scale``: the many-core cases (:data:`SCALE_SHAPES`, :data:`UNEVEN_SHAPES`)
   with the default families and without the physical analogues, on
   ``epyc-9654-2s`` (384 logical cores, 10 s limit) and the same W:T shapes
   on ``epyc-9965-2s`` (768 logical cores, W doubled so that W x T scales
@@ -21,7 +21,7 @@ Four parts, each a table row set written to one CSV:
   (:data:`CLI_CASES`) also ``tuna-lab solve`` as a process: its wall time
   and peak RSS;
 * ``toggle``: re-solving after a mode toggle and a family toggle;
-* ``relaxed`` (issue 27): every configuration of the article machine's count
+* ``relaxed`` (families that admit no mapping): every configuration of the article machine's count
   (``W <= 2C+1``, ``T <= 8``, ``WT <= 4C``: 283 of them, both modes),
   feasible or relaxed, against 1 s each; and the shapes of
   ``epyc-9654-2s`` whose families admit no mapping (found by the counting
@@ -49,9 +49,10 @@ __all__ = ["run_solver_bench", "ARTICLE_WORKERS", "ARTICLE_THREADS", "SCALE_SHAP
 ARTICLE_WORKERS = (2, 4, 6, 8, 12, 16)
 ARTICLE_THREADS = (2, 4, 6, 8, 12, 16)
 MODES = ("scatter", "compact")
-#: Workers x threads of the issue's scale goal on 384 logical cores.
+#: Workers x threads of the scale goal on 384 logical cores: shapes a many-core machine is run with, each
+#: to be proven optimal within the time limit (a solver that needs minutes there is no help to a user).
 SCALE_SHAPES = ((32, 16), (48, 8), (64, 6), (96, 4), (192, 2), (16, 24), (24, 32))
-#: Shapes that do not divide the 384-core machine evenly (the issue's three first; then shapes a sweep
+#: Shapes that do not divide the 384-core machine evenly (three typical ones first; then shapes a sweep
 #: found unproven: mains alone on their physical cores (40x8, 44x8, 26x14), a worker's two fragments in
 #: one domain (30x16), workers far bigger than a domain (10x36), HiGHS past its limit (33x16), a single
 #: main's sibling left to other workers (50x10), both load rules at once (34x16)).
@@ -66,9 +67,10 @@ CLI_CASES = (("epyc-9654-2s", 32, 16, "compact"), ("epyc-9654-2s", 40, 12, "comp
              ("epyc-9965-2s", 80, 12, "compact"))
 #: The physical analogues of (2)/(11-12), removed in the scale part's second family set.
 PHYSICAL = ("8p", "11p-12p")
-#: Seconds over the time limit a solve may take (issue 15).
+#: Seconds over the time limit a solve may take: what a process needs to return after its deadline
+#: (reading HiGHS's answer back, killing its child), not more, or a caller's own deadline slips.
 OVERRUN = 0.5
-#: Peak RSS goal of ``tuna-lab solve`` (issue 15).
+#: Peak RSS goal of ``tuna-lab solve``: the models of 768 cores must fit a small VM's memory.
 RSS_GOAL_MIB = 2048
 
 
@@ -131,7 +133,8 @@ def _scale_cases(quick):
         shapes = [(w * factor, t) for w, t in SCALE_SHAPES]
         uneven = [(w * factor, t) for w, t in UNEVEN_SHAPES]
         if factor > 1:
-            uneven = uneven[:3]           # the issue's three uneven shapes, doubled
+            uneven = uneven[:3]           # the three typical uneven shapes, doubled: the bigger machine's
+            #                               cases take 30 s each
         if quick:
             shapes, uneven = shapes[:1], uneven[:1]
         for w, t in shapes + uneven:
@@ -275,7 +278,7 @@ RELAXED_MACHINE = ("epyc-9654-2s", 10.0)
 
 
 def _article_count(C):
-    """The issue-27 count: ``W <= 2C+1``, ``T <= 8``, ``WT <= 4C``."""
+    """The configurations a user may ask of the article's machine: ``W <= 2C+1``, ``T <= 8``, ``WT <= 4C``."""
     return [(w, t) for t in range(1, 9) for w in range(1, 2 * C + 2) if w * t <= 4 * C]
 
 
@@ -335,7 +338,7 @@ def _relaxed(rows, quick):
 
 
 def _relaxed_goals(df):
-    """The issue-27 goals for the relaxed part."""
+    """The relaxed part's goals: a placement (feasible, or relaxed) for every configuration, in time."""
     r = df[df.part == "relaxed"] if "part" in df else df.iloc[0:0]
     lines = []
     for preset, limit in (("xeon-8272cl", 1.0), RELAXED_MACHINE):
@@ -391,7 +394,8 @@ def _verdict(ok):
 
 
 def _goals(df):
-    """The issue-15 goals, each ``- PASS/FAIL: goal (evidence)``, for the parts that ran."""
+    """The scale goals (proven in time, the limit honoured, memory), each ``- PASS/FAIL: goal (evidence)``,
+    for the parts that ran."""
     lines = []
     s = df[df.part == "scale"] if "part" in df else df.iloc[0:0]
     if len(s):
@@ -434,7 +438,8 @@ def _goals(df):
 
 
 def _regression_goals(df):
-    """The no-regression goals of issue 15 (article grid, toggles), for the parts that ran."""
+    """The no-regression goals (the article grid proven within 1 s, toggles re-solved within 100 ms), for the
+    parts that ran: the scale work must not slow the small models a notebook solves."""
     lines = []
     g = df[(df.part == "grid") & (df.route == "default")] if "part" in df else df.iloc[0:0]
     if len(g):
@@ -473,8 +478,8 @@ def run_solver_bench(args):
     df.to_csv(args.out, index=False)
     summary = _summary(df)
     goals, relaxed_goals = _goals(df), _relaxed_goals(df)
-    print("\n".join(["", "## Summary"] + summary + ["", "## Goals (issue 15)"] + goals
-                    + ["", "## Goals (issue 27)"] + relaxed_goals))
+    print("\n".join(["", "## Summary"] + summary + ["", "## Goals: scale"] + goals
+                    + ["", "## Goals: relaxed placements"] + relaxed_goals))
     print("\n" + _scale_table(df))
     print("\n" + _relaxed_table(df))
     print(f"\nwrote {args.out}")
@@ -533,7 +538,7 @@ def _relaxed_section(df, goals):
             "against 10 s. `seconds` is the wall time of `TunaModel.solve` with the explanation and the "
             "relaxation included; `relaxed` is what the mapping exceeds (family: amount). The table lists "
             "the relaxed configurations and any row over its limit; the CSV has them all.")
-    return (f"{_RELAXED_BEGIN}\n## Relaxed placements (issue 27)\n\nMeasured on "
+    return (f"{_RELAXED_BEGIN}\n## Relaxed placements\n\nMeasured on "
             f"{time.strftime('%Y-%m-%d %H:%M')}; machine: {host.describe()}.\n\n" + note
             + "\n\n### Goals\n\n" + "\n".join(goals) + "\n\n### Cases\n\n" + _relaxed_table(df)
             + _RELAXED_END + "\n")
@@ -580,7 +585,7 @@ def _scale_section(df, goals):
             "`fragment-pattern`, joined by `+`) or `highs` (HiGHS's dual bound); `step` is the lattice "
             "step of the objective values, so a bound less than one step above the objective proves it. "
             f"Honoured: wall <= limit + {OVERRUN:g} s. On `epyc-9965-2s` the shapes keep T and double W.")
-    return (f"{_SCALE_BEGIN}\n## Scale (issue 15)\n\nMeasured on {time.strftime('%Y-%m-%d %H:%M')}; "
+    return (f"{_SCALE_BEGIN}\n## Scale\n\nMeasured on {time.strftime('%Y-%m-%d %H:%M')}; "
             f"machine: {host.describe()}.\n\n"
             + note + "\n\n### Goals\n\n" + "\n".join(goals) + "\n\n### Cases\n\n"
             + _scale_table(df) + _SCALE_END + "\n")

@@ -22,6 +22,7 @@ that contributed to it; with a family it does not know
 """
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -558,18 +559,40 @@ def _most_threads(caps, npc, a_max, K, Kp):
     return np.where(np.isfinite(out), out, -1)
 
 
+class DomainShape(NamedTuple):
+    """One shape a domain of a class can take (see :func:`domain_shapes`)."""
+
+    #: Index of the domain's class (its size) among the level's classes.
+    cls: int
+    #: Main threads in the domain (``a``).
+    mains: int
+    #: Events of (12) spent in the domain (``e_l``).
+    events: int
+    #: Events of (12+) spent in the domain (``e_p``).
+    phys_events: int
+    #: Fewest threads the domain can carry.
+    lo: int
+    #: Most threads the domain can carry.
+    hi: int
+    #: Most threads a worker can have in it with its main thread there.
+    own: int
+    #: Most threads a worker can have in it with its main thread elsewhere.
+    other: int
+
+
 def domain_shapes(caps, chain, j):
     """The domains of level ``j`` by class, and every shape a domain of a class can take.
 
     Returns ``(classes, shapes)``: ``classes`` maps ``(logical cores, physical
-    cores)`` to how many domains have that size; each shape is ``(class
-    index, a, e_l, e_p, lo, hi, own, other)``: ``a`` main threads and
+    cores)`` to how many domains have that size; each shape is a
+    :class:`DomainShape` ``(cls, mains, events, phys_events, lo, hi, own,
+    other)``: ``a`` main threads and
     ``e_l``/``e_p`` events of (12)/(12+) in the domain, the fewest and most
     threads it can then carry, and the most threads a worker can have in it
     with its main thread there (``own``) and elsewhere (``other``). See
     :func:`domain_pattern_bound` for the reasoning; only loosened
     constraints are used. :func:`domain_pattern_bound` and
-    :func:`~tuna_lab.model.fragments.fragment_program` both read them.
+    :func:`~tuna_lab.model.fragments.build.fragment_program` both read them.
 
     Examples
     --------
@@ -643,5 +666,5 @@ def domain_shapes(caps, chain, j):
                     own = min(T, worker_cap * (sz - max(0, blocked - 1)))
                     # a worker whose main thread is elsewhere has at most T - 1 threads here
                     other = min(T - 1, worker_cap * (sz - blocked))
-                    shapes.append((ci, a, el, ep, lo, hi, own, other))
+                    shapes.append(DomainShape(ci, a, el, ep, lo, hi, own, other))
     return classes, shapes

@@ -1,10 +1,18 @@
 """How :meth:`TunaModel.solve <tuna_lab.model.tuna.TunaModel.solve>` reaches a mapping, stage by stage.
 
-1. *Constructive route.* The greedy mapping (:meth:`TunaModel.construct`);
-   when it reaches the combinatorial bound (:meth:`TunaModel.certificate`)
-   it is optimal and the run ends (``encoding="constructive+bound"``).
-   Otherwise local search polishes it and the bound is tried again.
-2. *Build.* The cvxpy problem (cached per model) compiled for HiGHS.
+Each run creates a :class:`~tuna_lab.model.search.Search` of the model and
+owns it: what one stage of the search finds (the pattern bounds, the
+fragment programs solved so far), the next reuses, and it all goes when the
+run ends. The model itself only declares and keeps nothing.
+
+1. *Constructive route.* The greedy mapping (:meth:`Search.construct
+   <tuna_lab.model.search.Search.construct>`); when it reaches the
+   combinatorial bound (:meth:`Search.certificate
+   <tuna_lab.model.search.Search.certificate>`) it is optimal and the run
+   ends (``encoding="constructive+bound"``). Otherwise local search polishes
+   it and the bound is tried again.
+2. *Build.* The cvxpy problem (:mod:`~tuna_lab.model.problem`, cached by the
+   model's declaration) compiled for HiGHS (:mod:`~tuna_lab.model.solver`).
 3. *Guard.* With a time limit that compiling (estimated from the model's
    size) and HiGHS's presolve (which does not stop at its time limit) would
    overrun, the polished mapping is the answer, with the bound's gap
@@ -20,8 +28,7 @@ mapping (not the import of cvxpy nor the building of the
 stop a little before the deadline; should it not (its presolve and the
 set-up of its search check the clock seldom), its process is killed and
 the best mapping found so far is returned, with the bound's certified gap.
-Only the constructive mapping itself (:meth:`TunaModel.construct`) runs to
-its end whatever the limit.
+Only the greedy construction itself runs to its end whatever the limit.
 
 The constructive route and the bound know the families that contribute to
 :class:`~tuna_lab.model.caps.Caps` only. With any other family the run goes
@@ -33,22 +40,18 @@ bound, gap, the certificate, notes), from which the
 :class:`~tuna_lab.model.mapping.Mapping` is made.
 """
 
-import os
 import time
-import warnings
-import weakref
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import lazy_loader
 import numpy as np
 
 from .._checks import positive_number
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
-from ._highs import highs_lp, in_child, new_highs
 from .bounds import bound_closes, patterns_infeasible
-from .encodings import ultrametric_chain
 from .mapping import Mapping
+from .search import Search
+from .solver import HIGHS_FAILED, RESULT_RESERVE_S, Clock, compile_problem, highs_need, run_highs, unpack
 
 # cvxpy takes most of a second to import; a compact solve that the constructive route
 # proves never builds the cvxpy problem, so it is loaded on first use
@@ -61,22 +64,6 @@ __all__ = ["SolveOptions", "RunRecord", "run", "run_or_relax", "ON_INFEASIBLE"]
 #: raises :class:`~tuna_lab.errors.InfeasibleModelError` with a minimal conflicting subset.
 ON_INFEASIBLE = ("relax", "raise")
 
-# HiGHS's presolve and the set-up of its search (clique table, probing) do
-# not stop at its time limit, and nothing useful comes before they end; on
-# large models they take about this long per nonzero of the constraint
-# matrix (measured on the 494k-nonzero epyc-9654-2s 32x16 compact model on 2
-# shared CPUs: presolve 3-6 s, then 5-19 s before its first clock check).
-_PRESOLVE_S_PER_NONZERO = 2e-5
-# Before it is compiled the matrix's size is estimated from the model's:
-# the counts encoding has 30-40 nonzeros per (worker, logical core) on the
-# epyc presets (494k for 32x16 and 1.9M for 64x16 on 768 cores), and cvxpy
-# compiles about a million of them per second (0.5 s and 2.1 s there).
-_NNZ_PER_WORKER_CORE = 40
-_COMPILE_S_PER_NONZERO = 1.2e-6
-# Kept back from the time limit for what follows HiGHS: reading its solution
-# back through cvxpy, extracting and scoring the mapping (0.05-0.2 s on 768
-# cores).
-_RESULT_RESERVE_S = 0.25
 # The share of the time left that the constructive route's programs (compact
 # mode's fragment programs and their placements, together) may take. Most of
 # it: on the models where they run long (hundreds of cores) HiGHS cannot
@@ -91,19 +78,11 @@ _CONSTRUCT_SHARE_ALONE = 0.97
 # run: the bound's stopped search goes on (a plan found late is often the
 # optimum, and proving it takes one more program), local search has the rest.
 _RESUME_SHARE = 0.9
-# HiGHS is told to stop this much before the time it is given (a fraction
-# of it, at least a tenth of a second), so that it returns its incumbent and
-# dual bound itself where its clock checks allow.
-_HIGHS_MARGIN = 0.15
 
 #: What ``prove`` may be: ``"auto"``/``"bound"`` let the counting bound prove
 #: optimality, ``"solver"`` leaves the proof to HiGHS.
 PROVE = ("auto", "solver", "bound")
 
-# The constraint matrix's nonzeros of each cvxpy problem compiled so far
-# (cvxpy caches the compilation itself on the problem). Only numbers: a
-# value referring to its problem would keep it alive.
-_NONZEROS = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -232,19 +211,6 @@ def _plain(value):
     return value
 
 
-class _Clock:
-    """The run's deadline: ``left()`` seconds remain (infinite without a time limit)."""
-
-    def __init__(self, limit):
-        self.t0 = time.perf_counter()
-        self.limit = limit
-
-    def left(self):
-        if self.limit is None:
-            return float("inf")
-        return self.limit - (time.perf_counter() - self.t0)
-
-
 def run(model, options):
     """Solve ``model`` (a :class:`TunaModel`) under ``options`` (:class:`SolveOptions`).
 
@@ -253,8 +219,10 @@ def run(model, options):
     Mapping
         With the run's evidence (:class:`RunRecord`).
     """
-    clock = _Clock(options.time_limit)
+    clock = Clock(options.time_limit)
     record = RunRecord()
+    # this run's search: what the constructive route finds, the bound's steps reuse
+    search = Search(model)
     if not model.caps.understood:
         record.notes.append(
             f"families ({', '.join(model.caps.unknown)}) are not known to the constructive mapping "
@@ -263,27 +231,24 @@ def run(model, options):
     by_bound = options.prove in ("auto", "bound") and model.encoding != "pairwise"
     start = None
     if options.warm_start:
-        start, proven = _constructive(model, options, record, by_bound, clock)
+        start, proven = _constructive(search, options, record, by_bound, clock)
         if proven is not None:
             return proven
     if start is None and by_bound and model.caps.understood:
         # the greedy placement dead-ends: a model with no mapping at all says so at once (HiGHS on
         # the full model looks for minutes), one that only seems hard goes on to HiGHS - if it can
         # compile and presolve within the time left
-        try:
-            chain = ultrametric_chain(model.instance.topology, model.instance.costs)
-        except ValueError:
-            chain = None
+        chain = search.chain
         if chain is not None and patterns_infeasible(model.caps, chain):
             raise _infeasible(model, "(the patterns of its physical cores admit none)")
-        if options.time_limit is not None and clock.left() - _RESULT_RESERVE_S < _highs_need(model):
+        if options.time_limit is not None and clock.left() - RESULT_RESERVE_S < highs_need(model):
             raise NoSolutionError(
                 f"no mapping of W={model.instance.W} x T={model.instance.T} found within the time limit of "
                 f"{options.time_limit:g} s: the constructive mapping dead-ends, and compiling the model "
-                f"for HiGHS and its presolve need ~{_highs_need(model):.1f} s more; raise the time limit")
+                f"for HiGHS and its presolve need ~{highs_need(model):.1f} s more; raise the time limit")
     if start is not None and options.time_limit is not None:
-        need = _highs_need(model)
-        left = clock.left() - _RESULT_RESERVE_S
+        need = highs_need(model)
+        left = clock.left() - RESULT_RESERVE_S
         if left < need:
             # compiling and HiGHS's presolve alone would overrun the time
             # left: the polished mapping, with its certified gap, is the answer.
@@ -291,76 +256,79 @@ def run(model, options):
                                 f"{max(left, 0.0):.2f} s left: the constructive mapping is the answer")
             if by_bound:
                 # the bound's own search (compact mode's fragment programs) may close it with that time
-                proven = _certificate(model, start, record, time_limit=_RESUME_SHARE * left)
+                proven = _certificate(search, start, record, time_limit=_RESUME_SHARE * left)
                 if proven is not None:
                     return proven
             # the time HiGHS would not have used goes to local search
-            start, proven = _polish(model, start, record, by_bound, clock.left() - _RESULT_RESERVE_S)
+            start, proven = _polish(search, start, record, by_bound, clock.left() - RESULT_RESERVE_S)
             if proven is not None:
                 return proven
-            return _constructed(model, start, record, options.prove)
+            return _constructed(search, start, record, options.prove)
     problem, enc, compiled = _compiled(model, record)
     highs_options = {}
     if options.gap is not None:
         highs_options["mip_rel_gap"] = float(options.gap)
-    outcome = _run_highs(compiled, enc, start, options.verbose, highs_options, clock, record)
+    outcome = run_highs(compiled, enc, start, options.verbose, highs_options, clock, record)
     if outcome is None:
         if start is None:
             raise NoSolutionError(
                 f"HiGHS found no feasible mapping for W={model.instance.W} x T={model.instance.T} "
                 f"within the time limit of {options.time_limit:g} s; raise the time limit")
-        return _constructed(model, start, record, options.prove)
-    return _result(model, problem, enc, compiled, outcome, start, options.prove, record)
+        return _constructed(search, start, record, options.prove)
+    return _result(search, problem, enc, compiled, outcome, start, options.prove, record)
 
 
-def _constructive(model, options, record, by_bound, clock):
+def _constructive(search, options, record, by_bound, clock):
     """``(start, mapping)``: the constructive mapping, and the run's answer if the bound proves it."""
+    model = search.model
     t0 = time.perf_counter()
     if options.time_limit is None:
-        start = model.construct()
+        start = search.construct()
     else:
         # its programs' time limit (together): a share of what is left, so
         # that local search, the bound and HiGHS keep theirs - unless HiGHS
         # could not even compile and presolve in all of it: then its share
         # goes to the programs too, which alone may prove the mapping
-        share = _CONSTRUCT_SHARE if _highs_need(model) < clock.left() else _CONSTRUCT_SHARE_ALONE
-        start = model.construct(time_limit=max(0.05, share * (clock.left() - _RESULT_RESERVE_S)))
+        share = _CONSTRUCT_SHARE if highs_need(model) < clock.left() else _CONSTRUCT_SHARE_ALONE
+        start = search.construct(time_limit=max(0.05, share * (clock.left() - RESULT_RESERVE_S)))
     record.construct_seconds = time.perf_counter() - t0
     if start is None:
         return None, None
     if by_bound:
-        proven = _certificate(model, start, record)
+        proven = _certificate(search, start, record)
         if proven is not None:
             return start, proven
     # Not proven yet: polish the greedy mapping by local search (its time
     # comes out of the time limit), then try the bound again.
     budget = 2.0 if options.time_limit is None else min(2.0, 0.3 * options.time_limit,
-                                                        clock.left() - _RESULT_RESERVE_S)
-    return _polish(model, start, record, by_bound, budget)
+                                                        clock.left() - RESULT_RESERVE_S)
+    return _polish(search, start, record, by_bound, budget)
 
 
-def _polish(model, start, record, by_bound, budget):
+def _polish(search, start, record, by_bound, budget):
     """``(start, mapping)`` after local search for ``budget`` seconds, as :func:`_constructive`."""
     if budget <= 0.01:
         return start, None
     t0 = time.perf_counter()
-    polished = model.improve(start, time_limit=budget)
+    polished = search.model.improve(start, time_limit=budget)
     record.construct_seconds += time.perf_counter() - t0
     if polished is not start:
         start = polished
         if by_bound:
-            return start, _certificate(model, start, record)
+            return start, _certificate(search, start, record)
     return start, None
 
 
-def _certificate(model, start, record, time_limit=None):
-    """The mapping ``start``, proven optimal, if it reaches :meth:`TunaModel.certificate`; else ``None``.
+def _certificate(search, start, record, time_limit=None):
+    """The mapping ``start``, proven optimal, if it reaches the search's certificate; else ``None``.
 
-    ``time_limit``: what the certificate's stopped searches may go on for.
+    ``time_limit``: what the certificate's stopped searches may go on for
+    (:meth:`Search.certificate <tuna_lab.model.search.Search.certificate>`).
     """
+    model = search.model
     objective = model.value(start)
     t0 = time.perf_counter()
-    cert = model.certificate(target=objective, time_limit=time_limit)
+    cert = search.certificate(target=objective, time_limit=time_limit)
     record.construct_seconds += time.perf_counter() - t0
     if cert is None:
         return None
@@ -375,21 +343,11 @@ def _certificate(model, start, record, time_limit=None):
     return record.mapping(model, start)
 
 
-def _full_certificate(model, record):
+def _full_certificate(search, record):
     """The model's bound certificate (computed once per run), or ``None``."""
     if record.combinatorial is None:
-        record.combinatorial = model.certificate()
+        record.combinatorial = search.certificate()
     return record.combinatorial
-
-
-def _highs_need(model):
-    """Seconds compiling (unless done) and HiGHS's presolve will take at least, estimated from the size."""
-    built = model.build(cached_only=True)
-    if built is not None and built[0] in _NONZEROS:
-        return _PRESOLVE_S_PER_NONZERO * _NONZEROS[built[0]]
-    inst = model.instance
-    nnz = _NNZ_PER_WORKER_CORE * inst.W * inst.C
-    return (_COMPILE_S_PER_NONZERO + _PRESOLVE_S_PER_NONZERO) * nnz
 
 
 def _compiled(model, record):
@@ -400,25 +358,16 @@ def _compiled(model, record):
     """
     problem, enc, build_s = model.build()
     t0 = time.perf_counter()
-    compiled = _compile(problem)
+    compiled = compile_problem(problem)
     record.build_seconds = build_s + time.perf_counter() - t0
     return problem, enc, compiled
 
 
-def _compile(problem):
-    """cvxpy's HiGHS data of ``problem``: ``data``, ``chain``, ``inverse`` and the objective's ``offset``."""
-    data, chain, inverse = problem.get_problem_data(cp.HIGHS)
-    # HiGHS minimises -(objective) - offset; keep the offset to turn its
-    # dual bound into a bound on our objective.
-    offset = float(inverse[-1].get("offset", 0.0)) if inverse else 0.0
-    _NONZEROS[problem] = int(data[cp.settings.A].nnz) if cp.settings.A in data else 0
-    return {"data": data, "chain": chain, "inverse": inverse, "offset": offset}
-
-
-def _constructed(model, start, record, prove="auto"):
+def _constructed(search, start, record, prove="auto"):
     """The mapping ``start`` as the answer without HiGHS, with the combinatorial bound's gap."""
+    model = search.model
     objective = model.value(start)
-    cert = _full_certificate(model, record)
+    cert = _full_certificate(search, record)
     record.route, record.status = "constructive", "constructed"
     bound = None if cert is None else cert.bound
     if record.dual_bound is not None:
@@ -434,116 +383,6 @@ def _constructed(model, start, record, prove="auto"):
     return record.mapping(model, start)
 
 
-def _highs_model(data):
-    """The ``highspy.HighsModel`` of cvxpy's compiled HiGHS ``data`` (as cvxpy's interface builds it)."""
-    import highspy
-    from cvxpy.reductions.solvers.conic_solvers.conic_solver import dims_to_solver_dict
-
-    s = cp.settings
-    inf = highspy.kHighsInf
-    dims = dims_to_solver_dict(data[s.DIMS])
-    A = data[s.A]
-    b = np.asarray(data[s.B], dtype=float)
-    n = A.shape[1]
-    lb, ub = data[s.LOWER_BOUNDS], data[s.UPPER_BOUNDS]
-    lower = np.full(n, -inf) if lb is None else np.array(lb, dtype=float)
-    upper = np.full(n, inf) if ub is None else np.array(ub, dtype=float)
-    bools = np.asarray(data[s.BOOL_IDX], dtype=int)
-    ints = np.concatenate([bools, np.asarray(data[s.INT_IDX], dtype=int)])
-    lower[bools] = np.maximum(lower[bools], 0)
-    upper[bools] = np.minimum(upper[bools], 1)
-    model = highspy.HighsModel()
-    # rows: the first EQ_DIM are equalities, the rest A x <= b
-    model.lp_ = highs_lp(data[s.C], A, np.concatenate([b[:dims[s.EQ_DIM]], np.full(len(b) - dims[s.EQ_DIM], -inf)]),
-                         b, lower, upper, integer=ints)
-    return model, ints
-
-
-def _run_highs(compiled, enc, start, verbose, highs_options, clock, record):
-    """Run HiGHS on the compiled problem until it ends or the deadline nears.
-
-    Without a time limit HiGHS runs here, as cvxpy would run it. With one it
-    runs in a forked child process that is killed at the deadline: HiGHS's
-    presolve and the set-up of its search check the clock seldom (on the
-    384-core compact models, 5-20 s go by without a check), and a process,
-    unlike a thread, can be stopped (and then takes no CPU from what runs
-    next).
-
-    Returns
-    -------
-    dict or None
-        ``model_status`` (HiGHS's status name), ``col_value`` (array or
-        ``None``) and ``info`` (a dict of HiGHS's info values); ``None`` when
-        HiGHS did not return in time (then ``start`` is the answer). Its wall
-        time goes to ``record.highs_seconds``.
-    """
-    t0 = time.perf_counter()
-    model, ints = _highs_model(compiled["data"])
-    x0 = None if start is None else _start_values(compiled["data"], enc.start(start), ints)
-    options = {"output_flag": bool(verbose), "log_to_console": bool(verbose), **highs_options}
-    if clock.limit is None or not hasattr(os, "fork"):
-        if clock.limit is not None:
-            options["time_limit"] = max(0.05, clock.left() - _RESULT_RESERVE_S)
-        out = _highs_solve(model, x0, options)
-    else:
-        left = clock.left() - _RESULT_RESERVE_S
-        # HiGHS stops itself a little early where it can; the kill is the guarantee.
-        options["time_limit"] = max(0.05, left - max(0.1, _HIGHS_MARGIN * left))
-        out = _highs_in_child(model, x0, options, clock)
-    record.highs_seconds = time.perf_counter() - t0
-    if out is None:
-        record.notes.append(f"HiGHS did not stop by the deadline (its presolve and search set-up check the "
-                            f"clock seldom) and was stopped after {record.highs_seconds:.2f} s: "
-                            "the constructive mapping is the answer")
-        return None
-    if "error" in out:
-        raise NoSolutionError(f"HiGHS failed: {out['error']}")
-    return out
-
-
-# HiGHS's info values the result needs (cvxpy's HiGHS interface reads the
-# objective and the iteration counts).
-_INFO = ("objective_function_value", "mip_dual_bound", "mip_gap", "primal_solution_status",
-         "ipm_iteration_count", "crossover_iteration_count", "pdlp_iteration_count",
-         "qp_iteration_count", "simplex_iteration_count")
-
-
-def _highs_solve(model, x0, options):
-    """Run HiGHS on ``model`` from the start ``x0``; the plain-valued outcome (see :func:`_run_highs`)."""
-    import highspy
-
-    h = new_highs(quiet=not options.get("output_flag", False))
-    for name, value in options.items():
-        if h.setOptionValue(name, value) == highspy.HighsStatus.kError:
-            return {"error": f"HiGHS rejected the option {name}={value!r}"}
-    h.passModel(model)
-    if x0 is not None:
-        sol = highspy.HighsSolution()
-        sol.col_value = x0.tolist()
-        sol.value_valid = True
-        h.setSolution(sol)
-    h.run()
-    info = h.getInfo()
-    solution = h.getSolution()
-    return {"model_status": h.getModelStatus().name,
-            "col_value": np.asarray(solution.col_value) if solution.value_valid else None,
-            "info": {k: getattr(info, k, 0) for k in _INFO}, "run_time": h.getRunTime()}
-
-
-def _highs_in_child(model, x0, options, clock):
-    """:func:`_highs_solve` in a forked process, killed when the deadline nears; ``None`` then."""
-    out = in_child(_highs_solve, (model, x0, options), max(0.0, clock.left() - _RESULT_RESERVE_S))
-    if out is None:
-        return None
-    ok, value = out
-    return value if ok else {"error": value}
-
-
-# HiGHS's model statuses that carry no solution and no verdict on the model.
-_HIGHS_FAILED = ("kNotset", "kLoadError", "kModelError", "kPresolveError", "kSolveError",
-                 "kPostsolveError", "kModelEmpty", "kMemoryLimit", "kUnknown")
-
-
 def _infeasible(model, why=""):
     """The :class:`InfeasibleModelError` of ``model`` (``why``: how it was proven, appended)."""
     inst = model.instance
@@ -554,14 +393,15 @@ def _infeasible(model, why=""):
         + (f" {why}" if why else ""), [f.key for f in active])
 
 
-def _result(model, problem, enc, compiled, results, start, prove, record):
+def _result(search, problem, enc, compiled, results, start, prove, record):
     """The mapping HiGHS found (or ``start`` if it found none, or none better), with its evidence."""
+    model = search.model
     inst = model.instance
     info = results["info"]
     status = results["model_status"]
     if status in ("kInfeasible", "kUnboundedOrInfeasible"):
         raise _infeasible(model)
-    has_solution = (status not in _HIGHS_FAILED and info["primal_solution_status"] == 2
+    has_solution = (status not in HIGHS_FAILED and info["primal_solution_status"] == 2
                     and results["col_value"] is not None)
     dual = float(info["mip_dual_bound"])
     if np.isfinite(dual):
@@ -573,7 +413,7 @@ def _result(model, problem, enc, compiled, results, start, prove, record):
     if has_solution:
         # cvxpy turns the solver's columns into variable values; an
         # interrupted run is a time limit to it
-        _unpack(problem, compiled, results)
+        unpack(problem, compiled, results)
         positions = enc.extract()
         proven = status == "kOptimal"
         record.status = "optimal" if proven else "time_limit"
@@ -589,7 +429,7 @@ def _result(model, problem, enc, compiled, results, start, prove, record):
         # bound HiGHS proved.
         record.status, positions = "constructed", start
     objective = model.value(positions)
-    cert = _full_certificate(model, record)        # None unless every family is known to it
+    cert = _full_certificate(search, record)        # None unless every family is known to it
     bound = record.dual_bound
     if cert is not None:
         bound = cert.bound if bound is None else min(bound, cert.bound)
@@ -613,37 +453,6 @@ def _result(model, problem, enc, compiled, results, start, prove, record):
     return record.mapping(model, positions)
 
 
-def _unpack(problem, compiled, results):
-    """Set the variables of ``problem`` from HiGHS's ``results`` (an interrupted run is a time limit to cvxpy)."""
-    status = results["model_status"]
-    raw = {"model_status": "kTimeLimit" if status == "kInterrupt" else status,
-           "solution": SimpleNamespace(col_value=results["col_value"]),
-           "info": SimpleNamespace(**results["info"]), "run_time": results["run_time"]}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)
-        problem.unpack_results(raw, compiled["chain"], compiled["inverse"])
-
-
-def _start_values(data, values, ints):
-    """HiGHS's starting point from ``values`` (``{variable id: value}``), in cvxpy's column order.
-
-    Integer columns we know are set; the rest are left at 0.5 (binaries) /
-    0 (continuous), which HiGHS treats as a partial solution: it fixes the
-    known integers and completes the rest itself.
-    """
-    from cvxpy.settings import PARAM_PROB
-
-    prog = data[PARAM_PROB]
-    n = int(sum(v.size for v in prog.variables))
-    x0 = np.zeros(n)
-    x0[ints] = 0.5
-    for var in prog.variables:
-        if var.id in values:
-            off = prog.var_id_to_col[var.id]
-            x0[off:off + var.size] = np.asarray(values[var.id], dtype=float).ravel(order="F")
-    return x0
-
-
 # -- when the families admit no mapping: the nearest mapping ------------------------------------
 
 def run_or_relax(model, options, on_infeasible="relax"):
@@ -662,7 +471,7 @@ def run_or_relax(model, options, on_infeasible="relax"):
 
     if on_infeasible not in ON_INFEASIBLE:
         raise ModelError(f"on_infeasible must be relax or raise, got {on_infeasible!r}")
-    clock = _Clock(options.time_limit)
+    clock = Clock(options.time_limit)
     conflicts, current = [], model
     while True:
         conflict = counting_conflict(current.caps)
@@ -744,17 +553,17 @@ def _relaxed_by_highs(model, rest, base, yielded, conflicts, lower, v_base, opti
     highs = {} if options.gap is None else {"mip_rel_gap": float(options.gap)}
     # stage 1: the least total slack
     first = cp.Problem(cp.Maximize(-total), rows)
-    compiled = _compile(first)
+    compiled = compile_problem(first)
     build = time.perf_counter() - t0
-    half = None if options.time_limit is None else _Clock(max(0.1, 0.5 * clock.left()))
-    out = _run_highs(compiled, enc, base.positions, options.verbose, dict(highs), half or _Clock(None), record)
+    half = None if options.time_limit is None else Clock(max(0.1, 0.5 * clock.left()))
+    out = run_highs(compiled, enc, base.positions, options.verbose, dict(highs), half or Clock(None), record)
     seconds = record.highs_seconds
     best, s_star, lb = base.positions, v_base, 0.0 if lower is None else lower
     if out is not None and "error" not in out:
         if out["model_status"] == "kInfeasible":
             raise _infeasible(model, "(even with the yielding families' rows elastic)")
         if out["info"]["primal_solution_status"] == 2 and out["col_value"] is not None:
-            _unpack(first, compiled, out)
+            unpack(first, compiled, out)
             pos = enc.extract()
             v = _violation(yielded, pos, inst)
             if v < s_star - 1e-9 and not any(f.violations(pos, inst) for f in rest.families):
@@ -772,15 +581,15 @@ def _relaxed_by_highs(model, rest, base, yielded, conflicts, lower, v_base, opti
         # stage 2: the greatest objective at that slack
         second = cp.Problem(cp.Maximize(sum(terms) if terms else cp.Constant(0.0)), rows + [total <= s_star])
         t1 = time.perf_counter()
-        compiled = _compile(second)
+        compiled = compile_problem(second)
         build += time.perf_counter() - t1
         record = RunRecord()
-        out = _run_highs(compiled, enc, best, options.verbose, dict(highs), clock, record)
+        out = run_highs(compiled, enc, best, options.verbose, dict(highs), clock, record)
         seconds += record.highs_seconds
         if out is not None and "error" not in out:
             info = out["info"]
             if info["primal_solution_status"] == 2 and out["col_value"] is not None:
-                _unpack(second, compiled, out)
+                unpack(second, compiled, out)
                 pos = enc.extract()
                 if (_violation(yielded, pos, inst) <= s_star + 1e-9 and rest.value(pos) > value + 1e-9
                         and not any(f.violations(pos, inst) for f in rest.families)):

@@ -1,49 +1,28 @@
-"""``TunaModel``: the families composed into one cvxpy problem, solved by HiGHS.
+"""``TunaModel``: the families composed into one problem - declared here, searched elsewhere.
 
-The model holds the instance, the families and their merged rules
-(:class:`~tuna_lab.model.caps.Caps`); it builds the cvxpy problem from the
-families' rows, offers the solver-free parts (constructive mapping, local
-search, counting bound) and hands :meth:`TunaModel.solve` to the pipeline of
-:mod:`~tuna_lab.model.pipeline`.
+The model holds the instance, the families, their merged rules
+(:class:`~tuna_lab.model.caps.Caps`), the mode and the encoding, and
+nothing else: it is immutable. Its cvxpy problem is built by
+:mod:`~tuna_lab.model.problem` (and cached there by the model's
+declaration); the solver-free parts (constructive mapping, bound) run a
+:class:`~tuna_lab.model.search.Search`; :meth:`TunaModel.solve` hands the
+model to the pipeline of :mod:`~tuna_lab.model.pipeline`, which owns the
+search of that solve.
 """
 
-import time
-from collections import OrderedDict
-
-import lazy_loader
-import numpy as np
-
 from ..errors import ModelError
-from .bounds import Certificate, bound_certificate, bound_closes, objective_granularity, patterns_infeasible
+from .bounds import objective_granularity
 from .caps import Caps
-from .construct import greedy_mapping, local_search
-from .encodings import ENCODINGS, make_encoding, ultrametric_chain
-from .fragments import fragment_mapping, fragment_program
+from .construct import local_search
+from .encodings import ENCODINGS
 from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, SingleCore
 from .instance import Instance
 from . import pipeline
 from .pipeline import SolveOptions
-
-# cvxpy takes most of a second to import; a compact solve that the constructive route
-# proves never builds the cvxpy problem, so it is loaded on first use
-cp = lazy_loader.load("cvxpy")
+from .problem import BUILD_CACHE
+from .search import Search, chain_of, ordered
 
 __all__ = ["TunaModel", "solve"]
-
-#: The share of :meth:`TunaModel.construct`'s time left that a fragment program may take; the rest
-#: maps its last plan (the plans it finds on the way are mapped as they come).
-_PROGRAM_SHARE = 0.97
-#: Least time :meth:`TunaModel.certificate` starts a fragment program with.
-_MIN_PROGRAM_S = 0.5
-#: Seconds each placement program of a fragment plan gets, tried in turn until the mapping reaches
-#: the bound (None: all the time left).
-_PLACE_LIMITS = (0.25, 1.0, 4.0, None)
-
-# Built problems are kept so that toggling a mode or a family back and forth
-# re-solves without re-building or re-compiling (cvxpy caches the compiled
-# problem on the Problem object). Small: a notebook explores a few at a time.
-_BUILT = OrderedDict()
-_BUILT_MAX = 32
 
 
 def _resolve_family(spec):
@@ -61,15 +40,21 @@ def _resolve_family(spec):
                      + ", ".join(f"{f.key} ({f.__name__})" for f in FAMILY_TYPES))
 
 
-def _topology_key(topo):
-    caches = tuple((k, np.asarray(v).tobytes()) for k, v in sorted(topo.caches.items()))
-    # NUMA nodes matter once a remote cost prices them.
-    return (topo.name, tuple(topo.cpus), np.asarray(topo.core).tobytes(), np.asarray(topo.numa).tobytes(), caches,
-            tuple(sorted(topo.costs.items())))
+def _check_requirements(instance, families):
+    keys = {f.key for f in families}
+    for fam in families:
+        missing = [k for k in fam.requires if k not in keys]
+        if missing and fam.active(instance):
+            raise ModelError(f"family ({fam.key}) needs ({', '.join(missing)}) in the same model")
 
 
 class TunaModel:
-    """The Tuna 0-1 ILP for ``workers`` x ``threads`` on ``topology``.
+    """The Tuna 0-1 ILP for ``workers`` x ``threads`` on ``topology``: what is asked, not how it is found.
+
+    A model is immutable: :meth:`with_`, :meth:`without` and
+    :meth:`with_mode` return new models, and it holds no search state -
+    each solve runs its own :class:`~tuna_lab.model.search.Search`, and the
+    built cvxpy problems live in :data:`~tuna_lab.model.problem.BUILD_CACHE`.
 
     Parameters
     ----------
@@ -91,8 +76,11 @@ class TunaModel:
     Attributes
     ----------
     instance : Instance
+        ``W``, ``T``, the topology, the mode and the costs.
     families : tuple of Family
         In canonical build order.
+    encoding : str
+        As given (``"auto"`` is resolved when the problem is built).
     caps : Caps
         What the families ask, as numbers: the one answer to "which rules
         apply" that the constructive route, the bound and the encodings read.
@@ -113,25 +101,31 @@ class TunaModel:
             from ..machine.topology import Topology
 
             topology = Topology.from_sysfs()
-        self.instance = Instance(workers, threads, topology, mode, costs)
+        instance = Instance(workers, threads, topology, mode, costs)
         fams = DEFAULT_FAMILIES if families is None else tuple(_resolve_family(f) for f in families)
         # Keep the canonical build order whatever order the user gave.
         order = {ftype: i for i, ftype in enumerate(FAMILY_TYPES)}
-        self.families = tuple(sorted(dict.fromkeys(fams), key=lambda f: order.get(type(f), 99)))
-        if not any(isinstance(f, SingleCore) for f in self.families):
+        fams = tuple(sorted(dict.fromkeys(fams), key=lambda f: order.get(type(f), 99)))
+        if not any(isinstance(f, SingleCore) for f in fams):
             # Without (1) a solution need not place every thread exactly once,
             # so there is no mapping to return.
             raise ModelError("family (1) defines what a mapping is (every thread on exactly one core); "
                              "it cannot be removed")
         if encoding not in ENCODINGS:
             raise ModelError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
-        self.encoding = encoding
-        self._check_requirements()
-        self.caps = Caps.of(self.instance, self.families)
-        self._full_bound = None
-        self._pattern_bound = None          # bound_certificate with its pattern bounds, once computed
-        self._fragments = None
-        self._fragment_todo = None          # fragment programs not solved yet; None: not listed yet
+        _check_requirements(instance, fams)
+        # the one place attributes are set: every method returns a new model instead
+        object.__setattr__(self, "instance", instance)
+        object.__setattr__(self, "families", fams)
+        object.__setattr__(self, "encoding", encoding)
+        object.__setattr__(self, "caps", Caps.of(instance, fams))
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"a TunaModel is immutable: {name!r} cannot be set; with_(), without() and "
+                             "with_mode() return new models")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"a TunaModel is immutable: {name!r} cannot be deleted")
 
     # -- composition ----------------------------------------------------------------
     def _replace(self, **changes):
@@ -159,51 +153,24 @@ class TunaModel:
         """A copy of the model in the other mode (same families and topology)."""
         return self._replace(mode=mode)
 
-    def _check_requirements(self):
-        keys = {f.key for f in self.families}
-        for fam in self.families:
-            missing = [k for k in fam.requires if k not in keys]
-            if missing and fam.active(self.instance):
-                raise ModelError(f"family ({fam.key}) needs ({', '.join(missing)}) in the same model")
-
     @property
     def active_families(self):
         return tuple(f for f in self.families if f.active(self.instance))
 
     # -- building ---------------------------------------------------------------------
-    def _key(self):
-        inst = self.instance
-        costs = tuple(sorted((inst.costs or {}).items()))
-        return (self.encoding, inst.W, inst.T, inst.mode, _topology_key(inst.topology), costs,
-                tuple(f.key for f in self.families), tuple(type(f) for f in self.families))
-
     def build(self, cached_only=False):
         """Build (or fetch the cached) cvxpy problem; returns ``(problem, encoding, seconds)``.
 
-        ``cached_only``: fetch only - ``None`` if the problem is not built
-        yet (building takes a second on hundreds of cores, which a solve
-        that the constructive route proves does not need).
+        Problems are kept in :data:`~tuna_lab.model.problem.BUILD_CACHE`, by
+        the model's declaration. ``cached_only``: fetch only - ``None`` if
+        the problem is not built yet (building takes a second on hundreds
+        of cores, which a solve that the constructive route proves does not
+        need).
         """
-        key = self._key()
-        if key in _BUILT:
-            _BUILT.move_to_end(key)
-            problem, enc = _BUILT[key]
-            return problem, enc, 0.0
         if cached_only:
-            return None
-        t0 = time.perf_counter()
-        enc = make_encoding(self.encoding, self.instance, self.caps)
-        # Every family returns all its rows (auxiliary definitions included);
-        # an objective family's term reuses the variables its rows define.
-        constraints = [row for fam in self.families for row in fam.constraints(enc)]
-        terms = [fam.term(enc) for fam in self.families if fam.kind == "objective"]
-        constraints.extend(enc.symmetry_constraints())
-        objective = cp.Maximize(sum(terms) if terms else cp.Constant(0.0))
-        problem = cp.Problem(objective, constraints)
-        _BUILT[key] = (problem, enc)
-        if len(_BUILT) > _BUILT_MAX:
-            _BUILT.popitem(last=False)
-        return problem, enc, time.perf_counter() - t0
+            cached = BUILD_CACHE.get(self)
+            return None if cached is None else cached + (0.0,)
+        return BUILD_CACHE.build(self)
 
     def size(self):
         """Model size: variables (integer among them), constraint rows."""
@@ -227,93 +194,9 @@ class TunaModel:
         model contributes no caps (:attr:`Caps.understood
         <tuna_lab.model.caps.Caps.understood>`): the greedy rules could not
         honour it. It satisfies every family of the model whenever it is
-        returned.
+        returned. Each call searches afresh (:class:`~tuna_lab.model.search.Search`).
         """
-        if not self.caps.understood:
-            return None
-        inst = self.instance
-        labels = [inst.core]
-        chain = self._chain()
-        if chain is not None:
-            labels += [lab for _, lab in chain]
-        candidates = [greedy_mapping(self.caps, labels, order_by) for order_by in ("rank", "worker")]
-        if chain is not None and all(c is None for c in candidates) and patterns_infeasible(self.caps, chain):
-            return None                     # no mapping exists: nothing for the fragment programs to map
-        # a greedy mapping the counting bound, or the pattern bounds where it falls short, prove needs
-        # no fragment program (on hundreds of cores those take seconds and hundreds of MB to find the
-        # same; the pattern bounds, small programs over core patterns, well under a second)
-        top = self._best_valid(candidates)
-        if chain is not None and top is not None and \
-                bound_closes(self._bound_certificate(chain, self.value(top)).bound, self.value(top),
-                             self.granularity()):
-            return self._ordered(top)
-        # compact mode: the plans of the fragment programs, dealt and placed
-        deadline = time.perf_counter() + time_limit
-        # each program's plan as soon as it is solved: a plan that reaches the bound ends the search
-        done, reached, counted = 0, False, None
-
-        # each plan's best mapping so far and whether its placement programs all finished within their
-        # limit (more time maps it no better), by the plan's counts (the plan itself kept alive with them)
-        mapped = {}
-
-        def mapping(plan, place_limit):
-            key = id(plan.domains)
-            _, pos, complete = mapped.get(key, (plan, None, False))
-            left = deadline - time.perf_counter()
-            if not complete and left > 0:
-                t0 = time.perf_counter()
-                new = fragment_mapping(self.caps, chain, plan, time_limit=left, place_limit=place_limit)
-                candidates.append(new)
-                # done in less than one program's limit: no placement program was cut short
-                complete = time.perf_counter() - t0 < min(left, np.inf if place_limit is None else place_limit)
-                if new is not None and (pos is None or self.value(new) > self.value(pos)):
-                    pos = new
-                mapped[key] = (plan, pos, complete)
-            return pos, complete or left <= 0
-
-        def on_plan(plan):
-            # a plan the search finds on its way, mapped while it goes on: a mapping at hand
-            # whatever the search has when its time runs out
-            mapping(plan, _PLACE_LIMITS[0])
-
-        while not reached:
-            # a program that runs to the deadline leaves its plan unmapped: keep some time back for that
-            solutions = self._fragment_solutions(_PROGRAM_SHARE * max(0.0, deadline - time.perf_counter()), more=1,
-                                                 on_plan=on_plan)
-            if len(solutions) <= done:
-                break
-            sol = solutions[done]
-            done = len(solutions)
-            if counted is None:             # only where there is a plan: not on construct's every call
-                counted, step = bound_certificate(self.caps, chain), self.granularity()
-            target = self._with_fragments(counted, compute=False).bound
-            # HiGHS finds a domain's best placement long before it proves it: give each placement
-            # program a little time first, and more only while the mapping falls short of the bound.
-            # A plan forgets which worker is which, and one may put a worker's two fragments in one
-            # domain, where no mapping can: then the search's earlier plans, best first
-            for plan in (sol,) + sol.alternatives:
-                for place_limit in _PLACE_LIMITS:
-                    pos, finished = mapping(plan, place_limit)
-                    if pos is not None and bound_closes(target, self.value(pos), step):
-                        reached = True
-                    if reached or finished:
-                        break
-                if reached or pos is not None or deadline <= time.perf_counter():
-                    break
-        best = self._best_valid(candidates)
-        return None if best is None else self._ordered(best)
-
-    def _best_valid(self, candidates):
-        """The best of ``candidates`` (positions or ``None``) that breaks no family of the model, or ``None``."""
-        inst = self.instance
-        valid = [c for c in candidates if c is not None and not any(f.violations(c, inst) for f in self.families)]
-        return max(valid, key=self.value) if valid else None
-
-    def _ordered(self, pos):
-        # The counts encoding orders workers by their main thread's core
-        # position (symmetry breaking), which renumbering workers reaches
-        # whenever every family allows it.
-        return pos[np.argsort(pos[:, 0], kind="stable")] if self.caps.symmetric else pos
+        return Search(self).construct(time_limit)
 
     def value(self, positions):
         """The objective this model maximises at ``positions`` (W, T): its objective families' terms.
@@ -323,13 +206,6 @@ class TunaModel:
         """
         inst = self.instance
         return float(sum(f.value(positions, inst) for f in self.families if f.kind == "objective"))
-
-    def _chain(self):
-        inst = self.instance
-        try:
-            return ultrametric_chain(inst.topology, inst.costs)
-        except ValueError:
-            return None
 
     def improve(self, start, time_limit=2.0):
         """A mapping at least as good as ``start`` (positions ``(W, T)``), by local search.
@@ -349,7 +225,7 @@ class TunaModel:
             return start
         if self.value(better) <= self.value(start) + 1e-9:
             return start
-        return self._ordered(better)
+        return ordered(better, self.caps)
 
     def bound(self, target=None):
         """An upper bound on the objective from per-level counting, or ``None``.
@@ -371,125 +247,18 @@ class TunaModel:
 
         ``None`` where :meth:`bound` is ``None``. See
         :func:`~tuna_lab.model.bounds.bound_certificate`. ``time_limit``:
-        seconds the fragment programs whose search stopped at its time
-        limit may go on for (:meth:`FragmentSolution.resume
-        <tuna_lab.model.fragments.FragmentSolution.resume>`), until the
-        bound reaches ``target``; none by default.
+        seconds the fragment programs may take (the first one, in compact
+        mode), where the bound is to come in time rather than in full; none
+        by default. Each call searches afresh; within one solve the pipeline's
+        :meth:`Search.certificate <tuna_lab.model.search.Search.certificate>`
+        resumes the programs an earlier step stopped.
         """
-        chain = self._chain()
-        if chain is None or not self.caps.understood:
-            return None
-        timed = time_limit is not None
-        if timed and time_limit > 0:
-            deadline = time.perf_counter() + time_limit
-            # the stopped searches first (the joint program's: the tighter), then the next program
-            # not solved yet, with what is left
-            self._resume_fragments(time_limit)
-            left = deadline - time.perf_counter()
-            if left > _MIN_PROGRAM_S:        # (a program given less is dropped, not tried again)
-                self._fragment_solutions(left, more=1)
-        if target is None and self._full_bound is not None and not timed:
-            return self._full_bound
-        cert = self._bound_certificate(chain, target)
-        if cert.sources and not (target is not None and cert.name == "counting"
-                                 and cert.bound - target < max(self.granularity(), 1e-9)):
-            if target is not None:
-                # the programs solved so far may already close it: then the rest are not needed
-                quick = self._with_fragments(cert, compute=False)
-                if bound_closes(quick.bound, target, self.granularity()):
-                    return quick
-            # with a time limit, only what it allowed: the rest would run past it
-            cert = self._with_fragments(cert, compute=not timed)
-        if target is None and not timed:
-            self._full_bound = cert
-        return cert
-
-    def _bound_certificate(self, chain, target=None):
-        """:func:`~tuna_lab.model.bounds.bound_certificate` of the model, its pattern bounds computed once.
-
-        With ``target`` closed by the counting bound alone the pattern bounds
-        are skipped (and not kept); otherwise the full certificate is kept for
-        the next call (construct's check, then the run's certificate).
-        """
-        if self._pattern_bound is not None:
-            return self._pattern_bound
-        cert = bound_certificate(self.caps, chain, target=target)
-        if target is None or not bound_closes(cert.detail["counting_bound"], target, self.granularity()):
-            self._pattern_bound = cert
-        return cert
-
-    def _resume_fragments(self, time_limit):
-        """Resume the fragment programs left unproven, for ``time_limit`` seconds in all."""
-        deadline = time.perf_counter() + time_limit
-        resumed = []
-        for sol in self._fragments or ():
-            left = deadline - time.perf_counter()
-            if left > 0 and not sol.proven:
-                sol = sol.resume(left)
-            resumed.append(sol)
-        if resumed:
-            self._fragments = tuple(resumed)
-            self._full_bound = None          # a resumed program may have tightened it
-
-    def _fragment_solutions(self, time_limit=5.0, more=None, on_plan=None):
-        """The solved fragment programs of the top cache level (compact mode), each computed once.
-
-        The level with its finer levels (where the inner rule applies), then
-        alone: the joint bound is tighter, the level's own plan is sometimes
-        the better mapping. Solves at most ``more`` of those not solved yet
-        (all if ``None``), stopping at ``time_limit`` seconds; what did not
-        finish is left out (and not tried again). ``on_plan``: see
-        :meth:`FragmentProgram.solve <tuna_lab.model.fragments.FragmentProgram.solve>`.
-        """
-        if self._fragment_todo is None:
-            todo = []
-            chain = self._chain()
-            if chain is not None and self.caps.understood and self.caps.sign < 0:
-                d = [0.0] + [c for c, _ in chain]
-                weighted = [j for j in range(len(d) - 1) if d[j + 1] > d[j]]
-                if weighted and weighted[-1] >= 1:
-                    todo = [(weighted[-1], True), (weighted[-1], False)]
-            self._fragment_todo, self._fragments = todo, ()
-        deadline = time.perf_counter() + time_limit
-        solved = 0
-        while self._fragment_todo and (more is None or solved < more):
-            j, inner = self._fragment_todo.pop(0)
-            program = fragment_program(self.caps, self._chain(), j, inner=inner, deadline=deadline)
-            left = deadline - time.perf_counter()
-            solution = program.solve(time_limit=left, on_plan=on_plan) if program is not None and left > 0 else None
-            solved += 1
-            if solution is not None:
-                self._fragments += (solution,)
-            if time.perf_counter() >= deadline or (program is not None and len(program.levels) == 1):
-                self._fragment_todo = []            # out of time, or no inner rule: the next is the same
-        return self._fragments
-
-    def _with_fragments(self, cert, compute=True):
-        """``cert``, or a tighter :class:`Certificate` from the fragment programs (those solved so far
-        unless ``compute``)."""
-        best = cert
-        for sol in self._fragment_solutions() if compute else (self._fragments or ()):
-            covered = sol.program.levels
-            levels = list(cert.levels)
-            sources = list(cert.sources)
-            for i in covered:
-                levels[i] = 0.0
-                sources[i] = "fragment-pattern"
-            levels[covered[0]] = sol.bound
-            bound = cert.constant + sum(levels)
-            if bound < best.bound:
-                used = [n for n in ("sibling-pattern", "domain-pattern", "fragment-pattern") if n in sources]
-                best = Certificate("+".join(used), float(bound), cert.constant, tuple(levels), tuple(sources),
-                                   {**cert.detail, "fragment_levels": list(covered),
-                                    "fragment_bound": float(sol.bound),
-                                    "fragment_columns": len(sol.program.columns),
-                                    "fragment_partitions": len(sol.program.partitions)})
-        return best
+        return Search(self).certificate(target=target, time_limit=time_limit)
 
     def granularity(self):
         """Step of the lattice every objective value lies on (0 if unknown); see
         :func:`~tuna_lab.model.bounds.objective_granularity`."""
-        chain = self._chain()
+        chain = chain_of(self.instance)
         if chain is None or not self.caps.understood:
             return 0.0
         return objective_granularity(self.caps, chain)
