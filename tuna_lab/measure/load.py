@@ -69,7 +69,6 @@ A user's own app, with two bodies in turn, a header and the app's
 
 import asyncio
 import concurrent.futures
-import json
 import math
 import os
 import resource
@@ -80,8 +79,8 @@ import numpy as np
 
 from .._checks import format_cpulist, non_negative_int, parse_cpulist, positive_int, positive_number
 from ..errors import LoadError
-from ..server.models import make_rows
 from .records import Records
+from .schedule import payload, poisson_schedule
 from .schema import LATE_REQUEST_COLUMNS, percentiles
 from .server_timing import METRIC_NAME, parse_server_timing
 from .trivial import trivial_endpoint
@@ -112,8 +111,6 @@ __all__ = [
 #: many requests were sent and the trial's wall-clock seconds.
 GENERATOR_KEYS = ("cpu_user", "cpu_sys", "cpu_seconds", "cpus", "processes", "requests", "wall_seconds")
 
-# An upper bound on a schedule, so a typo in rate * duration cannot exhaust memory.
-_MAX_REQUESTS = 10_000_000
 # File descriptors left for everything but the trial's sockets.
 _FD_RESERVE = 64
 # What response= may say: the lab server's JSON body, or a body not read at all.
@@ -199,95 +196,6 @@ def ensure_fds(connections, error=LoadError):
     raise error(f"{connections} connections need {need} file descriptors but the hard limit is {hard}; "
                 "lower the concurrency, or have the hard limit raised (`ulimit -Hn`, limits.conf, systemd's "
                 "LimitNOFILE)")
-
-
-# -- payload and schedule ----------------------------------------------------------------
-
-def payload(model, batch, seed=0):
-    """The JSON body of a ``POST /predict``: ``batch`` rows of ``model``, encoded once.
-
-    Build it once per trial and send the same bytes with every request, so
-    the generator spends no time encoding while it measures.
-
-    Parameters
-    ----------
-    model : {"small", "medium", "large"}
-    batch : int
-        Rows per request.
-    seed : int
-        Seed of :func:`tuna_lab.server.models.make_rows`.
-
-    Returns
-    -------
-    bytes
-
-    Examples
-    --------
-    >>> body = payload("small", 2)
-    >>> len(json.loads(body)["rows"][0])
-    29
-    """
-    rows = make_rows(model, batch, seed)
-    return json.dumps({"rows": rows.tolist()}, separators=(",", ":")).encode()
-
-
-def poisson_schedule(rate, requests=None, duration=None, seed=0):
-    """Send times (seconds from the trial's start) of a Poisson arrival process.
-
-    Inter-arrival times are exponential with mean ``1 / rate``, drawn from
-    ``numpy.random.default_rng(seed)``; the first request is sent at 0. The
-    same seed gives the same arrivals, and the same pattern scaled by
-    ``1 / rate`` at every rate (common random numbers for rate sweeps).
-
-    Parameters
-    ----------
-    rate : float
-        Mean arrivals per second.
-    requests : int, optional
-        At most this many arrivals.
-    duration : float, optional
-        Only arrivals before ``duration`` seconds. At least one of
-        ``requests`` and ``duration`` is required.
-    seed : int
-
-    Returns
-    -------
-    numpy.ndarray of float
-
-    Examples
-    --------
-    >>> at = poisson_schedule(100.0, requests=2000, seed=1)
-    >>> len(at), float(at[0]), round(float(np.diff(at).mean()), 2)
-    (2000, 0.0, 0.01)
-    """
-    rate = positive_number("rate", rate, LoadError)
-    if requests is None and duration is None:
-        raise LoadError("give requests and/or duration: an open loop must be bounded")
-    if requests is not None:
-        requests = positive_int("requests", requests, LoadError)
-    if duration is not None:
-        duration = positive_number("duration", duration, LoadError)
-    if requests is None:
-        # Expected count plus 8 standard deviations: one draw nearly always suffices.
-        expected = rate * duration
-        if expected > _MAX_REQUESTS:
-            raise LoadError(f"rate * duration = {expected:.0f} requests exceeds the limit of {_MAX_REQUESTS}")
-        want = int(expected + 8 * math.sqrt(expected) + 16)
-    else:
-        if requests > _MAX_REQUESTS:
-            raise LoadError(f"{requests} requests exceed the limit of {_MAX_REQUESTS}")
-        want = requests - 1
-    rng = np.random.default_rng(seed)
-    gaps = rng.exponential(1.0 / rate, want)
-    # Successive draws continue one stream, so a longer schedule extends a shorter one.
-    while requests is None and gaps.sum() < duration:
-        gaps = np.concatenate((gaps, rng.exponential(1.0 / rate, want)))
-    at = np.concatenate(([0.0], np.cumsum(gaps)))
-    if requests is not None:
-        at = at[:requests]
-    if duration is not None:
-        at = at[at < duration]
-    return at
 
 
 # -- the generator's thread ---------------------------------------------------------

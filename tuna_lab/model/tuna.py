@@ -17,7 +17,7 @@ from .construct import local_search
 from .encodings import ENCODINGS
 from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, SingleCore
 from .instance import Instance
-from . import pipeline
+from . import relax
 from .pipeline import SolveOptions
 from .problem import BUILD_CACHE
 from .search import Search, chain_of, ordered
@@ -327,7 +327,7 @@ class TunaModel:
         NoSolutionError
             The time limit passed before any mapping was found.
         """
-        return pipeline.run_or_relax(self, SolveOptions(time_limit, gap, verbose, warm_start, prove), on_infeasible)
+        return relax.run_or_relax(self, SolveOptions(time_limit, gap, verbose, warm_start, prove), on_infeasible)
 
     def __repr__(self):
         inst = self.instance
