@@ -28,7 +28,7 @@ from ..errors import ExperimentError, StoreError
 from . import schema
 
 __all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "finished_keys", "finished_cells", "load_results",
-           "load_thread_cpu", "machine_name", "SWEEP_FILE", "write_sweep_file", "read_sweep_file"]
+           "load_thread_cpu", "machine_name", "SWEEP_FILE", "write_sweep_file", "read_sweep_file", "write_json"]
 
 #: The name of a sweep's settings file, written in its folder before the first cell.
 SWEEP_FILE = "sweep.json"
@@ -215,14 +215,31 @@ def write_sweep_file(out, settings):
     {'trials': 3}
     """
     os.makedirs(out, exist_ok=True)
-    path = os.path.join(out, SWEEP_FILE)
+    return write_json(os.path.join(out, SWEEP_FILE), settings, default=str)
+
+
+def write_json(path, data, **options):
+    """Write ``data`` as JSON to ``path`` whole or not at all, and durably; return ``path``.
+
+    A temporary file in the same folder is flushed to the disk and renamed
+    over ``path``, then the folder's entries are flushed: a reader sees the
+    old file or the new one, and a crash leaves no half of either.
+    ``options`` go to :func:`json.dump` (``default=str``, ``allow_nan=False``...).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.json")
+    >>> write_json(path, {"a": 1}) == path, json.load(open(path))
+    (True, {'a': 1})
+    """
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w") as fh:
-        json.dump(settings, fh, indent=1, default=str)
+        json.dump(data, fh, indent=1, **options)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    _fsync(os.path.abspath(out))
+    _fsync(os.path.dirname(os.path.abspath(path)))
     return path
 
 

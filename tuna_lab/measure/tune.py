@@ -174,17 +174,10 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
 
 def _write_race(result):
     """``<out>/tune.json``: the race as :meth:`TuneResult.to_dict` gives it, written whole or not at all."""
-    if not result.out:
-        return
-    import json
+    if result.out:
+        from .store import write_json
 
-    path = os.path.join(result.out, TUNE_FILE)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(result.to_dict(), f, indent=1, allow_nan=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+        write_json(os.path.join(result.out, TUNE_FILE), result.to_dict(), allow_nan=False)
 
 
 def read_tune(out):
