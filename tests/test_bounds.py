@@ -187,11 +187,22 @@ PHYSICAL_MAIN_CASES = [
 ]
 
 
-def _assert_bound_closes_on_highs_optimum(model):
+# HiGHS's proven optima (``solve(prove="solver")``) of the cases it takes 35-40 s to prove on 2 CPUs,
+# recorded once like any reference value; re-derive one by deleting its entry (the test then runs HiGHS).
+HIGHS_OPTIMA = {("l3:3 l2:4 core:1 pu:2", 8, 4, ()): 2140.0,
+                ("l3:3 l2:5 core:1 pu:2", 7, 6, ("8p", "11p-12p")): -1790.0}
+
+
+def _assert_bound_closes_on_highs_optimum(model, case=None):
     """The model's bound covers the optimum HiGHS proves and closes on it."""
-    by_highs = model.solve(prove="solver", time_limit=120)
-    assert by_highs.proven_optimal
-    optimum = model.value(by_highs.positions)
+    optimum = HIGHS_OPTIMA.get(case)
+    if optimum is None:
+        by_highs = model.solve(prove="solver", time_limit=120)
+        assert by_highs.proven_optimal
+        optimum = model.value(by_highs.positions)
+    else:
+        # The default route reaches the recorded optimum: the bound below is then checked against a mapping.
+        assert model.value(model.solve(time_limit=60).positions) == optimum
     cert = model.certificate()
     assert cert.bound >= optimum - 1e-6
     assert bound_closes(cert.bound, optimum, model.granularity()), (cert.name, cert.bound, optimum)
@@ -201,7 +212,7 @@ def _assert_bound_closes_on_highs_optimum(model):
 def test_bound_closes_where_mains_hold_physical_cores_alone(spec, W, T):
     keys, model = _model(spec, W, T, ())
     assert model.caps.phys_event_budget is not None
-    _assert_bound_closes_on_highs_optimum(model)
+    _assert_bound_closes_on_highs_optimum(model, (spec, W, T, ()))
 
 
 def test_bound_closes_where_a_single_main_leaves_its_sibling_to_other_workers():
@@ -210,7 +221,7 @@ def test_bound_closes_where_a_single_main_leaves_its_sibling_to_other_workers():
     with nothing. Without that rule the bound is -1750 here; HiGHS proves -1790."""
     keys, model = _model("l3:3 l2:5 core:1 pu:2", 7, 6, ("8p", "11p-12p"))
     assert model.caps.load[0] >= 1
-    _assert_bound_closes_on_highs_optimum(model)
+    _assert_bound_closes_on_highs_optimum(model, ("l3:3 l2:5 core:1 pu:2", 7, 6, ("8p", "11p-12p")))
 
 
 @pytest.mark.parametrize("spec", ["l2:2 core:1 pu:2", "l3:2 core:1 pu:2", "core:3 pu:2", "core:4 pu:2"])
