@@ -28,8 +28,8 @@ distributed = pytest.importorskip("distributed")
 from tuna_lab.measure.experiment import Config, load_results  # noqa: E402
 from tuna_lab.measure.sweeps import sweep  # noqa: E402
 from tuna_lab.server.models import ensure_model  # noqa: E402
+from daskcluster import DASK, Cluster, scheduler, stop  # noqa: E402
 
-DASK = Path(sys.executable).with_name("dask")
 CPUS = sorted(os.sched_getaffinity(0))[:2]
 #: Every process of this module's cluster carries it (Gunicorns inherit it): how survivors are found.
 MARK = f"tuna-lab-test-cluster-{uuid.uuid4().hex[:8]}"
@@ -38,40 +38,6 @@ GRID = ["--configs", "1x1", "--models", "small", "--batches", "10,20", "--polici
 
 pytestmark = pytest.mark.skipif(len(CPUS) < 2 or not shutil.which("taskset") or not DASK.exists(),
                                 reason="needs two CPUs, taskset and the dask command (pip install '.[cluster]')")
-
-
-def _start(cmd, log, cpu=None):
-    """A process in its own group (so it and its children are stopped together), marked with MARK."""
-    env = {**os.environ, "TUNA_LAB_TEST_MARK": MARK}
-    cmd = ["taskset", "-c", str(cpu), *cmd] if cpu is not None else cmd
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-
-def _stop(proc):
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def _scheduler(tmp):
-    file = tmp / "scheduler.json"
-    proc = _start([str(DASK), "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
-                   "--scheduler-file", str(file)], open(tmp / "scheduler.log", "wb"))
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            return proc, json.loads(file.read_text())["address"]
-        except (OSError, ValueError, KeyError):
-            time.sleep(0.1)
-    _stop(proc)
-    pytest.fail("the dask scheduler did not start")
 
 
 def _gunicorns(under=None):
@@ -87,29 +53,10 @@ def _gunicorns(under=None):
     return found
 
 
-class Cluster:
-    """A scheduler and one worker per CPU of CPUS, named ``cpu<N>``."""
-
-    def __init__(self, tmp):
-        self.tmp = tmp
-        self.scheduler, self.address = _scheduler(tmp)
-        self.workers = {f"cpu{c}": _start([str(DASK), "worker", self.address, "--nthreads", "1", "--nworkers", "1",
-                                           "--resources", "machine=1", "--no-dashboard", "--name", f"cpu{c}"],
-                                          open(tmp / f"worker-{c}.log", "wb"), cpu=c) for c in CPUS}
-        with distributed.Client(self.address, timeout=30) as client:
-            client.wait_for_workers(len(self.workers), timeout=60)
-            #: worker name -> its address
-            self.address_of = {w["name"]: a for a, w in client.scheduler_info()["workers"].items()}
-
-    def close(self):
-        for proc in [*self.workers.values(), self.scheduler]:
-            _stop(proc)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     ensure_model("small")            # trained once into the cache, before any worker needs it
-    c = Cluster(tmp_path_factory.mktemp("dask"))
+    c = Cluster(tmp_path_factory.mktemp("dask"), CPUS, MARK)
     yield c
     c.close()
 
@@ -297,12 +244,12 @@ def test_unreachable_scheduler_is_one_line_and_exit_2(tmp_path):
 
 
 def test_a_scheduler_without_workers_says_so_after_a_bounded_wait(tmp_path):
-    scheduler, address = _scheduler(tmp_path)
+    boss, address = scheduler(tmp_path, MARK)
     try:
         p, seconds = _cli("sweep", *GRID, "--out", tmp_path / "out", "--cluster", address,
                           "--wait-for-workers", "2")
     finally:
-        _stop(scheduler)
+        stop(boss)
     assert p.returncode == 2 and seconds < 15 and p.stdout == ""
     line = p.stderr.strip().splitlines()[-1]
     assert line.startswith("tuna-lab: error: no Dask worker joined") and "--resources machine=1" in line
@@ -318,7 +265,7 @@ def test_a_worker_without_tuna_lab_is_reported_at_once(tmp_path):
     fake = tmp_path / "site" / "tuna_lab"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('No module named tuna_lab (test worker)')\n")
-    scheduler, address = _scheduler(tmp_path)
+    boss, address = scheduler(tmp_path, MARK)
     env = {**os.environ, "TUNA_LAB_TEST_MARK": MARK, "PYTHONPATH": str(tmp_path / "site")}
     worker = subprocess.Popen([str(DASK), "worker", address, "--nthreads", "1", "--nworkers", "1", "--resources",
                                "machine=1", "--no-dashboard"], stdout=open(tmp_path / "w.log", "wb"),
@@ -333,8 +280,8 @@ def test_a_worker_without_tuna_lab_is_reported_at_once(tmp_path):
             sweep([Config(1, 1, "small", 10)], ["cfs"], str(tmp_path / "out"), trials=1, requests=5, client=client,
                   worker_wait=60)
     finally:
-        _stop(worker)
-        _stop(scheduler)
+        stop(worker)
+        stop(boss)
     line = str(info.value)
     assert time.monotonic() - started < 30 and "\n" not in line
     assert "cannot import" in line and "No module named tuna_lab (test worker)" in line and "install tuna_lab" in line

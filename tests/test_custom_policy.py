@@ -94,3 +94,14 @@ def test_run_pins_the_lab_server_with_it(tmp_path):
     assert (result.trials["policy"] == NAME).all() and (result.trials["trial_status"] == "ok").all()
     last = str(max(os.sched_getaffinity(0)))
     assert set(result.threads["cpus"]) == {last}, result.threads
+
+
+def test_the_widgets_and_the_cli_help_list_it(capsys):
+    from tuna_lab.widgets import PolicyComparison, compared_policies
+
+    assert compared_policies()[-1] == NAME and "cfs" not in compared_policies()
+    pc = PolicyComparison(2, 2, CORE4)
+    assert pc.loads[NAME].tolist() == [0, 0, 0, 4]
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    assert NAME in capsys.readouterr().out

@@ -1,9 +1,10 @@
 """Faults: SIGKILL at a random point of a small sweep, resume, and check that nothing is lost or mixed.
 
 Each seed draws what to kill - the sweep itself, the Gunicorn master it
-started, or one of that master's workers - and when: after a random number
-of the sweep's trials have finished, plus a random fraction of a second.
-Then the sweep is resumed until it finishes, and every time:
+started, one of that master's workers, or (a sweep on a real Dask cluster of
+two 1-CPU workers on 127.0.0.1) one Dask worker - and when: after a random
+number of the sweep's trials have finished, plus a random fraction of a
+second. Then the sweep is resumed until it finishes, and every time:
 
 * every cell is finished exactly once, with the sweep's settings (policies,
   trials, requests), and holds one row per (policy, trial), none twice;
@@ -11,12 +12,14 @@ Then the sweep is resumed until it finishes, and every time:
 * no server of the sweep is left running, and this process's CPUs are what
   they were (nothing stays pinned).
 
-``make test`` runs three seeds, one kill of each kind; ``make faults`` runs
-``TUNA_LAB_FAULT_SEEDS`` of them (24 by default there). The seed decides the
+``make test`` runs three seeds, the first three kinds (``test_cluster``
+kills a Dask worker there); ``make faults`` runs ``TUNA_LAB_FAULT_SEEDS`` of
+them (24 by default there, six of each kind). The seed decides the
 kind and the point; what the kill hits at that point still depends on the
 machine's timing, which is the point of the test.
 """
 
+import contextlib
 import hashlib
 import json
 import os
@@ -31,12 +34,13 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from daskcluster import DASK, Cluster
 
 from tuna_lab.measure.store import is_finished, load_results
 from tuna_lab.server.models import ensure_model
 
 SEEDS = int(os.environ.get("TUNA_LAB_FAULT_SEEDS", "3"))
-KINDS = ("sweep", "master", "worker")
+KINDS = ("sweep", "master", "worker", "dask-worker")
 CONFIGS, BATCHES, POLICIES, TRIALS, REQUESTS = "1x1", (10, 20), ("cfs", "round-robin"), 1, 20
 CELLS = [f"w1-t1-small-b{b}" for b in BATCHES]
 RUNS = len(CELLS) * len(POLICIES) * TRIALS
@@ -44,23 +48,50 @@ RUNS = len(CELLS) * len(POLICIES) * TRIALS
 MARK = f"tuna-lab-test-faults-{uuid.uuid4().hex[:8]}"
 
 
-def _argv(out):
+def _argv(out, cluster=None):
     return [sys.executable, "-m", "tuna_lab", "sweep", "--configs", CONFIGS, "--models", "small",
             "--batches", ",".join(map(str, BATCHES)), "--policies", ",".join(POLICIES), "--trials", str(TRIALS),
-            "--requests", str(REQUESTS), "--out", str(out)]
+            "--requests", str(REQUESTS), "--out", str(out), *(["--cluster", cluster.address] if cluster else [])]
 
 
-def _ours():
-    """Live processes that carry this module's mark (zombies do not count: they hold no CPU, no port)."""
+def _ours(cluster=None):
+    """Live processes that carry this module's mark (zombies do not count: they hold no CPU, no port).
+
+    The cluster's own scheduler and Dask workers are not counted: they are
+    meant to outlive a sweep. A Gunicorn under one of them is.
+    """
+    keep = set()
+    if cluster is not None:
+        for proc in [cluster.scheduler, *cluster.workers.values()]:
+            try:
+                tree = psutil.Process(proc.pid)
+                keep.update(p.pid for p in [tree, *tree.children(recursive=True)]
+                            if "gunicorn" not in " ".join(p.cmdline()))
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
     found = []
     for p in psutil.process_iter():
         try:
-            if p.pid != os.getpid() and p.environ().get("TUNA_LAB_TEST_MARK") == MARK \
+            if p.pid != os.getpid() and p.pid not in keep and p.environ().get("TUNA_LAB_TEST_MARK") == MARK \
                     and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def _dask_victim(cluster, rng):
+    """A Dask worker to kill: one running a Gunicorn at this instant if any does, else any live one."""
+    live = {name: proc for name, proc in cluster.workers.items() if proc.poll() is None}
+    busy = []
+    for name, proc in live.items():
+        try:
+            if any("gunicorn" in " ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)):
+                busy.append(name)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    names = sorted(busy or live)
+    return cluster.workers[names[int(rng.integers(0, len(names)))]] if names else None
 
 
 def _gunicorn_master(sweep_pid):
@@ -79,23 +110,32 @@ def _gunicorn_master(sweep_pid):
 
 
 def _finished(out):
-    """``{cell: digest of its files}`` for every finished cell under ``out``."""
+    """``{cell folder, relative to out: digest of its files}`` for every finished cell under ``out``.
+
+    A local sweep's cells are ``out/<cell>``; a cluster's, ``out/<machine>/<cell>``.
+    """
     cells = {}
-    for folder in sorted(Path(out).iterdir()) if Path(out).is_dir() else ():
-        if folder.is_dir() and not folder.name.endswith(".partial") and is_finished(str(folder)):
+    for manifest in sorted([*Path(out).glob("*/manifest.json"), *Path(out).glob("*/*/manifest.json")]):
+        folder = manifest.parent
+        if not folder.name.endswith(".partial") and is_finished(str(folder)):
             digest = hashlib.sha256()
             for f in sorted(folder.rglob("*")):
                 if f.is_file():
                     digest.update(f.relative_to(folder).as_posix().encode() + f.read_bytes())
-            cells[folder.name] = digest.hexdigest()
+            cells[folder.relative_to(out).as_posix()] = digest.hexdigest()
     return cells
 
 
-def _wait_gone(timeout=30):
+def _cells(finished):
+    """The cell names of :func:`_finished`'s folders, each as often as it was finished."""
+    return sorted(Path(folder).name for folder in finished)
+
+
+def _wait_gone(cluster=None, timeout=30):
     deadline = time.monotonic() + timeout
-    while _ours() and time.monotonic() < deadline:
+    while _ours(cluster) and time.monotonic() < deadline:
         time.sleep(0.2)
-    return _ours()
+    return _ours(cluster)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -113,8 +153,15 @@ def test_a_kill_at_a_random_point_loses_nothing_and_mixes_nothing(seed, tmp_path
     out = tmp_path / "sweep"
     env = {**os.environ, "TUNA_LAB_TEST_MARK": MARK}
     affinity = os.sched_getaffinity(0)
+    cluster = None
+    if kind == "dask-worker":
+        if not DASK.exists():
+            pytest.skip("needs the dask command (pip install '.[cluster]')")
+        # Two workers of one shape: the killed one's cell moves to the other.
+        (tmp_path / "dask").mkdir()
+        cluster = Cluster(tmp_path / "dask", sorted(affinity)[:2], MARK)
 
-    sweep = subprocess.Popen(_argv(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    sweep = subprocess.Popen(_argv(out, cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                              start_new_session=True)
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(sweep.stderr), daemon=True)
@@ -128,6 +175,8 @@ def test_a_kill_at_a_random_point_loses_nothing_and_mixes_nothing(seed, tmp_path
         victim = None
         if kind == "sweep":
             victim = psutil.Process(sweep.pid) if sweep.poll() is None else None
+        elif kind == "dask-worker":
+            victim = _dask_victim(cluster, rng)
         else:
             # A server to hit: the next one the sweep starts, if none runs at this instant.
             while victim is None and sweep.poll() is None and time.monotonic() < deadline:
@@ -143,7 +192,12 @@ def test_a_kill_at_a_random_point_loses_nothing_and_mixes_nothing(seed, tmp_path
                 if victim is None:
                     time.sleep(0.02)
         killed = False
-        if victim is not None:
+        if isinstance(victim, subprocess.Popen):      # a Dask worker: its nanny and worker process together
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(victim.pid, signal.SIGKILL)
+                killed = True
+            victim.wait(timeout=10)
+        elif victim is not None:
             try:
                 victim.send_signal(signal.SIGKILL)
                 killed = True
@@ -152,18 +206,20 @@ def test_a_kill_at_a_random_point_loses_nothing_and_mixes_nothing(seed, tmp_path
         struck = _finished(out)                       # what was finished when the kill struck
         sweep.wait(timeout=180)
         reader.join(10)
-        assert not _wait_gone(), f"left running after the {kind} was killed: {_ours()}"
+        assert not _wait_gone(cluster), f"left running after the {kind} was killed: {_ours(cluster)}"
 
         # Resume until finished (a killed server fails its trial; its cell is then redone on resume).
         before = _finished(out)
         assert all(before.get(cell) == digest for cell, digest in struck.items()), "a finished cell changed"
         for _ in range(3):
-            done = subprocess.run(_argv(out), capture_output=True, text=True, env=env, timeout=180)
+            done = subprocess.run(_argv(out, cluster), capture_output=True, text=True, env=env, timeout=180)
             assert done.returncode == 0, done.stderr
-            if set(_finished(out)) == set(CELLS):
+            if set(_cells(_finished(out))) == set(CELLS):
                 break
-        assert not _wait_gone(), f"left running after the resume: {_ours()}"
+        assert not _wait_gone(cluster), f"left running after the resume: {_ours(cluster)}"
     finally:
+        if cluster is not None:
+            cluster.close()
         for p in _ours():
             try:
                 p.kill()
@@ -171,7 +227,7 @@ def test_a_kill_at_a_random_point_loses_nothing_and_mixes_nothing(seed, tmp_path
                 pass
 
     final = _finished(out)
-    assert set(final) == set(CELLS), (kind, after, sorted(final))
+    assert _cells(final) == CELLS, (kind, after, sorted(final))      # every cell once, on one machine
     assert all(final[cell] == digest for cell, digest in before.items()), "the resume changed a finished cell"
     _, trials, manifests = load_results(str(out))
     assert len(trials) == RUNS and not trials.duplicated(["cell", "policy", "trial"]).any()

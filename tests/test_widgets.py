@@ -11,7 +11,7 @@ import pytest
 
 from tuna_lab import Topology
 from tuna_lab.model.families import MainLoadCap
-from tuna_lab.widgets import (COMPARED_POLICIES, ConstraintToggles, DistanceView, LiveExperiment, ModeExplorer,
+from tuna_lab.widgets import (compared_policies, ConstraintToggles, DistanceView, LiveExperiment, ModeExplorer,
                               PolicyComparison, topology_from)
 
 DATA = Path(__file__).parent / "data"
@@ -142,10 +142,10 @@ def test_infeasible_toggle_is_refused(monkeypatch, xeon):
 
 def test_policy_comparison_has_one_placement_per_policy_with_all_threads(xeon):
     pc = PolicyComparison(4, 8, xeon)
-    assert list(pc.placements) == list(COMPARED_POLICIES) == list(pc.loads.columns)
+    assert list(pc.placements) == list(compared_policies()) == list(pc.loads.columns)
     assert np.allclose(pc.loads.sum(), 32)
     assert pc.loads["tuna-scatter"].tolist() == pc.placements["tuna-scatter"].mapping.logical_loads.tolist()
-    assert set(pc.frame()["policy"]) == set(COMPARED_POLICIES) and list(pc.summary.index) == list(COMPARED_POLICIES)
+    assert set(pc.frame()["policy"]) == set(compared_policies()) and list(pc.summary.index) == list(compared_policies())
     assert pc.set_threads(0) is False and pc.error and pc.threads == 8
     assert pc.set_workers(2) and np.allclose(pc.loads.sum(), 16)
 

@@ -69,6 +69,14 @@ _DISTRIBUTIONS = {"onnxruntime": "onnxruntime", "torch": "torch", "xgboost": ("x
 
 # -- the live server of a trial ------------------------------------------------------------------
 
+def _pins(policy):
+    """Whether ``policy`` pins anything: by its registered ``pinned_by``, never by its name."""
+    from ..placement.plan import PinnedBy
+    from ..placement.policies import get_policy
+
+    return get_policy(policy).pinned_by is not PinnedBy.NONE
+
+
 class Live:
     """A server during one trial: where it listens, its processes and threads, and its placement.
 
@@ -236,6 +244,10 @@ class Target:
                                       time_limit=self.time_limit)
         return plans[policy]
 
+    def _plan(self, policy):
+        """What to pin for ``policy``: None for a policy that pins nothing (the OS schedules, as ``cfs``)."""
+        return self._placement(policy).plan() if _pins(policy) else None
+
     def placements(self):
         """What the manifest records of the Tuna mappings placed so far: ``{policy: record}``.
 
@@ -400,7 +412,7 @@ class AppTarget(Target):
                     "--port", str(port), "--workers", str(self.workers), "--no-access-log", self.app]
         conf = os.path.join(self._state, f"gunicorn-{policy}.conf.py")
         with open(conf, "w") as fh:
-            fh.write(_gunicorn_conf(self.server_conf, hooks=policy != "cfs", workers=self.workers, port=port))
+            fh.write(_gunicorn_conf(self.server_conf, hooks=_pins(policy), workers=self.workers, port=port))
         return [sys.executable, "-m", "gunicorn", "-c", conf, "--chdir", self.app_dir, *_no_control_socket(),
                 self.app]
 
@@ -412,7 +424,7 @@ class AppTarget(Target):
         env.update(self.env)
         env.update({"OMP_NUM_THREADS": str(self.threads), "TUNA_LAB_THREADS": str(self.threads)})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (self.app_dir, env.get("PYTHONPATH")) if p)
-        if policy != "cfs":
+        if _pins(policy):
             placed = self._placement(policy)
             plan_file = os.path.join(self._state, f"plan-{policy}.json")
             with open(plan_file, "w") as fh:
@@ -439,8 +451,8 @@ class AppTarget(Target):
                                 preexec_fn=child_setup(True, cpus), cwd=self.app_dir)
         try:
             _wait_ready(proc, self.url, self.workers, log.name)
-            plan = None if policy == "cfs" else self._placement(policy).plan()
-            yield Live(self.url, proc.pid, plan, place_now=policy != "cfs", proc=proc)
+            plan = self._plan(policy)
+            yield Live(self.url, proc.pid, plan, place_now=plan is not None, proc=proc)
         finally:
             terminate(proc.pid, 15)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -521,7 +533,7 @@ class AttachedTarget(Target):
 
     @contextlib.contextmanager
     def apply(self, policy):
-        plan = None if policy == "cfs" else self._placement(policy).plan()
+        plan = self._plan(policy)
         if plan is not None and not psutil.pid_exists(self.master):
             raise TargetError(f"the server {self.master} is gone")
         yield Live(self.url, self.master, plan, place_now=True)

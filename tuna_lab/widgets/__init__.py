@@ -22,12 +22,12 @@ VIEWS = ("mode_explorer", "distance_view", "constraint_toggles", "policy_compari
 
 # The views stay out of __all__: a star import must not need ipywidgets.
 __all__ = ["ModeExplorer", "DistanceView", "ConstraintToggles", "PolicyComparison", "LiveExperiment",
-           "core_grid", "topology_from", "TOPOLOGY_CHOICES", "COMPARED_POLICIES", "VIEWS"]
+           "core_grid", "topology_from", "TOPOLOGY_CHOICES", "compared_policies", "VIEWS"]
 
 __getattr__, _lazy_dir, _ = _lazy.attach(__name__, submodules=["controllers", "figures", "live", "views"],
                                        submod_attrs={
-    "controllers": ["COMPARED_POLICIES", "TOPOLOGY_CHOICES", "ConstraintToggles", "DistanceView", "LiveExperiment",
-                    "ModeExplorer", "PolicyComparison", "core_grid", "topology_from"],
+    "controllers": ["TOPOLOGY_CHOICES", "ConstraintToggles", "DistanceView", "LiveExperiment",
+                    "ModeExplorer", "PolicyComparison", "compared_policies", "core_grid", "topology_from"],
     "views": list(VIEWS),
 })
 

@@ -33,12 +33,28 @@ from ._base import Controller, SizedController
 from .live import LiveExperiment
 
 __all__ = ["ModeExplorer", "DistanceView", "ConstraintToggles", "PolicyComparison", "LiveExperiment",
-           "core_grid", "topology_from", "TOPOLOGY_CHOICES", "COMPARED_POLICIES"]
+           "core_grid", "topology_from", "TOPOLOGY_CHOICES", "compared_policies"]
 
 #: What a topology box offers; any synthetic spec or hwloc XML text is accepted too.
 TOPOLOGY_CHOICES = (THIS_MACHINE, *PRESETS)
-#: The placements :class:`PolicyComparison` shows by default (cfs pins nothing to draw).
-COMPARED_POLICIES = ("round-robin", "omp-spread", "omp-close", "numa", "tuna-scatter")
+
+
+def compared_policies():
+    """The policies :class:`PolicyComparison` shows by default: every registered one that pins threads.
+
+    Read from the registry at each call, so a policy added with
+    :func:`tuna_lab.placement.register` is compared with the rest; ``cfs``
+    pins nothing, so it has no placement to draw.
+
+    Examples
+    --------
+    >>> compared_policies()
+    ('round-robin', 'omp-spread', 'omp-close', 'numa', 'tuna-scatter', 'tuna-compact')
+    """
+    from ..placement.plan import PinnedBy
+    from ..placement.policies import registered_policies
+
+    return tuple(p.name for p in registered_policies() if p.pinned_by is not PinnedBy.NONE)
 
 
 # -- the machine drawn as a grid of cores -------------------------------------------
@@ -421,8 +437,8 @@ class PolicyComparison(SizedController):
     ----------
     workers, threads : int
     topology : Topology, str or None
-    policies : sequence of str
-        Default :data:`COMPARED_POLICIES`.
+    policies : sequence of str, optional
+        Default :func:`compared_policies`: every registered policy that pins.
     time_limit : float
         Seconds the ``tuna-*`` policies may give the solver.
 
@@ -440,14 +456,14 @@ class PolicyComparison(SizedController):
     --------
     >>> pc = PolicyComparison(4, 4, "xeon-8272cl")
     >>> pc.loads.sum().tolist()
-    [16.0, 16.0, 16.0, 16.0, 16.0]
+    [16.0, 16.0, 16.0, 16.0, 16.0, 16.0]
     >>> float(pc.loads["omp-close"].max())   # every worker on the same 4 physical cores
     2.0
     """
 
-    def __init__(self, workers, threads, topology=None, policies=COMPARED_POLICIES, *, time_limit=10.0):
+    def __init__(self, workers, threads, topology=None, policies=None, *, time_limit=10.0):
         super().__init__()
-        self.policies = tuple(policies)
+        self.policies = compared_policies() if policies is None else tuple(policies)
         self.time_limit = time_limit
         self._compute(workers, threads, topology_from(topology))
 

@@ -22,7 +22,7 @@ import plotly.graph_objects as go
 
 from ..model.instance import MODES
 from . import figures
-from .controllers import (COMPARED_POLICIES, TOPOLOGY_CHOICES, ConstraintToggles, DistanceView, LiveExperiment,
+from .controllers import (TOPOLOGY_CHOICES, ConstraintToggles, DistanceView, LiveExperiment,
                           ModeExplorer, PolicyComparison)
 
 __all__ = ["View", "mode_explorer", "distance_view", "constraint_toggles", "policy_comparison", "live_experiment"]
@@ -191,7 +191,7 @@ def constraint_toggles(workers=12, threads=6, topology="xeon-8272cl", mode="scat
     return View(ctl, parts, [widgets.VBox(rows), parts["status"], parts["figure"]])
 
 
-def policy_comparison(workers=4, threads=4, topology=None, policies=COMPARED_POLICIES, *, controller=None):
+def policy_comparison(workers=4, threads=4, topology=None, policies=None, *, controller=None):
     """The placements of several policies side by side: expected load per core and a summary table.
 
     Returns
