@@ -49,7 +49,7 @@ TUNE_FILE = "tune.json"
 
 def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatter"), wait_policies=("default",),
          model="medium", batch=100, target=None, budget="15m", out=None, client_cpus=None, seed=0, warmup=20,
-         max_error_rate=0.01, progress=None, **race_options):
+         max_error_rate=0.01, progress=None, candidates=None, **race_options):
     """Find the workers x threads x policy serving the most requests per second within a p99 target.
 
     Parameters
@@ -78,6 +78,11 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
         As for :func:`~tuna_lab.measure.experiment.run`.
     progress : callable, optional
         Called with one line per run.
+    candidates : list of Candidate, optional
+        Race exactly these instead of every pair x policy x wait policy
+        (``configs``, ``policies`` and ``wait_policies`` are then unused): a
+        head-to-head of a few finalists, as ``bench tune`` runs one. Not for
+        a running server.
     **race_options
         ``rounds``, ``step_seconds``, ``steps``, ``eta``, ``tolerance``,
         ``confidence``, ``low``, ``high``, ``start_rate``, ``exhaustive``: see :func:`race`.
@@ -107,6 +112,16 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
 
     sla = parse_duration(sla_p99, "the p99 target")
     budget = parse_duration(budget, "the budget")
+    if candidates is not None:
+        candidates = list(candidates)
+        if not candidates or not all(isinstance(c, Candidate) for c in candidates):
+            raise TuneError("candidates must be a non-empty list of Candidate")
+        candidates = list(dict.fromkeys(candidates))
+        if isinstance(target, AttachedTarget):
+            raise TuneError("a running server keeps its workers and threads: give it policies, not candidates")
+        policies = list(dict.fromkeys(c.policy for c in candidates))
+        wait_policies = [c.wait_policy for c in candidates]
+        configs = [(c.workers, c.threads) for c in candidates]
     try:
         policies = check_policies(list(policies))
         waits = list(dict.fromkeys(wait_policies))
@@ -146,7 +161,8 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     if budget < smallest:
         raise TuneError(f"a budget of {budget:g} s is too small for one trial: a server start and one "
                         f"{options['step_seconds']:g} s step take about {smallest:.0f} s")
-    candidates = [Candidate(w, t, p, wait) for (w, t) in pairs for wait in waits for p in policies]
+    if candidates is None:
+        candidates = [Candidate(w, t, p, wait) for (w, t) in pairs for wait in waits for p in policies]
     lab = _Evaluator(sla, model, batch, target, split, seed, warmup, max_error_rate, timeout)
     if progress:
         progress(f"tune: {len(candidates)} candidates, p99 target {sla * 1e3:g} ms, budget {budget:g} s; "
