@@ -36,7 +36,7 @@ demo: $(STAMP)
 	$(VENV)/bin/tuna-lab demo
 
 test: $(STAMP) sysdeps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 	$(NBVAL)
 
 # The notebooks alone, as `make test` runs them.

@@ -14,7 +14,7 @@ import itertools
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
-from reference import ALL_KEYS, brute_force, model_objective
+from reference import ALL_KEYS, brute_force
 from strategies import fragment_cases
 
 from tuna_lab import InfeasibleModelError, ModelError, Topology, TunaModel

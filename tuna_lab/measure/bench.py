@@ -377,7 +377,7 @@ def format_table(result):
               f"  the machine's floor (a thread that only wakes on that schedule, no requests): "
               f"p50 {1e3 * result['wake_lag']['lag_p50']:.3f} ms, p99 {1e3 * result['wake_lag']['lag_p99']:.3f} ms, "
               f"max {1e3 * result['wake_lag']['lag_max']:.3f} ms",
-              *([f"  the floor is over the target too: here a thread's wake-up, not the generator, sets the p99"]
+              *(["  the floor is over the target too: here a thread's wake-up, not the generator, sets the p99"]
                 if not checks["open_lag_p99"] and result["wake_lag"]["lag_p99"] > TARGETS["open_lag_p99"] else []),
               f"closed loop against it: {o['closed_rps']:.0f} requests/s, "
               f"CPU {1e6 * o['closed_cpu_per_request']:.1f} us/request (keep-alive)"]
@@ -445,10 +445,14 @@ def run_load_bench(args):
         print("wrk is not installed and could not be installed (apt-get install wrk, as root): "
               "running tuna_lab's side only", flush=True)
     print(f"# tuna-lab bench load  (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})", flush=True)
-    result = compare_with_wrk(workers=args.workers, threads=args.threads, model=args.model, batch=args.batch,
-                              policy=args.policy, connections=args.connections, duration=args.duration,
-                              requests=args.requests, rounds=args.rounds, wrk=wrk,
-                              open_duration=args.open_duration, log=lambda line: print(line, flush=True))
+    from .cpulock import lock_cpus
+
+    # A measurement like run()'s: it waits for (or refuses) another one on these CPUs.
+    with lock_cpus(os.sched_getaffinity(0), lambda line: print(line, flush=True)):
+        result = compare_with_wrk(workers=args.workers, threads=args.threads, model=args.model, batch=args.batch,
+                                  policy=args.policy, connections=args.connections, duration=args.duration,
+                                  requests=args.requests, rounds=args.rounds, wrk=wrk,
+                                  open_duration=args.open_duration, log=lambda line: print(line, flush=True))
     lines = format_table(result)
     print("\n" + "\n".join(lines))
     if args.out:

@@ -25,7 +25,7 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
-from ..errors import ModelError, TopologyError
+from ..errors import ModelError
 from ..machine import PRESETS, THIS_MACHINE, Topology, topology_from
 from ..model import DEFAULT_FAMILIES, TunaModel, solve
 from ..model.instance import MODES
