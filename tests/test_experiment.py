@@ -1,5 +1,6 @@
 """A real pin-and-measure run at tiny size: records, statistics, report, resume, bad input."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -74,6 +75,37 @@ def test_a_write_error_stops_the_run_with_one_line_and_keeps_the_runs_written(tm
         run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=3, requests=5, out=str(out), on_trial=block)
     assert "\n" not in str(info.value)
     kept = pd.read_parquet(tmp_path / "c.partial" / "trials.parquet")
+    assert len(kept) == 1 and not out.exists()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs of its own, unmounted after the test (mounting needs root, as in CI)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_runs_written(small_disk):
+    from tuna_lab.errors import StoreError
+
+    out = small_disk / "c"
+
+    def fill(part):
+        # After the first trial is on disk, the disk fills up (another program's file): ENOSPC from now on.
+        with contextlib.suppress(OSError), open(small_disk / "filler", "ab") as fh:
+            while True:
+                fh.write(b"x" * 4096)
+                fh.flush()
+
+    with pytest.raises(StoreError, match="could not write.*No space left on device") as info:
+        run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=3, requests=5, out=str(out), on_trial=fill)
+    assert "\n" not in str(info.value)
+    kept = pd.read_parquet(small_disk / "c.partial" / "trials.parquet")
     assert len(kept) == 1 and not out.exists()
 
 

@@ -261,6 +261,7 @@ class UniqueRankCores(Family):
     The article states (2) for ``W <= C``. With more workers than cores it is
     infeasible as written, so it is generalised to *at most* ``ceil(W/C)``
     threads of one rank per core - the same spreading intent, still feasible.
+    The generalisation is beyond the article.
     """
 
     key = "2"
@@ -297,7 +298,7 @@ class UniqueRankCores(Family):
 class UniqueWorkerCores(Family):
     """(3) The threads of one worker sit on different cores.
 
-    Generalised to at most ``ceil(T/C)`` per core when ``T > C``.
+    Generalised to at most ``ceil(T/C)`` per core when ``T > C`` (beyond the article).
     """
 
     key = "3"
@@ -443,7 +444,7 @@ def _physical_loads(assign, inst):
 class PhysicalBalance(Family):
     r"""(8+) Every physical core carries between ``L+ = floor(WT/P)`` and ``U+ = ceil(WT/P)`` threads.
 
-    The article omits the physical-core analogues "for brevity". Derivation:
+    Beyond the article: it omits the physical-core analogues "for brevity". Derivation:
     with ``P`` physical cores of ``v`` SMT siblings each, the load of a
     physical core is ``N_x = sum_{c in x} N_c``. The same fairness argument as
     (8), applied to the ``P`` physical cores that really share execution
@@ -623,6 +624,8 @@ class MainLoadCap(Family):
 
 class PhysicalMainLoadCap(Family):
     r"""(11+)+(12+) The physical-core analogue of (11)+(12).
+
+    Beyond the article, which omits the physical-core analogues "for brevity".
 
     Derivation: in the physical scenario 3 (``WT > P`` and
     ``r+ = WT mod P > 0``), (8+) leaves ``r+`` physical cores at ``U+`` and
