@@ -8,6 +8,7 @@ the hypothesis strategies in ``strategies.py``; tests import them by name
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,22 @@ def body(tmp_path_factory):
     path = tmp_path_factory.mktemp("body") / "request.json"
     path.write_text('{"rows": [[0.5, 0.25]]}')
     return path
+
+
+#: Real machines from hwloc's test suite (sysfs/procfs dumps), as tar.bz2 archives.
+HWLOC_DUMPS = Path(__file__).parent / "data" / "hwloc-dumps"
+
+
+@pytest.fixture(scope="session")
+def hwloc_dump_roots(tmp_path_factory):
+    """``{archive name: its extracted filesystem root}``, each archive extracted once for the whole session."""
+    base = tmp_path_factory.mktemp("hwloc-dumps")
+    roots = {}
+    for archive in sorted(HWLOC_DUMPS.glob("*.tar.bz2")):
+        name = archive.name.removesuffix(".tar.bz2")
+        with tarfile.open(archive) as tar:
+            tops = {member.name.split("/")[0] for member in tar.getmembers()}
+            tar.extractall(base / name, filter="data")
+        assert len(tops) == 1, f"{archive.name}: expected one top-level directory"
+        roots[name] = base / name / tops.pop()
+    return roots

@@ -10,11 +10,9 @@ every thread of every server while the run goes on.
 import os
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 import warnings
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +23,6 @@ from tuna_lab.machine.reserve import MIN_CPUS_TO_RESERVE, ClientCpus, reserve_cl
 from tuna_lab.placement.policies import POLICIES, placement
 
 CPUS = sorted(os.sched_getaffinity(0))
-DUMPS = Path(__file__).parent / "data" / "hwloc-dumps"
 needs_two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="keeping a CPU for the generator needs two")
 
 
@@ -82,16 +79,8 @@ def test_the_rule_counts_the_cpus_this_process_may_really_use():
 
 
 @pytest.fixture(scope="module")
-def dump_roots(tmp_path_factory):
-    base = tmp_path_factory.mktemp("dumps")
-    roots = {}
-    for archive in sorted(DUMPS.glob("*.tar.bz2")):
-        name = archive.name.removesuffix(".tar.bz2")
-        with tarfile.open(archive) as tar:
-            top = {m.name.split("/")[0] for m in tar.getmembers()}.pop()
-            tar.extractall(base / name, filter="data")
-        roots[name] = base / name / top
-    return roots
+def dump_roots(hwloc_dump_roots):
+    return hwloc_dump_roots
 
 
 def test_on_hwloc_dumps_the_default_is_one_whole_core_of_the_last_package_never_cpu_0(dump_roots):

@@ -9,7 +9,6 @@ import json
 import re
 import shutil
 import subprocess
-import tarfile
 import warnings
 from pathlib import Path
 
@@ -35,17 +34,10 @@ def test_every_dump_is_here():
 
 
 @pytest.fixture(scope="session")
-def dumps(tmp_path_factory):
-    """``{archive name: its extracted filesystem root}``, each archive extracted once."""
-    base = tmp_path_factory.mktemp("hwloc-dumps")
-    roots = {}
-    for archive, name in zip(ARCHIVES, NAMES):
-        with tarfile.open(archive) as tar:
-            tops = {member.name.split("/")[0] for member in tar.getmembers()}
-            tar.extractall(base / name, filter="data")
-        assert len(tops) == 1, f"{archive.name}: expected one top-level directory"
-        roots[name] = base / name / tops.pop()
-    return roots
+def dumps(hwloc_dump_roots):
+    """``{archive name: its extracted filesystem root}`` (conftest extracts each archive once)."""
+    assert sorted(hwloc_dump_roots) == NAMES
+    return hwloc_dump_roots
 
 
 @pytest.fixture(scope="session")
