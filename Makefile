@@ -16,7 +16,9 @@ LAB_STAMP := $(VENV)/.installed-lab
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,cluster]'
+	@# --no-compile: byte-compiling every installed file (torch's thousands among them) took half the
+	@# install; Python compiles what is really imported, once, on first use.
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev,cluster]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -36,8 +38,11 @@ demo: $(STAMP)
 	$(VENV)/bin/tuna-lab demo
 
 test: $(STAMP) sysdeps
+	@date +"make test: pytest from %T"
 	$(PY) -m pytest -q --durations=25
+	@date +"make test: notebooks from %T"
 	$(NBVAL)
+	@date +"make test: done at %T"
 
 # The notebooks alone, as `make test` runs them.
 notebooks: $(STAMP)

@@ -124,6 +124,7 @@ def connect(address, timeout=10):
                                    resources={MACHINE_RESOURCE: 1}, dashboard_address="127.0.0.1:0")
             client = Client(cluster, timeout=timeout, set_as_default=False)
         else:
+            _refused_at_once(address)
             client = Client(address, timeout=timeout, set_as_default=False)
     except Exception as exc:  # OSError, TimeoutError, ValueError (a bad scheme), garbage from a non-Dask port
         if cluster is not None:
@@ -136,6 +137,35 @@ def connect(address, timeout=10):
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _refused_at_once(address):
+    """Raise ConnectionRefusedError when nothing listens at a ``tcp://host:port`` address.
+
+    Dask's client retries a refused connection until its timeout; a port
+    nothing listens on is known at the first try, so it is said at once.
+    Other schemes (``tls://``, ``ucx://``), and a host that does not answer
+    at all, are left to the client and its timeout.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    if not address.startswith("tcp://"):
+        return
+    try:
+        parts = urlsplit(address)
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return                          # the client says what is wrong with it
+    if not host or not port:
+        return
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            pass
+    except ConnectionRefusedError:
+        raise
+    except OSError:
+        return
 
 
 def describe_machine():
