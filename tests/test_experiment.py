@@ -1,6 +1,7 @@
 """A real pin-and-measure run at tiny size: records, statistics, report, resume, bad input."""
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -378,6 +379,11 @@ def test_run_records_a_relaxed_tuna_mapping_once_per_cell(tmp_path, monkeypatch,
     _, trials, manifests = load_results(str(out))
     placed = manifests[0]["placements"]
     assert set(placed) == {"tuna-scatter"} and placed["tuna-scatter"]["status"] == "relaxed"
+    # The one plan every trial of the cell ran, with its hash; cfs pins nothing.
+    plans = manifests[0]["plans"]
+    assert set(plans) == {"tuna-scatter"} and plans["tuna-scatter"]["plan"]["relaxed"]
+    text = json.dumps(plans["tuna-scatter"]["plan"], sort_keys=True, separators=(",", ":"))
+    assert plans["tuna-scatter"]["sha256"] == hashlib.sha256(text.encode()).hexdigest()
     assert placed["tuna-scatter"]["relaxed"] == [
         {"family": "11-12", "amount": 1.0, "message": "1 core with a main thread carries U threads, above 0"}]
     rows = trials.set_index(["policy", "trial"])["relaxed"]

@@ -420,14 +420,15 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
             # manager; the finished trials are in the partial folder already - say why it stopped.
             if partial is not None and done:
                 _keep_partial(partial, done, {**meta, "interrupted": True, "target": target.describe(),
-                                              "placements": target.placements()}, orders, len(policies), csv)
+                                              "placements": target.placements(), "plans": target.plans()},
+                              orders, len(policies), csv)
             raise
         finally:
             # Also on an error, Ctrl-C or SIGTERM: a running server gets its masks back.
             target.stop()
         meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     generator=_generator_total(done), target=target.describe(), placements=target.placements(),
-                    latency=sorted({m.row["latency"] for m in done}), time=_time_spent(done, t_start))
+                    plans=target.plans(), latency=sorted({m.row["latency"] for m in done}), time=_time_spent(done, t_start))
         result = _result(done, meta)
         if out is not None:
             result.path = write_cell(out, result, csv)

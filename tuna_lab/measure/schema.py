@@ -15,7 +15,9 @@ policies) is a folder named by :func:`cell_key` holding:
     policy its mapping's ``status`` and ``proven_optimal``, and where the
     families admit no mapping (``status`` ``"relaxed"``) what the relaxed
     mapping exceeds (``relaxed``: family, amount, message) and why
-    (``reason``). Written last: a folder without it is an unfinished cell,
+    (``reason``); ``plans``, per pinning policy the one plan every trial of
+    the cell ran (``plan``, as ``tuna-lab plan --format json`` writes it) and
+    its ``sha256``. Written last: a folder without it is an unfinished cell,
     which a sweep redoes.
 ``requests.parquet`` (:data:`REQUESTS`)
     One row per request (:data:`REQUEST_COLUMNS`, plus the cell and trial

@@ -276,6 +276,30 @@ class Target:
             }
         return out
 
+    def plans(self):
+        """What the cell's trials pinned: ``{policy: {"sha256": ..., "plan": ...}}`` per pinning policy placed.
+
+        A placement is made once per target (:meth:`_placement`), so every
+        trial of a cell ran the plan recorded here; its hash (of the plan's
+        JSON, keys sorted) tells at a glance whether two cells, or two
+        sweeps, pinned alike. ``cfs`` pins nothing and has none.
+
+        Examples
+        --------
+        >>> Target().plans()
+        {}
+        """
+        import hashlib
+
+        out = {}
+        for policy, placed in self.__dict__.get("_plans", {}).items():
+            if not _pins(policy):
+                continue
+            plan = placed.plan().to_dict()
+            text = json.dumps(plan, sort_keys=True, separators=(",", ":"))
+            out[policy] = {"sha256": hashlib.sha256(text.encode()).hexdigest(), "plan": plan}
+        return out
+
     def relaxed(self, policy):
         """What ``policy``'s relaxed mapping exceeds (``"(11-12) exceeded by 8: ..."``), else ``""``: a trial row's.
 
