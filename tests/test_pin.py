@@ -11,10 +11,12 @@ Servers are shared within this module where a test leaves them as it found
 them (pins undone); each is stopped with its whole process group.
 """
 
+import contextlib
 import json
 import os
 import queue
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -305,6 +307,123 @@ def test_hooked_workers_sit_on_their_slots_cpus(hooked, scatter_plan):
         pool = pool_tids(pid)
         assert len(pool) == T - 1, f"worker {pid}: pool {pool}"
         assert [cpus_of(t) for t in pool] == [list(c) for c in row[1:]], f"pool of worker {pid} (slot {slot})"
+
+
+@pytest.fixture(scope="module")
+def python_nobody_can_read(tmp_path_factory):
+    """A Python whose standard library the user nobody can read, with this venv's packages.
+
+    This venv's interpreter may live where only root may look (here, under
+    /root). A worker that Gunicorn's ``user=`` drops to nobody keeps the
+    master's ``sys.path`` and then cannot import anything new: a real
+    deployment with ``user=`` has an interpreter its user can read, and so
+    does this test - the system's, with this venv's site-packages added.
+    """
+    import sysconfig
+
+    if os.geteuid() != 0:
+        pytest.skip("dropping a server to another user needs root")
+    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin")
+    if system is None:
+        pytest.skip(f"no system python{sys.version_info.major}.{sys.version_info.minor} that nobody can read")
+    base = Path(tempfile.mkdtemp(prefix="tuna-lab-test-python-"))
+    try:
+        base.chmod(0o755)
+        subprocess.run([system, "-m", "venv", "--without-pip", base / "venv"], check=True, timeout=60)
+        python = base / "venv" / "bin" / "python"
+        purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 capture_output=True, text=True, check=True).stdout.strip()
+        ours = sysconfig.get_paths()["purelib"]
+        Path(purelib, "tuna-lab-test.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+        probe = subprocess.run([python, "-c", "import os; os.setgid(65534); os.setgroups([]); os.setuid(65534); "
+                                "import sysconfig, xgboost, gunicorn, tuna_lab.integrations.gunicorn"],
+                               capture_output=True, text=True, cwd=base, timeout=120)
+        if probe.returncode != 0:
+            pytest.skip(f"nobody cannot import the server's packages: {probe.stderr.strip()[-200:]}")
+        yield python
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_hooks_under_gunicorns_user_setting_hand_their_state_folder_to_that_user(python_nobody_can_read, model_file,
+                                                                                  tmp_path):
+    # Gunicorn started as root with user=/group=: post_fork runs as root, post_worker_init as the user.
+    # The state folder post_fork makes must be the user's, or every worker fails to boot.
+    from tuna_lab.placement.pin import hook_dir
+
+    shared = Path(tempfile.mkdtemp(prefix="tuna-lab-test-nobody-"))
+    try:
+        shared.chmod(0o755)                       # the workers, as nobody, read the app's model from here
+        model = shared / "model.json"
+        shutil.copy(model_file, model)
+        model.chmod(0o644)
+        srv = Server([python_nobody_can_read, "-m", "gunicorn", "-c", USERAPP / "gunicorn.conf.py", "--chdir",
+                      USERAPP, "-b", "127.0.0.1:{port}", "--user", "65534", "--group", "65534", *_gunicorn_quiet(),
+                      "wsgi_app:application"],
+                     server_env(model), tmp_path, "as-nobody")
+        try:
+            wait_until(lambda: ready(srv) and len(hooked_slots(srv)) == W, 120,
+                       f"both workers, as nobody, to pin themselves:\n{srv.text()[-2000:]}")
+            assert all(psutil.Process(pid).uids().real == 65534 for pid in srv.workers())
+            folder = os.lstat(hook_dir(srv.master))
+            assert folder.st_uid == 65534 and folder.st_mode & 0o777 == 0o700
+            assert sorted(hooked_slots(srv).values()) == list(range(W))
+            assert "Traceback" not in srv.text() and srv.proc.poll() is None
+        finally:
+            srv.stop()
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.mark.parametrize("planted", ["another user's folder", "a symlink to a private folder"])
+def test_hooks_refuse_a_state_folder_planted_before_the_server_starts(planted, model_file, tmp_path):
+    # The state folder's name is predictable (the master's PID and start time): another local user could
+    # create it first, with a plan of their choosing and links to files of the server's user. The master's
+    # PID is known before Gunicorn runs: a shell that waits on stdin, then execs it (same PID, same start).
+    from tuna_lab.placement.pin import hook_dir
+
+    victim = tmp_path / "victim"
+    victim.write_text("the server user's file\n")
+    hostile = Plan.from_dict({**placement("round-robin", W, T, topology_from(None)).plan().to_dict()})
+    argv = " ".join(map(shlex.quote, map(str, [GUNICORN, "-c", USERAPP / "gunicorn.conf.py", "--chdir", USERAPP,
+                                               "-b", f"127.0.0.1:{free_port()}", *_gunicorn_quiet(),
+                                               "wsgi_app:application"])))
+    log = tmp_path / "planted.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(["sh", "-c", f"read _ && exec {argv}"], stdin=subprocess.PIPE, stdout=out,
+                                stderr=subprocess.STDOUT, env=server_env(model_file), cwd=tmp_path,
+                                start_new_session=True)
+    path = Path(hook_dir(proc.pid))
+    elsewhere = tmp_path / "elsewhere"
+    try:
+        if planted == "another user's folder":
+            path.mkdir()
+            path.chmod(0o777)
+            os.chown(path, 65534, 65534)
+            target = path
+        else:
+            elsewhere.mkdir(mode=0o700)            # private and the server user's: only the link is wrong
+            path.symlink_to(elsewhere)
+            target = elsewhere
+        hostile.write(str(target / "plan.json"))
+        (target / "slot-0.lock").symlink_to(victim)
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        # Every worker refuses the folder, so the master halts: nothing is served, nothing pinned.
+        assert proc.wait(timeout=90) != 0
+        text = log.read_text(errors="replace")
+        assert "tuna_lab: refusing the state folder" in text, text[-2000:]
+        assert "slot" not in "".join(line for line in text.splitlines() if line.startswith("tuna_lab: worker"))
+        assert victim.read_text() == "the server user's file\n" and not victim.is_symlink()
+        assert os.path.lexists(path)               # not ours: left as found
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        if path.is_symlink():
+            path.unlink()
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def test_hooked_pool_threads_still_do_the_work(hooked):
