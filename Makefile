@@ -16,9 +16,7 @@ LAB_STAMP := $(VENV)/.installed-lab
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@# --no-compile: byte-compiling every installed file (torch's thousands among them) took half the
-	@# install; Python compiles what is really imported, once, on first use.
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e '.[dev,cluster]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,cluster]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -38,6 +36,9 @@ demo: $(STAMP)
 	$(VENV)/bin/tuna-lab demo
 
 test: $(STAMP) sysdeps
+	@# The package is installed editable, so pip compiled none of it; where PYTHONDONTWRITEBYTECODE
+	@# is set (as on CI) every server, worker and CLI the tests start would compile it again.
+	$(PY) -m compileall -q tuna_lab
 	@date +"make test: pytest from %T"
 	$(PY) -m pytest -q --durations=25
 	@date +"make test: notebooks from %T"
