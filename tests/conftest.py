@@ -6,6 +6,7 @@ the hypothesis strategies in ``strategies.py``; tests import them by name
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -54,9 +55,16 @@ def hwloc_dump_roots(tmp_path_factory):
     roots = {}
     for archive in sorted(HWLOC_DUMPS.glob("*.tar.bz2")):
         name = archive.name.removesuffix(".tar.bz2")
-        with tarfile.open(archive) as tar:
-            tops = {member.name.split("/")[0] for member in tar.getmembers()}
-            tar.extractall(base / name, filter="data")
+        dest = base / name
+        dest.mkdir()
+        if shutil.which("tar"):
+            # GNU tar extracts the 80,000 small files in a tenth of tarfile's time (these are the
+            # project's own test data: hwloc's dumps, plain files and links).
+            subprocess.run(["tar", "--no-same-owner", "-xjf", str(archive), "-C", str(dest)], check=True)
+        else:
+            with tarfile.open(archive) as tar:
+                tar.extractall(dest, filter="data")
+        tops = [p.name for p in dest.iterdir()]
         assert len(tops) == 1, f"{archive.name}: expected one top-level directory"
-        roots[name] = base / name / tops.pop()
+        roots[name] = dest / tops[0]
     return roots
