@@ -384,7 +384,7 @@ def test_hooks_refuse_a_state_folder_planted_before_the_server_starts(planted, m
 
     victim = tmp_path / "victim"
     victim.write_text("the server user's file\n")
-    hostile = Plan.from_dict({**placement("round-robin", W, T, topology_from(None)).plan().to_dict()})
+    hostile = placement("round-robin", W, T, topology_from(None)).plan()
     argv = " ".join(map(shlex.quote, map(str, [GUNICORN, "-c", USERAPP / "gunicorn.conf.py", "--chdir", USERAPP,
                                                "-b", f"127.0.0.1:{free_port()}", *_gunicorn_quiet(),
                                                "wsgi_app:application"])))

@@ -428,7 +428,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
             target.stop()
         meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     generator=_generator_total(done), target=target.describe(), placements=target.placements(),
-                    plans=target.plans(), latency=sorted({m.row["latency"] for m in done}), time=_time_spent(done, t_start))
+                    plans=target.plans(), latency=sorted({m.row["latency"] for m in done}),
+                    time=_time_spent(done, t_start))
         result = _result(done, meta)
         if out is not None:
             result.path = write_cell(out, result, csv)

@@ -1,14 +1,4 @@
-"""Which fragment program a level gets: written out, or generating its columns.
-
-Examples
---------
->>> from tuna_lab import Topology, TunaModel
->>> from tuna_lab.model.encodings import ultrametric_chain
->>> model = TunaModel(64, 6, Topology.preset("epyc-9654-2s"), mode="compact")
->>> program = fragment_program(model.caps, ultrametric_chain(model.instance.topology), 2)
->>> program.pricing is None          # small enough to write out
-True
-"""
+"""Which fragment program a level gets: written out, or generating its columns (see :func:`fragment_program`)."""
 
 import time
 
@@ -43,6 +33,8 @@ def fragment_program(caps, chain, j, inner=True, max_columns=None, deadline=None
     >>> program = fragment_program(model.caps, ultrametric_chain(model.instance.topology), 2)
     >>> len(program.partitions)          # the 11 partitions of T = 6, each with its main's part marked
     19
+    >>> program.pricing is None          # small enough to write out
+    True
     """
     max_columns = tuning.MAX_COLUMNS if max_columns is None else max_columns
     inst = caps.instance
