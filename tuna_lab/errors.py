@@ -24,6 +24,7 @@ __all__ = [
     "PinError",
     "TargetError",
     "TuneError",
+    "UnsafeFileError",
     "UnmeetableTargetError",
     "TopologyWarning",
     "RelaxedMappingWarning",
@@ -157,6 +158,15 @@ class UnmeetableTargetError(TuneError):
     def __init__(self, message, result=None):
         super().__init__(message)
         self.result = result
+
+
+class UnsafeFileError(TunaError, OSError):
+    """A file or folder was refused: a FIFO, a device, a link where none may be, too large, too deeply nested
+    JSON, or a folder another user may write (:mod:`tuna_lab._files`).
+
+    It is an :class:`OSError` too, so code that already treats an unreadable
+    file as absent or failed treats a refused one the same way.
+    """
 
 
 class TopologyWarning(UserWarning):

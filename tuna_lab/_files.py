@@ -1,0 +1,319 @@
+"""Files read and written safely: the one place that says how.
+
+tuna_lab reads paths a user names (a plan, an hwloc XML, a filesystem root,
+a results folder) and writes into folders another local user may be able to
+write too (``/tmp``, ``/run/lock``, a Gunicorn hook folder handed to the
+workers' user). Such a user can plant a symbolic link where we are about to
+write (and a process running as root would write through it), a FIFO where we
+are about to read (an ``open`` that never returns), or ``/dev/zero`` (a read
+that never ends). So:
+
+* **writing** (:func:`write_atomic`, :func:`write_json`, :func:`open_new`):
+  a new file is created ``O_CREAT|O_EXCL|O_NOFOLLOW`` under a name of
+  ``mkstemp``'s, filled, flushed and renamed over the target. ``rename``
+  replaces a link at the target instead of following it, and ``O_EXCL`` never
+  opens a file someone else made;
+* **reading** (:func:`read_bytes`, :func:`read_text`, :func:`read_json`):
+  opened ``O_NONBLOCK`` (a FIFO opens at once instead of waiting for a
+  writer), refused unless a regular file (``/proc`` and ``/sys`` files are
+  regular files, of size 0 or 4096 whatever they hold, so the cap below is
+  what bounds them), read up to a size cap, and JSON parsed with a bound on
+  its nesting;
+* **folders** (:func:`private_dir`, :func:`trusted_dir`): a state folder is
+  used only if it is a real folder, owned by an expected user, that no one
+  else may write.
+
+Every refusal is an :class:`~tuna_lab.errors.UnsafeFileError` (a
+:class:`~tuna_lab.errors.TunaError` and an :class:`OSError`, so a caller that
+already handles unreadable files handles these too) with one line that
+names the path and the reason; callers may pass their own error class.
+
+Examples
+--------
+>>> import tempfile, os
+>>> path = os.path.join(tempfile.mkdtemp(), "a.json")
+>>> write_json(path, {"a": [1, 2]}) == path
+True
+>>> read_json(path)
+{'a': [1, 2]}
+>>> read_json("/dev/zero")
+Traceback (most recent call last):
+...
+tuna_lab.errors.UnsafeFileError: /dev/zero is not a regular file (a character device); refusing to read it
+"""
+
+import contextlib
+import errno
+import json
+import os
+import stat
+import tempfile
+
+from .errors import UnsafeFileError
+
+__all__ = ["MAX_FILE_BYTES", "MAX_JSON_DEPTH", "read_bytes", "read_text", "read_json", "loads_json",
+           "write_atomic", "write_json", "open_new", "trusted_dir", "private_dir", "file_kind"]
+
+#: Default cap on a file read whole (plans, manifests, hwloc XML, sysfs files): 64 MiB.
+MAX_FILE_BYTES = 64 << 20
+#: Deepest nesting of arrays and objects a JSON document may have. Ours nest 5 deep at most; Python's
+#: parser recurses once per level and fails near 1,000 with a RecursionError, not a clear line.
+MAX_JSON_DEPTH = 100
+
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+
+
+def file_kind(mode):
+    """What a ``st_mode`` is, in words ("a FIFO", "a folder"...); "a regular file" for one."""
+    for test, name in _KINDS:
+        if test(mode):
+            return name
+    return "a regular file" if stat.S_ISREG(mode) else "not a file"
+
+
+def _reason(exc):
+    if exc.errno == errno.ELOOP:
+        return "is a symbolic link"
+    return f"cannot be read ({exc.strerror or exc})"
+
+
+def read_bytes(path, limit=MAX_FILE_BYTES, follow=True, error=UnsafeFileError):
+    """The bytes of the regular file ``path``, at most ``limit`` of them, read without blocking on a FIFO.
+
+    Parameters
+    ----------
+    path : str
+        The file.
+    limit : int
+        Refuse a file longer than this many bytes.
+    follow : bool
+        Follow a symbolic link at ``path`` itself (a user's own paths may be
+        links); False refuses one (files in a shared folder).
+    error : type
+        The exception class raised (``FileNotFoundError`` is always raised as itself,
+        so that a caller can tell "absent" from "refused").
+
+    Examples
+    --------
+    >>> read_bytes("/proc/self/comm", limit=64).endswith(b"\\n")
+    True
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise error(f"{path} {_reason(exc)}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise error(f"{path} is not a regular file ({file_kind(mode)}); refusing to read it")
+        chunks, size = [], 0
+        while True:
+            try:
+                chunk = os.read(fd, min(1 << 20, limit + 1 - size))
+            except OSError as exc:
+                raise error(f"{path} {_reason(exc)}") from None
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise error(f"{path} is larger than {limit:,} bytes; refusing to read it")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path, limit=MAX_FILE_BYTES, follow=True, error=UnsafeFileError):
+    """:func:`read_bytes` decoded as UTF-8 (undecodable bytes refused with one line)."""
+    data = read_bytes(path, limit, follow, error)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path} is not UTF-8 text") from None
+
+
+def _depth(text, limit):
+    """Whether the JSON ``text`` nests arrays/objects deeper than ``limit`` (strings skipped)."""
+    # Only scanned when the text has that many brackets at all: a cheap test first.
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth, i, n = 0, 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif ch in "]}":
+            depth -= 1
+        i += 1
+    return False
+
+
+def loads_json(text, where="JSON", max_depth=MAX_JSON_DEPTH, error=UnsafeFileError):
+    """Parse JSON ``text``, refusing nesting deeper than ``max_depth`` and any malformed text with one line.
+
+    Examples
+    --------
+    >>> loads_json('{"a": 1}')
+    {'a': 1}
+    >>> loads_json("[" * 200 + "]" * 200, where="x")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.UnsafeFileError: x nests deeper than 100 levels; refusing to parse it
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise error(f"{where} is not UTF-8 text") from None
+    if _depth(text, max_depth):
+        raise error(f"{where} nests deeper than {max_depth} levels; refusing to parse it")
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise error(f"{where} nests too deeply; refusing to parse it") from None
+    except ValueError as exc:
+        raise error(f"{where} is not JSON: {str(exc).splitlines()[0][:120]}") from None
+
+
+def read_json(path, limit=MAX_FILE_BYTES, follow=True, max_depth=MAX_JSON_DEPTH, error=UnsafeFileError):
+    """The JSON document in ``path``, read as :func:`read_bytes` reads and parsed as :func:`loads_json` parses."""
+    return loads_json(read_bytes(path, limit, follow, error), where=str(path), max_depth=max_depth, error=error)
+
+
+def _fsync_dir(folder):
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(path, data, mode=0o644, durable=True, error=UnsafeFileError):
+    """Write ``data`` (str or bytes) to ``path`` whole or not at all; never through a link; return ``path``.
+
+    A new file of ``mkstemp``'s (``O_CREAT|O_EXCL``: never one someone else
+    made, never through a link) in the same folder is filled, flushed and
+    renamed over ``path``; a link at ``path`` is replaced, not followed. With
+    ``durable`` the folder's entries are flushed too. On any error the
+    temporary file is removed and ``error`` raised with one line; what was at
+    ``path`` before is untouched.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> os.symlink("/etc/passwd", os.path.join(folder, "x"))
+    >>> _ = write_atomic(os.path.join(folder, "x"), "data")
+    >>> os.path.islink(os.path.join(folder, "x")), open(os.path.join(folder, "x")).read()
+    (False, 'data')
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise IsADirectoryError(errno.EISDIR, "is a folder")
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
+    except OSError as exc:
+        raise error(f"cannot write {path}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            if durable:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise error(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise
+    if durable:
+        _fsync_dir(folder)
+    return path
+
+
+def write_json(path, data, mode=0o644, durable=True, error=UnsafeFileError, **options):
+    """Write ``data`` as JSON to ``path`` as :func:`write_atomic` writes; ``options`` go to :func:`json.dumps`.
+
+    The text is made before anything is written: data that cannot be written
+    as JSON (an overflowing number, NaN with ``allow_nan=False``) leaves no file.
+    """
+    options.setdefault("indent", 1)
+    try:
+        text = json.dumps(data, **options) + "\n"
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise error(f"cannot write {path}: {type(exc).__name__}: {str(exc)[:120]}") from None
+    return write_atomic(path, text, mode=mode, durable=durable, error=error)
+
+
+def open_new(path, mode=0o600, flags=os.O_WRONLY, error=UnsafeFileError):
+    """A descriptor of a file created now at ``path`` (``O_CREAT|O_EXCL|O_NOFOLLOW``); raise if anything is there.
+
+    ``FileExistsError`` is raised as itself (a lock or marker another process
+    of ours created first is the usual case, not an attack).
+    """
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        raise error(f"cannot create {path}: {exc.strerror or exc}") from None
+
+
+def trusted_dir(path, owners):
+    """Why the folder ``path`` cannot be trusted (None when it can): a real folder of ``owners`` no one else writes.
+
+    Examples
+    --------
+    >>> trusted_dir("/nonexistent", {os.getuid()})
+    'is missing'
+    >>> trusted_dir("/tmp", {0, os.getuid()})
+    'may be written by other users'
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "is missing"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return f"is not a folder ({file_kind(st.st_mode)})"
+    if st.st_uid not in set(owners):
+        return f"belongs to another user (uid {st.st_uid})"
+    if st.st_mode & 0o022:
+        return "may be written by other users"
+    return None
+
+
+def private_dir(path, error=UnsafeFileError):
+    """Create the folder ``path`` 0700 for this user, or accept it if it is already theirs and private; return it.
+
+    Anything else at ``path`` (a link, a file, another user's folder, a
+    folder others may write) is refused with ``error``.
+    """
+    with contextlib.suppress(FileExistsError):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            raise
+        except OSError as exc:
+            raise error(f"cannot create the folder {path}: {exc.strerror or exc}") from None
+    why = trusted_dir(path, {os.geteuid()})
+    if why:
+        raise error(f"refusing the folder {path}: it {why}")
+    return path
