@@ -194,3 +194,23 @@ def test_sigterm_stops_a_run_and_its_servers(tmp_path):
     assert len(pd.read_parquet(partial / "requests.parquet")) == 50 * len(trials)
     with pytest.raises(ExperimentError, match="no finished"):
         load_results(str(tmp_path))
+
+
+def test_a_fifo_planted_as_a_cpu_lock_file_is_refused_in_one_line_within_seconds(tmp_path):
+    """A blocking open of a FIFO waits for a writer for ever: the lock file is opened O_NONBLOCK, then refused."""
+    import subprocess
+    import sys
+    import time
+
+    folder = tmp_path / "locks"
+    folder.mkdir(mode=0o700)
+    for cpu in os.sched_getaffinity(0):
+        os.mkfifo(folder / f"cpu{cpu}.lock")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "tuna_lab", "run", "-w", "1", "-t", "1", "--model", "small",
+                        "--policies", "cfs", "--trials", "1", "--requests", "5"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "TUNA_LAB_LOCK_DIR": str(folder), "TUNA_LAB_CPU_LOCK_WAIT": "5"})
+    assert time.monotonic() - t0 < 30
+    errors = [line for line in p.stderr.splitlines() if "error:" in line]
+    assert p.returncode == 2 and len(errors) == 1, p.stderr
+    assert "is not a regular file (a FIFO)" in errors[0] and "Traceback" not in p.stderr

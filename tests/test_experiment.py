@@ -313,7 +313,9 @@ def test_a_cell_with_no_valid_trial_is_written_but_not_finished_and_a_rewrite_re
     assert sorted(os.listdir(tmp_path)) == ["w1-t1-small-b100"]     # no temporary or old folder left
     (tmp_path / "garbled").mkdir()
     (tmp_path / "garbled" / "manifest.json").write_text("[1, 2")
-    assert is_finished(str(tmp_path / "garbled"))     # not skipped in silence: the readers report it
+    assert not is_finished(str(tmp_path / "garbled"))     # a resume redoes it; the readers refuse it, loudly
+    with pytest.raises(ExperimentError, match="garbled is not a readable tuna-lab result"):
+        load_results(str(tmp_path))
 
 
 def test_one_measurement_per_results_folder(tmp_path):
@@ -497,6 +499,6 @@ def test_cpu_lock_files_are_never_followed_and_an_untrusted_folder_is_refused(tm
     with lock_cpus([4]):
         assert (folder / "cpu4.lock").stat().st_size == 0       # nothing is ever written to a lock file
     os.chmod(folder, 0o777)
-    with pytest.raises(ExperimentError, match="may be written by others and is not sticky"):
+    with pytest.raises(ExperimentError, match="may be written by other users"):
         with lock_cpus([4]):
             pass

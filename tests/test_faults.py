@@ -32,6 +32,7 @@ import uuid
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import psutil
 import pytest
 from daskcluster import DASK, Cluster
@@ -241,3 +242,72 @@ def test_a_kill_at_a_random_point_loses_nothing_and_mixes_nothing(seed, tmp_path
     # Say what was struck, for the record of the kills survived (pytest -rA shows it).
     print(f"seed {seed}: killed the {kind} after {after} trials + {delay:.2f} s: "
           f"{'hit' if killed else 'nothing left to hit'}; {len(struck)} cells finished then")
+
+
+def _worker_cpu(master):
+    """CPU seconds the master's live workers have spent so far: it grows with the requests they serve."""
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        for worker in master.children():
+            with contextlib.suppress(psutil.Error):
+                times = worker.cpu_times()
+                total += times.user + times.system
+    return total
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="round-robin on one CPU pins nothing")
+@pytest.mark.parametrize("kind", ["master", "worker"])
+def test_a_kill_mid_trial_is_recorded_and_the_resume_redoes_only_that_run(kind, tmp_path):
+    """Kill the first server's master (or one worker) once it has answered well past its warm-up."""
+    from tuna_lab.measure.store import cell_state
+
+    out = tmp_path / "run" / "w2-t1-small-b10"          # `run --out` writes its cell inside the folder
+    argv = [sys.executable, "-m", "tuna_lab", "run", "-w", "2", "-t", "1", "--model", "small", "--batch", "10",
+            "--policies", ",".join(POLICIES), "--trials", "2", "--requests", "3000", "--concurrency", "2",
+            "--seed", "1", "--out", str(out.parent)]
+    env = {**os.environ, "TUNA_LAB_TEST_MARK": MARK}
+    runner = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        master = None
+        while master is None and runner.poll() is None and time.monotonic() < deadline:
+            master = _gunicorn_master(runner.pid)
+            time.sleep(0.02)
+        assert master is not None, "no server started"
+        # Its workers up, then well past the warm-up's 20 requests, far from the load's 3000: mid-trial.
+        while len(master.children()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        start = _worker_cpu(master)
+        while _worker_cpu(master) < start + 1.0 and master.is_running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        victim = master if kind == "master" else master.children()[0]
+        victim.send_signal(signal.SIGKILL)
+        _, err = runner.communicate(timeout=300)
+    finally:
+        runner.kill()
+    assert "Traceback" not in err and (out / "trials.parquet").exists(), err
+    trials = pd.read_parquet(out / "trials.parquet")
+    hit = trials[(trials["trial"] == 0) & (trials["order"] == 0)].iloc[0]     # the first server's run
+    assert hit["trial_status"] == "failed", hit["reason"]
+    if kind == "master":
+        assert hit["master_restarted"] == 1 and "died" in hit["reason"]
+    else:
+        assert hit["master_restarted"] == 0 and hit["workers_replaced"] >= 1 and "replaced" in hit["reason"]
+    others = trials.drop(index=hit.name)
+    assert (others["trial_status"] == "ok").all() and (others[["workers_replaced", "master_restarted"]] == 0).all().all()
+    # Validity per policy: the killed run's policy is one trial short, so the cell is not finished.
+    state = cell_state(str(out))
+    assert state.status == "incomplete" and state.missing == {hit["policy"]: 1}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["valid_by_policy"] == {p: 1 if p == hit["policy"] else 2 for p in POLICIES}
+    # The resume runs that one run and keeps the three others as they were.
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert "keeping 3 valid runs of an earlier attempt, running the 1 missing" in again.stderr
+    assert sum(" trial " in line for line in again.stderr.splitlines()) == 1
+    final = pd.read_parquet(out / "trials.parquet").set_index(["trial", "policy"])
+    assert len(final) == 4 and (final["trial_status"] == "ok").all() and cell_state(str(out)).finished
+    assert final.loc[(0, hit["policy"]), "attempt"] == 1 and (final.drop(index=(0, hit["policy"]))["attempt"] == 0).all()
+    kept = others.set_index(["trial", "policy"])
+    assert (final.loc[kept.index, "p99"] == kept["p99"]).all()
+    assert not _wait_gone(), f"left running: {_ours()}"

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -348,8 +349,9 @@ def python_nobody_can_read(tmp_path_factory):
 def test_hooks_under_gunicorns_user_setting_hand_their_state_folder_to_that_user(python_nobody_can_read, model_file,
                                                                                   tmp_path):
     # Gunicorn started as root with user=/group=: post_fork runs as root, post_worker_init as the user.
-    # The state folder post_fork makes must be the user's, or every worker fails to boot.
-    from tuna_lab.placement.pin import hook_dir
+    # The state folder post_fork makes stays root's (the user must not plant links where root writes);
+    # its records subfolder must be the user's, or no worker can record its slot.
+    from tuna_lab.placement.pin import HOOK_RECORDS, hook_dir
 
     shared = Path(tempfile.mkdtemp(prefix="tuna-lab-test-nobody-"))
     try:
@@ -366,7 +368,9 @@ def test_hooks_under_gunicorns_user_setting_hand_their_state_folder_to_that_user
                        f"both workers, as nobody, to pin themselves:\n{srv.text()[-2000:]}")
             assert all(psutil.Process(pid).uids().real == 65534 for pid in srv.workers())
             folder = os.lstat(hook_dir(srv.master))
-            assert folder.st_uid == 65534 and folder.st_mode & 0o777 == 0o700
+            assert folder.st_uid == 0 and folder.st_mode & 0o777 == 0o711
+            records = os.lstat(os.path.join(hook_dir(srv.master), HOOK_RECORDS))
+            assert records.st_uid == 65534 and records.st_mode & 0o777 == 0o700
             assert sorted(hooked_slots(srv).values()) == list(range(W))
             assert "Traceback" not in srv.text() and srv.proc.poll() is None
         finally:
@@ -566,7 +570,7 @@ def test_pin_then_unpin_a_running_server(plain):
     after = affinities(workers)
     assert after.pop(own_pool) == master_cpus[-1:]
     assert after and all(cpus == master_cpus for cpus in after.values()), after
-    assert not saved.exists()                       # forgotten: a later pin saves the masks of its moment
+    assert not saved.parent.exists()                # forgotten: a later pin saves the masks of its moment
     os.sched_setaffinity(own_pool, master_cpus)
 
 
@@ -615,6 +619,7 @@ def plans(tmp_path_factory):
     (root / "xeon.json").write_text(done.stdout)
     assert Plan.read(root / "xeon.json").slots[1] == ((2,), (3,))   # CPUs this machine lacks
     (root / "junk.json").write_text("{not json")
+    (root / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
     return root
 
 
@@ -631,6 +636,18 @@ def childless():
         yield proc.pid
     finally:
         proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture
+def shell_with_sleeps():
+    """A shell with two ``sleep`` children: it has children, but it is no pre-fork server."""
+    proc = subprocess.Popen(["bash", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
+    try:
+        wait_until(lambda: len(psutil.Process(proc.pid).children()) == 2, 10, "the shell's two sleeps")
+        yield proc.pid
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
 
 
@@ -662,6 +679,16 @@ BAD_INPUTS = {
     "not-json": (["pin", "--pid", "{master}", "--plan", "{plans}/junk.json"], "is not JSON"),
     "missing-plan": (["pin", "--pid", "{master}", "--plan", "{plans}/missing.json"], "cannot read plan"),
     "bad-policy": (["pin", "--pid", "{master}", "-t", T, "--policy", "nope"], "nope"),
+    "plan-dev-zero": (["pin", "--pid", "{master}", "--plan", "/dev/zero"], "not a regular file"),
+    "plan-deep": (["pin", "--pid", "{master}", "--plan", "{plans}/deep.json"], "nests deeper than"),
+    "pin-pid-1": (["pin", "--pid", "1", "-t", T, "--policy", "round-robin"], "PID 1 is the system's"),
+    "pin-not-a-server": (["pin", "--pid", "{shell}", "-t", T, "--policy", "round-robin"],
+                         "not a recognised pre-fork server"),
+    "unpin-not-a-server": (["unpin", "--pid", "{shell}"], "not a recognised pre-fork server"),
+    "taskset-fewer-slots": (["plan", "-w", W - 1, "-t", T, "--policy", "round-robin", "--format", "taskset",
+                             "--pid", "{master}"], f"give -w {W}"),
+    "taskset-pid-1": (["plan", "-w", W, "-t", T, "--policy", "round-robin", "--format", "taskset", "--pid", "1"],
+                      "child processes (workers) but the plan has"),
     "permission-pin": (["pin", "--pid", "{master}", "-t", T, "--policy", "round-robin"], "permission denied"),
     "permission-unpin": (["unpin", "--pid", "{master}"], "permission denied"),
 }
@@ -674,8 +701,13 @@ def test_bad_input_is_one_line_status_2_and_pins_nothing(case, plain, plans, gon
     if as_nobody:
         request.getfixturevalue("nobody_can_run_the_cli")
     request_until(plain, lambda: every_worker_has_its_pool(plain), "every worker to start its OpenMP pool")
-    childless = request.getfixturevalue("childless") if "{childless}" in " ".join(map(str, args)) else None
-    args = [str(a).format(gone=gone_pid, childless=childless, master=plain.master, plans=plans) for a in args]
+    given = " ".join(map(str, args))
+    childless = request.getfixturevalue("childless") if "{childless}" in given else None
+    shell = request.getfixturevalue("shell_with_sleeps") if "{shell}" in given else None
+    if case == "taskset-pid-1" and len(psutil.Process(1).children()) in (0, W):
+        pytest.skip(f"PID 1 has {len(psutil.Process(1).children())} children here: not a count the plan refuses")
+    args = [str(a).format(gone=gone_pid, childless=childless, shell=shell, master=plain.master, plans=plans)
+            for a in args]
     before = affinities(plain.workers())
     done = cli(*args, as_nobody=as_nobody)
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
@@ -854,3 +886,73 @@ def test_a_server_confined_to_some_cpus_is_planned_on_those(model_file, tmp_path
         assert all(cpus_of(tid) == [1] for tid in affinities([srv.master, *srv.workers()])), "dry run pinned"
     finally:
         srv.stop()
+
+
+# -- --url --body: the requests a user gives, sent as `run` sends them --------------------------------
+
+JSON_ONLY_APP = '''\
+def application(environ, start_response):
+    ok = environ.get("CONTENT_TYPE", "").split(";")[0].strip() == "application/json"
+    body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
+    start_response("200 OK" if ok else "415 Unsupported Media Type", [("Content-Length", str(len(body)))])
+    return [body]
+'''
+
+
+def test_status_and_pin_send_a_json_body_as_json(tmp_path):
+    # A server that answers 415 to anything but application/json (as the lab server will).
+    (tmp_path / "json_only.py").write_text(JSON_ONLY_APP)
+    body = tmp_path / "req.json"
+    body.write_text('{"rows": [[1, 2]]}')
+    srv = Server([GUNICORN, "-w", W, "--chdir", tmp_path, "-b", "127.0.0.1:{port}", *_gunicorn_quiet(),
+                  "json_only:application"], dict(os.environ, PYTHONUNBUFFERED="1"), tmp_path, "json-only")
+    try:
+        wait_until(lambda: len(srv.workers()) == W and responds_at_all(srv), 60, "the JSON-only server")
+        url = f"http://127.0.0.1:{srv.port}/"
+        done = cli("status", "--pid", srv.master, "--url", url, "--body", body, "--json")
+        assert done.returncode == 0, done.stderr
+        done = cli("pin", "--pid", srv.master, "-t", 1, "--policy", "round-robin", "--dry-run", "--url", url,
+                   "--body", body)
+        assert done.returncode == 0, done.stderr
+        # A Content-Type the user gives is sent as given: here the server refuses it, in one line.
+        done = cli("status", "--pid", srv.master, "--url", url, "--body", body, "--header", "Content-Type: text/csv")
+        assert done.returncode == 2 and "answered 415" in done.stderr, done.stderr
+    finally:
+        srv.stop()
+
+
+def responds_at_all(srv):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{srv.port}/", timeout=5).close()
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def test_pin_removes_the_state_of_servers_that_are_gone_and_only_ours(plain, gone_pid):
+    # `pin --pid` keeps the masks it found in /tmp/tuna_lab-pin-<euid>-<pid>-<start>; one of a server
+    # SIGKILLed since is removed at the next pin, one of another user's never.
+    request_until(plain, lambda: every_worker_has_its_pool(plain), "every worker to start its OpenMP pool")
+    assert cli("unpin", "--pid", plain.master).returncode == 0       # no folder of this server's left
+    tmp = Path(tempfile.gettempdir())
+    dead, others = tmp / f"tuna_lab-pin-{os.geteuid()}-{gone_pid}-1", tmp / f"tuna_lab-pin-{os.geteuid()}-{gone_pid}-2"
+    try:
+        for path in (dead, others):
+            path.mkdir(mode=0o700)
+            (path / "masks.json").write_text("{}")
+        if os.geteuid() == 0:
+            os.chown(others, 65534, 65534)
+        else:
+            others.chmod(0o777)
+        done = cli("pin", "--pid", plain.master, "-t", T, "--policy", "round-robin")
+        assert done.returncode == 0, done.stderr
+        assert not dead.exists() and (others / "masks.json").exists()
+        [ours] = tmp.glob(f"tuna_lab-pin-{os.geteuid()}-{plain.master}-*")
+        assert (ours / "masks.json").exists()
+    finally:
+        assert cli("unpin", "--pid", plain.master).returncode == 0
+        for path in (dead, others):
+            shutil.rmtree(path, ignore_errors=True)
+    assert not list(tmp.glob(f"tuna_lab-pin-{os.geteuid()}-{plain.master}-*"))

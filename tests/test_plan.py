@@ -324,3 +324,79 @@ def test_bind_worker_binds_main_and_pool_by_rank_and_reports_a_thread_that_is_go
     assert bound[0].cpus == tuple(cpus) and bound[1].cpus == tuple(cpus[-1:]) and bound[1].error is None
     assert bound[2].cpus is None and "exited" in bound[2].error
     assert os.sched_getaffinity(0) == set(cpus)                 # the main thread kept its (whole) slot
+
+
+# -- plans read and written safely -------------------------------------------------------------
+
+@pytest.mark.parametrize("what", ["dev-zero", "fifo", "deep-file", "deep-text", "huge"])
+def test_a_plan_that_is_no_file_or_too_big_or_deep_is_one_plan_error(what, tmp_path):
+    if what == "dev-zero":
+        source = "/dev/zero"
+    elif what == "fifo":
+        source = tmp_path / "fifo"
+        os.mkfifo(source)                                  # opening it for reading must not wait for a writer
+    elif what == "deep-file":
+        source = tmp_path / "deep.json"
+        source.write_text("[" * 100_000 + "]" * 100_000)
+    elif what == "deep-text":
+        source = '{"x": ' + "[" * 100_000 + "]" * 100_000 + "}"    # TUNA_LAB_PLAN may hold the JSON itself
+    else:
+        source = tmp_path / "huge.json"
+        with open(source, "wb") as fh:
+            fh.truncate(64 << 20)                          # sparse: 64 MiB of zeros, no disk used
+    with pytest.raises(PlanError) as caught:
+        Plan.read(source)
+    assert len(str(caught.value).splitlines()) == 1
+
+
+def test_a_plan_is_written_over_a_link_never_through_it(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("someone's file\n")
+    link = tmp_path / "plan.json"
+    link.symlink_to(victim)
+    plan = placement("round-robin", W, T, HERE).plan()
+    plan.write(link)
+    assert victim.read_text() == "someone's file\n"
+    assert not link.is_symlink() and Plan.read(link) == plan
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "victim"]     # no temporary file left
+
+
+def test_state_folders_of_dead_processes_are_removed_only_if_ours(tmp_path):
+    import shutil
+    import tempfile
+
+    from tuna_lab.machine.procfs import start_ticks
+    from tuna_lab.placement.pin import remove_dead_state
+
+    with open("/proc/sys/kernel/pid_max") as fh:
+        gone = int(fh.read())                              # PIDs are below pid_max: never a process
+    root, me = tempfile.gettempdir(), os.geteuid()
+    made = {
+        "dead": f"tuna_lab-pin-{me}-{gone}-5", "dead-being-made": f"tuna_lab-pin-{me}-{gone}-5.x1y2",
+        "recycled-pid": f"tuna_lab-pin-{me}-{os.getpid()}-{start_ticks(os.getpid()) + 1}",
+        "alive": f"tuna_lab-pin-{me}-{os.getpid()}-{start_ticks(os.getpid())}",
+        "alive-being-made": f"tuna_lab-pin-{me}-{os.getpid()}-{start_ticks(os.getpid())}.x1y2",
+        "others-may-write": f"tuna_lab-pin-{me}-{gone}-6", "other-kind": f"tuna_lab-gunicorn-{me}-{gone}-5",
+        "not-a-folder": f"tuna_lab-pin-{me}-{gone}-7",
+    }
+    paths = {k: os.path.join(root, v) for k, v in made.items()}
+    try:
+        for key, path in paths.items():
+            if key == "not-a-folder":
+                os.symlink(tmp_path, path)
+                continue
+            os.mkdir(path, 0o700)
+            open(os.path.join(path, "masks.json"), "w").close()
+        os.chmod(paths["others-may-write"], 0o777)
+        remove_dead_state("pin", me)
+        left = {key for key, path in paths.items() if os.path.lexists(path)}
+        assert left == {"alive", "alive-being-made", "others-may-write", "other-kind", "not-a-folder"}
+        assert tmp_path.is_dir()
+        remove_dead_state("gunicorn", me)
+        assert not os.path.lexists(paths["other-kind"])
+    finally:
+        for path in paths.values():
+            if os.path.islink(path):
+                os.unlink(path)
+            else:
+                shutil.rmtree(path, ignore_errors=True)

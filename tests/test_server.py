@@ -215,7 +215,7 @@ def test_stop_refuses_a_pidfile_that_names_another_process(tmp_path):
     import subprocess
     import sys
 
-    from tuna_lab.server.launch import start_ticks
+    from tuna_lab.machine.procfs import start_ticks
 
     sleeper = subprocess.Popen(["sleep", "60"])
     try:

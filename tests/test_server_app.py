@@ -52,14 +52,20 @@ def app(small_model, tmp_path_factory):
     return a
 
 
-def call(app, method="GET", path="/healthz", body=None, content_length=True, environ=None, validate=True):
-    """Run one request through ``app`` (checked by wsgiref's validator); ``(status, headers, json)``."""
+def call(app, method="GET", path="/healthz", body=None, content_length=True, environ=None, validate=True,
+         content_type="application/json"):
+    """Run one request through ``app`` (checked by wsgiref's validator); ``(status, headers, json)``.
+
+    A POST says ``content_type`` (none when None), as every client of the lab server does.
+    """
     env = {"REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": path, "QUERY_STRING": ""}
     wsgiref.util.setup_testing_defaults(env)
     body = b"" if body is None else body
     env["wsgi.input"] = io.BytesIO(body)
     if content_length:
         env["CONTENT_LENGTH"] = str(len(body))
+    if method == "POST" and content_type is not None:
+        env["CONTENT_TYPE"] = content_type
     env.update(environ or {})
     seen = {}
 
@@ -370,10 +376,15 @@ def test_too_many_rows_are_413_over_http_with_the_reason(small_model):
 
 
 def test_the_row_limit_defaults_from_the_models_width_and_is_read_from_the_environment():
-    from tuna_lab.server.app import ROW_BUDGET_BYTES, max_rows
+    from tuna_lab.server.app import MAX_WORK, ROW_BUDGET_BYTES, max_rows
+    from tuna_lab.server.models import model_cost
 
     assert max_rows("small", {}) > max_rows("medium", {}) > max_rows("large", {}) > 1000
     assert max_rows("large", {}) * 784 * 8 <= ROW_BUDGET_BYTES
+    # The work bound is the smaller one for small and medium: what a measurement checks its batch against.
+    for model in ("small", "medium", "large"):
+        assert max_rows(model, {}) * model_cost(model) <= MAX_WORK
+    assert max_rows("small", {"TUNA_LAB_MAX_WORK": str(10 * model_cost("small"))}) == 10
     assert app_from_env({"TUNA_LAB_MODEL": "small", "TUNA_LAB_MAX_ROWS": "7"}).max_rows == 7
     with pytest.raises(ServerError, match="TUNA_LAB_MAX_ROWS must be a positive integer"):
         app_from_env({"TUNA_LAB_MAX_ROWS": "-3"})
@@ -399,6 +410,68 @@ def test_request_log_has_one_json_line_per_request(app):
     assert {"time", "method", "path"} <= set(ok)
 
 
+# -- app: what one client may take -----------------------------------------------------------
+
+@pytest.mark.parametrize("content_type, ok", [("application/json", True), ("Application/JSON; charset=utf-8", True),
+                                              (None, False), ("", False), ("text/plain", False),
+                                              ("application/x-www-form-urlencoded", False),
+                                              ("application/jsonp", False)])
+def test_predict_takes_json_only_and_answers_415_with_the_reason(app, content_type, ok):
+    status, _, out = call(app, "POST", "/predict", good_body(2), content_type=content_type)
+    if ok:
+        assert status == 200 and out["count"] == 2
+    else:
+        assert status == 415 and "application/json" in out["error"] and "\n" not in out["error"]
+    assert_serves(app)
+
+
+def test_more_work_than_the_bound_is_413_before_anything_is_predicted(small_model):
+    from tuna_lab.server.models import model_cost
+
+    bounded = create_app("small", threads=1, max_work=5 * model_cost("small"))
+    status, _, out = call(bounded, "POST", "/predict", good_body(6))
+    assert status == 413 and "exceed the work bound" in out["error"] and "send at most 5 rows" in out["error"]
+    assert bounded._booster is None, "nothing may be loaded or predicted for a refused request"
+    status, _, out = call(bounded, "POST", "/predict", good_body(5))
+    assert status == 200 and out["count"] == 5
+    assert app_from_env({"TUNA_LAB_MODEL": "small", "TUNA_LAB_MAX_WORK": "3840"}).max_work == 3840
+
+
+class _TimedOut(io.BytesIO):
+    def read(self, *args):
+        raise TimeoutError("timed out")
+
+
+def test_a_body_not_received_in_time_is_408(app):
+    status, _, out = call(app, "POST", "/predict", environ={"CONTENT_LENGTH": "100", "wsgi.input": _TimedOut()})
+    assert status == 408 and "not received within 5 s" in out["error"]
+    assert_serves(app)
+
+
+class _Taken:
+    """What LabWorker puts in ``gunicorn.socket``: how long the request waited for a worker."""
+
+    def __init__(self, waited):
+        self.waited = waited
+
+
+def test_past_the_queue_bound_predict_is_shed_with_503_and_retry_after(small_model):
+    shedding = create_app("small", threads=1, max_wait=0.5)
+    status, headers, out = call(shedding, "POST", "/predict", environ={"gunicorn.socket": _Taken(0.75),
+                                                                       "wsgi.input": _Unreadable()})
+    assert status == 503 and headers["Retry-After"] == "1" and "waited 0.75 s for a worker" in out["error"]
+    assert call(shedding, "GET", "/healthz", environ={"gunicorn.socket": _Taken(9)})[0] == 503   # not ready yet
+    shedding.mark_ready()
+    assert call(shedding, "GET", "/healthz", environ={"gunicorn.socket": _Taken(9)})[0] == 200   # not shed
+    for waited in (0.5, None):
+        status, _, out = call(shedding, "POST", "/predict", good_body(2), environ={"gunicorn.socket": _Taken(waited)})
+        assert status == 200, out
+    # Without a bound nothing is shed, however long the wait.
+    status, _, _ = call(create_app("small", threads=1), "POST", "/predict", good_body(2),
+                        environ={"gunicorn.socket": _Taken(1e6)})
+    assert status == 200
+
+
 # -- construction --------------------------------------------------------------------------
 
 def test_app_from_env(monkeypatch, tmp_path):
@@ -418,7 +491,10 @@ def test_app_from_env(monkeypatch, tmp_path):
 
 @pytest.mark.parametrize("kwargs, message", [({"threads": 0}, "threads must be a positive integer"),
                                              ({"threads": 1.5}, "threads must be a positive integer"),
-                                             ({"max_body_bytes": -1}, "max_body_bytes must be")])
+                                             ({"max_body_bytes": -1}, "max_body_bytes must be"),
+                                             ({"max_work": 0}, "max_work must be a positive integer"),
+                                             ({"max_wait": -1}, "max_wait must be a positive"),
+                                             ({"read_timeout": float("inf")}, "read_timeout must be a positive")])
 def test_create_app_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ServerError, match=message):
         create_app("small", **kwargs)

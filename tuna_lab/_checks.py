@@ -23,7 +23,8 @@ import numpy as np
 from .errors import TopologyError, TunaError
 
 __all__ = ["positive_int", "non_negative_int", "positive_number", "parse_cpulist", "parse_cpumask",
-           "format_cpulist", "one_line", "shorten"]
+           "format_cpulist", "one_line", "shorten", "MAX_CPU_ID", "MAX_LOGICAL_CPUS", "MAX_THREADS", "check_size",
+           "check_cpus"]
 
 
 def _is_int(value):
@@ -54,9 +55,65 @@ def positive_number(name, value, error=TunaError):
 
 
 _RANGE = re.compile(r"\s*(\d+)(?:-(\d+))?\s*", re.ASCII)
-# Linux builds for at most 8192 CPUs (CONFIG_NR_CPUS); a larger id is a typo, and a range up to it
-# would be expanded into a list of billions.
+#: Largest CPU id any reader accepts. Linux builds for at most 8192 CPUs (CONFIG_NR_CPUS); a larger id
+#: is a typo, and a range up to it would be expanded into a list of billions.
 MAX_CPU_ID = 65535
+#: Most logical CPUs of one topology. Its distance matrix is C x C floats, and ``topology --json``
+#: writes it as text: about 1 GB of memory at this size, four times that at Linux's 8192.
+MAX_LOGICAL_CPUS = 4096
+#: Most threads of one server, workers x threads per worker (W x T). A mapping's local search holds
+#: (W*T)^2 matrices of floats: about 1.3 GB at this size.
+MAX_THREADS = 8192
+
+
+def check_size(workers, threads, error=TunaError):
+    """``(workers, threads)`` as ints, or raise ``error``: each a positive integer, W x T at most :data:`MAX_THREADS`.
+
+    The one bound on a server's size, checked by every stage that is given one
+    (the model, the CLI's commands) before anything is sized by it.
+
+    Examples
+    --------
+    >>> check_size(4, 2)
+    (4, 2)
+    >>> check_size(10**9, 1)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.TunaError: workers x threads must be at most 8192, got 1000000000 x 1
+    """
+    workers = positive_int("workers", workers, error)
+    threads = positive_int("threads", threads, error)
+    if workers * threads > MAX_THREADS:
+        raise error(f"workers x threads must be at most {MAX_THREADS}, got {_short(workers)} x {_short(threads)}")
+    return workers, threads
+
+
+def check_cpus(cpus, where="topology", error=TopologyError):
+    """Refuse more than :data:`MAX_LOGICAL_CPUS` CPUs, or an id above :data:`MAX_CPU_ID`, with one line.
+
+    ``cpus`` is a sized collection of ints (a reader's CPU ids); ``where``
+    names its source for the message. Every topology reader calls this before
+    it builds anything whose size grows with the CPUs.
+
+    Examples
+    --------
+    >>> check_cpus(range(8), "x")
+    >>> check_cpus([0, 70000], "x.xml")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.TopologyError: x.xml: CPU id 70000 is above 65535
+    """
+    if len(cpus) > MAX_LOGICAL_CPUS:
+        raise error(f"{where}: {len(cpus)} logical CPUs, more than the {MAX_LOGICAL_CPUS} a topology may have")
+    top = max(cpus, default=0)
+    if top > MAX_CPU_ID:
+        raise error(f"{where}: CPU id {_short(top)} is above {MAX_CPU_ID}")
+
+
+def _short(number):
+    """An integer for a message: as is, or its digit count when it is absurdly long."""
+    text = str(number)
+    return text if len(text) <= 24 else f"a {len(text)}-digit number"
 _MASK_WORD = re.compile(r"\s*([0-9a-fA-F]{1,8})\s*")
 
 

@@ -280,7 +280,7 @@ def trusted_dir(path, owners):
 
     Examples
     --------
-    >>> trusted_dir("/nonexistent", {os.getuid()})
+    >>> trusted_dir("/proc/nonexistent", {os.getuid()})
     'is missing'
     >>> trusted_dir("/tmp", {0, os.getuid()})
     'may be written by other users'

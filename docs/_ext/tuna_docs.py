@@ -308,7 +308,8 @@ def drop_type_docstrings(app, what, name, obj, options, lines):
     if what not in ("data", "attribute") or not lines:
         return
     own = type(obj).__doc__
-    if own and "\n".join(lines).strip() == inspect.cleandoc(own).strip():
+    # A NamedTuple's field is a descriptor whose type's __doc__ is itself a descriptor, not a string.
+    if isinstance(own, str) and "\n".join(lines).strip() == inspect.cleandoc(own).strip():
         lines.clear()
 
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import shlex
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -25,6 +23,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from .._files import write_atomic
 from ..errors import AnalysisError
 from ..placement import POLICIES
 from . import figures as viz
@@ -533,11 +532,17 @@ def _locality_table(requests, threads):
 
 
 def _failures(requests, trials):
+    from .summary import fault_note
+
     failed = trials[trials["trial_status"].ne("ok")]
     keep = [c for c in (MACHINE, "policy", "workers", "threads", "model", "batch", "trial", "n", "ok", "failed",
-                        "trial_status", "reason") if c in failed.columns]
+                        "trial_status", "workers_replaced", "master_restarted", "reason") if c in failed.columns]
     parts = [_table(sort_table(failed[keep], keep)) if not failed.empty
              else '<p class="note">No failed trials.</p>']
+    note = fault_note(trials)
+    if note:
+        # Said apart from the table: such a trial's latencies include a replacement's start-up.
+        parts.insert(0, f'<p class="note">{html.escape(note)}</p>')
     bad = requests[~(requests["status"].ge(200) & requests["status"].lt(300))]
     if not bad.empty:
         errors = bad.assign(error=bad["error"] if "error" in bad.columns else "")
@@ -549,14 +554,6 @@ def _failures(requests, trials):
 
 
 def _write_atomic(path, text):
+    """Write the report whole or not at all, never through a link (:func:`tuna_lab._files.write_atomic`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return Path(write_atomic(path, text))

@@ -25,7 +25,7 @@ import pandas as pd
 from ..errors import AnalysisError, TunaError
 from .stats import compare_policies, cpu_cost, scenario_stats, speedup_summary, trial_stats
 
-__all__ = ["RunSummary", "summarize"]
+__all__ = ["RunSummary", "summarize", "fault_note"]
 
 # The policy the per-policy speedups compare with, as the article does.
 _BASELINE = "cfs"
@@ -68,6 +68,10 @@ class RunSummary:
         when the results have no CPU accounting.
     failed : pandas.DataFrame
         The trials not counted: ``policy``, ``trial`` (from 0), ``reason``.
+    notes : tuple of str
+        Lines about how the trials were measured that a reader must know:
+        :func:`fault_note`, when a worker was replaced or a master restarted
+        during some trial.
     """
 
     summary: pd.DataFrame
@@ -75,6 +79,7 @@ class RunSummary:
     headline: pd.DataFrame
     cpu: pd.DataFrame
     failed: pd.DataFrame
+    notes: tuple = ()
 
     def to_dict(self):
         """Every table as a list of plain rows (``tuna-lab run --json`` and ``report --json`` print them).
@@ -89,6 +94,7 @@ class RunSummary:
         [{'policy': 'cfs', 'trials': 1, 'p50': 0.01, 'p99': 0.02, 'p99_speedup_vs_cfs': 1.0}]
         """
         out = {name: getattr(self, name).to_dict("records") for name in ("summary", "speedups", "cpu", "failed")}
+        out["notes"] = list(self.notes)
         out["headline"] = [{k: v for k, v in row.items() if k != "machine" or isinstance(v, str)}
                            for row in self.headline.to_dict("records")]
         return out
@@ -107,7 +113,8 @@ class RunSummary:
         tuna-scatter        8.0     20.0                1.50x
         <BLANKLINE>
         """
-        return _summary_table(self.summary) + "\n" + "\n".join(_speedup_line(r) for _, r in self.speedups.iterrows())
+        return (_summary_table(self.summary) + "\n"
+                + "\n".join([*(_speedup_line(r) for _, r in self.speedups.iterrows()), *self.notes]))
 
 
 def summarize(requests, trials=None):
@@ -156,7 +163,35 @@ def summarize(requests, trials=None):
                       pd.DataFrame(columns=_SPEEDUP_COLUMNS),
                       headline=_headline(requests, trials) if have_requests else
                       pd.DataFrame(columns=_HEADLINE_COLUMNS),
-                      cpu=_cpu_rows(trials), failed=_failed(trials))
+                      cpu=_cpu_rows(trials), failed=_failed(trials),
+                      notes=tuple(line for line in (fault_note(trials),) if line))
+
+
+def fault_note(trials):
+    """One line saying how many trials had a worker replaced or the master restarted during them ("" if none).
+
+    Such trials are never valid (:data:`~tuna_lab.measure.schema.FAULT_COLUMNS`):
+    the summary leaves them out, as any failed trial, and this line says why.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> fault_note(pd.DataFrame({"policy": ["cfs", "cfs"], "workers_replaced": [0, 1], "master_restarted": 0}))
+    'note: 1 of 2 trials had a worker replaced or the master restarted during it (cfs); they are not counted'
+    >>> fault_note(pd.DataFrame({"policy": ["cfs"]}))
+    ''
+    """
+    if not len(trials):
+        return ""
+    hit = pd.Series(False, index=trials.index)
+    for column in ("workers_replaced", "master_restarted"):
+        if column in trials.columns:
+            hit |= pd.to_numeric(trials[column], errors="coerce").fillna(0).gt(0)
+    if not hit.any():
+        return ""
+    policies = ", ".join(dict.fromkeys(trials.loc[hit, "policy"].astype(str)))
+    return (f"note: {int(hit.sum())} of {len(trials)} trials had a worker replaced or the master restarted during "
+            f"it ({policies}); they are not counted")
 
 
 def _policy_rows(trials, baseline):

@@ -127,8 +127,9 @@ def _terminate_as_interrupt(signum, frame):
 def main(argv=None):
     """Run ``tuna-lab`` with ``argv`` (default: the process's arguments); returns the exit status.
 
-    0 on success, 2 on bad input (one line on stderr), 130 when interrupted
-    (Ctrl-C or SIGTERM).
+    0 on success, 1 when something ran but some policy has no valid trial or
+    nothing ran (one line on stderr), 2 on bad input (one line on stderr), 130
+    when interrupted (Ctrl-C or SIGTERM).
 
     Examples
     --------
@@ -165,8 +166,17 @@ def main(argv=None):
         with warnings.catch_warnings():
             warnings.showwarning = one_line
             return args.func(args)
-    except TunaError as exc:
-        print(f"tuna-lab: error: {exc}", file=sys.stderr)
+    except TunaError as exc:        # UnsafeFileError too: a TunaError before it is an OSError
+        from .._checks import one_line as first_line
+
+        print(f"tuna-lab: error: {first_line(exc)}", file=sys.stderr)
+        return 2
+    except (MemoryError, RecursionError, OverflowError) as exc:
+        # A net, not the fix: input too large or too deeply nested that no check caught still ends in one line.
+        from .._checks import one_line as first_line
+
+        print(f"tuna-lab: error: the input is too large or too deeply nested ({type(exc).__name__}: "
+              f"{first_line(exc)})", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tuna-lab: interrupted", file=sys.stderr)

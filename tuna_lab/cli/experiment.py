@@ -9,10 +9,11 @@ import math
 import os
 import sys
 
-from ..errors import ExperimentError
+from ..errors import ExperimentError, TunaError
 from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options,
-                      check_cpu_quota, client_cpus_of, configs_arg, list_arg, non_negative_int_arg, policies_arg,
-                      policies_help, positive_float_arg)
+                      check_cpu_quota, check_measure_options, client_cpus_of, configs_arg, list_arg,
+                      no_valid_status, non_negative_int_arg, policies_arg, policies_help, positive_float_arg,
+                      target_of)
 
 __all__ = ["add_parser"]
 
@@ -183,6 +184,9 @@ def _add_target_options(parser, running=True):
                    if running else "not for a sweep: a running server keeps its W and T (use `run --pid`)")
     if running:
         t.add_argument("--url", default=None, help="where the requests go (a loopback URL); with --pid")
+        t.add_argument("--force", action="store_true",
+                       help="with --pid: measure the children of PID 1 or of a process that is no recognised "
+                            "pre-fork master (refused otherwise)")
     t.add_argument("--path", default="/", help="with --app: the path the requests go to (default /)")
     t.add_argument("--method", default=None,
                    help="the requests' HTTP method (default POST with a body, GET without)")
@@ -198,59 +202,13 @@ def _add_target_options(parser, running=True):
                                                  "or pid<MASTER>)")
 
 
-def _target_of(args):
-    """The :mod:`~tuna_lab.measure.target` that ``run``'s options name (None: the lab server), checked."""
-    from ..measure.target import AttachedTarget, Requests
-
-    user = args.app is not None or args.pid is not None
-    if args.app is not None and args.pid is not None:
-        raise ExperimentError("give --app (a server tuna_lab starts) or --pid (one already running), not both")
-    if not user:
-        given = [o for o in ("url", "body", "bodies", "method", "server_timing", "label") if getattr(args, o)]
-        if given or args.header:
-            option = "--" + (given[0] if given else "header").replace("_", "-")
-            raise ExperimentError(f"{option} is for your own server: give --app or --pid too")
-        if args.workers is None or args.threads is None:
-            raise ExperimentError("give -w and -t (the lab server's size)")
-        return None
-    if args.threads is None:
-        raise ExperimentError("give -t: the pool threads of each worker")
-    if args.pid is not None:
-        if args.url is None:
-            raise ExperimentError("--pid needs --url: where the running server answers")
-        if args.workers is not None:
-            raise ExperimentError("a running server keeps its workers: leave out -w (they are counted)")
-        requests = Requests.from_options(args.url, args.method, args.header, args.body, args.bodies,
-                                         args.server_timing)
-        return AttachedTarget(args.pid, args.url, args.threads, requests, label=args.label).check()
-    if args.workers is None:
-        raise ExperimentError("--app needs -w and -t")
-    if args.url is not None:
-        raise ExperimentError("--url is for a running server (--pid); with --app give --path")
-    return _app_target(args)(args.workers, args.threads)
-
-
-def _app_target(args):
-    """``(W, T) -> AppTarget`` for ``--app`` and the request options, checked now (bad input: one line)."""
-    from ..measure.target import AppTarget, Requests
-
-    requests = Requests.from_options(args.path, args.method, args.header, args.body, args.bodies, args.server_timing)
-
-    def target(workers, threads):
-        return AppTarget(args.app, workers, threads, server=args.server, app_dir=args.app_dir,
-                         server_conf=args.server_conf, requests=requests, label=args.label)
-
-    target(1, 1)            # the app, its folder and config are checked before anything runs
-    return target
-
-
 def _cmd_run(args):
-    from .._checks import non_negative_int, positive_int
     from ..analysis.summary import summarize
     from ..measure.experiment import Config, check_policies, run
     from ..measure.store import check_out
 
-    target = _target_of(args)
+    check_measure_options(args, ExperimentError)
+    target = _run_target(args)
     if (args.rate is None) != (args.duration is None):
         raise ExperimentError("the open loop needs both --rate and --duration")
     if args.requests is None and args.rate is None:
@@ -261,21 +219,14 @@ def _cmd_run(args):
     else:
         config = Config(target.workers, target.threads, target.label, 0, target=target.kind)
     policies = check_policies(policies_arg(args.policies))
-    positive_int("trials", args.trials, ExperimentError)
-    non_negative_int("seed", args.seed, ExperimentError)
     if args.out:
         check_out(args.out, "--out")
-    if args.requests is not None:
-        positive_int("requests", args.requests, ExperimentError)
-    if not 0 <= args.max_error_rate < 1:
-        raise ExperimentError(f"--max-error-rate must be in [0, 1), got {args.max_error_rate}")
     client = client_cpus_of(args, ExperimentError, threads=[config.threads])
     check_cpu_quota(config.workers * config.threads, args.strict, ExperimentError)
-    # Said once all the input is checked: bad input stays one line.
-    print(f"tuna-lab: {client.describe()}", file=sys.stderr, flush=True)
     out = os.path.join(args.out, config.key) if args.out else None
     result = run(config if target is None else None, policies, trials=args.trials, requests=args.requests, out=out,
-                 concurrency=args.concurrency, seed=args.seed, progress=_progress, csv=args.csv,
+                 concurrency=args.concurrency, seed=args.seed, progress=_noted(f"tuna-lab: {client.describe()}"),
+                 csv=args.csv,
                  client_cpus=client, target=target, rate=args.rate, duration=args.duration,
                  max_error_rate=args.max_error_rate, strict=args.strict)
     run_summary = summarize(result)
@@ -289,14 +240,35 @@ def _cmd_run(args):
                      "generator": result.manifest.get("generator"), "path": result.path,
                      "files": sorted(os.path.join(result.path, f) for f in os.listdir(result.path))
                      if result.path else []})
-        return 0
+        return _no_valid_status(result)
     print(run_summary.to_text())
     print(f"latency: {latency}")
     for failure in summary["failed"]:
         print(f"failed: {failure['policy']} trial {failure['trial'] + 1}: {failure['reason']}")
     if out:
         print(f"wrote {out}")
-    return 0
+    return _no_valid_status(result)
+
+
+def _run_target(args):
+    """``run``'s target (None: the lab server), from the options every measuring command reads alike."""
+    target = target_of(args, ExperimentError)
+    if target is None:
+        if args.workers is None or args.threads is None:
+            raise ExperimentError("give -w and -t (the lab server's size)")
+        return None
+    if args.pid is not None:
+        return target
+    if args.workers is None or args.threads is None:
+        raise ExperimentError("--app needs -w and -t")
+    return target(args.workers, args.threads)
+
+
+def _no_valid_status(source):
+    """:func:`~tuna_lab.cli.options.no_valid_status` of a run's result or a results folder."""
+    from ..measure.store import no_valid_trial
+
+    return no_valid_status(no_valid_trial(source))
 
 
 # What each value of a trial's ``latency`` column means, in the words ``run`` prints.
@@ -313,6 +285,18 @@ def _latency_words(trials):
 def _progress(line):
     """Progress goes to stderr: stdout carries only results (a table, or the one ``--json`` object)."""
     print(line, file=sys.stderr, flush=True)
+
+
+def _noted(note):
+    """:func:`_progress`, saying ``note`` first: once the run holds its folder and CPUs, so that a refusal
+    of either (a planted lock file, CPUs in use) stays the one line on stderr."""
+    pending = [note]
+
+    def progress(line):
+        while pending:
+            _progress(pending.pop())
+        _progress(line)
+    return progress
 
 
 def _print_json(obj):
@@ -348,7 +332,6 @@ def _add_cluster_options(parser):
 
 
 def _cmd_sweep(args):
-    from .._checks import non_negative_int, positive_int
     from ..measure.store import check_out
     from ..measure.sweeps import sweep
 
@@ -358,7 +341,7 @@ def _cmd_sweep(args):
     if args.per_machine and args.any_machine:
         raise ExperimentError("--any-machine is for --spread: --per-machine runs every cell on every machine")
     check_out(args.out, "--out")
-    non_negative_int("seed", args.seed, ExperimentError)
+    check_measure_options(args, ExperimentError)
     budget = None
     if args.budget is not None:
         from ..measure.tune import parse_duration
@@ -369,13 +352,6 @@ def _cmd_sweep(args):
     if args.grid == "article" and args.app is not None:
         raise ExperimentError("--grid article runs the lab server's models and batches: sweep your app with "
                               "--grid machine or --configs")
-    for name in ("trials", "requests"):
-        if getattr(args, name) is not None:
-            positive_int(name, getattr(args, name), ExperimentError)
-    if args.concurrency is not None:
-        positive_int("concurrency", args.concurrency, ExperimentError)
-    if not 0 <= args.max_error_rate < 1:
-        raise ExperimentError(f"--max-error-rate must be in [0, 1), got {args.max_error_rate}")
     target = _sweep_target(args)
     if args.cluster is not None:
         if target is not None:
@@ -414,18 +390,13 @@ def _sweep_sizes(args, design):
     if design is not None:
         return design.trials, design.requests, list(design.policies)
     return (5 if args.trials is None else args.trials, 1000 if args.requests is None else args.requests,
-            policies_arg(args.policies or "cfs,round-robin,tuna-scatter"))
+            policies_arg("cfs,round-robin,tuna-scatter" if args.policies is None else args.policies))
 
 
 def _sweep_target(args):
     """``(W, T) -> AppTarget`` for ``sweep --app`` (None: the lab server); its options checked."""
-    given = [o for o in ("body", "bodies", "method", "server_timing", "label", "app_dir", "server_conf")
-             if getattr(args, o)] + (["header"] if args.header else []) + (["path"] if args.path != "/" else [])
-    if args.pid is not None:
-        raise ExperimentError("a running server keeps its workers and threads: measure it with `run --pid --url`")
-    if args.app is None:
-        if given:
-            raise ExperimentError(f"--{given[0].replace('_', '-')} is for your own app: give --app too")
+    target = target_of(args, ExperimentError, sweep=True)
+    if target is None:
         return None
     # The lab server's factors mean nothing to the user's app: refused rather than ignored.
     for option, default in (("models", None), ("batches", None), ("wait_policies", "default")):
@@ -434,7 +405,7 @@ def _sweep_target(args):
                                   "model (its requests are --body/--bodies)")
     if args.spincount is not None:
         raise ExperimentError("--spincount is for the lab server; set GOMP_SPINCOUNT in your app's environment")
-    return _app_target(args)
+    return target
 
 
 def _configs(args, server_cpus=None, budget=None):
@@ -468,10 +439,11 @@ def _configs(args, server_cpus=None, budget=None):
     if pairs is None:
         pairs = grid(args.grid, cpus=cpus)
     if args.app is not None:
-        label = _app_target(args)(1, 1).label
+        label = target_of(args, ExperimentError, sweep=True)(1, 1).label
         return [Config(w, t, label, 0, target="app") for (w, t) in pairs], None
-    models = list_arg(args.models or "medium", "--models")
-    batches = list_arg(args.batches or "100", "--batches", int)
+    # An empty option is refused by list_arg, not taken for the default.
+    models = list_arg("medium" if args.models is None else args.models, "--models")
+    batches = list_arg("100" if args.batches is None else args.batches, "--batches", int)
     return [Config(w, t, m, b, wait_policy=wp, spincount=args.spincount)
             for (w, t) in pairs for m in models for b in batches for wp in waits], None
 
@@ -500,13 +472,23 @@ def _sweep_done(args, configs, before, message, design=None):
         if not_run:
             message += f" ({len(not_run)} of {len(configs)} cells not run within the budget: run it again to resume)"
         print(message)
-        return 0
+        return _sweep_status(args, not_run, len(configs))
     _print_json({"out": args.out, "configurations": len(configs), "policies": _sweep_sizes(args, design)[2],
                  "done": [c for c in cells if c not in before], "skipped": [c for c in cells if c in before],
                  "not_run": not_run, "cuts": [c.to_dict() for c in design.cuts] if design else [],
                  "design": design.to_dict() if design else None,
                  "report": f"tuna-lab report {args.out} -o report.html"})
-    return 0
+    return _sweep_status(args, not_run, len(configs))
+
+
+def _sweep_status(args, not_run, configurations):
+    """1 with one stderr line when the sweep ran none of its cells, or a policy has no valid trial; else 0."""
+    if not_run and len(not_run) == configurations:
+        print(f"tuna-lab: error: no cell ran: none of the {configurations} fits the budget {args.budget} "
+              "(give a larger --budget)" if args.budget else
+              f"tuna-lab: error: no cell of the {configurations} ran", file=sys.stderr)
+        return 1
+    return _no_valid_status(args.out)
 
 
 def _sweep_on_cluster(args, configs, design=None):
@@ -550,9 +532,13 @@ def _cmd_report(args):
                   **{k: manifests[0][k] for k in ("git_commit", "command", "started") if k in manifests[0]}}
     # A sweep of the article's design (sweep --grid article): the report sets its figures beside the article's.
     settings = read_sweep_file(args.results) if os.path.isdir(args.results) else None
-    path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
-                        threads=threads if len(threads) else None, manifest=header, machines=machines,
-                        article=(settings or {}).get("design"))
+    try:
+        path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
+                            threads=threads if len(threads) else None, manifest=header, machines=machines,
+                            article=(settings or {}).get("design"))
+    except OSError as exc:      # a folder, /proc, no such parent: what _files.write_atomic refused, one line
+        raise ExperimentError(f"-o {args.output}: {exc.strerror or exc}" if not isinstance(exc, TunaError)
+                              else str(exc)) from None
     if args.json:
         summary = summarize(requests, trials).to_dict()
         _print_json({"report": os.fspath(path), "results": args.results, "cells": len(manifests),

@@ -1,7 +1,6 @@
 """``tuna-lab solve``: the Tuna ILP for W workers x T threads on a machine."""
 
 import json
-import os
 
 from .options import (add_size_options, add_strict_families_option, add_topology_options, positive_float_arg,
                       topology_of)
@@ -50,6 +49,7 @@ def add_parser(subparsers):
 
 
 def _cmd_solve(args):
+    from ..machine.procfs import process_age
     from ..model import TunaModel
 
     topo = topology_of(args)
@@ -60,24 +60,10 @@ def _cmd_solve(args):
     if limit is not None:
         # the user's clock started with the command: what importing cvxpy
         # and building the model took (about 1 s) comes out of the limit
-        limit = max(0.05, limit - _process_age())
+        limit = max(0.05, limit - process_age())
     mapping = model.solve(time_limit=limit, gap=args.gap, on_infeasible=args.on_infeasible)
     if args.json:
         print(json.dumps(mapping.to_dict()))
     else:
         print(mapping.describe())
     return 0
-
-
-def _process_age():
-    """Seconds since this process started, from ``/proc`` (0 where it does not say)."""
-    try:
-        with open("/proc/self/stat") as fh:
-            # the fields after the command name; starttime (field 22) is the 20th
-            start_ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as fh:
-            uptime = float(fh.read().split()[0])
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0
-

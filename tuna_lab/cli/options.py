@@ -22,7 +22,13 @@ from ..errors import ThrottlingWarning, TopologyWarning, TunaError
 __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_float_arg", "non_negative_int_arg",
            "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg",
            "policy_choices", "policies_help", "add_client_cpus_option", "client_cpus_of",
-           "add_strict_families_option"]
+           "add_strict_families_option", "check_measure_options", "target_of", "no_valid_status", "SIZE_BOUND_HELP",
+           "TOPOLOGY_BOUND_HELP"]
+
+#: What the help says of the bounds in :mod:`tuna_lab._checks` (written out: that module imports numpy;
+#: tests/test_cli_inputs.py checks that they agree).
+SIZE_BOUND_HELP = "W x T at most 8192"
+TOPOLOGY_BOUND_HELP = "at most 4096 logical CPUs, ids up to 65535"
 
 
 def add_topology_options(parser):
@@ -50,7 +56,7 @@ def add_topology_options(parser):
     g.add_argument("--fsroot", metavar="DIR",
                    help="a Linux filesystem root copied from a machine (DIR/sys, DIR/proc), read as "
                         "`lstopo --input DIR` reads it (none of these four: this machine, the CPUs this "
-                        "process may use)")
+                        f"process may use); every machine: {TOPOLOGY_BOUND_HELP}")
 
 
 def add_size_options(parser, required=True):
@@ -66,9 +72,9 @@ def add_size_options(parser, required=True):
     (4, 2)
     """
     parser.add_argument("-w", "--workers", type=int, required=required,
-                        help="W: the server's worker processes")
+                        help=f"W: the server's worker processes ({SIZE_BOUND_HELP})")
     parser.add_argument("-t", "--threads", type=int, required=required,
-                        help="T: OpenMP threads per worker (its main thread + pool)")
+                        help=f"T: OpenMP threads per worker (its main thread + pool; {SIZE_BOUND_HELP})")
 
 
 def topology_of(args):
@@ -320,14 +326,17 @@ def configs_arg(text):
     >>> configs_arg("1x2, 4X1")
     [(1, 2), (4, 1)]
     """
+    from .._checks import check_size
+
     pairs = []
     for item in text.split(","):
         w, sep, t = item.strip().lower().partition("x")
-        # isascii: str.isdecimal accepts other scripts' digits, which are no worker count.
+        # isascii: str.isdecimal accepts other scripts' digits, which are no worker count; at most 9 digits,
+        # so that int() never meets a number of thousands of digits (check_size bounds the rest).
         if not (sep and w.isdecimal() and t.isdecimal() and w.isascii() and t.isascii()
-                and int(w) > 0 and int(t) > 0):
-            raise TunaError(f"--configs wants WxT pairs like 2x2,4x1, got {item.strip()!r}")
-        pairs.append((int(w), int(t)))
+                and len(w) <= 9 and len(t) <= 9 and int(w) > 0 and int(t) > 0):
+            raise TunaError(f"--configs wants WxT pairs like 2x2,4x1 ({SIZE_BOUND_HELP}), got {item.strip()!r}")
+        pairs.append(check_size(int(w), int(t)))
     return pairs
 
 
@@ -416,3 +425,150 @@ def add_strict_families_option(parser):
                         default="relax",
                         help="when the Tuna families admit no mapping, fail with the conflicting families and "
                              "why, instead of using the nearest (relaxed) mapping")
+
+
+
+def check_measure_options(args, error):
+    """The one check of the options ``run``, ``sweep`` and ``tune`` share, each as the command has it.
+
+    Every count is a positive integer (``--trials``, ``--requests``,
+    ``--concurrency``; ``--seed`` non-negative), ``--max-error-rate`` is a share
+    in [0, 1), ``-w``/``-t`` are bounded (:func:`~tuna_lab._checks.check_size`),
+    the lab server's ``--batch``/``--batches`` fit the rows a request may carry
+    (:func:`~tuna_lab.server.app.max_rows`; checked here, before a request of
+    that many rows is made), and ``--app`` names a Python module. An option a
+    command does not have is skipped; one it has is checked whatever the command.
+
+    Raises
+    ------
+    error
+        The first bad option, in one line.
+
+    Examples
+    --------
+    >>> from argparse import Namespace
+    >>> check_measure_options(Namespace(trials=3, concurrency=0), TunaError)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.TunaError: concurrency must be a positive integer, got 0
+    """
+    from .._checks import check_size, non_negative_int, positive_int
+
+    for name in ("trials", "requests", "concurrency"):
+        if getattr(args, name, None) is not None:
+            positive_int(name, getattr(args, name), error)
+    if getattr(args, "seed", None) is not None:
+        non_negative_int("seed", args.seed, error)
+    rate = getattr(args, "max_error_rate", None)
+    if rate is not None and not 0 <= rate < 1:
+        raise error(f"--max-error-rate must be in [0, 1), got {rate}")
+    if getattr(args, "workers", None) is not None or getattr(args, "threads", None) is not None:
+        check_size(1 if args.workers is None else args.workers, 1 if args.threads is None else args.threads, error)
+    # --app's form is AppTarget's to check (the library refuses it too); the batch is the lab server's.
+    if getattr(args, "app", None) is None and getattr(args, "pid", None) is None:
+        _check_batches(args, error)
+
+
+def _check_batches(args, error):
+    """The lab server's batches against the rows one request may carry, for each model given."""
+    from ..server.app import max_rows
+    from .._checks import positive_int
+    from ..server.models import MODEL_FEATURES
+
+    batches = [args.batch] if getattr(args, "batch", None) is not None else []
+    if getattr(args, "batches", None) is not None:
+        batches = list_arg(args.batches, "--batches", int)
+    models = [args.model] if getattr(args, "model", None) is not None else ["medium"]
+    if getattr(args, "models", None) is not None:
+        models = list_arg(args.models, "--models")
+    for batch in batches:
+        positive_int("batch", batch, error)
+    for model in models:
+        if model not in MODEL_FEATURES:
+            raise error(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
+        try:
+            rows = max_rows(model)
+        except TunaError as exc:
+            raise error(str(exc)) from None
+        big = max(batches, default=0)
+        if big > rows:
+            raise error(f"batch {big} exceeds the server's limit of {rows} rows per request of {model} "
+                        "(TUNA_LAB_MAX_ROWS); use a smaller batch")
+
+
+def target_of(args, error, sweep=False):
+    """The user's server that the options name, checked: None (the lab server), a running one, or an app.
+
+    The one reading of the "your own server" options for ``run``, ``sweep``
+    and ``tune``. Returns None without ``--app``/``--pid`` (and refuses the
+    request options then); for ``--pid`` the checked
+    :class:`~tuna_lab.measure.target.AttachedTarget` (it needs ``--url`` and
+    ``-t``, and keeps its workers); for ``--app`` a function ``(W, T) ->
+    AppTarget``, checked once now (``--url`` refused: the app's requests go to ``--path``).
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+    error : type
+        The calling command's exception.
+    sweep : bool
+        A sweep: ``--pid`` is refused (a running server keeps its W and T).
+    """
+    from ..measure.target import AppTarget, AttachedTarget, Requests
+
+    url = getattr(args, "url", None)
+    if args.app is not None and args.pid is not None:
+        raise error("give --app (a server tuna_lab starts) or --pid (one already running), not both")
+    if args.pid is not None and sweep:
+        raise error("a running server keeps its workers and threads: measure it with `run --pid --url`")
+    if args.app is None and args.pid is None:
+        given = [o for o in ("url", "body", "bodies", "method", "server_timing", "label", "app_dir", "server_conf")
+                 if getattr(args, o, None)] + (["header"] if args.header else []) \
+            + (["path"] if args.path != "/" else [])
+        if given:
+            raise error(f"--{given[0].replace('_', '-')} is for your own server: give --app or --pid too")
+        return None
+    if args.pid is not None:
+        if url is None or args.threads is None:
+            raise error("--pid needs --url (where the running server answers) and -t (its pool threads per worker)")
+        if getattr(args, "workers", None) is not None:
+            raise error("a running server keeps its workers: leave out -w (they are counted)")
+        requests = Requests.from_options(url, args.method, args.header, args.body, args.bodies, args.server_timing)
+        return AttachedTarget(args.pid, url, args.threads, requests, label=args.label,
+                              force=getattr(args, "force", False)).check()
+    if url is not None:
+        raise error("--url is for a running server (--pid); with --app give --path")
+    requests = Requests.from_options(args.path, args.method, args.header, args.body, args.bodies, args.server_timing)
+
+    def target(workers, threads):
+        return AppTarget(args.app, workers, threads, server=args.server, app_dir=args.app_dir,
+                         server_conf=args.server_conf, requests=requests, label=args.label)
+
+    target(1, 1)            # the app, its folder and config are checked before anything runs
+    return target
+
+
+def no_valid_status(lacking):
+    """Exit status 1, with one stderr line, when some promised policy has no valid trial; else 0.
+
+    What ``run``, ``sweep`` and ``tune`` return once their results are
+    printed: something ran, and some policy's every trial failed.
+
+    Parameters
+    ----------
+    lacking : dict of str to list of str
+        ``{cell: [policy, ...]}`` of the policies without a valid trial
+        (:func:`~tuna_lab.measure.store.no_valid_trial`); empty when all have one.
+
+    Examples
+    --------
+    >>> no_valid_status({})
+    0
+    """
+    if not lacking:
+        return 0
+    policies = sorted({p for ps in lacking.values() for p in ps})
+    where = f" (in {len(lacking)} cells)" if len(lacking) > 1 else ""
+    print(f"tuna-lab: error: no valid trial of {', '.join(policies)}{where}: every trial failed "
+          "(the failed: lines and the records say why)", file=sys.stderr)
+    return 1

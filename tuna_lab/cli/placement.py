@@ -71,7 +71,10 @@ def add_parser(subparsers):
     n.add_argument("--policy", default=None, metavar="POLICY", help=policies_help())
     n.add_argument("--plan", default=None, metavar="FILE", help="a plan from `tuna-lab plan` instead of "
                                                                 "--policy/-t")
-    n.add_argument("--force", action="store_true", help="apply a plan made on another machine")
+    n.add_argument("--force", action="store_true",
+                   help="apply a plan made on another machine, or pin the children of a process that is not "
+                        "recognised as a pre-fork server's master (PID 1, or one whose children run another "
+                        "program than it)")
     n.add_argument("--watch", action="store_true",
                    help="stay in the foreground and re-pin replacement workers until Ctrl-C/SIGTERM")
     n.add_argument("--dry-run", action="store_true", help="show what would be bound; bind nothing")
@@ -84,6 +87,8 @@ def add_parser(subparsers):
                                            "pin back (the master's, to threads born since)",
                               epilog="example:\n  tuna-lab unpin --pid MASTER\n")
     u.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
+    u.add_argument("--force", action="store_true",
+                   help="unpin the children of a process that is not recognised as a pre-fork server's master")
     u.add_argument("--json", action="store_true", help="print the report as JSON")
     u.set_defaults(func=_cmd_unpin)
     return [p, n, u]
@@ -116,37 +121,34 @@ def add_traffic_options(parser):
 def traffic_of(args, master):
     """The :class:`~tuna_lab.placement.pin.Activity` of ``--url`` requests to ``master``; None without ``--url``.
 
+    The requests are built as ``run`` builds its own
+    (:meth:`~tuna_lab.measure.requests.Requests.from_options`): a body goes
+    as ``application/json`` unless a ``--header Content-Type:...`` says otherwise.
+
     Raises
     ------
     PinError
-        Options without ``--url``, a malformed header, an unreadable body
-        file, or a request that fails.
+        Options without ``--url``, or a request that fails.
+    TargetError
+        A malformed header, or an unreadable body file.
     """
     from ..errors import PinError
+    from ..measure.requests import Requests
 
     if args.url is None:
         if args.method or args.header or args.body:
             raise PinError("--method, --header and --body describe the requests of --url: give --url too")
         return None
-    headers = []
-    for item in args.header:
-        key, sep, value = item.partition(":")
-        if not sep or not key.strip():
-            raise PinError(f"--header wants NAME:VALUE, got {item!r}")
-        headers.append((key.strip(), value.strip()))
-    body = None
-    if args.body is not None:
-        try:
-            if args.body == "-":
-                body = sys.stdin.buffer.read()
-            else:
-                with open(args.body, "rb") as fh:
-                    body = fh.read()
-        except OSError as exc:
-            raise PinError(f"cannot read --body {args.body}: {exc.strerror or exc}") from None
+    stdin = args.body == "-"
+    requests = Requests.from_options(args.url, args.method or ("POST" if stdin else None), args.header,
+                                     None if stdin else args.body)
+    body = sys.stdin.buffer.read() if stdin else (requests.bodies[0] if requests.bodies else None)
+    headers = list(requests.load_options()["headers"])
+    if body is not None:
+        headers.append(("Content-Type", requests.content_type))
     from ..placement.pin import serve_requests
 
-    return serve_requests(master, args.url, method=args.method, headers=headers, body=body)
+    return serve_requests(master, args.url, method=requests.method, headers=headers, body=body)
 
 
 def plan_for(policy, workers, threads, topology, time_limit=None, on_infeasible="relax"):
@@ -163,8 +165,14 @@ def _cmd_plan(args):
     plan = plan_for(args.policy, args.workers, args.threads, topology_of(args), args.time_limit, args.on_infeasible)
     tids = None
     if args.format == "taskset" and args.pid is not None:
-        from ..placement.pin import server_threads
+        from ..errors import PlanError
+        from ..placement.pin import server_threads, worker_pids
 
+        # Every worker of the server gets a slot: a plan with fewer slots has no CPUs for some.
+        count = len(worker_pids(args.pid))
+        if count != plan.workers:
+            raise PlanError(f"process {args.pid} has {count} child processes (workers) but the plan has "
+                            f"{plan.workers} slots: give -w {count}")
         tids = [{"slot": w["slot"], "rank": t["rank"], "tid": t["tid"]}
                 for w in server_threads(args.pid) for t in w["threads"] if t["role"] != "other"]
     print(plan.render(args.format, tids=tids))
@@ -200,9 +208,9 @@ def _plan_of(args, workers):
 def _cmd_pin(args):
     import threading
 
-    from ..placement.pin import pin_server, watch_server, worker_pids
+    from ..placement.pin import check_server, pin_server, watch_server
 
-    plan = _plan_of(args, worker_pids(args.pid))
+    plan = _plan_of(args, check_server(args.pid, force=args.force))
     # Measured before anything is bound: a request that fails leaves every mask as it was.
     activity = traffic_of(args, args.pid)
     report = pin_server(args.pid, plan, dry_run=args.dry_run, activity=activity)
@@ -224,8 +232,9 @@ def _cmd_pin(args):
 
 
 def _cmd_unpin(args):
-    from ..placement.pin import unpin_server
+    from ..placement.pin import check_server, unpin_server
 
+    check_server(args.pid, force=args.force)
     _show(unpin_server(args.pid), args.json)
     return 0
 

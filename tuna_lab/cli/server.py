@@ -7,9 +7,14 @@ answer in a fraction of a second and load no solver, XGBoost or plotting.
 import json
 
 from ..errors import ServerError
+from ..server.app import MAX_WORK, READ_TIMEOUT
+from ..server.models import MODEL_FEATURES, model_cost
 from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options, check_cpu_quota,
                       client_cpus_of, policies_help, positive_float_arg)
 from .placement import add_traffic_options
+
+#: `serve`'s queue bound: seconds a request may wait for a worker before it is shed with 503.
+DEFAULT_MAX_WAIT = 2.0
 
 __all__ = ["add_parser"]
 
@@ -53,6 +58,21 @@ def add_parser(subparsers):
                         "temporary folder; the path is printed)")
     v.add_argument("--max-requests", type=int, default=0, help="recycle workers after N requests; 0 never does")
     v.add_argument("--request-log", default=None, metavar="DIR", help="per-request JSON lines")
+    v.add_argument("--max-work", type=int, default=None, metavar="N",
+                   help="work bound of one request: its rows x the model's cost (trees x leaves per tree x depth: "
+                        f"{', '.join(f'{model_cost(m)} {m}' for m in MODEL_FEATURES)}); more gets 413 before "
+                        "anything is predicted "
+                        f"(default TUNA_LAB_MAX_WORK, else {MAX_WORK:,}: about 3 s of one CPU)")
+    v.add_argument("--max-wait", type=positive_float_arg, default=DEFAULT_MAX_WAIT, metavar="S",
+                   help="the queue bound: a /predict that waited longer than S seconds for a worker gets 503 with "
+                        f"Retry-After, so that the queue stops growing under overload (default {DEFAULT_MAX_WAIT:g})")
+    v.add_argument("--read-timeout", type=positive_float_arg, default=READ_TIMEOUT, metavar="S",
+                   help="seconds a connection has to send its whole request once a worker takes it; a slower "
+                        f"client is dropped, with 408 if its body is missing (default {READ_TIMEOUT:g})")
+    v.add_argument("--timeout", type=positive_float_arg, default=None, metavar="S",
+                   help="time bound of a request: one running longer is aborted and its worker replaced "
+                        "(Gunicorn's worker timeout, whole seconds; it bounds a worker's warm-up too; default "
+                        "TUNA_LAB_TIMEOUT, else 120)")
     v.add_argument("--ready-timeout", type=positive_float_arg, default=180.0, metavar="S",
                    help="give up when the workers are not ready after S seconds")
     v.add_argument("--detach", action="store_true", help="return once ready; stop with `tuna-lab stop`")
@@ -98,7 +118,9 @@ def _cmd_serve(args):
     server = Server(args.workers, args.threads, model=args.model, policy=args.policy, port=args.port,
                     pidfile=args.pidfile, max_requests=args.max_requests,
                     request_log=args.request_log, places=args.places, wait_policy=args.wait_policy,
-                    spincount=args.spincount, topology=client.server, die_with_parent=not args.detach)
+                    spincount=args.spincount, topology=client.server, die_with_parent=not args.detach,
+                    max_work=args.max_work, max_wait=args.max_wait, read_timeout=args.read_timeout,
+                    request_timeout=args.timeout)
     stopping = []
     if not args.detach:
         # SIGTERM, SIGHUP (a closed terminal) and the death of whoever started us all end the wait
@@ -107,8 +129,13 @@ def _cmd_serve(args):
             signal.signal(sig, lambda *a: stopping.append(1))
         if signal_on_parent_death(signal.SIGHUP) is False:
             stopping.append(1)
-    # Said once the input is known to be good (bad input stays one line).
-    print(f"tuna-lab: {client.describe()}", file=sys.stderr, flush=True)
+    # Said once the input is known to be good (bad input stays one line). serve runs no load
+    # generator: it says which CPUs are kept for the user's own, if any.
+    if client.reserved:
+        print(f"tuna-lab: {client.describe()}", file=sys.stderr, flush=True)
+    else:
+        print(f"tuna-lab: the server may use CPUs {format_cpulist(client.server.cpus)}, all this process may; "
+              "--client-cpus LIST keeps some free for a load generator", file=sys.stderr, flush=True)
     server.start(ready_timeout=args.ready_timeout)
     print(f"serving {server.url} (policy {args.policy}, {args.workers} workers x {args.threads} threads, "
           f"model {args.model}); pidfile {server.pidfile}", flush=True)
@@ -185,5 +212,7 @@ def _status_of_pid(args):
 def _cmd_stop(args):
     from ..server.launch import stop
 
-    stop(args.pidfile)
+    done = stop(args.pidfile)
+    print(f"stopped the server at {done['url']} (master {done['master']}, policy {done['policy']}, "
+          f"{done['workers']} workers x {done['threads']} threads, model {done['model']})", flush=True)
     return 0

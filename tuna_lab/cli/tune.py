@@ -67,6 +67,9 @@ def add_parser(subparsers):
     t.add_argument("--pid", type=int, default=None, metavar="MASTER",
                    help="a server already running (with --url and -t): only the policies are searched")
     t.add_argument("--url", default=None, help="with --pid: where the requests go (a loopback URL)")
+    t.add_argument("--force", action="store_true",
+                   help="with --pid: search the children of PID 1 or of a process that is no recognised pre-fork "
+                        "master (refused otherwise)")
     t.add_argument("-t", "--threads", type=int, default=None, help="with --pid: pool threads per worker")
     t.add_argument("--path", default="/", help="with --app: the requests' path")
     t.add_argument("--method", default=None, help="the requests' HTTP method")
@@ -80,38 +83,36 @@ def add_parser(subparsers):
 
 
 def _target(args):
-    """The user's target the options name (None: the lab server), checked."""
-    from ..errors import TuneError
-    from ..measure.target import AppTarget, AttachedTarget, Requests
+    """The user's target the options name (None: the lab server), read as ``run`` and ``sweep`` read it.
 
-    if args.app is not None and args.pid is not None:
-        raise TuneError("give --app (a server tuna_lab starts) or --pid (one already running), not both")
-    if args.app is None and args.pid is None:
-        given = [o for o in ("url", "body", "bodies", "method", "server_timing", "label", "threads")
-                 if getattr(args, o) is not None]
-        if given or args.header:
-            option = "--" + (given[0] if given else "header").replace("_", "-")
-            raise TuneError(f"{option} is for your own server: give --app or --pid too")
-        return None
-    if args.pid is not None:
-        if args.url is None or args.threads is None:
-            raise TuneError("--pid needs --url (where it answers) and -t (its pool threads per worker)")
-        requests = Requests.from_options(args.url, args.method, args.header, args.body, args.bodies,
-                                         args.server_timing)
-        return AttachedTarget(args.pid, args.url, args.threads, requests, label=args.label).check()
-    if args.url is not None or args.threads is not None:
-        raise TuneError("with --app, W and T are searched (--configs) and the path is --path: leave out --url and -t")
-    requests = Requests.from_options(args.path, args.method, args.header, args.body, args.bodies, args.server_timing)
-    # W and T are placeholders: each candidate's run starts the app with its own.
-    return AppTarget(args.app, 1, 1, server=args.server, app_dir=args.app_dir, server_conf=args.server_conf,
-                     requests=requests, label=args.label)
+    For ``--app`` the function ``(W, T) -> AppTarget`` is called with
+    placeholders: each candidate's run starts the app with its own W and T.
+    """
+    from ..errors import TuneError
+    from .options import target_of
+
+    if args.app is not None and args.threads is not None:
+        raise TuneError("with --app, W and T are searched (--configs): leave out -t")
+    target = target_of(args, TuneError)
+    return target(1, 1) if args.app is not None else target
+
+
+def _unmeasured(result):
+    """``{"tune": [policy, ...]}``: the policies none of whose candidates had a step measured (or ``{}``)."""
+    if result is None or not len(result.table):
+        return {}
+    measured = {row.policy for row in result.table.itertuples()
+                if any(s.n and not s.error for s in result.steps.get(row.candidate, ()))}
+    lacking = sorted(set(result.table["policy"]) - measured)
+    return {"tune": lacking} if lacking else {}
 
 
 def _cmd_tune(args):
-    from ..errors import TuneError
-    from ..measure.tune import parse_duration, tune
-    from .options import configs_arg, policies_arg
+    from ..errors import TuneError, UnmeetableTargetError
+    from ..measure.tune import parse_duration
+    from .options import check_measure_options, configs_arg, no_valid_status
 
+    check_measure_options(args, TuneError)
     sla = parse_duration(args.sla_p99, "--sla-p99")
     budget = parse_duration(args.budget, "--budget")
     if not 0 < args.confidence < 1:
@@ -122,13 +123,27 @@ def _cmd_tune(args):
     if args.pid is not None and args.configs != "auto":
         raise TuneError("a running server keeps its W and T: leave out --configs (only policies are searched)")
     configs = "auto" if args.configs.strip() == "auto" else configs_arg(args.configs)
-    result = tune(sla, configs=configs, policies=policies_arg(args.policies),
-                  wait_policies=[w for w in args.wait_policies.split(",") if w], model=args.model,
-                  batch=args.batch, target=target, budget=budget, out=args.out, client_cpus=args.client_cpus,
-                  seed=args.seed, rounds=args.rounds, step_seconds=args.step_seconds, confidence=args.confidence,
-                  progress=lambda line: print(line, file=sys.stderr, flush=True))
+    try:
+        result = _tune(args, sla, budget, configs, target)
+    except UnmeetableTargetError as exc:
+        # Nothing measured at all is a failed run (exit 1), not a target too tight (exit 2).
+        if no_valid_status(_unmeasured(exc.result)):
+            return 1
+        raise
     if args.json:
         print(json.dumps(result.to_dict(), allow_nan=False, default=str))
-        return 0
-    print(result.to_text())
-    return 0
+    else:
+        print(result.to_text())
+    return no_valid_status(_unmeasured(result))
+
+
+def _tune(args, sla, budget, configs, target):
+    """:func:`~tuna_lab.measure.tune.tune` with the options, its progress on stderr."""
+    from ..measure.tune import tune
+    from .options import policies_arg
+
+    return tune(sla, configs=configs, policies=policies_arg(args.policies),
+                wait_policies=[w for w in args.wait_policies.split(",") if w], model=args.model,
+                batch=args.batch, target=target, budget=budget, out=args.out, client_cpus=args.client_cpus,
+                seed=args.seed, rounds=args.rounds, step_seconds=args.step_seconds, confidence=args.confidence,
+                progress=lambda line: print(line, file=sys.stderr, flush=True))

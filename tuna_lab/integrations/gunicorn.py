@@ -35,6 +35,13 @@ What each worker does:
 The master is never pinned. Only Gunicorn's ``sync`` worker class is
 supported; any other is refused when the first worker starts.
 
+The hooks keep their state (the plan, the slot locks, each worker's slot
+record) in ``$TMPDIR/tuna_lab-gunicorn-UID-MASTER-START``, made whole by the
+first worker's ``post_fork`` as the master's user and refused if anyone else
+made it. Under Gunicorn's ``user =`` it stays the master's user's (root's):
+only its ``records`` subfolder is handed to the workers' user, so that user
+can plant no link where ``post_fork`` writes as root.
+
 If your config already defines one of these hooks, call ours from yours::
 
     from tuna_lab.integrations import gunicorn as tuna_lab_hooks
@@ -94,62 +101,65 @@ def configure(policy=None, threads=None, plan=None, force=False):
 def _refuse(server, message):
     # Every worker of the first batch refuses, but one line in the log says it:
     # the first to create the marker writes it, with Gunicorn's own logger.
+    from .._files import open_new
+    from ..errors import TunaError
+
     try:
-        os.close(os.open(os.path.join(_run_dir(server.pid, _owner(server)), "refused"),
-                         os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o600))
+        os.close(open_new(os.path.join(_run_dir(server.pid, _owner(server)), "refused")))
     except FileExistsError:
         sys.exit(_BOOT_ERROR)
+    except (TunaError, OSError):
+        pass                                           # no folder to mark: each worker says it
     server.log.error("tuna_lab: %s", message)
     sys.exit(_BOOT_ERROR)
 
 
 def _run_dir(master, owner=None):
-    """The hooks' state folder for ``master``: created 0700 if absent, refused unless it is trusted.
+    """The hooks' state folder for ``master``: made now if absent, refused unless this server made it.
 
-    ``owner`` is ``(uid, gid)`` of Gunicorn's ``user``/``group`` when the
-    workers drop to them: the folder is then theirs (a worker writes its
-    slot record after the drop), and the master's user may still use it.
+    Runs in ``post_fork``, with the master's effective user (root, when
+    Gunicorn's ``user``/``group`` drop the workers to another). The folder
+    is that user's for its whole life, so that no other user (the workers'
+    included) can plant a link where the hooks write as root; only its
+    ``records`` subfolder is handed to ``owner`` (``(uid, gid)`` of the
+    workers' user, or None), for the slot records a worker writes after the
+    drop. It is made whole under a temporary name - marker
+    (:func:`~tuna_lab.placement.pin.hook_mark`) and subfolder included -
+    then renamed into place: a folder at the name without this server's
+    marker was made by someone else, and is refused whoever owns it.
     """
-    from ..errors import PlanError
-    from ..placement.pin import hook_dir, trusted_hook_dir
-
-    path = hook_dir(master)
-    if not os.path.lexists(path):
-        _remove_stale(path)
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass                                   # another worker made it meanwhile: checked below
-        else:
-            if owner is not None and owner[0] != os.geteuid():
-                os.chown(path, owner[0], owner[1])
-    owners = {os.geteuid()} | ({owner[0]} if owner is not None else set())
-    if not trusted_hook_dir(path, owners):
-        raise PlanError(f"refusing the state folder {path}: it is not a folder of this server's user that "
-                        "only they may write (another user may have created it); remove it and restart")
-    return path
-
-
-def _remove_stale(path):
-    """Remove the state of this user's earlier servers whose master is gone (it would pile up in /tmp)."""
-    import glob
     import shutil
+    import tempfile
 
     import psutil
 
-    from ..placement.pin import hook_dir, trusted_hook_dir
+    from .._files import open_new
+    from ..errors import PlanError
+    from ..placement.pin import HOOK_MARK, HOOK_RECORDS, hook_dir, hook_dir_problem, hook_mark, remove_dead_state
 
-    prefix = path.rsplit("-", 2)[0]                            # .../tuna_lab-gunicorn-<uid>
-    for old in glob.glob(f"{glob.escape(prefix)}-*-*"):
-        if not trusted_hook_dir(old, {os.geteuid()}):
-            continue                                           # not ours: never touched
+    path = hook_dir(master)
+    if not os.path.lexists(path):
+        remove_dead_state("gunicorn", psutil.Process(master).uids().real)     # hook_dir's user
+        new = tempfile.mkdtemp(prefix=os.path.basename(path) + ".", dir=os.path.dirname(path))
         try:
-            master = int(old.rsplit("-", 2)[1])
-            alive = hook_dir(master) == old
-        except (ValueError, psutil.Error):
-            alive = False
-        if not alive:
-            shutil.rmtree(old, ignore_errors=True)
+            fd = open_new(os.path.join(new, HOOK_MARK), mode=0o644)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(hook_mark(master))
+            records = os.path.join(new, HOOK_RECORDS)
+            os.mkdir(records, 0o700)
+            if owner is not None:
+                os.chown(records, owner[0], owner[1])
+                os.chmod(new, 0o711)                   # the workers' user may pass through, not list or write
+            os.rename(new, path)
+        except OSError:
+            pass                                       # another worker's came first (or failed): checked below
+        finally:
+            shutil.rmtree(new, ignore_errors=True)
+    why = hook_dir_problem(path, master, os.geteuid())
+    if why:
+        raise PlanError(f"refusing the state folder {path}: {why}; another user may have created it "
+                        "at this name - remove it and restart the server")
+    return path
 
 
 def _owner(server):
@@ -161,10 +171,14 @@ def _owner(server):
 
 
 def _record(slot, exact_main):
-    """Say which slot this worker holds and how its main thread is bound, for `tuna-lab status/pin --pid`."""
-    from ..placement.pin import write_hook_record
+    """Say which slot this worker holds and how its main thread is bound, for `tuna-lab status/pin --pid`.
 
-    write_hook_record(_worker["run_dir"], slot, os.getpid(), exact_main)
+    Called after Gunicorn dropped the worker to its ``user``: written as that
+    user, into the subfolder it was handed.
+    """
+    from ..placement.pin import HOOK_RECORDS, write_hook_record
+
+    write_hook_record(os.path.join(_worker["run_dir"], HOOK_RECORDS), slot, os.getpid(), exact_main)
 
 
 def _make_plan(workers):
@@ -193,7 +207,7 @@ def _make_plan(workers):
                                "--policy", policy, "--format", "json"], capture_output=True, text=True)
         if done.returncode != 0:
             raise PlanError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "tuna-lab plan failed")
-        return Plan.from_dict(json.loads(done.stdout))
+        return Plan.read(done.stdout)
     return placement(policy, workers, threads, here).plan()
 
 
@@ -202,18 +216,18 @@ def _shared_plan(run_dir, workers):
     from ..placement.plan import Plan
 
     path = os.path.join(run_dir, "plan.json")
+    # The folder is the master's user's alone (see _run_dir): nothing else can be at these names.
     fd = os.open(os.path.join(run_dir, "plan.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if os.path.exists(path):
+        if os.path.lexists(path):
             # Made by this server's first worker; still checked against this machine, as any plan is.
             from ..machine import topology_from
 
-            return Plan.read(path).check_machine(topology_from(None),
-                                                 force=os.environ.get("TUNA_LAB_FORCE") == "1")
+            return Plan.read(path, follow=False).check_machine(topology_from(None),
+                                                               force=os.environ.get("TUNA_LAB_FORCE") == "1")
         plan = _make_plan(workers)
-        plan.write(path + ".tmp")
-        os.replace(path + ".tmp", path)
+        plan.write(path)
         return plan
 
 
@@ -265,8 +279,6 @@ def post_fork(server, worker):
         exact = True
     _worker.update(slot=slot, lock=fd, exact_main=exact, plan=plan, run_dir=run_dir)
     worker.tuna_slot = slot
-    if slot is not None:
-        _record(slot, False)
 
 
 def post_worker_init(worker):
@@ -284,6 +296,8 @@ def post_worker_init(worker):
         log.warning("tuna_lab: worker %s has no slot (more workers than the plan's %s?): left unpinned",
                     pid, plan.workers if plan else "?")
         return
+    # Recorded now, as the workers' user (post_fork runs as the master's: it writes no record).
+    _record(slot, False)
     if plan.pinned_by == PinnedBy.NONE:
         log.info("tuna_lab: worker %s slot %s: policy %s pins nothing", pid, slot, plan.policy)
         return
@@ -308,12 +322,15 @@ def post_worker_init(worker):
 
 def child_exit(server, worker):
     """Gunicorn hook (master, a worker exited): its slot's lock is free for the replacement."""
-    from ..errors import TunaError
+    import psutil
+
+    from ..placement.pin import hook_dir, hook_dir_problem
 
     try:
-        if os.path.exists(os.path.join(_run_dir(server.pid, _owner(server)), "refused")):
-            return                                     # the server is stopping: no replacement comes
-    except (TunaError, OSError):
-        return                                         # the workers say why; the master goes on
+        path = hook_dir(server.pid)
+        if hook_dir_problem(path, server.pid, os.geteuid()) or os.path.lexists(os.path.join(path, "refused")):
+            return                                     # the workers say why, and the server is stopping
+    except (psutil.Error, OSError):
+        return
 
     server.log.info("tuna_lab: worker %s exited; its slot goes to its replacement", worker.pid)

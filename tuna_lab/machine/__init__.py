@@ -10,7 +10,8 @@ reader that builds one has a module of its own - :mod:`~tuna_lab.machine.sysfs`
 into one. :class:`Limits` (:mod:`~tuna_lab.machine.limits`) is what this
 process may really use - CPUs, cgroup cpuset, CPU quota - and the CPU count
 to size by; :mod:`~tuna_lab.machine.linuxfs` reads the kernel files both
-rely on. :mod:`tuna_lab.machine.numa` reads a process's NUMA locality.
+rely on. :mod:`tuna_lab.machine.numa` reads a process's NUMA locality, and
+:mod:`~tuna_lab.machine.procfs` when a process started and whether it still runs.
 """
 
 import lazy_loader as _lazy
@@ -19,7 +20,7 @@ __all__ = ["Topology", "PRESETS", "DEFAULT_COSTS", "THIS_MACHINE", "topology_fro
 
 __getattr__, __dir__, _ = _lazy.attach(
     __name__,
-    submodules=["numa", "sysfs", "hwloc_xml", "synthetic", "readers", "linuxfs", "limits"],
+    submodules=["numa", "sysfs", "hwloc_xml", "synthetic", "readers", "linuxfs", "limits", "procfs"],
     submod_attrs={
         "topology": ["Topology", "DEFAULT_COSTS"],
         "synthetic": ["PRESETS"],

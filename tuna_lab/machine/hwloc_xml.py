@@ -24,6 +24,8 @@ from pathlib import Path
 import lazy_loader as _lazy
 import numpy as np
 
+from .. import _files
+from .._checks import MAX_CPU_ID, MAX_LOGICAL_CPUS
 from ..errors import TopologyError
 from .readers import CACHE_LEVELS, Reading
 
@@ -75,9 +77,15 @@ def read_hwloc_xml(path) -> Reading:
         elif (level := _cache_level(obj)) is not None:
             ctx[level] = next(counter)
         elif kind == "PU":
-            if not _decimal(obj.get("os_index")):
+            index = obj.get("os_index")
+            if not _decimal(index):
                 raise TopologyError(f"{name}: PU without a valid os_index")
-            pus.append((int(obj.get("os_index")), ctx))
+            # Bounded as they are met: no list of a million PUs, no id that overflows later.
+            if len(index) > 6 or int(index) > MAX_CPU_ID:
+                raise TopologyError(f"{name}: PU os_index {index[:24]} is above {MAX_CPU_ID}")
+            if len(pus) == MAX_LOGICAL_CPUS:
+                raise TopologyError(f"{name}: more than the {MAX_LOGICAL_CPUS} PUs a topology may have")
+            pus.append((int(index), ctx))
             return None
         # hwloc v2: NUMA nodes hang below the object whose CPUs they serve.
         memory = _numa_child(obj)
@@ -103,7 +111,8 @@ def read_hwloc_xml(path) -> Reading:
     own = {kind: [c.get(kind, ("own", n)) for n, c in enumerate(ctxs)] for kind in ("core", *CACHE_LEVELS)}
     caches = {lv: own[lv] for lv in CACHE_LEVELS if any(lv in c for c in ctxs)}
     nodes = [c.get("numa") for c in ctxs]
-    os_ids = [int(n) for n in nodes] if all(_decimal(n) for n in nodes) else None
+    # hwloc's os_index is 32 bits: a longer one is no id of a node.
+    os_ids = [int(n) for n in nodes] if all(_decimal(n) and len(n) <= 9 for n in nodes) else None
     # Without OS ids for the nodes, a latency matrix cannot be matched to them.
     return Reading(name, tuple(sorted(ids)), own["core"], [c.get("package") for c in ctxs], nodes, caches,
                    numa_os_index=os_ids, numa_latency=None if os_ids is None else _numa_latency(root))
@@ -116,7 +125,12 @@ def _parse(path):
     elif hasattr(path, "read"):
         name, source = Path(str(getattr(path, "name", "hwloc XML"))).name, path
     else:
-        name, source = Path(path).name, path
+        name = Path(path).name
+        # Without blocking on a FIFO, a regular file only, at most _files.MAX_FILE_BYTES.
+        try:
+            source = io.BytesIO(_files.read_bytes(path, error=TopologyError))
+        except FileNotFoundError as exc:
+            raise TopologyError(f"{name}: cannot read hwloc XML ({exc.strerror})") from None
     try:
         root = ET.parse(source).getroot()
     except ET.ParseError as exc:
@@ -179,7 +193,7 @@ def _numa_latency(root):
                   if o.get("type") == "NUMANode"}
             indexes = [gp.get(i, "?") for i in indexes]
         n = len(indexes)
-        if n >= 2 and len(values) == n * n and all(_decimal(i) for i in indexes) \
+        if n >= 2 and len(values) == n * n and all(_decimal(i) and len(i) <= 9 for i in indexes) \
                 and all(_decimal(v) for v in values):
             return [int(i) for i in indexes], np.array(values, dtype=float).reshape(n, n)
     for obj in root.iter("object"):
@@ -192,6 +206,6 @@ def _numa_latency(root):
                 matrix = np.array(values, dtype=float).reshape(n, n)
             except ValueError:
                 continue
-            if n >= 2 and str(n) == dist.get("nbobjs", str(n)) and all(_decimal(i) for i in nodes):
+            if n >= 2 and str(n) == dist.get("nbobjs", str(n)) and all(_decimal(i) and len(i) <= 9 for i in nodes):
                 return [int(i) for i in nodes], matrix
     return (), None

@@ -24,13 +24,19 @@ True
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from .. import _files
 from .._checks import parse_cpulist, parse_cpumask
+from ..errors import TopologyError
 
-__all__ = ["read_text", "read_cpulist", "read_cpumask", "online_cpus", "Mount", "mounts", "cgroup_dir",
-           "cgroup_cpuset", "cgroup_cpu_quota"]
+__all__ = ["MAX_KERNEL_FILE", "read_text", "read_cpulist", "read_cpumask", "online_cpus", "Mount", "mounts",
+           "cgroup_dir", "cgroup_cpuset", "cgroup_cpu_quota"]
+
+#: Largest kernel file read (``/proc/cpuinfo`` of 4096 CPUs is about 6 MB; a sysfs attribute is a page).
+MAX_KERNEL_FILE = 16 << 20
 
 _CPU_DIR = re.compile(r"cpu(\d+)")
 _OCTAL = re.compile(r"\\([0-7]{3})")
@@ -44,7 +50,18 @@ _MARKERS = {
 
 
 def read_text(path):
-    """Text of a small kernel file up to its first NUL byte, stripped; None if it cannot be read.
+    """Text of a small kernel file up to its first NUL byte, stripped; None if it is missing or unreadable.
+
+    Read as :func:`tuna_lab._files.read_bytes` reads (without blocking, a
+    regular file, at most :data:`MAX_KERNEL_FILE` bytes): in a copied root,
+    a FIFO, a device (``/dev/zero``) or an oversized file where a kernel file
+    should be is refused, not waited on or read forever. sysfs and procfs
+    files are regular files, so the live machine reads as before.
+
+    Raises
+    ------
+    TopologyError
+        The path is not a regular file, or is larger than :data:`MAX_KERNEL_FILE`.
 
     Examples
     --------
@@ -52,12 +69,20 @@ def read_text(path):
     True
     >>> read_text("/no/such/file") is None
     True
+    >>> read_text("/dev/zero")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.TopologyError: /dev/zero is not a regular file (a character device); refusing to read it
     """
+    # Missing, unreadable or a folder is "no such file", as hwloc takes it; what is there but no
+    # regular file is refused by the read itself (the check and the read are one open).
     try:
-        text = Path(path).read_text(errors="replace")
-    except (OSError, ValueError):
+        if stat.S_ISDIR(os.stat(path).st_mode) or not os.access(path, os.R_OK):
+            return None
+        data = _files.read_bytes(path, limit=MAX_KERNEL_FILE, error=TopologyError)
+    except OSError:
         return None
-    return text.split("\x00", 1)[0].strip()
+    return data.decode(errors="replace").split("\x00", 1)[0].strip()
 
 
 def read_cpulist(path):

@@ -22,6 +22,7 @@ import re
 
 import numpy as np
 
+from .._checks import MAX_CPU_ID, MAX_LOGICAL_CPUS, check_cpus
 from ..errors import TopologyError
 from .readers import CACHE_LEVELS, Reading
 
@@ -51,8 +52,6 @@ _PRESET_SPECS = {
     "epyc-9965-2s": "pack:2 numa:1 l3:12 l2:16 l1:1 core:1 pu:2",
 }
 
-_MAX_SYNTHETIC_PUS = 1 << 16  # more is surely a typo, and would allocate huge arrays
-
 # Position of each non-NUMA synthetic level from the top; levels must appear in
 # this order. NUMA nodes may sit anywhere above the PUs (per package, per L3,
 # or above the packages), as on real machines.
@@ -78,7 +77,7 @@ def read_synthetic(spec) -> Reading:
     ------
     TopologyError
         An empty or malformed spec, an unknown type, levels out of order, or
-        more than 65536 PUs.
+        more than 4096 PUs (:data:`~tuna_lab._checks.MAX_LOGICAL_CPUS`).
 
     Examples
     --------
@@ -160,9 +159,10 @@ def _parse(spec):
                                 "(order: package, l4, l3, l2, l1, core, pu)")
     n_pus = 1
     for _, arity, _ in levels:
+        # Checked level by level: the product of a long spec's arities is never computed whole.
         n_pus *= arity
-        if n_pus > _MAX_SYNTHETIC_PUS:
-            raise TopologyError(f"synthetic spec {spec!r}: more than {_MAX_SYNTHETIC_PUS} PUs")
+        if n_pus > MAX_LOGICAL_CPUS:
+            raise TopologyError(f"synthetic spec {spec!r}: more than the {MAX_LOGICAL_CPUS} PUs a topology may have")
     return levels
 
 
@@ -174,7 +174,13 @@ def _indexes(spec, attributes, n_pus):
             if not re.fullmatch(r"\d+(,\d+)*", value):
                 raise TopologyError(f"synthetic spec {spec!r}: only explicit PU index lists "
                                     "(indexes=0,2,1,3) are supported")
-            ids = [int(x) for x in value.split(",")]
+            digits = value.split(",")
+            # Longer than any id we accept, and int() refuses over 4300 digits: refused as text.
+            big = next((x for x in digits if len(x) > len(str(MAX_CPU_ID))), None)
+            if big is not None:
+                raise TopologyError(f"synthetic spec {spec!r}: CPU id {big[:24]} is above {MAX_CPU_ID}")
+            ids = [int(x) for x in digits]
+            check_cpus(ids, f"synthetic spec {spec!r}")
             if len(ids) != n_pus or len(set(ids)) != n_pus:
                 raise TopologyError(f"synthetic spec {spec!r}: indexes must list {n_pus} distinct PU ids")
             return ids

@@ -46,6 +46,7 @@ import re
 import warnings
 from pathlib import Path
 
+from .._checks import check_cpus
 from ..errors import TopologyError, TopologyWarning
 from .linuxfs import cgroup_cpuset, online_cpus, read_cpulist, read_cpumask, read_text
 from .readers import CACHE_LEVELS, THIS_MACHINE, Reading
@@ -151,6 +152,8 @@ def _read(name, cpu_dir, node_dir, fsroot, allowed, strict):
     # hwloc reads the online CPUs the kernel gives topology information for,
     # builds their domains, and only then drops the CPUs the process may not use.
     online = [c for c in online_cpus(cpu_dir) if (cpu_dir / f"cpu{c}" / "topology").is_dir()]
+    # Bounded before a file per CPU is read.
+    check_cpus(online, str(cpu_dir))
     keep = online
     if allowed is not None:
         allowed = {int(c) for c in allowed}

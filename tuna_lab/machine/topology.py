@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._checks import check_cpus
 from ..errors import TopologyError
 from . import hwloc_xml, synthetic, sysfs
 from .readers import CACHE_LEVELS
@@ -97,6 +98,8 @@ class Topology:
         cpus = tuple(int(c) for c in self.cpus)
         if not cpus:
             raise TopologyError(f"{self.name}: a topology needs at least one logical core")
+        # The readers bound what they read; this bounds a topology built any other way.
+        check_cpus(cpus, self.name)
         if min(cpus) < 0 or any(a >= b for a, b in zip(cpus, cpus[1:])):
             raise TopologyError(f"{self.name}: cpus must be distinct non-negative ids in ascending order")
         caches = dict(self.caches or {})

@@ -46,12 +46,14 @@ Examples
 """
 
 import contextlib
+import hashlib
 import inspect
 import io
 import json
 import os
 import platform
 import queue
+import re
 import time
 import uuid
 from collections import deque
@@ -67,7 +69,7 @@ from . import schema
 from .experiment import Result, check_policies, run
 from .store import finished_keys, machine_name, write_cell
 
-__all__ = ["MACHINE_RESOURCE", "WORKER_COMMAND", "connect", "describe_machine", "sweep_on"]
+__all__ = ["MACHINE_RESOURCE", "WORKER_COMMAND", "connect", "describe_machine", "machine_folder", "sweep_on"]
 
 #: The Dask worker resource that marks a worker as a whole measuring machine; every cell needs one.
 MACHINE_RESOURCE = "machine"
@@ -79,6 +81,35 @@ WORKER_COMMAND = "dask worker {address} --nthreads 1 --nworkers 1 --resources ma
 # LocalCluster's machine, which measures too).
 _TICK = 1.0
 _LOOK = 2.0
+# A machine's folder name: these characters only, at most this long (a hostname is at most 64).
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_FOLDER_CHARS = 64
+
+
+def machine_folder(name):
+    """The folder of a machine that a worker reports as ``name``: one safe path component, always.
+
+    The one rule for every place a machine name becomes a path. A worker
+    says what it likes: a name that is not made of letters, digits, ``_``,
+    ``.`` and ``-`` (``"../../x"``, ``"a/b"``), that starts with a dot or a
+    dash, is empty or longer than 64 characters is cut to those characters
+    and given a digest of the whole name, so that two names never share a folder.
+
+    Examples
+    --------
+    >>> machine_folder("node7-3fb3535c")
+    'node7-3fb3535c'
+    >>> machine_folder("../../x")
+    'x-9cdf6a50'
+    >>> "/" in machine_folder("a/b"), len(machine_folder("x" * 300)) <= 64
+    (False, True)
+    """
+    text = "" if name is None else str(name)
+    safe = _UNSAFE.sub("_", text).lstrip(".-_")
+    if safe and safe == text and len(safe) <= _FOLDER_CHARS:
+        return safe
+    digest = hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:8]
+    return f"{safe[:_FOLDER_CHARS - 9] or 'machine'}-{digest}"
 
 
 @contextlib.contextmanager
@@ -116,6 +147,10 @@ def connect(address, timeout=10):
         from distributed import Client, LocalCluster
     except ImportError:
         raise ExperimentError("a sweep on a cluster needs Dask distributed: pip install 'tuna_lab[cluster]'") from None
+    if address != "local":
+        # A malformed address is said before a Client exists: a Client that failed to start waits 20 s
+        # in its __del__ at exit, then prints a traceback.
+        _check_address(address)
     cluster = None
     try:
         if address == "local":
@@ -137,6 +172,19 @@ def connect(address, timeout=10):
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _check_address(address):
+    """Raise :class:`ExperimentError` (one line) when Dask cannot parse ``address`` as a scheduler's."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(address)
+        if scheme in ("tcp", "tls"):
+            parse_host_port(location)
+    except (ValueError, TypeError) as exc:
+        raise ExperimentError(f"--cluster {address!r} is not a scheduler address such as tcp://host:8786: "
+                              f"{one_line(exc)}") from None
 
 
 def _refused_at_once(address):
@@ -583,7 +631,8 @@ class _Sweep:
             self._join(address, info)
 
     def _join(self, address, info):
-        name = info["machine"]
+        # The worker's word for its name becomes a folder: made safe here, where it enters.
+        name = machine_folder(info.get("machine"))
         # A machine's kind is its shape (its topology up to the CPU ids): a worker of an older tuna_lab has none.
         kind = info.get("shape") or info["fingerprint"]
         if self.reference is None:

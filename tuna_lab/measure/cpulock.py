@@ -15,20 +15,23 @@ two waiting measurements cannot block each other for ever.
 
 Where the lock files live, and why they cannot be used against us:
 
-* ``/run/lock/tuna-lab/`` (shared by every user, so that two users'
-  measurements exclude each other too): created world-writable and sticky,
-  like ``/tmp``; a folder there that another user owns, or that others may
-  write without the sticky bit, is refused rather than used.
-* Where ``/run/lock`` is missing or not writable, a folder of the user's
-  own: ``$XDG_RUNTIME_DIR/tuna-lab``, else ``<tmp>/tuna-lab-<uid>``, mode
-  0700 and checked to be the user's. Its locks exclude the user's own
-  measurements only.
-* A lock file is opened read-only with ``O_NOFOLLOW`` and must be a regular
-  file: a symbolic link planted in its place is refused, and since nothing is
-  ever written to a lock file, a hard link to some other file gains nothing.
-  A lock file another user created (or holds locked) can at worst make a
-  measurement wait, then refuse - never write, follow or delete anything.
-  ``TUNA_LAB_LOCK_DIR`` names another folder (checked the same way).
+* A folder of the user's own, mode 0700, that no one else may write: the
+  first of ``TUNA_LAB_LOCK_DIR``; ``$XDG_RUNTIME_DIR/tuna-lab`` (when that
+  runtime folder is the user's and private); ``/run/lock/tuna-lab-<uid>``
+  (when ``/run/lock`` is there and writable); ``<tmp>/tuna-lab-<uid>``. It
+  is created 0700 if missing, and refused with one line if what is there is
+  not the user's private folder (another user's, a link, a file, a folder
+  others may write): never used, never followed. **So the locks exclude
+  the user's own measurements only**: two users measuring on one machine
+  at once are not kept apart (a folder every user could write is a folder
+  every user could plant a FIFO or a link in); users who share a machine
+  for measurements must take turns, or measure as one user.
+* A lock file is opened read-only, ``O_NOFOLLOW`` and ``O_NONBLOCK``, and
+  must be a regular file: a symbolic link in its place is refused, and a
+  FIFO (which a blocking open would wait on for ever) opens at once and is
+  refused. Nothing is ever written to a lock file. Whatever is in the
+  folder, a measurement waits at most ``TUNA_LAB_CPU_LOCK_WAIT`` seconds
+  (``flock`` is only ever tried without blocking), then fails with one line.
 
 Examples
 --------
@@ -46,71 +49,57 @@ import time
 import warnings
 
 from .._checks import format_cpulist
+from .._files import file_kind, private_dir, trusted_dir
 from ..errors import ExperimentError
 
 __all__ = ["lock_cpus", "lock_dir", "LOCK_WAIT_VAR"]
 
 #: Seconds a measurement waits for CPUs another one holds (default 3600; 0: refuse at once).
 LOCK_WAIT_VAR = "TUNA_LAB_CPU_LOCK_WAIT"
-_SHARED = "/run/lock"
+_RUN_LOCK = "/run/lock"
 _POLL = 0.2
 
 
-def _trusted(path, shared):
-    """Why the folder ``path`` may not hold our locks (None when it may)."""
-    try:
-        st = os.lstat(path)
-    except OSError as exc:
-        return f"cannot be read ({exc.strerror})"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a folder (a symbolic link, or a file)"
-    if st.st_uid not in (0, os.getuid()):
-        return f"belongs to another user (uid {st.st_uid})"
-    others_write = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    if others_write and not (shared and st.st_mode & stat.S_ISVTX):
-        return "may be written by others and is not sticky"
-    return None
-
-
-def _make(path, shared):
-    """Create the lock folder ``path`` if missing; raise if what is there cannot be trusted."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(path, 0o700)
-        if shared:
-            # Every user's measurements meet here: writable by all, and sticky so none can remove another's files.
-            os.chmod(path, 0o1777)
-    why = _trusted(path, shared)
-    if why:
-        raise ExperimentError(f"the CPU lock folder {path} {why}; remove it, or set TUNA_LAB_LOCK_DIR to a "
-                              "folder of your own")
-    return path
+def _candidates():
+    """The lock folders to use, best first, as ``(path, where it comes from)``: see the module's text."""
+    uid = os.geteuid()
+    given = os.environ.get("TUNA_LAB_LOCK_DIR")
+    if given:
+        return os.path.abspath(given), "TUNA_LAB_LOCK_DIR"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and not trusted_dir(runtime, {uid}):
+        return os.path.join(runtime, "tuna-lab"), "XDG_RUNTIME_DIR"
+    if os.path.isdir(_RUN_LOCK) and os.access(_RUN_LOCK, os.W_OK | os.X_OK):
+        return os.path.join(_RUN_LOCK, f"tuna-lab-{uid}"), _RUN_LOCK
+    return os.path.join(tempfile.gettempdir(), f"tuna-lab-{uid}"), "the temporary folder"
 
 
 def lock_dir():
-    """The folder of the per-CPU lock files (created if missing); see the module's text for the choice.
+    """The folder of the per-CPU lock files: the user's own, 0700, created if missing (see the module's text).
 
-    Raises :class:`ExperimentError` when the folder found cannot be trusted
-    (another user's, or writable by others without the sticky bit).
+    Raises :class:`ExperimentError` when what is there is not this user's
+    private folder (another user's, a link, a file, writable by others).
 
     Examples
     --------
     >>> lock_dir()                           # doctest: +SKIP
-    '/run/lock/tuna-lab'
+    '/run/user/1000/tuna-lab'
     """
-    given = os.environ.get("TUNA_LAB_LOCK_DIR")
-    if given:
-        return _make(os.path.abspath(given), shared=False)
-    if os.path.isdir(_SHARED) and os.access(_SHARED, os.W_OK | os.X_OK) and not _trusted(_SHARED, True):
-        return _make(os.path.join(_SHARED, "tuna-lab"), shared=True)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isdir(runtime) and not _trusted(runtime, False):
-        return _make(os.path.join(runtime, "tuna-lab"), shared=False)
-    return _make(os.path.join(tempfile.gettempdir(), f"tuna-lab-{os.getuid()}"), shared=False)
+    path, origin = _candidates()
+    try:
+        return private_dir(path, error=ExperimentError)
+    except ExperimentError as exc:
+        raise ExperimentError(f"the CPU lock folder ({origin}): {exc}; remove it, or set TUNA_LAB_LOCK_DIR to a "
+                              "folder of your own") from None
 
 
 def _open(path):
-    """A read-only descriptor of the lock file ``path``, created if missing; never through a link."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    """A read-only descriptor of the lock file ``path``, created if missing; never through a link, never waiting.
+
+    ``O_NONBLOCK``: a FIFO planted at ``path`` opens at once (a blocking
+    open would wait for a writer for ever), and is then refused.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     for _ in range(5):
         try:
             fd = os.open(path, flags)
@@ -123,9 +112,11 @@ def _open(path):
         except OSError as exc:
             reason = "is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
             raise ExperimentError(f"CPU lock file {path} {reason}; refusing to use it") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
             os.close(fd)
-            raise ExperimentError(f"CPU lock file {path} is not a regular file; refusing to use it")
+            raise ExperimentError(f"CPU lock file {path} is not a regular file ({file_kind(mode)}); refusing to "
+                                  "use it")
         return fd
     raise ExperimentError(f"CPU lock file {path} keeps changing; refusing to use it")
 

@@ -7,7 +7,9 @@ favour one; each (trial, policy) starts its own server, warms it up, sends
 the load, and stops it. Every request becomes a row of a tidy table
 (Parquet, CSV on request) next to a manifest (machine, kernel, topology,
 library versions, git commit, seeds, command line), so a result can be
-re-analysed without re-running it. A sweep is a grid of cells; each finished
+re-analysed without re-running it. A cell is finished when every policy
+has its valid trials; a re-run of an unfinished one keeps the valid trials
+and redoes only the missing ones. A sweep is a grid of cells; each finished
 cell is written at once, and a re-run skips the cells already finished. A
 sweep given a Dask client runs its cells on the cluster's machines
 (:mod:`tuna_lab.measure.cluster`) and writes each under ``<out>/<machine>/``;
@@ -46,14 +48,24 @@ from .cpulock import lock_cpus
 # Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
 from .schema import CPU_COLUMNS, cell_key
 # Re-exported: where results are written and read back.
-from .store import check_out, load_results, load_thread_cpu, lock_folder, machine_name, write_cell
+from .store import (valid_rows, cell_state, check_out, load_results, load_thread_cpu, lock_folder, machine_name,
+                    write_cell)
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "grid", "load_results", "ARTICLE_GRID",
            "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies",
-           "check_resources", "scale_pair"]
+           "check_resources", "scale_pair", "MAX_RECORD_INT"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
 ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
+
+#: The largest integer a record's column can hold (Parquet's int64): a factor of a cell above it
+#: (``spincount=10**30``) is refused by :class:`Config`, before any trial runs, not when its records are written.
+MAX_RECORD_INT = 2**63 - 1
+
+#: The manifest entries a resume must share with the cell already on disk to keep its valid trials:
+#: the cell's factors and load, its seed (so the policy orders), and the machine and CPUs it ran on.
+_SAME_RUN = ("cell", "config", "policies", "trials", "requests", "seed", "concurrency", "warmup", "rate", "duration",
+             "max_error_rate", "load_mode", "hostname", "fingerprint", "client_cpus", "requests_sent")
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,16 @@ class Config:
     one of its models), or ``"app"``/``"attached"`` (a user's server, see
     :mod:`tuna_lab.measure.target`; ``model`` is its label and ``batch`` 0,
     the requests being the user's own).
+
+    Every number is a column of the cell's records: one above
+    :data:`MAX_RECORD_INT` is refused here, with the rest of bad input.
+
+    Examples
+    --------
+    >>> Config(1, 1, "small", 10, spincount=10**30)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.ExperimentError: spincount must be at most 9223372036854775807 (a 64-bit record), got a 31-digit number
     """
 
     workers: int
@@ -90,6 +112,11 @@ class Config:
             wait_policy_env(self.wait_policy, self.spincount)
         except CpuAccountingError as exc:
             raise ExperimentError(str(exc)) from None
+        for name in ("workers", "threads", "batch", "spincount"):
+            value = getattr(self, name)
+            if value is not None and value > MAX_RECORD_INT:
+                raise ExperimentError(f"{name} must be at most {MAX_RECORD_INT} (a 64-bit record), got "
+                                      f"{_big(value)}")
 
     @property
     def key(self):
@@ -110,6 +137,12 @@ class Result:
 
 def _concat(frames):
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def _big(value):
+    """An integer in a few characters: a message about a huge one stays one short line."""
+    digits = len(str(value))
+    return str(value) if digits <= 24 else f"a {digits}-digit number"
 
 
 def check_policies(policies):
@@ -158,10 +191,10 @@ def check_resources(target, requests, concurrency=None, rate=None):
     ...
     tuna_lab.errors.ExperimentError: a request body of ... bytes (batch 5000 of large) exceeds the server's ...
     """
-    from ..errors import ServerError
-    from ..server.app import MAX_BODY_BYTES, max_rows
+    from ..server.app import MAX_BODY_BYTES
     from ..server.models import cache_dir, model_path
     from .load import ensure_fds
+    from .target import check_batch
 
     # The open loop's sockets are capped by its max_in_flight (1000 by default), the closed loop's by the requests.
     in_flight = 1000 if rate is not None else None
@@ -170,18 +203,15 @@ def check_resources(target, requests, concurrency=None, rate=None):
     if target.kind != "lab":
         return
     config = target.config
+    check_batch(config.model, config.batch)
     try:
         limit = int(os.environ.get("TUNA_LAB_MAX_BODY") or MAX_BODY_BYTES)
-        rows = max_rows(config.model)
-    except (ValueError, ServerError) as exc:
+    except ValueError as exc:
         raise ExperimentError(f"the server's limits do not parse: {exc}") from None
     body = max(len(b) for b in target.requests.bodies)
     if body > limit:
         raise ExperimentError(f"a request body of {body} bytes (batch {config.batch} of {config.model}) exceeds the "
                               f"server's limit of {limit} bytes (TUNA_LAB_MAX_BODY); use a smaller batch")
-    if config.batch > rows:
-        raise ExperimentError(f"batch {config.batch} exceeds the server's limit of {rows} rows per request "
-                              "(TUNA_LAB_MAX_ROWS); use a smaller batch")
     if not model_path(config.model).exists():
         folder = cache_dir()
         parent = folder
@@ -210,7 +240,7 @@ def _versions():
 
     out = {}
     for dist in ("tuna_lab", "xgboost-cpu", "xgboost", "gunicorn", "cvxpy", "highspy", "numpy", "pandas",
-                 "aiohttp", "pyarrow"):
+                 "pyarrow"):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -265,10 +295,16 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         ``<out>.partial`` as soon as it finishes, so that an interruption - Ctrl-C,
         SIGKILL, a lost machine - loses at most the run in progress; the
         finished cell is then swapped in whole and the partial folder removed.
-        A resume of an unfinished cell redoes the whole cell: trials of two
-        attempts are never mixed in one cell (they would be measured under
-        different conditions), and the first run of the new attempt replaces
-        the old ``<out>.partial``. On Ctrl-C the partial cell's manifest says
+        A run into a cell that is there but not finished (some policy short
+        of its valid trials: :func:`~tuna_lab.measure.store.cell_state`) keeps
+        the valid (trial, policy) runs of the earlier attempt - from
+        ``<out>.partial`` or ``out``, whichever kept more - and runs only the
+        missing ones, each in its place in the seeded order; the trial rows
+        say which attempt measured them (``attempt``), and ``progress`` says
+        what was kept. Only when the earlier attempt ran with the same
+        settings, on the same machine (:data:`_SAME_RUN`); otherwise, or when
+        its manifest is corrupt, the cell is measured whole, and ``progress``
+        says why. On Ctrl-C the partial cell's manifest says
         ``interrupted`` and the interruption is re-raised.
     concurrency : int, optional
         Requests in flight; default all of them at once (the article's closed mode).
@@ -388,25 +424,31 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         "wait_policy_default": LIBGOMP_DEFAULT_WAIT if config.wait_policy == "default" else None,
         "cpu_accounting": "schedstat" if os.path.exists("/proc/self/schedstat") else "stat utime+stime",
         "client_cpus": resolved.to_dict(), "requests_sent": target.requests.describe()})
-    done = []
     # Each finished run is on disk here at once: a SIGKILL loses at most the run in progress.
     partial = None if out is None else out.rstrip("/") + schema.PARTIAL_SUFFIX
     t_start = time.monotonic()
     # One measurement per results folder: held from the first trial to the written cell.
     with contextlib.ExitStack() as held:
+        done, attempt = [], 0
         if out is not None:
             held.enter_context(lock_folder(os.path.dirname(os.path.abspath(out.rstrip("/"))) or "."))
+            # A resume: the valid runs an earlier attempt left are kept, and only the others run.
+            done, attempt = _earlier(out.rstrip("/"), partial, meta, orders, progress)
+        kept = len(done)
+        meta.update(attempts=attempt + 1, kept_runs=kept)
         # And one measurement per CPU of this machine: the server's and the load generator's.
         held.enter_context(lock_cpus(set(resolved.server.cpus) | set(resolved.cpus), progress))
         target.start(resolved.server)
         try:
             plan = TrialPlan(config, target, orders, requests, concurrency, warmup, resolved.server.n_logical, resolved,
-                             rate=rate, duration=duration, seed=seed, max_error_rate=float(max_error_rate))
+                             rate=rate, duration=duration, seed=seed, max_error_rate=float(max_error_rate),
+                             skip=frozenset((m.row["trial"], m.row["policy"]) for m in done))
             warned = False
             for measured in run_trials(plan):
+                measured.row["attempt"] = attempt
                 done.append(measured)
                 if partial is not None:
-                    _keep_partial(partial, done, meta, orders, len(policies), csv)
+                    _keep_partial(partial, done, meta, orders, csv)
                 if on_trial:
                     on_trial(_result([measured], meta))
                 if progress and measured.row.get("server_timing_unparsed") and not warned:
@@ -414,14 +456,14 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
                     progress(f"warning: Server-Timing headers that do not parse are ignored "
                              f"(first: {measured.row['server_timing_example']!r})")
                 if progress:
-                    progress(_progress_line(plan, measured.row, len(done), t_start))
+                    progress(_progress_line(plan, measured.row, len(done) - kept, plan.runs - kept, t_start))
         except KeyboardInterrupt:
             # Ctrl-C: the server of the running trial was stopped by its context
             # manager; the finished trials are in the partial folder already - say why it stopped.
             if partial is not None and done:
                 _keep_partial(partial, done, {**meta, "interrupted": True, "target": target.describe(),
                                               "placements": target.placements(), "plans": target.plans()},
-                              orders, len(policies), csv)
+                              orders, csv)
             raise
         finally:
             # Also on an error, Ctrl-C or SIGTERM: a running server gets its masks back.
@@ -429,7 +471,7 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         meta.update(orders=[list(o) for o in orders], finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                     generator=_generator_total(done), target=target.describe(), placements=target.placements(),
                     plans=target.plans(), latency=sorted({m.row["latency"] for m in done}),
-                    time=_time_spent(done, t_start))
+                    time=_time_spent(done[kept:], t_start))
         result = _result(done, meta)
         if out is not None:
             result.path = write_cell(out, result, csv)
@@ -438,27 +480,116 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         return result
 
 
-def _keep_partial(partial, done, meta, orders, per_trial, csv):
+def _keep_partial(partial, done, meta, orders, csv):
     """Write the runs ``done`` so far as the partial cell ``partial`` (fsynced, swapped in whole).
 
     The whole partial cell is rewritten after each run: it is small beside a
     trial's time, and so the folder is always one readable cell, never a
     pile of pieces from different attempts.
     """
-    begun = min((len(done) - 1) // per_trial + 1, len(orders))
+    begun = max(int(m.row["trial"]) for m in done) + 1
     meta = {**meta, "orders": [list(o) for o in orders[:begun]], "partial": True,
             "generator": _generator_total(done)}
     write_cell(partial, _result(done, meta), csv)
 
 
+def _earlier(out, partial, meta, orders, say=None):
+    """The valid runs an earlier attempt of the cell ``out`` left, as :class:`Measured` runs, and this attempt's number.
+
+    Looked for in ``<out>.partial`` (an attempt stopped mid-cell) and in
+    ``out`` (a cell written with some policy short of its valid trials; a
+    finished one is measured anew, and replaced); the one with more valid
+    runs is kept. ``([], 0)`` for a new cell, and
+    when the earlier attempt ran otherwise (:data:`_SAME_RUN`, or other
+    policy orders) or its records cannot be read - ``say`` is told why.
+    """
+    from .trials import Measured
+
+    key = meta["cell"]
+    best = ([], 0)
+    for folder in (partial, out):
+        state = cell_state(folder)
+        if state.status == "missing" or (folder == out and state.finished):
+            continue
+        if state.status == "corrupt":
+            _say(say, f"resume: {key}: measured whole again: {state.reason}")
+            continue
+        old = _read_cell(folder)
+        if isinstance(old, str):
+            _say(say, f"resume: {key}: measured whole again: {old}")
+            continue
+        manifest, trials, requests, threads = old
+        other = [k for k in _SAME_RUN if manifest.get(k) != _jsonable(meta.get(k))]
+        older = manifest.get("orders")
+        if not other and not (isinstance(older, list) and older == [list(o) for o in orders[:len(older)]]):
+            other = ["orders"]
+        if other:
+            _say(say, f"resume: {key}: measured whole again: the cell there ran with other {', '.join(other)}")
+            continue
+        runs = []
+        for _, row in trials[valid_rows(trials)].iterrows():
+            row = {k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()}
+            row.setdefault("attempt", 0)
+            at = {"trial": row["trial"], "policy": row["policy"]}
+            mine = _rows_of(threads, at)
+            runs.append(Measured(row, _rows_of(requests, at), mine if len(mine) else None))
+        attempts = manifest.get("attempts", 1)
+        attempts = attempts if isinstance(attempts, int) and not isinstance(attempts, bool) and attempts > 0 else 1
+        if len(runs) > len(best[0]) or not best[0]:
+            best = (runs, attempts)
+    if best[0]:
+        n = sum(len(o) for o in orders) - len(best[0])
+        _say(say, f"resume: {key}: keeping {len(best[0])} valid runs of an earlier attempt, running the "
+                  f"{n} missing")
+    return best[0], best[1] if best[0] else 0
+
+
+def _say(say, line):
+    if say:
+        say(line)
+
+
+def _jsonable(value):
+    """``value`` as it reads back from a manifest (tuples become lists): what a resume compares."""
+    import json
+
+    return json.loads(json.dumps(value, default=str))
+
+
+def _read_cell(folder):
+    """``(manifest, trials, requests, threads)`` of the cell ``folder``, or why it cannot be read (a str)."""
+    from .store import read_manifest
+
+    try:
+        manifest = read_manifest(folder)
+        tables = []
+        for name in (schema.TRIALS, schema.REQUESTS, schema.THREADS):
+            file = os.path.join(folder, name)
+            tables.append(pd.read_parquet(file) if os.path.exists(file) and os.path.getsize(file) else pd.DataFrame())
+    except Exception as exc:  # pyarrow raises many types for a damaged file
+        return f"{folder} is not readable ({type(exc).__name__})"
+    if not {"trial", "policy"} <= set(tables[0].columns):
+        return f"{folder}: its trials table has no trial and policy columns"
+    return (manifest, *tables)
+
+
+def _rows_of(frame, at):
+    """The rows of ``frame`` (a requests or threads table) of one (trial, policy) ``at``."""
+    if not len(frame) or not {"trial", "policy"} <= set(frame.columns):
+        return pd.DataFrame()
+    return frame[(frame["trial"] == at["trial"]) & (frame["policy"] == at["policy"])].reset_index(drop=True)
+
+
 def _result(done, meta):
-    """The :class:`Result` of the (trial, policy) runs ``done``."""
+    """The :class:`Result` of the (trial, policy) runs ``done``, in the order they have in the cell."""
+    done = sorted(done, key=lambda m: (int(m.row["trial"]), int(m.row["order"])))
     return Result(_concat([m.requests for m in done if len(m.requests)]), pd.DataFrame([m.row for m in done]),
                   meta, threads=_concat([m.threads for m in done if m.threads is not None]))
 
 
-def _progress_line(plan, row, done, t_start):
-    left = (time.monotonic() - t_start) / done * (plan.runs - done)
+def _progress_line(plan, row, done, todo, t_start):
+    """A finished run in one line; ``done`` of the ``todo`` runs this attempt makes are finished."""
+    left = (time.monotonic() - t_start) / done * (todo - done)
     reason = row["reason"]
     server, client = row["cpu_per_request"], row["generator_cpu_per_request"]
     # Last, after the time left: readers of these lines (the live widget) parse up to it.

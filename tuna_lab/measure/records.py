@@ -16,13 +16,14 @@ Examples
 [[200, '', 0.01, 7], [-1, 'deadline', nan, -1]]
 """
 
-import json
 import math
 
 import numpy as np
 import pandas as pd
 
 from .._checks import shorten
+from .._files import loads_json
+from ..errors import UnsafeFileError
 from ..server.models import STAGES
 from .schema import REQUEST_COLUMNS as COLUMNS
 from .server_timing import parse_server_timing
@@ -115,10 +116,10 @@ class Records:
 
 def _error_text(raw, status):
     try:
-        doc = json.loads(raw)
+        doc = loads_json(raw)
         if isinstance(doc, dict) and "error" in doc:
             return shorten(doc["error"], _ERROR_CHARS)
-    except ValueError:
+    except UnsafeFileError:
         pass
     text = shorten(raw.decode("utf-8", "replace"), _ERROR_CHARS)
     return text or f"HTTP {status}"
@@ -134,8 +135,9 @@ def _number(value):
 def _parse_ok(rec, i, raw):
     """Fill the server-side columns of request ``i`` from a 200 body; fields it lacks stay NaN."""
     try:
-        doc = json.loads(raw)
-    except ValueError:
+        # A server's body is bounded by the wire's read cap; its nesting here (a deep one is no lab reply).
+        doc = loads_json(raw)
+    except UnsafeFileError:
         rec.error[i] = "response is not JSON"
         return
     if not isinstance(doc, dict):

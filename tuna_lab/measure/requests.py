@@ -13,10 +13,10 @@ Examples
 """
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass
 
+from .._files import loads_json
 from ..errors import TargetError
 
 __all__ = ["Requests", "read_option_file"]
@@ -132,12 +132,15 @@ def read_option_file(path, option):
     ...
     tuna_lab.errors.TargetError: --body /nonexistent: No such file or directory
     """
+    from .._files import read_bytes
+
     try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except OSError as exc:
-        raise TargetError(f"{option} {path}: {exc.strerror or exc}") from None
-    return data
+        # A regular file only (a FIFO would hold the run until someone writes to it), within the size cap.
+        return read_bytes(path, error=TargetError)
+    except FileNotFoundError as exc:
+        raise TargetError(f"{option} {path}: {exc.strerror}") from None
+    except TargetError as exc:
+        raise TargetError(f"{option} {exc}") from None
 
 
 def _read_jsonl(path):
@@ -145,10 +148,8 @@ def _read_jsonl(path):
     for number, line in enumerate(read_option_file(path, "--bodies").splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            json.loads(line)
-        except ValueError:
-            raise TargetError(f"--bodies {path}: line {number} is not JSON") from None
+        # One line for a line that is not JSON, or that nests too deeply to parse.
+        loads_json(line, where=f"--bodies {path}: line {number}", error=TargetError)
         out.append(line.strip())
     if not out:
         raise TargetError(f"--bodies {path}: no body in it (one JSON document per line)")

@@ -19,6 +19,22 @@ policies) is a folder named by :func:`cell_key` holding:
     the cell ran (``plan``, as ``tuna-lab plan --format json`` writes it) and
     its ``sha256``. Written last: a folder without it is an unfinished cell,
     which a sweep redoes.
+
+    Validity, per policy: ``policies`` and ``trials`` are what the cell
+    promised (``trials`` valid trials of every policy); ``valid_by_policy``
+    counts the valid trials each policy has (``{policy: n}``, every promised
+    policy present) and ``valid_trials`` their sum. A trial is valid when its
+    ``trial_status`` is ``"ok"`` (which a trial during which a worker was
+    replaced or the master died never is: see :data:`FAULT_COLUMNS`). A cell is
+    finished only when every promised policy has its ``trials`` valid trials
+    (:func:`tuna_lab.measure.store.cell_state`); a resume of an unfinished
+    cell keeps its valid trials and redoes only the missing (trial, policy)
+    runs, each in its place in the seeded order. ``attempts`` counts the
+    runs of the cell so far (1, then one more per resume), and
+    ``kept_runs`` how many (trial, policy) runs this attempt kept from the
+    ones before. A manifest that cannot be read, or whose counts are not
+    counts, makes the cell not finished (a resume redoes it whole) and is
+    refused by every reader with one line.
 ``requests.parquet`` (:data:`REQUESTS`)
     One row per request (:data:`REQUEST_COLUMNS`, plus the cell and trial
     columns the runner adds).
@@ -27,7 +43,9 @@ policies) is a folder named by :func:`cell_key` holding:
     server's CPU columns :data:`CPU_COLUMNS` and the load generator's own
     :data:`GENERATOR_COLUMNS`; ``wall_seconds``, the measured load alone, and
     apart from it the start-up, warm-up and stop :data:`PHASE_COLUMNS`; ``relaxed``, what a relaxed Tuna mapping
-    exceeds (empty for the others).
+    exceeds (empty for the others); the :data:`FAULT_COLUMNS`; ``attempt``,
+    which run of the cell measured it (0 the first; a resume's trials are
+    measured later than the ones it kept).
 ``threads.parquet`` (:data:`THREADS`)
     Per-thread CPU accounting, one row per (trial, policy, worker, role);
     absent when no trial could be accounted.
@@ -62,7 +80,7 @@ from ..server.models import STAGES
 
 __all__ = ["PERCENTILES", "percentiles", "cell_key", "MANIFEST", "REQUESTS", "TRIALS", "THREADS",
            "CSV_TABLES", "PARTIAL_SUFFIX", "REQUEST_COLUMNS", "LATE_REQUEST_COLUMNS", "CPU_COLUMNS",
-           "GENERATOR_COLUMNS", "PHASE_COLUMNS"]
+           "GENERATOR_COLUMNS", "PHASE_COLUMNS", "FAULT_COLUMNS"]
 
 # -- files of a cell ---------------------------------------------------------------------
 
@@ -180,6 +198,19 @@ GENERATOR_COLUMNS = ("generator_cpu_user", "generator_cpu_sys", "generator_cpu_s
 #: * ``warmup_seconds`` - the warm-up requests and the placement, applied and read back;
 #: * ``stop_seconds`` - stopping the server (or giving a running server back its masks).
 PHASE_COLUMNS = ("startup_seconds", "warmup_seconds", "stop_seconds")
+
+#: Faults of the server during a trial, in its row (0 in rows of tables written before them). From the
+#: warm-up to the end of the load - a replacement worker's start-up and warm-up would fall inside the
+#: trial, and its requests would be served by a cold worker:
+#:
+#: * ``workers_replaced`` - workers the server had when the warm-up began that were gone when the load
+#:   ended, or new workers then (killed, crashed or recycled and replaced by the master): the larger;
+#: * ``master_restarted`` - 1 when the master (the process the trial started or attached to) had died by
+#:   the end of the load, or was another process then.
+#:
+#: A trial with either is never valid: its ``trial_status`` is ``"failed"`` and its ``reason`` says
+#: which (the summary and the report count such trials apart); a resume redoes it.
+FAULT_COLUMNS = ("workers_replaced", "master_restarted")
 
 # -- latency percentiles -----------------------------------------------------------------
 

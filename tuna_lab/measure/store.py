@@ -2,10 +2,15 @@
 
 A cell is a folder of the files :mod:`tuna_lab.measure.schema` names; it is
 written whole into a temporary folder and renamed in (:func:`write_cell`),
-with the manifest last, so that :func:`is_finished` - the only test of "is
-this cell done?" that a resume, a cluster sweep or a reader uses - never sees
-half a cell. :func:`load_results` and :func:`load_thread_cpu` read a cell, a
-sweep (``<path>/<cell>``) or a cluster sweep (``<path>/<machine>/<cell>``).
+with the manifest last, so that :func:`cell_state` - the only test of "is
+this cell done?" that a resume and a cluster sweep use (:func:`is_finished`),
+and of "may it be read?" that a reader uses - never sees half a cell. A cell
+is finished when every policy it promised has its valid trials (a trial is
+valid when ``ok`` and no worker was replaced nor the master restarted
+during it: :func:`valid_trials`); :func:`no_valid_trial` names the policies
+that have none. :func:`load_results` and :func:`load_thread_cpu` read a cell, a
+sweep (``<path>/<cell>``) or a cluster sweep (``<path>/<machine>/<cell>``):
+every cell with a valid trial, and a corrupt manifest is refused with one line.
 
 Examples
 --------
@@ -17,18 +22,22 @@ Examples
 
 import contextlib
 import fcntl
-import json
 import os
 import shutil
+import stat
 import threading
+from dataclasses import dataclass, field
 
 import pandas as pd
 
+# Re-exported: manifests, sweep.json and tune.json are written whole or not at all, never through a link.
+from .._files import file_kind, read_json, write_json
 from ..errors import ExperimentError, StoreError
 from . import schema
 
-__all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "finished_keys", "finished_cells", "load_results",
-           "load_thread_cpu", "machine_name", "SWEEP_FILE", "write_sweep_file", "read_sweep_file", "write_json"]
+__all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "cell_state", "CellState", "valid_trials",
+           "valid_rows", "no_valid_trial", "finished_keys", "finished_cells", "load_results", "load_thread_cpu",
+           "machine_name", "SWEEP_FILE", "write_sweep_file", "read_sweep_file", "read_manifest", "write_json"]
 
 #: The name of a sweep's settings file, written in its folder before the first cell.
 SWEEP_FILE = "sweep.json"
@@ -102,7 +111,7 @@ def lock_folder(folder):
         elif held is not None:
             raise ExperimentError(f"results folder {folder} is in use by another measurement in this process")
         else:
-            fd = os.open(os.path.join(key, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+            fd = _open_lock(os.path.join(key, LOCK_NAME))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -122,6 +131,25 @@ def lock_folder(folder):
             if held[2] == 0:
                 del _HELD[key]
                 os.close(held[0])                       # closing the last descriptor releases the flock
+
+
+def _open_lock(path):
+    """A descriptor of the results folder's lock file ``path`` (created if missing); one line if it is no file.
+
+    Never through a link (``O_NOFOLLOW``), and ``O_NONBLOCK`` so that a FIFO
+    planted there opens at once - and is then refused - instead of hanging.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        reason = "is a symbolic link" if os.path.islink(path) else f"cannot be opened ({exc.strerror or exc})"
+        raise ExperimentError(f"the results folder's lock file {path} {reason}; remove it") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ExperimentError(f"the results folder's lock file {path} is not a regular file ({file_kind(mode)}); "
+                              "remove it")
+    return fd
 
 
 def write_cell(out, result, csv=False):
@@ -147,8 +175,10 @@ def write_cell(out, result, csv=False):
     Raises
     ------
     StoreError
-        The cell could not be written (a full disk, no permission); an
-        existing ``out`` is left as it was.
+        The cell could not be written (a full disk, no permission, a value
+        a table cannot hold); an existing ``out`` is left as it was, and no
+        temporary folder is left, whatever the error (Ctrl-C too, which is
+        re-raised).
 
     Examples
     --------
@@ -160,14 +190,20 @@ def write_cell(out, result, csv=False):
     tmp, old = f"{out}.tmp-{os.getpid()}", f"{out}.old-{os.getpid()}"
     try:
         return _write_cell(out, tmp, old, result, csv)
-    except OSError as exc:
-        # A full disk or a lost permission: the cell (or the partial one) written before stays as it was.
+    except BaseException as exc:
+        # A full disk, a lost permission, a value pyarrow cannot store, Ctrl-C: the cell (or the partial
+        # one) written before stays as it was, and nothing of this attempt is left.
         shutil.rmtree(tmp, ignore_errors=True)
         if os.path.isdir(old) and not os.path.exists(out):
             with contextlib.suppress(OSError):
                 os.replace(old, out)
-        where = exc.filename or out
-        raise StoreError(f"could not write {where}: {exc.strerror or exc}") from None
+        if isinstance(exc, OSError):
+            where = getattr(exc, "filename", None) or out
+            raise StoreError(f"could not write {where}: {exc.strerror or exc}") from None
+        if isinstance(exc, Exception):
+            text = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise StoreError(f"could not write {out}: {type(exc).__name__}: {text}") from None
+        raise
 
 
 def _write_cell(out, tmp, old, result, csv):
@@ -181,10 +217,10 @@ def _write_cell(out, tmp, old, result, csv):
     if csv:
         for table, name in schema.CSV_TABLES.items():
             getattr(result, table).to_csv(os.path.join(tmp, name), index=False)
-    # The manifest says how many trials are valid: a cell with none is not finished (is_finished).
-    manifest = {**result.manifest, "valid_trials": _valid_trials(result.trials)}
-    with open(os.path.join(tmp, schema.MANIFEST), "w") as fh:
-        json.dump(manifest, fh, indent=1, default=str)
+    # The manifest says how many trials are valid, in all and per policy: what is_finished reads.
+    valid = valid_trials(result.trials, result.manifest.get("policies") or ())
+    manifest = {**result.manifest, "valid_trials": sum(valid.values()), "valid_by_policy": valid}
+    write_json(os.path.join(tmp, schema.MANIFEST), manifest, durable=False, error=StoreError, default=str)
     # Durable before it counts: every file, then the folder, reach the disk before the rename.
     for name in os.listdir(tmp):
         _fsync(os.path.join(tmp, name))
@@ -218,31 +254,6 @@ def write_sweep_file(out, settings):
     return write_json(os.path.join(out, SWEEP_FILE), settings, default=str)
 
 
-def write_json(path, data, **options):
-    """Write ``data`` as JSON to ``path`` whole or not at all, and durably; return ``path``.
-
-    A temporary file in the same folder is flushed to the disk and renamed
-    over ``path``, then the folder's entries are flushed: a reader sees the
-    old file or the new one, and a crash leaves no half of either.
-    ``options`` go to :func:`json.dump` (``default=str``, ``allow_nan=False``...).
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "x.json")
-    >>> write_json(path, {"a": 1}) == path, json.load(open(path))
-    (True, {'a': 1})
-    """
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as fh:
-        json.dump(data, fh, indent=1, **options)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync(os.path.dirname(os.path.abspath(path)))
-    return path
-
-
 def read_sweep_file(out):
     """The settings in ``<out>/sweep.json``; None when there is none (a new folder, or an older sweep).
 
@@ -255,24 +266,14 @@ def read_sweep_file(out):
     """
     path = os.path.join(out, SWEEP_FILE)
     try:
-        with open(path) as fh:
-            settings = json.load(fh)
+        settings = read_json(path, follow=False)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise ExperimentError(f"{path} is not readable ({type(exc).__name__}): delete it to resume the sweep "
-                              "with the settings given now") from None
+    except OSError as exc:
+        raise ExperimentError(f"{exc}: delete {path} to resume the sweep with the settings given now") from None
     if not isinstance(settings, dict):
         raise ExperimentError(f"{path} does not hold a sweep's settings: delete it to resume the sweep")
     return settings
-
-
-def _valid_trials(trials):
-    if not len(trials):
-        return 0
-    if "trial_status" not in trials.columns:
-        return int(len(trials))
-    return int(trials["trial_status"].eq("ok").sum())
 
 
 def _fsync(path):
@@ -310,30 +311,186 @@ def _cell_folders(path):
             and not d.endswith(schema.PARTIAL_SUFFIX)]
 
 
-def is_finished(path):
-    """Whether the folder ``path`` holds a finished cell: the one rule every reader and resume applies.
+def _int(value, least=0):
+    """``value`` if it is an int (not a bool) of at least ``least``, else None: a manifest's counts."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= least else None
 
-    The manifest is written last (:func:`write_cell`), so a folder without it
-    is an unfinished cell, which a sweep redoes and a reader skips. A cell
-    whose manifest counts no valid trial (``valid_trials``: every trial
-    failed, for example every request refused) is not finished either: a
-    resume redoes it. Cells written before that count was kept are finished,
-    and so is a cell whose manifest cannot be read: the readers report it
-    (one clear error) instead of passing over it in silence.
+
+def valid_rows(trials):
+    """Which rows of a trials table are valid trials: ``ok``, with no worker replaced and no master restarted.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> valid_rows(pd.DataFrame({"trial_status": ["ok", "ok", "failed"], "workers_replaced": [0, 1, 0]})).tolist()
+    [True, False, False]
+    """
+    if not len(trials):
+        return pd.Series([], dtype=bool)
+    ok = trials["trial_status"].eq("ok") if "trial_status" in trials.columns else pd.Series(True, trials.index)
+    for column in schema.FAULT_COLUMNS:
+        if column in trials.columns:
+            ok &= pd.to_numeric(trials[column], errors="coerce").fillna(0).eq(0)
+    return ok
+
+
+def valid_trials(trials, policies=()):
+    """``{policy: valid trials}`` of a trials table, every one of ``policies`` included (0 when it has none).
+
+    A trial is valid when its ``trial_status`` is ``"ok"`` and no worker was
+    replaced nor the master restarted during it (:data:`~tuna_lab.measure.schema.FAULT_COLUMNS`);
+    rows of tables written before those columns count by their status.
+
+    Examples
+    --------
+    >>> t = pd.DataFrame({"policy": ["cfs", "cfs", "round-robin"], "trial_status": ["ok", "failed", "ok"],
+    ...                   "workers_replaced": [0, 0, 1], "master_restarted": 0})
+    >>> valid_trials(t, ["cfs", "round-robin", "tuna-scatter"])
+    {'cfs': 1, 'round-robin': 0, 'tuna-scatter': 0}
+    """
+    counts = dict.fromkeys(policies, 0)
+    if len(trials) and "policy" in trials.columns:
+        for policy, n in trials.loc[valid_rows(trials), "policy"].value_counts(sort=False).items():
+            counts[str(policy)] = counts.get(str(policy), 0) + int(n)
+    return counts
+
+
+def read_manifest(cell):
+    """The manifest of the cell folder ``cell`` as a dict; :class:`ExperimentError` (one line) if it is unsound.
+
+    Read as :func:`tuna_lab._files.read_json` reads (a regular file, not a
+    link, bounded in size and nesting); a manifest that is no JSON object, or
+    whose counts (``trials``, ``valid_trials``, ``valid_by_policy``) are not
+    counts, is refused. ``FileNotFoundError`` when there is none.
+    """
+    path = os.path.join(cell, schema.MANIFEST)
+    try:
+        manifest = read_json(path, follow=False)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no manifest (an unfinished cell)") from None
+    except OSError as exc:
+        raise ExperimentError(f"{cell} is not a readable tuna-lab result ({exc}); a sweep's resume redoes it, "
+                              "or delete it") from None
+    why = _unsound(manifest)
+    if why:
+        raise ExperimentError(f"{cell} is not a readable tuna-lab result ({path}: {why}); a sweep's resume redoes "
+                              "it, or delete it")
+    return manifest
+
+
+def _unsound(manifest):
+    """What is wrong with a parsed manifest, in words (None when nothing is)."""
+    if not isinstance(manifest, dict):
+        return f"holds a JSON {type(manifest).__name__}, not an object"
+    if "valid_trials" in manifest and _int(manifest["valid_trials"]) is None:
+        return f"valid_trials is {manifest['valid_trials']!r}, not a count"
+    if "trials" in manifest and _int(manifest["trials"], 1) is None:
+        return f"trials is {manifest['trials']!r}, not a positive count"
+    policies = manifest.get("policies")
+    if policies is not None and not (isinstance(policies, list) and all(isinstance(p, str) for p in policies)):
+        return "policies is not a list of names"
+    valid = manifest.get("valid_by_policy")
+    if valid is not None and not (isinstance(valid, dict) and all(_int(v) is not None for v in valid.values())):
+        return "valid_by_policy is not a count per policy"
+    return None
+
+
+@dataclass(frozen=True)
+class CellState:
+    """What a cell folder holds, as far as a resume and a reader care: :func:`cell_state` makes it.
+
+    Attributes
+    ----------
+    path : str
+    status : str
+        ``"finished"``: every promised policy has its valid trials;
+        ``"incomplete"``: a sound manifest, but some policy is short of them;
+        ``"missing"``: no manifest (an unfinished or interrupted cell);
+        ``"corrupt"``: a manifest that cannot be read or is not sound.
+    reason : str
+        Why it is not finished, in one line (``""`` when it is).
+    trials : int or None
+        Valid trials promised per policy (None for a cell that does not say).
+    valid : dict
+        ``{policy: valid trials}`` for every promised policy.
+    """
+
+    path: str
+    status: str
+    reason: str = ""
+    trials: int | None = None
+    valid: dict = field(default_factory=dict)
+
+    @property
+    def finished(self):
+        return self.status == "finished"
+
+    @property
+    def missing(self):
+        """``{policy: valid trials still missing}``, for the policies short of ``trials``."""
+        if self.trials is None:
+            return {}
+        return {p: self.trials - n for p, n in self.valid.items() if n < self.trials}
+
+    @property
+    def without_valid(self):
+        """The promised policies with no valid trial at all, in the manifest's order."""
+        return [p for p, n in self.valid.items() if n == 0]
+
+    @property
+    def readable(self):
+        """Whether readers take it: a sound manifest and at least one valid trial (or an older cell)."""
+        return self.status == "finished" or (self.status == "incomplete" and any(self.valid.values()))
+
+
+def cell_state(path):
+    """The :class:`CellState` of the cell folder ``path``: the one rule of "finished" every resume applies.
+
+    The manifest is written last (:func:`write_cell`), so a folder without
+    it is an unfinished cell. A cell written by
+    :func:`~tuna_lab.measure.experiment.run` promises ``trials`` valid trials
+    of every one of its ``policies``; its manifest counts them
+    (``valid_by_policy``), and it is finished only when every policy has
+    them all - a resume redoes what is missing, and only that. A cell whose
+    manifest does not promise that (written by an older version) is finished
+    when it has a valid trial at all (``valid_trials``; a cell without
+    even that count, older still, is finished). A manifest that cannot be
+    read, or whose counts are not counts (``"abc"``, null), makes the cell
+    ``corrupt``: not finished (a resume redoes it and says so), and the
+    readers refuse it with one line rather than pass over it.
+
+    Examples
+    --------
+    >>> cell_state("/nonexistent/w2-t2-small-b100").status
+    'missing'
+    """
+    try:
+        manifest = read_manifest(path)
+    except FileNotFoundError:
+        return CellState(path, "missing", "no manifest.json (an unfinished cell)")
+    except ExperimentError as exc:
+        return CellState(path, "corrupt", str(exc))
+    promised, trials = manifest.get("policies"), manifest.get("trials")
+    by_policy = manifest.get("valid_by_policy")
+    if by_policy is None or promised is None or trials is None:
+        valid = manifest.get("valid_trials", 1)
+        if valid > 0:
+            return CellState(path, "finished")
+        return CellState(path, "incomplete", "no valid trial", valid=dict.fromkeys(promised or (), 0))
+    valid = {p: int(by_policy.get(p, 0)) for p in promised}
+    short = [f"{p} has {n} of its {trials} valid trials" for p, n in valid.items() if n < trials]
+    return CellState(path, "incomplete" if short else "finished", "; ".join(short), trials, valid)
+
+
+def is_finished(path):
+    """Whether the folder ``path`` holds a finished cell (:func:`cell_state`): what a resume skips.
 
     Examples
     --------
     >>> is_finished("/nonexistent/w2-t2-small-b100")
     False
     """
-    try:
-        with open(os.path.join(path, schema.MANIFEST)) as fh:
-            manifest = json.load(fh)
-    except FileNotFoundError:
-        return False
-    except (OSError, ValueError):
-        return True            # there, but unreadable: the readers say so, loudly, rather than skip it
-    return not isinstance(manifest, dict) or manifest.get("valid_trials", 1) > 0
+    return cell_state(path).finished
 
 
 def finished_keys(folder):
@@ -349,32 +506,100 @@ def finished_keys(folder):
     return {key for key in os.listdir(folder) if is_finished(os.path.join(folder, key))}
 
 
+def _is_cell(folder):
+    """Whether ``folder`` is a cell (it has a manifest, sound or not) rather than a sweep or a machine's folder."""
+    return os.path.lexists(os.path.join(folder, schema.MANIFEST))
+
+
+def _cells_under(path):
+    """Every cell folder under ``path`` (a cell, a sweep, a cluster sweep), sorted, with its machine (or None)."""
+    if _is_cell(path):
+        return [(path, None)]
+    cells = []
+    for folder in sorted(_cell_folders(path)):
+        if _is_cell(folder):
+            cells.append((folder, None))
+        else:
+            cells += [(cell, os.path.basename(folder)) for cell in sorted(_cell_folders(folder)) if _is_cell(cell)]
+    return cells
+
+
 def finished_cells(path):
-    """The finished cells under ``path`` as sorted ``(folder, machine)`` pairs.
+    """The cells under ``path`` that readers read, as sorted ``(folder, machine)`` pairs.
+
+    A reader reads every cell with a valid trial: a finished one, and one a
+    resume would complete (its valid trials are measurements all the same;
+    a policy short of trials just has fewer). A cell with no valid trial
+    is passed over, and a corrupt one refused (:func:`cell_state`).
 
     Raises :class:`~tuna_lab.errors.ExperimentError` when ``path`` is no
-    folder or holds no finished cell.
+    folder, holds a cell whose manifest is unsound (one line naming it), or
+    holds no cell to read.
 
     ``path`` is a cell, a sweep (cells inside; machine None) or a cluster
     sweep (machine folders with cells inside; machine: the folder's name).
     """
     if not os.path.isdir(path):
         raise ExperimentError(f"no results folder at {path}")
-    if is_finished(path):
-        return [(path, None)]
     cells = []
-    for folder in sorted(_cell_folders(path)):
-        if is_finished(folder):
-            cells.append((folder, None))
-        else:
-            cells += [(cell, os.path.basename(folder)) for cell in sorted(_cell_folders(folder)) if is_finished(cell)]
+    for cell, machine in _cells_under(path):
+        state = cell_state(cell)
+        if state.status == "corrupt":
+            raise ExperimentError(state.reason)
+        if state.readable:
+            cells.append((cell, machine))
     if not cells:
         raise ExperimentError(f"no finished tuna-lab results under {path}")
     return cells
 
 
+def no_valid_trial(source):
+    """The promised policies without a single valid trial: ``{cell: [policy, ...]}``, only cells that have some.
+
+    What a command needs to say "no trial of some policy succeeded" (and exit
+    non-zero): empty when every policy of every cell has a valid trial.
+
+    Parameters
+    ----------
+    source : Result or str
+        A :class:`~tuna_lab.measure.experiment.Result` (its ``trials`` against
+        its manifest's ``policies``; the key is the manifest's ``cell``), or a
+        results folder - a cell, a sweep or a cluster sweep - whose every cell
+        with a manifest is counted, whether finished or not (``.partial``
+        folders are not cells).
+
+    Raises
+    ------
+    ExperimentError
+        A folder that is none, or holds a cell whose manifest is unsound (one line).
+
+    Examples
+    --------
+    >>> from tuna_lab.measure.experiment import Result
+    >>> t = pd.DataFrame({"policy": ["cfs", "tuna-scatter"], "trial_status": ["ok", "failed"]})
+    >>> no_valid_trial(Result(pd.DataFrame(), t, {"cell": "w2-t1-small-b10", "policies": ["cfs", "tuna-scatter"]}))
+    {'w2-t1-small-b10': ['tuna-scatter']}
+    """
+    if not isinstance(source, (str, os.PathLike)):
+        manifest = source.manifest or {}
+        valid = valid_trials(source.trials, manifest.get("policies") or ())
+        lacking = [p for p, n in valid.items() if n == 0]
+        return {manifest.get("cell") or source.path or "": lacking} if lacking else {}
+    path = os.fspath(source)
+    if not os.path.isdir(path):
+        raise ExperimentError(f"no results folder at {path}")
+    out = {}
+    for cell, _ in _cells_under(path):
+        state = cell_state(cell)
+        if state.status == "corrupt":
+            raise ExperimentError(state.reason)
+        if state.without_valid:
+            out[cell] = state.without_valid
+    return out
+
+
 def load_results(path):
-    """Read every finished cell under ``path`` -> ``(requests, trials, manifests)``.
+    """Every cell under ``path`` that has a valid trial (:func:`finished_cells`) -> ``(requests, trials, manifests)``.
 
     ``path`` is a cell folder, a sweep, or a cluster sweep (``<path>/<machine>/<cell>``,
     see :func:`tuna_lab.measure.cluster.sweep_on`). The results of a cluster sweep
@@ -395,13 +620,12 @@ def load_results(path):
     by_machine = any(machine is not None for _, machine in cells)
     reqs, trials, manifests = [], [], []
     for cell, machine in cells:
+        meta = read_manifest(cell)
         try:
-            with open(os.path.join(cell, schema.MANIFEST)) as fh:
-                meta = json.load(fh)
             table = pd.read_parquet(os.path.join(cell, schema.TRIALS))
             file = os.path.join(cell, schema.REQUESTS)
             rows = pd.read_parquet(file) if os.path.exists(file) and os.path.getsize(file) else None
-        except Exception as exc:  # pyarrow and json raise many types for a damaged file
+        except Exception as exc:  # pyarrow raises many types for a damaged file
             raise ExperimentError(f"{cell} is not a readable tuna-lab result ({type(exc).__name__}); "
                                   "delete it to have a sweep redo it") from None
         if by_machine:
@@ -417,7 +641,7 @@ def load_results(path):
 
 
 def load_thread_cpu(path):
-    """Per-thread CPU accounting of every finished cell under ``path`` (empty frame if none was recorded).
+    """Per-thread CPU accounting of every cell under ``path`` that readers read (empty frame if none was recorded).
 
     One row per (cell, policy, trial, worker, role): ``threads``, ``cpu_seconds``,
     ``max_thread_cpu_seconds``, ``busy_cpu_seconds``, ``idle_cpu_seconds``, ``requests``,
@@ -431,12 +655,12 @@ def load_thread_cpu(path):
     for cell, machine in cells:
         file = os.path.join(cell, schema.THREADS)
         if os.path.exists(file):
+            meta = read_manifest(cell) if by_machine else None
             try:
                 frame = pd.read_parquet(file)
-                if by_machine:
-                    with open(os.path.join(cell, schema.MANIFEST)) as fh:
-                        frame = frame.assign(machine=machine or machine_name(json.load(fh)))
             except Exception as exc:  # pyarrow raises many types for a damaged file
                 raise ExperimentError(f"{file} is not readable ({type(exc).__name__})") from None
+            if by_machine:
+                frame = frame.assign(machine=machine or machine_name(meta))
             frames.append(frame)
     return _concat(frames)

@@ -1,6 +1,8 @@
 """Sweeps: a grid of cells, each run and written as soon as it is done, here or on a Dask cluster.
 
-A re-run skips the cells already finished (:func:`~tuna_lab.measure.store.is_finished`).
+A re-run skips the cells already finished (:func:`~tuna_lab.measure.store.is_finished`: every policy has
+its valid trials), completes the unfinished ones (only their missing trials run), and redoes whole those
+whose manifest is corrupt, saying so for each.
 Before its first cell a sweep writes its settings to ``<out>/sweep.json``
 (:func:`sweep_settings`): a re-run with other settings is refused, naming
 them, since its cells would not compare with those already there.
@@ -24,7 +26,7 @@ from .._checks import positive_number
 from ..errors import ExperimentError
 from ..machine.reserve import reserve_client_cpus
 from .experiment import check_policies, check_resources, run
-from .store import check_out, finished_keys, lock_folder, read_sweep_file, write_sweep_file
+from .store import cell_state, check_out, finished_keys, lock_folder, read_sweep_file, write_sweep_file
 from .target import LabTarget
 
 __all__ = ["sweep", "sweep_settings", "COMPARED_SETTINGS"]
@@ -200,6 +202,13 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
         todo = [c for c in configs if c not in done]
         if progress:
             progress(f"sweep: {len(done)} of {len(configs)} cells already finished, {len(todo)} to run")
+            for config in todo:
+                # A cell that is there but not finished: say why, before it is completed or redone.
+                state = cell_state(os.path.join(out, config.key))
+                if state.status == "incomplete":
+                    progress(f"sweep: {config.key} is not finished ({state.reason}): its missing trials run")
+                elif state.status == "corrupt":
+                    progress(f"sweep: {config.key} is redone whole: {state.reason}")
             progress(split.describe())
             if budget is not None or cuts:
                 # Every cut on one line, as the design says it: what this sweep is not.

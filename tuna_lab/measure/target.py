@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from .._checks import format_cpulist, one_line, positive_int
+from .._checks import check_size, format_cpulist, one_line, positive_int
 from ..errors import TargetError, TunaError
 from .requests import Requests, read_option_file
 
@@ -315,6 +315,32 @@ class Target:
         return "" if mapping is None else "; ".join(str(r) for r in mapping.relaxed)
 
 
+def check_batch(model, batch):
+    """Refuse (:class:`~tuna_lab.errors.ExperimentError`) a batch above the rows one request to ``model`` may carry.
+
+    The bound is the lab server's (:func:`~tuna_lab.server.app.max_rows`:
+    ``TUNA_LAB_MAX_ROWS`` and the work bound), read here as the server will.
+
+    Examples
+    --------
+    >>> check_batch("small", 10)
+    >>> check_batch("small", 10 ** 9)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.ExperimentError: batch 1000000000 exceeds the server's limit of ... rows per request ...
+    """
+    from ..errors import ExperimentError, ServerError
+    from ..server.app import max_rows
+
+    try:
+        rows = max_rows(model)
+    except (ValueError, ServerError) as exc:
+        raise ExperimentError(f"the server's limits do not parse: {exc}") from None
+    if batch > rows:
+        raise ExperimentError(f"batch {batch} exceeds the server's limit of {rows} rows per request "
+                              "(TUNA_LAB_MAX_ROWS, TUNA_LAB_MAX_WORK); use a smaller batch")
+
+
 class LabTarget(Target):
     """tuna_lab's own Gunicorn + XGBoost server (:class:`~tuna_lab.server.launch.Server`), started per trial.
 
@@ -333,6 +359,8 @@ class LabTarget(Target):
     def __init__(self, config, seed=0):
         from .load import payload
 
+        # Before the payload is built: a batch of a billion rows is refused here, not by the allocator.
+        check_batch(config.model, config.batch)
         self.config, self.workers, self.threads = config, config.workers, config.threads
         self.label = config.model
         self.requests = Requests(path="/predict", bodies=(payload(config.model, config.batch, seed=seed),),
@@ -396,6 +424,9 @@ class AppTarget(Target):
         module, sep, attr = str(app).partition(":")
         if not sep or not module or not attr:
             raise TargetError(f"--app {app!r} is not MODULE:APP (for example myapp:app)")
+        # A dotted name, never a path: "../../etc" must not reach the file system or the server's command line.
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise TargetError(f"--app {app!r}: {module!r} is not a Python module name (MODULE:APP, e.g. myapp:app)")
         if server not in SERVERS:
             raise TargetError(f"--server must be one of {', '.join(SERVERS)}, got {server!r}")
         self.app_dir = os.path.abspath(app_dir or os.getcwd())
@@ -410,8 +441,7 @@ class AppTarget(Target):
             read_option_file(server_conf, "--server-conf")
             server_conf = os.path.abspath(server_conf)
         self.app, self.server, self.server_conf = str(app), server, server_conf
-        self.workers = positive_int("workers", workers, TargetError)
-        self.threads = positive_int("threads", threads, TargetError)
+        self.workers, self.threads = check_size(workers, threads, TargetError)
         self.requests = requests or Requests(path="/", method="GET")
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.label = label or re.sub(r"[^A-Za-z0-9_.]+", "_", module.split(".")[-1])
@@ -510,12 +540,15 @@ class AttachedTarget(Target):
         Default: ``GET url``.
     label : str, optional
         The cell's name for the server (default ``pid<PID>``).
+    force : bool
+        Measure ``pid``'s children though it is PID 1 or no recognised pre-fork
+        master (:func:`~tuna_lab.placement.pin.check_server`).
     """
 
     kind = "attached"
     restarts = False
 
-    def __init__(self, pid, url, threads, requests=None, label=None):
+    def __init__(self, pid, url, threads, requests=None, label=None, force=False):
         from .wire import check_url
 
         try:
@@ -528,16 +561,18 @@ class AttachedTarget(Target):
         if "://" not in self.requests.path:
             self.requests = Requests(**{**self.requests.__dict__, "path": self.requests.url_on(self.url)})
         self.label = label or f"pid{self.master}"
+        self.force = bool(force)
         self.masks = None
         self.workers = None
         self._runtimes = None
 
     def check(self):
-        """Refuse (:class:`TargetError`) a PID with no workers or a URL that refuses connections; count W."""
-        from ..placement.pin import worker_pids
+        """Refuse (:class:`TargetError`) a PID that is no server's master (PID 1, a shell), one with no workers,
+        or a URL that refuses connections; count W."""
+        from ..placement.pin import check_server
 
         try:
-            workers = worker_pids(self.master)
+            workers = check_server(self.master, force=self.force)
         except TunaError as exc:
             raise TargetError(one_line(exc)) from None
         _connectable(self.url)

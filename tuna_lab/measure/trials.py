@@ -17,7 +17,10 @@ order and yields a :class:`Measured` as each finishes. One trial:
    server says it - the lab server's own timings or a ``Server-Timing``
    header - else client-side, and the ``latency`` column says which), CPU
    and the generator's cost. A trial with more failed requests (non-2xx,
-   timeouts) than ``max_error_rate`` is marked failed, never averaged in.
+   timeouts) than ``max_error_rate`` is marked failed, never averaged in;
+   so is a trial during which a worker was replaced or the master died
+   (:data:`~tuna_lab.measure.schema.FAULT_COLUMNS`, compared between the
+   start of the warm-up and the end of the load).
 
 Examples
 --------
@@ -34,11 +37,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
+import psutil
 
 from .._checks import format_cpulist, one_line
 from ..errors import CpuAccountingError, TunaError
 from .cpu import CpuSampler, account, summarise
-from .schema import CPU_COLUMNS, GENERATOR_COLUMNS, PHASE_COLUMNS, percentiles
+from .schema import CPU_COLUMNS, FAULT_COLUMNS, GENERATOR_COLUMNS, PHASE_COLUMNS, percentiles
 
 __all__ = ["TrialPlan", "Measured", "run_trials", "run_steps", "trial_row", "latency_of", "LATENCIES"]
 
@@ -74,10 +78,12 @@ class TrialPlan:
     #: Open loop: seconds each request may take once sent, and the drain after the last arrival
     #: (None: the load's default). A step of a search over rates is bounded by ``duration + timeout``.
     timeout: float | None = None
+    #: ``(trial, policy)`` runs not to run: those a resume keeps from an earlier attempt of the cell.
+    skip: frozenset = frozenset()
 
     @property
     def runs(self):
-        """How many (trial, policy) runs the cell has."""
+        """How many (trial, policy) runs the cell has (those skipped included)."""
         return sum(len(order) for order in self.orders)
 
 
@@ -131,6 +137,7 @@ def trial_row(labels, frame, wall, status, reason, cpu=None, generator=None, lat
     row = {**labels, "n": int(len(frame)), "ok": int(len(ok)), "failed": int(len(frame) - len(ok)),
            "wall_seconds": wall, "trial_status": status, "reason": reason, "latency": latency}
     row.update(dict.fromkeys(PHASE_COLUMNS, float("nan")))
+    row.update(dict.fromkeys(FAULT_COLUMNS, 0))
     row.update(dict.fromkeys(CPU_COLUMNS, float("nan")))
     row.update(cpu or {})
     row.update(_generator_columns(generator, len(frame)))
@@ -142,7 +149,8 @@ def trial_row(labels, frame, wall, status, reason, cpu=None, generator=None, lat
 
 
 def run_trials(plan):
-    """Run every (trial, policy) of ``plan`` in its order, yielding a :class:`Measured` as each finishes.
+    """Run every (trial, policy) of ``plan`` in its order but those in ``plan.skip``, yielding a
+    :class:`Measured` as each finishes.
 
     A generator, so that the caller holds every finished run when Ctrl-C
     stops the one in progress (whose server the target's context manager stops).
@@ -152,7 +160,8 @@ def run_trials(plan):
     topo = Topology.from_sysfs()
     for trial, order in enumerate(plan.orders):
         for pos, policy in enumerate(order):
-            yield from _measure(plan, _labels(plan, trial, pos, policy), topo)
+            if (trial, policy) not in plan.skip:
+                yield from _measure(plan, _labels(plan, trial, pos, policy), topo)
 
 
 def run_steps(plan, policy, steps, trial=0):
@@ -235,6 +244,8 @@ def _measure(plan, labels, topo, steps=None):
             t1 = time.monotonic()
             phases["startup_seconds"] = t1 - t0
             url = spec.url_on(live.url)
+            # Who serves as the warm-up begins: a worker replaced, or a master gone, from here on is a fault.
+            server = _identity(live)
             before = _thread_cpu(live.worker_pids())
             if plan.warmup:
                 closed_loop(url, body, requests=plan.warmup, concurrency=min(plan.warmup, 4), cpus=pin, **options)
@@ -248,7 +259,7 @@ def _measure(plan, labels, topo, steps=None):
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
                 raise _NotPlaced(f"placement not in effect: {problems[0]}{more}")
             for index in itertools.count():
-                measured = _loaded(here, mine, topo, live, url, body, options, pin)
+                measured, server = _loaded(here, mine, topo, live, url, body, options, pin, server)
                 measured.row.update(phases)
                 if steps is None:
                     # Given out once the server is stopped: an error while stopping it fails the trial.
@@ -272,8 +283,12 @@ def _measure(plan, labels, topo, steps=None):
     yield from done
 
 
-def _loaded(plan, labels, topo, live, url, body, options, pin):
-    """One load on a placed, warm server, every server thread's CPU time sampled meanwhile."""
+def _loaded(plan, labels, topo, live, url, body, options, pin, server):
+    """One load on a placed, warm server, every server thread's CPU time sampled meanwhile.
+
+    ``server`` is :func:`_identity` before it (at the warm-up's start); returns the
+    :class:`Measured` and the identity after it, for a next step on the same server.
+    """
     status, reason = "ok", ""
     with CpuSampler(live.server_threads(), period=0.1) as sampler:
         t0 = time.monotonic()
@@ -285,14 +300,51 @@ def _loaded(plan, labels, topo, live, url, body, options, pin):
     # Where the server's threads may run, read live before it stops: off the generator's CPUs.
     allowed = _server_affinity(live)
     generator["server_cpus"] = sorted(set().union(*allowed.values())) if allowed else []
-    if not live.alive():
+    alive = live.alive()
+    after = _identity(live)
+    faults = _faults(server, after, frame, alive)
+    if not alive:
         status, reason = "failed", "the server died during the trial"
+    elif faults["master_restarted"]:
+        status, reason = "failed", "the server's master was restarted during the trial"
+    elif faults["workers_replaced"]:
+        n = faults["workers_replaced"]
+        status, reason = "failed", (f"{n} worker{'s' if n > 1 else ''} replaced during the trial (a replacement's "
+                                    "start-up and warm-up fall inside it)")
     cpu, per_thread = _cpu_of(sampler, frame, labels)
     if per_thread is not None:
         per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
         per_thread = per_thread.assign(cpus=[format_cpulist(allowed.get((pid, role), ()))
                                              for pid, role in zip(per_thread["pid"], per_thread["role"])])
-    return _measured(plan, labels, frame, wall, status, reason, cpu, generator, per_thread, timing)
+    measured = _measured(plan, labels, frame, wall, status, reason, cpu, generator, per_thread, timing)
+    measured.row.update(faults)
+    return measured, after
+
+
+def _identity(live):
+    """Who serves now: ``(master, its start time or None when gone, frozenset of worker PIDs)``."""
+    master = live.master_pid()
+    try:
+        born = psutil.Process(master).create_time() if master else None
+    except psutil.Error:
+        born = None
+    return master, born, frozenset(live.worker_pids())
+
+
+def _faults(before, after, frame, alive):
+    """The trial's :data:`~tuna_lab.measure.schema.FAULT_COLUMNS` from :func:`_identity` before and after it.
+
+    A worker that served a request but was not there at the start counts as
+    new too (it may have come and gone in between). Once the master is gone,
+    its workers went with it: only new workers count then.
+    """
+    served = set()
+    if len(frame) and "pid" in frame.columns:
+        served = {int(p) for p in frame["pid"].to_numpy() if p > 0}
+    restarted = int(not alive or (before[1] is not None and after[1] != before[1]))
+    new = (after[2] | served) - before[2]
+    gone = before[2] - after[2]
+    return {"workers_replaced": len(new) if restarted else max(len(new), len(gone)), "master_restarted": restarted}
 
 
 def _measured(plan, labels, frame=None, wall=0.0, status="ok", reason="", cpu=None, generator=None, per_thread=None,

@@ -215,16 +215,17 @@ def read_tune(out):
     >>> result = read_tune("notebooks/data/tune-2cpu")   # doctest: +SKIP
     >>> result.history.groupby("round")["status"].value_counts()   # doctest: +SKIP
     """
-    import json
+    from .._files import read_json
 
     path = os.path.join(out, TUNE_FILE)
     try:
-        with open(path) as f:
-            return TuneResult.from_dict(json.load(f))
+        return TuneResult.from_dict(read_json(path, follow=False))
     except FileNotFoundError:
         raise TuneError(f"{out}: no {TUNE_FILE} (not the folder of a tune)") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise TuneError(f"{path}: unreadable ({exc})") from None
+    except OSError as exc:
+        raise TuneError(str(exc)) from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TuneError(f"{path}: unreadable ({type(exc).__name__}: {str(exc)[:120]})") from None
 
 
 class _Evaluator:

@@ -10,7 +10,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .._checks import positive_int
+from .._checks import check_size, positive_int
 from ..errors import ModelError
 
 __all__ = ["Instance", "MODES", "check_positive_int"]
@@ -31,7 +31,8 @@ class Instance:
     Parameters
     ----------
     workers, threads : int
-        ``W`` server workers, each with ``T`` OpenMP threads (thread 0 = main).
+        ``W`` server workers, each with ``T`` OpenMP threads (thread 0 = main);
+        ``W x T`` at most :data:`~tuna_lab._checks.MAX_THREADS` (8192).
     topology : Topology
         The machine.
     mode : {"scatter", "compact"}
@@ -47,8 +48,10 @@ class Instance:
     costs: dict = field(default=None)
 
     def __post_init__(self):
-        object.__setattr__(self, "workers", check_positive_int("workers", self.workers))
-        object.__setattr__(self, "threads", check_positive_int("threads", self.threads))
+        # Bounded before anything is sized by W and T (MAX_THREADS: the local search's (WT)^2 matrices).
+        workers, threads = check_size(self.workers, self.threads, ModelError)
+        object.__setattr__(self, "workers", workers)
+        object.__setattr__(self, "threads", threads)
         if self.mode not in MODES:
             raise ModelError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 

@@ -60,8 +60,10 @@ class TunaModel:
     ----------
     workers, threads : int
         Gunicorn workers and OpenMP threads per worker.
-    topology : Topology, optional
-        The machine; ``None`` reads this one (:meth:`Topology.from_sysfs`).
+    topology : Topology or str, optional
+        The machine; ``None`` reads this one (:meth:`Topology.from_sysfs`), a
+        string is read by :func:`~tuna_lab.machine.topology_from` (a preset
+        name such as ``"xeon-8272cl"``, a synthetic spec, hwloc XML).
     mode : {"scatter", "compact"}
         Whether the threads of a worker are spread apart or packed together.
     families : iterable, optional
@@ -97,10 +99,11 @@ class TunaModel:
 
     def __init__(self, workers, threads, topology=None, mode="scatter", families=None,
                  encoding="auto", costs=None):
-        if topology is None:
-            from ..machine.topology import Topology
+        from ..machine.spec import topology_from
 
-            topology = Topology.from_sysfs()
+        # A Topology as it is; a preset name, a synthetic spec or hwloc XML read as ModeExplorer and
+        # recommend read them; anything else refused with one line.
+        topology = topology_from(topology)
         instance = Instance(workers, threads, topology, mode, costs)
         fams = DEFAULT_FAMILIES if families is None else tuple(_resolve_family(f) for f in families)
         # Keep the canonical build order whatever order the user gave.
@@ -341,8 +344,9 @@ def solve(workers, threads, topology=None, mode="scatter", **options):
     Parameters
     ----------
     workers, threads : int
-    topology : Topology, optional
-        ``None`` means this machine (the CPUs this process may use).
+    topology : Topology or str, optional
+        ``None`` means this machine (the CPUs this process may use); a string
+        is a preset name, a synthetic spec or hwloc XML (:func:`~tuna_lab.machine.topology_from`).
     mode : {"scatter", "compact"}
     **options
         ``families``, ``encoding``, ``costs`` go to :class:`TunaModel`;

@@ -37,23 +37,28 @@ Examples
 
 import contextlib
 import glob
-import json
 import os
+import re
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
 
 import psutil
 
+from .. import _files
 from .._checks import format_cpulist
 from ..errors import BindingError, PinError
+from ..machine.procfs import remove_dead_folders, start_ticks
 from .binding import affinity_of, bind, bind_worker, planned_cpus
 from .pools import (ACTIVE_FLOOR, ACTIVE_SHARE, RUNNING, ThreadRole, active_threads, classify_threads, main_rule,
                     thread_cpu_times)
 
 __all__ = ["ThreadRole", "Activity", "classify_threads", "thread_cpu_times", "active_threads", "serve_requests",
            "ACTIVE_FLOOR", "ACTIVE_SHARE", "worker_pids", "worker_slots", "server_threads", "pin_server",
-           "unpin_server", "watch_server", "PinReport", "hook_dir", "trusted_hook_dir", "write_hook_record"]
+           "unpin_server", "watch_server", "PinReport", "check_server", "hook_dir", "hook_mark", "hook_records",
+           "hook_dir_problem", "trusted_hook_dir", "write_hook_record", "remove_dead_state", "HOOK_MARK",
+           "HOOK_RECORDS"]
 
 # Rounds of --watch that look again at a worker with such a thread: a pool thread busy with
 # a request settles within them (then it is bound); one that always spins never does.
@@ -136,6 +141,50 @@ def worker_pids(master):
         raise PinError(f"PID {master} has no child processes: not a pre-fork server's master, "
                        "or its workers have not started yet")
     return [pid for _, pid in sorted(live)]
+
+
+def check_server(master, force=False):
+    """Refuse (:class:`PinError`) to pin ``master`` unless it is a pre-fork server's master, or ``force``.
+
+    PID 1 (init, or a container's first process) is always refused: its
+    children are the whole system's (or container's) services. Any other
+    process counts as a pre-fork master when every worker (:func:`worker_pids`)
+    runs the master's own program - a fork of it (Gunicorn), or the same
+    interpreter started again (uvicorn's spawned workers): a shell whose
+    children are ``sleep`` processes is not one. A worker whose program
+    cannot be read (another user's) is left to the permission check.
+    Returns the workers' PIDs.
+
+    Examples
+    --------
+    >>> check_server(1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.PinError: PID 1 is the system's (or container's) first process, not a server's master; ...
+    """
+    if int(master) == 1 and not force:
+        raise PinError("PID 1 is the system's (or container's) first process, not a server's master; "
+                       "give --force to pin its children anyway")
+    workers = worker_pids(master)
+    if force:
+        return workers
+    try:
+        program = psutil.Process(int(master)).exe()
+        others = {}
+        for pid in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):     # a worker that exited meanwhile
+                others[pid] = psutil.Process(pid).exe()
+    except psutil.AccessDenied:
+        return workers
+    except psutil.NoSuchProcess:
+        raise PinError(f"no process with PID {master}") from None
+    strangers = sorted(pid for pid, exe in others.items() if exe != program)
+    if strangers:
+        name = os.path.basename(others[strangers[0]]) or "?"
+        raise PinError(f"PID {master} ({os.path.basename(program) or '?'}) is not a recognised pre-fork server: "
+                       f"its child {strangers[0]} runs {name}, not the master's program; give --force to pin "
+                       "its children anyway")
+    return workers
 
 
 def _is_helper(proc):
@@ -290,44 +339,114 @@ def hook_dir(master):
     plan, old slots or an old refusal. The start time is the kernel's, in
     clock ticks since boot: a wall-clock time would change when the clock is
     stepped, and a replacement worker would then look for another folder.
-    Only a folder :func:`trusted_hook_dir` accepts is ever used.
+    Only a folder :func:`hook_dir_problem` accepts is ever used.
     """
     proc = psutil.Process(int(master))
     return os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{proc.uids().real}-{master}-{_started(master)}")
 
 
-def _started(master):
-    """The kernel's start time of process ``master``, in clock ticks since boot."""
+#: The file in the hooks' state folder that says which server made it (:func:`hook_mark`).
+HOOK_MARK = "server"
+#: The subfolder of the hooks' state folder the workers write their slot records in, after
+#: Gunicorn's ``user =`` dropped them to that user: theirs, while the folder above stays the master's.
+HOOK_RECORDS = "records"
+# Size caps of the small files the hooks and `pin --pid` read back.
+_MARK_BYTES, _RECORD_BYTES, _MASKS_BYTES = 512, 4096, 16 << 20
+
+
+def hook_mark(master):
+    """What the marker of ``master``'s state folder says: the master's PID and start time, and the boot.
+
+    The folder's name holds the first two; the boot tells a folder of this
+    server from one a temporary folder kept across a reboot holds under the
+    same name.
+    """
+    boot = _files.read_text("/proc/sys/kernel/random/boot_id", limit=64).strip()
+    return f"tuna_lab hooks of master {int(master)} started {_started(master)} boot {boot}\n"
+
+
+def hook_dir_problem(path, master, owner):
+    """Why the hooks' state folder ``path`` of ``master`` cannot be trusted; None when it can.
+
+    Trusted only if it is a real folder of ``owner`` (the master's effective
+    user, who made it: never the workers' user of Gunicorn's ``user =``) that
+    no one else may write, holding the marker its maker wrote before giving it
+    its name (:func:`hook_mark`). A folder someone made at the name before
+    the server's first worker did is refused, whoever owns it.
+
+    Examples
+    --------
+    >>> hook_dir_problem("/proc/nonexistent", os.getpid(), os.geteuid())
+    'it is missing'
+    """
+    why = _files.trusted_dir(path, {owner})
+    if why:
+        return f"it {why}"
     try:
-        with open(f"/proc/{int(master)}/stat") as fh:
-            # Field 22, starttime; the command name (field 2) may hold spaces and parentheses.
-            return int(fh.read().rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        raise psutil.NoSuchProcess(int(master)) from None
+        mark = _files.read_text(os.path.join(path, HOOK_MARK), limit=_MARK_BYTES, follow=False)
+    except OSError:
+        mark = None
+    if mark != hook_mark(master):
+        return "this server did not make it (it holds no marker of this server's)"
+    return None
 
 
-def _masks_path(master):
+def hook_records(master):
+    """The folder of ``master``'s hook records if it and the state folder above it are trusted; else None."""
+    try:
+        proc = psutil.Process(int(master))
+        owner = proc.uids().effective
+        # The records are written by the workers, under Gunicorn's `user =` as that user.
+        writers = {owner} | {child.uids().effective for child in proc.children()}
+        if hook_dir_problem(hook_dir(master), master, owner):
+            return None
+    except (psutil.Error, OSError):
+        return None
+    records = os.path.join(hook_dir(master), HOOK_RECORDS)
+    return None if _files.trusted_dir(records, writers) else records
+
+
+def remove_dead_state(kind, uid):
+    """Remove ``tuna_lab-KIND-UID-PID-START`` folders of this user in the temporary folder whose process is gone.
+
+    Such folders are named after a process (a Gunicorn master, a pinned
+    server's master) and its kernel start time; they outlive it when it is
+    killed. One is removed only if it is this user's and private (another
+    user's is never touched) and no process of that PID and start time runs.
+    A name with a suffix (``.XXXXXX``: a folder being made) counts as its process's.
+    """
+    remove_dead_folders(tempfile.gettempdir(), rf"tuna_lab-{re.escape(kind)}-{int(uid)}-(\d+)-(\d+)(?:\..*)?",
+                        lambda path, match: [(int(match[1]), int(match[2]))])
+
+
+def _started(master):
+    """The kernel's start time of process ``master``, in clock ticks since boot (NoSuchProcess if gone)."""
+    ticks = start_ticks(master)
+    if ticks is None:
+        raise psutil.NoSuchProcess(int(master))
+    return ticks
+
+
+def _pin_dir(master):
     """Where ``pin --pid`` keeps, for ``unpin``, every worker thread's mask from before it was first bound.
 
     Keyed like :func:`hook_dir`, by the user who pins rather than the server's:
     only a folder of theirs that no one else may write is ever read or written.
     """
-    folder = f"tuna_lab-pin-{os.geteuid()}-{int(master)}-{_started(master)}"
-    return os.path.join(tempfile.gettempdir(), folder, "masks.json")
+    return os.path.join(tempfile.gettempdir(), f"tuna_lab-pin-{os.geteuid()}-{int(master)}-{_started(master)}")
 
 
 def _saved_masks(master):
     """``{tid: cpus}`` saved by earlier pins of ``master``; empty if none (or not in a trusted folder)."""
     try:
-        path = _masks_path(master)
+        folder = _pin_dir(master)
     except psutil.Error:
         return {}
-    if not trusted_hook_dir(os.path.dirname(path), {os.geteuid()}):
+    if _files.trusted_dir(folder, {os.geteuid()}):
         return {}
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd) as fh:
-            return {int(tid): sorted(int(c) for c in cpus) for tid, cpus in json.load(fh).items()}
+        saved = _files.read_json(os.path.join(folder, "masks.json"), limit=_MASKS_BYTES, follow=False)
+        return {int(tid): sorted(int(c) for c in cpus) for tid, cpus in saved.items()}
     except (OSError, ValueError, TypeError, AttributeError):
         return {}
 
@@ -342,74 +461,41 @@ def _remember_masks(master, pids):
                 live.setdefault(tid, sorted(affinity_of(tid)))
         except (psutil.NoSuchProcess, BindingError):
             continue                                   # gone while we looked
-    path = _masks_path(master)
-    folder = os.path.dirname(path)
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(folder, 0o700)
-    if not trusted_hook_dir(folder, {os.geteuid()}):
-        raise PinError(f"refusing the state folder {folder}: it is not a folder of this user that only they may "
-                       "write (another user may have created it); remove it and pin again")
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({str(tid): cpus for tid, cpus in live.items()}, fh)
-    os.replace(tmp, path)
+    folder = _pin_dir(master)
+    if not os.path.lexists(folder):
+        remove_dead_state("pin", os.geteuid())         # the folders of servers pinned before, now gone
+    _files.private_dir(folder, error=PinError)
+    _files.write_json(os.path.join(folder, "masks.json"), {str(tid): cpus for tid, cpus in live.items()},
+                      mode=0o600, durable=False, error=PinError)
 
 
 def trusted_hook_dir(path, owners):
     """Whether ``path`` is a real folder (no symlink) owned by one of ``owners`` that no one else may write.
 
-    The hooks' folder sits in the shared temporary folder under a name
-    anyone can predict: a folder another user created there first could
-    choose the pinning (a planted ``plan.json``) or plant symlinks. Such a
-    folder is refused, never used.
-
     Examples
     --------
-    >>> trusted_hook_dir("/nonexistent", {os.getuid()})
+    >>> trusted_hook_dir("/proc/nonexistent", {os.getuid()})
     False
     """
-    import stat
-
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid in set(owners) and not st.st_mode & 0o022
+    return _files.trusted_dir(path, owners) is None
 
 
-def write_hook_record(run_dir, slot, pid, exact_main):
-    """Record that worker ``pid`` holds ``slot`` and whether its main thread is bound to one CPU."""
-    path = os.path.join(run_dir, f"slot-{slot}.json")
-    # O_NOFOLLOW|O_EXCL: never written through a symlink or into a file someone else made.
-    tmp = f"{path}.{pid}.tmp"
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump({"slot": slot, "pid": pid, "exact_main": bool(exact_main)}, fh)
-    os.replace(tmp, path)
+def write_hook_record(records, slot, pid, exact_main):
+    """Record in the folder ``records`` that worker ``pid`` holds ``slot`` and how its main thread is bound."""
+    # A new file renamed into place: never written through a link or into a file someone else made.
+    _files.write_json(os.path.join(records, f"slot-{slot}.json"),
+                      {"slot": slot, "pid": pid, "exact_main": bool(exact_main)}, mode=0o600, durable=False)
 
 
 def _hooked(master):
     """``{pid: (slot, exact_main)}`` of the workers the Gunicorn hooks placed (none for other servers)."""
-    try:
-        folder = hook_dir(master)
-        # Written by the master's user or, with Gunicorn's `user =`, its workers'.
-        owners = {psutil.Process(int(master)).uids().real} | {p.uids().real for p in
-                                                              psutil.Process(int(master)).children()}
-    except psutil.Error:
+    records = hook_records(master)
+    if records is None:
         return {}
-    if not trusted_hook_dir(folder, owners):
-        return {}
-    paths = glob.glob(os.path.join(folder, "slot-*.json"))
     out = {}
-    for path in paths:
+    for path in glob.glob(os.path.join(glob.escape(records), "slot-*.json")):
         try:
-            with open(path) as fh:
-                rec = json.load(fh)
+            rec = _files.read_json(path, limit=_RECORD_BYTES, follow=False)
             out[int(rec["pid"])] = (int(rec["slot"]), bool(rec["exact_main"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
@@ -625,7 +711,9 @@ def unpin_server(master):
                 report.warnings.append(f"worker {pid}: {exc}")
         report.workers.append({"slot": slot, "pid": pid, "threads": rows})
     with contextlib.suppress(OSError, psutil.Error):
-        os.remove(_masks_path(master))
+        folder = _pin_dir(master)
+        if not _files.trusted_dir(folder, {os.geteuid()}):
+            shutil.rmtree(folder)
     return report
 
 

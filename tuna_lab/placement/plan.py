@@ -44,7 +44,8 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from .._checks import format_cpulist, positive_int
+from .._checks import check_size, format_cpulist
+from .._files import loads_json, read_bytes, write_json
 from ..errors import PlanError
 
 __all__ = ["Plan", "PinnedBy", "FORMATS", "PLAN_FORMAT", "parse_omp_places"]
@@ -53,7 +54,8 @@ __all__ = ["Plan", "PinnedBy", "FORMATS", "PLAN_FORMAT", "parse_omp_places"]
 FORMATS = ("json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn")
 #: The ``format`` field of a plan's JSON: its schema's name and version.
 PLAN_FORMAT = "tuna_lab.plan/1"
-
+#: The largest plan file read: a plan of thousands of CPUs is a few hundred kilobytes.
+MAX_PLAN_BYTES = 16 << 20
 
 
 class PinnedBy(enum.StrEnum):
@@ -122,8 +124,7 @@ class Plan:
     relaxed: tuple = ()
 
     def __post_init__(self):
-        W = positive_int("workers", self.workers, PlanError)
-        T = positive_int("threads", self.threads, PlanError)
+        W, T = check_size(self.workers, self.threads, PlanError)
         pinned_by = PinnedBy.of(self.pinned_by, PlanError)
         try:
             slots = tuple(tuple(tuple(sorted(int(c) for c in cpus)) for cpus in row) for row in self.slots)
@@ -199,26 +200,34 @@ class Plan:
             raise PlanError(f"malformed plan: missing or wrong field {exc}") from None
 
     @classmethod
-    def read(cls, path_or_text):
-        """A plan from a JSON file, or from JSON text (what ``TUNA_LAB_PLAN`` may hold)."""
-        text = str(path_or_text)
-        if not text.lstrip().startswith("{"):
-            try:
-                with open(text) as fh:
-                    text = fh.read()
-            except OSError as exc:
-                raise PlanError(f"cannot read plan {path_or_text}: {exc.strerror or exc}") from None
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise PlanError(f"plan {str(path_or_text)[:60]!r} is not JSON: {exc}") from None
-        return cls.from_dict(data)
+    def read(cls, path_or_text, follow=True):
+        """A plan from a JSON file, or from JSON text (what ``TUNA_LAB_PLAN`` may hold).
 
-    def write(self, path):
-        """Write the plan as JSON to ``path``."""
-        with open(path, "w") as fh:
-            json.dump(self.to_dict(), fh, indent=1)
-            fh.write("\n")
+        The file is read as :func:`tuna_lab._files.read_bytes` reads (a FIFO
+        or a device refused, at most :data:`MAX_PLAN_BYTES`), and its JSON
+        parsed with a bound on its nesting: any of these is one
+        :class:`~tuna_lab.errors.PlanError` line. ``follow=False`` refuses a
+        link at the path itself (a plan in a shared folder).
+
+        Examples
+        --------
+        >>> Plan.read("/dev/zero")
+        Traceback (most recent call last):
+        ...
+        tuna_lab.errors.PlanError: /dev/zero is not a regular file (a character device); refusing to read it
+        """
+        text = str(path_or_text)
+        if text.lstrip().startswith("{"):
+            return cls.from_dict(loads_json(text, where="the plan's JSON", error=PlanError))
+        try:
+            data = read_bytes(text, limit=MAX_PLAN_BYTES, follow=follow, error=PlanError)
+        except FileNotFoundError as exc:
+            raise PlanError(f"cannot read plan {text}: {exc.strerror or exc}") from None
+        return cls.from_dict(loads_json(data, where=f"plan {text}", error=PlanError))
+
+    def write(self, path, mode=0o644):
+        """Write the plan as JSON to ``path``: whole or not at all, never through a link (:func:`write_json`)."""
+        write_json(path, self.to_dict(), mode=mode, error=PlanError)
 
     # -- the machine it is for --------------------------------------------------------------
     def check_machine(self, topology, force=False):
@@ -352,6 +361,9 @@ class Plan:
                 tids = [{"slot": w, "rank": t, "tid": f"<TID of slot {w} rank {t}>"}
                         for w in range(self.workers) for t in range(self.threads)]
             for th in tids:
+                if th.get("slot") is not None and not 0 <= th["slot"] < self.workers:
+                    raise PlanError(f"thread {th['tid']} is of slot {th['slot']}, but the plan has "
+                                    f"{self.workers} slots")
                 if th.get("rank") is not None and th["rank"] < self.threads and th.get("slot") is not None:
                     cpus = format_cpulist(self.slots[th["slot"]][th["rank"]])
                     lines.append(f"taskset -p -c {cpus} {th['tid']}")

@@ -66,11 +66,11 @@ from functools import cached_property
 
 import numpy as np
 
-from .._checks import format_cpulist
+from .._checks import check_size, format_cpulist
 from ..errors import ModelError, PolicyError, RelaxedMappingWarning, TopologyError
 from ..machine import Topology, topology_from
 from ..model.families import main_counts, pair_sums, worker_counts
-from ..model.instance import MODES, check_positive_int
+from ..model.instance import MODES
 from .plan import PinnedBy
 
 __all__ = ["POLICIES", "Policy", "register", "unregister", "registered_policies", "policy_names", "get_policy",
@@ -127,8 +127,7 @@ class Placement:
     mapping: object = None
 
     def __post_init__(self):
-        W = check_positive_int("workers", self.workers)
-        T = check_positive_int("threads", self.threads)
+        W, T = check_size(self.workers, self.threads, ModelError)
         if not isinstance(self.topology, Topology):
             raise TopologyError(f"topology must be a Topology, got {type(self.topology).__name__}")
         pinned_by = PinnedBy.of(self.pinned_by, ModelError)
@@ -556,8 +555,7 @@ def placement(policy, workers, threads, topology=None, *, places="cores", mode=N
     >>> placement("tuna-scatter", 4, 2, topo).mapping.verify()
     []
     """
-    W = check_positive_int("workers", workers)
-    T = check_positive_int("threads", threads)
+    W, T = check_size(workers, threads, ModelError)
     chosen = policy if isinstance(policy, Policy) else get_policy(policy)
     _check_options(places, mode)
     topology = _resolve_topology(topology)
@@ -610,8 +608,7 @@ def compare(workers, threads, topology=None, policies=None, *, places="cores", t
     """
     import pandas as pd
 
-    W = check_positive_int("workers", workers)
-    T = check_positive_int("threads", threads)
+    W, T = check_size(workers, threads, ModelError)
     policies = POLICIES if policies is None else (policies,) if isinstance(policies, str) else tuple(policies)
     for policy in policies:
         get_policy(policy)

@@ -12,6 +12,26 @@ with :func:`time.perf_counter`:
 ``GET /healthz`` answers 200 only once :meth:`InferenceApp.mark_ready` was
 called (after the worker's threads were pinned), 503 before.
 
+What one client may take from the others is bounded, each refusal a status
+and a one-line ``error`` (all but the first in this app, before the request
+is read or predicted):
+
+* **work**: rows x the model's cost (:func:`~tuna_lab.server.models.model_cost`)
+  at most :data:`MAX_WORK` (``TUNA_LAB_MAX_WORK``), and rows at most
+  :func:`max_rows_default` (memory); more gets 413;
+* **time**: under Gunicorn, the worker's ``timeout`` (``TUNA_LAB_TIMEOUT``,
+  120 s by default) aborts a request that runs longer and replaces the worker;
+* **slow clients**: under :class:`~tuna_lab.server.wsgi.LabWorker`, a
+  connection has :data:`READ_TIMEOUT` seconds from the moment a worker takes
+  it to send its whole request; a body still missing then gets 408, headers
+  still missing a closed connection;
+* **queue**: with ``max_wait`` set, a ``/predict`` that waited longer than
+  ``max_wait`` seconds in the queue for a worker gets 503 with ``Retry-After``
+  (load shedding; the wait as Linux reports it, see
+  :func:`~tuna_lab.server.wsgi.waited`);
+* **media type**: a ``/predict`` whose ``Content-Type`` is not
+  ``application/json`` gets 415.
+
 The app is created in the Gunicorn master, before it forks, so creating it
 loads no XGBoost: GNU libgomp's thread pool does not survive ``fork``. Each
 worker loads the booster on its first request or in :meth:`~InferenceApp.warm_up`.
@@ -36,16 +56,16 @@ from pathlib import Path
 
 import numpy as np
 
-from .._checks import positive_int, shorten
+from .._checks import positive_int, positive_number, shorten
 from ..errors import ServerError
 from ..placement.binding import threads_of
 from ..placement.pools import new_pool_threads
 from .cpuclock import process_thread_cpu, request_cpu
 # STAGES is defined by the model catalogue; re-exported as this app's stages.
-from .models import MODEL_FEATURES, STAGES, load_booster, make_rows
+from .models import MODEL_FEATURES, STAGES, load_booster, make_rows, model_cost
 
-__all__ = ["InferenceApp", "create_app", "app_from_env", "max_rows", "max_rows_default", "STAGES", "MAX_BODY_BYTES",
-           "ROW_BUDGET_BYTES"]
+__all__ = ["InferenceApp", "create_app", "app_from_env", "max_rows", "max_rows_default", "max_work", "STAGES",
+           "MAX_BODY_BYTES", "ROW_BUDGET_BYTES", "MAX_WORK", "READ_TIMEOUT", "RETRY_AFTER"]
 
 log = logging.getLogger("tuna_lab.server")
 
@@ -54,6 +74,16 @@ MAX_BODY_BYTES = 50 * 1024 * 1024
 #: Memory the rows of one request may take as float64 input, which sets the default row limit
 #: (:func:`max_rows`): a few huge requests must not push a worker into swap or the OOM killer.
 ROW_BUDGET_BYTES = 50 * 1024 * 1024
+#: Work one request may ask for by default (``TUNA_LAB_MAX_WORK``, ``tuna-lab serve --max-work``): its
+#: rows x the model's cost (:func:`~tuna_lab.server.models.model_cost`). About 3 s of one CPU here
+#: (65,104 rows of small, 22,321 of medium; large's 8,359 rows are bounded by memory first): a
+#: 220,000-row request of small held a worker 14 s, most of it in SHAP, before this bound.
+MAX_WORK = 250_000_000
+#: Seconds a connection has, from the moment a worker takes it, to send its whole request (headers
+#: and body); each response write has as long. Loopback clients send a 50 MB body in well under it.
+READ_TIMEOUT = 5.0
+#: Seconds a client shed with 503 is told to wait (``Retry-After``) before it tries again.
+RETRY_AFTER = 1
 _ROUTES = {"/healthz": "GET", "/predict": "POST"}
 # Enough rows that every OpenMP loop in DMatrix/predict/SHAP uses all threads.
 _WARM_ROWS = 64
@@ -79,7 +109,17 @@ class InferenceApp:
     n_features : int
     max_body_bytes : int
     max_rows : int
-        Most rows one request may carry; more get 413 (:func:`max_rows`).
+        Most rows one request may carry; more get 413 (:func:`max_rows_default`).
+    cost : int
+        The model's work per row (:func:`~tuna_lab.server.models.model_cost`).
+    max_work : int
+        Most rows x ``cost`` one request may ask for; more get 413.
+    max_wait : float or None
+        Shed a ``/predict`` with 503 when it waited longer than this many
+        seconds for a worker (None: never).
+    read_timeout : float
+        Seconds a connection has to send its request (read by
+        :class:`~tuna_lab.server.wsgi.LabWorker`, which enforces it).
     request_log : pathlib.Path or None
         Directory of ``requests-<pid>.jsonl``; one JSON line per request
         (``time``, ``pid``, ``method``, ``path``, ``status``, ``batch``,
@@ -87,12 +127,17 @@ class InferenceApp:
         are not logged: a poller would drown the inference requests.
     """
 
-    def __init__(self, model, threads, max_body_bytes, request_log, max_rows=None):
+    def __init__(self, model, threads, max_body_bytes, request_log, max_rows=None, max_work=None, max_wait=None,
+                 read_timeout=READ_TIMEOUT):
         self.model = model
         self.threads = threads
         self.n_features = MODEL_FEATURES[model]
         self.max_body_bytes = max_body_bytes
         self.max_rows = max_rows or max_rows_default(model)
+        self.cost = model_cost(model)
+        self.max_work = max_work or MAX_WORK
+        self.max_wait = max_wait
+        self.read_timeout = read_timeout
         self.request_log = request_log
         self._booster = None
         self._xgboost = None
@@ -202,6 +247,9 @@ class InferenceApp:
             raise _HTTPError(405, f"{method} is not allowed on {path}; use {allowed}", [("Allow", allowed)])
         if path == "/healthz":
             return self._health()
+        # Before anything is read: a shed request costs the worker next to nothing.
+        self._shed(environ)
+        _check_content_type(environ)
         # The CPU clocks of this worker's threads at the request's boundaries:
         # what the request cost, exactly, and (by difference with the whole
         # trial) what the threads burn between requests.
@@ -221,6 +269,14 @@ class InferenceApp:
                         reason="worker not ready: threads not pinned yet (mark_ready not called)")
             return 503, body
         return 200, body
+
+    def _shed(self, environ):
+        # LabWorker says, as it takes the connection, how long its request waited for a worker.
+        waited = getattr(environ.get("gunicorn.socket"), "waited", None)
+        if self.max_wait is not None and waited is not None and waited > self.max_wait:
+            raise _HTTPError(503, f"overloaded: the request waited {waited:.2f} s for a worker, more than the "
+                                  f"bound of {self.max_wait:g} s; retry after {RETRY_AFTER} s",
+                             [("Retry-After", str(RETRY_AFTER))])
 
     def _predict(self, environ, stages, info, t0):
         body = self._read_body(environ)
@@ -256,6 +312,9 @@ class InferenceApp:
             return self._read_stream(environ)
         except _HTTPError:
             raise
+        except TimeoutError:
+            # LabWorker's deadline (or a socket timeout of another server's)
+            raise _HTTPError(408, f"request body not received within {self.read_timeout:g} s") from None
         except Exception as exc:
             # The server's input stream fails only on the client's bytes (bad
             # chunked framing, a dropped connection); its classes vary by server.
@@ -300,6 +359,11 @@ class InferenceApp:
             # Before the rows are looked at or converted: the worker's memory stays bounded.
             raise _HTTPError(413, f"{len(rows)} rows exceed the limit of {self.max_rows} rows per request "
                                   "(TUNA_LAB_MAX_ROWS); send smaller batches")
+        if len(rows) * self.cost > self.max_work:
+            # Before anything is predicted: the time a request holds a worker stays bounded too.
+            raise _HTTPError(413, f"{len(rows)} rows x cost {self.cost} of model {self.model!r} = "
+                                  f"{len(rows) * self.cost:,} exceed the work bound of {self.max_work:,} per request "
+                                  f"(TUNA_LAB_MAX_WORK); send at most {self.max_work // self.cost} rows")
         for i, row in enumerate(rows):
             if not isinstance(row, list):
                 raise _HTTPError(400, f'"rows"[{i}] is not a list')
@@ -354,33 +418,65 @@ def max_rows_default(model):
 
 
 def max_rows(model, environ=None):
-    """Most rows one request to ``model`` may carry: ``TUNA_LAB_MAX_ROWS``, else :func:`max_rows_default`.
+    """Most rows one request to ``model`` may carry: the smaller of its row limit and its work bound.
 
-    The server answers a request with more rows 413 with the reason; a
-    measurement checks its batch against this before it starts a server.
+    The row limit is ``TUNA_LAB_MAX_ROWS``, else :func:`max_rows_default`
+    (memory); the work bound allows :func:`max_work` // the model's cost
+    (:func:`~tuna_lab.server.models.model_cost`) rows. The server answers a
+    request with more rows 413 with the reason; a measurement checks its
+    batch against this before it starts a server.
 
     Examples
     --------
     >>> max_rows("medium", {"TUNA_LAB_MAX_ROWS": "500"})
     500
-    >>> max_rows("medium", {})
-    42281
+    >>> max_rows("medium", {}), max_rows("large", {})
+    (22321, 8359)
+    >>> max_rows("small", {"TUNA_LAB_MAX_WORK": "3840000"})
+    1000
     """
     env = os.environ if environ is None else environ
     if model not in MODEL_FEATURES:
         raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
-    if not env.get("TUNA_LAB_MAX_ROWS"):
-        return max_rows_default(model)
+    rows = _env_int(env, "TUNA_LAB_MAX_ROWS") or max_rows_default(model)
+    return max(1, min(rows, max_work(env) // model_cost(model)))
+
+
+def max_work(environ=None):
+    """The work bound of one request: ``TUNA_LAB_MAX_WORK``, else :data:`MAX_WORK`.
+
+    Examples
+    --------
+    >>> max_work({}) == MAX_WORK, max_work({"TUNA_LAB_MAX_WORK": "1000"})
+    (True, 1000)
+    """
+    return _env_int(os.environ if environ is None else environ, "TUNA_LAB_MAX_WORK") or MAX_WORK
+
+
+def _env_int(env, var):
+    """The positive integer in ``env[var]``; None when unset or empty; ServerError otherwise."""
+    text = env.get(var)
+    if not text:
+        return None
     try:
-        value = int(env["TUNA_LAB_MAX_ROWS"])
+        value = int(text)
     except ValueError:
         value = 0
     if value < 1:
-        raise ServerError(f"TUNA_LAB_MAX_ROWS must be a positive integer, got {env['TUNA_LAB_MAX_ROWS']!r}")
+        raise ServerError(f"{var} must be a positive integer, got {text!r}")
     return value
 
 
-def create_app(model="medium", threads=1, max_body_bytes=MAX_BODY_BYTES, request_log=None, max_rows=None):
+def _check_content_type(environ):
+    """415 unless the request says its body is JSON (``application/json``, parameters such as charset allowed)."""
+    value = environ.get("CONTENT_TYPE") or ""
+    if value.split(";", 1)[0].strip().lower() != "application/json":
+        said = f"Content-Type {shorten(value, 80)!r} is not JSON" if value.strip() else "no Content-Type"
+        raise _HTTPError(415, f"{said}; send the rows as application/json")
+
+
+def create_app(model="medium", threads=1, max_body_bytes=MAX_BODY_BYTES, request_log=None, max_rows=None,
+               max_work=None, max_wait=None, read_timeout=READ_TIMEOUT):
     """Build the WSGI app; cheap, and loads no XGBoost.
 
     Parameters
@@ -392,6 +488,17 @@ def create_app(model="medium", threads=1, max_body_bytes=MAX_BODY_BYTES, request
         Larger request bodies get 413.
     max_rows : int, optional
         Requests with more rows get 413; default :func:`max_rows_default`.
+    max_work : int, optional
+        Requests whose rows x the model's cost
+        (:func:`~tuna_lab.server.models.model_cost`) exceed it get 413,
+        before anything is predicted; default :data:`MAX_WORK`.
+    max_wait : float, optional
+        Shed a ``/predict`` with 503 and ``Retry-After`` when it waited
+        longer than this many seconds in the queue for a worker (as
+        :class:`~tuna_lab.server.wsgi.LabWorker` measures it); default: never.
+    read_timeout : float
+        Seconds a connection has to send its whole request under
+        :class:`~tuna_lab.server.wsgi.LabWorker` (a missing body then gets 408).
     request_log : str or path-like, optional
         Directory for ``requests-<pid>.jsonl`` (created if missing).
 
@@ -399,6 +506,10 @@ def create_app(model="medium", threads=1, max_body_bytes=MAX_BODY_BYTES, request
     --------
     >>> create_app("small", threads=4)
     InferenceApp(model='small', threads=4, ready=False)
+    >>> create_app("small", max_wait=0)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.ServerError: max_wait must be a positive finite number, got 0
     """
     if model not in MODEL_FEATURES:
         raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
@@ -406,18 +517,23 @@ def create_app(model="medium", threads=1, max_body_bytes=MAX_BODY_BYTES, request
     max_body_bytes = positive_int("max_body_bytes", max_body_bytes, ServerError)
     if max_rows is not None:
         max_rows = positive_int("max_rows", max_rows, ServerError)
+    if max_work is not None:
+        max_work = positive_int("max_work", max_work, ServerError)
+    if max_wait is not None:
+        max_wait = positive_number("max_wait", max_wait, ServerError)
+    read_timeout = positive_number("read_timeout", read_timeout, ServerError)
     if request_log is not None:
         request_log = Path(request_log)
         try:
             request_log.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ServerError(f"cannot create request log directory {str(request_log)!r}: {exc.strerror}") from None
-    return InferenceApp(model, threads, max_body_bytes, request_log, max_rows)
+    return InferenceApp(model, threads, max_body_bytes, request_log, max_rows, max_work, max_wait, read_timeout)
 
 
 def app_from_env(environ=None):
     """Build the app from ``TUNA_LAB_MODEL``, ``TUNA_LAB_THREADS``, ``TUNA_LAB_MAX_BODY``, ``TUNA_LAB_MAX_ROWS``,
-    ``TUNA_LAB_REQUEST_LOG``.
+    ``TUNA_LAB_MAX_WORK``, ``TUNA_LAB_MAX_WAIT``, ``TUNA_LAB_READ_TIMEOUT``, ``TUNA_LAB_REQUEST_LOG``.
 
     Unset or empty variables take :func:`create_app`'s defaults.
 
@@ -425,20 +541,24 @@ def app_from_env(environ=None):
     --------
     >>> app_from_env({"TUNA_LAB_MODEL": "large", "TUNA_LAB_THREADS": "4"}).threads
     4
+    >>> app_from_env({"TUNA_LAB_MAX_WAIT": "0.5", "TUNA_LAB_READ_TIMEOUT": "2.5"}).read_timeout
+    2.5
     """
     env = os.environ if environ is None else environ
     kwargs = {}
     if env.get("TUNA_LAB_MODEL"):
         kwargs["model"] = env["TUNA_LAB_MODEL"]
-    for var, key in (("TUNA_LAB_THREADS", "threads"), ("TUNA_LAB_MAX_BODY", "max_body_bytes")):
+    for var, key in (("TUNA_LAB_THREADS", "threads"), ("TUNA_LAB_MAX_BODY", "max_body_bytes"),
+                     ("TUNA_LAB_MAX_ROWS", "max_rows"), ("TUNA_LAB_MAX_WORK", "max_work")):
+        value = _env_int(env, var)
+        if value is not None:
+            kwargs[key] = value
+    for var, key in (("TUNA_LAB_MAX_WAIT", "max_wait"), ("TUNA_LAB_READ_TIMEOUT", "read_timeout")):
         if env.get(var):
             try:
-                kwargs[key] = int(env[var])
+                kwargs[key] = float(env[var])
             except ValueError:
-                raise ServerError(f"{var} must be a positive integer, got {env[var]!r}") from None
-    model = kwargs.get("model", "medium")
-    if model in MODEL_FEATURES:
-        kwargs["max_rows"] = max_rows(model, env)
+                raise ServerError(f"{var} must be a positive number of seconds, got {env[var]!r}") from None
     return create_app(request_log=env.get("TUNA_LAB_REQUEST_LOG") or None, **kwargs)
 
 

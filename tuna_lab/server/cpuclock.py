@@ -22,11 +22,14 @@ True
 import os
 import time
 
+from .._files import read_bytes
 from ..errors import CpuAccountingError
 
 __all__ = ["thread_cpu_seconds", "process_thread_cpu", "request_cpu"]
 
 _TICK = os.sysconf("SC_CLK_TCK")
+# A thread's stat and schedstat are a few hundred bytes.
+_PROC_LIMIT = 4096
 
 
 def _thread_clock(tid):
@@ -52,15 +55,14 @@ def thread_cpu_seconds(pid, tid):
         except (OSError, OverflowError):     # no such thread; a TID beyond the clock id range
             pass
     base = f"/proc/{pid}/task/{tid}"
+    # Read as every procfs file is (no blocking open, a size cap): the PID may be a user's.
     try:
-        with open(f"{base}/schedstat") as fh:
-            return int(fh.read().split()[0]) / 1e9
+        return int(read_bytes(f"{base}/schedstat", limit=_PROC_LIMIT).split()[0]) / 1e9
     except (OSError, ValueError, IndexError):
         pass
     try:
-        with open(f"{base}/stat") as fh:
-            # The command name may hold spaces and parentheses: split after the last ")".
-            fields = fh.read().rsplit(")", 1)[1].split()
+        # The command name may hold spaces and parentheses: split after the last ")".
+        fields = read_bytes(f"{base}/stat", limit=_PROC_LIMIT).rsplit(b")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / _TICK      # utime, stime (fields 14, 15)
     except (OSError, ValueError, IndexError):
         raise CpuAccountingError(f"cannot read the CPU time of thread {tid} of process {pid}") from None

@@ -21,7 +21,11 @@ _STATE = os.environ["TUNA_LAB_STATE"]
 _PLAN = read_plan(_STATE)
 
 workers = _PLAN.workers
-worker_class = "sync"
+# Gunicorn's sync worker with a read deadline per connection, telling the app each request's wait (shedding).
+worker_class = "tuna_lab.server.wsgi.LabWorker"
+# No control socket (Gunicorn 25.1+ opens ~/.gunicorn/gunicorn.ctl by default, one for all of a user's servers,
+# whose `worker add` would change W mid-measurement); older Gunicorns ignore the setting.
+control_socket_disable = True
 # One request at a time per worker (the article's pre-fork sync model).
 threads = 1
 # A large model's first request builds the OpenMP pool and caches; be patient.

@@ -8,12 +8,13 @@
 """
 
 import contextlib
-import json
 import os
+import re
 import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -22,17 +23,20 @@ import time
 
 import psutil
 
-from .._checks import positive_int
+from .. import _files
+from .._checks import non_negative_int, positive_int, positive_number, shorten
 from ..errors import CpuAccountingError, ServerError, TunaError
 from ..machine.limits import check_throttling
+from ..machine.procfs import remove_dead_folders, start_ticks
 from ..placement.binding import affinity_of, threads_of
 from ..placement.plan import PinnedBy
+from .app import READ_TIMEOUT
 from .models import MODEL_FEATURES, ensure_model
 from .openmp import wait_policy_env
 from .pinning import PLAN_FILE, record_path
 
 __all__ = ["Server", "ServerError", "status", "stop", "free_port", "SERVER_ENV", "SERVER_ID_VAR", "child_setup",
-           "terminate", "start_ticks", "signal_on_parent_death"]
+           "terminate", "signal_on_parent_death", "remove_stale_state_dirs"]
 
 #: Thread pools other than the worker's OpenMP pool stay at one thread, so
 #: the only threads that compete are the ones the policy places.
@@ -42,6 +46,13 @@ SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "BLIS_NUM_THR
 
 #: The environment variable whose value marks a server's master as the one a :class:`Server` started.
 SERVER_ID_VAR = "TUNA_LAB_SERVER_ID"
+
+# A Server's own state folder: tempfile's folder, this prefix. Its owner record says which
+# processes (the launcher, then Gunicorn's master; PID and start time) keep it in use.
+_STATE_PREFIX = "tuna-lab-server-"
+_OWNER_FILE = "owner.json"
+# Linux's PID_MAX_LIMIT: a pidfile naming a larger number was not written by Gunicorn.
+_PID_MAX = 1 << 22
 
 
 def free_port():
@@ -115,7 +126,7 @@ class Server:
     max_requests : int
         Recycle each worker after this many requests (0: never).
     request_log : str, optional
-        Directory for the per-request JSON lines.
+        Directory for the per-request JSON lines (created now if missing).
     places : {"cores", "threads"}
         ``OMP_PLACES`` for the ``omp-*`` policies.
     wait_policy : {"default", "passive", "active"}
@@ -129,12 +140,39 @@ class Server:
         process is killed outright (``SIGKILL``, a lost Dask worker), when no
         context manager can run. Only for a server stopped by the thread that
         started it (the experiment runner); off for ``tuna-lab serve --detach``.
+    max_work : int, optional
+        The work bound of one request: its rows x the model's cost
+        (:func:`~tuna_lab.server.models.model_cost`); a request over it gets
+        413 before anything is predicted. Default ``TUNA_LAB_MAX_WORK``, else
+        :data:`tuna_lab.server.app.MAX_WORK` (about 3 s of one CPU).
+    max_wait : float, optional
+        The queue bound, in seconds: a ``/predict`` that waited longer for a
+        worker gets 503 with ``Retry-After`` (load shedding). Default
+        ``TUNA_LAB_MAX_WAIT``, else none: the experiment runner's load
+        generator bounds what is in flight itself, and shedding would change
+        what it measures.
+    read_timeout : float
+        Seconds a connection has, once a worker takes it, to send its whole
+        request (and each answer to be written); a slow client is then
+        dropped (408 when its body is missing), so it cannot hold a worker.
+    request_timeout : float, optional
+        The time bound of a request: Gunicorn's worker ``timeout``. A
+        request (or a worker's warm-up) running longer is aborted and the
+        worker replaced. Default ``TUNA_LAB_TIMEOUT``, else 120 s.
+
+    The state folder the server is given (``state_dir``), or else makes in
+    :func:`tempfile.gettempdir` when it starts, holds its plan, its
+    workers' records and Gunicorn's log; the one it makes is removed when
+    it stops, however the start or the stop ends. One left by a process
+    killed outright (``SIGKILL``) is removed by the next start here, once
+    the processes its owner record names (the launcher, the master) are gone.
     """
 
     def __init__(self, workers, threads, model="medium", policy="cfs", port=0, pidfile=None,
                  topology=None, max_requests=0, request_log=None, places="cores", state_dir=None,
                  max_body_bytes=None, time_limit=60, wait_policy="default", spincount=None,
-                 die_with_parent=False):
+                 die_with_parent=False, max_work=None, max_wait=None, read_timeout=READ_TIMEOUT,
+                 request_timeout=None):
         # The policies module is imported here: `tuna-lab status` and `stop` use this module too.
         from ..placement.policies import placement
 
@@ -168,15 +206,35 @@ class Server:
                               f"capped at the {usable} CPUs {'the server' if self.cpus else 'this process'} "
                               f"may use; oversubscribe with more workers instead")
         self.workers, self.threads, self.model, self.policy = workers, threads, model, policy
-        self.port = int(port) or free_port()
+        self.max_work = None if max_work is None else positive_int("max_work", max_work, ServerError)
+        self.max_wait = None if max_wait is None else positive_number("max_wait", max_wait, ServerError)
+        self.read_timeout = positive_number("read_timeout", read_timeout, ServerError)
+        self.request_timeout = (None if request_timeout is None
+                                else positive_number("request_timeout", request_timeout, ServerError))
+        port = non_negative_int("port", port, ServerError)
+        if port > 65535:
+            raise ServerError(f"port must be at most 65535, got {port}")
+        self.port = port or free_port()
         self._own_state = state_dir is None
-        self.state_dir = state_dir or tempfile.mkdtemp(prefix="tuna-lab-server-")
-        self.pidfile = os.path.abspath(pidfile or os.path.join(self.state_dir, "gunicorn.pid"))
+        # Made when the server starts (the pidfile's default lives in it), removed when it stops.
+        self.state_dir = state_dir
+        self._pidfile_given = bool(pidfile)
+        self.pidfile = os.path.abspath(pidfile) if pidfile else None
+        if self.pidfile:
+            _check_pidfile(self.pidfile)
         self.max_requests = int(max_requests)
         self.request_log = request_log
+        if request_log:
+            try:
+                os.makedirs(request_log, exist_ok=True)
+            except OSError as exc:
+                raise ServerError(f"cannot create the request log folder {request_log}: "
+                                  f"{exc.strerror or exc}") from None
         self.max_body_bytes = max_body_bytes
         self.die_with_parent = bool(die_with_parent)
         self.proc = None
+        self._log = None
+        self._sidecar_written = False
         # A mark in the master's environment: `stop --pidfile` signals only a process that carries it.
         self._server_id = secrets.token_hex(16)
 
@@ -210,10 +268,16 @@ class Server:
             SERVER_ID_VAR: self._server_id,
         })
         if self.request_log:
-            os.makedirs(self.request_log, exist_ok=True)
             env["TUNA_LAB_REQUEST_LOG"] = os.path.abspath(self.request_log)
-        if self.max_body_bytes:
-            env["TUNA_LAB_MAX_BODY"] = str(int(self.max_body_bytes))
+        env["TUNA_LAB_READ_TIMEOUT"] = repr(self.read_timeout)
+        if self.max_wait is not None:
+            env["TUNA_LAB_MAX_WAIT"] = repr(self.max_wait)
+        for var, value in (("TUNA_LAB_MAX_BODY", self.max_body_bytes), ("TUNA_LAB_MAX_WORK", self.max_work)):
+            if value:
+                env[var] = str(int(value))
+        if self.request_timeout is not None:
+            # Gunicorn's timeout is whole seconds; never round a bound down to 0 (no bound at all).
+            env["TUNA_LAB_TIMEOUT"] = str(max(1, round(self.request_timeout)))
         return env
 
     def start(self, ready_timeout=180):
@@ -221,33 +285,48 @@ class Server:
         check_throttling(self.workers * self.threads)
         # Train (or find) the model here, once, rather than in W racing workers.
         ensure_model(self.model)
-        self.placement.plan().write(os.path.join(self.state_dir, PLAN_FILE))
-        cmd = [sys.executable, "-m", "gunicorn", "-c", "python:tuna_lab.server.gunicorn_conf",
-               "--bind", f"127.0.0.1:{self.port}", "--pid", self.pidfile,
-               "tuna_lab.server.wsgi:app"]
-        self._log = open(os.path.join(self.state_dir, "gunicorn.log"), "ab")
         # Whatever stops the start (a failed worker, Ctrl-C, a SIGTERM raised as
-        # KeyboardInterrupt) stops the server: a `with Server(...)` whose
-        # __enter__ raises never calls __exit__.
+        # KeyboardInterrupt) stops the server and removes what it made: a
+        # `with Server(...)` whose __enter__ raises never calls __exit__.
         try:
+            if self._own_state:
+                remove_stale_state_dirs()
+                self.state_dir = tempfile.mkdtemp(prefix=_STATE_PREFIX)
+                self._write_owner()
+            if not self._pidfile_given:
+                self.pidfile = os.path.join(self.state_dir, "gunicorn.pid")
+            self.placement.plan().write(os.path.join(self.state_dir, PLAN_FILE))
+            cmd = [sys.executable, "-m", "gunicorn", "-c", "python:tuna_lab.server.gunicorn_conf",
+                   "--bind", f"127.0.0.1:{self.port}", "--pid", self.pidfile,
+                   "tuna_lab.server.wsgi:app"]
+            self._log = open(os.path.join(self.state_dir, "gunicorn.log"), "ab")
             with _interrupts_held():
                 self.proc = subprocess.Popen(cmd, env=self._env(), stdout=self._log, stderr=subprocess.STDOUT,
                                              start_new_session=True,
                                              preexec_fn=child_setup(self.die_with_parent, self.cpus))
-            with open(self.pidfile + ".tuna.json", "w") as fh:
-                # Who the master is, beyond its PID (which the kernel reuses): what `stop` checks first.
-                json.dump({"master": self.proc.pid, "start_ticks": start_ticks(self.proc.pid),
-                           "server_id": self._server_id,
-                           "state_dir": self.state_dir, "url": self.url, "policy": self.policy,
-                           "workers": self.workers, "threads": self.threads, "model": self.model,
-                           "wait_policy": self.wait_policy, "spincount": self.spincount,
-                           "server_cpus": list(self.cpus) if self.cpus else None,
-                           "own_state": self._own_state}, fh)
+            if self._own_state:
+                self._write_owner(self.proc.pid)
+            # Who the master is, beyond its PID (which the kernel reuses): what `stop` checks first.
+            _files.write_json(self.pidfile + ".tuna.json", {
+                "master": self.proc.pid, "start_ticks": start_ticks(self.proc.pid), "server_id": self._server_id,
+                "state_dir": self.state_dir, "url": self.url, "policy": self.policy,
+                "workers": self.workers, "threads": self.threads, "model": self.model,
+                "wait_policy": self.wait_policy, "spincount": self.spincount,
+                "server_cpus": list(self.cpus) if self.cpus else None,
+                "own_state": self._own_state}, durable=False, error=ServerError)
+            self._sidecar_written = True
             self.wait_ready(ready_timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _write_owner(self, master=None):
+        """Record in the state folder who keeps it in use: this process and, once started, the master."""
+        owner = {"launcher": os.getpid(), "launcher_ticks": start_ticks(os.getpid()),
+                 "master": master, "master_ticks": None if master is None else start_ticks(master)}
+        _files.write_json(os.path.join(self.state_dir, _OWNER_FILE), owner, mode=0o600, durable=False,
+                          error=ServerError)
 
     def wait_ready(self, timeout=180):
         deadline = time.monotonic() + timeout
@@ -272,8 +351,8 @@ class Server:
             return ""
 
     def worker_records(self):
-        """The binding records of the live workers, one per slot."""
-        return _records(self.state_dir, self.workers)
+        """The binding records of the live workers, one per slot (none before the start or after the stop)."""
+        return _records(self.state_dir, self.workers) if self.state_dir else []
 
     def server_threads(self):
         """Every thread of the live workers: ``pid``, ``tid``, ``role`` (main/openmp/other), ``slot``."""
@@ -289,22 +368,27 @@ class Server:
         return [c.pid for c in _children(self.proc.pid)] if self.proc else []
 
     def stop(self, timeout=15):
-        """Stop Gunicorn and make sure no worker survives."""
-        if self.proc is None:
-            return
-        terminate(self.proc.pid, timeout)
-        try:
-            # Collects the exit status (psutil may have reaped the master already).
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pass
-        self._log.close()
-        self.proc = None
-        with contextlib.suppress(OSError):
-            os.remove(self.pidfile + ".tuna.json")
-        if self._own_state:
+        """Stop Gunicorn, make sure no worker survives, and remove what the start made (also of a failed start)."""
+        if self.proc is not None:
+            terminate(self.proc.pid, timeout)
+            try:
+                # Collects the exit status (psutil may have reaped the master already).
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        if self._sidecar_written:
+            # Only our own: a pidfile another server holds was refused before anything was written.
+            with contextlib.suppress(OSError):
+                os.remove(self.pidfile + ".tuna.json")
+            self._sidecar_written = False
+        if self._own_state and self.state_dir:
             # our scratch directory: placement, records, Gunicorn's log and pidfile
             shutil.rmtree(self.state_dir, ignore_errors=True)
+            self.state_dir = None
 
     def __enter__(self):
         return self.start() if self.proc is None else self
@@ -441,55 +525,36 @@ def _records(state_dir, workers):
     out = []
     for slot in range(workers):
         try:
-            with open(record_path(state_dir, slot)) as fh:
-                rec = json.load(fh)
-        except (OSError, ValueError):
+            rec = _files.read_json(record_path(state_dir, slot), limit=1 << 20, follow=False)
+        except OSError:             # missing, half-written, or not a plain file of JSON
             continue
-        if rec.get("error") or _process(rec["pid"]):
+        if isinstance(rec, dict) and (rec.get("error") or _process(rec.get("pid"))):
             out.append(rec)
     return out
-
-
-def start_ticks(pid):
-    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat`` field 22); None if gone.
-
-    With the PID it names one process for the machine's uptime: a PID the
-    kernel gave to another process since has another start time.
-
-    Examples
-    --------
-    >>> start_ticks(os.getpid()) > 0
-    True
-    """
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as fh:
-            stat = fh.read()
-    except (OSError, ValueError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: count from the last ')'.
-    try:
-        return int(stat[stat.rindex(b")") + 2:].split()[19])
-    except (ValueError, IndexError):
-        return None
 
 
 def _carries(pid, server_id):
     """Whether process ``pid`` was started with our mark ``server_id`` in its environment."""
     try:
-        with open(f"/proc/{int(pid)}/environ", "rb") as fh:
-            env = fh.read().split(b"\0")
-    except OSError:
+        env = _files.read_bytes(f"/proc/{int(pid)}/environ").split(b"\0")
+    except (OSError, ValueError, TypeError):
         return False
     return f"{SERVER_ID_VAR}={server_id}".encode() in env
 
 
+def _read_pid(pidfile):
+    """The process id in ``pidfile``; ServerError (one line) for anything else, FileNotFoundError when absent."""
+    text = _files.read_text(pidfile, limit=64, error=ServerError).strip()
+    if not (text.isdigit() and 0 < int(text) < _PID_MAX):
+        raise ServerError(f"pidfile {pidfile} does not hold a process id (it holds {shorten(text, 40)!r})")
+    return int(text)
+
+
 def _sidecar(pidfile):
     try:
-        with open(pidfile) as fh:
-            master = int(fh.read().strip())
-        with open(pidfile + ".tuna.json") as fh:
-            meta = json.load(fh)
-    except (OSError, ValueError):
+        master = _read_pid(pidfile)
+        meta = _files.read_json(pidfile + ".tuna.json", limit=1 << 16, error=ServerError)
+    except FileNotFoundError:
         raise ServerError(f"no running tuna-lab server found for pidfile {pidfile}") from None
     if not isinstance(meta, dict) or not _process(master):
         raise ServerError(f"the server of pidfile {pidfile} (pid {master}) is not running")
@@ -500,6 +565,81 @@ def _sidecar(pidfile):
         raise ServerError(f"pid {master} of pidfile {pidfile} is not the server tuna-lab started (another start "
                           "time, or no mark of ours); nothing was signalled or deleted")
     return master, meta
+
+
+def _check_pidfile(pidfile):
+    """Refuse (ServerError) a pidfile that cannot be written, or that names a process that runs.
+
+    Gunicorn would refuse the second too, but only once started - and the
+    launcher's notes beside a running server's pidfile would be gone by then.
+    """
+    folder = os.path.dirname(pidfile)
+    if not os.path.isdir(folder):
+        raise ServerError(f"cannot write the pidfile {pidfile}: {folder} is not a folder")
+    try:
+        mode = os.lstat(pidfile).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise ServerError(f"cannot use the pidfile {pidfile}: {exc.strerror}") from None
+    if not stat.S_ISREG(mode):
+        # Gunicorn reads an existing pidfile first: a FIFO there would hang it.
+        raise ServerError(f"pidfile {pidfile} is {_files.file_kind(mode)}, not a regular file; choose another")
+    try:
+        master = _read_pid(pidfile)
+    except (FileNotFoundError, ServerError):
+        return                          # none yet, or not a PID: Gunicorn writes over it
+    if not _process(master):
+        return                          # stale
+    try:
+        _, meta = _sidecar(pidfile)
+    except ServerError:
+        raise ServerError(f"pidfile {pidfile} names process {master}, which runs and is not a server tuna-lab "
+                          "started; remove the file or choose another pidfile") from None
+    raise ServerError(f"pidfile {pidfile} belongs to the server running at {meta.get('url')} (master {master}); "
+                      f"stop it first (tuna-lab stop --pidfile {pidfile}) or choose another pidfile")
+
+
+def remove_stale_state_dirs(folder=None):
+    """Remove the state folders of :class:`Server` (``tuna-lab-server-*``) that are ours and no longer in use.
+
+    A folder is removed only when it is this user's and private
+    (:func:`~tuna_lab._files.trusted_dir`) and its owner record names
+    processes that are all gone (each PID checked with its start time, so a
+    PID reused since does not count). Folders of earlier versions have no
+    owner record; the launcher's notes of a server started with the default
+    pidfile (in the folder) name its master instead. A folder with neither
+    (one being made right now) is left alone. Run by every :meth:`Server.start`.
+
+    Parameters
+    ----------
+    folder : str, optional
+        Where to look; default :func:`tempfile.gettempdir`.
+
+    Returns
+    -------
+    list of str
+        The folders removed.
+
+    Examples
+    --------
+    >>> remove_stale_state_dirs("/nonexistent")
+    []
+    """
+    return remove_dead_folders(folder or tempfile.gettempdir(), rf"{re.escape(_STATE_PREFIX)}.*", _state_users)
+
+
+def _state_users(path, _match=None):
+    """``(pid, start ticks)`` of the processes the state folder ``path`` says keep it in use; [] if it says none."""
+    for name, keys in ((_OWNER_FILE, (("launcher", "launcher_ticks"), ("master", "master_ticks"))),
+                       ("gunicorn.pid.tuna.json", (("master", "start_ticks"),))):
+        try:
+            record = _files.read_json(os.path.join(path, name), limit=1 << 16, follow=False)
+        except OSError:
+            continue
+        if isinstance(record, dict):
+            return [(record.get(pid), record.get(ticks)) for pid, ticks in keys]
+    return []
 
 
 def status(pidfile):
@@ -543,19 +683,29 @@ def stop(pidfile, timeout=15):
     scratch directory when the launcher made it (as :meth:`Server.stop` does).
 
     Before anything is signalled, the PID is checked to be the master the
-    launcher started: its start time (:func:`start_ticks`, recorded at start)
+    launcher started: its start time (:func:`~tuna_lab.machine.procfs.start_ticks`, recorded at start)
     and the mark :data:`SERVER_ID_VAR` in its environment. A pidfile naming
     any other process - a PID reused since, a file someone edited - raises
     :class:`ServerError`, and nothing is signalled or deleted.
 
     Examples
     --------
+    Returns
+    -------
+    dict
+        What was stopped: ``master``, ``url``, ``policy``, ``model``,
+        ``workers``, ``threads`` (from the launcher's notes).
+
+    Examples
+    --------
     >>> # Skipped as a doctest: it stops a live server.
-    >>> stop("/tmp/srv.pid")   # doctest: +SKIP
+    >>> stop("/tmp/srv.pid")["url"]   # doctest: +SKIP
+    'http://127.0.0.1:8000'
     """
     master, meta = _sidecar(pidfile)
     terminate(master, timeout)
-    if meta.get("own_state"):
+    if meta.get("own_state") and isinstance(meta.get("state_dir"), str):
         shutil.rmtree(meta["state_dir"], ignore_errors=True)
     with contextlib.suppress(OSError):
         os.remove(pidfile + ".tuna.json")
+    return {"master": master, **{key: meta.get(key) for key in ("url", "policy", "model", "workers", "threads")}}

@@ -1,0 +1,312 @@
+"""What one client may take from the others, on a real Gunicorn lab server (issue 36).
+
+Work per request (413), media type (415), slow clients (a read deadline per
+connection), load shedding (503 and ``Retry-After``, seen by the load
+generator), the control socket, ``serve --pidfile`` and the state folders a
+killed run leaves. Every server here runs the small model on 127.0.0.1 and
+is stopped by its test; each load is bounded in requests and seconds.
+"""
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import psutil
+import pytest
+
+from tuna_lab.errors import ServerError
+from tuna_lab.measure.load import closed_loop, payload, summary
+from tuna_lab.machine.procfs import start_ticks
+from tuna_lab.server.launch import Server, free_port, remove_stale_state_dirs
+from tuna_lab.server.models import model_cost
+
+CLI = [sys.executable, "-m", "tuna_lab.cli"]
+#: The module server's bounds: small enough to reach in a second, large enough for its own requests.
+ROWS_BOUND = 500
+READ_TIMEOUT = 1.0
+MAX_WAIT = 0.2
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    """Two single-threaded workers (one per half-sent connection below), with short bounds."""
+    log = tmp_path_factory.mktemp("requests")
+    with Server(2, 1, model="small", policy="cfs", request_log=str(log), read_timeout=READ_TIMEOUT,
+                max_wait=MAX_WAIT, max_work=ROWS_BOUND * model_cost("small")) as server:
+        yield server
+
+
+def post(url, body, content_type="application/json", timeout=30):
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    req = urllib.request.Request(url + "/predict", data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, dict(resp.headers), json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), json.loads(err.read() or b"{}")
+
+
+def healthz(url, timeout=10):
+    with urllib.request.urlopen(url + "/healthz", timeout=timeout) as resp:
+        return resp.status
+
+
+def half_sent(port, data=b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"):
+    """A connection that sends the start of a request and then nothing."""
+    conn = socket.create_connection(("127.0.0.1", port), timeout=10)
+    conn.sendall(data)
+    return conn
+
+
+def raw_response(conn):
+    """``(status, headers, body)`` of the answer on ``conn`` (read to the end)."""
+    chunks = []
+    while chunk := conn.recv(65536):
+        chunks.append(chunk)
+    head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:])
+    return int(lines[0].split()[1]), headers, body
+
+
+def logged(server):
+    return [json.loads(line) for f in os.scandir(server.request_log) for line in open(f.path)]
+
+
+# -- work ---------------------------------------------------------------------------------
+
+def test_more_work_than_the_bound_is_413_with_the_reason_before_anything_is_predicted(srv):
+    t0 = time.monotonic()
+    status, _, out = post(srv.url, payload("small", ROWS_BOUND + 1))
+    assert status == 413 and "exceed the work bound" in out["error"]
+    assert f"send at most {ROWS_BOUND} rows" in out["error"] and "\n" not in out["error"]
+    assert time.monotonic() - t0 < 10
+    refused = [r for r in logged(srv) if r["status"] == 413]
+    assert refused and all(r["stages"]["dmatrix"] is None and r["stages"]["shap"] is None for r in refused)
+    status, _, out = post(srv.url, payload("small", ROWS_BOUND))
+    assert status == 200 and out["count"] == ROWS_BOUND
+
+
+# -- media type ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_predict_refuses_a_body_that_is_not_said_to_be_json_with_415(srv, content_type):
+    status, _, out = post(srv.url, payload("small", 2), content_type=content_type)
+    assert status == 415 and "application/json" in out["error"] and "\n" not in out["error"]
+    assert post(srv.url, payload("small", 2), content_type="application/json; charset=utf-8")[0] == 200
+
+
+# -- slow clients -------------------------------------------------------------------------
+
+def test_two_half_sent_requests_do_not_take_the_server_from_the_others(srv):
+    # One per worker: without a read deadline both workers wait for the rest forever (until
+    # Gunicorn's worker timeout kills them), and /healthz is not answered meanwhile.
+    held = [half_sent(srv.port) for _ in range(srv.workers)]
+    try:
+        time.sleep(0.2)             # both taken by a worker
+        t0 = time.monotonic()
+        assert healthz(srv.url, timeout=5 * READ_TIMEOUT) == 200
+        waited = time.monotonic() - t0
+        # It waited for a worker (the half-sent ones held them both), then no longer than their deadline.
+        assert 0.3 * READ_TIMEOUT < waited < 4 * READ_TIMEOUT, waited
+        for conn in held:           # dropped: the server closed them, without an answer
+            assert conn.recv(100) == b""
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_a_body_that_does_not_arrive_in_time_is_408_and_a_trickle_is_cut_at_the_deadline(srv):
+    with half_sent(srv.port, b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 1000\r\n\r\n{\"rows\": ") as conn:
+        t0 = time.monotonic()
+        status, _, body = raw_response(conn)
+        assert status == 408 and b"not received within" in body
+        assert time.monotonic() - t0 < 4 * READ_TIMEOUT
+    # One byte of headers every 0.2 s: a timeout per read would never fire; the deadline does.
+    with half_sent(srv.port, b"G") as conn:
+        t0 = time.monotonic()
+        with pytest.raises(OSError):
+            for byte in b"ET /healthz HTTP/1.1\r\nX-Slow: " + b"a" * 100:
+                time.sleep(0.2)
+                conn.send(bytes([byte]))
+                if time.monotonic() - t0 > 10 * READ_TIMEOUT:
+                    pytest.fail("a trickling client held the worker past its deadline")
+        assert time.monotonic() - t0 < 4 * READ_TIMEOUT
+    assert healthz(srv.url) == 200
+
+
+# -- load shedding ------------------------------------------------------------------------
+
+def test_a_request_that_waited_past_the_bound_is_shed_with_503_and_retry_after(srv):
+    # Both workers held by half-sent requests for READ_TIMEOUT: a request sent now waits that long.
+    held = [half_sent(srv.port) for _ in range(srv.workers)]
+    try:
+        time.sleep(0.1)
+        body = payload("small", 2)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as conn:
+            conn.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            status, headers, out = raw_response(conn)
+    finally:
+        for conn in held:
+            conn.close()
+    assert status == 503 and headers["Retry-After"] == "1"
+    assert f"more than the bound of {MAX_WAIT:g} s" in json.loads(out)["error"]
+    assert post(srv.url, payload("small", 2))[0] == 200          # not waiting: served
+
+
+def test_under_a_bounded_overload_the_queue_is_shed_and_the_records_show_it(srv):
+    before = sum(r["status"] == 503 for r in logged(srv))
+    # 64 connections, each sending again at once, on 2 workers: requests would wait 32 services of
+    # ROWS_BOUND rows (SHAP alone takes ~27 ms of a CPU here) - far past MAX_WAIT.
+    frame = closed_loop(srv.url + "/predict", payload("small", ROWS_BOUND), requests=800, concurrency=64,
+                        timeout=10, deadline=4)
+    shed = frame[frame["status"] == 503]
+    served = frame[frame["status"] == 200]
+    assert len(shed) and len(served), frame["status"].value_counts().to_dict()
+    assert shed["error"].str.startswith("overloaded: the request waited").all()
+    # A shed request waits no longer than the bound and a worker's current request; served ones no
+    # longer than the bound and the requests ahead of them: the queue no longer grows.
+    assert served["client_seconds"].max() < 3
+    out = summary(frame)
+    assert out["ok"] == len(served) and out["failed"] >= len(shed)
+    # The server's own records: every 503 the generator saw, and perhaps those it stopped waiting for.
+    logged_shed = sum(r["status"] == 503 for r in logged(srv)) - before
+    assert len(shed) <= logged_shed <= len(shed) + (frame["status"] == -1).sum()
+    assert healthz(srv.url) == 200 and post(srv.url, payload("small", 2))[0] == 200
+
+
+# -- the control socket -------------------------------------------------------------------
+
+def unix_sockets_of(pid):
+    """Paths of the Unix sockets process ``pid`` holds (from /proc/net/unix)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open("/proc/net/unix") as fh:
+        rows = [line.split() for line in fh.read().splitlines()[1:]]
+    return [row[7] for row in rows if len(row) > 7 and row[6] in inodes]
+
+
+def test_servers_we_start_have_no_control_socket(srv):
+    assert srv.master_pid() and not [p for p in unix_sockets_of(srv.master_pid()) if p.endswith(".ctl")]
+
+
+# -- serve --pidfile, stop ------------------------------------------------------------------
+
+def one_line_error(p):
+    return p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_serve_refuses_a_running_servers_pidfile_and_leaves_its_notes_alone(tmp_path):
+    pidfile = tmp_path / "live.pid"
+    sidecar = tmp_path / "live.pid.tuna.json"
+    serve = CLI + ["serve", "-w", "1", "-t", "1", "--model", "small", "--policy", "cfs", "--detach"]
+    p = subprocess.run(serve + ["--port", str(free_port()), "--pidfile", str(pidfile)], capture_output=True,
+                       text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    assert "load generator shares" not in p.stderr           # serve runs no load generator
+    notes = sidecar.read_bytes()
+    url = json.loads(notes)["url"]
+    try:
+        again = subprocess.run(serve + ["--port", str(free_port()), "--pidfile", str(pidfile)],
+                               capture_output=True, text=True, timeout=60)
+        assert one_line_error(again) and "belongs to the server running at" in again.stderr, again.stderr
+        assert sidecar.read_bytes() == notes and healthz(url) == 200
+    finally:
+        stop = subprocess.run(CLI + ["stop", "--pidfile", str(pidfile)], capture_output=True, text=True,
+                              timeout=60)
+    assert stop.returncode == 0, stop.stderr
+    assert stop.stdout.strip().splitlines() == [stop.stdout.strip()] and f"stopped the server at {url}" in stop.stdout
+
+
+@pytest.mark.parametrize("args", [["serve", "--pidfile", "/nonexistent-tuna-lab/d/p.pid"],
+                                  ["serve", "--request-log", "/proc/1/x"],
+                                  ["serve", "--max-work", "0"], ["serve", "--read-timeout", "inf"]])
+def test_serve_refuses_paths_and_bounds_it_cannot_use_with_one_line(args):
+    p = subprocess.run(CLI + args[:1] + ["-w", "1", "-t", "1", "--model", "small"] + args[1:],
+                       capture_output=True, text=True, timeout=60)
+    assert one_line_error(p), p.stderr
+
+
+@pytest.mark.parametrize("content", ["-1", "garbage", "0", "99999999999999999999", ""])
+@pytest.mark.parametrize("command", ["stop", "status"])
+def test_a_pidfile_without_a_pid_is_one_line(tmp_path, command, content):
+    pidfile = tmp_path / "bad.pid"
+    pidfile.write_text(content + "\n")
+    p = subprocess.run(CLI + [command, "--pidfile", str(pidfile)], capture_output=True, text=True, timeout=60)
+    assert one_line_error(p), p.stderr
+
+
+# -- state folders --------------------------------------------------------------------------
+
+def _planted(name, owner, mode=0o700):
+    path = os.path.join(tempfile.gettempdir(), f"tuna-lab-server-{name}")
+    os.mkdir(path, mode)
+    os.chmod(path, mode)
+    if owner is not None:
+        with open(os.path.join(path, "owner.json"), "w") as fh:
+            json.dump(owner, fh)
+    return path
+
+
+@pytest.fixture
+def own_tmp(tmp_path, monkeypatch):
+    """tempfile's folder, for this process and the ones it starts: only this test's state folders in it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    return tmp_path
+
+
+def test_the_state_folder_of_a_killed_run_is_removed_at_the_next_start_and_only_ours_and_dead(own_tmp):
+    # A real run killed outright: the launcher gets SIGKILL, its server stops (parent-death signal),
+    # and the state folder stays behind.
+    code = ("from tuna_lab.server.launch import Server\n"
+            "srv = Server(1, 1, model='small', policy='cfs', die_with_parent=True).start()\n"
+            "print(srv.state_dir, srv.master_pid(), flush=True)\nimport time; time.sleep(300)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        state_dir, master = launcher.stdout.readline().split()
+    finally:
+        launcher.kill()
+        launcher.wait()
+    with contextlib.suppress(psutil.NoSuchProcess):
+        psutil.Process(int(master)).wait(timeout=30)
+    assert os.path.dirname(state_dir) == str(own_tmp) and os.path.isdir(state_dir)
+    # Others, which must stay: one in use (this process), a shared one, one without a record (being made).
+    gone = {"launcher": 1 << 23, "launcher_ticks": 1, "master": None, "master_ticks": None}   # no such PID
+    in_use = _planted("live", {"launcher": os.getpid(), "launcher_ticks": start_ticks(os.getpid()),
+                               "master": None, "master_ticks": None})
+    shared = _planted("shared", gone, mode=0o777)
+    unrecorded = _planted("new", None)
+    dead = _planted("dead", gone)
+    link = os.path.join(own_tmp, "tuna-lab-server-link")
+    os.symlink(dead, link)
+    with Server(1, 1, model="small", policy="cfs") as server:
+        own = server.state_dir
+        assert os.path.isdir(own) and os.path.dirname(own) == str(own_tmp)
+        assert not os.path.exists(state_dir) and not os.path.exists(dead)
+        assert all(os.path.isdir(p) for p in (in_use, shared, unrecorded)) and os.path.islink(link)
+    assert not os.path.exists(own)       # and its own, when it stopped
+    assert remove_stale_state_dirs() == []
+
+
+def test_a_failed_start_leaves_no_state_folder(own_tmp):
+    port = free_port()
+    with socket.create_server(("127.0.0.1", port)):      # taken: Gunicorn cannot bind it and exits
+        with pytest.raises(ServerError, match="gunicorn exited"):
+            Server(1, 1, model="small", policy="cfs", port=port).start(ready_timeout=60)
+    assert not [p for p in os.listdir(own_tmp) if p.startswith("tuna-lab-server-")]
