@@ -45,7 +45,7 @@ import os
 
 os.environ["TUNA_LAB_POLICY"] = "round-robin"
 os.environ["TUNA_LAB_THREADS"] = "1"
-from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit  # noqa: E402,F401
+from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit, on_exit  # noqa: E402,F401
 
 workers = {workers}
 user = "nobody"

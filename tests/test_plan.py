@@ -201,7 +201,8 @@ config = {}
 exec(compile(snippet, "gunicorn.conf.py", "exec"), config)
 print(json.dumps({
     "plan": os.environ["TUNA_LAB_PLAN"],
-    "hooks": sorted(n for n in ("post_fork", "post_worker_init", "child_exit") if callable(config.get(n))),
+    "hooks": sorted(n for n in ("post_fork", "post_worker_init", "child_exit", "on_exit")
+                    if callable(config.get(n))),
     "workers": config["workers"], "worker_class": config["worker_class"],
     "heavy": sorted(m for m in ("cvxpy", "highspy", "plotly", "xgboost") if m in sys.modules),
 }))
@@ -221,7 +222,7 @@ def test_gunicorn_snippet_sets_the_plan_and_imports_the_hooks(scatter_json):
     snippet = plan_cli("-w", str(W), "-t", str(T), "--policy", "tuna-scatter", "--format", "gunicorn")
     got = _exec_gunicorn_snippet(snippet)
     assert Plan.read(got["plan"]) == plan
-    assert got["hooks"] == ["child_exit", "post_fork", "post_worker_init"]
+    assert got["hooks"] == ["child_exit", "on_exit", "post_fork", "post_worker_init"]
     assert (got["workers"], got["worker_class"]) == (plan.workers, "sync")
     assert got["heavy"] == []                   # the hooks load no solver, plotting or XGBoost
 

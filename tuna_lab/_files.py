@@ -101,11 +101,17 @@ def read_bytes(path, limit=MAX_FILE_BYTES, follow=True, error=UnsafeFileError):
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, flags)
+        # Looked at before it is opened: opening some devices does something (a watchdog arms itself).
+        # What is opened is checked again below: the name may have changed in between.
+        mode = (os.stat if follow else os.lstat)(path).st_mode
+        if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+            fd = os.open(path, flags)
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise error(f"{path} {_reason(exc)}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise error(f"{path} is not a regular file ({file_kind(mode)}); refusing to read it")
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

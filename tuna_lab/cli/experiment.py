@@ -264,11 +264,11 @@ def _run_target(args):
     return target(args.workers, args.threads)
 
 
-def _no_valid_status(source):
-    """:func:`~tuna_lab.cli.options.no_valid_status` of a run's result or a results folder."""
+def _no_valid_status(source, keys=None):
+    """:func:`~tuna_lab.cli.options.no_valid_status` of a run's result or a results folder (its cells ``keys``)."""
     from ..measure.store import no_valid_trial
 
-    return no_valid_status(no_valid_trial(source))
+    return no_valid_status(no_valid_trial(source, keys))
 
 
 # What each value of a trial's ``latency`` column means, in the words ``run`` prints.
@@ -472,23 +472,24 @@ def _sweep_done(args, configs, before, message, design=None):
         if not_run:
             message += f" ({len(not_run)} of {len(configs)} cells not run within the budget: run it again to resume)"
         print(message)
-        return _sweep_status(args, not_run, len(configs))
+        return _sweep_status(args, not_run, configs)
     _print_json({"out": args.out, "configurations": len(configs), "policies": _sweep_sizes(args, design)[2],
                  "done": [c for c in cells if c not in before], "skipped": [c for c in cells if c in before],
                  "not_run": not_run, "cuts": [c.to_dict() for c in design.cuts] if design else [],
                  "design": design.to_dict() if design else None,
                  "report": f"tuna-lab report {args.out} -o report.html"})
-    return _sweep_status(args, not_run, len(configs))
+    return _sweep_status(args, not_run, configs)
 
 
-def _sweep_status(args, not_run, configurations):
-    """1 with one stderr line when the sweep ran none of its cells, or a policy has no valid trial; else 0."""
+def _sweep_status(args, not_run, configs):
+    """1 with one stderr line when the sweep ran none of its cells, or a policy of one has no valid trial; else 0."""
+    configurations = len(configs)
     if not_run and len(not_run) == configurations:
         print(f"tuna-lab: error: no cell ran: none of the {configurations} fits the budget {args.budget} "
               "(give a larger --budget)" if args.budget else
               f"tuna-lab: error: no cell of the {configurations} ran", file=sys.stderr)
         return 1
-    return _no_valid_status(args.out)
+    return _no_valid_status(args.out, {c.key for c in configs})
 
 
 def _sweep_on_cluster(args, configs, design=None):

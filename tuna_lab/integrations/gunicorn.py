@@ -1,9 +1,9 @@
-"""Pin your own Gunicorn server: three hooks for an existing ``gunicorn.conf.py``.
+"""Pin your own Gunicorn server: four hooks for an existing ``gunicorn.conf.py``.
 
 Add to the config of any pre-fork WSGI app (Flask, Django, plain WSGI) whose
 workers run XGBoost or another OpenMP library::
 
-    from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit
+    from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit, on_exit
 
 and say what to apply, in the environment or in the config before that line:
 
@@ -31,6 +31,7 @@ What each worker does:
    binding back. If the app already started its pool, the pool threads are
    found as ``tuna-lab pin --pid`` finds them.
 3. ``child_exit`` (master): logs the freed slot.
+4. ``on_exit`` (master, Gunicorn stops): removes the hooks' state folder.
 
 The master is never pinned. Only Gunicorn's ``sync`` worker class is
 supported; any other is refused when the first worker starts.
@@ -57,7 +58,7 @@ import os
 import subprocess
 import sys
 
-__all__ = ["post_fork", "post_worker_init", "child_exit", "configure", "SUPPORTED_WORKER_CLASSES"]
+__all__ = ["post_fork", "post_worker_init", "child_exit", "on_exit", "configure", "SUPPORTED_WORKER_CLASSES"]
 
 #: Worker classes whose workers serve one request at a time on their main thread.
 SUPPORTED_WORKER_CLASSES = ("sync",)
@@ -334,3 +335,23 @@ def child_exit(server, worker):
         return
 
     server.log.info("tuna_lab: worker %s exited; its slot goes to its replacement", worker.pid)
+
+
+def on_exit(server):
+    """Gunicorn hook (master, the server stops): remove the hooks' state folder, if this server made it.
+
+    A folder left by a killed master is removed by the next server of the
+    same user that starts (:func:`~tuna_lab.placement.pin.remove_dead_state`).
+    """
+    import shutil
+
+    import psutil
+
+    from ..placement.pin import hook_dir, hook_dir_problem
+
+    try:
+        path = hook_dir(server.pid)
+        if hook_dir_problem(path, server.pid, os.geteuid()) is None:
+            shutil.rmtree(path, ignore_errors=True)    # never follows a link inside it
+    except (psutil.Error, OSError):
+        pass

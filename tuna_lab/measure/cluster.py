@@ -63,11 +63,12 @@ from importlib import metadata
 import pandas as pd
 
 from .._checks import format_cpulist, one_line, positive_int, positive_number
+from .._files import read_text
 from ..errors import ExperimentError
 from ..machine.reserve import reserve_client_cpus
 from . import schema
 from .experiment import Result, check_policies, run
-from .store import finished_keys, machine_name, write_cell
+from .store import finished_keys, machine_name, read_manifest, write_cell
 
 __all__ = ["MACHINE_RESOURCE", "WORKER_COMMAND", "connect", "describe_machine", "machine_folder", "sweep_on"]
 
@@ -262,8 +263,7 @@ def _cache_sizes(cpus, root="/sys/devices/system/cpu"):
                 with contextlib.suppress(OSError):
                     parts = []
                     for name in ("level", "type", "size"):
-                        with open(os.path.join(folder, index, name)) as fh:
-                            parts.append(fh.read().strip())
+                        parts.append(read_text(os.path.join(folder, index, name), limit=4096).strip())
                     found.add("L{} {} {}".format(*parts))
     return sorted(found)
 
@@ -552,9 +552,8 @@ class _Sweep:
     def _of_reference(self, folder, name):
         """Whether the machine folder ``folder`` holds cells of a machine of the reference shape."""
         for cell in sorted(finished_keys(folder)):
-            with contextlib.suppress(OSError, ValueError):
-                with open(os.path.join(folder, cell, schema.MANIFEST)) as fh:
-                    recorded = json.load(fh).get("shape")
+            with contextlib.suppress(OSError, ExperimentError):
+                recorded = read_manifest(os.path.join(folder, cell)).get("shape")
                 if recorded:
                     return recorded == self.reference
         # Cells written before shapes were recorded: the folder's name says its fingerprint.

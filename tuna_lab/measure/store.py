@@ -64,6 +64,14 @@ def check_out(out, what="out"):
     path = os.path.abspath(os.fspath(out))
     if os.path.exists(path) and not os.path.isdir(path):
         raise ExperimentError(f"{what} {out} is a file, not a folder")
+    if os.path.isdir(path):
+        # Everything of a measurement is written in it, under names anyone can predict: a folder
+        # another user owns, or that every user may write, could hold their links where we write.
+        st = os.stat(path)
+        if st.st_uid != os.geteuid():
+            raise ExperimentError(f"{what} {out} belongs to another user (uid {st.st_uid}); give a folder of yours")
+        if st.st_mode & stat.S_IWOTH:
+            raise ExperimentError(f"{what} {out} may be written by every user; give a folder only you may write")
     parent = path
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
@@ -144,11 +152,16 @@ def _open_lock(path):
     except OSError as exc:
         reason = "is a symbolic link" if os.path.islink(path) else f"cannot be opened ({exc.strerror or exc})"
         raise ExperimentError(f"the results folder's lock file {path} {reason}; remove it") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
-        raise ExperimentError(f"the results folder's lock file {path} is not a regular file ({file_kind(mode)}); "
-                              "remove it")
+        raise ExperimentError(f"the results folder's lock file {path} is not a regular file "
+                              f"({file_kind(st.st_mode)}); remove it")
+    # It is truncated and written: never a file of someone else's, nor a hard link to one.
+    if st.st_uid != os.geteuid() or st.st_nlink != 1:
+        os.close(fd)
+        raise ExperimentError(f"the results folder's lock file {path} is not this user's own file "
+                              f"(owner uid {st.st_uid}, {st.st_nlink} links); remove it")
     return fd
 
 
@@ -472,6 +485,12 @@ def cell_state(path):
         return CellState(path, "corrupt", str(exc))
     promised, trials = manifest.get("policies"), manifest.get("trials")
     by_policy = manifest.get("valid_by_policy")
+    if by_policy is None and promised is not None and trials is not None:
+        # Written before the counts per policy were: counted from its trials, as write_cell counts them.
+        try:
+            by_policy = valid_trials(pd.read_parquet(os.path.join(path, schema.TRIALS)), promised)
+        except (OSError, ValueError) as exc:
+            return CellState(path, "corrupt", f"{path}: its trials cannot be read ({type(exc).__name__})")
     if by_policy is None or promised is None or trials is None:
         valid = manifest.get("valid_trials", 1)
         if valid > 0:
@@ -553,7 +572,7 @@ def finished_cells(path):
     return cells
 
 
-def no_valid_trial(source):
+def no_valid_trial(source, keys=None):
     """The promised policies without a single valid trial: ``{cell: [policy, ...]}``, only cells that have some.
 
     What a command needs to say "no trial of some policy succeeded" (and exit
@@ -567,6 +586,9 @@ def no_valid_trial(source):
         results folder - a cell, a sweep or a cluster sweep - whose every cell
         with a manifest is counted, whether finished or not (``.partial``
         folders are not cells).
+    keys : collection of str, optional
+        With a folder: count only the cells of these names (a sweep's own,
+        not other cells that share its folder).
 
     Raises
     ------
@@ -590,6 +612,8 @@ def no_valid_trial(source):
         raise ExperimentError(f"no results folder at {path}")
     out = {}
     for cell, _ in _cells_under(path):
+        if keys is not None and os.path.basename(os.path.normpath(cell)) not in keys:
+            continue
         state = cell_state(cell)
         if state.status == "corrupt":
             raise ExperimentError(state.reason)

@@ -46,6 +46,7 @@ from urllib.parse import urlsplit
 import psutil
 
 from .._checks import check_size, format_cpulist, one_line, positive_int
+from .._files import write_atomic, write_json
 from ..errors import TargetError, TunaError
 from .requests import Requests, read_option_file
 
@@ -450,8 +451,14 @@ class AppTarget(Target):
         self._runtimes = None
 
     def start(self, topology):
+        from ..machine.procfs import remove_dead_folders, start_ticks
+
         super().start(topology)
-        self._state = tempfile.mkdtemp(prefix="tuna-lab-app-")
+        # Named after this process (PID and start time): a folder a SIGKILLed run left is removed by the next.
+        prefix = f"tuna-lab-app-{os.geteuid()}-"
+        remove_dead_folders(tempfile.gettempdir(), rf"{prefix}(\d+)-(\d+)\..*",
+                            lambda path, match: [(int(match[1]), int(match[2]))])
+        self._state = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{start_ticks(os.getpid())}.")
 
     def stop(self):
         if self._state:
@@ -464,9 +471,9 @@ class AppTarget(Target):
         if self.server == "uvicorn":
             return [sys.executable, "-m", "uvicorn", "--app-dir", self.app_dir, "--host", "127.0.0.1",
                     "--port", str(port), "--workers", str(self.workers), "--no-access-log", self.app]
-        conf = os.path.join(self._state, f"gunicorn-{policy}.conf.py")
-        with open(conf, "w") as fh:
-            fh.write(_gunicorn_conf(self.server_conf, hooks=_pins(policy), workers=self.workers, port=port))
+        conf = write_atomic(os.path.join(self._state, f"gunicorn-{policy}.conf.py"),
+                            _gunicorn_conf(self.server_conf, hooks=_pins(policy), workers=self.workers, port=port),
+                            durable=False, error=TargetError)
         return [sys.executable, "-m", "gunicorn", "-c", conf, "--chdir", self.app_dir, *_no_control_socket(),
                 self.app]
 
@@ -480,9 +487,8 @@ class AppTarget(Target):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (self.app_dir, env.get("PYTHONPATH")) if p)
         if _pins(policy):
             placed = self._placement(policy)
-            plan_file = os.path.join(self._state, f"plan-{policy}.json")
-            with open(plan_file, "w") as fh:
-                json.dump(placed.plan().to_dict(), fh)
+            plan_file = write_json(os.path.join(self._state, f"plan-{policy}.json"), placed.plan().to_dict(),
+                                   durable=False, error=TargetError)
             env["TUNA_LAB_PLAN"] = plan_file
             env.update({k: str(v) for k, v in placed.env.items()})
             env.pop("TUNA_LAB_POLICY", None)
@@ -734,7 +740,7 @@ def _gunicorn_conf(user_conf, hooks, workers, port):
     if hooks:
         lines += ["from tuna_lab.integrations import gunicorn as _tuna"]
         for hook, args in (("post_fork", "server, worker"), ("post_worker_init", "worker"),
-                           ("child_exit", "server, worker")):
+                           ("child_exit", "server, worker"), ("on_exit", "server")):
             lines += [f"_user_{hook} = _user.get({hook!r})",
                       f"def {hook}({args}):",
                       f"    _tuna.{hook}({args})",

@@ -377,7 +377,7 @@ class Plan:
             "",
             # repr: a quote or backslash in a name must not end or change the literal
             f"os.environ[\"TUNA_LAB_PLAN\"] = {plan_json!r}",
-            "from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit  # noqa: E402,F401",
+            "from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit, on_exit  # noqa: E402,F401",
             "",
             f"workers = {self.workers}",
             'worker_class = "sync"',

@@ -49,6 +49,7 @@ False
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from http import HTTPStatus
@@ -400,7 +401,15 @@ class InferenceApp:
                     self._log_pid = os.getpid()
                     path = self.request_log / f"requests-{self._log_pid}.jsonl"
                     # Line-buffered: each record is on disk even if the worker is SIGKILLed.
-                    self._log_file = open(path, "a", buffering=1)
+                    # Never through a link another user planted in the folder, nor into a FIFO (an open
+                    # that waits for a reader) or a device: a regular file, or none.
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                                 | os.O_CLOEXEC, 0o644)
+                    if not stat.S_ISREG(os.fstat(fd).st_mode):
+                        os.close(fd)
+                        raise OSError(f"{path} is not a regular file")
+                    os.set_blocking(fd, True)
+                    self._log_file = os.fdopen(fd, "a", buffering=1)
                 self._log_file.write(line)
         except OSError as exc:
             log.warning("request log not written: %s", exc)

@@ -60,11 +60,11 @@ def child_exit(server, worker):
     if slot is None:
         return
     path = record_path(_STATE, slot)
-    try:
-        import json
+    from .._files import read_json
 
-        with open(path) as fh:
-            if json.load(fh).get("pid") == worker.pid:
-                os.remove(path)
-    except (OSError, ValueError):
+    try:
+        record = read_json(path, limit=1 << 16, follow=False)
+        if isinstance(record, dict) and record.get("pid") == worker.pid:
+            os.remove(path)
+    except OSError:
         pass

@@ -558,6 +558,12 @@ def _sidecar(pidfile):
         raise ServerError(f"no running tuna-lab server found for pidfile {pidfile}") from None
     if not isinstance(meta, dict) or not _process(master):
         raise ServerError(f"the server of pidfile {pidfile} (pid {master}) is not running")
+    # Notes another user wrote (a pidfile in a shared folder) name nothing we may signal or delete.
+    with contextlib.suppress(OSError):
+        owner = os.lstat(pidfile + ".tuna.json").st_uid
+        if owner != os.geteuid():
+            raise ServerError(f"the notes beside pidfile {pidfile} belong to another user (uid {owner}); "
+                              "nothing was signalled or deleted")
     # The PID alone may name any process now (reused, or a pidfile someone edited): signal it only
     # when it is the very process tuna-lab started - same PID, same start time, our mark.
     if (meta.get("master") != master or meta.get("start_ticks") is None
@@ -627,6 +633,24 @@ def remove_stale_state_dirs(folder=None):
     []
     """
     return remove_dead_folders(folder or tempfile.gettempdir(), rf"{re.escape(_STATE_PREFIX)}.*", _state_users)
+
+
+def _our_state_dir(path, master, ticks):
+    """Whether ``path`` is a state folder :class:`Server` made for ``master`` (started at ``ticks``).
+
+    The notes beside a pidfile say which folder to remove; they are only
+    believed for a folder of ours in the temporary folder, private, whose own
+    owner record names that master: notes someone edited cannot make ``stop``
+    remove anything else.
+    """
+    if not isinstance(path, str):
+        return False
+    parent, name = os.path.split(os.path.abspath(path))
+    if parent != os.path.abspath(tempfile.gettempdir()) or not name.startswith(_STATE_PREFIX):
+        return False
+    if _files.trusted_dir(path, {os.geteuid()}) is not None:
+        return False
+    return (master, ticks) in _state_users(path)
 
 
 def _state_users(path, _match=None):
@@ -704,7 +728,7 @@ def stop(pidfile, timeout=15):
     """
     master, meta = _sidecar(pidfile)
     terminate(master, timeout)
-    if meta.get("own_state") and isinstance(meta.get("state_dir"), str):
+    if meta.get("own_state") and _our_state_dir(meta.get("state_dir"), master, meta.get("start_ticks")):
         shutil.rmtree(meta["state_dir"], ignore_errors=True)
     with contextlib.suppress(OSError):
         os.remove(pidfile + ".tuna.json")

@@ -163,7 +163,15 @@ def ensure_model(name, nthread=None):
     nthread = positive_int("nthread", nthread, ServerError)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_suffix(".lock"), "w")
+        # The model is written there by name (XGBoost's save_model): in a folder another user owns, or
+        # that every user may write, they could swap the temporary file for a link to one of ours.
+        st = path.parent.stat()
+        if st.st_uid != os.geteuid() or st.st_mode & 0o002:
+            raise ServerError(f"cannot train into model cache {str(path.parent)!r}: it is not this user's own "
+                              "folder (another user's, or writable by all); set TUNA_LAB_CACHE to one that is")
+        # Never through a link, never truncating a file that is there.
+        lock = os.fdopen(os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o644), "r+")
     except OSError as exc:
         raise ServerError(f"cannot use model cache {str(path.parent)!r}: {exc.strerror}") from None
     # A first `tuna-lab run` would otherwise sit silent for seconds to minutes: say what

@@ -11,12 +11,12 @@ predecessor freed, so it is re-pinned to the same cores as soon as it is warm -
 the first caveat of the article's closing remarks.
 """
 
-import json
 import logging
 import os
 import sys
 import time
 
+from .._files import write_json
 from ..errors import BindingError
 from ..placement.binding import affinity_of, bind_worker, threads_of
 from ..placement.plan import PinnedBy, Plan
@@ -74,10 +74,7 @@ def pick_slot(live_slots, workers, age):
 
 
 def _write_json(path, obj):
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh)
-    os.replace(tmp, path)
+    write_json(path, obj, indent=None, durable=False)
 
 
 def pin_worker(app, slot, plan, state_dir):
