@@ -1,22 +1,35 @@
-# Every target sets itself up on a fresh machine: a virtual environment with
-# the project and its dev extras, Debian's hwloc (lstopo) for the tests
-# that compare our topology readers with hwloc's, and Debian's chromium, in
-# which kaleido draws the notebooks' still images.
+# Every target sets itself up on a fresh machine, in one virtual environment (.venv) that grows
+# by layers, each with its own stamp: the library alone for `make demo` (the slim path: no test
+# tools, no other runtimes), then the test tools, the other runtimes' test apps and Dask for
+# `make test`, Debian's hwloc (lstopo) for the tests that compare our topology readers with
+# hwloc's, and Debian's chromium, in which kaleido draws the notebooks' still images.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
+BASE_STAMP := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench faults setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check
+.PHONY: demo test test-fast bench faults setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check
 
 # The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
 # compares every output except those of cells tagged nbval-ignore-output.
 NBVAL  := $(PY) -m pytest -q --nbval --nbval-current-env notebooks/
 LAB_STAMP := $(VENV)/.installed-lab
 
-$(STAMP): pyproject.toml
+# The library and the `tuna-lab` command, nothing else: all that `make demo` needs.
+$(BASE_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,cluster]'
+	$(PIP) -e .
+	touch $(BASE_STAMP)
+
+# + the test tools (dev), the other runtimes' test apps (runtimes) and Dask (cluster). PyTorch
+# only as a CPU build (the torch-cpu extra): where the index has none, the PyTorch tests are
+# skipped with that reason rather than a CUDA build of several GB installed.
+$(STAMP): $(BASE_STAMP)
+	$(PIP) -e '.[dev,runtimes,cluster]'
+	@$(PIP) -e '.[torch-cpu]' || \
+	  echo "warning: no CPU build of torch on this index; the PyTorch tests will be skipped"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -32,8 +45,16 @@ sysdeps:
 	  { (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) 2>/dev/null \
 	    || echo "warning: could not install Debian's chromium; figures' still images are not drawn"; }
 
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(VENV)/bin/tuna-lab demo
+
+# The fast lane: the model, the readers, the CLI's refusals and the analysis, without the tests that
+# start servers, measure, or run the notebooks (those are `make test`'s). A few minutes on 2 cores.
+SLOW_TESTS := test_faults test_cluster test_targets test_tune test_runtimes test_server test_server_limits \
+              test_pin test_roles test_hooks_root test_experiment test_validity test_load test_load_bench \
+              test_client_cpus test_widgets test_hostile test_notebooks test_bounds
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -x $(foreach t,$(SLOW_TESTS),--ignore=tests/$(t).py)
 
 test: $(STAMP) sysdeps
 	@# The package is installed editable, so pip compiled none of it; where PYTHONDONTWRITEBYTECODE
@@ -54,7 +75,7 @@ notebooks-refresh: $(STAMP)
 	$(PY) notebooks/_build.py
 
 $(LAB_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,lab]'
+	$(PIP) -e '.[dev,lab]'
 	touch $(LAB_STAMP)
 
 # JupyterLab on the notebooks, on the loopback interface only (LAB_ARGS=--no-browser ...);
@@ -66,7 +87,7 @@ lab: $(LAB_STAMP)
 UI_STAMP := $(VENV)/.installed-ui
 
 $(UI_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,ui]'
+	$(PIP) -e '.[dev,ui]'
 	touch $(UI_STAMP)
 
 # Notebook 03 in Voila, and notebooks 03 and 05 in JupyterLab (on 127.0.0.1, with a token), run and
@@ -104,14 +125,14 @@ binder-check:
 
 DOCS_STAMP := $(VENV)/.installed-docs
 
-$(DOCS_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,docs]'
+$(DOCS_STAMP): $(BASE_STAMP)
+	$(PIP) -e '.[docs]'
 	touch $(DOCS_STAMP)
 
 # The documentation site into docs/_build/html: Jupyter Book (Sphinx + MyST-NB), offline,
-# no notebook executed. DOCS_ARGS=--all rebuilds every page.
+# no notebook executed; every warning is an error (all of them reported: --keep-going). DOCS_ARGS=--all rebuilds every page.
 docs: $(DOCS_STAMP)
-	$(VENV)/bin/jupyter-book build $(DOCS_ARGS) docs/
+	$(VENV)/bin/jupyter-book build --warningiserror --keep-going $(DOCS_ARGS) docs/
 
 # Rewrite docs/api/*.rst and the API part of docs/_toc.yml from the package (after adding or moving a module).
 api-docs: $(STAMP)

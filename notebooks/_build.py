@@ -14,6 +14,10 @@ Each notebook runs top to bottom in a fresh kernel of *this* Python (the project
 its own folder as the working directory, as nbval runs it. A cell that raises stops the script
 and leaves the notebook file untouched. Cell ids and tags are kept; execution timings are not
 recorded, so a re-run only changes what the cells print.
+
+Exercise solutions (cells tagged ``solution``) run like every other cell, so nbval still checks
+that they work, but their outputs are not stored: a student who opens the notebook sees the
+question and an empty "your turn" cell, not the answer printed under it.
 """
 
 import argparse
@@ -27,6 +31,8 @@ from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
 from nbclient import NotebookClient
 
 HERE = Path(__file__).resolve().parent
+#: The tag of an exercise's solution cell: executed, its outputs never stored.
+SOLUTION = "solution"
 
 
 class _ThisPython(KernelSpecManager):
@@ -52,12 +58,20 @@ def execute(path, timeout=600):
         if km.has_kernel:          # a kernel we hand in is ours to stop (atexit handlers run)
             km.shutdown_kernel()
     seconds = time.monotonic() - t0
+    strip_solutions(nb)
     # Keep the metadata portable: the kernel any Jupyter calls "python3", no interpreter path.
     nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python",
                                  "name": "python3"}
     nbformat.validate(nb)
     nbformat.write(nb, path)
     return seconds
+
+
+def strip_solutions(nb):
+    """Empty the outputs of every ``solution`` cell of ``nb`` (in place), once it has run without error."""
+    for cell in nb.cells:
+        if cell.cell_type == "code" and SOLUTION in cell.metadata.get("tags", []):
+            cell.outputs = []
 
 
 def main(argv=None):

@@ -17,7 +17,9 @@ import pytest
 from scipy import stats
 
 from tuna_lab.analysis.stats import (
+    INTERVALS,
     compare_policies,
+    format_interval,
     scenario_stats,
     speedup_summary,
     speedups,
@@ -27,6 +29,7 @@ from tuna_lab.errors import AnalysisError, TunaError
 from tuna_lab.measure.schema import PERCENTILES, percentiles
 from tuna_lab.server.models import STAGES
 from tuna_lab.analysis.report import write_report
+from tuna_lab.analysis.summary import scale_note
 from tuna_lab.analysis.figures import p99_by_configuration, speedup_bars, stage_p99_bars
 
 CPUS = 16
@@ -167,15 +170,18 @@ def test_trial_counts_throughput_and_subscription(tables, per_trial):
 # -- scenario_stats -------------------------------------------------------------------------------
 
 
-def test_scenario_means_and_student_t_interval(per_trial):
+def test_scenario_means_and_log_scale_student_t_interval(per_trial):
     scen = scenario_stats(per_trial, confidence=0.9).set_index(TRIAL_KEYS[:-1])
     valid = per_trial[per_trial["trial_status"].eq("ok")]
     p99 = valid.groupby(TRIAL_KEYS[:-1])["p99"]
     np.testing.assert_allclose(scen.loc[p99.mean().index, "mean_p99"], p99.mean(), rtol=1e-12)
     key = (2, 2, CPUS, "medium", 100, "tuna-scatter")
     values = valid.set_index(TRIAL_KEYS[:-1]).loc[key, "p99"].to_numpy()
-    low, high = stats.t.interval(0.9, len(values) - 1, loc=values.mean(), scale=stats.sem(values))
+    # log(mean) +- t * (sem / mean), mapped back: the delta method on the log scale.
+    half = stats.t.ppf(0.95, len(values) - 1) * stats.sem(values) / values.mean()
+    low, high = values.mean() * np.exp(-half), values.mean() * np.exp(half)
     assert scen.loc[key, ["ci_low", "ci_high"]].tolist() == pytest.approx([low, high])
+    assert scen.loc[key, "ci_low"] * scen.loc[key, "ci_high"] == pytest.approx(values.mean() ** 2)
     assert (scen["ci_low"] <= scen["mean_p99"]).all() and (scen["mean_p99"] <= scen["ci_high"]).all()
     assert (scen.loc[scen["n_trials"] == TRIALS, "n_failed"] == 0).all()
     assert set(scen["subscription"]) == {"over", "under"}
@@ -209,6 +215,18 @@ def test_interval_shrinks_with_more_trials():
     assert many["ci_high"] - many["ci_low"] < few["ci_high"] - few["ci_low"]
     one = scen([0.1])
     assert one["n_trials"] == 1 and math.isnan(one["ci_low"]) and math.isnan(one["std_p99"])
+
+
+def test_a_p99_interval_never_goes_below_zero():
+    # The report's cfs cell of issue 38: two trials far apart, whose Student t interval on the p99s
+    # themselves was 488.20 [-243.92, 1220.32] ms.
+    table = pd.DataFrame({"workers": 2, "threads": 2, "cpus": 2, "model": "medium", "batch": 100,
+                          "policy": "cfs", "trial": [0, 1], "p99": [0.4306, 0.5458]})
+    row = scenario_stats(table).iloc[0]
+    t_low = row["mean_p99"] - stats.t.ppf(0.975, 1) * row["std_p99"] / math.sqrt(2)
+    assert t_low < 0 < row["ci_low"] < row["mean_p99"] < row["ci_high"] < math.inf
+    wild = scenario_stats(table.assign(p99=[0.001, 10.0])).iloc[0]
+    assert 0 <= wild["ci_low"] < wild["mean_p99"] < wild["ci_high"]
 
 
 # -- speedups -------------------------------------------------------------------------------------
@@ -280,18 +298,21 @@ def test_compare_policies_on_known_data():
     exact = compare_policies(_two_policy_scenarios(0.2, 0.1, 0.0, 0.0), "cfs", "tuna-scatter")
     assert exact["ratio"] == pytest.approx(0.5) and exact["speedup"] == pytest.approx(2.0)
     assert exact["ci_low"] == pytest.approx(0.5) and exact["ci_high"] == pytest.approx(0.5)
-    assert exact["method"] == "fieller" and exact["n_applications"] == 1
+    assert exact["method"] == "log" and exact["n_applications"] == 1
 
     r = compare_policies(_two_policy_scenarios(0.2, 0.1, 0.02, 0.01), "cfs", "tuna-scatter")
-    assert r["ci_low"] < 0.5 < r["ci_high"] and r["dof"] == pytest.approx(4)
-    q = stats.t.ppf(0.975, 4)
-    var_a, var_b = 0.02**2 / 5, 0.01**2 / 5
-    for rho in (r["ci_low"], r["ci_high"]):      # the bounds solve Fieller's equation
-        assert (0.1 - rho * 0.2) ** 2 == pytest.approx(q**2 * (var_b + rho**2 * var_a))
-    assert r["speedup_ci_low"] == pytest.approx(1 / r["ci_high"])
+    # Both relative variances are 0.1**2 / 5: Welch-Satterthwaite gives 2 x 4 degrees of freedom.
+    assert r["ci_low"] < 0.5 < r["ci_high"] and r["dof"] == pytest.approx(8)
+    half = stats.t.ppf(0.975, 8) * math.sqrt(2 * 0.1**2 / 5)
+    assert [r["ci_low"], r["ci_high"]] == pytest.approx([0.5 * math.exp(-half), 0.5 * math.exp(half)])
+    assert r["speedup_ci_low"] == pytest.approx(1 / r["ci_high"]) and r["speedup_ci_high"] == pytest.approx(
+        1 / r["ci_low"])
 
+    # A denominator not significantly above 0: Fieller's interval was unbounded (and its reciprocal
+    # started at 0); this one stays a finite, positive interval, very wide.
     wild = compare_policies(_two_policy_scenarios(0.2, 0.1, 0.3, 0.01), "cfs", "tuna-scatter")
-    assert wild["ci_high"] == math.inf            # denominator not significantly above 0
+    assert 0 < wild["ci_low"] < 0.5 < wild["ci_high"] < math.inf and wild["ci_high"] / wild["ci_low"] > 10
+    assert 0 < wild["speedup_ci_low"] < wild["speedup_ci_high"] < math.inf
     few = compare_policies(_two_policy_scenarios(0.2, 0.1, float("nan"), float("nan"), n=1),
                            "cfs", "tuna-scatter")
     assert few["ratio"] == pytest.approx(0.5) and math.isnan(few["ci_low"])
@@ -324,8 +345,8 @@ def test_compare_policies_over_the_synthetic_experiment(per_trial):
 
 def test_p99_by_configuration_traces_and_shading(per_trial):
     fig = p99_by_configuration(per_trial, model="medium", batch=100)
-    assert [t.mode for t in fig.data] == ["markers", "lines"] * len(POLICY_SCALE)
-    lines = {t.name: t for t in fig.data if t.mode == "lines"}
+    assert [t.mode for t in fig.data] == ["markers", "lines+markers"] * len(POLICY_SCALE)
+    lines = {t.name: t for t in fig.data if t.mode == "lines+markers"}
     assert list(lines) == list(POLICY_SCALE)
     assert list(fig.layout.xaxis.ticktext) == [f"{w}x{t}" for w, t in CONFIGS]
     # one shaded rectangle per run of oversubscribed configurations: 2x16 (x=1) and 4x8 (x=3)
@@ -337,6 +358,20 @@ def test_p99_by_configuration_traces_and_shading(per_trial):
     assert "ms" in fig.layout.yaxis.title.text and fig.layout.title.text
     with pytest.raises(AnalysisError, match="model"):
         p99_by_configuration(per_trial)                                  # two models: ambiguous
+    assert "one configuration" not in fig.layout.title.text
+
+
+def test_p99_by_configuration_of_one_configuration_draws_its_means(per_trial):
+    # The demo runs one configuration: a line needs two points, so the mean must show as a marker.
+    one = per_trial.query("workers == 2 and threads == 2 and model == 'medium' and batch == 100")
+    fig = p99_by_configuration(one)
+    means = [t for t in fig.data if t.name in POLICY_SCALE]
+    assert [t.name for t in means] == list(POLICY_SCALE)
+    for trace in means:
+        assert "markers" in trace.mode and len(trace.x) == 1 and trace.marker.size > 0
+    scen = scenario_stats(one).set_index("policy")["mean_p99"] * 1e3
+    np.testing.assert_allclose([t.y[0] for t in means], scen[list(POLICY_SCALE)])
+    assert "one configuration" in fig.layout.title.text
 
 
 def test_stage_p99_bars(per_trial):
@@ -383,11 +418,14 @@ def test_write_report_is_one_self_contained_file(tables, per_trial, tmp_path):
     assert "server died: &lt;worker 3&gt; exited" in text
     scen = scenario_stats(per_trial).set_index(TRIAL_KEYS[:-1])
     row = scen.loc[(2, 2, CPUS, "medium", 100, "tuna-scatter")]
-    cell = f"{row['mean_p99'] * 1e3:.2f} [{row['ci_low'] * 1e3:.2f}, {row['ci_high'] * 1e3:.2f}]"
+    cell = f"{row['mean_p99'] * 1e3:.2f} {format_interval(row['ci_low'] * 1e3, row['ci_high'] * 1e3)}"
     assert cell in text
     speed = speedup_summary(scen.reset_index()).query("group == 'all'").set_index(["baseline", "policy"])
-    assert f"{speed.loc[('cfs', 'tuna-scatter'), 'speedup']:.3f} (n=8)" in text
-    assert f"{speed.loc[('round-robin', 'tuna-scatter'), 'speedup']:.3f} (n=8)" in text
+    for baseline in ("cfs", "round-robin"):
+        r = speed.loc[(baseline, "tuna-scatter")]
+        assert f"{r['speedup']:.2f} {format_interval(r['ci_low'], r['ci_high'])} (n=8)" in text
+    assert html.escape(INTERVALS) in text
+    assert "usable CPUs (fewer than" not in text                       # 16 CPUs: the article's scale
     # rewriting replaces the file in place
     write_report(requests, trials, out)
     assert [p.name for p in out.parent.iterdir()] == ["report.html"]
@@ -408,7 +446,7 @@ def test_a_sweep_of_the_articles_design_is_reported_beside_the_article(tables, p
     summary = speedup_summary(scenario_stats(per_trial), by=(None,)).set_index(["baseline", "policy"])
     for baseline, article in (("cfs", "1.15x over cfs"), ("round-robin", "1.13x over round-robin")):
         row = summary.loc[(baseline, "tuna-scatter")]
-        assert f"{row['speedup']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}] (n=8)" in text
+        assert f"{row['speedup']:.2f} {format_interval(row['ci_low'], row['ci_high'])} (n=8)" in text
         assert f"Tuna's average p99 speedup is {article}" in text
     assert "Tuna's gain shrinks as the batch grows" in text
     assert "2x2 for the article's 4x4, 4x8 for the article's 16x16" in text
@@ -529,15 +567,15 @@ def _scenarios_with_spread():
     return pd.DataFrame(rows)
 
 
-def test_one_application_gets_the_fieller_interval_run_prints():
+def test_one_application_gets_the_very_interval_run_prints():
     from tuna_lab.analysis.stats import compare_policies, speedup_summary
 
     scen = _scenarios_with_spread()
     one = scen[scen["workers"] == 2]
     row = speedup_summary(one, baselines="cfs", by=(None,)).iloc[0]
     ref = compare_policies(one, "cfs", "tuna-scatter")
-    assert row["ci_low"] == pytest.approx(ref["speedup_ci_low"]) and row["ci_high"] == pytest.approx(
-        ref["speedup_ci_high"])
+    # Equal, not approximately: the table, the figure and the terminal print the same digits.
+    assert (row["ci_low"], row["ci_high"]) == (ref["speedup_ci_low"], ref["speedup_ci_high"])
 
 
 def test_several_applications_get_an_interval_around_their_mean_that_widens_with_the_spread():
@@ -646,3 +684,108 @@ def test_summarize_without_successful_trials_or_a_trial_table():
     assert s.failed.to_dict("records") == [{"policy": "cfs", "trial": 0, "reason": "timeouts"}]
     with pytest.raises(AnalysisError, match="trial table"):
         summarize(pd.DataFrame({"policy": ["cfs"]}))
+
+
+# ------------------------------------------------------------ one way to write an interval
+
+
+def test_format_interval_writes_every_kind_of_interval_one_way():
+    assert format_interval(0.5243, 2.1) == "[0.52, 2.10]"
+    assert format_interval(12.25, 80.0, digits=1) == "[12.2, 80.0]"
+    assert format_interval(0.0031, 31.69) == "[0.0031, 31.69]"              # a positive bound never reads 0
+    assert format_interval(0.0, math.inf, digits=1) == "[0.0, inf]"       # a race's rate without a failing step
+    assert format_interval(195, None, digits=0) == "[195, inf]"           # quantile_rank_interval's None
+    assert format_interval(np.float64("nan"), np.float64("nan")) == ""    # one trial: no interval at all
+    assert format_interval(1.0, float("nan")) == ""
+
+
+def test_terminal_report_table_and_figure_show_one_interval(tmp_path):
+    """A run of one configuration, as the demo's: the same speedup interval, digit for digit, everywhere."""
+    from tuna_lab.analysis import summarize
+    from tuna_lab.analysis.figures import speedup_bars
+    from tuna_lab.measure.experiment import load_results
+
+    requests, trials, _ = load_results(SWEEP_2CPU / "w3-t2-medium-b100")
+    run = summarize(requests, trials)
+    text = run.to_text()
+    report = html.unescape(write_report(requests, trials, tmp_path / "r.html").read_text("utf-8"))
+    summary = speedup_summary(scenario_stats(trial_stats(requests, trials)))
+    finest = summary[summary["group"].eq("subscription+model+batch")]
+    hovers = {t.name: t.customdata[0][1] for t in speedup_bars(finest).data}
+    for row in run.speedups.itertuples():
+        interval = format_interval(row.ci_low, row.ci_high)
+        assert interval and 0 < row.ci_low < row.speedup < row.ci_high < math.inf
+        assert f"{row.policy} vs cfs: p99 speedup {row.speedup:.2f}x {interval} (95% interval)" in text
+        assert f"{row.speedup:.2f} {interval}" in report                # the comparisons table
+        assert hovers[f"{row.policy} vs cfs"] == interval              # the bar chart's hover
+    shown = text + re.sub(r"<script.*?</script>", "", report, flags=re.DOTALL)     # not plotly.js's code
+    assert "Fieller" not in shown and not re.search(r"\[-\d", shown) and ", -]" not in shown
+    # On 2 CPUs the report says, once, what such a run can show.
+    assert report.count(scale_note(2)) == 1
+
+
+def test_scale_note_says_what_a_small_machine_can_show():
+    note = scale_note(2)
+    assert note.startswith("note: on 2 usable CPUs (fewer than 16)") and "\n" not in note
+    assert "demonstrates the method, not the article's effect" in note and "docs/article.md" in note
+    assert scale_note(1).startswith("note: on 1 usable CPU (") and scale_note(16) == scale_note(64) == ""
+
+
+def test_run_json_writes_null_for_an_interval_it_cannot_bound():
+    from tuna_lab.cli.experiment import _print_json
+
+    import contextlib
+    import io
+    import json
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _print_json({"ci_low": 0.5, "ci_high": math.inf, "none": float("nan")})
+    assert json.loads(out.getvalue()) == {"ci_low": 0.5, "ci_high": None, "none": None}
+
+
+def test_readme_notebook_06_and_the_report_say_one_thing_about_intervals():
+    import json
+
+    root = Path(__file__).resolve().parent.parent
+    readme = " ".join((root / "README.md").read_text("utf-8").replace("`", "").split())
+    assert INTERVALS in readme
+    nb = json.loads((root / "notebooks" / "06_sweep_and_analysis.ipynb").read_text("utf-8"))
+    printed = ["".join(o.get("text", "")) for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    assert any(INTERVALS in text for text in printed)
+    # The report's sentence is checked where the report is written (test_write_report_is_one_self_contained_file).
+
+
+def test_demo_says_under_its_speedups_what_this_machine_can_show(tmp_path):
+    """``tuna-lab demo`` live and cut short: its speedups, each interval positive, then the scale line."""
+    import subprocess
+    import sys
+
+    from tuna_lab.machine import Limits
+
+    p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "demo", "--trials", "2", "--requests", "30",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    speedups = [i for i, line in enumerate(lines) if " vs cfs: p99 speedup " in line]
+    assert len(speedups) == 2 and "(95% interval)" in lines[speedups[-1]], p.stdout[-2000:]
+    assert not re.search(r"\[-\d", p.stdout) and "Fieller" not in p.stdout
+    note = scale_note(Limits.read().effective_cpus)
+    if note:            # this machine is too small for the article's effect: said once, right there
+        assert lines[speedups[-1] + 1] == note and lines.count(note) == 1
+    else:
+        assert "usable CPUs (fewer than" not in p.stdout
+    assert (tmp_path / "demo" / "report.html").is_file()
+
+
+def test_the_race_chart_writes_each_rate_interval_as_the_tables_do():
+    from tuna_lab.analysis.figures import race_rounds
+    from tuna_lab.measure.tune import read_tune
+
+    result = read_tune(str(Path(__file__).resolve().parent.parent / "notebooks" / "data" / "tune-2cpu"))
+    fig = race_rounds(result.history, result.sla_p99)
+    last = result.history[result.history["round"] == result.history["round"].max()].set_index("candidate")
+    shown = dict(zip(fig.data[-1].y, fig.data[-1].customdata, strict=True))
+    assert shown == {c: format_interval(r["rate_low"], r["rate_high"], 1) for c, r in last.iterrows()}
+    assert any(text.endswith(", inf]") for trace in fig.data for text in trace.customdata)   # no upper bound yet
+    assert all(t.hovertemplate.endswith("interval %{customdata}<extra></extra>") for t in fig.data)  # no "inf/s"

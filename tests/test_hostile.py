@@ -255,8 +255,9 @@ def test_a_corrupt_manifest_is_one_line(cell, tmp_path, how, command):
     assert_refused(cli(*args), codes=(1, 2))
 
 
-@pytest.mark.parametrize("output", ["/proc/version", "{t}", "{t}/no/such/r.html", "/proc/self/r.html"])
+@pytest.mark.parametrize("output", ["/proc/version", "{t}", "{t}/file/r.html", "/proc/self/r.html"])
 def test_report_to_a_path_it_cannot_write_is_one_line(cell, tmp_path, output):
+    (tmp_path / "file").write_text("a file, not a folder")
     assert_refused(cli("report", str(cell), "-o", output.format(t=tmp_path)))
 
 

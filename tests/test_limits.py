@@ -284,10 +284,11 @@ def test_run_checks_the_quota_before_anything_runs(quota_of_one_and_a_half, tmp_
 
 
 def test_a_lab_server_warns_of_throttling_when_it_starts(quota_of_one_and_a_half, tmp_path):
-    from tuna_lab.errors import ThrottlingWarning
+    from tuna_lab.errors import PlanError, ThrottlingWarning
     from tuna_lab.server.launch import Server
 
-    # A state folder that does not exist ends the start right after the check (and the model's lookup).
+    # A state folder that does not exist ends the start right after the check (and the model's lookup):
+    # its plan cannot be written there.
     server = Server(2, 1, "small", state_dir=str(tmp_path / "missing"))
-    with pytest.warns(ThrottlingWarning, match="below the 2 CPUs"), pytest.raises(FileNotFoundError):
+    with pytest.warns(ThrottlingWarning, match="below the 2 CPUs"), pytest.raises(PlanError, match="cannot write"):
         server.start()

@@ -5,7 +5,9 @@ are the cheap ones that make such a run meaningful: stored outputs to compare ag
 stored errors, figures tagged so that their version-dependent JSON is not compared, and files
 that stay small enough to review. And the ones a reader on GitHub or the docs site notices:
 every stored figure has a still image, one title style, one setup call instead of a copied
-block. Then :mod:`tuna_lab.notebook` itself.
+block. The exercises a student works through: a question, an empty "your turn" cell, then a
+collapsed solution whose answer is not stored under the question. Then :mod:`tuna_lab.notebook`
+itself.
 """
 
 import ast
@@ -29,6 +31,11 @@ VOLATILE_MIME = ("application/vnd.plotly.v1+json",)
 PLOTLY = "application/vnd.plotly.v1+json"
 MAX_BYTES = 1_000_000      # plotly.js inlined in a figure output is ~4 MB
 # What the issue asked each of these to show without running anything (GitHub, the docs).
+# The exercise convention: "**N.**" opens an exercise in a markdown cell; the next cell is an
+# empty code cell tagged YOUR_TURN, the one after it the solution, tagged SOLUTION and IGNORE,
+# its source collapsed and its outputs not stored (notebooks/_build.py strips them).
+EXERCISE = re.compile(r"^\*\*(\d+)\.\*\*", re.MULTILINE)
+YOUR_TURN, SOLUTION = "your-turn", "solution"
 MUST_SHOW = {"03_scatter_vs_compact.ipynb": 2,           # the scatter and the compact mapping
              "04_why_baselines_fall_short.ipynb": 1,     # the baselines' per-core loads
              "05_live_pin_and_measure.ipynb": 1}         # the live p99 per policy
@@ -76,6 +83,102 @@ def test_notebook_is_executed_and_clean(path):
 @pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
 def test_notebook_is_small(path):
     assert path.stat().st_size < MAX_BYTES, f"{path.name} is {path.stat().st_size} bytes: plotly.js inlined?"
+
+
+def _tags(cell):
+    return cell["metadata"].get("tags", [])
+
+
+def _exercise_problems(cells):
+    """What breaks the exercise convention in ``cells``, as messages (empty when it holds)."""
+    problems, numbers = [], []
+    for i, cell in enumerate(cells):
+        text, tags = _source(cell), _tags(cell)
+        head = text.strip().splitlines()[0][:60] if text.strip() else f"cell {i}"
+        if cell["cell_type"] == "markdown":
+            if re.search(r"<summary>\s*Solution", text, re.IGNORECASE):
+                problems.append(f"{head!r}: a solution written out in the question's cell")
+            found = EXERCISE.findall(text)
+            if len(found) > 1:
+                problems.append(f"{head!r}: exercises {found} in one cell, each needs its own cells")
+            if found:
+                numbers.append(int(found[0]))
+                turn, solution = (cells[i + 1:i + 3] + [None, None])[:2]
+                if not (turn and turn["cell_type"] == "code" and YOUR_TURN in _tags(turn)):
+                    problems.append(f"exercise {found[0]}: not followed by a code cell tagged {YOUR_TURN!r}")
+                if not (solution and SOLUTION in _tags(solution)):
+                    problems.append(f"exercise {found[0]}: no cell tagged {SOLUTION!r} after the {YOUR_TURN!r} cell")
+            continue
+        if YOUR_TURN in tags:
+            code = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+            if code or not text.strip():
+                problems.append(f"{head!r}: a {YOUR_TURN!r} cell holds only a comment for the student")
+            if cell["outputs"]:
+                problems.append(f"{head!r}: a {YOUR_TURN!r} cell with stored outputs")
+            if i == 0 or not EXERCISE.search(_source(cells[i - 1])) or cells[i - 1]["cell_type"] != "markdown":
+                problems.append(f"{head!r}: a {YOUR_TURN!r} cell that does not follow an exercise")
+        if SOLUTION in tags:
+            if IGNORE not in tags:
+                problems.append(f"{head!r}: a solution not tagged {IGNORE!r}")
+            if cell["metadata"].get("jupyter", {}).get("source_hidden") is not True:
+                problems.append(f"{head!r}: a solution whose source is not collapsed (jupyter.source_hidden)")
+            if cell["outputs"]:
+                problems.append(f"{head!r}: a solution with stored outputs: re-run notebooks/_build.py")
+            if i == 0 or YOUR_TURN not in _tags(cells[i - 1]):
+                problems.append(f"{head!r}: a solution without a {YOUR_TURN!r} cell before it")
+    if numbers != list(range(1, len(numbers) + 1)):
+        problems.append(f"exercises numbered {numbers}, not 1..{len(numbers)}")
+    return problems
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.name)
+def test_every_exercise_has_a_your_turn_cell_then_a_hidden_solution(path):
+    problems = _exercise_problems(_load(path)["cells"])
+    assert not problems, f"{path.name}:\n" + "\n".join(problems)
+
+
+def test_the_exercise_check_finds_an_answer_shown_under_its_question():
+    def code(source, tags=(), outputs=(), hidden=False):
+        meta = {"tags": list(tags), **({"jupyter": {"source_hidden": True}} if hidden else {})}
+        return {"cell_type": "code", "source": source, "metadata": meta, "outputs": list(outputs)}
+
+    question = {"cell_type": "markdown", "source": "**1.** How far apart are cpus 0 and 1?", "metadata": {}}
+    turn = code("# your turn: d(0, 1)", [YOUR_TURN])
+    answer = code("print(D[0, 1])", [SOLUTION, IGNORE], hidden=True)
+    assert _exercise_problems([question, turn, answer]) == []
+    shown = {"output_type": "stream", "name": "stdout", "text": "10.0\n"}
+    assert _exercise_problems([question, turn, {**answer, "outputs": [shown]}])        # the answer stored
+    assert _exercise_problems([question, answer])                                     # no cell to try first
+    assert _exercise_problems([question, turn, code("print(D[0, 1])", [SOLUTION, IGNORE])])   # not collapsed
+    assert _exercise_problems([{**question, "source": question["source"] + "\n<details><summary>Solution"
+                                "</summary>10</details>"}, turn, answer])
+
+
+def test_build_runs_solutions_but_stores_none_of_their_outputs(tmp_path):
+    import subprocess
+    import sys
+
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("x = 6 * 7\nprint('shown', x)"),
+        nbformat.v4.new_code_cell("print('the answer', x)", metadata={"tags": [SOLUTION, IGNORE]})])
+    path = tmp_path / "99_check.ipynb"
+
+    def build():
+        return subprocess.run([sys.executable, str(NOTEBOOKS / "_build.py"), str(path)],
+                              capture_output=True, text=True, timeout=300, check=False)
+
+    nbformat.write(nb, path)
+    out = build()
+    assert out.returncode == 0, out.stderr
+    shown, solution = nbformat.read(path, as_version=4).cells
+    assert "shown 42" in shown.outputs[0]["text"] and solution.outputs == [] and solution.execution_count
+    # A solution that fails stops the build, so stripping its output cannot hide a broken answer.
+    nb.cells[1].source = "raise ValueError('broken answer')"
+    nbformat.write(nb, path)
+    out = build()
+    assert out.returncode != 0 and "broken answer" in out.stderr
 
 
 def test_every_notebook_is_listed_in_the_readme():

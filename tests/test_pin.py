@@ -31,6 +31,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tuna_lab._checks import format_cpulist
 from tuna_lab.machine import topology_from
 from tuna_lab.placement import placement
 from tuna_lab.placement.plan import Plan
@@ -536,8 +537,7 @@ def test_pin_then_unpin_a_running_server(plain):
     workers = plain.workers()
     master_cpus = cpus_of(plain.master)
     plan = placement("round-robin", W, T, topology_from(None)).plan()
-    # Masks of their own before the pin: unpin gives a pool thread its own back, and the main
-    # thread (whose saved mask is dropped below, as if it were born after the pin) the master's.
+    # Masks of the user's own before the pin: unpin gives each thread the mask it had then.
     own_pool, own_main = pool_tids(workers[0])[0], workers[0]
     os.sched_setaffinity(own_pool, master_cpus[-1:])
     os.sched_setaffinity(own_main, master_cpus[:1])
@@ -559,19 +559,32 @@ def test_pin_then_unpin_a_running_server(plain):
                   "every pinned pool thread to run")
     assert affinities(workers) == pinned
 
+    # masks.json records, per thread tuna_lab bound, the mask it replaced and the one it set.
     [saved] = Path(tempfile.gettempdir()).glob(f"tuna_lab-pin-{os.geteuid()}-{plain.master}-*/masks.json")
-    masks = json.loads(saved.read_text())
-    assert masks[str(own_pool)] == master_cpus[-1:] and masks[str(own_main)] == master_cpus[:1]
-    del masks[str(own_main)]
-    saved.write_text(json.dumps(masks))
+    threads = json.loads(saved.read_text())["threads"]
+    assert threads[str(own_pool)]["before"] == master_cpus[-1:] and threads[str(own_main)]["before"] == master_cpus[:1]
+    assert all(t["set"] == pinned[int(tid)] for tid, t in threads.items())
+    # The user moves a pinned thread after the pin: it is theirs now, unpin leaves it.
+    moved = pool_tids(workers[1])[0]
+    os.sched_setaffinity(moved, master_cpus[:1])
 
     done = cli("unpin", "--pid", plain.master)
     assert done.returncode == 0, done.stderr
+    assert f"thread {moved} is on CPUs {master_cpus[0]}" in done.stderr and "left as it is" in done.stderr
     after = affinities(workers)
-    assert after.pop(own_pool) == master_cpus[-1:]
+    assert after.pop(own_pool) == master_cpus[-1:] and after.pop(own_main) == master_cpus[:1]
+    assert after.pop(moved) == master_cpus[:1]
     assert after and all(cpus == master_cpus for cpus in after.values()), after
     assert not saved.parent.exists()                # forgotten: a later pin saves the masks of its moment
-    os.sched_setaffinity(own_pool, master_cpus)
+    for tid in (own_pool, own_main, moved):
+        os.sched_setaffinity(tid, master_cpus)
+
+    # Nothing recorded: unpin changes nothing, and says so.
+    os.sched_setaffinity(moved, master_cpus[:1])
+    done = cli("unpin", "--pid", plain.master)
+    assert done.returncode == 0 and "nothing to unpin" in done.stdout, (done.stdout, done.stderr)
+    assert cpus_of(moved) == master_cpus[:1]
+    os.sched_setaffinity(moved, master_cpus)
 
 
 def test_status_shows_roles_tids_and_cpus_as_proc_does(plain, scatter_plan):
@@ -600,9 +613,12 @@ def test_taskset_lines_name_the_running_servers_threads(plain):
         named[int(m.group(2))] = m.group(1)
     expected = {}
     for slot, pid in enumerate(plain.workers()):
-        expected[pid] = ",".join(map(str, plan.slots[slot][0]))
+        # XGBoost without OMP_PLACES: the main thread keeps its slot's CPUs, as `pin` binds it, and says why.
+        expected[pid] = format_cpulist(union(plan, slot))
+        assert re.search(rf"^# worker {pid} \(slot {slot}\): main thread on all of slot {slot}'s CPUs .*XGBoost",
+                         done.stdout, re.M), done.stdout
         for rank, tid in enumerate(pool_tids(pid), start=1):
-            expected[tid] = ",".join(map(str, plan.slots[slot][rank]))
+            expected[tid] = format_cpulist(plan.slots[slot][rank])
             assert Path(f"/proc/{pid}/task/{tid}").exists()
     assert named == expected
 
@@ -688,7 +704,15 @@ BAD_INPUTS = {
     "taskset-fewer-slots": (["plan", "-w", W - 1, "-t", T, "--policy", "round-robin", "--format", "taskset",
                              "--pid", "{master}"], f"give -w {W}"),
     "taskset-pid-1": (["plan", "-w", W, "-t", T, "--policy", "round-robin", "--format", "taskset", "--pid", "1"],
-                      "child processes (workers) but the plan has"),
+                      "PID 1 is the system's"),
+    "taskset-not-a-server": (["plan", "-w", W, "-t", T, "--policy", "round-robin", "--format", "taskset", "--pid",
+                              "{shell}"], "not a recognised pre-fork server"),
+    "workers-not-children": (["pin", "--pid", "{master}", "-t", T, "--policy", "round-robin", "--workers", "1"],
+                             "is not a live child"),
+    "worker-match-none": (["status", "--pid", "{master}", "--worker-match", "no-such-program"], "matches the command"),
+    "worker-match-bad": (["pin", "--pid", "{master}", "-t", T, "--policy", "round-robin", "--worker-match", "("],
+                         "not a regular expression"),
+    "workers-not-pids": (["unpin", "--pid", "{master}", "--workers", "12,x"], "takes PIDs separated by commas"),
     "permission-pin": (["pin", "--pid", "{master}", "-t", T, "--policy", "round-robin"], "permission denied"),
     "permission-unpin": (["unpin", "--pid", "{master}"], "permission denied"),
 }
@@ -704,8 +728,6 @@ def test_bad_input_is_one_line_status_2_and_pins_nothing(case, plain, plans, gon
     given = " ".join(map(str, args))
     childless = request.getfixturevalue("childless") if "{childless}" in given else None
     shell = request.getfixturevalue("shell_with_sleeps") if "{shell}" in given else None
-    if case == "taskset-pid-1" and len(psutil.Process(1).children()) in (0, W):
-        pytest.skip(f"PID 1 has {len(psutil.Process(1).children())} children here: not a count the plan refuses")
     args = [str(a).format(gone=gone_pid, childless=childless, shell=shell, master=plain.master, plans=plans)
             for a in args]
     before = affinities(plain.workers())

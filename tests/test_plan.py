@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tuna_lab._checks import format_cpulist
 from tuna_lab.errors import PlanError
 from tuna_lab.machine import Topology, topology_from
 from tuna_lab.machine.fingerprint import fingerprint
@@ -182,14 +183,31 @@ def test_parse_omp_places_refuses_what_is_not_an_explicit_list(text):
 
 def test_taskset_format_without_a_server_names_every_thread_of_every_slot(scatter_json):
     plan = Plan.read(scatter_json)
-    lines = plan_cli("-w", str(W), "-t", str(T), "--policy", "tuna-scatter", "--format", "taskset").splitlines()
-    body = [line for line in lines if not line.startswith("#")]
+    text = plan_cli("-w", str(W), "-t", str(T), "--policy", "tuna-scatter", "--format", "taskset")
+    body = [line for line in text.splitlines() if not line.startswith("#")]
     assert len(body) == plan.workers * plan.threads
     for line in body:
         m = re.fullmatch(r"taskset -p -c (\S+) <TID of slot (\d+) rank (\d+)>", line)
         assert m, line
         w, t = int(m.group(2)), int(m.group(3))
-        assert m.group(1) == ",".join(map(str, plan.slots[w][t]))
+        # Not knowing the runtime, a main thread gets all of its slot's CPUs: never fewer than its pool
+        # (XGBoost would size its pool from them); the export says so.
+        want = sorted({c for cpus in plan.slots[w] for c in cpus}) if t == 0 else plan.slots[w][t]
+        assert m.group(1) == format_cpulist(want), line
+    assert "Main threads (rank 0) get all of their slot's CPUs" in text
+
+
+def test_taskset_main_thread_follows_the_main_rule_given_with_the_threads():
+    plan = placement("round-robin", 1, 2, Topology.synthetic("core:2 pu:1")).plan()
+    threads = [{"slot": 0, "rank": 0, "tid": 100, "pid": 100, "main_note": "x: XGBoost loaded: it counts"},
+               {"slot": 0, "rank": 1, "tid": 101}]
+    loose = plan.render("taskset", tids=[{**threads[0], "exact_main": False}, threads[1]]).splitlines()
+    assert loose[1:] == ["# worker 100 (slot 0): main thread on all of slot 0's CPUs 0-1, not only CPU 0: "
+                         "XGBoost loaded: it counts", "taskset -p -c 0-1 100", "taskset -p -c 1 101"]
+    exact = plan.render("taskset", tids=[{**threads[0], "exact_main": True, "main_note": "x: ONNX Runtime"},
+                                         threads[1]]).splitlines()
+    assert exact[1:] == ["# worker 100 (slot 0): main thread on CPU 0 alone: ONNX Runtime", "taskset -p -c 0 100",
+                         "taskset -p -c 1 101"]
 
 
 # -- gunicorn -----------------------------------------------------------------------------------

@@ -202,9 +202,11 @@ def test_bad_inputs_raise_model_error(call):
     assert "\n" not in str(info.value)
 
 
-def test_bad_topology_raises_topology_error():
-    with pytest.raises(TopologyError):
-        placement("cfs", 2, 2, "xeon-8272cl")
+def test_a_preset_name_is_a_topology_and_anything_else_a_topology_error():
+    assert placement("round-robin", 2, 2, "xeon-8272cl").topology.to_dict() == XEON.to_dict()
+    for bad in (5, "no-such-machine"):
+        with pytest.raises(TopologyError):
+            placement("cfs", 2, 2, bad)
 
 
 def test_unknown_policy_error_lists_the_valid_names():

@@ -204,6 +204,7 @@ def _serve(tmp_path_factory, name, argv, model):
 
 @pytest.fixture(scope="module")
 def ort_server(tmp_path_factory):
+    pytest.importorskip("onnxruntime", reason="ONNX Runtime is not installed (the runtimes extra: make test)")
     model = _build_mlp(tmp_path_factory.mktemp("onnx") / "mlp.onnx")
     srv = _serve(tmp_path_factory, "ort", [UVICORN, "ort_app:app", "--workers", W, "--host", "127.0.0.1",
                                            "--port", "{port}", "--log-level", "warning"], model)
@@ -213,6 +214,7 @@ def ort_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lgb_server(tmp_path_factory):
+    pytest.importorskip("lightgbm", reason="LightGBM is not installed (the runtimes extra: make test)")
     model = _train_lightgbm(tmp_path_factory.mktemp("lightgbm") / "model.txt")
     srv = _serve(tmp_path_factory, "lgb", _gunicorn("lgb_app:app"), model)
     yield srv
@@ -221,6 +223,8 @@ def lgb_server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def torch_server(tmp_path_factory):
+    # only a CPU build is installed (the torch-cpu extra); where the index has none, make test says so
+    pytest.importorskip("torch", reason="no CPU build of PyTorch installed (the torch-cpu extra)")
     srv = _serve(tmp_path_factory, "torch", _gunicorn("torch_app:app"), "-")
     yield srv
     srv.stop()

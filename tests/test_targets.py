@@ -154,7 +154,9 @@ def test_run_app_records_cfs_and_tuna_with_server_timing_that_report_reads(model
 def test_every_response_a_500_makes_the_trial_invalid_and_the_run_says_so(model_env, tmp_path):
     r = cli("run", "--app", "timed_app:application", "--app-dir", USERAPP, "-w", 1, "-t", 1, "--path", "/fail",
             "--policies", "cfs", "--trials", 1, "--requests", 10, "--concurrency", 2, env=model_env)
-    assert r.returncode == 0, r.stderr
+    # Something ran, and the one policy has no valid trial: exit 1, with one line saying so.
+    assert r.returncode == 1, r.stderr
+    assert "tuna-lab: error: no valid trial of cfs" in r.stderr
     assert "no successful trials" in r.stdout
     assert "failed: cfs trial 1: 10 of 10 requests failed" in r.stdout
 
@@ -195,7 +197,7 @@ def test_sweep_app_runs_each_cell_resumes_and_report_and_advise_read_it(model_en
     (("--app", "timed_app:application", "--models", "small"), "--models is for the lab server"),
     (("--app", "timed_app:application", "--cluster", "local"), "sweep it without --cluster"),
     (("--app", "nomodule:app"), "no module nomodule"),
-    (("--body", "x.json"), "--body is for your own app"),
+    (("--body", "x.json"), "--body is for your own server"),
 ])
 def test_sweep_bad_target_input_is_one_line(model_env, tmp_path, args, match):
     r = cli("sweep", "--configs", "1x1", "--app-dir", USERAPP, *args, "--out", tmp_path / "s", env=model_env) \
@@ -269,7 +271,8 @@ def test_attached_server_gets_its_masks_back_after_a_worker_is_killed_mid_trial(
     victim = psutil.Process(proc.pid).children()[0]
     victim.kill()
     out, err = run.communicate(timeout=120)
-    assert run.returncode == 0, err
+    # The one trial had a worker replaced: invalid, and round-robin has no valid trial (exit 1).
+    assert run.returncode == 1 and "1 worker replaced during the trial" in err, err
     after = masks(proc.pid)
     # Every thread that was there gets exactly its mask back; the replacement worker has the master's.
     given_back(before, after, proc.pid)

@@ -21,6 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 API = ROOT / "docs" / "api"
 TOC = ROOT / "docs" / "_toc.yml"
+FAMILIES = ROOT / "docs" / "families"
 
 #: Packages in data-flow order: the arrows of the layout point from later to earlier.
 STAGES = ("tuna_lab", "tuna_lab.errors", "tuna_lab.machine", "tuna_lab.model", "tuna_lab.placement",
@@ -63,6 +64,17 @@ def _declares_all(name):
                for node in tree.body)
 
 
+def family_classes():
+    """The names of the constraint families that docs/families/*.rst describe (``.. tuna-family:: Name``).
+
+    Each is described there, whole; the API page of its module lists it and links to that
+    description, but does not describe it a second time (Sphinx would warn of a duplicate
+    object description for the class and each of its members).
+    """
+    return {cls for path in FAMILIES.glob("*.rst")
+            for cls in re.findall(r"^\.\. tuna-family::\s+(\w+)\s*$", path.read_text(), re.M)}
+
+
 def page(name):
     """The reST of one module's page, or None for a module without ``__all__``."""
     if not _declares_all(name):
@@ -78,14 +90,23 @@ def page(name):
         home = _defined_in_submodule(module, attr) if package else \
             getattr(obj, "__module__", name) if inspect.isclass(obj) or inspect.isfunction(obj) else name
         (own if home in (name, None) else reexported).append((attr, obj, home))
+    families = family_classes()
+    elsewhere = [a for a, obj, _ in own if a in families and getattr(obj, "__module__", None) == name]
+    described = [entry for entry in own if entry[0] not in elsewhere]
     lines = [name, "=" * len(name), "", f".. automodule:: {name}", ""]
-    if own:
-        lines += [".. autosummary::", "   :nosignatures:", ""] + [f"   {a}" for a, _, _ in own] + [""]
+    if described:
+        lines += [".. autosummary::", "   :nosignatures:", ""] + [f"   {a}" for a, _, _ in described] + [""]
+    if elsewhere:
+        # autosummary links each name to its description, which is on the family's page
+        lines += [".. rubric:: The constraint families", "",
+                  "Each family is described on its own page (:doc:`../families/index`), generated from its class.",
+                  "", ".. autosummary::", "   :nosignatures:", ""]
+        lines += [f"   {a}" for a in elsewhere] + [""]
     if reexported:
         lines += [".. rubric:: Re-exported here", "", ".. autosummary::", "   :nosignatures:", ""]
         lines += [f"   ~{home.removeprefix(name + '.')}.{a}" if home.startswith(name + ".") else f"   ~{home}.{a}"
                   for a, _, home in reexported] + [""]
-    for attr, obj, _ in own:
+    for attr, obj, _ in described:
         directive = _directive(obj)
         lines.append(f".. {directive}:: {attr}")
         if directive == "autoclass":

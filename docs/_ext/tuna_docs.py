@@ -144,7 +144,7 @@ def family_rst(cls):
                          else f"``enc.{h}``" for h, called in hooks)
         lines.append(f":cvxpy built from: {used} of the encoding "
                      "(:class:`~tuna_lab.model.encodings.CountEncoding` by default, "
-                     ":class:`~tuna_lab.model.encodings.PairwiseEncoding` for the article's literal one)")
+                     ":class:`~tuna_lab.model.encodings.PairwiseEncoding` for our reading of the article's literal one)")
     lines += ["", ".. rubric:: LaTeX source", "", ".. code-block:: latex", "", f"   {cls.latex}", ""]
 
     lines += [

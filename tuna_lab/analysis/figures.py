@@ -1,8 +1,8 @@
 """Plotly figures of experiment results, after the Tuna article's figures.
 
-* :func:`p99_by_configuration` - trial p99s (markers) and their mean (line)
-  per policy over the server configurations ``W x T``, oversubscribed
-  configurations shaded;
+* :func:`p99_by_configuration` - trial p99s (dots) and their mean (a dash
+  per configuration, joined by a line) per policy over the server
+  configurations ``W x T``, oversubscribed configurations shaded;
 * :func:`stage_p99_bars` - average per-stage p99 of one configuration, one
   bar per policy;
 * :func:`speedup_bars` - average speedups of the policies over the baselines
@@ -14,7 +14,9 @@
 
 Every figure takes the tables of :mod:`tuna_lab.analysis` and returns a
 :class:`plotly.graph_objects.Figure`; times are shown in milliseconds.
-Policies keep one colour across figures.
+Policies keep one colour across figures, and a hover writes an interval as
+:func:`~tuna_lab.analysis.stats.format_interval` does, as the report's tables
+and the terminal write it.
 
 Examples
 --------
@@ -24,7 +26,7 @@ Examples
 ...     "p99": [0.10, 0.12, 0.30, 0.34]})
 >>> fig = p99_by_configuration(trials)
 >>> [t.mode for t in fig.data], len(fig.layout.shapes)
-(['markers', 'lines'], 1)
+(['markers', 'lines+markers'], 1)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from plotly.colors import qualitative
 from ..errors import AnalysisError
 from ..placement import POLICIES
 from ..server.models import STAGES
-from .stats import scenario_stats
+from .stats import format_interval, scenario_stats
 from .tables import MODELS, check_table, ordered, valid_trials, with_defaults
 
 __all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars", "paired_trials", "race_rounds"]
@@ -110,9 +112,12 @@ def p99_by_configuration(trials_stats, model=None, batch=None, wait_policy=None,
     -------
     plotly.graph_objects.Figure
         Per policy, one ``markers`` trace (every valid trial's p99) and one
-        ``lines`` trace (the mean of the trials), at configurations ``WxT``
-        ordered by workers then threads; each run of oversubscribed
-        configurations (``W * T > C``) is one shaded rectangle.
+        ``lines+markers`` trace (the mean of the trials: a dash at each
+        configuration, joined by a line), at configurations ``WxT`` ordered
+        by workers then threads; each run of oversubscribed configurations
+        (``W * T > C``) is one shaded rectangle. With one configuration there
+        is no line to draw: the dashes still show each policy's mean, and the
+        title says so.
 
     Raises
     ------
@@ -160,22 +165,24 @@ def p99_by_configuration(trials_stats, model=None, batch=None, wait_policy=None,
             hovertemplate=f"{policy}<br>%{{customdata[0]}} trial %{{customdata[1]}}<br>p99 %{{y:.2f}} ms"
                           "<extra></extra>"))
         fig.add_trace(go.Scatter(
-            x=avg["x"] + offsets[policy], y=avg["mean_p99"] * _MS, mode="lines", name=policy,
+            x=avg["x"] + offsets[policy], y=avg["mean_p99"] * _MS, mode="lines+markers", name=policy,
             legendgroup=policy, line={"color": colors[policy], "width": 2},
+            marker={"color": colors[policy], "symbol": "line-ew-open", "size": 18, "line": {"width": 3}},
             customdata=np.c_[avg["label"], avg["n_trials"]],
             hovertemplate=f"{policy}<br>%{{customdata[0]}}: mean p99 %{{y:.2f}} ms over "
                           "%{customdata[1]} trials<extra></extra>"))
     for start, stop in _runs(over):
         fig.add_vrect(x0=float(start) - 0.5, x1=float(stop) - 0.5, fillcolor=_OVER_FILL, line_width=0,
                       layer="below")
+    single = "<br><sup>one configuration: a dash marks each mean, no line joins them</sup>" * (len(configs) == 1)
     fig.update_layout(
         template=_TEMPLATE,
-        title=f"p99 server time per configuration - model {model}, batch {batch}{wait}",
+        title=f"p99 server time per configuration - model {model}, batch {batch}{wait}{single}",
         xaxis={"title": "configuration (workers x threads); shaded: oversubscribed (W*T > cores)",
                "tickmode": "array", "tickvals": configs["x"].tolist(), "ticktext": configs["label"].tolist(),
                "range": [-0.5, len(configs) - 0.5]},
         yaxis={"title": "p99 server time (ms)", "rangemode": "tozero"},
-        legend={"title": "policy (line: mean of trials)"},
+        legend={"title": "policy (dots: trials; dash and line: their mean)"},
     )
     return fig
 
@@ -254,14 +261,14 @@ def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None, wait_
 def _error_bars(rows):
     """Plotly ``error_y`` for the rows' ``ci_low``/``ci_high``, and each interval as text for the hover.
 
-    An unbounded or missing interval draws no bar (plotly cannot draw infinity); its text says why.
+    The text is :func:`~tuna_lab.analysis.stats.format_interval`'s. An
+    unbounded or missing interval draws no bar (plotly cannot draw infinity).
     """
     if "ci_low" not in rows.columns:
         return None, ["not computed"] * len(rows)
     low, high, mid = (rows[c].to_numpy(float) for c in ("ci_low", "ci_high", "speedup"))
     finite = np.isfinite(low) & np.isfinite(high)
-    text = [f"[{lo:.2f}, {hi:.2f}]" if ok else ("unbounded" if np.isinf(lo) or np.isinf(hi) else "too few trials")
-            for lo, hi, ok in zip(low, high, finite)]
+    text = [format_interval(lo, hi) or "none (fewer than two trials)" for lo, hi in zip(low, high, strict=True)]
     return ({"type": "data", "symmetric": False, "array": np.where(finite, high - mid, np.nan),
              "arrayminus": np.where(finite, mid - low, np.nan), "color": "black", "thickness": 1}, text)
 
@@ -331,7 +338,7 @@ def speedup_bars(summary, *, group=None, baseline=None):
             x=sel["_label"], y=sel["speedup"], name=f"{policy} vs {b}", customdata=list(zip(sel["n"], interval)),
             error_y=error,
             marker={"color": colors[policy], "pattern": {"shape": ["", "/", "x", "."][dashes[b] % 4]}},
-            hovertemplate=f"{policy} vs {b}<br>%{{x}}: %{{y:.3f}}x over %{{customdata[0]}} applications"
+            hovertemplate=f"{policy} vs {b}<br>%{{x}}: %{{y:.2f}}x over %{{customdata[0]}} applications"
                           "<br>95% interval %{customdata[1]}<extra></extra>"))
     fig.add_hline(y=1, line_dash="dash", line_color="grey")
     fig.update_layout(
@@ -450,12 +457,14 @@ def race_rounds(history, sla_p99=None):
         high = rows["rate_high"].where(np.isfinite(rows["rate_high"]), edge)
         colors = [_STATUS_COLORS.get(s, _PALETTE[0]) for s in rows["status"]]
         symbols = ["triangle-right" if not np.isfinite(h) else "circle" for h in rows["rate_high"]]
+        intervals = [format_interval(lo, hi, 1) for lo, hi in zip(rows["rate_low"], rows["rate_high"], strict=True)]
         fig.add_trace(go.Scatter(
             x=rows["rate"].round(6).tolist(), y=list(rows.index), mode="markers", name=f"round {rnd}",
-            marker={"color": colors, "symbol": symbols, "size": 9},
+            marker={"color": colors, "symbol": symbols, "size": 9}, customdata=intervals,
             error_x={"type": "data", "symmetric": False, "array": (high - rows["rate"]).round(6).tolist(),
                      "arrayminus": (rows["rate"] - rows["rate_low"]).round(6).tolist(), "thickness": 1.5},
-            hovertemplate="%{y}: %{x:.1f}/s<extra></extra>", showlegend=False), row=1, col=col)
+            hovertemplate="%{y}: %{x:.1f} requests/s, interval %{customdata}<extra></extra>", showlegend=False),
+            row=1, col=col)
     target = f" within a p99 of {sla_p99 * _MS:g} ms" if sla_p99 else ""
     fig.update_layout(template=_TEMPLATE, title=f"the race: best rate{target}, interval per round (grey: dropped)",
                       height=max(260, 40 + 24 * len(order)), margin={"l": 160, "r": 20, "t": 70, "b": 40})

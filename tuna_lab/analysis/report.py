@@ -27,7 +27,17 @@ from .._files import write_atomic
 from ..errors import AnalysisError
 from ..placement import POLICIES
 from . import figures as viz
-from .stats import MACHINE, compare_policies, cpu_cost, scenario_stats, speedup_summary, trial_stats
+from .stats import (
+    INTERVALS,
+    MACHINE,
+    compare_policies,
+    cpu_cost,
+    format_interval,
+    scenario_stats,
+    speedup_summary,
+    trial_stats,
+)
+from .summary import ARTICLE_MIN_CPUS, fault_note, scale_note
 from .tables import check_table, ordered, sort_table, valid_trials
 
 __all__ = ["write_report"]
@@ -52,8 +62,6 @@ _ARTICLE_FINDINGS = {
     "stages": "At 4x4, Tuna's gain comes mostly from the SHAP stage. At 16x16, Tuna is faster in every stage "
               "and round-robin is consistently slower.",
 }
-# Below this many CPUs the scaled design cannot show the article's effect (it measured 32 logical CPUs).
-_ARTICLE_MIN_CPUS = 16
 #: Manifest fields shown in the header, each with the keys it may be stored under.
 _HEADER = (
     ("CPU", ("cpu_model", "cpu")),
@@ -80,7 +88,10 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
 
     The report holds, in order: a header from ``manifest``; the scenario
     table (mean p99 in ms with its 95% confidence interval, one column per
-    policy); the average speedups over cfs and over round-robin, overall and
+    policy; every interval is written by
+    :func:`~tuna_lab.analysis.stats.format_interval`, the way ``run`` prints
+    it, and :data:`~tuna_lab.analysis.stats.INTERVALS` says what it is);
+    the average speedups over cfs and over round-robin, overall and
     by subscription, model, batch and their combinations (with a figure of
     the combinations); one p99-by-configuration figure per model and batch;
     per-stage p99 bars; and the failed trials with their reasons (and the
@@ -167,8 +178,10 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         if not isinstance(article, Mapping):
             raise AnalysisError(f"article must be a mapping (a sweep's design), not {type(article).__name__}")
         sections = _article_sections(per_trial, scenarios, article) + sections
+    # The article's section says it at length; any other report of a small machine says it in one line.
+    small = scale_note(int(per_trial["cpus"].max())) if article is None else ""
     parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), _overview(requests, per_trial, scenarios),
-             *_render(sections)]
+             *([f"<p><strong>{_esc(small)}</strong></p>"] if small else []), *_render(sections)]
     document = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                 f"<title>{_esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
                 + "\n".join(parts) + "\n</body>\n</html>\n")
@@ -239,7 +252,7 @@ def _overview(requests, per_trial, scenarios):
             f"{scenarios['policy'].nunique()} policies; "
             f"{len(scenarios[['workers', 'threads', 'cpus', 'model', 'batch']].drop_duplicates())} "
             f"applications on {cpus} logical cores{machines}; {counts.min()}-{counts.max()} valid trials "
-            "per scenario.</p>")
+            f"per scenario. {_esc(INTERVALS)}</p>")
 
 
 # -- the article's experiment --------------------------------------------------------------
@@ -256,7 +269,7 @@ def _article_sections(per_trial, scenarios, design):
              "batches, 5 trials x 1,000 requests, on 32 logical CPUs.</p>"]
     if design.get("summary"):
         intro.append(f'<p class="note">Cut to its budget: {_esc(design["summary"])}.</p>')
-    if cpus < _ARTICLE_MIN_CPUS:
+    if cpus < ARTICLE_MIN_CPUS:
         threads = sorted({t for _, t in pairs})
         intro.append(
             f"<p><strong>This is the tiny version.</strong> On {cpus} CPUs the article's pairs scale to "
@@ -264,7 +277,7 @@ def _article_sections(per_trial, scenarios, design):
             + (" - with T = 1 scatter and compact are one mapping, and Tuna's mode term is 0" if threads == [1]
                else "")
             + f"; the effect the article measured needs more cores (it used 32 logical CPUs; give this "
-              f"command a machine of {_ARTICLE_MIN_CPUS} or more). Read the numbers below as the method at work, "
+              f"command a machine of {ARTICLE_MIN_CPUS} or more). Read the numbers below as the method at work, "
               "not as a reproduction.</p>")
     sections = [("The article's experiment on this machine", intro),
                 ("Speedups beside the article's", [_article_speedups(scenarios)])]
@@ -309,10 +322,10 @@ def _article_speedups(scenarios):
             finding = _ARTICLE_FINDINGS["all"].format(speedup=_ARTICLE_SPEEDUP[r.baseline], baseline=r.baseline)
         else:
             finding = _ARTICLE_FINDINGS[r.group]
-        here = f"{r.speedup:.3f}" + (f" [{r.ci_low:.3f}, {r.ci_high:.3f}]" if np.isfinite(r.ci_low) else "")
         rows.append({"baseline": r.baseline, "policy": r.policy, "group": r.group,
                      "value": "all" if column is None else str(getattr(r, column)),
-                     "speedup here [95% interval]": f"{here} (n={r.n})", "the article": finding})
+                     "speedup here [95% interval]": f"{_estimate(r.speedup, r.ci_low, r.ci_high)} (n={r.n})",
+                     "the article": finding})
     return _table(pd.DataFrame(rows), "Speedup: mean over applications of (baseline mean p99) / (policy mean p99), "
                                       "above 1 the policy is faster; the interval is from the trials' spread "
                                       "(an interval holding 1: the trials cannot tell the policies apart). The "
@@ -422,7 +435,7 @@ def _stage_configurations(per_trial):
 
 
 def _scenario_table(scenarios):
-    cell = _interval(scenarios["mean_p99"] * 1e3, scenarios["ci_low"] * 1e3, scenarios["ci_high"] * 1e3, 2)
+    cell = _interval(scenarios["mean_p99"] * 1e3, scenarios["ci_low"] * 1e3, scenarios["ci_high"] * 1e3)
     label = scenarios["workers"].astype(str) + "x" + scenarios["threads"].astype(str)
     table = scenarios.assign(configuration=label, cell=cell.to_numpy())
     index = [MACHINE] * (MACHINE in scenarios.columns) + ["model", "batch", "configuration", "cpus", "subscription",
@@ -431,7 +444,7 @@ def _scenario_table(scenarios):
     wide = wide[ordered(wide.columns, POLICIES)].reset_index()
     wide.columns.name = None
     return _table(wide, "Mean over valid trials of each trial's p99 of server-side runtime; "
-                        "[95% Student t confidence interval]; '-' where a policy was not run.")
+                        "[95% interval, on the log scale: never below zero]; '-' where a policy was not run.")
 
 
 def _comparisons(scenarios):
@@ -458,13 +471,22 @@ def _comparisons(scenarios):
         "speedup": _interval(table["speedup"], table["speedup low"], table["speedup high"]),
     })
     return _table(out, "Ratio of the policy's to the baseline's mean p99, averaged over the applications "
-                       "both ran; [95% Fieller confidence interval from the trials' spread].")
+                       "both ran, and the speedup (its reciprocal); [95% interval from the trials' spread, on the "
+                       "log scale: the speedup's is the reciprocal of the ratio's].")
 
 
-def _interval(value, low, high, digits=3):
-    """``"v [lo, hi]"`` strings; just ``"v"`` where the interval is missing."""
-    text = _fmt(value, digits)
-    return text.where(low.isna(), text + " [" + _fmt(low, digits) + ", " + _fmt(high, digits) + "]")
+def _estimate(value, low, high, digits=2):
+    """``"v [lo, hi]"``: the value and :func:`~tuna_lab.analysis.stats.format_interval`; ``"v"`` without one."""
+    if not np.isfinite(value):
+        return "-"
+    interval = format_interval(low, high, digits)
+    return f"{value:.{digits}f}" + (f" {interval}" if interval else "")
+
+
+def _interval(value, low, high, digits=2):
+    """:func:`_estimate` of every row."""
+    return pd.Series([_estimate(v, lo, hi, digits) for v, lo, hi in zip(value, low, high, strict=True)],
+                     index=getattr(value, "index", None), dtype=object)
 
 
 def _speedup_table(summary, baseline):
@@ -474,13 +496,13 @@ def _speedup_table(summary, baseline):
                 "it did not run alongside another policy.</p>")
     columns = [c for c in ("subscription", "model", "batch") if c in rows.columns]
     label = rows[columns].astype("string").fillna("").agg(" / ".join, axis=1).str.strip(" /")
-    table = rows.assign(grouping=rows["group"], group_value=label.replace("", "all"),
-                        cell=(_fmt(rows["speedup"], 3) + " (n=" + rows["n"].astype(str) + ")").to_numpy())
+    cell = _interval(rows["speedup"], rows["ci_low"], rows["ci_high"]) + " (n=" + rows["n"].astype(str) + ")"
+    table = rows.assign(grouping=rows["group"], group_value=label.replace("", "all"), cell=cell.to_numpy())
     wide = table.pivot_table(index=["grouping", "group_value"], columns="policy", values="cell",
                              aggfunc="first", sort=False)
     wide = wide[ordered(wide.columns, POLICIES)].reset_index().rename(columns={"group_value": "group"})
     wide.columns.name = None
-    return _table(wide, f"Mean over applications of ({baseline} mean p99) / (policy mean p99); "
+    return _table(wide, f"Mean over applications of ({baseline} mean p99) / (policy mean p99) [95% interval]; "
                         "above 1 the policy is faster; n = applications averaged.")
 
 
@@ -532,8 +554,6 @@ def _locality_table(requests, threads):
 
 
 def _failures(requests, trials):
-    from .summary import fault_note
-
     failed = trials[trials["trial_status"].ne("ok")]
     keep = [c for c in (MACHINE, "policy", "workers", "threads", "model", "batch", "trial", "n", "ok", "failed",
                         "trial_status", "workers_replaced", "master_restarted", "reason") if c in failed.columns]

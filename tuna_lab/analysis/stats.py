@@ -8,12 +8,22 @@ reduces them the way the Tuna article does:
    trial's successful requests (the article's figure of merit), plus p50,
    p95, mean, client p99, throughput and the p99 of each pipeline stage;
 2. :func:`scenario_stats` - per scenario (one application under one policy),
-   the average of the trial p99s with a Student t confidence interval;
+   the average of the trial p99s with its confidence interval;
 3. :func:`speedups` / :func:`speedup_summary` - baseline mean p99 over policy
    mean p99 per application, averaged overall and within groups (the
    article's 1.15x over CFS and 1.13x over Round Robin are such averages);
-4. :func:`compare_policies` - one ratio of mean p99s with a Fieller
-   confidence interval.
+4. :func:`compare_policies` - one ratio of mean p99s with its confidence
+   interval.
+
+Intervals. Everything here is positive (a p99, a ratio of p99s), so every
+interval is taken on the log scale: ``value */ factor`` with ``factor =
+exp(t * s)``, ``s`` the standard error of ``log(value)`` from the trials'
+spread (the delta method) and ``t`` the Student quantile at the
+Welch-Satterthwaite degrees of freedom. It never goes below zero, is as
+wide in ratio above the value as below, and the interval of a speedup is
+exactly the reciprocal of the interval of its p99 ratio. With fewer than
+two trials there is none (NaN). :func:`format_interval` writes an interval,
+the one way every table, figure, terminal line and notebook shows it.
 
 An *application* is one ``(workers, threads, cpus, model, batch)``: a server
 configuration ``W x T`` on ``C`` usable logical cores serving one model with
@@ -56,6 +66,9 @@ from .tables import APPLICATION, check_table, ordered, sort_table, valid_trials,
 
 __all__ = [
     "MACHINE",
+    "UNBOUNDED",
+    "INTERVALS",
+    "format_interval",
     "trial_stats",
     "quantile_rank_interval",
     "scenario_stats",
@@ -68,6 +81,12 @@ __all__ = [
 
 #: The column that names the machine a row was measured on (results of a sweep on a cluster).
 MACHINE = "machine"
+#: How text writes a side of an interval that nothing bounds (JSON writes null).
+UNBOUNDED = "inf"
+#: What every interval of a p99 or a speedup is, in the words the report, README.md and notebook 06 use.
+INTERVALS = ("Every interval of a p99 or a speedup is a 95% interval taken on the log scale from the trials' "
+             "spread, value */ factor: it never goes below zero, a speedup's interval is the reciprocal of its "
+             f"p99 ratio's, and a side that nothing bounds is written {UNBOUNDED} (null in JSON).")
 
 _SCENARIO = APPLICATION + ("policy",)
 _TRIAL = _SCENARIO + ("trial",)
@@ -119,6 +138,100 @@ def _subscription(table):
     """``"over"`` where ``workers * threads > cpus``, else ``"under"``."""
     over = table["workers"].to_numpy() * table["threads"].to_numpy() > table["cpus"].to_numpy()
     return pd.Series(np.where(over, "over", "under"), index=table.index, dtype=object)
+
+
+# -- intervals ------------------------------------------------------------------------------
+
+
+def format_interval(low, high, digits=2):
+    """An interval as text: the one way tables, figure hovers, the terminal and notebooks write it.
+
+    Parameters
+    ----------
+    low, high : float or None
+        The bounds. A side that nothing bounds (infinite, or None as
+        :func:`quantile_rank_interval` gives it) is written :data:`UNBOUNDED`
+        (``-inf`` for a lower side); JSON writes ``null`` there instead.
+    digits : int, default 2
+        Decimals of both sides; a side too small for them keeps two
+        significant digits, so that a positive bound never reads as 0.
+
+    Returns
+    -------
+    str
+        ``"[low, high]"``; ``""`` when the interval was not computed (a NaN
+        side: fewer than two trials), so that a caller shows the value alone.
+
+    Examples
+    --------
+    >>> format_interval(0.5243, 2.1)
+    '[0.52, 2.10]'
+    >>> format_interval(0.0, float("inf"), digits=1)
+    '[0.0, inf]'
+    >>> format_interval(0.0031, 31.69)
+    '[0.0031, 31.69]'
+    >>> format_interval(195, None, digits=0)
+    '[195, inf]'
+    >>> format_interval(float("nan"), float("nan"))
+    ''
+    """
+    def side(value, unbounded):
+        value = unbounded if value is None else value
+        if np.isinf(value):
+            return ("-" if value < 0 else "") + UNBOUNDED
+        return f"{value:.2g}" if 0 < abs(value) < 0.5 * 10.0**-digits else f"{value:.{digits}f}"
+
+    if any(v is not None and np.isnan(v) for v in (low, high)):
+        return ""
+    return f"[{side(low, -np.inf)}, {side(high, np.inf)}]"
+
+
+def _log_bounds(value, rel_var, dof, confidence):
+    """``value */ exp(q * sqrt(rel_var))``: a Student t interval on the log scale, mapped back.
+
+    ``rel_var`` is the variance of ``log(value)`` (by the delta method, the
+    squared relative standard error) and ``q`` the two-sided Student
+    quantile at ``dof`` (the normal one at infinity). Arrays broadcast; NaN
+    where ``value`` is not positive or ``rel_var`` or ``dof`` is missing.
+
+    Examples
+    --------
+    >>> low, high = _log_bounds(2.0, 0.01, np.inf, 0.95)
+    >>> round(float(low * high), 12), round(float(high / 2.0), 4)
+    (4.0, 1.2165)
+    """
+    value, rel_var, dof = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (value, rel_var, dof)))
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        q = stats.t.ppf(0.5 + confidence / 2, np.where(dof > 0, dof, np.nan))
+        factor = np.exp(q * np.sqrt(rel_var))
+        usable = (value > 0) & (rel_var >= 0) & np.isfinite(q)
+        return np.where(usable, value / factor, np.nan), np.where(usable, value * factor, np.nan)
+
+
+def _ratio_interval(num, den, var_num, var_den, dof_num, dof_den, confidence):
+    """``(low, high, dof)`` of ``num / den``, two independent positive means with variances ``var_*``.
+
+    The variance of ``log(num / den)`` is ``var_num / num**2 + var_den / den**2``;
+    its degrees of freedom ``dof`` are Welch-Satterthwaite's over the two
+    parts (a part without variance adds none; none at all: infinite), and
+    the bounds are :func:`_log_bounds`'. Swapping ``num`` and ``den`` gives
+    the reciprocal interval.
+
+    Examples
+    --------
+    >>> low, high, dof = _ratio_interval(0.2, 0.1, 0.02**2 / 5, 0.01**2 / 5, 4, 4, 0.95)
+    >>> back = _ratio_interval(0.1, 0.2, 0.01**2 / 5, 0.02**2 / 5, 4, 4, 0.95)
+    >>> bool(low < 2.0 < high), bool(np.allclose([1 / high, 1 / low], back[:2])), float(dof)
+    (True, True, 8.0)
+    """
+    num, den, var_num, var_den, dof_num, dof_den = (
+        np.asarray(x, dtype=float) for x in (num, den, var_num, var_den, dof_num, dof_den))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rel_num, rel_den = var_num / num**2, var_den / den**2
+        rel = rel_num + rel_den
+        spread = np.where(rel_num > 0, rel_num**2 / dof_num, 0.0) + np.where(rel_den > 0, rel_den**2 / dof_den, 0.0)
+        dof = np.where(spread > 0, rel**2 / spread, np.where(rel == 0, np.inf, np.nan))
+        return (*_log_bounds(num / den, rel, dof, confidence), dof)
 
 
 # -- per trial ------------------------------------------------------------------------------
@@ -224,7 +337,7 @@ def _attach_trial_status(table, trials):
 
 
 def scenario_stats(trial_table, confidence=0.95):
-    """Average trial p99 per scenario, with a Student t confidence interval.
+    """Average trial p99 per scenario, with a confidence interval that never goes below zero.
 
     A scenario is one application under one policy. Trials without a p99 (no
     successful request) or marked ``trial_status == "failed"`` are left out
@@ -236,7 +349,10 @@ def scenario_stats(trial_table, confidence=0.95):
         The output of :func:`trial_stats` (at least the scenario keys,
         ``trial`` and ``p99``).
     confidence : float, default 0.95
-        Level of the interval ``mean +- t_{(1+confidence)/2, n-1} * std / sqrt(n)``.
+        Level of the interval ``mean */ exp(t_{(1+confidence)/2, n-1} * std / (mean * sqrt(n)))``:
+        a Student t interval of ``log(mean)`` by the delta method, mapped back (the module's
+        "Intervals"). A t interval of the p99s themselves, ``mean +- t * std / sqrt(n)``, reaches
+        below zero with a few spread trials; this one never does.
 
     Returns
     -------
@@ -280,10 +396,8 @@ def scenario_stats(trial_table, confidence=0.95):
     out["n_trials"] = n
     out["n_failed"] = out.pop("_size") - n
     with np.errstate(invalid="ignore", divide="ignore"):
-        dof = np.where(n > 1, n - 1, np.nan)
-        half = stats.t.ppf(0.5 + confidence / 2, dof) * out["std_p99"] / np.sqrt(n)
-    out["ci_low"] = out["mean_p99"] - half
-    out["ci_high"] = out["mean_p99"] + half
+        rel_var = out["std_p99"] ** 2 / (n * out["mean_p99"] ** 2)
+    out["ci_low"], out["ci_high"] = _log_bounds(out["mean_p99"], rel_var, n - 1, confidence)
     out = out.reset_index()
     out.insert(len(by), "subscription", _subscription(out))
     columns = by + ["subscription", "n_trials", "n_failed", "mean_p99", "std_p99", "ci_low",
@@ -440,13 +554,14 @@ def speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=_DEFAULT_BY)
         columns (missing where a row is not grouped by them), ``n`` (number of
         applications with a speedup), ``speedup`` (mean), ``geomean``, and
         ``ci_low``/``ci_high``: the 95% interval of the mean speedup from the
-        trials' spread (NaN where the scenarios have no ``std_p99`` and
-        ``n_trials``, or fewer than two trials). One application: Fieller's
-        interval, as ``run`` prints it. Several: the mean's delta-method
-        variance, the sum of the applications' over ``n**2``, with a Student
-        t quantile at the Welch-Satterthwaite degrees of freedom. The
-        interval is over the trials of these applications, not over
-        applications one might have run instead.
+        trials' spread, on the log scale (the module's "Intervals"; NaN
+        where the scenarios have no ``std_p99`` and ``n_trials``, or fewer
+        than two trials). One application: the interval of its p99 ratio,
+        the very one ``run`` prints (:func:`compare_policies`). Several: the
+        mean's delta-method variance, the sum of the applications' over
+        ``n**2``, taken relative to the mean. The interval is over the
+        trials of these applications, not over applications one might have
+        run instead.
 
     Raises
     ------
@@ -510,10 +625,10 @@ def _summary_intervals(scenarios, table, groupings, confidence=0.95):
         on=app + ["baseline"], how="left")
     with np.errstate(divide="ignore", invalid="ignore"):
         # Each application's speedup b/p: delta-method variance of a ratio of two independent means.
-        var_p = t["std_p99"] ** 2 / t["n_trials"]
-        var_b = t["base_std"] ** 2 / t["base_n"]
-        part_b = t["speedup"] ** 2 * var_b / t["baseline_p99"] ** 2
-        part_p = t["speedup"] ** 2 * var_p / t["policy_p99"] ** 2
+        t["_var_p"] = t["std_p99"] ** 2 / t["n_trials"]
+        t["_var_b"] = t["base_std"] ** 2 / t["base_n"]
+        part_b = t["speedup"] ** 2 * t["_var_b"] / t["baseline_p99"] ** 2
+        part_p = t["speedup"] ** 2 * t["_var_p"] / t["policy_p99"] ** 2
         t["_var"] = part_b + part_p
         t["_wsd"] = part_b ** 2 / (t["base_n"] - 1) + part_p ** 2 / (t["n_trials"] - 1)
     low, high = [], []
@@ -523,14 +638,13 @@ def _summary_intervals(scenarios, table, groupings, confidence=0.95):
             n = len(g)
             if n == 1:
                 row = g.iloc[0]
-                q = _t_quantile(confidence, min(row["n_trials"], row["base_n"]) - 1)
-                lo, hi = _fieller(row["policy_p99"], row["baseline_p99"], row["std_p99"] ** 2 / row["n_trials"],
-                                  row["base_std"] ** 2 / row["base_n"], q)
+                # The same call, with the same numbers, as compare_policies makes for one application.
+                lo, hi, _ = _ratio_interval(row["baseline_p99"], row["policy_p99"], row["_var_b"], row["_var_p"],
+                                            row["base_n"] - 1, row["n_trials"] - 1, confidence)
             elif n > 1 and np.isfinite(g["_var"]).all() and (g[["n_trials", "base_n"]] >= 2).all(axis=None):
-                var = g["_var"].sum() / n**2
+                mean, var = g["speedup"].mean(), g["_var"].sum() / n**2
                 dof = (g["_var"].sum() ** 2 / g["_wsd"].sum()) if g["_wsd"].sum() > 0 else np.inf
-                half = _t_quantile(confidence, dof) * np.sqrt(var)
-                lo, hi = g["speedup"].mean() - half, g["speedup"].mean() + half
+                lo, hi = _log_bounds(mean, var / mean**2, dof, confidence)
             else:
                 lo = hi = np.nan
             low.append(float(lo))
@@ -538,32 +652,26 @@ def _summary_intervals(scenarios, table, groupings, confidence=0.95):
     return np.asarray(low), np.asarray(high)
 
 
-def _t_quantile(confidence, dof):
-    """The two-sided Student t quantile; NaN without degrees of freedom."""
-    if not np.isfinite(dof):
-        return float(stats.norm.ppf(0.5 + confidence / 2))
-    return float(stats.t.ppf(0.5 + confidence / 2, dof)) if dof > 0 else np.nan
-
-
 # -- one comparison with an interval -----------------------------------------------------
 
 
 def compare_policies(scenarios, a, b, confidence=0.95):
-    """Ratio of the mean p99 of policy ``b`` over policy ``a``, with a Fieller interval.
+    """Ratio of the mean p99 of policy ``b`` over policy ``a``, with its confidence interval.
 
     Over the ``k`` applications both policies ran (with a mean p99), let
     ``A`` and ``B`` be the averages of the scenario mean p99s of ``a`` and
     ``b``. The ratio is ``B / A``: below 1, ``b`` is faster. To compare one
     configuration, filter ``scenarios`` first.
 
-    The interval is Fieller's for a ratio of two independent means: the set
-    of ``rho`` with ``(B - rho A)**2 <= q**2 (var_B + rho**2 var_A)``, where
-    ``var_A = sum_i std_i**2 / n_i / k**2`` over the applications' trials and
-    ``q`` is the Student t quantile with the smaller of the two
-    Welch-Satterthwaite degrees of freedom. It is exact for normal trial p99s
-    and, unlike the delta method, not symmetric around the ratio. When ``A``
-    is not significantly above 0 the interval is unbounded (``inf``); with
-    fewer than two trials in some scenario it is NaN.
+    The interval is taken on the log scale (the module's "Intervals"):
+    ``log(B / A) +- q * sqrt(var_A / A**2 + var_B / B**2)``, mapped back,
+    where ``var_A = sum_i std_i**2 / n_i / k**2`` over the applications'
+    trials and ``q`` is the Student t quantile at the Welch-Satterthwaite
+    degrees of freedom. It never goes below zero and is never unbounded
+    (Fieller's interval, exact for normal trial p99s, is unbounded or even
+    two rays whenever ``A`` is not significantly above 0, which a few spread
+    trials make common); the speedup's interval is the reciprocal of the
+    ratio's. With fewer than two trials in some scenario it is NaN.
 
     Parameters
     ----------
@@ -582,7 +690,7 @@ def compare_policies(scenarios, a, b, confidence=0.95):
         ``speedup`` (``A / B``, how much faster ``b`` is) with
         ``speedup_ci_low`` / ``speedup_ci_high``, ``mean_a``, ``mean_b``,
         ``n_applications``, ``dof``, ``confidence`` and ``method``
-        (``"fieller"``).
+        (``"log"``).
 
     Raises
     ------
@@ -619,25 +727,26 @@ def compare_policies(scenarios, a, b, confidence=0.95):
     mean_a, mean_b = both["mean_p99_a"].mean(), both["mean_p99_b"].mean()
     var_a, dof_a = _average_variance(both["std_p99_a"], both["n_trials_a"], k)
     var_b, dof_b = _average_variance(both["std_p99_b"], both["n_trials_b"], k)
-    dof = min(dof_a, dof_b)
-    q = float(stats.t.ppf(0.5 + confidence / 2, dof)) if dof > 0 else np.nan
-    low, high = _fieller(mean_a, mean_b, var_a, var_b, q)
+    # The speedup A / B first, with the arguments speedup_summary gives one application: the same numbers.
+    low, high, dof = _ratio_interval(mean_a, mean_b, var_a, var_b, dof_a, dof_b, confidence)
+    with np.errstate(divide="ignore"):
+        ratio_low, ratio_high = np.reciprocal(high), np.reciprocal(low)
     ratio = mean_b / mean_a
     return {
         "a": a,
         "b": b,
         "ratio": float(ratio),
-        "ci_low": low,
-        "ci_high": high,
+        "ci_low": float(ratio_low),
+        "ci_high": float(ratio_high),
         "speedup": float(1 / ratio),
-        "speedup_ci_low": _reciprocal(high),
-        "speedup_ci_high": _reciprocal(low),
+        "speedup_ci_low": float(low),
+        "speedup_ci_high": float(high),
         "mean_a": float(mean_a),
         "mean_b": float(mean_b),
         "n_applications": k,
         "dof": float(dof),
         "confidence": confidence,
-        "method": "fieller",
+        "method": "log",
     }
 
 
@@ -652,25 +761,6 @@ def _average_variance(std, n, k):
         if var == 0:
             return 0.0, np.inf
         return var, float(var**2 / np.sum(parts**2 / (n - 1)))
-
-
-def _fieller(mean_a, mean_b, var_a, var_b, q):
-    """Fieller's interval for ``mean_b / mean_a``; ``(-inf, inf)`` when unbounded."""
-    if not (np.isfinite(var_a) and np.isfinite(var_b) and np.isfinite(q)):
-        return np.nan, np.nan
-    lead = mean_a**2 - q**2 * var_a
-    half = mean_a * mean_b
-    disc = half**2 - lead * (mean_b**2 - q**2 * var_b)
-    if lead <= 0 or disc < 0:
-        return -np.inf, np.inf
-    root = np.sqrt(disc)
-    return float((half - root) / lead), float((half + root) / lead)
-
-
-def _reciprocal(x):
-    if np.isnan(x):
-        return np.nan
-    return float(1 / x) if x > 0 else np.inf
 
 
 def quantile_rank_interval(n, q=0.99, confidence=0.95):

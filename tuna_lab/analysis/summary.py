@@ -4,10 +4,12 @@
 :class:`~tuna_lab.measure.experiment.Result`, or the two tables as
 :func:`~tuna_lab.measure.load_results` reads them) to a :class:`RunSummary`:
 one row per policy (mean p50/p99, the p99 speedup over cfs, CPU per
-request), each policy's p99 speedup over cfs with its Fieller interval, the
+request), each policy's p99 speedup over cfs with its 95% interval, the
 headline averages over cfs and round-robin (the report's), the CPU cost per
 application and policy, and the failed trials. The command line prints these
-tables; a notebook gets the same numbers as frames.
+tables; a notebook gets the same numbers as frames. :func:`scale_note` is the
+line ``run`` and ``demo`` print on a machine too small for the article's
+effect.
 
 Examples
 --------
@@ -18,14 +20,17 @@ Examples
  ['round-robin', 'cfs', 18], ['round-robin', 'tuna-scatter', 18]]
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
 from ..errors import AnalysisError, TunaError
-from .stats import compare_policies, cpu_cost, scenario_stats, speedup_summary, trial_stats
+from .stats import compare_policies, cpu_cost, format_interval, scenario_stats, speedup_summary, trial_stats
 
-__all__ = ["RunSummary", "summarize", "fault_note"]
+__all__ = ["RunSummary", "summarize", "fault_note", "scale_note", "ARTICLE_MIN_CPUS"]
+
+#: Below this many usable CPUs a run cannot show the article's effect (the article measured 32 logical CPUs).
+ARTICLE_MIN_CPUS = 16
 
 # The policy the per-policy speedups compare with, as the article does.
 _BASELINE = "cfs"
@@ -52,8 +57,9 @@ class RunSummary:
         ``cpu_per_request``, ``idle_cpu_share_openmp`` and
         ``generator_cpu_per_request``.
     speedups : pandas.DataFrame
-        Each other policy's p99 speedup over cfs with its 95% Fieller
-        interval: ``policy``, ``baseline``, ``speedup``, ``ci_low``,
+        Each other policy's p99 speedup over cfs with its 95% interval
+        (:func:`~tuna_lab.analysis.stats.compare_policies`: on the log scale,
+        never below zero): ``policy``, ``baseline``, ``speedup``, ``ci_low``,
         ``ci_high``. Empty when too few trials succeeded to compare.
     headline : pandas.DataFrame
         Each policy's average p99 speedup over cfs and round-robin over all
@@ -72,6 +78,11 @@ class RunSummary:
         Lines about how the trials were measured that a reader must know:
         :func:`fault_note`, when a worker was replaced or a master restarted
         during some trial.
+    same_placement : dict
+        ``{policy: other}`` for a policy whose plan is the same as the
+        baseline's or an earlier policy's (the same ``sha256`` in the
+        manifest's ``plans``): its trials measured that placement again,
+        and it is reported as "same placement", never as a ratio.
     """
 
     summary: pd.DataFrame
@@ -80,6 +91,7 @@ class RunSummary:
     cpu: pd.DataFrame
     failed: pd.DataFrame
     notes: tuple = ()
+    same_placement: dict = field(default_factory=dict)
 
     def to_dict(self):
         """Every table as a list of plain rows (``tuna-lab run --json`` and ``report --json`` print them).
@@ -95,6 +107,7 @@ class RunSummary:
         """
         out = {name: getattr(self, name).to_dict("records") for name in ("summary", "speedups", "cpu", "failed")}
         out["notes"] = list(self.notes)
+        out["same_placement"] = dict(self.same_placement)
         out["headline"] = [{k: v for k, v in row.items() if k != "machine" or isinstance(v, str)}
                            for row in self.headline.to_dict("records")]
         return out
@@ -113,11 +126,15 @@ class RunSummary:
         tuna-scatter        8.0     20.0                1.50x
         <BLANKLINE>
         """
-        return (_summary_table(self.summary) + "\n"
-                + "\n".join([*(_speedup_line(r) for _, r in self.speedups.iterrows()), *self.notes]))
+        same = self.same_placement
+        return (_summary_table(self.summary, same) + "\n"
+                + "\n".join([*(_speedup_line(r) if r["policy"] not in same else
+                                f"{r['policy']} vs {r['baseline']}: same placement as {same[r['policy']]} "
+                                "(the plans are identical: no speedup to report)"
+                                for _, r in self.speedups.iterrows()), *self.notes]))
 
 
-def summarize(requests, trials=None):
+def summarize(requests, trials=None, plans=None):
     """The summary of a run (or of a sweep's results) as :class:`RunSummary`.
 
     Parameters
@@ -129,6 +146,10 @@ def summarize(requests, trials=None):
         intervals, no headline).
     trials : pandas.DataFrame
         The per-trial table.
+    plans : dict, optional
+        The manifest's ``plans`` (``{policy: {"sha256": ...}}``); default
+        the Result's. A policy whose plan is another's is reported as "same
+        placement" (:attr:`RunSummary.same_placement`).
 
     Returns
     -------
@@ -151,6 +172,8 @@ def summarize(requests, trials=None):
     >>> s.failed.to_dict("records")
     [{'policy': 'cfs', 'trial': 1, 'reason': 'timeouts'}]
     """
+    if plans is None and hasattr(requests, "manifest"):
+        plans = requests.manifest.get("plans")
     if trials is None and hasattr(requests, "trials"):
         requests, trials = requests.requests, requests.trials
     if not isinstance(trials, pd.DataFrame):
@@ -164,7 +187,60 @@ def summarize(requests, trials=None):
                       headline=_headline(requests, trials) if have_requests else
                       pd.DataFrame(columns=_HEADLINE_COLUMNS),
                       cpu=_cpu_rows(trials), failed=_failed(trials),
-                      notes=tuple(line for line in (fault_note(trials),) if line))
+                      notes=tuple(line for line in (fault_note(trials),) if line),
+                      same_placement=_same_placement(plans, trials))
+
+
+def _same_placement(plans, trials):
+    """``{policy: other}``: each policy whose plan's sha256 is the baseline's or an earlier policy's.
+
+    Examples
+    --------
+    >>> trials = pd.DataFrame({"policy": ["cfs", "round-robin", "tuna-scatter"]})
+    >>> _same_placement({"round-robin": {"sha256": "a"}, "tuna-scatter": {"sha256": "a"}}, trials)
+    {'tuna-scatter': 'round-robin'}
+    """
+    if not plans or not len(trials) or "policy" not in trials.columns:
+        return {}
+    order = sorted(set(trials["policy"]), key=lambda p: (p != _BASELINE, p))
+    first, same = {}, {}
+    for policy in order:
+        digest = (plans.get(policy) or {}).get("sha256")
+        if digest is None:
+            continue
+        if digest in first:
+            same[policy] = first[digest]
+        else:
+            first[digest] = policy
+    return same
+
+
+def scale_note(cpus):
+    """The one line a run on fewer than :data:`ARTICLE_MIN_CPUS` usable CPUs prints ("" on a machine large enough).
+
+    With so few CPUs every placement keeps them all busy, so no policy can
+    take work off a contended core: the run shows how the method works, not
+    the article's speedups, which docs/article.md gives.
+
+    Parameters
+    ----------
+    cpus : int
+        The CPUs the run could use (:attr:`tuna_lab.machine.Limits.effective_cpus`,
+        or a results table's ``cpus``).
+
+    Examples
+    --------
+    >>> scale_note(2)  # doctest: +NORMALIZE_WHITESPACE
+    "note: on 2 usable CPUs (fewer than 16) every placement saturates the CPUs, so this run demonstrates the method,
+    not the article's effect; the article's numbers (32 logical CPUs) are in docs/article.md"
+    >>> scale_note(32)
+    ''
+    """
+    if cpus >= ARTICLE_MIN_CPUS:
+        return ""
+    return (f"note: on {cpus} usable CPU{'s' if cpus != 1 else ''} (fewer than {ARTICLE_MIN_CPUS}) every placement "
+            "saturates the CPUs, so this run demonstrates the method, not the article's effect; the article's "
+            "numbers (32 logical CPUs) are in docs/article.md")
 
 
 def fault_note(trials):
@@ -213,7 +289,7 @@ def _policy_rows(trials, baseline):
 
 
 def _speedups(requests, trials, baseline):
-    """Each other policy's p99 speedup over ``baseline`` with its 95% Fieller interval."""
+    """Each other policy's p99 speedup over ``baseline`` with its 95% interval."""
     try:
         scen = scenario_stats(trial_stats(requests, trials))
     except TunaError:
@@ -267,7 +343,7 @@ def _failed(trials):
                         columns=_FAILED_COLUMNS).reset_index(drop=True)
 
 
-def _summary_table(summary):
+def _summary_table(summary, same=None):
     """The per-policy rows as text (milliseconds); CPU columns where they were recorded."""
     if summary.empty:
         return "no successful trials"
@@ -279,6 +355,8 @@ def _summary_table(summary):
     for _, row in summary.iterrows():
         speedup = row["p99_speedup_vs_cfs"]
         sp = "-" if pd.isna(speedup) else f"{speedup:.2f}x"
+        if row["policy"] in (same or {}):
+            sp = "same placement"
         line = f"{row['policy']:<14}{row['p50'] * 1e3:>9.1f}{row['p99'] * 1e3:>9.1f}{sp:>21}"
         if cpu:
             # With T=1 there is no OpenMP team, so no idle share to show (NaN).
@@ -291,6 +369,8 @@ def _summary_table(summary):
 
 
 def _speedup_line(s):
-    """"policy vs cfs: p99 speedup X [lo, hi] (95% CI, Fieller)"."""
+    """"policy vs cfs: p99 speedup X [lo, hi] (95% interval)", the interval by
+    :func:`~tuna_lab.analysis.stats.format_interval`."""
+    interval = format_interval(s["ci_low"], s["ci_high"])
     return (f"{s['policy']} vs {s['baseline']}: p99 speedup {s['speedup']:.2f}x "
-            f"[{s['ci_low']:.2f}, {s['ci_high']:.2f}] (95% CI, Fieller)")
+            + (f"{interval} (95% interval)" if interval else "(no interval: fewer than two trials)"))

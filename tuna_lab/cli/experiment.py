@@ -17,6 +17,9 @@ from .options import (add_client_cpus_option, add_size_options, add_strict_optio
 
 __all__ = ["add_parser"]
 
+# run --pid's requests in flight per worker by default: a running server is someone's live service.
+_PID_CONCURRENCY = 2
+
 # Help of the options that several of these commands share.
 _HELP = {
     "model": "the XGBoost model served: small, medium or large (29, 155, 784 features); trained once on "
@@ -68,7 +71,11 @@ def add_parser(subparsers):
     r.add_argument("--trials", type=int, default=5, help=_HELP["trials"])
     r.add_argument("--requests", type=int, default=None,
                    help="requests per policy and trial (default 1000; with --rate: as many as --duration holds)")
-    r.add_argument("--concurrency", type=int, default=None, help="in flight (default: all, as the article)")
+    r.add_argument("--concurrency", type=int, default=None,
+                   help="in flight (default: all, as the article; with --pid: %d per worker - a running server is "
+                        "a live service, and %d per worker keeps each worker busy with one more waiting, where "
+                        "all at once would measure the queue rather than the serving)" % (_PID_CONCURRENCY,
+                                                                                          _PID_CONCURRENCY))
     r.add_argument("--rate", type=positive_float_arg, default=None, metavar="PER_S",
                    help="open loop: Poisson arrivals at this many requests per second (with --duration)")
     r.add_argument("--duration", type=positive_float_arg, default=None, metavar="S",
@@ -203,7 +210,8 @@ def _add_target_options(parser, running=True):
 
 
 def _cmd_run(args):
-    from ..analysis.summary import summarize
+    from ..analysis.summary import scale_note, summarize
+    from ..machine import Limits
     from ..measure.experiment import Config, check_policies, run
     from ..measure.store import check_out
 
@@ -213,6 +221,8 @@ def _cmd_run(args):
         raise ExperimentError("the open loop needs both --rate and --duration")
     if args.requests is None and args.rate is None:
         args.requests = 1000
+    if args.concurrency is None and args.pid is not None:
+        args.concurrency = _PID_CONCURRENCY * target.workers       # bounded: see --concurrency's help
     if target is None:
         config = Config(args.workers, args.threads, args.model, args.batch, wait_policy=args.wait_policy,
                         spincount=args.spincount)
@@ -242,6 +252,10 @@ def _cmd_run(args):
                      if result.path else []})
         return _no_valid_status(result)
     print(run_summary.to_text())
+    # Right under the speedups, as the demo says it: on a small machine they are not the article's.
+    note = scale_note(Limits.read().effective_cpus)
+    if note:
+        print(note)
     print(f"latency: {latency}")
     for failure in summary["failed"]:
         print(f"failed: {failure['policy']} trial {failure['trial'] + 1}: {failure['reason']}")
@@ -551,7 +565,7 @@ def _cmd_report(args):
 
 def _cmd_demo(args):
     from ..analysis.report import write_report
-    from ..analysis.summary import summarize
+    from ..analysis.summary import scale_note, summarize
     from ..machine import Limits, topology_from
     from ..measure.experiment import Config, run
     from ..model import solve
@@ -583,6 +597,10 @@ def _cmd_demo(args):
                  out=os.path.join(out, config.key), progress=lambda line: _progress("  " + line))
     print()
     print(summarize(result).to_text())
+    # Right under the speedups: on a small machine they are not the article's, and the reader must know why.
+    note = scale_note(usable)
+    if note:
+        print(note)
     report = write_report(result.requests, result.trials, os.path.join(out, "report.html"),
                           title="tuna_lab demo", manifest=result.manifest)
     print(f"\nraw records: {result.path}\nreport: {report}")

@@ -33,8 +33,8 @@ def add_parser(subparsers):
                    help="scatter spreads each worker's threads over distant cores, compact packs them close")
     add_topology_options(s)
     s.add_argument("--encoding", choices=("auto", "counts", "pairwise"), default="auto",
-                   help="the ILP's encoding: counts (fast, exact), pairwise (the article's literal one, slow), "
-                        "auto (counts whenever the caches nest)")
+                   help="the ILP's encoding: counts (fast, exact), pairwise (our reading of the article's literal "
+                        "encoding, slow), auto (counts whenever the caches nest)")
     s.add_argument("--without", metavar="FAMILIES", default="",
                    help="comma-separated families to drop, e.g. 11-12,8p")
     s.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S",

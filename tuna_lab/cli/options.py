@@ -462,8 +462,10 @@ def check_measure_options(args, error):
     rate = getattr(args, "max_error_rate", None)
     if rate is not None and not 0 <= rate < 1:
         raise error(f"--max-error-rate must be in [0, 1), got {rate}")
-    if getattr(args, "workers", None) is not None or getattr(args, "threads", None) is not None:
-        check_size(1 if args.workers is None else args.workers, 1 if args.threads is None else args.threads, error)
+    # tune has -t (with --pid) but no -w: a missing option is as good as one not given.
+    workers, threads = getattr(args, "workers", None), getattr(args, "threads", None)
+    if workers is not None or threads is not None:
+        check_size(1 if workers is None else workers, 1 if threads is None else threads, error)
     # --app's form is AppTarget's to check (the library refuses it too); the batch is the lab server's.
     if getattr(args, "app", None) is None and getattr(args, "pid", None) is None:
         _check_batches(args, error)

@@ -5,8 +5,10 @@ environment, ONNX Runtime's ``session.intra_op_thread_affinities``,
 ``taskset`` lines or a Gunicorn config snippet); ``pin --pid MASTER`` binds every worker of a
 running server to it (``--url`` sends a few requests first, to find pool
 threads that wait in libc by the CPU time they run), ``--watch`` keeps
-replacements pinned, and ``unpin``
-gives the threads back the masks they had before the pin. ``status --pid`` (in
+replacements pinned, and ``unpin`` gives the threads it bound back the masks
+they had before the pin, where their mask is still the one it set. Only the
+server's workers are pinned (``--workers``/``--worker-match`` name them where
+the discovery cannot). ``status --pid`` (in
 :mod:`tuna_lab.cli.server`) shows what is bound. ``--policy`` takes any
 registered policy (:func:`tuna_lab.placement.register`); only those that need
 the solver load it.
@@ -18,7 +20,7 @@ import sys
 from .options import (add_size_options, add_strict_families_option, add_topology_options, policies_help,
                       positive_float_arg, topology_of)
 
-__all__ = ["add_parser", "plan_for", "add_traffic_options", "traffic_of"]
+__all__ = ["add_parser", "plan_for", "add_traffic_options", "traffic_of", "add_worker_options", "worker_choice_of"]
 
 _FORMATS = ("json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn")
 
@@ -49,7 +51,9 @@ def add_parser(subparsers):
                    help=policies_help())
     p.add_argument("--format", choices=_FORMATS, default="json", help="what to print")
     p.add_argument("--pid", type=int, default=None, metavar="MASTER",
-                   help="for --format taskset: the running server whose TIDs to name")
+                   help="for --format taskset: the running server whose TIDs to name (each worker's main thread "
+                        "bound as `pin` binds it)")
+    add_worker_options(p, flag="--worker-pids")
     p.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S",
                    help="solver time limit for the policies that need the solver (tuna-*)")
     add_strict_families_option(p)
@@ -80,18 +84,56 @@ def add_parser(subparsers):
     n.add_argument("--dry-run", action="store_true", help="show what would be bound; bind nothing")
     n.add_argument("--json", action="store_true", help="print the report as JSON")
     add_strict_families_option(n)
+    add_worker_options(n)
     add_traffic_options(n)
     n.set_defaults(func=_cmd_pin)
 
-    u = subparsers.add_parser("unpin", help="give every worker thread of a running server its mask from before the "
-                                           "pin back (the master's, to threads born since)",
+    u = subparsers.add_parser("unpin", help="give the threads `pin --pid` bound their masks from before the pin back, "
+                                           "where the mask is still the one it set",
                               epilog="example:\n  tuna-lab unpin --pid MASTER\n")
     u.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
     u.add_argument("--force", action="store_true",
                    help="unpin the children of a process that is not recognised as a pre-fork server's master")
     u.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_worker_options(u)
     u.set_defaults(func=_cmd_unpin)
     return [p, n, u]
+
+
+def add_worker_options(parser, flag="--workers"):
+    """Add ``--workers PID,PID`` and ``--worker-match REGEX``: name the workers instead of discovering them.
+
+    ``flag`` names the first option (``plan`` says ``--worker-pids``: its
+    ``-w/--workers`` is W, a count).
+
+    Examples
+    --------
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_worker_options(p)
+    >>> a = p.parse_args(["--worker-match", "inference"])
+    >>> a.workers_pids, a.worker_match
+    (None, 'inference')
+    """
+    g = parser.add_argument_group(
+        "which processes are the workers",
+        "By default the workers are the master's children that run an inference runtime (XGBoost, ONNX Runtime, "
+        "PyTorch, LightGBM, OpenMP) - those that hold no socket when a front end passes requests to them - or, "
+        "with no runtime loaded, that hold the server's socket; the rest (a multiprocessing Manager, a front end, "
+        "a metrics exporter) are helpers, listed with the reason by `status --pid`, never pinned.")
+    which = g.add_mutually_exclusive_group()
+    which.add_argument(flag, dest="workers_pids", default=None, metavar="PID,PID",
+                       help="the worker processes (children or descendants of the master); slots go in their start order")
+    which.add_argument("--worker-match", default=None, metavar="REGEX",
+                       help="the workers are the processes under the master whose command line REGEX matches")
+
+
+def worker_choice_of(args):
+    """The :class:`~tuna_lab.placement.pin.WorkerChoice` of ``--workers``/``--worker-match`` (None: discover)."""
+    from ..placement.pin import WorkerChoice
+
+    choice = WorkerChoice.parse(getattr(args, "workers_pids", None), getattr(args, "worker_match", None))
+    return choice or None
 
 
 def add_traffic_options(parser):
@@ -139,16 +181,12 @@ def traffic_of(args, master):
         if args.method or args.header or args.body:
             raise PinError("--method, --header and --body describe the requests of --url: give --url too")
         return None
-    stdin = args.body == "-"
-    requests = Requests.from_options(args.url, args.method or ("POST" if stdin else None), args.header,
-                                     None if stdin else args.body)
-    body = sys.stdin.buffer.read() if stdin else (requests.bodies[0] if requests.bodies else None)
-    headers = list(requests.load_options()["headers"])
-    if body is not None:
-        headers.append(("Content-Type", requests.content_type))
+    # The one recipe of run and tune: --body - is read from stdin there too, and the headers are theirs.
+    requests = Requests.from_options(args.url, args.method, args.header, args.body)
     from ..placement.pin import serve_requests
 
-    return serve_requests(master, args.url, method=requests.method, headers=headers, body=body)
+    return serve_requests(master, args.url, method=requests.method, headers=requests.send_headers(),
+                          body=requests.bodies[0] if requests.bodies else None, choice=worker_choice_of(args))
 
 
 def plan_for(policy, workers, threads, topology, time_limit=None, on_infeasible="relax"):
@@ -162,19 +200,31 @@ def plan_for(policy, workers, threads, topology, time_limit=None, on_infeasible=
 
 
 def _cmd_plan(args):
+    from ..errors import PlanError
+
+    if args.pid is None and (args.workers_pids or args.worker_match):
+        raise PlanError("--workers and --worker-match name the workers of --pid MASTER: give --pid too")
+    if args.pid is not None and args.format != "taskset":
+        raise PlanError(f"--pid names the threads of a running server for --format taskset; --format "
+                        f"{args.format} names no threads")
     plan = plan_for(args.policy, args.workers, args.threads, topology_of(args), args.time_limit, args.on_infeasible)
     tids = None
-    if args.format == "taskset" and args.pid is not None:
-        from ..errors import PlanError
-        from ..placement.pin import server_threads, worker_pids
+    if args.pid is not None:
+        from ..placement.pin import check_server, server_roles, server_threads
 
+        check_server(args.pid)                          # PID 1, or a process that serves nothing: refused
+        roles = server_roles(args.pid, worker_choice_of(args))
         # Every worker of the server gets a slot: a plan with fewer slots has no CPUs for some.
-        count = len(worker_pids(args.pid))
+        count = len(roles.workers)
         if count != plan.workers:
-            raise PlanError(f"process {args.pid} has {count} child processes (workers) but the plan has "
-                            f"{plan.workers} slots: give -w {count}")
-        tids = [{"slot": w["slot"], "rank": t["rank"], "tid": t["tid"]}
-                for w in server_threads(args.pid) for t in w["threads"] if t["role"] != "other"]
+            raise PlanError(f"server {args.pid} has {count} worker{'' if count == 1 else 's'} "
+                            f"({', '.join(map(str, roles.worker_pids))}) but the plan has {plan.workers} slots: "
+                            f"give -w {count}; left out as no workers: {roles.left_out()}")
+        # Each worker's main thread is bound as `pin` binds it (pin.main_rule): never to fewer CPUs than
+        # its pool where its runtime sizes the pool from the main thread's CPUs.
+        tids = [{"slot": w["slot"], "rank": t["rank"], "tid": t["tid"], "pid": w["pid"],
+                 "exact_main": w["exact_main"], "main_note": t.get("note")}
+                for w in server_threads(args.pid, roles=roles) for t in w["threads"] if t["role"] != "other"]
     print(plan.render(args.format, tids=tids))
     return 0
 
@@ -210,10 +260,11 @@ def _cmd_pin(args):
 
     from ..placement.pin import check_server, pin_server, watch_server
 
-    plan = _plan_of(args, check_server(args.pid, force=args.force))
+    choice = worker_choice_of(args)
+    plan = _plan_of(args, check_server(args.pid, force=args.force, choice=choice))
     # Measured before anything is bound: a request that fails leaves every mask as it was.
     activity = traffic_of(args, args.pid)
-    report = pin_server(args.pid, plan, dry_run=args.dry_run, activity=activity)
+    report = pin_server(args.pid, plan, dry_run=args.dry_run, activity=activity, choice=choice)
     if activity is not None and activity.idle:
         report.warnings.append(f"worker(s) {', '.join(map(str, activity.idle))} served none of the "
                                f"{activity.requests} requests sent in {activity.seconds:.1f} s")
@@ -224,7 +275,7 @@ def _cmd_pin(args):
           "their activity under live traffic; Ctrl-C to stop", file=sys.stderr, flush=True)
     stop = threading.Event()
     try:
-        watch_server(args.pid, plan, stop, on_pin=lambda r: _show(r, args.json), activity=activity)
+        watch_server(args.pid, plan, stop, on_pin=lambda r: _show(r, args.json), activity=activity, choice=choice)
     except KeyboardInterrupt:
         stop.set()
     print("stopped watching; the pins stay in place", file=sys.stderr, flush=True)
@@ -234,7 +285,7 @@ def _cmd_pin(args):
 def _cmd_unpin(args):
     from ..placement.pin import check_server, unpin_server
 
-    check_server(args.pid, force=args.force)
+    check_server(args.pid, force=args.force, choice=worker_choice_of(args))
     _show(unpin_server(args.pid), args.json)
     return 0
 
@@ -247,3 +298,5 @@ def _show(report, as_json):
     # Once, on stderr: stdout keeps only the report (or the JSON object, whose "warnings" hold them too).
     for warning in report.warnings:
         print(f"tuna-lab: warning: {warning}", file=sys.stderr, flush=True)
+    if report.note and as_json:
+        print(f"tuna-lab: {report.note}", file=sys.stderr, flush=True)

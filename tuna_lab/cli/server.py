@@ -11,7 +11,7 @@ from ..server.app import MAX_WORK, READ_TIMEOUT
 from ..server.models import MODEL_FEATURES, model_cost
 from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options, check_cpu_quota,
                       client_cpus_of, policies_help, positive_float_arg)
-from .placement import add_traffic_options
+from .placement import add_traffic_options, add_worker_options
 
 #: `serve`'s queue bound: seconds a request may wait for a worker before it is shed with 503.
 DEFAULT_MAX_WAIT = 2.0
@@ -82,7 +82,8 @@ def add_parser(subparsers):
     v.set_defaults(func=_cmd_serve)
 
     st = subparsers.add_parser(
-        "status", help="worker -> thread (role, TID) -> allowed CPUs of a running server",
+        "status", help="a running server's master, helpers and workers (with the reason for each), and per "
+                       "worker thread (role, TID) its allowed CPUs",
         epilog="examples:\n"
                "  tuna-lab status --pidfile /tmp/t.pid\n"
                "  tuna-lab status --pid MASTER --plan plan.json --json\n"
@@ -92,6 +93,7 @@ def add_parser(subparsers):
     which.add_argument("--pid", type=int, metavar="MASTER", help="any pre-fork server, by its master's PID")
     st.add_argument("--plan", default=None, metavar="FILE", help="with --pid: show the plan's CPUs beside")
     st.add_argument("--json", action="store_true", help="print one JSON object")
+    add_worker_options(st)
     add_traffic_options(st)
     st.set_defaults(func=_cmd_status)
 
@@ -166,10 +168,11 @@ def _cmd_status(args):
 
     if args.pid is not None:
         return _status_of_pid(args)
-    if args.url is not None:
+    if args.url is not None or args.workers_pids or args.worker_match:
         from ..errors import PinError
 
-        raise PinError("--url works with --pid (a server found by its master), not with --pidfile")
+        raise PinError("--url, --workers and --worker-match work with --pid (a server found by its master), not "
+                       "with --pidfile")
     from ..server.launch import status
 
     info = status(args.pidfile)
@@ -193,13 +196,14 @@ def _cmd_status(args):
 def _status_of_pid(args):
     import sys
 
-    from ..placement.pin import PinReport, server_threads
+    from ..placement.pin import PinReport, server_roles, server_threads
     from ..placement.plan import Plan
-    from .placement import traffic_of
+    from .placement import traffic_of, worker_choice_of
 
     plan = Plan.read(args.plan) if args.plan else None
+    roles = server_roles(args.pid, worker_choice_of(args))
     activity = traffic_of(args, args.pid)
-    report = PinReport(args.pid, plan, server_threads(args.pid, plan, activity))
+    report = PinReport(args.pid, plan, server_threads(args.pid, plan, activity, roles=roles), roles=roles)
     if activity is not None and activity.idle:
         report.warnings.append(f"worker(s) {', '.join(map(str, activity.idle))} served none of the "
                                f"{activity.requests} requests sent in {activity.seconds:.1f} s")

@@ -31,7 +31,9 @@ def add_parser(subparsers):
         description="Race workers x threads x policy candidates on open-loop (Poisson) rate: for each, the "
                     "highest rate whose client p99 stays within --sla-p99. Short trials first; a candidate is "
                     "dropped once its upper bound on the rate is below the best lower bound, or halved out; "
-                    "the budget goes to the close ones. Prints each candidate's rate with its interval, CPU per "
+                    "the budget goes to the close ones. Every step starts on a drained server (what the last step "
+                    "left queued served, or the server restarted); a candidate the budget leaves unmeasured is "
+                    "named, with why. Prints each candidate's rate with its interval, CPU per "
                     "request and why it was dropped, then the winner and its plan (plan --format gunicorn). "
                     "Every step is kept as a trial in --out, which `report` and `advise` read as a sweep.",
         epilog="examples:\n"

@@ -40,12 +40,16 @@ def fingerprint(topology):
 
     Parameters
     ----------
-    topology : Topology
+    topology : Topology or str
+        Anything :func:`~tuna_lab.machine.topology_from` takes (a preset name, a spec).
 
     Returns
     -------
     str
     """
+    from .spec import topology_from
+
+    topology = topology_from(topology)
     cpus = np.asarray(topology.cpus)
     shape = {
         "cpus": [int(c) for c in cpus],
@@ -80,7 +84,8 @@ def shape(topology, extra=None):
 
     Parameters
     ----------
-    topology : Topology
+    topology : Topology or str
+        Anything :func:`~tuna_lab.machine.topology_from` takes (a preset name, a spec).
     extra : dict, optional
 
     Returns
@@ -96,6 +101,9 @@ def shape(topology, extra=None):
     >>> shape(a, {"cpu_model": "x"}) == shape(a, {"cpu_model": "y"})
     False
     """
+    from .spec import topology_from
+
+    topology = topology_from(topology)
     cpus = np.asarray(topology.cpus)
     # Coarsest to finest; a level that does not nest in the one above still splits the tree the same way
     # whatever the ids, and each level's own group sizes are added for what nesting cannot show.

@@ -267,8 +267,9 @@ def worker_locality(pid, topology=None) -> Locality:
     ----------
     pid : int
         The worker's pid (= its main thread's TID).
-    topology : Topology, optional
-        The live machine; affinity CPUs it does not know are left out.
+    topology : Topology or str, optional
+        The live machine (or anything :func:`~tuna_lab.machine.topology_from`
+        takes); affinity CPUs it does not know are left out.
         Default: :meth:`Topology.from_sysfs` restricted to the affinity.
 
     Returns
@@ -300,6 +301,10 @@ def worker_locality(pid, topology=None) -> Locality:
         from .topology import Topology
 
         topology = Topology.from_sysfs(allowed=affinity)
+    else:
+        from .spec import topology_from
+
+        topology = topology_from(topology)
     cpus = np.asarray(topology.cpus)
     in_topology = set(topology.cpus)
     known = [c for c in affinity if c in in_topology]

@@ -153,8 +153,9 @@ def reserve_client_cpus(spec=None, topology=None, limits=None, error=TopologyErr
         A cpulist (``"6-7"``) or CPU ids: exactly those; ``"none"``: nothing;
         None: the default rule (module docstring). A :class:`ClientCpus` is
         returned as is.
-    topology : Topology, optional
-        The machine; default this one (:meth:`Topology.from_sysfs`).
+    topology : Topology or str, optional
+        The machine (or anything :func:`~tuna_lab.machine.topology_from` takes);
+        default this one (:meth:`Topology.from_sysfs`).
     limits : Limits, optional
         What the process may use; default :meth:`Limits.read
         <tuna_lab.machine.limits.Limits.read>` for this machine, and every CPU
@@ -188,6 +189,10 @@ def reserve_client_cpus(spec=None, topology=None, limits=None, error=TopologyErr
     if topology is None:
         topology = Topology.from_sysfs()
         limits = Limits.read() if limits is None else limits
+    else:
+        from .spec import topology_from
+
+        topology = topology_from(topology)
     if limits is None:
         usable, count = set(topology.cpus), topology.n_logical
     else:

@@ -19,6 +19,10 @@ from .topology import Topology
 
 __all__ = ["THIS_MACHINE", "topology_from"]
 
+#: What :func:`topology_from` takes, as every refusal of a topology says it.
+_ACCEPTED = (f"a Topology, None or {THIS_MACHINE!r}, a preset ({', '.join(PRESETS)}), "
+             "an hwloc synthetic spec (\"core:4 pu:2\") or hwloc XML (text or an .xml path)")
+
 def topology_from(spec):
     """A :class:`~tuna_lab.Topology` from whatever a topology box may hold.
 
@@ -45,7 +49,7 @@ def topology_from(spec):
     if spec is None:
         return Topology.from_sysfs()
     if not isinstance(spec, str):
-        raise TopologyError(f"a topology is a preset name, a synthetic spec or hwloc XML, not {type(spec).__name__}")
+        raise TopologyError(f"a topology is {_ACCEPTED}; not {type(spec).__name__} {spec!r:.40}")
     text = spec.strip()
     if text.lower() in ("", THIS_MACHINE):
         return Topology.from_sysfs()
@@ -55,6 +59,5 @@ def topology_from(spec):
         return Topology.from_hwloc_xml(text)
     if ":" not in text:
         # A lone word is a mistyped preset far more often than a synthetic spec.
-        raise TopologyError(f"unknown topology {text!r}: use {THIS_MACHINE!r}, a preset "
-                            f"({', '.join(PRESETS)}), a synthetic spec or hwloc XML")
+        raise TopologyError(f"unknown topology {text!r}: a topology is {_ACCEPTED}")
     return Topology.synthetic(text.removeprefix("synthetic:"))

@@ -311,7 +311,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     seed : int
         Seeds the policy order of every trial, the payload and open-loop arrivals.
     warmup : int
-        Requests sent (and discarded) after each server start or placement;
+        Requests sent (and discarded) after each server start or placement,
+        at least: they go on until every worker answered some (0: none sent);
         the CPU time each thread gains meanwhile tells pool threads from helpers.
     progress : callable, optional
         Called with one line of text per finished trial (and once with a

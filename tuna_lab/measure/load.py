@@ -84,7 +84,8 @@ from .schedule import payload, poisson_schedule
 from .schema import LATE_REQUEST_COLUMNS, percentiles
 from .server_timing import METRIC_NAME, parse_server_timing
 from .trivial import trivial_endpoint
-from .wire import check_url, drive, request_bytes, resolve
+from .requests import describe_sent
+from .wire import check_url, drive, request_bytes, resolve, sent_header
 # The columns of a trial's frame (one row per request, documented in
 # tuna_lab.measure.schema), under the name this module has always given them.
 from .schema import REQUEST_COLUMNS as COLUMNS
@@ -141,8 +142,9 @@ def _requests(url, body, method, headers, content_type, response, server_timing)
 
     ``request`` is the bytes of the one request, or a tuple of them (one per
     body, in turn) for :func:`~tuna_lab.measure.wire.drive`; ``attrs`` the
-    frame's ``method``, ``bodies`` (distinct), ``response`` and the
-    Server-Timing ``metric``.
+    frame's ``method``, ``bodies`` (distinct), ``response``, the
+    Server-Timing ``metric`` and ``sent``, what request ``i`` sends
+    (``sent[i % len(sent)]``, :func:`~tuna_lab.measure.requests.describe_sent`).
     """
     url, bodies = check_url(url), _bodies(body)
     if not isinstance(response, str) or response not in _RESPONSES:
@@ -154,10 +156,11 @@ def _requests(url, body, method, headers, content_type, response, server_timing)
         if b not in built:
             built[b] = request_bytes(url, b, content_type, method, headers)
     request = built[bodies[0]] if len(bodies) == 1 else tuple(built[b] for b in bodies)
+    sent = tuple(describe_sent(method, sent_header(built[b], "Content-Type"), b) for b in bodies)
     # The answer to a HEAD has no body: not even the lab server's JSON to read.
     read = "any" if method == "HEAD" else response
     return url, request, {"method": method, "bodies": len(built), "response": response, "metric": server_timing,
-                          "read": read}
+                          "read": read, "sent": sent}
 
 
 def _check_fds(connections):
@@ -263,14 +266,26 @@ def _start_generator(job, cpus):
 
 def _run_blocking(job, cpus):
     """Run a trial in a generator thread and wait for it; its frame (parsed in the caller's thread)."""
-    rec, attrs = _start_generator(job, cpus).result()
-    return rec.frame(attrs)
+    return _frame(*_start_generator(job, cpus).result())
 
 
 async def _run_async(job, cpus):
     """:func:`_run_blocking` for a caller in an event loop: the loop keeps running while it waits."""
-    rec, attrs = await asyncio.wrap_future(_start_generator(job, cpus))
-    return rec.frame(attrs)
+    return _frame(*await asyncio.wrap_future(_start_generator(job, cpus)))
+
+
+def _frame(rec, attrs):
+    """The trial's frame; a 4xx answer's ``error`` says what its request sent (the server refused *that*)."""
+    sent = attrs.pop("sent", ())
+    frame = rec.frame(attrs)
+    status = frame["status"].to_numpy()
+    refused = np.flatnonzero((status >= 400) & (status < 500))
+    if len(refused) and sent:
+        errors = frame["error"].to_numpy(dtype=object).copy()
+        for i in refused:
+            errors[i] = f"HTTP {status[i]} to {sent[i % len(sent)]}: {errors[i]}"
+        frame["error"] = errors
+    return frame
 
 
 # -- closed loop -------------------------------------------------------------------------
@@ -290,6 +305,7 @@ def _closed_plan(url, body, requests, concurrency, timeout, deadline, method, he
         rec = Records(n, response=what["read"], metric=what["metric"])
         rec.cut(drive(rec, address, request, workers, timeout, deadline))
         return rec, {"mode": "closed", "url": url, "method": what["method"], "bodies": what["bodies"],
+                     "sent": what["sent"],
                      "response": what["response"], "requests": n, "concurrency": workers,
                      "timeout": timeout, "deadline": deadline}
 
@@ -419,6 +435,7 @@ def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight
         # schedule) include the wait.
         rec.cut(drive(rec, address, request, min(slots, len(at)), timeout, deadline, schedule=at))
         return rec, {"mode": "open", "url": url, "method": what["method"], "bodies": what["bodies"],
+                     "sent": what["sent"],
                      "response": what["response"], "rate": float(rate), "seed": seed, "requests": len(at),
                      "duration": duration, "timeout": timeout, "max_in_flight": slots, "deadline": deadline}
 

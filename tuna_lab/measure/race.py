@@ -186,7 +186,8 @@ class TuneResult:
         one-sided bounds at ``confidence``; ``inf`` when no step missed),
         ``p99`` at ``rate`` (seconds), ``cpu_per_request`` at ``rate`` (server
         CPU seconds), ``rounds``, ``steps``, ``seconds`` (wall time spent on
-        it), ``status`` (``winner``, ``in race``, ``dropped``) and ``reason``.
+        it), ``status`` (``winner``, ``in race``, ``dropped``) and ``reason`` (for a candidate the budget
+        left unmeasured, ``not measured: ...``, and why).
     winner : Candidate or None
     sure : str
         How sure the winner is, in one line.
@@ -266,6 +267,10 @@ class TuneResult:
                      f"intervals are {self.confidence:.0%} one-sided bounds")
         if self.note:
             lines.append(self.note)
+        unmeasured = self.table.loc[self.table["steps"] == 0, "candidate"].tolist()
+        if unmeasured:
+            lines.append(f"not measured ({len(unmeasured)} of {len(self.table)}; the budget ran out before their "
+                         f"first run): {', '.join(unmeasured)}")
         if self.winner is not None:
             lines.append(f"winner: {self.winner.name} ({self.sure})")
             lines.append("plan (plan --format gunicorn):")
@@ -544,6 +549,10 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
             point, fail = _bracket(alive[0].steps)
             if point and fail and fail - point <= tolerance * point:
                 break                                   # one left, and its rate resolved: nothing to race
+    for entry in entries:
+        if not entry.steps and entry.status == "in race" and ran_out is not None:
+            entry.reason = (f"not measured: the {budget:g} s budget ran out in round {ran_out + 1} before its first "
+                            "run; a larger budget (or fewer candidates) measures it")
     return _result(entries, history, sla_p99, budget, clock() - t0, confidence, ran_out)
 
 
@@ -651,8 +660,12 @@ def _drop(entries, rnd, rounds, eta, tolerance, confidence, low, exhaustive, sla
     for rank, e in enumerate(alive[keep:], keep + 1):
         rate = rows[id(e)]["rate"]
         e.status = "dropped"
+        # A candidate as fast as the leader is dropped by the order's tie-breaks (crossing, lower bound):
+        # say so, rather than a bare rank that reads as slower.
+        tie = ", tied with the leader on rate and ranked below it by the p99 crossing and lower bound" \
+            if rate >= lead else ""
         e.reason = (f"halving after round {rnd + 1}: {rate:.1f}/s, rank {rank} of {len(alive)} (leader "
-                    f"{lead:.1f}/s)")
+                    f"{lead:.1f}/s{tie})")
 
 
 def _snapshot(history, rnd, entries, confidence):
@@ -689,6 +702,9 @@ def _result(entries, history, sla_p99, budget, elapsed, confidence, ran_out):
             if top["rate_low"] >= rival["rate_high"]:
                 sure = (f"sure: its lower bound {top['rate_low']:.1f}/s is at or above every other candidate's "
                         f"upper bound ({confidence:.0%} one-sided)")
+            elif not math.isfinite(rival["rate_high"]):
+                sure = (f"not sure: nothing bounds what {rival['candidate']} may serve (its steps never missed "
+                        f"the target), above the winner's lower bound {top['rate_low']:.1f}/s")
             else:
                 sure = (f"not sure: {rival['candidate']} may serve up to {rival['rate_high']:.1f}/s, above the "
                         f"winner's lower bound {top['rate_low']:.1f}/s ({confidence:.0%} one-sided)")

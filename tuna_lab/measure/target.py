@@ -16,7 +16,8 @@ A target does five things, the protocol :func:`tuna_lab.measure.experiment.run` 
 * :meth:`~Target.stop` after the last trial, whatever happened: a running
   server gets back exactly the masks it had at :meth:`~Target.start`.
 
-Inside a trial the runner warms the server up, then calls :meth:`Live.place`
+Inside a trial the runner waits for every worker to be up and warms each one
+up (:mod:`tuna_lab.measure.trials`), then calls :meth:`Live.place`
 with the CPU time each worker thread gained during the warm-up: that is when a pool
 that only starts at the first request (ONNX Runtime's, libgomp's) exists and
 can be told from helper threads. :meth:`Live.place` pins and reads every
@@ -99,7 +100,7 @@ class Live:
         self.url, self.master, self.plan, self.place_now, self.proc = url, int(master), plan, place_now, proc
         self.verified = None
         self.warnings = []
-        self._threads = None
+        self.activity = None
 
     def master_pid(self):
         return self.master
@@ -123,13 +124,15 @@ class Live:
 
         ``activity`` is ``{pid: {tid: CPU seconds gained during the warm-up}}``: it
         tells a pool that waits in the C library (ONNX Runtime's) from helper
-        threads. Every thread the binding named is read again from ``/proc``
-        and compared with what the plan gives it (``cfs``: the master's own
-        CPUs); an empty list means the placement is in effect.
+        threads, and is kept for :meth:`server_threads`. Every thread the
+        binding named is read again from ``/proc`` and compared with what the
+        plan gives it (``cfs``: the master's own CPUs); an empty list means the
+        placement is in effect.
         """
         from ..placement import pin
         from ..placement.binding import affinity_of
 
+        self.activity = activity
         if not self.place_now:
             self.verified = []
             return self.verified
@@ -137,7 +140,6 @@ class Live:
         report = pin.unpin_server(self.master) if self.plan is None else pin.pin_server(self.master, self.plan,
                                                                                           **kwargs)
         self.warnings = list(report.warnings)
-        self._threads = report.workers
         master_cpus = sorted(os.sched_getaffinity(self.master))
         problems = []
         for worker in report.workers:
@@ -156,14 +158,21 @@ class Live:
         return problems
 
     def server_threads(self):
-        """Every thread of the live workers: ``pid``, ``tid``, ``role`` (main/openmp/other), ``slot``."""
-        if self._threads is None:
-            from ..placement.pin import server_threads
+        """Every thread of the live workers, read now: ``pid``, ``tid``, ``role`` (main/openmp/other), ``slot``.
 
-            self._threads = server_threads(self.master, self.plan)
+        Read afresh each time (with the warm-up's activity, as :meth:`place`
+        classifies them), so that a pool that started after the placement
+        is sampled too.
+        """
+        from ..placement.pin import server_threads
+
         role = {"main": "main", "pool": "openmp"}
+        try:
+            found = server_threads(self.master, self.plan, self.activity)
+        except TunaError:
+            return []
         return [{"pid": w["pid"], "tid": t["tid"], "role": role.get(t["role"], "other"), "slot": w["slot"]}
-                for w in self._threads for t in w["threads"]]
+                for w in found for t in w["threads"]]
 
 
 def _takes(func, name):
@@ -281,9 +290,13 @@ class Target:
         """What the cell's trials pinned: ``{policy: {"sha256": ..., "plan": ...}}`` per pinning policy placed.
 
         A placement is made once per target (:meth:`_placement`), so every
-        trial of a cell ran the plan recorded here; its hash (of the plan's
-        JSON, keys sorted) tells at a glance whether two cells, or two
-        sweeps, pinned alike. ``cfs`` pins nothing and has none.
+        trial of a cell ran the plan recorded here. Its hash is of what the
+        plan pins (the plan's JSON, keys sorted, without the names of the
+        policy and of a relaxed mapping's status): it tells at a glance
+        whether two policies, cells or sweeps pinned alike - the run summary
+        reports two policies with one hash as "same placement"
+        (:func:`~tuna_lab.analysis.summary.summarize`). ``cfs`` pins nothing
+        and has none.
 
         Examples
         --------
@@ -297,7 +310,8 @@ class Target:
             if not _pins(policy):
                 continue
             plan = placed.plan().to_dict()
-            text = json.dumps(plan, sort_keys=True, separators=(",", ":"))
+            pins = {k: v for k, v in plan.items() if k not in ("policy", "status", "relaxed")}
+            text = json.dumps(pins, sort_keys=True, separators=(",", ":"))
             out[policy] = {"sha256": hashlib.sha256(text.encode()).hexdigest(), "plan": plan}
         return out
 

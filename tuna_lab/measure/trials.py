@@ -5,11 +5,16 @@ order and yields a :class:`Measured` as each finishes. One trial:
 
 1. the target applies the policy (:meth:`~tuna_lab.measure.target.Target.apply`:
    the lab server or a user's app started under it, a running server pinned live);
-2. warm-up requests, during which every worker thread's CPU time is read, so
-   that the pool threads are known by what they did;
+2. the server settles (:func:`drain`: no request queued at its port, its
+   processes' main threads idle - a worker still loading its app is not),
+   then warm-up requests go until every worker answered some (by the PID
+   its answers carry, else by its CPU time growing), during which every
+   worker thread's CPU time is read, so that the pool threads are known by
+   what they did; a worker that answers none fails the trial;
 3. the placement is applied and read back from ``/proc``
    (:meth:`~tuna_lab.measure.target.Live.place`); a placement not in effect
-   fails the trial before any measured request;
+   fails the trial before any measured request. A worker whose pool was not
+   found (fewer than T-1 pool threads) is warmed and placed once more;
 4. the load (closed loop: ``requests`` with ``concurrency`` in flight; open
    loop: Poisson arrivals at ``rate`` for ``duration``), with every server
    thread's CPU time sampled;
@@ -30,7 +35,6 @@ Examples
 'client'
 """
 
-import itertools
 import os
 import time
 from dataclasses import dataclass, replace
@@ -44,11 +48,29 @@ from ..errors import CpuAccountingError, TunaError
 from .cpu import CpuSampler, account, summarise
 from .schema import CPU_COLUMNS, FAULT_COLUMNS, GENERATOR_COLUMNS, PHASE_COLUMNS, percentiles
 
-__all__ = ["TrialPlan", "Measured", "run_trials", "run_steps", "trial_row", "latency_of", "LATENCIES"]
+__all__ = ["TrialPlan", "Measured", "run_trials", "run_steps", "trial_row", "latency_of", "drain", "backlog",
+           "LATENCIES"]
 
 #: What the ``latency`` column of a trial says its percentiles are: the lab server's own timing
 #: of a request, a ``Server-Timing`` header's duration, or the client's (send to last byte).
 LATENCIES = ("server", "server-timing", "client")
+
+# Seconds a server has, once it accepts connections, to settle (every worker loaded) and to answer a warm-up
+# request on every worker.
+_WARM_TIMEOUT = 120.0
+# CPU seconds a worker must gain during the warm-up to count as having answered some (answers without a PID).
+_SERVED = 0.005
+# The server is idle when no process's main thread gains more than _IDLE_CPU seconds in _QUIET seconds
+# (a sync worker's and Gunicorn's master's own timers cost far less), and nothing is queued at its port.
+_QUIET = 0.3
+_IDLE_CPU = 0.005
+# Seconds a server tuna_lab started may take to settle before its warm-up (its workers loading their app).
+_SETTLE_TIMEOUT = 60.0
+# Seconds a step of run_steps waits for the last step's backlog to be served; past it a started server is
+# restarted, and a running one's step fails.
+_DRAIN_TIMEOUT = 30.0
+# Server restarts one run_steps may make for steps that would start on a backlog.
+_RESTARTS = 3
 
 
 @dataclass(frozen=True)
@@ -172,7 +194,14 @@ def run_steps(plan, policy, steps, trial=0):
     then ``steps(None)`` names the first step's ``(rate, duration)`` and
     ``steps(row)`` the next one from the last step's trials-table row, until
     it returns None. Starting a server once for several rates is what makes a
-    search over rates (:mod:`tuna_lab.measure.tune`) affordable. A generator:
+    search over rates (:mod:`tuna_lab.measure.tune`) affordable. Steps are
+    independent: before each one the server is drained (:func:`drain`) of
+    what the last step left queued; a server that does not drain within
+    30 s is restarted (warmed and placed again) and the step runs on the
+    fresh one, so no step is measured on a backlog. A running server, which
+    cannot be restarted, fails the step instead when requests are still
+    queued at its port (its ``reason`` says how many); one that is only busy
+    (serving others' traffic) is measured. A generator:
     each step's :class:`Measured` is yielded as it finishes, its ``trial``
     being ``trial`` plus the step's index, so every step is a trial of its own
     in the records.
@@ -207,6 +236,147 @@ def _thread_cpu(pids):
     return out
 
 
+def _main_cpu(pids):
+    """``{pid: CPU seconds}`` of each process's main thread (schedstat), read now; gone processes left out."""
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/schedstat") as fh:
+                out[pid] = int(fh.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def backlog(port):
+    """Requests waiting at the local TCP ``port``, read from ``/proc/net/tcp`` and ``tcp6``.
+
+    Connections the server has not accepted yet (a listening socket's
+    receive queue is its accept backlog) plus accepted ones with request
+    bytes it has not read, including those whose client gave up (a closed
+    connection's request is still served by a sync worker).
+
+    Examples
+    --------
+    >>> backlog(1)
+    0
+    """
+    queued = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as fh:
+                lines = fh.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 5 or int(fields[1].rsplit(":", 1)[1], 16) != port:
+                continue
+            rx = int(fields[4].split(":")[1], 16)
+            queued += rx if fields[3] == "0A" else int(rx > 0)      # 0A: LISTEN
+    return queued
+
+
+def drain(live, url, timeout=_DRAIN_TIMEOUT):
+    """Wait until the server of ``live`` is idle: ``(True, 0, [])``, or after ``timeout`` s ``(False, queued, busy)``.
+
+    Idle, measured: nothing queued at the port of ``url`` (:func:`backlog`),
+    and no process of the server (master and workers) whose main thread
+    gained more than 5 ms of CPU in the last 0.3 s. A worker still loading
+    its app, or serving a backlog its clients gave up on, is busy.
+    """
+    from urllib.parse import urlsplit
+
+    port = urlsplit(url).port or 80
+    deadline = time.monotonic() + timeout
+    pids = [p for p in (live.master_pid(), *live.worker_pids()) if p]
+    last = _main_cpu(pids)
+    while True:
+        time.sleep(_QUIET)
+        now = _main_cpu(pids)
+        busy = sorted(pid for pid in now if now[pid] - last.get(pid, now[pid]) > _IDLE_CPU)
+        queued = backlog(port)
+        if not busy and not queued:
+            return True, 0, []
+        if time.monotonic() >= deadline:
+            return False, queued, busy
+        last = now
+
+
+def _warm_up(plan, live, url, body, options, pin):
+    """Settle the server, then warm every worker up; ``{pid: {tid: CPU seconds gained}}`` over the warm-up.
+
+    Rounds of at least ``2 W`` concurrent requests (and ``plan.warmup`` in
+    all) go until every worker answered some: by the PID an answer carries
+    (the lab server's), else by the worker's CPU time growing - measured
+    from a settled server, so a worker still loading its app does not count.
+    Raises :class:`_NotPlaced` when a worker answers none within 120 s.
+    A round none of whose requests succeeded ends the warm-up: the load
+    that follows fails, and says what the server answered.
+    """
+    from .load import closed_loop
+
+    deadline = time.monotonic() + _WARM_TIMEOUT
+    while len(live.worker_pids()) < plan.config.workers and time.monotonic() < deadline:
+        time.sleep(0.1)                            # a worker forked late (a replacement, a slow master)
+    # A server tuna_lab started settles once every worker loaded its app; a running one (which may serve
+    # others meanwhile) is given a few seconds to serve what an earlier trial left queued.
+    drain(live, url, _SETTLE_TIMEOUT if plan.target.restarts else 5.0)
+    pids = live.worker_pids()
+    before = _thread_cpu(pids)
+    if not plan.warmup:
+        return {pid: {} for pid in pids}
+    concurrency = max(min(plan.warmup, 4), 2 * len(pids))
+    served, sent = set(), 0
+    while True:
+        n = max(plan.warmup - sent, concurrency)
+        frame = closed_loop(url, body, requests=n, concurrency=concurrency, cpus=pin, **options)
+        sent += n
+        ok = frame[_ok(frame)] if len(frame) else frame
+        served |= {int(p) for p in ok["pid"].to_numpy() if p > 0} if len(ok) else set()
+        after = _thread_cpu(pids)
+        gains = {pid: {tid: cpu - before.get(pid, {}).get(tid, 0.0) for tid, cpu in tids.items()}
+                 for pid, tids in after.items()}
+        served |= {pid for pid, tids in gains.items() if sum(tids.values()) >= _SERVED}
+        idle = [pid for pid in pids if pid not in served and psutil.pid_exists(pid)]
+        if (not idle and sent >= plan.warmup) or not len(ok):
+            return gains
+        if time.monotonic() >= deadline:
+            raise _NotPlaced(f"worker{'s' if len(idle) > 1 else ''} {', '.join(map(str, idle))} answered none of "
+                             f"the {sent} warm-up requests within {_WARM_TIMEOUT:g} s")
+
+
+def _short_pools(live, threads):
+    """Workers whose pool was not found: ``{pid: pool threads found}`` where fewer than ``threads - 1``."""
+    if threads < 2:
+        return {}
+    found = {}
+    for t in live.server_threads():
+        found.setdefault(t["pid"], 0)
+        found[t["pid"]] += t["role"] == "openmp"
+    return {pid: n for pid, n in found.items() if n < threads - 1}
+
+
+def _prepare(plan, live, url, body, options, pin):
+    """Warm every worker up, place and verify; a worker whose pool was not found is warmed and placed again."""
+    activity = _warm_up(plan, live, url, body, options, pin)
+    problems = live.place(activity)
+    if not problems and _short_pools(live, plan.config.threads):
+        # A pool that starts at a worker's first requests: one more warm-up, and the placement again.
+        again = _warm_up(plan, live, url, body, options, pin)
+        merged = {pid: {tid: again.get(pid, {}).get(tid, 0.0) + activity.get(pid, {}).get(tid, 0.0)
+                        for tid in set(again.get(pid, {})) | set(activity.get(pid, {}))}
+                  for pid in set(again) | set(activity)}
+        problems = live.place(merged)
+        short = _short_pools(live, plan.config.threads)
+        if short:
+            live.warnings.append("pool not found (fewer than T-1 pool threads) in worker(s) "
+                                 + ", ".join(f"{pid} ({n})" for pid, n in sorted(short.items())))
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise _NotPlaced(f"placement not in effect: {problems[0]}{more}")
+
+
 def _load(plan, url, body, options, pin):
     from .load import closed_loop, open_loop
 
@@ -221,10 +391,9 @@ def _measure(plan, labels, topo, steps=None):
     """One (trial, policy): apply the policy, warm up, place and verify, load while sampling CPU, release.
 
     A generator of :class:`Measured`: one for the trial, or with ``steps``
-    (see :func:`run_steps`) one per open-loop step on the same server.
+    (see :func:`run_steps`) one per open-loop step on the same server, each
+    begun on a drained server (restarted when it does not drain).
     """
-    from .load import closed_loop
-
     target, spec = plan.target, plan.target.requests
     options, body = spec.load_options(), spec.body()
     # The generator runs pinned to the client CPUs only while it sends (unpinned when none are kept).
@@ -235,52 +404,59 @@ def _measure(plan, labels, topo, steps=None):
         if step is None:
             return
         here = replace(plan, rate=float(step[0]), duration=float(step[1]))
-    done = []
-    # Start-up, warm-up and stop are timed apart from the load: a slow start is not a slow server.
-    phases = dict.fromkeys(PHASE_COLUMNS, float("nan"))
-    t0 = time.monotonic()
-    try:
-        with target.apply(labels["policy"]) as live:
-            t1 = time.monotonic()
-            phases["startup_seconds"] = t1 - t0
-            url = spec.url_on(live.url)
-            # Who serves as the warm-up begins: a worker replaced, or a master gone, from here on is a fault.
-            server = _identity(live)
-            before = _thread_cpu(live.worker_pids())
-            if plan.warmup:
-                closed_loop(url, body, requests=plan.warmup, concurrency=min(plan.warmup, 4), cpus=pin, **options)
-            after = _thread_cpu(live.worker_pids())
-            activity = {pid: {tid: cpu - before.get(pid, {}).get(tid, 0.0) for tid, cpu in tids.items()}
-                        for pid, tids in after.items()}
-            problems = live.place(activity)
-            target.observe(live)
-            phases["warmup_seconds"] = time.monotonic() - t1
-            if problems:
-                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-                raise _NotPlaced(f"placement not in effect: {problems[0]}{more}")
-            for index in itertools.count():
-                measured, server = _loaded(here, mine, topo, live, url, body, options, pin, server)
-                measured.row.update(phases)
-                if steps is None:
-                    # Given out once the server is stopped: an error while stopping it fails the trial.
-                    done.append(measured)
-                    break
-                yield measured
-                step = steps(measured.row)
-                if step is None:
-                    break
-                here = replace(plan, rate=float(step[0]), duration=float(step[1]))
-                mine = {**labels, "trial": labels["trial"] + index + 1}
-            t_stop = time.monotonic()
-        for measured in done:
-            measured.row["stop_seconds"] = time.monotonic() - t_stop
-    except TunaError as exc:
-        done = [_measured(here, mine, status="failed", reason=one_line(exc))]
-        done[0].row.update(phases)
-    except _NotPlaced as exc:
-        done = [_measured(here, mine, status="failed", reason=str(exc))]
-        done[0].row.update(phases)
-    yield from done
+    index, restarts = 0, 0
+    while True:
+        done, restart = [], False
+        # Start-up, warm-up and stop are timed apart from the load: a slow start is not a slow server.
+        phases = dict.fromkeys(PHASE_COLUMNS, float("nan"))
+        t0 = time.monotonic()
+        try:
+            with target.apply(labels["policy"]) as live:
+                t1 = time.monotonic()
+                phases["startup_seconds"] = t1 - t0
+                url = spec.url_on(live.url)
+                # Who serves as the warm-up begins: a worker replaced, or a master gone, from here on is a fault.
+                server = _identity(live)
+                _prepare(here, live, url, body, options, pin)
+                target.observe(live)
+                phases["warmup_seconds"] = time.monotonic() - t1
+                fresh = True
+                while True:
+                    if not fresh:
+                        drained, queued, _ = drain(live, url, _DRAIN_TIMEOUT)
+                        if not drained and target.restarts and restarts < _RESTARTS:
+                            restart = True             # the step is run on a fresh server instead
+                            break
+                        if queued:
+                            raise _NotPlaced(f"the server still had {queued} requests queued {_DRAIN_TIMEOUT:g} s "
+                                             "after the last step: this step would start on a backlog")
+                    fresh = False
+                    measured, server = _loaded(here, mine, topo, live, url, body, options, pin, server)
+                    measured.row.update(phases)
+                    if steps is None:
+                        # Given out once the server is stopped: an error while stopping it fails the trial.
+                        done.append(measured)
+                        break
+                    yield measured
+                    index += 1
+                    step = steps(measured.row)
+                    if step is None:
+                        break
+                    here = replace(plan, rate=float(step[0]), duration=float(step[1]))
+                    mine = {**labels, "trial": labels["trial"] + index}
+                t_stop = time.monotonic()
+            for measured in done:
+                measured.row["stop_seconds"] = time.monotonic() - t_stop
+        except TunaError as exc:
+            done = [_measured(here, mine, status="failed", reason=one_line(exc))]
+            done[0].row.update(phases)
+        except _NotPlaced as exc:
+            done = [_measured(here, mine, status="failed", reason=str(exc))]
+            done[0].row.update(phases)
+        yield from done
+        if not restart:
+            return
+        restarts += 1
 
 
 def _loaded(plan, labels, topo, live, url, body, options, pin, server):
@@ -372,7 +548,10 @@ def _measured(plan, labels, frame=None, wall=0.0, status="ok", reason="", cpu=No
 
 
 class _NotPlaced(Exception):
-    """The trial's placement was not in effect when read back: the trial fails before its load."""
+    """The trial cannot start as measured: a worker not warmed, a placement not in effect, a backlog.
+
+    The trial fails before its load, with this as its reason.
+    """
 
 
 def _server_affinity(live):

@@ -196,6 +196,26 @@ def request_bytes(url, body, content_type="application/json", method="POST", hea
     return head + body
 
 
+def sent_header(request, name):
+    """The value of header ``name`` in the request bytes :func:`request_bytes` built, or None.
+
+    What a refused request is reported with is read back from what was sent.
+
+    Examples
+    --------
+    >>> sent_header(request_bytes("http://localhost:8000/p", b"{}"), "content-type")
+    'application/json'
+    >>> sent_header(request_bytes("http://localhost:8000/p", b"", method="GET"), "Content-Type") is None
+    True
+    """
+    head = bytes(request).split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    for line in head.split("\r\n")[1:]:
+        key, _, value = line.partition(":")
+        if key.strip().lower() == name.lower():
+            return value.strip()
+    return None
+
+
 def _header_pairs(headers):
     """``headers`` (None, a dict or (name, value) pairs) as a checked list of str pairs."""
     if headers is None:

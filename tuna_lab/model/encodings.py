@@ -74,8 +74,12 @@ def ultrametric_chain(topology, costs=None):
     Returns a list ``[(d_j, labels_j)]`` from the cache level closest to the
     cores to the whole machine: a pair of distinct cores is at distance
     ``d_j`` for the first ``j`` whose partition puts them together. Raises
-    :class:`~tuna_lab.errors.TopologyError` when the caches are not nested.
+    :class:`~tuna_lab.errors.TopologyError` when the caches are not nested. ``topology``
+    is anything :func:`~tuna_lab.machine.topology_from` takes.
     """
+    from ..machine.spec import topology_from
+
+    topology = topology_from(topology)
     costs = {**topology.costs, **(costs or {})}
     chain = [(float(d), np.asarray(lab)) for d, lab in topology.levels(costs)]
     C = topology.n_logical

@@ -149,7 +149,8 @@ def counting_conflicts(topology, max_threads=8):
     conflict (:func:`counting_conflict`; no solver runs), as rows: ``workers``,
     ``threads``, ``r``, ``U``, the cap ``max(0, W-C+r)`` of (12), and
     ``least_excess``, the fewest cores with a main thread at ``U`` above it
-    (what the relaxation exceeds).
+    (what the relaxation exceeds). ``topology`` is anything
+    :func:`~tuna_lab.machine.topology_from` takes.
 
     Returns
     -------
@@ -164,8 +165,10 @@ def counting_conflicts(topology, max_threads=8):
     """
     from .caps import Caps
     from .families import DEFAULT_FAMILIES
+    from ..machine.spec import topology_from
     from .instance import Instance
 
+    topology = topology_from(topology)
     C = topology.n_logical
     out = []
     for T in range(1, max_threads + 1):

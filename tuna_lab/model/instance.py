@@ -33,8 +33,8 @@ class Instance:
     workers, threads : int
         ``W`` server workers, each with ``T`` OpenMP threads (thread 0 = main);
         ``W x T`` at most :data:`~tuna_lab._checks.MAX_THREADS` (8192).
-    topology : Topology
-        The machine.
+    topology : Topology or str
+        The machine, or anything :func:`~tuna_lab.machine.topology_from` takes.
     mode : {"scatter", "compact"}
         Sign of the within-worker distance term (7).
     costs : dict, optional
@@ -48,6 +48,9 @@ class Instance:
     costs: dict = field(default=None)
 
     def __post_init__(self):
+        from ..machine.spec import topology_from
+
+        object.__setattr__(self, "topology", topology_from(self.topology))
         # Bounded before anything is sized by W and T (MAX_THREADS: the local search's (WT)^2 matrices).
         workers, threads = check_size(self.workers, self.threads, ModelError)
         object.__setattr__(self, "workers", workers)

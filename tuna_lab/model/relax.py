@@ -205,9 +205,10 @@ def _relaxed_mapping(model, positions, yielded, conflicts, stage1, proven2, boun
             relaxed.append(Relaxed(fam.key, amount, why))
     proven = bool(stage1["proven"] and proven2)
     lines = [f"the families {c.describe()}" for c in conflicts]
-    lines.append("relaxed: " + "; ".join(f"({r.family}) exceeded by {r.amount:g} ({r.message})" for r in relaxed)
-                 + f" - the least possible ({'proven by ' + stage1['proof'] if stage1['proven'] else 'not proven'})"
-                 + f", then the greatest objective ({'proven' if proven2 else 'not proven'})")
+    # what yielded and by how much is Mapping.relaxed (its own lines): the note says only why that is the answer
+    least = f"proven by {stage1['proof']}" if stage1["proven"] else "not proven"
+    lines.append("relaxing " + ", ".join(f"({r.family})" for r in relaxed) + f" that much is the least possible "
+                 f"({least}), and the objective under it the greatest ({'proven' if proven2 else 'not proven'})")
     certificate["relaxation"] = {"families": [f.key for f in yielded], "conflicts": [c.as_dict() for c in conflicts],
                                  "stage1": json_plain(stage1), "stage2_proven": bool(proven2)}
     return Mapping(inst, inst.cpus[positions], model.families, status="relaxed", proven_optimal=proven,

@@ -1,7 +1,13 @@
-"""Pin a pre-fork server that is already running, by its master's PID.
+"""Pin a server that is already running, by its master's PID.
 
-A pre-fork server (Gunicorn, uvicorn ``--workers``) is a master process whose
-children are the workers. :func:`pin_server` gives each worker a *slot* of a
+A server is a master process and its children. Not every child serves
+requests: :func:`server_roles` tells the **workers** (the processes that run
+an inference runtime, or accept on the server's socket) from **front ends**
+(an API process that answers HTTP and passes requests on over a queue) and
+**helpers** (a multiprocessing Manager or resource tracker, a metrics
+exporter), each with the reason; only workers get a slot. ``--workers`` and
+``--worker-match`` (:class:`WorkerChoice`) name them where the discovery
+cannot. :func:`pin_server` gives each worker a *slot* of a
 :class:`~tuna_lab.placement.plan.Plan` (workers in start order), finds its
 threads and binds them by TID:
 
@@ -23,8 +29,9 @@ thread is bound to all of its slot's CPUs, which keeps libgomp's pool size;
 the pool threads get their own CPUs. Each worker is bound by
 :func:`~tuna_lab.placement.binding.bind_worker`, as the Gunicorn hooks bind theirs.
 
-:func:`unpin_server` gives every worker thread back the mask it had before the
-pin (the master's, to a thread born since), and
+Every mask :func:`pin_server` sets is recorded with the mask it replaced;
+:func:`unpin_server` gives a thread its old mask back only while it is still
+on the one tuna_lab set (a mask someone else set since is theirs), and
 :func:`watch_server` re-pins a replacement worker to the slot its predecessor
 left. Nothing here pins the master.
 
@@ -50,12 +57,12 @@ from .. import _files
 from .._checks import format_cpulist
 from ..errors import BindingError, PinError
 from ..machine.procfs import remove_dead_folders, start_ticks
-from .binding import affinity_of, bind, bind_worker, planned_cpus
-from .pools import (ACTIVE_FLOOR, ACTIVE_SHARE, RUNNING, ThreadRole, active_threads, classify_threads, main_rule,
-                    thread_cpu_times)
+from .binding import affinity_of, bind, bind_worker, planned_cpus, threads_of
+from .pools import (ACTIVE_FLOOR, ACTIVE_SHARE, RUNNING, ThreadRole, active_threads, classify_threads,
+                    loaded_runtimes, main_rule, thread_cpu_times)
 
 __all__ = ["ThreadRole", "Activity", "classify_threads", "thread_cpu_times", "active_threads", "serve_requests",
-           "ACTIVE_FLOOR", "ACTIVE_SHARE", "worker_pids", "worker_slots", "server_threads", "pin_server",
+           "ACTIVE_FLOOR", "ACTIVE_SHARE", "WorkerChoice", "ProcessRole", "ServerRoles", "server_roles", "worker_pids", "worker_slots", "server_threads", "pin_server",
            "unpin_server", "watch_server", "PinReport", "check_server", "hook_dir", "hook_mark", "hook_records",
            "hook_dir_problem", "trusted_hook_dir", "write_hook_record", "remove_dead_state", "HOOK_MARK",
            "HOOK_RECORDS"]
@@ -63,35 +70,51 @@ __all__ = ["ThreadRole", "Activity", "classify_threads", "thread_cpu_times", "ac
 # Rounds of --watch that look again at a worker with such a thread: a pool thread busy with
 # a request settles within them (then it is bound); one that always spins never does.
 _WATCH_RETRIES = 25
-# Children of a master that are no workers: uvicorn --workers starts its workers with
-# multiprocessing's spawn, which first starts a resource tracker (and forkserver, a fork server).
-_HELPER_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+# Children of a master that are no workers, by their command line: uvicorn --workers and MLServer start their
+# workers with multiprocessing's spawn, which first starts a resource tracker (and forkserver, a fork server).
+_HELPER_PROCESSES = (("multiprocessing.resource_tracker", "multiprocessing's resource tracker"),
+                     ("multiprocessing.forkserver", "multiprocessing's fork server"))
 
 
 @dataclass
 class PinReport:
-    """What a pin, unpin or watch did: per worker, its slot and every thread's CPUs; and warnings."""
+    """What a pin, unpin, watch or status did: the server's processes by role, per worker its slot and every
+    thread's CPUs; warnings, and a ``note`` (an unpin that found nothing to undo says so there)."""
 
     master: int
     plan: object
     workers: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
+    roles: object = None
+    note: str = None
 
     def to_dict(self):
-        """JSON-able: ``master``, ``policy``, ``workers`` (slot, pid, threads), ``warnings``."""
-        return {"master": self.master, "policy": getattr(self.plan, "policy", None),
-                "fingerprint": getattr(self.plan, "fingerprint", None),
-                "workers": self.workers, "warnings": list(self.warnings)}
+        """JSON-able: ``master``, ``policy``, ``workers`` (slot, pid, why, threads), ``warnings``; with the
+        roles found, ``processes`` (the master and the helpers, each ``pid``, ``role``, ``why``, ``command``)."""
+        out = {"master": self.master, "policy": getattr(self.plan, "policy", None),
+               "fingerprint": getattr(self.plan, "fingerprint", None),
+               "workers": self.workers, "warnings": list(self.warnings)}
+        if self.roles is not None:
+            out["processes"] = [r.to_dict() for r in (self.roles.master, *self.roles.helpers)]
+        if self.note:
+            out["note"] = self.note
+        return out
 
     def describe(self, warnings=False):
-        """The report as text: one block per worker, one line per thread with the evidence of its role.
+        """The report as text: the master and helpers, then one block per worker, one line per thread with the
+        evidence of its role.
 
         Warnings are left out unless ``warnings``: the CLI prints them once, on stderr.
         """
         lines = [f"server {self.master}" + (f": {self.plan.policy}, {self.plan.workers} workers x "
                                             f"{self.plan.threads} threads" if self.plan else "")]
+        if self.roles is not None:
+            lines.append(f"  master {self.roles.master.pid}: {self.roles.master.why}")
+            lines += [f"  {h.role} {h.pid}: {h.why}" for h in self.roles.helpers]
+        why = {w.pid: w.why for w in self.roles.workers} if self.roles is not None else {}
         for w in self.workers:
-            lines.append(f"  worker {w['pid']} (slot {w['slot']})")
+            reason = w.get("why") or why.get(w["pid"])
+            lines.append(f"  worker {w['pid']} (slot {w['slot']})" + (f": {reason}" if reason else ""))
             for t in w["threads"]:
                 rank = "" if t["rank"] is None else f" {t['rank']}"
                 cpus = format_cpulist(t["cpus"]) if t["cpus"] else "?"
@@ -104,6 +127,8 @@ class PinReport:
                 if t.get("note"):
                     note = f"  - {t['note']}"
                 lines.append(f"    {t['role']:>5}{rank:<3} tid {t['tid']:<8} cpus {cpus}{planned}{evidence}{note}")
+        if self.note:
+            lines.append(self.note)
         if warnings:
             lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
@@ -111,49 +136,320 @@ class PinReport:
 
 # -- finding workers and threads ---------------------------------------------------------------
 
-def worker_pids(master):
-    """The master's worker processes, oldest first (their slot order).
+@dataclass(frozen=True)
+class WorkerChoice:
+    """Which processes are the workers when the user says so, overriding :func:`server_roles`' discovery.
 
-    Every child counts except multiprocessing's helper processes (the
-    resource tracker that uvicorn ``--workers`` starts beside its workers).
+    ``pids``: the worker PIDs (``--workers PID,PID``), each a descendant of
+    the master; ``match``: a regular expression searched for in every
+    descendant's command line (``--worker-match REGEX``). Empty: discover.
+
+    Examples
+    --------
+    >>> WorkerChoice.parse("12, 7", None).pids
+    (12, 7)
+    >>> WorkerChoice.parse(None, "inference_worker").match.pattern
+    'inference_worker'
+    >>> WorkerChoice.parse("12,x", None)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.PinError: --workers takes PIDs separated by commas (e.g. 4121,4122), got '12,x'
+    """
+
+    pids: tuple = ()
+    match: object = None
+
+    @classmethod
+    def parse(cls, pids=None, match=None):
+        """From the options' text: ``pids`` ``"PID,PID"`` and ``match`` a regular expression; PinError if bad."""
+        if pids is not None and match is not None:
+            raise PinError("give either --workers or --worker-match, not both")
+        found = ()
+        if pids is not None:
+            try:
+                found = tuple(int(p) for p in str(pids).split(","))
+            except ValueError:
+                found = ()
+            if not found or any(p <= 0 for p in found) or len(set(found)) != len(found):
+                raise PinError(f"--workers takes PIDs separated by commas (e.g. 4121,4122), got {pids!r}")
+        pattern = None
+        if match is not None:
+            try:
+                pattern = re.compile(str(match))
+            except re.error as exc:
+                raise PinError(f"--worker-match {match!r} is not a regular expression: {exc}") from None
+        return cls(found, pattern)
+
+    def __bool__(self):
+        return bool(self.pids) or self.match is not None
+
+
+@dataclass(frozen=True)
+class ProcessRole:
+    """One process of a server: PID, ``role`` (``master``, ``worker``, ``front end``, ``helper``), why, command."""
+
+    pid: int
+    role: str
+    why: str
+    command: str = ""
+
+    def to_dict(self):
+        return {"pid": self.pid, "role": self.role, "why": self.why, "command": self.command}
+
+
+@dataclass(frozen=True)
+class ServerRoles:
+    """The processes of a server by role: its master, its workers (oldest first) and the rest (helpers)."""
+
+    master: ProcessRole
+    workers: tuple
+    helpers: tuple
+
+    @property
+    def worker_pids(self):
+        return [w.pid for w in self.workers]
+
+    def left_out(self):
+        """The helpers as ``PID (role: why)`` text, for an error that says who was not counted."""
+        return "; ".join(f"{h.pid} ({h.role}: {h.why})" for h in self.helpers) or "none"
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What /proc says of one process: start time, command, inference runtimes, TCP and Manager sockets."""
+
+    pid: int
+    started: float
+    command: str
+    runtimes: tuple
+    listening: frozenset
+    ports: frozenset
+    connections: int
+    manager: str
+
+
+def _facts(proc):
+    """The :class:`_Facts` of a psutil process; None if it is gone or a zombie."""
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        try:
+            command = " ".join(proc.cmdline())
+        except psutil.AccessDenied:
+            command = ""
+        tcp = proc.net_connections("tcp")
+        unix = proc.net_connections("unix")
+        started = proc.create_time()
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.AccessDenied:
+        raise PinError(f"permission denied: cannot read the sockets of process {proc.pid}") from None
+    listening = frozenset(c.laddr.port for c in tcp if c.laddr and c.status == psutil.CONN_LISTEN)
+    ports = frozenset(c.laddr.port for c in tcp if c.laddr)
+    connected = sum(1 for c in tcp if c.status == psutil.CONN_ESTABLISHED)
+    # multiprocessing.Manager() serves its proxies on a socket in a pymp-* folder of its own.
+    manager = next((c.laddr for c in unix if isinstance(c.laddr, str) and "/pymp-" in c.laddr
+                    and os.path.basename(c.laddr).startswith("listener-")), "")
+    return _Facts(proc.pid, started, command, tuple(loaded_runtimes(proc.pid)), listening, ports,
+                  connected, manager)
+
+
+def _sockets(f):
+    held = [f"listens on port {', '.join(map(str, sorted(f.listening)))}"] if f.listening else []
+    if f.connections:
+        held.append(f"{f.connections} TCP connection{'' if f.connections == 1 else 's'}")
+    return " and ".join(held) or f"TCP sockets on port {', '.join(map(str, sorted(f.ports)))}"
+
+
+def _runtime_words(f):
+    return ", ".join(f.runtimes)
+
+
+def _discover(master_facts, children):
+    """``{pid: (role, why)}`` of ``children`` (:class:`_Facts`) by what each holds and runs; see :func:`server_roles`."""
+    roles = {}
+    rest = []
+    for f in children:
+        named = next((what for mark, what in _HELPER_PROCESSES if mark in f.command), None)
+        if named:
+            roles[f.pid] = ("helper", f"{named} (its command line)")
+        elif f.manager:
+            roles[f.pid] = ("helper", f"a multiprocessing Manager: it serves proxies on {f.manager}")
+        else:
+            rest.append(f)
+    runtime = [f for f in rest if f.runtimes]
+    server_ports = set(master_facts.listening) | {p for f in runtime for p in f.listening}
+
+    def serves(f):
+        return bool(f.ports & server_ports) if server_ports else bool(f.ports)
+
+    fed = [f for f in runtime if not f.ports]
+    if fed:
+        # Runtime processes that hold no socket take their requests over a queue or pipe from a front end.
+        for f in fed:
+            roles[f.pid] = ("worker", (f"runs {_runtime_words(f)} and holds no TCP socket: it takes its requests "
+                                       "over a queue or pipe from the process that answers HTTP"))
+    elif runtime:
+        for f in runtime:
+            roles[f.pid] = ("worker", f"runs {_runtime_words(f)} and {_sockets(f)}: it serves requests itself")
+    else:
+        for f in rest:
+            if serves(f):
+                roles[f.pid] = ("worker", (f"{_sockets(f)} (the server's) and loads no known inference runtime: "
+                                           "it serves requests itself"))
+    for f in rest:
+        if f.pid in roles:
+            continue
+        if serves(f):
+            also = (f"; it loads {_runtime_words(f)} too, but the processes that run requests hold no socket"
+                    if f.runtimes else " but runs no inference runtime")
+            roles[f.pid] = ("front end", f"{_sockets(f)} (the server's){also}: it answers HTTP and passes requests on")
+        elif f.ports:
+            ports = ", ".join(map(str, sorted(server_ports)))
+            roles[f.pid] = ("helper", (f"{_sockets(f)}, not the server's port{'' if len(server_ports) == 1 else 's'} "
+                                       f"{ports}, and runs no inference runtime (a metrics exporter or another side "
+                                       "service)"))
+        else:
+            roles[f.pid] = ("helper", "holds no TCP socket and runs no inference runtime")
+    return roles
+
+
+def server_roles(master, choice=None, force=False):
+    """The master, workers and helpers of the running server ``master``, each with the reason.
+
+    A **worker** serves requests. Among the master's child processes (not
+    multiprocessing's resource tracker or fork server, nor a multiprocessing
+    Manager, which are helpers by what they are):
+
+    * the processes that run an inference runtime
+      (:func:`~tuna_lab.placement.pools.loaded_runtimes`: XGBoost, ONNX
+      Runtime, PyTorch, LightGBM, OpenMP) and hold no TCP socket are the
+      workers when there are any: they take requests from a front end over a
+      queue (LitServe's inference workers, MLServer's parallel workers); the
+      processes that hold the server's socket are **front ends**;
+    * else every process that runs one (Gunicorn's and uvicorn's workers,
+      each accepting on the shared socket);
+    * else, when none runs a known runtime, every process that holds the
+      server's socket (the master's listening ports) or a TCP connection.
+
+    Any other child is a **helper**: reported, never given a slot or pinned
+    (a metrics exporter listens on a port of its own). ``choice``
+    (:class:`WorkerChoice`) names the workers instead; ``force`` takes every
+    child that is no helper by what it is when none is found a worker.
 
     Raises
     ------
     PinError
-        No process ``master``, or it has no children (not a pre-fork master, or
-        its workers have not started).
+        No such process, no children, no worker found (the message names the
+        children and why none counts), or a ``choice`` that names none.
     """
+    choice = choice or WorkerChoice()
     try:
         proc = psutil.Process(int(master))
         children = proc.children()
+        descendants = proc.children(recursive=True) if choice else children
     except (psutil.NoSuchProcess, ValueError, TypeError):
         raise PinError(f"no process with PID {master}") from None
     except psutil.AccessDenied:
         raise PinError(f"permission denied: cannot see the children of PID {master}") from None
-    live = []
-    for child in children:
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and not _is_helper(child):
-                live.append((child.create_time(), child.pid))
-        except psutil.NoSuchProcess:
-            continue
-    if not live:
+    master_facts = _facts(proc)
+    if master_facts is None:
+        raise PinError(f"no process with PID {master}")
+    facts = [f for f in map(_facts, children) if f is not None]
+    if not facts and not choice:
         raise PinError(f"PID {master} has no child processes: not a pre-fork server's master, "
                        "or its workers have not started yet")
-    return [pid for _, pid in sorted(live)]
+    roles = _discover(master_facts, facts)
+    head = ProcessRole(int(master), "master", _master_why(master_facts, facts, roles), master_facts.command)
+    if choice:
+        picked = _chosen(master, choice, descendants)
+        by_pid = {f.pid: f for f in facts}
+        extra = [f for f in map(_facts, [d for d in descendants if d.pid in picked and d.pid not in by_pid])
+                 if f is not None]
+        by_pid.update({f.pid: f for f in extra})
+        how = "--workers" if choice.pids else f"--worker-match {choice.match.pattern!r}"
+        workers = [ProcessRole(p, "worker", f"named by {how}", by_pid[p].command) for p in picked if p in by_pid]
+        helpers = [ProcessRole(f.pid, roles[f.pid][0] if roles[f.pid][0] != "worker" else "helper",
+                               f"not named by {how}" + ("" if roles[f.pid][0] == "worker" else
+                                                         f"; {roles[f.pid][1]}"), f.command)
+                   for f in facts if f.pid not in picked]
+        order = {f.pid: f.started for f in by_pid.values()}
+        return ServerRoles(head, tuple(sorted(workers, key=lambda w: (order[w.pid], w.pid))), tuple(helpers))
+    workers = [f for f in facts if roles[f.pid][0] == "worker"]
+    if not workers and force:
+        workers = [f for f in facts if not any(mark in f.command for mark, _ in _HELPER_PROCESSES)
+                   and not f.manager]
+        for f in workers:
+            roles[f.pid] = ("worker", f"a child process (--force; {roles[f.pid][1]})")
+    helpers = [ProcessRole(f.pid, *roles[f.pid], f.command) for f in facts if roles[f.pid][0] != "worker"]
+    out = ServerRoles(head, tuple(ProcessRole(f.pid, "worker", roles[f.pid][1], f.command)
+                                  for f in sorted(workers, key=lambda f: (f.started, f.pid))), tuple(helpers))
+    if not out.workers:
+        name = os.path.basename(master_facts.command.split(" ")[0]) if master_facts.command else "?"
+        raise PinError(f"PID {master} ({name}) is not a recognised pre-fork server: none of its "
+                       f"{len(facts)} child process{'' if len(facts) == 1 else 'es'} serves requests (holds a TCP "
+                       f"socket or runs an inference runtime): {out.left_out()}; name the workers with --workers "
+                       "PID,PID or --worker-match REGEX, or give --force to take every child")
+    return out
 
 
-def check_server(master, force=False):
-    """Refuse (:class:`PinError`) to pin ``master`` unless it is a pre-fork server's master, or ``force``.
+def _master_why(master, children, roles):
+    """Why the master is what it is: a manager of pre-fork workers, or a front end that parses requests itself."""
+    if not master.ports:
+        return "holds no TCP socket: it starts and watches its children"
+    shared = [f for f in children if roles[f.pid][0] == "worker" and f.listening & master.listening]
+    if shared:
+        return f"{_sockets(master)}, which its workers accept on: it starts and watches them"
+    if any(role == "front end" for role, _ in roles.values()):
+        return f"{_sockets(master)}, which its front ends answer on: it starts and watches its children"
+    return (f"{_sockets(master)} and no child of it answers there: it reads and parses the requests itself and "
+            "passes them to its workers (its CPU time is the front end's, never pinned)")
 
-    PID 1 (init, or a container's first process) is always refused: its
-    children are the whole system's (or container's) services. Any other
-    process counts as a pre-fork master when every worker (:func:`worker_pids`)
-    runs the master's own program - a fork of it (Gunicorn), or the same
-    interpreter started again (uvicorn's spawned workers): a shell whose
-    children are ``sleep`` processes is not one. A worker whose program
-    cannot be read (another user's) is left to the permission check.
-    Returns the workers' PIDs.
+
+def _chosen(master, choice, descendants):
+    """The PIDs ``choice`` names among ``descendants`` of ``master``, in its order (PinError if it names none)."""
+    live = {}
+    for d in descendants:
+        try:
+            if d.status() != psutil.STATUS_ZOMBIE:
+                live[d.pid] = " ".join(d.cmdline())
+        except psutil.AccessDenied:
+            live[d.pid] = ""
+        except psutil.NoSuchProcess:
+            continue
+    if choice.pids:
+        strangers = [p for p in choice.pids if p not in live]
+        if strangers:
+            raise PinError(f"--workers: process {strangers[0]} is not a live child (or descendant) of server "
+                           f"{master}")
+        return list(choice.pids)
+    picked = [pid for pid, command in live.items() if choice.match.search(command)]
+    if not picked:
+        raise PinError(f"--worker-match {choice.match.pattern!r} matches the command line of none of the "
+                       f"{len(live)} processes under server {master}")
+    return picked
+
+
+def worker_pids(master, choice=None, force=False):
+    """The master's worker processes, oldest first (their slot order): :func:`server_roles`' workers.
+
+    Raises
+    ------
+    PinError
+        No process ``master``, no children, or no child that serves requests
+        (see :func:`server_roles`).
+    """
+    return server_roles(master, choice, force).worker_pids
+
+
+def check_server(master, force=False, choice=None):
+    """Refuse (:class:`PinError`) to pin ``master`` unless it is a server whose workers are found, or ``force``.
+
+    PID 1 (init, or a container's first process) is always refused unless
+    ``force``: its children are the whole system's (or container's)
+    services. Any other process is a server's master when :func:`server_roles`
+    finds its workers (or ``choice`` names them): a shell whose children are
+    ``sleep`` processes is none. Returns the workers' PIDs.
 
     Examples
     --------
@@ -165,36 +461,7 @@ def check_server(master, force=False):
     if int(master) == 1 and not force:
         raise PinError("PID 1 is the system's (or container's) first process, not a server's master; "
                        "give --force to pin its children anyway")
-    workers = worker_pids(master)
-    if force:
-        return workers
-    try:
-        program = psutil.Process(int(master)).exe()
-        others = {}
-        for pid in workers:
-            with contextlib.suppress(psutil.NoSuchProcess):     # a worker that exited meanwhile
-                others[pid] = psutil.Process(pid).exe()
-    except psutil.AccessDenied:
-        return workers
-    except psutil.NoSuchProcess:
-        raise PinError(f"no process with PID {master}") from None
-    strangers = sorted(pid for pid, exe in others.items() if exe != program)
-    if strangers:
-        name = os.path.basename(others[strangers[0]]) or "?"
-        raise PinError(f"PID {master} ({os.path.basename(program) or '?'}) is not a recognised pre-fork server: "
-                       f"its child {strangers[0]} runs {name}, not the master's program; give --force to pin "
-                       "its children anyway")
-    return workers
-
-
-def _is_helper(proc):
-    try:
-        command = " ".join(proc.cmdline())
-    except psutil.AccessDenied:
-        return False
-    return any(name in command for name in _HELPER_PROCESSES)
-
-
+    return worker_pids(master, choice, force)
 
 
 @dataclass
@@ -242,15 +509,18 @@ def _send(opener, url, method, headers, body, timeout):
         with opener.open(req, timeout=timeout) as resp:
             resp.read()
     except urllib.error.HTTPError as exc:
-        raise PinError(f"{method} {url} answered {exc.code} {exc.reason}: give the URL (and --method, --header, "
-                       "--body) of a request that runs the model") from None
+        # Say what was sent: a 415 or 422 is most often a content type the server does not take.
+        ctype = {k.lower(): v for k, v in headers}.get("content-type", "none")
+        raise PinError(f"{method} {url} answered {exc.code} {exc.reason} to Content-Type {ctype}, a "
+                       f"{len(body or b'')}-byte body: give the URL (and --method, --header, --body) of a "
+                       "request that runs the model") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise PinError(f"cannot send {method} {url}: {getattr(reason, 'strerror', None) or reason}") from None
 
 
 def serve_requests(master, url, method=None, headers=(), body=None, requests=8, max_requests=64,
-                   max_seconds=15.0, timeout=10.0):
+                   max_seconds=15.0, timeout=10.0, choice=None):
     """Send a few requests to the running server ``master`` and measure what each worker thread ran meanwhile.
 
     Requests go ``len(workers)`` at a time, so that every worker gets some,
@@ -272,6 +542,8 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
         The request body, the same for every request.
     requests, max_requests, max_seconds, timeout : int, int, float, float
         The bounds above; ``timeout`` is per request.
+    choice : WorkerChoice, optional
+        The workers, when the user names them (:func:`server_roles`).
 
     Returns
     -------
@@ -298,7 +570,7 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
     _check_loopback(url)
     method = (method or ("POST" if body is not None else "GET")).upper()
     headers = list(headers or ())
-    workers = worker_pids(master)
+    workers = worker_pids(master, choice)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     before = {pid: thread_cpu_times(pid) for pid in workers}
     start, sent = time.monotonic(), 0
@@ -428,7 +700,7 @@ def _started(master):
 
 
 def _pin_dir(master):
-    """Where ``pin --pid`` keeps, for ``unpin``, every worker thread's mask from before it was first bound.
+    """Where ``pin --pid`` keeps, for ``unpin``, the masks it set and those they replaced (``masks.json``).
 
     Keyed like :func:`hook_dir`, by the user who pins rather than the server's:
     only a folder of theirs that no one else may write is ever read or written.
@@ -436,37 +708,76 @@ def _pin_dir(master):
     return os.path.join(tempfile.gettempdir(), f"tuna_lab-pin-{os.geteuid()}-{int(master)}-{_started(master)}")
 
 
-def _saved_masks(master):
-    """``{tid: cpus}`` saved by earlier pins of ``master``; empty if none (or not in a trusted folder)."""
+#: The ``format`` of ``masks.json``: per worker its start time, slot and threads at the pin; per TID the mask
+#: before tuna_lab first bound it and the mask tuna_lab set.
+PINS_FORMAT = "tuna_lab.pins/1"
+
+
+def _records(master):
+    """``{"workers": {pid: {...}}, "threads": {tid: {...}}}`` of the pins of ``master``; empty when none.
+
+    Nothing is read from a folder that is not this user's and private, or
+    from a file that is not a record of ours (another format, malformed).
+    """
+    empty = {"workers": {}, "threads": {}}
     try:
         folder = _pin_dir(master)
     except psutil.Error:
-        return {}
+        return empty
     if _files.trusted_dir(folder, {os.geteuid()}):
-        return {}
+        return empty
     try:
         saved = _files.read_json(os.path.join(folder, "masks.json"), limit=_MASKS_BYTES, follow=False)
-        return {int(tid): sorted(int(c) for c in cpus) for tid, cpus in saved.items()}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return {}
+        if saved.get("format") != PINS_FORMAT:
+            return empty
+        workers = {int(pid): {"started": int(w["started"]), "slot": int(w["slot"]),
+                              "seen": sorted(int(t) for t in w["seen"])} for pid, w in saved["workers"].items()}
+        threads = {int(tid): {"pid": int(t["pid"]), "before": sorted(int(c) for c in t["before"]),
+                              "set": sorted(int(c) for c in t["set"])} for tid, t in saved["threads"].items()}
+    except (OSError, ValueError, TypeError, AttributeError, KeyError):
+        return empty
+    return {"workers": workers, "threads": threads}
 
 
-def _remember_masks(master, pids):
-    """Save the current mask of every thread of ``pids`` not saved yet: what ``unpin`` gives back."""
-    # Threads that exited since are dropped; a thread already saved keeps its first mask.
-    live = {tid: cpus for tid, cpus in _saved_masks(master).items() if os.path.exists(f"/proc/{tid}")}
-    for pid in pids:
-        try:
-            for tid in sorted(t.id for t in psutil.Process(pid).threads()):
-                live.setdefault(tid, sorted(affinity_of(tid)))
-        except (psutil.NoSuchProcess, BindingError):
-            continue                                   # gone while we looked
+def _write_records(master, records):
     folder = _pin_dir(master)
     if not os.path.lexists(folder):
         remove_dead_state("pin", os.geteuid())         # the folders of servers pinned before, now gone
     _files.private_dir(folder, error=PinError)
-    _files.write_json(os.path.join(folder, "masks.json"), {str(tid): cpus for tid, cpus in live.items()},
-                      mode=0o600, durable=False, error=PinError)
+    data = {"format": PINS_FORMAT,
+            "workers": {str(pid): w for pid, w in records["workers"].items()},
+            "threads": {str(tid): t for tid, t in records["threads"].items()}}
+    _files.write_json(os.path.join(folder, "masks.json"), data, mode=0o600, durable=False, error=PinError)
+
+
+def _record_pins(master, pid, slot, intent, failed=()):
+    """Record that tuna_lab sets ``intent`` (``{tid: (mask now, mask to set)}``) on worker ``pid``'s threads.
+
+    Written *before* the threads are bound, so that a pin killed half-way can
+    still be undone; ``failed`` (TIDs whose binding failed) are dropped
+    afterwards. A thread recorded already keeps its first ``before``: the
+    mask it had before tuna_lab first touched it. Records of threads that
+    ended are dropped.
+    """
+    records = _records(master)
+    ticks = start_ticks(pid)
+    if ticks is None:
+        return
+    threads = {tid: t for tid, t in records["threads"].items()
+               if os.path.exists(f"/proc/{t['pid']}/task/{tid}") and tid not in failed}
+    worker = records["workers"].get(pid)
+    if worker is None or worker["started"] != ticks:
+        worker = {"started": ticks, "slot": slot, "seen": []}
+    worker["slot"] = slot
+    worker["seen"] = sorted(set(worker["seen"]) | set(threads_of(pid)))
+    for tid, (before, wanted) in intent.items():
+        if tid in failed:
+            continue
+        first = threads.get(tid)
+        threads[tid] = {"pid": pid, "before": first["before"] if first else sorted(before), "set": sorted(wanted)}
+    workers = {p: w for p, w in records["workers"].items() if start_ticks(p) == w["started"]}
+    workers[pid] = worker
+    _write_records(master, {"workers": workers, "threads": threads})
 
 
 def trusted_hook_dir(path, owners):
@@ -555,7 +866,7 @@ def _planned(plan, slot, th, exact_main):
     return list(planned_cpus(plan, slot, th.rank, exact_main))
 
 
-def server_threads(master, plan=None, activity=None):
+def server_threads(master, plan=None, activity=None, choice=None, roles=None):
     """Worker -> thread (role, TID) -> allowed CPUs of a running pre-fork server, beside the plan.
 
     Parameters
@@ -568,17 +879,25 @@ def server_threads(master, plan=None, activity=None):
         What each worker thread ran while the server served requests
         (:func:`serve_requests`, or ``{pid: {tid: cpu_seconds}}``): tells
         pool threads that wait in libc (ONNX Runtime's) from helper threads.
+    choice : WorkerChoice, optional
+        The workers, when the user names them; else :func:`server_roles` finds them.
+    roles : ServerRoles, optional
+        The roles found already (then ``choice`` is not used).
 
     Returns
     -------
     list of dict
-        ``{"slot", "pid", "threads": [{"tid", "role", "rank", "why", "evidence", "cpus", "planned",
-        "note"}]}`` by slot (:func:`worker_slots`).
+        ``{"slot", "pid", "why", "exact_main", "threads": [{"tid", "role", "rank", "why", "evidence", "cpus",
+        "planned", "note"}]}`` by slot (:func:`worker_slots`); ``why`` says why the process is a worker,
+        ``exact_main`` whether its main thread may be bound to one CPU (:func:`pin_server`).
     """
+    roles = roles or server_roles(master, choice)
+    why = {w.pid: w.why for w in roles.workers}
     out = []
-    for slot, pid, exact in worker_slots(master):
+    for slot, pid, exact in worker_slots(master, roles.worker_pids):
         try:
-            out.append({"slot": slot, "pid": pid, "threads": _thread_rows(pid, slot, plan, exact, activity)})
+            out.append({"slot": slot, "pid": pid, "why": why[pid], "exact_main": exact,
+                        "threads": _thread_rows(pid, slot, plan, exact, activity)})
         except PinError:
             continue                                   # the worker exited while we looked
     return out
@@ -598,7 +917,7 @@ def _check_permission(pids):
             continue
 
 
-def _pin_worker(pid, slot, plan, report, dry_run, exact=None, activity=None):
+def _pin_worker(master, pid, slot, plan, report, dry_run, exact=None, activity=None):
     exact = main_rule(pid)[0] if exact is None else exact
     gains, requests = _activity_of(activity, pid)
     threads = classify_threads(pid, activity=gains, requests=requests)
@@ -614,8 +933,18 @@ def _pin_worker(pid, slot, plan, report, dry_run, exact=None, activity=None):
         report.warnings.append(f"worker {pid} (slot {slot}) has {len(pool)} pool thread(s), fewer than "
                                f"T-1={plan.threads - 1}: pinned as far as it goes ({hint})")
     # A worker the hooks placed beyond the plan's slots (another plan's) is only reported.
-    bound = {b.tid: b for b in bind_worker(plan, slot, [t.tid for t in pool], pid, exact_main=exact,
-                                           dry_run=dry_run)} if slot < plan.workers else {}
+    bound = {}
+    if slot < plan.workers:
+        tids = [t.tid for t in pool]
+        now = bind_worker(plan, slot, tids, pid, exact_main=exact, dry_run=True)
+        if not dry_run:
+            intent = {b.tid: (b.cpus, b.planned) for b in now if b.error is None}
+            _record_pins(master, pid, slot, intent)
+            now = bind_worker(plan, slot, tids, pid, exact_main=exact)
+            failed = {b.tid for b in now if b.error is not None}
+            if failed:
+                _record_pins(master, pid, slot, {}, failed)
+        bound = {b.tid: b for b in now}
     rows = []
     for th in threads:
         b = bound.get(th.tid)
@@ -635,7 +964,7 @@ def _pin_worker(pid, slot, plan, report, dry_run, exact=None, activity=None):
     report.workers.append({"slot": slot, "pid": pid, "threads": rows})
 
 
-def pin_server(master, plan, dry_run=False, activity=None):
+def pin_server(master, plan, dry_run=False, activity=None, choice=None):
     """Bind every worker of the running server ``master`` to ``plan`` (slots: :func:`worker_slots`).
 
     Parameters
@@ -650,30 +979,37 @@ def pin_server(master, plan, dry_run=False, activity=None):
         What each worker thread ran while the server served requests
         (:func:`serve_requests`, or ``{pid: {tid: cpu_seconds}}``): pool
         threads that wait in libc (ONNX Runtime's) are found by it.
+    choice : WorkerChoice, optional
+        The workers, when the user names them; else :func:`server_roles` finds them.
 
     Returns
     -------
     PinReport
+        With the roles found; every mask set is recorded (with the one it
+        replaced) for :func:`unpin_server`.
 
     Raises
     ------
     PinError
-        No such process, no workers, a plan for another number of workers, no
-        permission, or no worker whose threads could be read. Nothing is
-        pinned then.
+        No such process, no workers, a plan for another number of workers
+        (the message names the helpers left out), no permission, or no worker
+        whose threads could be read. Nothing is pinned then.
     """
-    workers = worker_pids(master)
+    roles = server_roles(master, choice)
+    workers = roles.worker_pids
     if len(workers) != plan.workers:
-        raise PinError(f"server {master} has {len(workers)} workers but the plan has {plan.workers} slots: "
-                       f"make the plan with -w {len(workers)}")
+        raise PinError(f"server {master} has {len(workers)} worker{'' if len(workers) == 1 else 's'} "
+                       f"({', '.join(map(str, workers))}) but the plan has {plan.workers} slots: make the plan "
+                       f"with -w {len(workers)}; left out as no workers: {roles.left_out()} (--workers PID,PID or "
+                       "--worker-match REGEX names them yourself)")
     _check_permission(workers)
-    if not dry_run:
-        _remember_masks(master, workers)
-    report = PinReport(int(master), plan)
+    report = PinReport(int(master), plan, roles=roles)
+    why = {w.pid: w.why for w in roles.workers}
     skipped = []
     for slot, pid, exact in worker_slots(master, workers):
         try:
-            _pin_worker(pid, slot, plan, report, dry_run, exact, activity)
+            _pin_worker(master, pid, slot, plan, report, dry_run, exact, activity)
+            report.workers[-1]["why"] = why[pid]
         except PinError as exc:
             skipped.append(f"worker {pid} (slot {slot}): {exc}")
             report.warnings.append(f"worker {pid} (slot {slot}) skipped: {exc}")
@@ -685,31 +1021,61 @@ def pin_server(master, plan, dry_run=False, activity=None):
 
 
 def unpin_server(master):
-    """Give every worker thread of ``master`` back the mask it had when ``pin --pid`` first bound it.
+    """Give back, thread by thread, the masks ``pin --pid`` replaced - only where the mask is still tuna_lab's.
 
-    A thread born after the pin (or a server never pinned by :func:`pin_server`)
-    gets the master's own CPU affinity. The saved masks are forgotten
-    afterwards: a later pin saves the masks of that moment.
+    Every thread tuna_lab bound (recorded with the mask it set and the one
+    that mask replaced, :func:`pin_server`) gets its mask from before the pin
+    back if its mask is still the one tuna_lab set. A thread whose mask
+    someone else changed since is left as it is, with a warning. A thread
+    born in a pinned worker since the pin, still on the mask tuna_lab set on
+    its main thread (it inherited it), gets the main thread's mask from before
+    the pin; any other thread is left alone. With nothing recorded nothing is
+    changed, and the report's ``note`` says so. The records are forgotten
+    afterwards: a later pin records the masks of that moment.
     """
-    workers = worker_pids(master)
-    _check_permission(workers)
-    cpus = sorted(os.sched_getaffinity(int(master)))
-    saved = _saved_masks(master)
+    records = _records(master)
     report = PinReport(int(master), None)
-    for slot, pid, _ in worker_slots(master, workers):
+    if not records["threads"]:
+        report.note = (f"nothing to unpin: tuna_lab has no record of a pin of server {master} (never pinned by "
+                       "`pin --pid`, or unpinned already); no mask was changed")
+        return report
+    live = {pid: w for pid, w in records["workers"].items() if start_ticks(pid) == w["started"]}
+    _check_permission(sorted(live))
+    restored = 0
+    for pid, worker in sorted(live.items(), key=lambda kv: kv[1]["slot"]):
+        mine = {tid: t for tid, t in records["threads"].items() if t["pid"] == pid}
+        main = mine.get(pid)
         rows = []
-        try:
-            tids = sorted(t.id for t in psutil.Process(pid).threads())
-        except psutil.NoSuchProcess:
-            continue
-        for tid in tids:
-            mask, why = (saved[tid], "its mask before the pin") if tid in saved else (cpus, "the master's mask")
+        for tid in threads_of(pid):
             try:
-                rows.append({"tid": tid, "role": "main" if tid == pid else "thread", "rank": None, "why": why,
-                             "cpus": sorted(bind(tid, mask)), "planned": None})
-            except BindingError as exc:
-                report.warnings.append(f"worker {pid}: {exc}")
-        report.workers.append({"slot": slot, "pid": pid, "threads": rows})
+                now = sorted(affinity_of(tid))
+            except BindingError:
+                continue                               # ended while we looked
+            rec = mine.get(tid)
+            if rec is not None and now == rec["set"]:
+                target, why = rec["before"], "its mask from before the pin"
+            elif rec is not None:
+                report.warnings.append(f"worker {pid} thread {tid} is on CPUs {format_cpulist(now)}, not the "
+                                       f"{format_cpulist(rec['set'])} tuna_lab set: someone else changed its mask "
+                                       "since the pin; left as it is")
+                target, why = None, "its mask was changed by someone else since the pin: left as it is"
+            elif main is not None and tid not in worker["seen"] and now == main["set"]:
+                target, why = main["before"], ("born since the pin on the mask tuna_lab set on its main thread: "
+                                               "the main thread's mask from before the pin")
+            else:
+                target, why = None, "tuna_lab never set its mask: left as it is"
+            if target is not None:
+                try:
+                    now = sorted(bind(tid, target))
+                    restored += 1
+                except BindingError as exc:
+                    report.warnings.append(f"worker {pid}: {exc}")
+                    continue
+            rows.append({"tid": tid, "role": "main" if tid == pid else "thread", "rank": None, "why": why,
+                         "cpus": now, "planned": None, "note": why})
+        report.workers.append({"slot": worker["slot"], "pid": pid, "threads": rows})
+    if not restored:
+        report.note = "no mask was changed: no thread tuna_lab pinned is still on the mask tuna_lab set"
     with contextlib.suppress(OSError, psutil.Error):
         folder = _pin_dir(master)
         if not _files.trusted_dir(folder, {os.geteuid()}):
@@ -717,7 +1083,7 @@ def unpin_server(master):
     return report
 
 
-def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None):
+def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, choice=None):
     """Keep ``master``'s workers pinned to ``plan`` until ``stop.is_set()`` (a :class:`threading.Event`).
 
     A new worker (a replacement of one that exited) takes the lowest slot no
@@ -730,14 +1096,15 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None):
     when the watch first saw the worker) are bound as pool threads.
     ``activity`` (from :func:`serve_requests`) is used for the workers it
     measured until they change. ``on_pin(report)`` is called after each round
-    that bound something. Pins stay in place when it returns.
+    that bound something. ``choice`` (:class:`WorkerChoice`) names the
+    workers when the user does. Pins stay in place when it returns.
     """
-    slots = {pid: slot for slot, pid, _ in worker_slots(master)}
+    slots = {pid: slot for slot, pid, _ in worker_slots(master, worker_pids(master, choice))}
     seen, busy, short, known = {}, {}, {}, {}
     base = {}
     while not stop.is_set():
         try:
-            live = worker_pids(master)
+            live = worker_pids(master, choice)
         except PinError:
             if not psutil.pid_exists(int(master)):
                 return
@@ -773,8 +1140,7 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None):
             use = gains if active else measured
             exact = _hooked(master).get(pid, (None, None))[1]
             try:
-                _remember_masks(master, [pid])
-                _pin_worker(pid, slot, plan, report, dry_run=False, exact=exact,
+                _pin_worker(master, pid, slot, plan, report, dry_run=False, exact=exact,
                             activity=None if use is None else {pid: use})
             except PinError:
                 continue

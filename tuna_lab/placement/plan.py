@@ -20,7 +20,10 @@ Formats (:meth:`Plan.render`):
 * ``onnxruntime``: per slot, ONNX Runtime's ``session.intra_op_thread_affinities``
   session-config value (:meth:`Plan.onnxruntime_affinities`);
 * ``taskset``: ``taskset -p -c CPUS TID`` for every thread (the TIDs of a
-  running server, or placeholders);
+  running server, or placeholders). A worker's main thread is bound as
+  ``pin`` binds it (:func:`~tuna_lab.placement.pools.main_rule`): to its own
+  CPU only where its runtime does not size its pool from the main thread's
+  CPUs, else to all of its slot's; a comment line says which, and why;
 * ``gunicorn``: a config snippet for a user's ``gunicorn.conf.py``.
 
 Examples
@@ -47,6 +50,7 @@ from dataclasses import dataclass, field
 from .._checks import check_size, format_cpulist
 from .._files import loads_json, read_bytes, write_json
 from ..errors import PlanError
+from .binding import planned_cpus
 
 __all__ = ["Plan", "PinnedBy", "FORMATS", "PLAN_FORMAT", "parse_omp_places"]
 
@@ -316,8 +320,12 @@ class Plan:
         tids : list of dict, optional
             For ``taskset``: the threads of a running server, each with
             ``slot``, ``rank`` and ``tid`` (from
-            :func:`tuna_lab.placement.pin.server_threads`); without them the
-            lines hold placeholders.
+            :func:`tuna_lab.placement.pin.server_threads`), and for a main
+            thread (rank 0) ``exact_main`` (may it be bound to its own CPU
+            alone: :func:`~tuna_lab.placement.pools.main_rule`; missing: no),
+            ``pid`` and ``main_note`` (why, for the comment line); without
+            them the lines hold placeholders, and every main thread gets all of
+            its slot's CPUs.
         """
         if kind not in FORMATS:
             raise PlanError(f"unknown plan format {kind!r}; choose from {', '.join(FORMATS)}")
@@ -355,19 +363,7 @@ class Plan:
                       for w in range(self.workers) if self.threads > 1]
             return "\n".join(lines)
         if kind == "taskset":
-            lines = [f"# {head}"]
-            if tids is None:
-                lines.append("# TIDs unknown: give --pid MASTER to fill in a running server's threads")
-                tids = [{"slot": w, "rank": t, "tid": f"<TID of slot {w} rank {t}>"}
-                        for w in range(self.workers) for t in range(self.threads)]
-            for th in tids:
-                if th.get("slot") is not None and not 0 <= th["slot"] < self.workers:
-                    raise PlanError(f"thread {th['tid']} is of slot {th['slot']}, but the plan has "
-                                    f"{self.workers} slots")
-                if th.get("rank") is not None and th["rank"] < self.threads and th.get("slot") is not None:
-                    cpus = format_cpulist(self.slots[th["slot"]][th["rank"]])
-                    lines.append(f"taskset -p -c {cpus} {th['tid']}")
-            return "\n".join(lines)
+            return self._taskset(head, tids)
         plan_json = json.dumps(self.to_dict(), separators=(",", ":"))
         return "\n".join([
             f"# tuna_lab plan - {head}",
@@ -382,6 +378,36 @@ class Plan:
             f"workers = {self.workers}",
             'worker_class = "sync"',
         ])
+
+
+    def _taskset(self, head, tids):
+        """The ``taskset`` format: a main thread bound as ``pin`` binds it, and a comment line that says how."""
+        lines = [f"# {head}"]
+        if tids is None:
+            lines += ["# TIDs unknown: give --pid MASTER to fill in a running server's threads",
+                      "# Main threads (rank 0) get all of their slot's CPUs: XGBoost on libgomp without OMP_PLACES",
+                      "# sizes its pool from its main thread's current CPUs at every call, and one CPU would leave it",
+                      "# one thread. --pid MASTER binds each main thread as `tuna-lab pin` does: to its own CPU",
+                      "# where its runtime allows."]
+            tids = [{"slot": w, "rank": t, "tid": f"<TID of slot {w} rank {t}>"}
+                    for w in range(self.workers) for t in range(self.threads)]
+        for th in tids:
+            slot, rank = th.get("slot"), th.get("rank")
+            if slot is not None and not 0 <= slot < self.workers:
+                raise PlanError(f"thread {th['tid']} is of slot {slot}, but the plan has {self.workers} slots")
+            if rank is None or rank >= self.threads or slot is None:
+                continue
+            exact = bool(th.get("exact_main")) if rank == 0 else True
+            cpus = planned_cpus(self, slot, rank, exact_main=exact)
+            if rank == 0 and "pid" in th and self.threads > 1:
+                how = (f"CPU {format_cpulist(cpus)} alone" if exact else
+                       f"all of slot {slot}'s CPUs {format_cpulist(cpus)}, not only CPU "
+                       f"{format_cpulist(self.slots[slot][0])}")
+                why = th.get("main_note") or ""
+                why = why.split(": ", 1)[1] if ": " in why else why
+                lines.append(f"# worker {th['pid']} (slot {slot}): main thread on {how}" + (f": {why}" if why else ""))
+            lines.append(f"taskset -p -c {format_cpulist(cpus)} {th['tid']}")
+        return "\n".join(lines)
 
 
 def parse_omp_places(text):

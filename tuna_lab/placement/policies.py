@@ -558,7 +558,7 @@ def placement(policy, workers, threads, topology=None, *, places="cores", mode=N
     W, T = check_size(workers, threads, ModelError)
     chosen = policy if isinstance(policy, Policy) else get_policy(policy)
     _check_options(places, mode)
-    topology = _resolve_topology(topology)
+    topology = topology_from(topology)       # a Topology, a preset name or a spec; None: this machine
     placed = chosen.placement(W, T, topology, places=places, mode=mode, time_limit=time_limit,
                               on_infeasible=on_infeasible)
     mapping = placed.mapping
@@ -613,7 +613,7 @@ def compare(workers, threads, topology=None, policies=None, *, places="cores", t
     for policy in policies:
         get_policy(policy)
     _check_options(places, None)
-    topology = _resolve_topology(topology)
+    topology = topology_from(topology)       # a Topology, a preset name or a spec; None: this machine
     distance = topology.distance()
     rows = [_metrics(placement(p, W, T, topology, places=places, time_limit=time_limit), distance)
             for p in policies]
@@ -688,14 +688,6 @@ def _check_options(places, mode):
         raise ModelError(f"places must be one of {', '.join(_PLACES)}, got {places!r}")
     if mode is not None and mode not in MODES:
         raise ModelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-
-
-def _resolve_topology(topology):
-    """``topology``, or this machine for None, read the one way every stage reads a machine."""
-    # Policies take a Topology, not a user's spec: a string here is a bug in the caller.
-    if topology is not None and not isinstance(topology, Topology):
-        raise TopologyError(f"topology must be a Topology or None, got {type(topology).__name__}")
-    return topology_from(topology)
 
 
 def _singletons(cpus, topology):

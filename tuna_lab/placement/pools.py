@@ -37,7 +37,7 @@ from ..errors import PinError
 
 __all__ = ["ThreadRole", "classify_threads", "thread_cpu_times", "active_threads", "ACTIVE_FLOOR",
            "ACTIVE_SHARE", "RUNNING", "main_rule", "wake_openmp", "openmp_loaded", "new_pool_threads",
-           "pool_threads"]
+           "pool_threads", "loaded_runtimes"]
 
 # Libraries whose threads are an OpenMP team or a BLAS pool (file names as the loader maps them).
 _RUNTIMES = (("libgomp", "OpenMP"), ("libiomp", "OpenMP"), ("libomp", "OpenMP"),
@@ -288,8 +288,21 @@ _INFERENCE_RUNTIMES = (("libxgboost", "XGBoost", True), ("onnxruntime_pybind11_s
                        ("libiomp", "OpenMP", False), ("libomp", "OpenMP", False))
 
 
-def _loaded_runtimes(pid):
-    """``{name: sizes_from_affinity}`` of the inference runtimes process ``pid`` has loaded."""
+def loaded_runtimes(pid):
+    """``{name: sizes_from_affinity}`` of the inference runtimes process ``pid`` has loaded (none if unreadable).
+
+    The runtimes are those whose pools tuna_lab places (XGBoost, ONNX
+    Runtime, PyTorch, LightGBM, an OpenMP runtime), named by the libraries
+    mapped in ``/proc/<pid>/maps``; ``sizes_from_affinity`` says whether the
+    runtime sizes its pool from the calling thread's *current* CPUs at every
+    call (:func:`main_rule`). A BLAS library alone (every NumPy process maps
+    one) is no inference runtime.
+
+    Examples
+    --------
+    >>> loaded_runtimes(os.getpid()).get("XGBoost") in (None, True)
+    True
+    """
     try:
         libs = {lib for _, _, lib in _maps(pid)}
     except OSError:
@@ -317,7 +330,7 @@ def main_rule(pid):
     """
     if _places_in_effect(pid):
         return True, "OMP_PLACES in effect: OpenMP counts its places, not the main thread's CPUs"
-    loaded = _loaded_runtimes(pid)
+    loaded = loaded_runtimes(pid)
     if any(loaded.values()):
         return False, ("XGBoost loaded: without OMP_PLACES it counts the main thread's current CPUs at every "
                        "call, and one CPU would shrink its pool to one thread")

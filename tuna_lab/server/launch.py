@@ -160,6 +160,8 @@ class Server:
         request (or a worker's warm-up) running longer is aborted and the
         worker replaced. Default ``TUNA_LAB_TIMEOUT``, else 120 s.
 
+    Notes
+    -----
     The state folder the server is given (``state_dir``), or else makes in
     :func:`tempfile.gettempdir` when it starts, holds its plan, its
     workers' records and Gunicorn's log; the one it makes is removed when

@@ -74,7 +74,7 @@ def core_grid(topology, mapping=None):
 
     Parameters
     ----------
-    topology : Topology
+    topology : Topology, preset name or spec
     mapping : Mapping or array of int (W, T), optional
         The threads to place (OS cpu ids, column 0 = main threads).
 
@@ -94,7 +94,7 @@ def core_grid(topology, mapping=None):
     >>> g[["cpu", "domain", "column", "load", "main"]].values.tolist()
     [[0, 'L3 #0', 0, 1, True], [1, 'L3 #0', 0, 0, False], [2, 'L3 #1', 1, 0, False], [3, 'L3 #1', 1, 1, False]]
     """
-    topo = topology
+    topo = topology_from(topology)
     cpus = np.asarray(topo.cpus)
     domain_key, domain = _domain_labels(topo)
     frame = pd.DataFrame({"cpu": cpus, "physical_core": topo.core, "package": topo.package, "numa": topo.numa,

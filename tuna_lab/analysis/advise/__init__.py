@@ -53,7 +53,7 @@ __all__ = ["Advisor", "Recommendation", "train", "check_question", "feature_tabl
            "DEFAULT_RESULTS", "MIN_CONFIGURATIONS"]
 
 #: Where ``tuna-lab advise`` looks for results unless given ``--results``: the
-#: folder the README's ``tuna-lab sweep ... --out results/sweep`` writes.
+#: folder the README's sweep command writes (``--out results/sweep``).
 DEFAULT_RESULTS = os.path.join("results", "sweep")
 
 __getattr__, __dir__, _ = _lazy.attach(

@@ -211,12 +211,13 @@ def model_size(name):
 
 
 def topology_shape(topology, cpus=None):
-    """``(cpus, physical_cores, smt_ways, l3_domains, numa_nodes)`` of a topology dict (``to_dict()``).
+    """``(cpus, physical_cores, smt_ways, l3_domains, numa_nodes)`` of a topology.
 
     Parameters
     ----------
-    topology : dict
-        A :meth:`tuna_lab.Topology.to_dict` (as a cell's manifest stores it).
+    topology : dict, Topology, preset name or spec
+        A :meth:`tuna_lab.Topology.to_dict` (as a cell's manifest stores it),
+        or anything :func:`~tuna_lab.machine.topology_from` reads.
     cpus : int, optional
         The logical cores the server could use (its affinity mask), which
         may be fewer than the machine's; default all of them.
@@ -230,6 +231,10 @@ def topology_shape(topology, cpus=None):
     def count(labels):
         return float(len(set(labels))) if labels is not None else np.nan
 
+    if not isinstance(topology, dict):
+        from ...machine import topology_from
+
+        topology = topology_from(topology).to_dict()
     caches = topology.get("caches") or {}
     n = topology.get("n_logical", len(topology.get("logical_cores", ())))
     return (float(cpus if cpus is not None else n), float(topology.get("n_physical", np.nan)),
