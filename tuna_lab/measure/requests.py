@@ -209,10 +209,10 @@ def read_option_file(path, option):
 
     Examples
     --------
-    >>> read_option_file("/nonexistent", "--body")
+    >>> read_option_file("/proc/nonexistent", "--body")
     Traceback (most recent call last):
     ...
-    tuna_lab.errors.TargetError: --body /nonexistent: No such file or directory
+    tuna_lab.errors.TargetError: --body /proc/nonexistent: No such file or directory
     """
     from .._files import read_bytes
 
