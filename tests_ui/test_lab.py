@@ -15,10 +15,12 @@ import re
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
-
 from explorer import EXPLORER, REDRAW_TIMEOUT, SLOWDOWN, check, click, wait_for
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 LOAD_TIMEOUT = 90 * SLOWDOWN      # s: JupyterLab's page loads and the notebook's kernel is idle
 RUN_TIMEOUT = 180 * SLOWDOWN      # s: every cell of notebook 03 ran (the ILP solves, the figures' stills)
@@ -101,6 +103,15 @@ def run_cell(page, text):
     return cell
 
 
+def stored_plotly_figures(name):
+    """How many Plotly figures the notebook ``name`` stores: each is drawn by JupyterLab's plotly renderer."""
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    return sum("application/vnd.plotly.v1+json" in out.get("data", {})
+               for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", ()))
+
+
 def gunicorns(lab):
     """Gunicorn processes under JupyterLab (the live experiment's servers, started by the kernel)."""
     return {pid: cmd for pid, cmd in lab.processes().items() if "gunicorn" in cmd}
@@ -123,7 +134,7 @@ def test_nb03_runs_in_jupyterlab_and_the_mode_toggle_redraws(lab, page, console,
     # The drawn mappings (scatter, compact) go to JupyterLab's plotly renderer, not its image renderer:
     # it shows the stored PNG and turns it into the interactive figure when the mouse comes over it.
     figures = page.locator(".jp-OutputArea-output.jp-RenderedPlotly")
-    assert figures.count() == 2
+    assert figures.count() == stored_plotly_figures("03_scatter_vs_compact.ipynb")
     assert page.locator(".jp-OutputArea-output.jp-RenderedImage").count() == 0
     figures.first.scroll_into_view_if_needed()
     box = figures.first.locator("img.plot-img").bounding_box()
