@@ -1,6 +1,6 @@
 """The load generator's own limits: ``.venv/bin/python bench/load_bench.py``.
 
-Runs :func:`tuna_lab.measure.load.measure_generator` against a trivial
+Runs :func:`tuna_lab.measure.loadgen.load.measure_generator` against a trivial
 endpoint on 127.0.0.1 (in a process of its own) and checks two targets:
 
 * closed mode drives at least 2,000 requests/s;
@@ -20,7 +20,7 @@ import os
 import platform
 import sys
 
-from tuna_lab.measure.load import measure_generator
+from tuna_lab.measure.loadgen.load import measure_generator
 
 TARGET_RPS = 2000.0
 TARGET_LAG = 0.001

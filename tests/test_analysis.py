@@ -780,7 +780,7 @@ def test_demo_says_under_its_speedups_what_this_machine_can_show(tmp_path):
 
 def test_the_race_chart_writes_each_rate_interval_as_the_tables_do():
     from tuna_lab.analysis.figures import race_rounds
-    from tuna_lab.measure.tune import read_tune
+    from tuna_lab.measure.tune.tuner import read_tune
 
     result = read_tune(str(Path(__file__).resolve().parent.parent / "notebooks" / "data" / "tune-2cpu"))
     fig = race_rounds(result.history, result.sla_p99)

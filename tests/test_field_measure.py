@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 
 from tuna_lab.measure import trials as trials_module
-from tuna_lab.measure.requests import Requests
+from tuna_lab.measure.loadgen.requests import Requests
 from tuna_lab.server.launch import free_port
 
 USERAPP = Path(__file__).parent / "userapp"
@@ -111,7 +111,7 @@ def _server(model_env, tmp_path, workers=1):
 
 def _answers(url):
     from tuna_lab.errors import LoadError
-    from tuna_lab.measure.load import closed_loop
+    from tuna_lab.measure.loadgen.load import closed_loop
 
     try:
         return bool((closed_loop(url, b"", requests=2, method="GET", response="any", timeout=5)["status"]
@@ -129,7 +129,7 @@ def _stop(proc):
 
 
 def test_drain_waits_out_the_backlog_an_overload_left(model_env, tmp_path):
-    from tuna_lab.measure.load import closed_loop, open_loop
+    from tuna_lab.measure.loadgen.load import closed_loop, open_loop
     from tuna_lab.measure.target import Live
     from tuna_lab.measure.trials import backlog, drain
 
@@ -225,7 +225,7 @@ def json_only():
 
 
 def test_a_json_body_goes_as_json_and_a_4xx_says_what_was_sent(json_only, tmp_path):
-    from tuna_lab.measure.load import closed_loop
+    from tuna_lab.measure.loadgen.load import closed_loop
 
     url = f"http://127.0.0.1:{json_only.server_address[1]}/infer"
     body = tmp_path / "req.json"
@@ -278,7 +278,7 @@ def test_policies_with_one_plan_are_reported_as_same_placement(tmp_path):
 
 def _simulated(start_seconds, drain_seconds):
     """A race target on a simulated clock: each run costs a server start, each step its duration and a drain."""
-    from tuna_lab.measure.race import Step
+    from tuna_lab.measure.tune.race import Step
 
     now = [0.0]
 
@@ -297,7 +297,7 @@ def _simulated(start_seconds, drain_seconds):
 
 
 def test_the_default_budget_measures_every_candidate_and_a_short_one_says_which_it_did_not():
-    from tuna_lab.measure.race import Candidate, auto_configs, race
+    from tuna_lab.measure.tune.race import Candidate, auto_configs, race
 
     candidates = [Candidate(w, t, p) for w, t in auto_configs(2) for p in ("cfs", "round-robin", "tuna-scatter")]
     assert len(candidates) == 15

@@ -1,4 +1,4 @@
-"""Tests of tuna_lab.measure.load against in-test aiohttp endpoints on 127.0.0.1.
+"""Tests of tuna_lab.measure.loadgen.load against in-test aiohttp endpoints on 127.0.0.1.
 
 No assertion here is about speed (see bench/load_bench.py); timing enters
 only through relations that hold by construction, e.g. a server that serves
@@ -19,8 +19,8 @@ from aiohttp import web
 from scipy import stats
 
 from tuna_lab.errors import LoadError, TunaError
-from tuna_lab.measure import load, wire
-from tuna_lab.measure.load import (COLUMNS, aclosed_loop, aopen_loop, bounded_throughput, closed_loop,
+from tuna_lab.measure.loadgen import load, wire
+from tuna_lab.measure.loadgen.load import (COLUMNS, aclosed_loop, aopen_loop, closed_loop,
                                    measure_generator, open_loop, payload, poisson_schedule, summary)
 from tuna_lab.server.models import STAGES
 
@@ -349,27 +349,6 @@ def test_summary_of_a_hand_built_frame():
         summary(frame.drop(columns="pid"))
 
 
-def test_bounded_throughput_stays_below_capacity(server, body):
-    # Seed 0 opens with three near-simultaneous arrivals (p99 ~0.15 s even at
-    # 4/s), and one-second steps leave a queue little time to grow, so the SLA
-    # sits above that and well below what rates past capacity (20/s) reach.
-    sla = 0.2
-    result = bounded_throughput(server.url + "/slow", body, sla_p99=sla, duration=1.0, low=4.0, high=80.0,
-                                tolerance=0.25, max_steps=5)
-    assert 4.0 <= result["rate"] <= 1 / SERVICE
-    assert result["p99"] <= sla
-    assert 2 <= len(result["steps"]) <= 5
-    assert set(result["steps"][0]) == {"rate", "p99", "ok", "failed", "passed"}
-    assert any(not step["passed"] for step in result["steps"])
-    assert result["rate"] == max(step["rate"] for step in result["steps"] if step["passed"])
-
-
-def test_bounded_throughput_over_given_rates(server, body):
-    result = bounded_throughput(server.url + "/predict", body, sla_p99=1.0, rates=[8.0, 4.0], duration=0.5)
-    assert [step["rate"] for step in result["steps"]] == [4.0, 8.0]
-    assert result["rate"] == 8.0
-
-
 def test_measure_generator_runs_and_stops_its_endpoint():
     threads = threading.active_count()
     result = measure_generator(rate=100.0, duration=0.3, requests_closed=50, concurrency=4)
@@ -550,8 +529,7 @@ def test_non_loopback_url_is_refused_before_sending(monkeypatch, url, body):
     monkeypatch.setattr(load, "resolve", no_network)
     monkeypatch.setattr(load, "drive", no_network)
     monkeypatch.setattr(socket.socket, "connect", no_network)
-    for call in (lambda: closed_loop(url, body, requests=1), lambda: open_loop(url, body, 10.0, requests=1),
-                 lambda: bounded_throughput(url, body, 0.1, max_steps=1)):
+    for call in (lambda: closed_loop(url, body, requests=1), lambda: open_loop(url, body, 10.0, requests=1)):
         with pytest.raises(LoadError) as info:
             call()
         assert "\n" not in str(info.value)
@@ -577,8 +555,6 @@ def test_loopback_hosts_are_accepted(server, body):
     (lambda url, body: closed_loop(url, body, requests=5, timeout=-1), "timeout"),
     (lambda url, body: closed_loop(url, {"rows": []}), "body"),
     (lambda url, body: poisson_schedule(1e9, duration=1e9), "limit"),
-    (lambda url, body: bounded_throughput(url, body, sla_p99=0), "sla_p99"),
-    (lambda url, body: bounded_throughput(url, body, 0.1, low=10, high=5), "low"),
 ])
 def test_bad_input_raises_one_line(call, match, body):
     with pytest.raises(LoadError, match=match) as info:

@@ -13,9 +13,9 @@ import pytest
 
 from tuna_lab.cli import main
 from tuna_lab.errors import LoadError
-from tuna_lab.measure.bench import compare_with_wrk, ensure_wrk, format_table, run_wrk
-from tuna_lab.measure.load import payload
-from tuna_lab.measure.trivial import trivial_endpoint
+from tuna_lab.bench.load import compare_with_wrk, ensure_wrk, format_table, run_wrk
+from tuna_lab.measure.loadgen.load import payload
+from tuna_lab.measure.loadgen.trivial import trivial_endpoint
 
 WRK = ensure_wrk()
 needs_wrk = pytest.mark.skipif(WRK is None, reason="wrk is not installed and could not be installed")

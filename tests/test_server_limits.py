@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from tuna_lab.errors import ServerError
-from tuna_lab.measure.load import closed_loop, payload, summary
+from tuna_lab.measure.loadgen.load import closed_loop, payload, summary
 from tuna_lab.machine.procfs import start_ticks
 from tuna_lab.server.launch import Server, free_port, remove_stale_state_dirs
 from tuna_lab.server.models import model_cost

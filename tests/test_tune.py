@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from strategies import race_problems
 
 from tuna_lab.errors import TuneError
-from tuna_lab.measure.tune import Candidate, Step, auto_configs, parse_duration, race, rate_bounds, read_tune, tune
+from tuna_lab.measure.tune.tuner import Candidate, Step, auto_configs, parse_duration, race, rate_bounds, read_tune, tune
 
 SLA = 0.05
 

@@ -19,7 +19,7 @@ import pytest
 from tuna_lab.errors import ExperimentError, StoreError
 from tuna_lab.measure.experiment import Config, Result, load_results, run
 from tuna_lab.measure.store import cell_state, is_finished, lock_folder, no_valid_trial, write_cell
-from tuna_lab.measure.sweeps import sweep
+from tuna_lab.measure.sweep.sweeps import sweep
 from tuna_lab.server.models import ensure_model
 
 POLICIES = ["cfs", "round-robin"]
@@ -126,7 +126,7 @@ def test_a_results_folder_lock_that_is_no_file_is_refused_in_one_line(tmp_path, 
 
 def test_sweep_and_run_json_files_are_read_safely(tmp_path):
     from tuna_lab.measure.store import read_sweep_file
-    from tuna_lab.measure.tune import read_tune
+    from tuna_lab.measure.tune.tuner import read_tune
     from tuna_lab.errors import TuneError
 
     (tmp_path / "sweep.json").write_text("[" * 50_000 + "]" * 50_000)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from tuna_lab.errors import LoadError, TunaError
-from tuna_lab.measure import wire
-from tuna_lab.measure.load import (aclosed_loop, aopen_loop, bounded_throughput, closed_loop, open_loop,
+from tuna_lab.measure.loadgen import wire
+from tuna_lab.measure.loadgen.load import (aclosed_loop, aopen_loop, closed_loop, open_loop,
                                    parse_server_timing, summary)
 
 BOUNDS = {"timeout": 5.0, "deadline": 10.0}
@@ -249,7 +249,7 @@ def test_2xx_are_ok_and_other_statuses_fail_with_their_text(server):
         assert frame["server_seconds"].notna().tolist() == [True] * 4 + [False] * 2
 
 
-def test_async_variants_and_bounded_throughput_take_the_new_keywords(server):
+def test_async_variants_take_the_new_keywords(server):
     url = server.url + "/p"
     body = _spec(status=201, timing=["app;dur=2"])
 
@@ -265,11 +265,6 @@ def test_async_variants_and_bounded_throughput_take_the_new_keywords(server):
         assert summary(frame)["ok"] == 3 and frame["server_seconds"].tolist() == [0.002] * 3
         assert frame.attrs["method"] == "PATCH" and frame.attrs["bodies"] == 1
     assert {r["method"] for r in server.seen} == {"PATCH"}
-    server.seen.clear()
-    result = bounded_throughput(url, [body], sla_p99=1.0, rates=[40.0], duration=0.25, method="DELETE",
-                                headers={"X-B": "2"}, response="any", server_timing="app")
-    assert result["rate"] == 40.0 and result["steps"][0]["failed"] == 0
-    assert server.seen and all(r["method"] == "DELETE" and ("X-B", "2") in r["headers"] for r in server.seen)
 
 
 # -- refused before anything is sent -----------------------------------------------------
@@ -314,8 +309,7 @@ def test_bad_load_arguments_raise_one_line(kwargs, match):
     url = f"http://127.0.0.1:{_closed_port()}/p"
     kwargs = {"body": b"{}", **kwargs}
     for call in (lambda: closed_loop(url, requests=1, **kwargs),
-                 lambda: open_loop(url, rate=10.0, requests=1, **kwargs),
-                 lambda: bounded_throughput(url, sla_p99=0.1, **kwargs)):
+                 lambda: open_loop(url, rate=10.0, requests=1, **kwargs)):
         with pytest.raises(LoadError, match=match) as info:
             call()
         assert "\n" not in str(info.value)

@@ -152,7 +152,7 @@ class UnmeetableTargetError(TuneError):
     Attributes
     ----------
     result : TuneResult
-        The evidence: every candidate's measurements (:mod:`tuna_lab.measure.tune`).
+        The evidence: every candidate's measurements (:mod:`tuna_lab.measure.tune.tuner`).
     """
 
     def __init__(self, message, result=None):

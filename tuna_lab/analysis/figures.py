@@ -413,7 +413,7 @@ def race_rounds(history, sla_p99=None):
     Parameters
     ----------
     history : pandas.DataFrame
-        ``TuneResult.history`` (:func:`tuna_lab.measure.tune.tune`): one row
+        ``TuneResult.history`` (:func:`tuna_lab.measure.tune.tuner.tune`): one row
         per (round, candidate) with ``rate``, ``rate_low``, ``rate_high``
         (requests/s; ``inf`` when no step has missed the target yet) and
         ``status`` (``in race``, ``dropped``).

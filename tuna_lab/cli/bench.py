@@ -1,5 +1,5 @@
-"""``tuna-lab bench``: the benchmarks (:mod:`tuna_lab.model.bench`, the solver's;
-:mod:`tuna_lab.measure.bench`, the load generator's against Debian's wrk).
+"""``tuna-lab bench``: the benchmarks (:mod:`tuna_lab.bench.solver`, the solver's;
+:mod:`tuna_lab.bench.load`, the load generator's against Debian's wrk).
 
 A group of its own rather than a part of ``solve``'s module: ``tuna-lab
 --help`` lists ``bench`` after the experiment commands, as it always has.
@@ -83,7 +83,7 @@ def _cmd_bench(args):
     if args.out is None:
         args.out = _DEFAULT_OUT[args.what]
     if args.what == "tune":
-        from ..measure.tune_bench import run_tune_bench
+        from ..bench.tune import run_tune_bench
 
         # Parsed here: the bench (in measure/) takes lists, not the command line's text.
         if args.configs != "auto":
@@ -91,9 +91,9 @@ def _cmd_bench(args):
         args.policies = policies_arg(args.policies)
         return run_tune_bench(args)
     if args.what == "load":
-        from ..measure.bench import run_load_bench
+        from ..bench.load import run_load_bench
 
         return run_load_bench(args)
-    from ..model.bench import run_solver_bench
+    from ..bench.solver import run_solver_bench
 
     return run_solver_bench(args)

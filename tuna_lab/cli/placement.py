@@ -164,7 +164,7 @@ def traffic_of(args, master):
     """The :class:`~tuna_lab.placement.pin.Activity` of ``--url`` requests to ``master``; None without ``--url``.
 
     The requests are built as ``run`` builds its own
-    (:meth:`~tuna_lab.measure.requests.Requests.from_options`): a body goes
+    (:meth:`~tuna_lab.measure.loadgen.requests.Requests.from_options`): a body goes
     as ``application/json`` unless a ``--header Content-Type:...`` says otherwise.
 
     Raises
@@ -175,7 +175,7 @@ def traffic_of(args, master):
         A malformed header, or an unreadable body file.
     """
     from ..errors import PinError
-    from ..measure.requests import Requests
+    from ..measure.loadgen.requests import Requests
 
     if args.url is None:
         if args.method or args.header or args.body:

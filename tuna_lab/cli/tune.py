@@ -1,6 +1,6 @@
 """``tuna-lab tune``: the workers x threads x policy that serve the most requests within a p99 target.
 
-The search is :func:`tuna_lab.measure.tune.tune`; this module reads the
+The search is :func:`tuna_lab.measure.tune.tuner.tune`; this module reads the
 options, names the target (the lab server, a user's app tuna_lab starts, or a
 running server, whose W and T cannot change) and prints the table, the
 winner and its plan, or one ``--json`` object. Progress goes to stderr.
@@ -111,7 +111,7 @@ def _unmeasured(result):
 
 def _cmd_tune(args):
     from ..errors import TuneError, UnmeetableTargetError
-    from ..measure.tune import parse_duration
+    from ..measure.tune.tuner import parse_duration
     from .options import check_measure_options, configs_arg, no_valid_status
 
     check_measure_options(args, TuneError)
@@ -140,8 +140,8 @@ def _cmd_tune(args):
 
 
 def _tune(args, sla, budget, configs, target):
-    """:func:`~tuna_lab.measure.tune.tune` with the options, its progress on stderr."""
-    from ..measure.tune import tune
+    """:func:`~tuna_lab.measure.tune.tuner.tune` with the options, its progress on stderr."""
+    from ..measure.tune.tuner import tune
     from .options import policies_arg
 
     return tune(sla, configs=configs, policies=policies_arg(args.policies),

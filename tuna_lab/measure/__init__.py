@@ -1,17 +1,18 @@
-"""Measurement: load generation, per-thread CPU accounting, and the experiment runner.
+"""Measurement, in four rooms: the load generator, the runner, sweeps and tune.
 
-:mod:`~tuna_lab.measure.load` drives a server with closed- or open-loop load,
-:mod:`~tuna_lab.measure.cpu` accounts each thread's CPU time,
-:mod:`~tuna_lab.measure.target` is what is measured (the lab server, a
-user's app started by tuna_lab, or a server already running),
-:mod:`~tuna_lab.measure.experiment` runs one cell's trials against a target,
-:mod:`~tuna_lab.measure.store` writes the per-request records to disk and
-reads them back, :mod:`~tuna_lab.measure.sweeps` runs a grid of cells
-(:mod:`~tuna_lab.measure.article`: the article's design, cut to a budget) and
-:mod:`~tuna_lab.measure.cluster` a sweep's cells on the machines of a Dask
-cluster, :mod:`~tuna_lab.measure.tune` races configurations to a p99 target, and :mod:`~tuna_lab.measure.schema`
-defines what those records are: file and column names, cell names, latency
-percentiles.
+- :mod:`~tuna_lab.measure.loadgen`: what is sent and how (requests, the wire,
+  the clock, schedules, closed and open loops);
+- the runner, here: :mod:`~tuna_lab.measure.target` is what is measured (the
+  lab server, a user's app started by tuna_lab, or a server already running),
+  :mod:`~tuna_lab.measure.experiment` runs one cell's trials against it
+  (:mod:`~tuna_lab.measure.trials` one trial), :mod:`~tuna_lab.measure.cpu`
+  accounts each thread's CPU time, :mod:`~tuna_lab.measure.cpulock` keeps two
+  measurements off the same CPUs, :mod:`~tuna_lab.measure.store` writes the
+  records and reads them back and :mod:`~tuna_lab.measure.schema` says what
+  they are (file and column names, cell names, percentiles);
+- :mod:`~tuna_lab.measure.sweep`: a grid of cells, the article's design cut to
+  a budget, and a sweep on the machines of a Dask cluster;
+- :mod:`~tuna_lab.measure.tune`: W x T raced to a p99 target.
 """
 
 import lazy_loader as _lazy
@@ -20,13 +21,12 @@ __all__ = ["Config", "Result", "run", "sweep", "grid", "article_design", "load_r
            "payload", "closed_loop", "open_loop", "summary"]
 
 __getattr__, __dir__, _ = _lazy.attach(
-    __name__, submodules=["load", "cpu", "experiment", "sweeps", "store", "cluster", "schema", "target", "article"],
+    __name__, submodules=["loadgen", "sweep", "tune", "cpu", "experiment", "store", "schema", "target"],
     submod_attrs={
         "experiment": ["Config", "Result", "run", "grid"],
-        "sweeps": ["sweep"],
-        "article": ["article_design"],
+        "sweep": ["sweep", "article_design"],
         "store": ["load_results", "load_thread_cpu"],
-        "load": ["payload", "closed_loop", "open_loop", "summary"],
+        "loadgen": ["payload", "closed_loop", "open_loop", "summary"],
         # The light module: naming a cell loads no pandas.
         "schema": ["cell_key"],
     })

@@ -12,7 +12,7 @@ has its valid trials; a re-run of an unfinished one keeps the valid trials
 and redoes only the missing ones. A sweep is a grid of cells; each finished
 cell is written at once, and a re-run skips the cells already finished. A
 sweep given a Dask client runs its cells on the cluster's machines
-(:mod:`tuna_lab.measure.cluster`) and writes each under ``<out>/<machine>/``;
+(:mod:`tuna_lab.measure.sweep.cluster`) and writes each under ``<out>/<machine>/``;
 :func:`load_results` reads both layouts.
 
 Examples
@@ -170,7 +170,7 @@ def check_resources(target, requests, concurrency=None, rate=None):
 
     Checked: the file descriptors the load needs (one socket per request in
     flight; the soft limit is raised up to the hard one when that suffices,
-    see :func:`~tuna_lab.measure.load.ensure_fds`); and for the lab server,
+    see :func:`~tuna_lab.measure.loadgen.load.ensure_fds`); and for the lab server,
     its request body against the server's limit (``TUNA_LAB_MAX_BODY``), its
     batch against the rows a request may carry (``TUNA_LAB_MAX_ROWS``, see
     :func:`~tuna_lab.server.app.max_rows`), and its model: cached, or a cache
@@ -193,7 +193,7 @@ def check_resources(target, requests, concurrency=None, rate=None):
     """
     from ..server.app import MAX_BODY_BYTES
     from ..server.models import cache_dir, model_path
-    from .load import ensure_fds
+    from .loadgen.load import ensure_fds
     from .target import check_batch
 
     # The open loop's sockets are capped by its max_in_flight (1000 by default), the closed loop's by the requests.

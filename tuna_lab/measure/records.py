@@ -1,6 +1,6 @@
 """A trial's per-request records: column arrays filled in place while it runs, one frame after it.
 
-:func:`tuna_lab.measure.wire.drive` writes each request's status, times and
+:func:`tuna_lab.measure.loadgen.wire.drive` writes each request's status, times and
 raw response into a :class:`Records`; once the trial is over,
 :meth:`Records.frame` decodes the bodies (the lab server's JSON: server
 time, stages, worker, CPU) and the ``Server-Timing`` headers and returns the
@@ -26,7 +26,7 @@ from .._files import loads_json
 from ..errors import UnsafeFileError
 from ..server.models import STAGES
 from .schema import REQUEST_COLUMNS as COLUMNS
-from .server_timing import parse_server_timing
+from .loadgen.server_timing import parse_server_timing
 
 __all__ = ["PENDING", "Records"]
 

@@ -1,5 +1,5 @@
 """What an experiment measures: a *target* - the lab server, a user's app that tuna_lab starts, or a
-server that is already running - and the requests it is sent (:mod:`tuna_lab.measure.requests`).
+server that is already running - and the requests it is sent (:mod:`tuna_lab.measure.loadgen.requests`).
 
 A target does five things, the protocol :func:`tuna_lab.measure.experiment.run` drives:
 
@@ -49,7 +49,7 @@ import psutil
 from .._checks import check_size, format_cpulist, one_line, positive_int
 from .._files import write_atomic, write_json
 from ..errors import TargetError, TunaError
-from .requests import Requests, read_option_file
+from .loadgen.requests import Requests, read_option_file
 
 # Requests lives in measure/requests.py; it stays importable from here.
 __all__ = ["Requests", "Target", "Live", "LabTarget", "AppTarget", "AttachedTarget", "SERVERS",
@@ -372,7 +372,7 @@ class LabTarget(Target):
     time_limit = 60
 
     def __init__(self, config, seed=0):
-        from .load import payload
+        from .loadgen.load import payload
 
         # Before the payload is built: a batch of a billion rows is refused here, not by the allocator.
         check_batch(config.model, config.batch)
@@ -569,7 +569,7 @@ class AttachedTarget(Target):
     restarts = False
 
     def __init__(self, pid, url, threads, requests=None, label=None, force=False):
-        from .wire import check_url
+        from .loadgen.wire import check_url
 
         try:
             self.url = check_url(url)

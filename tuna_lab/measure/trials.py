@@ -194,7 +194,7 @@ def run_steps(plan, policy, steps, trial=0):
     then ``steps(None)`` names the first step's ``(rate, duration)`` and
     ``steps(row)`` the next one from the last step's trials-table row, until
     it returns None. Starting a server once for several rates is what makes a
-    search over rates (:mod:`tuna_lab.measure.tune`) affordable. Steps are
+    search over rates (:mod:`tuna_lab.measure.tune.tuner`) affordable. Steps are
     independent: before each one the server is drained (:func:`drain`) of
     what the last step left queued; a server that does not drain within
     30 s is restarted (warmed and placed again) and the step runs on the
@@ -314,7 +314,7 @@ def _warm_up(plan, live, url, body, options, pin):
     A round none of whose requests succeeded ends the warm-up: the load
     that follows fails, and says what the server answered.
     """
-    from .load import closed_loop
+    from .loadgen.load import closed_loop
 
     deadline = time.monotonic() + _WARM_TIMEOUT
     while len(live.worker_pids()) < plan.config.workers and time.monotonic() < deadline:
@@ -378,7 +378,7 @@ def _prepare(plan, live, url, body, options, pin):
 
 
 def _load(plan, url, body, options, pin):
-    from .load import closed_loop, open_loop
+    from .loadgen.load import closed_loop, open_loop
 
     if plan.rate is not None:
         bound = {} if plan.timeout is None else {"timeout": plan.timeout, "deadline": plan.duration + plan.timeout}

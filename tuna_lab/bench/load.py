@@ -1,0 +1,465 @@
+"""``tuna-lab bench load``: tuna_lab's load generator side by side with Debian's ``wrk``.
+
+A generator that costs more CPU than a C one takes that CPU from the server
+it measures. This bench starts one real tuna_lab server (by default W=2,
+T=1, the small model, batch 10, policy ``cfs``), and against it runs, in
+alternating rounds, ``wrk`` (with a Lua script that POSTs the same body) and
+:func:`tuna_lab.measure.loadgen.load.closed_loop`, both with the same number of
+connections. For each round it records requests/s, p50, p99 and the
+generator's CPU per request: wrk's from its rusage as a child process
+(user + system), ours from ``frame.attrs["generator"]``. It then checks the
+targets on the median over the rounds of each round's ratio
+(the two runs of a round are adjacent in time, so a load that drifts over
+the bench cancels out):
+
+* CPU per request at most :data:`TARGETS` ``["cpu_ratio"]`` (2x) wrk's;
+* requests/s and p50 within :data:`TARGETS` ``["rps_within"]`` /
+  ``["p50_within"]`` (15 %) of wrk's;
+* and, against a trivial endpoint
+  (:func:`tuna_lab.measure.loadgen.load.measure_generator`), an open loop at 1,000
+  requests/s with a p99 send lag of at most 1 ms.
+
+These are benchmarks, not tests: PASS/FAIL is printed, the exit status is 0.
+Other work on the machine shows in the numbers (the load average is
+printed): run it on a quiet machine.
+
+Examples
+--------
+>>> # skipped: needs a server on port 8000 and Debian's wrk
+>>> run_wrk("http://127.0.0.1:8000/predict", b"{}", duration=2.0)["rps"] > 0   # doctest: +SKIP
+True
+"""
+
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+
+from .._checks import positive_int, positive_number
+from ..errors import LoadError
+
+__all__ = ["TARGETS", "ensure_wrk", "run_wrk", "compare_with_wrk", "format_table", "run_load_bench"]
+
+#: The targets: our CPU per request at most ``cpu_ratio`` times wrk's; our
+#: requests/s and p50 within ``rps_within`` / ``p50_within`` (relative) of
+#: wrk's; an open loop at ``open_rate``/s with a p99 send lag of at most
+#: ``open_lag_p99`` seconds.
+TARGETS = {"cpu_ratio": 2.0, "rps_within": 0.15, "p50_within": 0.15, "open_rate": 1000.0, "open_lag_p99": 0.001}
+
+# wrk's Lua script: POST the body read from a file, and print what the bench
+# needs as one JSON line when done (latency and duration in microseconds).
+_LUA = """\
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+local f = assert(io.open(BODY_PATH, "rb"))
+wrk.body = f:read("*a")
+f:close()
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "TUNA-WRK {\\"requests\\": %d, \\"duration_us\\": %d, \\"p50_us\\": %d, \\"p99_us\\": %d, "
+    .. "\\"errors\\": %d, \\"status_errors\\": %d}\\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.timeout, e.status))
+end
+"""
+_MARK = "TUNA-WRK "
+# Time wrk gets beyond its own -d before it is killed (start-up, a slow last request).
+_WRK_GRACE = 60.0
+
+
+def ensure_wrk(install=True):
+    """The path of ``wrk``, installing Debian's package if it is missing and we may; else None.
+
+    Installs with ``apt-get install -y wrk`` only when ``install`` is true,
+    this process runs as root and ``apt-get`` exists.
+
+    Examples
+    --------
+    >>> # skipped: may install Debian's wrk
+    >>> ensure_wrk(install=False)   # doctest: +SKIP
+    '/usr/bin/wrk'
+    """
+    path = shutil.which("wrk")
+    if path or not install or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return path
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        subprocess.run(["apt-get", "install", "-y", "-q", "wrk"], env=env, capture_output=True, timeout=600,
+                       check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return shutil.which("wrk")
+
+
+def _wrk_version(wrk):
+    try:
+        p = subprocess.run([wrk, "--version"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    line = (p.stdout or p.stderr).strip().splitlines()
+    return line[0].split(" Copyright")[0] if line else "unknown"
+
+
+def run_wrk(url, body, connections=8, duration=5.0, threads=1, wrk="wrk"):
+    """One run of ``wrk`` POSTing ``body`` to ``url``; its throughput, latency and CPU.
+
+    Parameters
+    ----------
+    url : str
+        A loopback ``http://`` URL.
+    body : bytes
+    connections : int
+        ``-c``: connections, each with one request in flight.
+    duration : float
+        ``-d``: seconds (rounded to whole seconds, at least 1).
+    threads : int
+        ``-t``: wrk's threads (at most ``connections``).
+    wrk : str
+        The executable.
+
+    Returns
+    -------
+    dict
+        ``tool`` ("wrk"), ``requests``, ``seconds``, ``rps``, ``p50``, ``p99``
+        (seconds), ``errors`` (socket errors and non-2xx/3xx answers),
+        ``cpu_user``, ``cpu_sys``, ``cpu_per_request`` (seconds: wrk's own
+        rusage as a child process, from ``wait4``).
+
+    Examples
+    --------
+    >>> # skipped: needs a server on port 8000 and Debian's wrk
+    >>> r = run_wrk("http://127.0.0.1:8000/predict", b"{}", duration=2.0)   # doctest: +SKIP
+    >>> r["cpu_per_request"] < 0.001   # doctest: +SKIP
+    True
+    """
+    from ..measure.loadgen.wire import check_url
+
+    url = check_url(url)
+    connections = positive_int("connections", connections, LoadError)
+    threads = min(positive_int("threads", threads, LoadError), connections)
+    seconds = max(1, round(positive_number("duration", duration, LoadError)))
+    with tempfile.TemporaryDirectory(prefix="tuna-wrk-") as tmp:
+        body_path, script = os.path.join(tmp, "body"), os.path.join(tmp, "post.lua")
+        with open(body_path, "wb") as fh:
+            fh.write(bytes(body))
+        with open(script, "w") as fh:
+            fh.write(_LUA.replace("BODY_PATH", _lua_string(body_path)))
+        argv = [wrk, f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--timeout", "30s", "-s", script, url]
+        with open(os.path.join(tmp, "out"), "w+") as out:
+            try:
+                proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True)
+            except OSError as exc:
+                raise LoadError(f"cannot run {wrk}: {exc.strerror or exc}") from None
+            # wait4 (not Popen.wait) for the child's own rusage: user + system CPU.
+            status, usage = _wait4(proc, seconds + _WRK_GRACE)
+            out.seek(0)
+            text = out.read()
+    lines = [line for line in text.splitlines() if line.startswith(_MARK)]
+    if status != 0 or not lines:
+        last = text.strip().splitlines()[-1:] or [""]
+        raise LoadError(f"wrk failed (exit status {status}): {last[0]}")
+    doc = json.loads(lines[-1][len(_MARK):])
+    n, secs = doc["requests"], doc["duration_us"] / 1e6
+    user, sys_ = usage.ru_utime, usage.ru_stime
+    return {"tool": "wrk", "requests": n, "seconds": secs, "rps": n / secs if secs > 0 else math.nan,
+            "p50": doc["p50_us"] / 1e6, "p99": doc["p99_us"] / 1e6,
+            "errors": doc["errors"] + doc["status_errors"],
+            "cpu_user": user, "cpu_sys": sys_, "cpu_per_request": (user + sys_) / n if n else math.nan}
+
+
+def _wait4(proc, limit):
+    """Wait (at most ``limit`` s, then kill) for ``proc``; its exit status and rusage."""
+    end = time.monotonic() + limit
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return proc.returncode, usage
+        if time.monotonic() > end:
+            proc.kill()
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            raise LoadError(f"wrk did not finish within {limit:.0f} s and was killed")
+        time.sleep(0.05)
+
+
+def _lua_string(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _ours(url, body, connections, requests, duration):
+    """One closed-loop run of tuna_lab's generator: the same fields as :func:`run_wrk`."""
+    from ..measure.loadgen.load import closed_loop, summary
+
+    frame = closed_loop(url, body, requests=requests, concurrency=connections, timeout=30.0,
+                        deadline=max(60.0, 4.0 * duration))
+    s, cost = summary(frame), frame.attrs["generator"]
+    n = cost["requests"]
+    return {"tool": "tuna_lab", "requests": s["ok"], "seconds": s["wall_seconds"], "rps": s["throughput"],
+            "p50": s["client_p50"], "p99": s["client_p99"], "errors": s["failed"],
+            "cpu_user": cost["cpu_user"], "cpu_sys": cost["cpu_sys"],
+            "cpu_per_request": cost["cpu_seconds"] / n if n else math.nan}
+
+
+def _machine():
+    from ..machine import host
+
+    return {"cpu_model": host.cpu_model(), "cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0)),
+            "kernel": f"{platform.system()} {platform.release()}", "python": platform.python_version()}
+
+
+def compare_with_wrk(workers=2, threads=1, model="small", batch=10, policy="cfs", connections=8, duration=5.0,
+                     requests=None, rounds=5, wrk="wrk", open_duration=3.0, log=None):
+    """Run ``wrk`` and tuna_lab's closed loop against one real server, in alternating rounds.
+
+    Parameters
+    ----------
+    workers, threads : int
+        The server's Gunicorn workers and OpenMP threads per worker.
+    model : {"small", "medium", "large"}
+    batch : int
+        Rows per request (the body, :func:`tuna_lab.measure.loadgen.load.payload`).
+    policy : str
+        The server's placement policy.
+    connections : int
+        Requests in flight, for both tools.
+    duration : float
+        Seconds of each wrk run; tuna_lab's runs send as many requests as
+        the last measured rate gives in that time.
+    requests : int, optional
+        A fixed number of requests for tuna_lab's runs instead.
+    rounds : int
+        Rounds; each runs both tools, the order alternating between rounds.
+    wrk : str or None
+        wrk's executable; None runs tuna_lab's side only.
+    open_duration : float
+        Seconds of the open loop at :data:`TARGETS` ``["open_rate"]``
+        against a trivial endpoint (:func:`tuna_lab.measure.loadgen.load.measure_generator`).
+    log : callable, optional
+        Called with one line of progress per run.
+
+    Returns
+    -------
+    dict
+        ``rows`` (one dict per run, as :func:`run_wrk`, plus ``round``),
+        ``medians`` (per tool), ``ratios`` (tuna_lab / wrk: the median over
+        the rounds of each round's ratio) and ``checks`` (against
+        :data:`TARGETS`; empty without wrk), ``open`` (from ``measure_generator``),
+        ``wake_lag`` (the machine's floor for the send lag, from
+        :func:`tuna_lab.measure.loadgen.clock.wake_lag`),
+        ``config``, ``machine``, ``wrk_version``, ``load_average``
+        (before, after).
+
+    Examples
+    --------
+    >>> # skipped: starts a lab server and runs wrk against it
+    >>> result = compare_with_wrk(duration=2.0, rounds=1)   # doctest: +SKIP
+    >>> sorted(result["medians"])   # doctest: +SKIP
+    ['tuna_lab', 'wrk']
+    """
+    from ..server.launch import Server
+    from ..measure.loadgen.load import closed_loop, measure_generator, payload, summary
+    from ..measure.loadgen.clock import wake_lag
+
+    rounds = positive_int("rounds", rounds, LoadError)
+    connections = positive_int("connections", connections, LoadError)
+    duration = positive_number("duration", duration, LoadError)
+    if requests is not None:
+        requests = positive_int("requests", requests, LoadError)
+    log = log or (lambda line: None)
+    body = payload(model, batch)
+    load_before = os.getloadavg()
+    rows = []
+    with Server(workers, threads, model=model, policy=policy, die_with_parent=True) as srv:
+        url = f"{srv.url}/predict"
+        # A warm-up: first requests build caches, and its rate sizes the first run.
+        warm = summary(closed_loop(url, body, requests=max(100, 4 * connections), concurrency=connections,
+                                   timeout=30.0, deadline=120.0))
+        rate = warm["throughput"] if warm["ok"] else 100.0
+        for k in range(rounds):
+            order = ("wrk", "tuna_lab") if k % 2 == 0 else ("tuna_lab", "wrk")
+            for tool in order:
+                if tool == "wrk":
+                    if wrk is None:
+                        continue
+                    row = run_wrk(url, body, connections=connections, duration=duration, wrk=wrk)
+                else:
+                    n = requests or max(10 * connections, round(rate * duration))
+                    row = _ours(url, body, connections, n, duration)
+                if row["rps"] > 0:
+                    rate = row["rps"]
+                row["round"] = k + 1
+                rows.append(row)
+                log(f"round {k + 1} {tool:8s} {row['rps']:8.1f} req/s  p50 {1e3 * row['p50']:7.2f} ms  "
+                    f"p99 {1e3 * row['p99']:7.2f} ms  CPU {1e6 * row['cpu_per_request']:6.1f} us/request")
+    opened = measure_generator(rate=TARGETS["open_rate"], duration=open_duration, requests_closed=2000,
+                               concurrency=connections)
+    # The machine's own floor for that send lag: a thread that only wakes on the same kind of schedule.
+    floor = wake_lag(rate=TARGETS["open_rate"], duration=open_duration)
+    medians = {}
+    for tool in ("wrk", "tuna_lab"):
+        mine = [r for r in rows if r["tool"] == tool]
+        if mine:
+            medians[tool] = {key: statistics.median(r[key] for r in mine)
+                             for key in ("rps", "p50", "p99", "cpu_per_request", "requests", "errors")}
+    ratios, checks = {}, {}
+    if "wrk" in medians:
+        # Paired: each round's two runs are adjacent in time, so their ratio
+        # cancels a load that drifts over the bench (other work on the machine);
+        # the median of the rounds' ratios is then robust to a round it disturbed.
+        by_round = {}
+        for r in rows:
+            by_round.setdefault(r["round"], {})[r["tool"]] = r
+        pairs = [(p["tuna_lab"], p["wrk"]) for p in by_round.values() if len(p) == 2]
+        ratios = {key: statistics.median(ours[key] / theirs[key] for ours, theirs in pairs)
+                  for key in ("rps", "p50", "p99", "cpu_per_request")}
+        checks = {"cpu_per_request": ratios["cpu_per_request"] <= TARGETS["cpu_ratio"],
+                  "rps": abs(ratios["rps"] - 1.0) <= TARGETS["rps_within"],
+                  "p50": abs(ratios["p50"] - 1.0) <= TARGETS["p50_within"]}
+    checks["open_lag_p99"] = opened["send_lag_p99"] <= TARGETS["open_lag_p99"]
+    return {"rows": rows, "medians": medians, "ratios": ratios, "checks": checks, "open": opened,
+            "wake_lag": floor,
+            "config": {"workers": workers, "threads": threads, "model": model, "batch": batch, "policy": policy,
+                       "connections": connections, "duration": duration, "requests": requests, "rounds": rounds},
+            "machine": _machine(), "wrk_version": _wrk_version(wrk) if wrk else None,
+            "load_average": [load_before, os.getloadavg()]}
+
+
+def _verdict(ok):
+    return "PASS" if ok else "FAIL"
+
+
+def format_table(result):
+    """The bench's result as lines of text: every run, the medians, the ratios and the verdicts.
+
+    Examples
+    --------
+    >>> # skipped: starts a lab server and runs wrk against it
+    >>> lines = format_table(compare_with_wrk(duration=2.0, rounds=1))   # doctest: +SKIP
+    >>> lines[0].split()[:3]   # doctest: +SKIP
+    ['tool', 'round', 'requests/s']
+    """
+    head = f"{'tool':9s} {'round':>5s} {'requests/s':>10s} {'p50 ms':>8s} {'p99 ms':>8s} {'CPU us/req':>10s} " \
+           f"{'requests':>8s} {'errors':>6s}"
+    lines = [head, "-" * len(head)]
+    for r in result["rows"]:
+        lines.append(f"{r['tool']:9s} {r['round']:5d} {r['rps']:10.1f} {1e3 * r['p50']:8.2f} {1e3 * r['p99']:8.2f} "
+                     f"{1e6 * r['cpu_per_request']:10.1f} {r['requests']:8d} {r['errors']:6d}")
+    lines.append("-" * len(head))
+    for tool, m in result["medians"].items():
+        lines.append(f"{tool:9s} {'med':>5s} {m['rps']:10.1f} {1e3 * m['p50']:8.2f} {1e3 * m['p99']:8.2f} "
+                     f"{1e6 * m['cpu_per_request']:10.1f} {m['requests']:8.0f} {m['errors']:6.0f}")
+    ratios, checks = result["ratios"], result["checks"]
+    if ratios:
+        lines += ["", "tuna_lab / wrk (median of the rounds' ratios):",
+                  f"  CPU per request  {ratios['cpu_per_request']:6.2f}x   target <= {TARGETS['cpu_ratio']:.0f}x"
+                  f"          {_verdict(checks['cpu_per_request'])}",
+                  f"  requests/s       {ratios['rps']:6.2f}x   target within {100 * TARGETS['rps_within']:.0f} %"
+                  f"     {_verdict(checks['rps'])}",
+                  f"  p50              {ratios['p50']:6.2f}x   target within {100 * TARGETS['p50_within']:.0f} %"
+                  f"     {_verdict(checks['p50'])}",
+                  f"  p99              {ratios['p99']:6.2f}x   (no target)"]
+    else:
+        lines += ["", "no wrk: tuna_lab's side only, no ratios"]
+    o = result["open"]
+    lines += ["", f"open loop, {o['rate']:.0f} requests/s for {o['duration']:.1f} s against a trivial endpoint "
+                  f"(another process): {o['open_requests']} requests, {o['open_failed']} failed, "
+                  f"CPU {1e6 * o['open_cpu_per_request']:.1f} us/request",
+              f"  send lag p50 {1e3 * o['send_lag_p50']:.3f} ms, p99 {1e3 * o['send_lag_p99']:.3f} ms "
+              f"(target <= {1e3 * TARGETS['open_lag_p99']:.0f} ms), max {1e3 * o['send_lag_max']:.3f} ms"
+              f"   {_verdict(checks['open_lag_p99'])}",
+              f"  the machine's floor (a thread that only wakes on that schedule, no requests): "
+              f"p50 {1e3 * result['wake_lag']['lag_p50']:.3f} ms, p99 {1e3 * result['wake_lag']['lag_p99']:.3f} ms, "
+              f"max {1e3 * result['wake_lag']['lag_max']:.3f} ms",
+              *(["  the floor is over the target too: here a thread's wake-up, not the generator, sets the p99"]
+                if not checks["open_lag_p99"] and result["wake_lag"]["lag_p99"] > TARGETS["open_lag_p99"] else []),
+              f"closed loop against it: {o['closed_rps']:.0f} requests/s, "
+              f"CPU {1e6 * o['closed_cpu_per_request']:.1f} us/request (keep-alive)"]
+    return lines
+
+
+def _write_doc(path, result, lines):
+    m, c = result["machine"], result["config"]
+    before, after = result["load_average"]
+    text = (
+        "# Load generator benchmark\n\n"
+        "tuna_lab's load generator (`tuna_lab.measure.loadgen.load.closed_loop`) and Debian's `wrk`, side by side "
+        "against the same running tuna_lab server, in alternating rounds. Produced by `make bench` "
+        f"(`tuna-lab bench load`) on {time.strftime('%Y-%m-%d')}.\n\n"
+        f"- machine: {m['cpu_model']}, {m['cpus']} CPUs ({m['usable_cpus']} usable), {m['kernel']}, "
+        f"Python {m['python']}\n"
+        f"- wrk: {result['wrk_version'] or 'not installed'}\n"
+        f"- server: W={c['workers']}, T={c['threads']}, model {c['model']}, batch {c['batch']}, policy "
+        f"{c['policy']}; {c['connections']} connections; {c['rounds']} rounds of {c['duration']:g} s\n"
+        f"- load average before / after: {' '.join(f'{x:.2f}' for x in before)} / "
+        f"{' '.join(f'{x:.2f}' for x in after)}\n\n"
+        "CPU per request is each generator's own CPU time (user + system) divided by its requests: wrk's "
+        "rusage as a child process, and for tuna_lab `frame.attrs[\"generator\"]` (the generator thread's "
+        "`RUSAGE_THREAD`). Latency is from send to full response for both. The generator and the server share "
+        "the machine's CPUs, so every microsecond the generator spends is taken from the server.\n\n"
+        "```text\n" + "\n".join(lines) + "\n```\n\n"
+        "## How the generator keeps its cost down\n\n"
+        "`tuna_lab.measure.loadgen.wire` sends every trial from one thread of its own (pinned with `cpus=` / "
+        "`--client-cpus`, gone when the trial ends), on one `epoll`, with no event-loop framework: the request "
+        "is built once and sent with one `send` (a new connection per request against Gunicorn's sync "
+        "workers, which close after each answer, as wrk's connections see too; kept alive where the server "
+        "allows), responses are read into one buffer and parsed only as far as `Content-Length` or chunked "
+        "framing needs, and bodies are decoded after the trial. Open-loop send times come from a `timerfd` "
+        "armed at each scheduled time (epoll's own timeout is whole milliseconds). Every request still gets "
+        "its row: scheduled send time, actual send time, latency from the scheduled time in open loop.\n\n"
+        "The open-loop line's *floor* is a thread that only wakes on the same schedule and sends nothing: "
+        "when it is high, the machine's scheduler (other runnable threads on the same CPUs), not the "
+        "generator, sets the send lag.\n")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write(text)
+
+
+def run_load_bench(args):
+    """``tuna-lab bench load``: run :func:`compare_with_wrk` from parsed arguments; print, write CSV and doc.
+
+    Examples
+    --------
+    >>> from tuna_lab.cli import main
+    >>> # skipped: starts a lab server and runs wrk against it
+    >>> main(["bench", "load", "--duration", "2", "--rounds", "1"])   # doctest: +SKIP
+    0
+    """
+    import pandas as pd
+
+    # Bad input fails before anything is installed, started or printed.
+    for name in ("workers", "threads", "batch", "connections", "rounds"):
+        positive_int(name, getattr(args, name), LoadError)
+    for name in ("duration", "open_duration"):
+        positive_number(name.replace("_", "-"), getattr(args, name), LoadError)
+    if args.requests is not None:
+        positive_int("requests", args.requests, LoadError)
+    wrk = ensure_wrk(install=not getattr(args, "no_install", False))
+    if wrk is None:
+        print("wrk is not installed and could not be installed (apt-get install wrk, as root): "
+              "running tuna_lab's side only", flush=True)
+    print(f"# tuna-lab bench load  (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})", flush=True)
+    from ..measure.cpulock import lock_cpus
+
+    # A measurement like run()'s: it waits for (or refuses) another one on these CPUs.
+    with lock_cpus(os.sched_getaffinity(0), lambda line: print(line, flush=True)):
+        result = compare_with_wrk(workers=args.workers, threads=args.threads, model=args.model, batch=args.batch,
+                                  policy=args.policy, connections=args.connections, duration=args.duration,
+                                  requests=args.requests, rounds=args.rounds, wrk=wrk,
+                                  open_duration=args.open_duration, log=lambda line: print(line, flush=True))
+    lines = format_table(result)
+    print("\n" + "\n".join(lines))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        pd.DataFrame(result["rows"]).to_csv(args.out, index=False)
+        print(f"\nwrote {args.out}")
+    if args.doc:
+        _write_doc(args.doc, result, lines)
+        print(f"wrote {args.doc}")
+    return 0

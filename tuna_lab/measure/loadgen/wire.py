@@ -1,0 +1,797 @@
+"""The load generator's engine: HTTP/1.1 over non-blocking sockets and one epoll, in one thread.
+
+:mod:`tuna_lab.measure.loadgen.load` decides *what* to send and when (closed or
+open loop, bounds, the rows of a trial); this module sends it at the cost of
+a C load generator such as wrk, so that the generator takes as little CPU as
+possible from the server it measures:
+
+* each request is built once (:func:`request_bytes`: any method, the
+  user's own headers), and every send is one ``send`` of the same bytes on
+  a keep-alive HTTP/1.1 connection, or on a new one when the server closes
+  it (Gunicorn's sync workers close after every response, as wrk's
+  connections see too). :func:`drive` sends one request every time, or
+  cycles through several (request ``i`` is ``requests[i % len(requests)]``);
+* responses are parsed by :func:`parse_response` only as far as it takes to
+  know where they end (``Content-Length``, chunked, the connection's close,
+  or no body at all for ``HEAD``); their bodies are kept raw and decoded
+  after the trial. When asked to, :func:`drive` also keeps each response's
+  raw ``Server-Timing`` header value (one search in the header block it has
+  already lower-cased), parsed after the trial by
+  :func:`tuna_lab.measure.loadgen.load.parse_server_timing`;
+* :func:`drive` runs the whole trial in the calling thread on one ``epoll``,
+  with no event-loop framework, no tasks and no futures. Open-loop send times
+  come from a ``timerfd`` armed at the next scheduled send (nanosecond
+  resolution, where epoll's own timeout is rounded to whole milliseconds), so
+  the generator neither sleeps past a send time nor spins waiting for it.
+
+:func:`~tuna_lab.measure.loadgen.trivial.trivial_endpoint` starts a server that answers every request at
+once, in a process of its own, to measure the generator rather than a server; the open loop's
+clock is :mod:`tuna_lab.measure.loadgen.clock`.
+
+Examples
+--------
+>>> request = request_bytes("http://127.0.0.1:8000/predict", b'{"rows": [[0.0]]}')
+>>> request.splitlines()[0]
+b'POST /predict HTTP/1.1'
+>>> request_bytes("http://127.0.0.1:8000/health", b"", method="GET", headers={"Accept": "*/*"}).decode()
+'GET /health HTTP/1.1\\r\\nHost: 127.0.0.1:8000\\r\\nUser-Agent: tuna-lab\\r\\nAccept: */*\\r\\n\\r\\n'
+"""
+
+import collections
+import errno
+import ipaddress
+import os
+import re
+import select
+import socket
+import time
+from urllib.parse import urlsplit
+
+# The C socket type under socket.socket: the same methods without socket.py's
+# Python-level constructor and close(), which a new connection per request pays.
+from _socket import socket as _RawSocket
+
+from ..._checks import shorten
+from ...errors import LoadError
+from .clock import MAX_WAIT, TimerFd, wake_lag
+from .trivial import serve_trivial, trivial_endpoint
+
+# The last three live in clock.py and trivial.py; they stay importable from here.
+__all__ = ["check_url", "request_bytes", "parse_response", "resolve", "drive", "trivial_endpoint", "serve_trivial",
+           "wake_lag"]
+
+# Longest error text kept in a request's row.
+_ERROR_CHARS = 200
+# Bytes asked of the kernel per recv: a small model's response is ~330 bytes,
+# a large batch's tens of kB. Received into one buffer allocated per trial:
+# sock.recv(n) would allocate n bytes every call, and above glibc's mmap
+# threshold (128 kB) that is an mmap, page faults and munmap per response.
+_RECV = 262144
+# Requests up to this size fit one TCP segment on loopback (MTU 65,536).
+_ONE_SEGMENT = 16384
+# The epoll event masks this engine uses.
+_IN, _OUT = select.EPOLLIN, select.EPOLLOUT
+# An HTTP token (RFC 7230 section 3.2.6): a method or a header name.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+# Header values may not break the request's framing: no CR, LF or NUL.
+_BAD_VALUE = re.compile(r"[\r\n\0]")
+# Headers the generator writes itself (lower-cased): a user's would break the framing.
+_OWN_HEADERS = ("host", "content-length", "transfer-encoding", "connection")
+
+
+def check_url(url):
+    """``url`` if it is an ``http://`` URL whose host is a loopback address, else raise LoadError.
+
+    Load tests only ever target a local server: a URL is refused before any
+    socket is opened. Loopback means 127.0.0.0/8, ``::1`` or ``localhost``.
+
+    Examples
+    --------
+    >>> check_url("http://127.0.0.1:8000/predict")
+    'http://127.0.0.1:8000/predict'
+    >>> check_url("http://example.com/")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.LoadError: refusing to load 'example.com': only loopback hosts (127.0.0.0/8, localhost, ::1) are allowed
+    """
+    if not isinstance(url, str):
+        raise LoadError(f"url must be a string, got {url!r}")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+        parts.port  # noqa: B018 - raises ValueError on a malformed port
+    except ValueError as exc:
+        raise LoadError(f"malformed url {url!r}: {exc}") from None
+    if parts.scheme != "http" or not host:
+        # The generator speaks plain HTTP/1.1 (as Gunicorn serves it): no TLS on loopback.
+        raise LoadError(f"url must be http://host[:port]/path, got {url!r}")
+    if host == "localhost":
+        return url
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        # Load tests only ever target a local server: refuse before any socket is opened.
+        raise LoadError(f"refusing to load {host!r}: only loopback hosts (127.0.0.0/8, localhost, ::1) are allowed")
+    return url
+
+
+# -- the request and the response --------------------------------------------------------
+
+def request_bytes(url, body, content_type="application/json", method="POST", headers=None):
+    """The whole request for ``url`` with ``body``, as the bytes sent every time.
+
+    HTTP/1.1: the request line, ``Host``, ``User-Agent``, the user's
+    ``headers`` in their order, ``Content-Type`` and ``Content-Length``
+    (always computed here); the connection is kept alive unless the server
+    closes it. A ``GET`` or ``HEAD`` with an empty body has neither
+    ``Content-Type`` (unless given in ``headers``) nor ``Content-Length``.
+
+    Parameters
+    ----------
+    url : str
+        ``http://host[:port]/path[?query]``; checked by the caller.
+    body : bytes
+    content_type : str or None
+        The default ``Content-Type``; None sends none.
+    method : str
+        Any HTTP method (a token): ``"GET"``, ``"POST"``, ``"PUT"``...
+        Sent as given (methods are case-sensitive).
+    headers : dict or sequence of (str, str), optional
+        More headers, sent after ``Host`` and ``User-Agent``. One named
+        ``Content-Type`` (or ``User-Agent``; names are case-insensitive)
+        replaces the default one. ``Host``, ``Content-Length``,
+        ``Transfer-Encoding`` and ``Connection`` are the generator's own and
+        refused.
+
+    Returns
+    -------
+    bytes
+
+    Raises
+    ------
+    LoadError
+        A method or header name that is not a token, a value with CR, LF or
+        NUL (or not Latin-1), a header the generator writes itself, or
+        ``headers`` that are not (name, value) string pairs.
+
+    Examples
+    --------
+    >>> r = request_bytes("http://localhost:8000/p?x=1", b"{}")
+    >>> r.endswith(b"Content-Length: 2\\r\\n\\r\\n{}"), b"Host: localhost:8000" in r
+    (True, True)
+    >>> r = request_bytes("http://localhost:8000/p", b"a=1", method="PUT",
+    ...                   headers=[("Content-Type", "text/plain"), ("X-Trace", "7")])
+    >>> r.split(b"\\r\\n")[:3]
+    [b'PUT /p HTTP/1.1', b'Host: localhost:8000', b'User-Agent: tuna-lab']
+    >>> r.split(b"\\r\\n")[3:]
+    [b'Content-Type: text/plain', b'X-Trace: 7', b'Content-Length: 3', b'', b'a=1']
+    >>> request_bytes("http://localhost:8000/p", b"", headers={"Content-Length": "0"})   # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.LoadError: header 'Content-Length' is written by the load generator itself: ...
+    """
+    if not isinstance(method, str) or not _TOKEN.match(method):
+        raise LoadError(f"method must be an HTTP token such as 'GET' or 'POST', got {shorten(repr(method), 60)}")
+    pairs = _header_pairs(headers)
+    names = {name.lower() for name, _ in pairs}
+    body = bytes(body)
+    parts = urlsplit(url)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    lines = [f"{method} {target} HTTP/1.1", f"Host: {parts.netloc}"]
+    if "user-agent" not in names:
+        lines.append("User-Agent: tuna-lab")
+    lines.extend(f"{name}: {value}" for name, value in pairs)
+    framed = body or method not in ("GET", "HEAD")
+    if content_type is not None and framed and "content-type" not in names:
+        _check_value("Content-Type", content_type, "content_type")
+        lines.append(f"Content-Type: {content_type}")
+    if framed:
+        lines.append(f"Content-Length: {len(body)}")
+    try:
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    except UnicodeEncodeError:
+        raise LoadError("the request line and headers must be Latin-1 text (percent-encode the url)") from None
+    return head + body
+
+
+def sent_header(request, name):
+    """The value of header ``name`` in the request bytes :func:`request_bytes` built, or None.
+
+    What a refused request is reported with is read back from what was sent.
+
+    Examples
+    --------
+    >>> sent_header(request_bytes("http://localhost:8000/p", b"{}"), "content-type")
+    'application/json'
+    >>> sent_header(request_bytes("http://localhost:8000/p", b"", method="GET"), "Content-Type") is None
+    True
+    """
+    head = bytes(request).split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    for line in head.split("\r\n")[1:]:
+        key, _, value = line.partition(":")
+        if key.strip().lower() == name.lower():
+            return value.strip()
+    return None
+
+
+def _header_pairs(headers):
+    """``headers`` (None, a dict or (name, value) pairs) as a checked list of str pairs."""
+    if headers is None:
+        return []
+    items = headers.items() if isinstance(headers, dict) else headers
+    if isinstance(items, (str, bytes)):
+        raise LoadError("headers must be a dict or a sequence of (name, value) pairs, got a string")
+    pairs = []
+    try:
+        for item in items:
+            name, value = item
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise LoadError(f"header names and values must be str, got {shorten(repr(item), 80)}")
+            pairs.append((name, value))
+    except (TypeError, ValueError):
+        raise LoadError("headers must be a dict or a sequence of (name, value) pairs") from None
+    types = 0
+    for name, value in pairs:
+        if not _TOKEN.match(name):
+            raise LoadError(f"bad header name {shorten(repr(name), 60)}: a name is an HTTP token "
+                            "(letters, digits and !#$%&'*+-.^_`|~)")
+        if name.lower() in _OWN_HEADERS:
+            raise LoadError(f"header {name!r} is written by the load generator itself: "
+                            "Host, Content-Length, Transfer-Encoding and Connection cannot be given")
+        _check_value(name, value, "header")
+        types += name.lower() == "content-type"
+    if types > 1:
+        raise LoadError("headers give Content-Type more than once")
+    return pairs
+
+
+def _check_value(name, value, what):
+    if not isinstance(value, str):
+        raise LoadError(f"{what} {name!r} must be a str, got {type(value).__name__}")
+    if _BAD_VALUE.search(value):
+        raise LoadError(f"bad value of {what} {name!r}: a header value may not contain CR, LF or NUL")
+
+
+def parse_response(buf, eof=False, head=False):
+    """Where the first HTTP/1.x response in ``buf`` ends, and what it says.
+
+    Handles ``Content-Length``, ``Transfer-Encoding: chunked``, bodies
+    delimited by the connection's close and responses to ``HEAD`` (which have
+    no body, whatever their headers say); skips interim ``1xx`` responses.
+
+    Parameters
+    ----------
+    buf : bytes or bytearray
+        Everything received on the connection since the request was sent.
+    eof : bool
+        Whether the server has closed the connection (no more bytes will come).
+    head : bool
+        Whether the request was a ``HEAD``.
+
+    Returns
+    -------
+    tuple or None
+        None while the headers are incomplete. Else ``(status, body, end,
+        keep_alive)``: ``body`` is the (de-chunked) body as bytes, or None
+        while it is incomplete; ``end`` is then how many bytes of ``buf`` the
+        response takes, or -1 while unknown (chunked or close-delimited
+        bodies); ``keep_alive`` whether the connection may carry the next
+        request.
+
+    Raises
+    ------
+    ValueError
+        A malformed response, or one cut short by the connection's close.
+
+    Examples
+    --------
+    >>> parse_response(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok")
+    (200, b'ok', 40, True)
+    >>> parse_response(b"HTTP/1.1 200 OK\\r\\nContent-Length: 5\\r\\n\\r\\nok")
+    (200, None, 43, True)
+    >>> parse_response(b"HTTP/1.1 200 OK\\r\\nContent-Length: 5\\r\\n\\r\\n", head=True)
+    (200, b'', 38, True)
+    """
+    parsed = _parse_response(buf, eof, head, False)
+    return None if parsed is None else parsed[:4]
+
+
+def _server_timing(raw, head, at):
+    """The values of the ``Server-Timing`` headers of header block ``raw`` (``head`` is it lower-cased,
+    ``at`` where the first is), joined by ``b", "``. ``raw`` and ``head`` have the same length."""
+    values = []
+    while at >= 0:
+        at += 16
+        end = head.find(b"\r\n", at)
+        values.append((raw[at:] if end < 0 else raw[at:end]).strip())
+        at = head.find(b"\r\nserver-timing:", at)
+    return values[0] if len(values) == 1 else b", ".join(values)
+
+
+def _parse_response(buf, eof, no_body, timing):
+    """:func:`parse_response` plus, when ``timing``, the raw Server-Timing value (or None) as a 5th item."""
+    start = 0
+    while True:
+        head_end = buf.find(b"\r\n\r\n", start)
+        if head_end < 0:
+            if eof:
+                raise ValueError("connection closed before the response headers")
+            return None
+        # A few searches in one lower-cased copy of the header block, rather than
+        # a loop over its lines: a response costs a handful of C calls.
+        head = bytes(buf[start:head_end])
+        line_end = head.find(b"\r\n")
+        status_line = head if line_end < 0 else head[:line_end]
+        if (status_line[:7] != b"HTTP/1." or status_line[8:9] != b" " or not status_line[9:12].isdigit()
+                or status_line[12:13] not in (b"", b" ")):
+            raise ValueError(f"not an HTTP/1.x status line: {shorten(status_line.decode('latin-1'), 80)!r}")
+        status = int(status_line[9:12])
+        raw = head
+        head = head.lower()
+        length = _header(head, b"\r\ncontent-length:")
+        if length is not None:
+            if not length.isdigit():
+                raise ValueError("bad Content-Length")
+            length = int(length)
+        chunked = (_header(head, b"\r\ntransfer-encoding:") or b"").endswith(b"chunked")
+        connection = _header(head, b"\r\nconnection:") or b""
+        body_start = head_end + 4
+        if 100 <= status < 200 and status != 101:
+            start = body_start  # an interim response: the real one follows
+            continue
+        if status_line[7:8] == b"1":
+            keep = b"close" not in connection
+        else:
+            keep = b"keep-alive" in connection
+        st = None
+        if timing:
+            at = head.find(b"\r\nserver-timing:")
+            if at >= 0:
+                st = _server_timing(raw, head, at)
+        if no_body or status in (204, 304):
+            return status, b"", body_start, keep, st
+        if chunked:
+            return (*_dechunk(buf, body_start, status, keep, eof), st)
+        if length is not None:
+            end = body_start + length
+            if len(buf) < end:
+                if eof:
+                    raise ValueError("connection closed in the middle of the response")
+                return status, None, end, keep, st
+            return status, bytes(buf[body_start:end]), end, keep, st
+        # No length: the body runs to the connection's close.
+        if not eof:
+            return status, None, -1, False, st
+        return status, bytes(buf[body_start:]), len(buf), False, st
+
+
+def _header(head, key):
+    """The stripped value of header ``key`` (``b"\\r\\nname:"``) in lower-cased ``head``, or None."""
+    at = head.find(key)
+    if at < 0:
+        return None
+    at += len(key)
+    end = head.find(b"\r\n", at)
+    return (head[at:] if end < 0 else head[at:end]).strip()
+
+
+def _dechunk(buf, pos, status, keep, eof):
+    chunks = []
+    while True:
+        line_end = buf.find(b"\r\n", pos)
+        if line_end < 0:
+            break
+        size_text = bytes(buf[pos:line_end]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise ValueError("bad chunk size") from None
+        pos = line_end + 2
+        if size == 0:
+            if buf[pos:pos + 2] == b"\r\n":
+                return status, b"".join(chunks), pos + 2, keep
+            trailers = buf.find(b"\r\n\r\n", pos)
+            if trailers < 0:
+                break
+            return status, b"".join(chunks), trailers + 4, keep
+        if len(buf) < pos + size + 2:
+            break
+        if buf[pos + size:pos + size + 2] != b"\r\n":
+            raise ValueError("chunk not followed by CRLF")
+        chunks.append(bytes(buf[pos:pos + size]))
+        pos += size + 2
+    if eof:
+        raise ValueError("connection closed in the middle of the response")
+    return status, None, -1, keep
+
+
+def resolve(url):
+    """The socket family and address to connect to for ``url`` (a checked loopback URL).
+
+    A literal address is used as is. A name (``localhost``) is resolved, and
+    of its addresses the first that accepts a connection is taken (a server
+    may listen on ``127.0.0.1`` only while ``localhost`` resolves to ``::1``
+    first); if none does, the first, so that the requests fail as rows.
+
+    Examples
+    --------
+    >>> resolve("http://127.0.0.1:8000/predict")
+    (<AddressFamily.AF_INET: 2>, ('127.0.0.1', 8000))
+    """
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port or 80
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    except socket.gaierror as exc:
+        raise LoadError(f"cannot resolve {host!r}: {exc.strerror}") from None
+    candidates = [(family, sockaddr) for family, _, _, _, sockaddr in infos]
+    if len(candidates) == 1 or _is_literal(host):
+        return candidates[0]
+    for family, sockaddr in candidates:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.settimeout(2.0)
+            if probe.connect_ex(sockaddr) == 0:
+                return family, sockaddr
+    return candidates[0]
+
+
+def _is_literal(host):
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            socket.inet_pton(family, host)
+            return True
+        except OSError:
+            pass
+    return False
+
+
+# -- the engine --------------------------------------------------------------------------
+
+class _Conn:
+    """One connection and the request it carries (``i`` = -1 when idle)."""
+
+    __slots__ = ("sock", "fd", "i", "buf", "out", "need", "reused", "mask")
+
+    def __init__(self, sock):
+        self.sock, self.fd = sock, sock.fileno()
+        self.i, self.buf, self.out, self.need, self.reused, self.mask = -1, b"", None, 0, False, 0
+
+
+def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
+    """Run one trial: send one request per row of ``rec``, in this thread; return when done.
+
+    Closed loop (``schedule`` None): ``concurrency`` requests in flight, the
+    next sent as soon as one finishes. Open loop: request ``i`` is due at
+    ``schedule[i]`` seconds after the start and sent then, or as soon as one
+    of the ``concurrency`` slots is free.
+
+    Parameters
+    ----------
+    rec : Records or object
+        Writable per-request arrays of the trial
+        (:class:`~tuna_lab.measure.records.Records`), of one length ``n``:
+        ``status`` (int; -2 while pending), ``error`` (str), ``sent``,
+        ``done`` (float, seconds since the start), ``scheduled`` (float;
+        written here in closed loop) and ``raw`` (the response body, bytes).
+        A failed request gets status -1 and an error; a request never sent
+        stays pending. If ``rec`` has an attribute ``timing`` (an object
+        array of length ``n``), ``timing[i]`` gets the raw value of response
+        ``i``'s ``Server-Timing`` header (bytes; several such headers joined
+        by ``b", "``; trailers are not read), or None without one.
+    address : tuple
+        ``(family, sockaddr)`` from :func:`resolve`.
+    request : bytes or sequence of bytes
+        From :func:`request_bytes`: the same request every time, or several
+        sent in turn (request ``i`` is ``request[i % len(request)]``).
+    concurrency : int
+        Requests in flight at most (and so connections open).
+    timeout : float
+        Seconds a request may take once sent; then it fails with ``"timeout"``.
+    deadline : float
+        Seconds after the start at which the trial stops, finished or not.
+    schedule : sequence of float, optional
+        Send times (seconds after the start), non-decreasing.
+
+    Returns
+    -------
+    float
+        Seconds from the start to the trial's end (the last response or the deadline).
+
+    Examples
+    --------
+    >>> # skipped: needs a recorder and a server's URL
+    >>> end = drive(rec, resolve(url), request_bytes(url, body), 8, 30.0, 60.0)   # doctest: +SKIP
+    """
+    return _Engine(rec, address, request, concurrency, timeout, deadline, schedule).run()
+
+
+class _Engine:
+    def __init__(self, rec, address, request, concurrency, timeout, deadline, schedule):
+        self.rec = rec
+        # Python lists while the trial runs (a list store is cheaper than a numpy
+        # scalar store); copied into rec's arrays when it ends.
+        self.sent, self.done = rec.sent.tolist(), rec.done.tolist()
+        self.status, self.raw, self.error = rec.status.tolist(), list(rec.raw), list(rec.error)
+        self.scheduled = rec.scheduled.tolist()
+        self.family, self.sockaddr = address
+        if isinstance(request, (bytes, bytearray, memoryview)):
+            requests = (bytes(request),)
+        else:
+            try:
+                requests = tuple(bytes(r) for r in request)
+            except TypeError:
+                raise LoadError("request must be bytes or a sequence of bytes (see request_bytes())") from None
+            if not requests:
+                raise LoadError("request must not be an empty sequence")
+        # One request: sent as is every time; several: request i is cycle[i % len(cycle)].
+        self.request = requests[0]
+        self.cycle = requests if len(requests) > 1 else None
+        heads = tuple(r.startswith(b"HEAD ") for r in requests)
+        self.heads = heads if any(heads) else None
+        # Server-Timing values are kept only when rec has somewhere to put them.
+        self.timing = None if getattr(rec, "timing", None) is None else [None] * len(rec.status)
+        # A request in one segment (loopback's MSS is ~64 kB) goes out at once,
+        # Nagle or not (nothing unacknowledged precedes it): spare the syscall.
+        self.nodelay = max(len(r) for r in requests) > _ONE_SEGMENT
+        self.slots = concurrency
+        self.timeout = timeout
+        self.deadline = deadline
+        self.schedule = None if schedule is None else [float(t) for t in schedule]
+        self.n = len(rec.status)
+        self.ep = select.epoll()
+        self.conns = {}                     # fd -> _Conn, busy or idle
+        self.idle = []                      # idle keep-alive connections
+        self.busy = 0                       # requests in flight
+        self.expiry = collections.deque()   # (when, i): one timeout per send, in send order
+        self.in_flight = bytearray(self.n)  # 1 while request i is in flight
+        self.clock = time.monotonic
+        self.t0 = 0.0
+        self.view = memoryview(bytearray(_RECV))
+
+    # -- life of a request -------------------------------------------------------------
+
+    def _start(self, i, now):
+        t = now - self.t0
+        self.sent[i] = t
+        if self.schedule is None:
+            self.scheduled[i] = t
+        self.busy += 1
+        self.in_flight[i] = 1
+        self.expiry.append((now + self.timeout, i))
+        conn = self.idle.pop() if self.idle else None
+        if conn is not None:
+            conn.reused = True
+            conn.i = i
+            self._send(conn)
+        else:
+            self._connect(i)
+
+    def _connect(self, i):
+        try:
+            sock = _RawSocket(self.family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)
+        except OSError as exc:
+            self._fail(None, i, f"socket: {exc.strerror or exc}")
+            return
+        if self.nodelay:
+            # A request of several segments must not wait for an ACK (Nagle).
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        err = sock.connect_ex(self.sockaddr)
+        conn = _Conn(sock)
+        conn.i = i
+        self.conns[conn.fd] = conn
+        if err == 0 or err == errno.EINPROGRESS:
+            # On loopback the handshake has usually completed by now: send at
+            # once, and wait for writability only if the socket is not ready.
+            self._send(conn, connecting=True)
+        else:
+            self._fail(conn, i, f"connect: {os.strerror(err)}")
+
+    def _watch(self, conn, mask):
+        if conn.mask == mask:
+            return
+        if conn.mask:
+            self.ep.modify(conn.fd, mask)
+        else:
+            self.ep.register(conn.fd, mask)
+        conn.mask = mask
+
+    def _send(self, conn, connecting=False):
+        out = conn.out
+        if out is None:
+            out = self.request if self.cycle is None else self.cycle[conn.i % len(self.cycle)]
+        try:
+            sent = conn.sock.send(out)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            if connecting and exc.errno in (errno.ENOTCONN, errno.EAGAIN):
+                sent = 0
+            elif connecting:
+                self._fail(conn, conn.i, f"connect: {exc.strerror or exc}")
+                return
+            else:
+                self._broken(conn, f"send: {exc.strerror or exc}")
+                return
+        if sent == len(out):
+            conn.out = None
+            self._watch(conn, _IN)
+        else:
+            conn.out = memoryview(out)[sent:] if sent else out
+            self._watch(conn, _OUT)
+
+    def _writable(self, conn):
+        err = conn.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            if conn.reused:
+                self._broken(conn, f"send: {os.strerror(err)}")
+            else:
+                self._fail(conn, conn.i, f"connect: {os.strerror(err)}")
+            return
+        self._send(conn)
+
+    def _readable(self, conn):
+        try:
+            got = conn.sock.recv_into(self.view)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._broken(conn, f"recv: {exc.strerror or exc}")
+            return
+        i = conn.i
+        if i < 0:
+            # An idle keep-alive connection the server closed (or wrote to): drop it.
+            self._close(conn)
+            self.idle.remove(conn)
+            return
+        if not got:
+            if not conn.buf:
+                self._broken(conn, "server closed the connection without a response")
+            else:
+                self._parse(conn, conn.buf, eof=True)
+            return
+        buf = conn.buf
+        if buf:
+            if type(buf) is bytes:
+                buf = conn.buf = bytearray(buf)
+            buf += self.view[:got]
+        else:
+            buf = conn.buf = self.view[:got].tobytes()
+        if conn.need and len(buf) < conn.need:
+            return  # a long body still arriving: no need to parse the headers again
+        self._parse(conn, buf, eof=False)
+
+    def _parse(self, conn, buf, eof):
+        heads, timing = self.heads, self.timing
+        try:
+            parsed = _parse_response(buf, eof, heads is not None and heads[conn.i % len(heads)], timing is not None)
+        except ValueError as exc:
+            self._fail(conn, conn.i, f"bad response: {exc}")
+            return
+        if parsed is None:
+            return
+        status, body, end, keep, st = parsed
+        if body is None:
+            conn.need = end if end > 0 else 0
+            return
+        i = conn.i
+        self.done[i] = self.clock() - self.t0
+        self.status[i] = status
+        self.raw[i] = body
+        if timing is not None:
+            timing[i] = st
+        self._finished(i)
+        if keep and end == len(buf) and not eof:
+            conn.i, conn.buf, conn.need, conn.out = -1, b"", 0, None
+            self.idle.append(conn)
+        else:
+            self._close(conn)
+
+    def _broken(self, conn, why):
+        """The connection failed: resend once on a new one if it was a kept-alive one the server
+        had closed before it saw the request; else the request fails."""
+        i = conn.i
+        if conn.reused and not conn.buf and i >= 0:
+            self._close(conn)
+            self._connect(i)
+            return
+        self._fail(conn, i, why)
+
+    def _fail(self, conn, i, why):
+        if conn is not None:
+            self._close(conn)
+        self.done[i] = self.clock() - self.t0
+        self.status[i] = -1
+        self.error[i] = shorten(why, _ERROR_CHARS)
+        self._finished(i)
+
+    def _finished(self, i):
+        self.in_flight[i] = 0
+        self.busy -= 1
+
+    def _close(self, conn):
+        self.conns.pop(conn.fd, None)
+        conn.i = -1
+        # Closing the last descriptor of a socket also removes it from the epoll set.
+        conn.sock.close()
+
+    def _expire(self, now):
+        expiry, in_flight = self.expiry, self.in_flight
+        while expiry:
+            when, i = expiry[0]
+            if not in_flight[i]:
+                expiry.popleft()        # finished before its timeout
+            elif when <= now:
+                expiry.popleft()
+                conn = next((c for c in self.conns.values() if c.i == i), None)
+                self._fail(conn, i, "timeout")
+            else:
+                return when
+        return None
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self):
+        timer = TimerFd() if self.schedule is not None else None
+        try:
+            if timer is not None:
+                # Edge-triggered: each expiry wakes the loop once, with no read() to clear it.
+                self.ep.register(timer.fd, _IN | select.EPOLLET)
+            return self._loop(timer)
+        finally:
+            for conn in list(self.conns.values()):
+                conn.sock.close()
+            self.conns.clear()
+            self.ep.close()
+            if timer is not None:
+                timer.close()
+            rec = self.rec
+            rec.sent[:], rec.done[:], rec.status[:] = self.sent, self.done, self.status
+            rec.scheduled[:] = self.scheduled
+            for i, (raw, error) in enumerate(zip(self.raw, self.error)):
+                rec.raw[i], rec.error[i] = raw, error
+            if self.timing is not None:
+                rec.timing[:] = self.timing  # one C loop; an object array keeps the bytes as they are
+
+    def _loop(self, timer):
+        clock, conns, schedule = self.clock, self.conns, self.schedule
+        poll = self.ep.poll
+        n, slots = self.n, self.slots
+        self.t0 = t0 = clock()
+        stop = t0 + self.deadline
+        nxt = 0  # the next request to send
+        while True:
+            now = clock()
+            if schedule is None:
+                while nxt < n and self.busy < slots:
+                    self._start(nxt, now)
+                    nxt += 1
+                    now = clock()
+            else:
+                while nxt < n and self.busy < slots and t0 + schedule[nxt] <= now:
+                    self._start(nxt, now)
+                    nxt += 1
+                    now = clock()
+            if nxt >= n and self.busy == 0:
+                return now - t0
+            if now >= stop:
+                return now - t0
+            due = self._expire(now)
+            wake = stop if due is None or due > stop else due
+            if schedule is not None and nxt < n and self.busy < slots:
+                due = t0 + schedule[nxt]
+                timer.arm(due)
+                # The timerfd wakes the loop at the send time; epoll's own
+                # timeout (whole ms, rounded up) only bounds the timeouts.
+                wake = min(wake, due + 0.001)
+            wait = wake - now
+            events = poll(min(max(wait, 0.0), MAX_WAIT))
+            for fd, ev in events:
+                conn = conns.get(fd)
+                if conn is None:
+                    continue  # the timer, or a socket closed earlier in this batch
+                if conn.out is not None and ev & (_OUT | select.EPOLLERR | select.EPOLLHUP):
+                    self._writable(conn)
+                elif ev & (_IN | select.EPOLLERR | select.EPOLLHUP):
+                    self._readable(conn)

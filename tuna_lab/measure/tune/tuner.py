@@ -1,0 +1,344 @@
+"""Sizing to a latency target: race workers x threads x policy candidates on open-loop rate.
+
+:func:`tune` answers "how many workers, how many threads each, and which
+placement, for my p99 target?". A *candidate* is a W x T pair, a placement
+policy and an OpenMP wait policy; its figure of merit is the highest
+Poisson (open-loop) rate at which the p99 of the client's latency - from each
+request's scheduled send time, so queueing counts - stays within the target,
+the "throughput with bounded latency" of
+:func:`~tuna_lab.measure.loadgen.load.bounded_throughput`. The search, successive
+halving with a racing rule, is :func:`~tuna_lab.measure.tune.race.race`
+(:mod:`tuna_lab.measure.tune.race` says how it rounds, bounds, drops and budgets);
+this module runs it on servers.
+
+Every step is a trial in the records, in the schema of ``run`` and ``sweep``
+(:mod:`tuna_lab.measure.schema`; one cell folder per W x T x wait policy,
+each step a trial with its ``rate``, ``round`` and ``step``), so ``tuna-lab
+report`` and ``advise`` read a tune as they read a sweep.
+
+Examples
+--------
+>>> from tuna_lab.measure.tune.tuner import parse_duration, auto_configs
+>>> parse_duration("50ms"), parse_duration("90s"), parse_duration("15m")
+(0.05, 90.0, 900.0)
+>>> auto_configs(2)
+[(1, 1), (1, 2), (2, 1), (2, 2), (4, 1)]
+>>> # skipped: starts lab servers and races them for minutes
+>>> result = tune(0.05, model="medium", batch=100, budget="5m", out="results/tune")   # doctest: +SKIP
+>>> result.table[["candidate", "rate", "rate_low", "rate_high", "reason"]]             # doctest: +SKIP
+"""
+
+import math
+import os
+import time
+
+import numpy as np
+
+from ..._checks import positive_int
+from ...errors import ExperimentError, TuneError, UnmeetableTargetError
+from .race import (START_GUESS, Candidate, Step, TuneResult, auto_configs, format_seconds, parse_duration, race,
+                   rate_bounds)
+
+# The search's names are this module's too: `from tuna_lab.measure.tune.tuner import race` stays.
+__all__ = ["Candidate", "Step", "TuneResult", "parse_duration", "auto_configs", "rate_bounds", "race", "tune",
+           "read_tune", "TUNE_FILE"]
+
+#: The race itself (the table, the winner and every round), written beside the records: what `read_tune` reads.
+TUNE_FILE = "tune.json"
+
+
+def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatter"), wait_policies=("default",),
+         model="medium", batch=100, target=None, budget="15m", out=None, client_cpus=None, seed=0, warmup=20,
+         max_error_rate=0.01, progress=None, candidates=None, **race_options):
+    """Find the workers x threads x policy serving the most requests per second within a p99 target.
+
+    Parameters
+    ----------
+    sla_p99 : float or str
+        The p99 target of the client's latency: seconds, or ``"50ms"``.
+    configs : "auto" or list of (int, int)
+        The W x T pairs (``"auto"``: :func:`auto_configs` of the effective CPUs
+        the server has). Unused for a running server (``AttachedTarget``): it
+        keeps its W and T, and only the policies are searched.
+    policies, wait_policies : sequence of str
+        Placement policies and OpenMP wait policies (``default``, ``passive``,
+        ``active``); every pair x policy x wait policy is a candidate.
+    model, batch : str, int
+        The lab server's model and rows per request (without ``target``).
+    target : AppTarget or AttachedTarget, optional
+        A user's app (W and T are set per candidate) or a running server.
+    budget : float or str
+        Wall time of the whole search (``"15m"``); honoured to within 10%.
+    out : str, optional
+        Folder for the records: one cell folder per W x T x wait policy, each
+        step a trial, as ``sweep`` writes them.
+    client_cpus : str, optional
+        CPUs kept for the load generator (as for :func:`~tuna_lab.measure.experiment.run`).
+    seed, warmup, max_error_rate
+        As for :func:`~tuna_lab.measure.experiment.run`.
+    progress : callable, optional
+        Called with one line per run.
+    candidates : list of Candidate, optional
+        Race exactly these instead of every pair x policy x wait policy
+        (``configs``, ``policies`` and ``wait_policies`` are then unused): a
+        head-to-head of a few finalists, as ``bench tune`` runs one. Not for
+        a running server.
+    **race_options
+        ``rounds``, ``step_seconds``, ``steps``, ``eta``, ``tolerance``,
+        ``confidence``, ``low``, ``high``, ``start_rate``, ``exhaustive``: see :func:`race`.
+
+    Returns
+    -------
+    TuneResult
+
+    Raises
+    ------
+    TuneError
+        A target or budget that does not parse, a budget too small for one
+        trial, a wait policy for a running server, unknown policies.
+    UnmeetableTargetError
+        No candidate met the target at any rate tried (``.result`` holds the evidence).
+
+    Examples
+    --------
+    >>> # skipped: starts lab servers and races them for minutes
+    >>> result = tune("100ms", configs=[(1, 1), (2, 1)], model="small", batch=10, budget="2m")  # doctest: +SKIP
+    >>> result.winner.name, result.plan.splitlines()[0]                                        # doctest: +SKIP
+    """
+    from ...machine.limits import Limits
+    from ...machine.reserve import reserve_client_cpus
+    from ..experiment import Config, check_policies
+    from ..target import AttachedTarget
+
+    sla = parse_duration(sla_p99, "the p99 target")
+    budget = parse_duration(budget, "the budget")
+    if candidates is not None:
+        candidates = list(candidates)
+        if not candidates or not all(isinstance(c, Candidate) for c in candidates):
+            raise TuneError("candidates must be a non-empty list of Candidate")
+        candidates = list(dict.fromkeys(candidates))
+        if isinstance(target, AttachedTarget):
+            raise TuneError("a running server keeps its workers and threads: give it policies, not candidates")
+        policies = list(dict.fromkeys(c.policy for c in candidates))
+        wait_policies = [c.wait_policy for c in candidates]
+        configs = [(c.workers, c.threads) for c in candidates]
+    try:
+        policies = check_policies(list(policies))
+        waits = list(dict.fromkeys(wait_policies))
+        for wait in waits:
+            Config(1, 1, wait_policy=wait)
+    except ExperimentError as exc:
+        raise TuneError(str(exc)) from None
+    attached = isinstance(target, AttachedTarget)
+    note = ""
+    machine = None
+    if attached:
+        if waits != ["default"]:
+            raise TuneError("a running server keeps its OpenMP wait policy: leave out --wait-policies")
+        target.check()
+        pairs = [(target.workers, target.threads)]
+        note = (f"a running server keeps its workers and threads ({target.workers}x{target.threads}): "
+                f"only the policies were searched")
+        from ...machine.topology import Topology
+
+        machine = Topology.from_sysfs(allowed=os.sched_getaffinity(target.master))
+    split = reserve_client_cpus(client_cpus, topology=machine, error=TuneError)
+    if not attached:
+        if isinstance(configs, str):
+            if configs != "auto":
+                raise TuneError(f"configs must be 'auto' or W x T pairs, got {configs!r}")
+            pairs = auto_configs(min(Limits.read().effective_cpus, split.server.n_logical))
+        else:
+            pairs = [(positive_int("workers", w, TuneError), positive_int("threads", t, TuneError))
+                     for w, t in configs]
+            if not pairs:
+                raise TuneError("no W x T pairs given")
+    for _, threads in pairs:
+        split.check_threads(threads, TuneError)
+    options = {"rounds": 4, "step_seconds": 2.0, **race_options}
+    timeout = 2.0 * sla + 0.5
+    smallest = START_GUESS + options["step_seconds"] + timeout
+    if budget < smallest:
+        raise TuneError(f"a budget of {budget:g} s is too small for one trial: a server start and one "
+                        f"{options['step_seconds']:g} s step take about {smallest:.0f} s")
+    if candidates is None:
+        candidates = [Candidate(w, t, p, wait) for (w, t) in pairs for wait in waits for p in policies]
+    lab = _Evaluator(sla, model, batch, target, split, seed, warmup, max_error_rate, timeout)
+    if progress:
+        progress(f"tune: {len(candidates)} candidates, p99 target {sla * 1e3:g} ms, budget {budget:g} s; "
+                 + split.describe())
+    # One measurement per CPU of this machine, as for run(): waited for before the budget starts.
+    from ..cpulock import lock_cpus
+
+    with lock_cpus(set(split.server.cpus) | set(split.cpus), progress):
+        try:
+            result = race(candidates, lab.evaluate, sla, budget, timeout=timeout, progress=progress, **options)
+        finally:
+            lab.stop()
+    result.note = note
+    result.out = lab.write(out, result) if out else None
+    if result.winner is None:
+        _write_race(result)
+        best = min((s for steps in result.steps.values() for s in steps if s.n), key=lambda s: s.p99, default=None)
+        seen = f": the best p99 seen was {format_seconds(best.p99)} at {best.rate:g}/s" if best else ""
+        raise UnmeetableTargetError(f"no candidate meets a p99 of {sla * 1e3:g} ms at any rate tried{seen}", result)
+    win = result.winner
+    result.plan = lab.plan(win)
+    _write_race(result)
+    return result
+
+
+def _write_race(result):
+    """``<out>/tune.json``: the race as :meth:`TuneResult.to_dict` gives it, written whole or not at all."""
+    if result.out:
+        from ..store import write_json
+
+        write_json(os.path.join(result.out, TUNE_FILE), result.to_dict(), allow_nan=False)
+
+
+def read_tune(out):
+    """The :class:`TuneResult` that ``tune(out=...)`` (or ``tuna-lab tune --out``) wrote into ``out``.
+
+    The records (one cell per W x T x wait policy) are read as any sweep's,
+    with :func:`~tuna_lab.measure.store.load_results`; this is the race:
+    the table, the winner and its plan, and ``history``, every candidate's
+    rate interval after every round.
+
+    Raises
+    ------
+    TuneError
+        ``out`` holds no ``tune.json``, or one that does not parse.
+
+    Examples
+    --------
+    >>> # skipped: the path is relative to the repository root, not to where the doctests run
+    >>> result = read_tune("notebooks/data/tune-2cpu")   # doctest: +SKIP
+    >>> result.history.groupby("round")["status"].value_counts()   # doctest: +SKIP
+    """
+    from ..._files import read_json
+
+    path = os.path.join(out, TUNE_FILE)
+    try:
+        return TuneResult.from_dict(read_json(path, follow=False))
+    except FileNotFoundError:
+        raise TuneError(f"{out}: no {TUNE_FILE} (not the folder of a tune)") from None
+    except OSError as exc:
+        raise TuneError(str(exc)) from None
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise TuneError(f"{path}: unreadable ({type(exc).__name__}: {str(exc)[:120]})") from None
+
+
+class _Evaluator:
+    """The real target: a server per candidate run (the lab server, a user's app) or a running one, pinned."""
+
+    def __init__(self, sla, model, batch, target, split, seed, warmup, max_error_rate, timeout):
+        self.sla, self.model, self.batch, self.user = sla, model, batch, target
+        self.split, self.seed, self.warmup = split, seed, warmup
+        self.max_error_rate, self.timeout = max_error_rate, timeout
+        self.targets = {}
+        self.records = {}
+        self.counts = {}
+
+    def _target(self, candidate):
+        """The target and cell config of a candidate's W x T x wait, started once."""
+        from ...server.openmp import wait_policy_env
+        from ..experiment import Config
+        from ..target import AppTarget, LabTarget
+
+        key = (candidate.workers, candidate.threads, candidate.wait_policy)
+        if key not in self.targets:
+            user = self.user
+            if user is None:
+                config = Config(*key[:2], self.model, self.batch, wait_policy=key[2])
+                target = LabTarget(config, seed=self.seed)
+            elif isinstance(user, AppTarget):
+                env, _ = wait_policy_env(key[2])
+                target = AppTarget(user.app, key[0], key[1], server=user.server, app_dir=user.app_dir,
+                                   server_conf=user.server_conf, requests=user.requests, env={**user.env, **env},
+                                   label=user.label)
+                config = Config(*key[:2], target.label, 0, wait_policy=key[2], target="app")
+            else:
+                target = user
+                config = Config(user.workers, user.threads, user.label, 0, target="attached")
+            target.start(self.split.server)
+            self.targets[key] = (target, config)
+        return self.targets[key]
+
+    def evaluate(self, candidate, rnd, next_step):
+        from ..trials import TrialPlan, run_steps
+
+        target, config = self._target(candidate)
+        plan = TrialPlan(config, target, (), None, None, self.warmup, self.split.server.n_logical, self.split,
+                         seed=self.seed, max_error_rate=self.max_error_rate, timeout=self.timeout)
+        counter = (config.key, candidate.policy)
+        first = self.counts.get(counter, 0)
+        # run_steps asks for each step with the last row; the race decides from a Step: converted in between.
+        current = {"step": next_step(None)}
+        if current["step"] is None:
+            return
+        for index, measured in enumerate(run_steps(plan, candidate.policy, lambda row: current["step"], trial=first)):
+            rate, duration = current["step"]
+            row = measured.row
+            row.update(rate=float(rate), step_duration=float(duration), round=rnd + 1, step=index,
+                       sla_p99=self.sla, candidate=candidate.name)
+            frame = measured.requests
+            if len(frame):
+                frame = frame.assign(rate=float(rate), round=rnd + 1, step=index)
+            self.records.setdefault(config.key, (config, []))[1].append((row, frame, measured.threads))
+            self.counts[counter] = first + index + 1
+            current["step"] = next_step(self._step(row, frame, rate, duration, rnd))
+
+    def _step(self, row, frame, rate, duration, rnd):
+        """The race's :class:`Step` of one measured step: requests over the target (failed ones count as over)."""
+        if not len(frame) or str(row.get("reason", "")).startswith("the server died"):
+            return Step(rate, duration, 0, 0, math.nan, round=rnd, seconds=float(row.get("wall_seconds") or 0),
+                        error=row.get("reason") or "no request was answered")
+        status = frame["status"].to_numpy()
+        ok = (status >= 200) & (status < 300) & (frame["error"].fillna("").to_numpy() == "")
+        latency = np.where(ok, frame["client_seconds"].to_numpy(float), np.inf)
+        latency = np.where(np.isnan(latency), np.inf, latency)
+        p99 = float(np.percentile(latency, 99, method="higher"))
+        return Step(rate, duration, int(len(latency)), int((latency > self.sla).sum()), p99,
+                    cpu_per_request=float(row.get("cpu_per_request", math.nan)), round=rnd,
+                    seconds=float(row.get("wall_seconds") or duration))
+
+    def stop(self):
+        for target, _ in self.targets.values():
+            target.stop()
+
+    def plan(self, candidate):
+        """The winner's ``plan --format gunicorn``."""
+        from ...placement.policies import placement
+
+        try:
+            placed = placement(candidate.policy, candidate.workers, candidate.threads, self.split.server)
+            return placed.plan().render("gunicorn")
+        except Exception as exc:   # a plan is a convenience: its absence must not lose the tune's evidence
+            return f"# no plan: {exc}"
+
+    def write(self, out, result):
+        """Every step as a trial, one cell folder per W x T x wait policy (the schema of ``run`` and ``sweep``)."""
+        import pandas as pd
+
+        from ..experiment import Result, manifest
+        from ..store import write_cell
+
+        os.makedirs(out, exist_ok=True)
+        for key, (config, measured) in self.records.items():
+            rows = pd.DataFrame([row for row, _, _ in measured])
+            frames = [frame for _, frame, _ in measured if len(frame)]
+            threads = [t for _, _, t in measured if t is not None and len(t)]
+            target = next(t for t, c in self.targets.values() if c.key == key)
+            meta = manifest(config, sorted(set(rows["policy"])), len(rows), None, self.seed, {
+                "warmup": self.warmup, "max_error_rate": self.max_error_rate, "load_mode": "open",
+                "rate": None, "duration": None, "wait_policy": config.wait_policy, "spincount": None,
+                "client_cpus": self.split.to_dict(), "requests_sent": target.requests.describe(),
+                "target": target.describe(), "latency": sorted(set(rows["latency"])),
+                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "tune": {"sla_p99": result.sla_p99, "budget": result.budget, "elapsed": result.elapsed,
+                         "confidence": result.confidence, "winner": result.winner.name if result.winner else None,
+                         "sure": result.sure}})
+            res = Result(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), rows, meta,
+                         threads=pd.concat(threads, ignore_index=True) if threads else None)
+            write_cell(os.path.join(out, key), res)
+        return out
