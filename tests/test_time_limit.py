@@ -83,11 +83,11 @@ def test_time_limit_leaves_small_models_proven(epyc):
 
 def test_work_in_a_child_ends_by_its_timeout():
     """HiGHS may run many seconds past its time limit in one uninterruptible step; a program run in a
-    child process (:func:`tuna_lab.model._highs.in_child`) is killed at its timeout instead, and
+    child process (:func:`tuna_lab.model.highs.programs.in_child`) is killed at its timeout instead, and
     leaves no process behind."""
     import psutil
 
-    from tuna_lab.model._highs import in_child
+    from tuna_lab.model.highs.programs import in_child
 
     t0 = time.perf_counter()
     assert in_child(time.sleep, (30,), 0.5) is None
@@ -103,7 +103,7 @@ def test_a_big_restricted_program_solves_alike_in_a_child(monkeypatch):
     give in process."""
     import numpy as np
 
-    from tuna_lab.model import _highs
+    from tuna_lab.model.highs import programs as _highs
 
     rng = np.random.default_rng(7)
     n = 1200

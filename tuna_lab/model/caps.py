@@ -1,7 +1,7 @@
 """Which rules a model's families impose, as the numbers the solver-free routes read.
 
-The constructive mapping (:mod:`~tuna_lab.model.construct`), the counting
-bound (:mod:`~tuna_lab.model.bounds`) and the encodings' capacities need to
+The constructive mapping (:mod:`~tuna_lab.model.route.construct`), the counting
+bound (:mod:`~tuna_lab.model.route.bounds`) and the encodings' capacities need to
 know *what* the families ask - "at most ``ceil(W/C)`` threads of one rank per
 core", "every core carries ``L..U`` threads" - not *which* families are in
 the model. :class:`Caps` holds those answers. It is built once per model by

@@ -78,7 +78,7 @@ class Mapping:
         the objective values, so that a bound less than one step above the
         objective proves it (0 if unknown); ``dual_bound`` - HiGHS's, when it
         ran; ``combinatorial`` - the combinatorial bound's parts
-        (:meth:`Certificate.as_dict <tuna_lab.model.bounds.Certificate.as_dict>`)
+        (:meth:`Certificate.as_dict <tuna_lab.model.route.bounds.Certificate.as_dict>`)
         when computed. A relaxed mapping adds ``relaxation``: the yielding
         families, the conflicts (:meth:`Conflict.as_dict
         <tuna_lab.model.explain.Conflict.as_dict>`) and the first stage's

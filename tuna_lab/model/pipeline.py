@@ -1,18 +1,18 @@
 """How :meth:`TunaModel.solve <tuna_lab.model.tuna.TunaModel.solve>` reaches a mapping, stage by stage.
 
-Each run creates a :class:`~tuna_lab.model.search.Search` of the model and
+Each run creates a :class:`~tuna_lab.model.route.search.Search` of the model and
 owns it: what one stage of the search finds (the pattern bounds, the
 fragment programs solved so far), the next reuses, and it all goes when the
 run ends. The model itself only declares and keeps nothing.
 
 1. *Constructive route.* The greedy mapping (:meth:`Search.construct
-   <tuna_lab.model.search.Search.construct>`); when it reaches the
+   <tuna_lab.model.route.search.Search.construct>`); when it reaches the
    combinatorial bound (:meth:`Search.certificate
-   <tuna_lab.model.search.Search.certificate>`) it is optimal and the run
+   <tuna_lab.model.route.search.Search.certificate>`) it is optimal and the run
    ends (``encoding="constructive+bound"``). Otherwise local search polishes
    it and the bound is tried again.
 2. *Build.* The cvxpy problem (:mod:`~tuna_lab.model.problem`, cached by the
-   model's declaration) compiled for HiGHS (:mod:`~tuna_lab.model.solver`).
+   model's declaration) compiled for HiGHS (:mod:`~tuna_lab.model.highs.solve`).
 3. *Guard.* With a time limit that compiling (estimated from the model's
    size) and HiGHS's presolve (which does not stop at its time limit) would
    overrun, the polished mapping is the answer, with the bound's gap
@@ -48,10 +48,10 @@ import numpy as np
 
 from .._checks import positive_number
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
-from .bounds import bound_closes, patterns_infeasible
+from .route.bounds import bound_closes, patterns_infeasible
 from .mapping import Mapping
-from .search import Search
-from .solver import HIGHS_FAILED, RESULT_RESERVE_S, Clock, compile_problem, highs_need, run_highs, unpack
+from .route.search import Search
+from .highs.solve import HIGHS_FAILED, RESULT_RESERVE_S, Clock, compile_problem, highs_need, run_highs, unpack
 
 # cvxpy takes most of a second to import; a compact solve that the constructive route
 # proves never builds the cvxpy problem, so it is loaded on first use
@@ -323,7 +323,7 @@ def _certificate(search, start, record, time_limit=None):
     """The mapping ``start``, proven optimal, if it reaches the search's certificate; else ``None``.
 
     ``time_limit``: what the certificate's stopped searches may go on for
-    (:meth:`Search.certificate <tuna_lab.model.search.Search.certificate>`).
+    (:meth:`Search.certificate <tuna_lab.model.route.search.Search.certificate>`).
     """
     model = search.model
     objective = model.value(start)

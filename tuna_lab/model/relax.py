@@ -23,11 +23,11 @@ import lazy_loader
 import numpy as np
 
 from ..errors import InfeasibleModelError, ModelError, NoSolutionError
-from .bounds import bound_closes
+from .route.bounds import bound_closes
 from .explain import counting_conflict, explain
 from .mapping import Mapping
 from .pipeline import ON_INFEASIBLE, RunRecord, SolveOptions, infeasible_error, json_plain, run
-from .solver import Clock, compile_problem, run_highs, unpack
+from .highs.solve import Clock, compile_problem, run_highs, unpack
 
 # cvxpy is loaded on first use, as in the pipeline: most relaxations are proven without it.
 cp = lazy_loader.load("cvxpy")

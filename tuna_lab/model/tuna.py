@@ -5,22 +5,22 @@ The model holds the instance, the families, their merged rules
 nothing else: it is immutable. Its cvxpy problem is built by
 :mod:`~tuna_lab.model.problem` (and cached there by the model's
 declaration); the solver-free parts (constructive mapping, bound) run a
-:class:`~tuna_lab.model.search.Search`; :meth:`TunaModel.solve` hands the
+:class:`~tuna_lab.model.route.search.Search`; :meth:`TunaModel.solve` hands the
 model to the pipeline of :mod:`~tuna_lab.model.pipeline`, which owns the
 search of that solve.
 """
 
 from ..errors import ModelError
-from .bounds import objective_granularity
+from .route.bounds import objective_granularity
 from .caps import Caps
-from .construct import local_search
+from .route.construct import local_search
 from .encodings import ENCODINGS
 from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, SingleCore
 from .instance import Instance
 from . import relax
 from .pipeline import SolveOptions
 from .problem import BUILD_CACHE
-from .search import Search, chain_of, ordered
+from .route.search import Search, chain_of, ordered
 
 __all__ = ["TunaModel", "solve"]
 
@@ -53,7 +53,7 @@ class TunaModel:
 
     A model is immutable: :meth:`with_`, :meth:`without` and
     :meth:`with_mode` return new models, and it holds no search state -
-    each solve runs its own :class:`~tuna_lab.model.search.Search`, and the
+    each solve runs its own :class:`~tuna_lab.model.route.search.Search`, and the
     built cvxpy problems live in :data:`~tuna_lab.model.problem.BUILD_CACHE`.
 
     Parameters
@@ -190,14 +190,14 @@ class TunaModel:
         """The constructive (greedy) mapping as positions ``(W, T)``, or ``None``.
 
         In compact mode the plans of the fragment programs
-        (:mod:`~tuna_lab.model.fragments`) are candidates too; ``time_limit``
+        (:mod:`~tuna_lab.model.route.fragments`) are candidates too; ``time_limit``
         caps the seconds their programs and placements take together.
 
         ``None`` when the greedy placement dead-ends, or when a family of the
         model contributes no caps (:attr:`Caps.understood
         <tuna_lab.model.caps.Caps.understood>`): the greedy rules could not
         honour it. It satisfies every family of the model whenever it is
-        returned. Each call searches afresh (:class:`~tuna_lab.model.search.Search`).
+        returned. Each call searches afresh (:class:`~tuna_lab.model.route.search.Search`).
         """
         return Search(self).construct(time_limit)
 
@@ -213,7 +213,7 @@ class TunaModel:
     def improve(self, start, time_limit=2.0):
         """A mapping at least as good as ``start`` (positions ``(W, T)``), by local search.
 
-        See :func:`~tuna_lab.model.construct.local_search`; the result is
+        See :func:`~tuna_lab.model.route.construct.local_search`; the result is
         checked against every family and ``start`` is kept if it fails or is
         not better (or if a family contributes no caps).
         """
@@ -246,21 +246,21 @@ class TunaModel:
         return None if cert is None else cert.bound
 
     def certificate(self, target=None, time_limit=None):
-        """The :class:`~tuna_lab.model.bounds.Certificate` of :meth:`bound`: the bound and what proves it.
+        """The :class:`~tuna_lab.model.route.bounds.Certificate` of :meth:`bound`: the bound and what proves it.
 
         ``None`` where :meth:`bound` is ``None``. See
-        :func:`~tuna_lab.model.bounds.bound_certificate`. ``time_limit``:
+        :func:`~tuna_lab.model.route.bounds.bound_certificate`. ``time_limit``:
         seconds the fragment programs may take (the first one, in compact
         mode), where the bound is to come in time rather than in full; none
         by default. Each call searches afresh; within one solve the pipeline's
-        :meth:`Search.certificate <tuna_lab.model.search.Search.certificate>`
+        :meth:`Search.certificate <tuna_lab.model.route.search.Search.certificate>`
         resumes the programs an earlier step stopped.
         """
         return Search(self).certificate(target=target, time_limit=time_limit)
 
     def granularity(self):
         """Step of the lattice every objective value lies on (0 if unknown); see
-        :func:`~tuna_lab.model.bounds.objective_granularity`."""
+        :func:`~tuna_lab.model.route.bounds.objective_granularity`."""
         chain = chain_of(self.instance)
         if chain is None or not self.caps.understood:
             return 0.0

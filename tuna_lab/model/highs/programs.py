@@ -139,7 +139,7 @@ def _die_with(parent):
 
 
 def _one_line(exc):
-    from .._checks import one_line
+    from ..._checks import one_line
 
     return one_line(exc)
 

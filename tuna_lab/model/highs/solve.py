@@ -27,8 +27,8 @@ from types import SimpleNamespace
 import lazy_loader
 import numpy as np
 
-from ..errors import NoSolutionError
-from ._highs import highs_lp, in_child, new_highs
+from ...errors import NoSolutionError
+from .programs import highs_lp, in_child, new_highs
 
 # cvxpy takes most of a second to import; a compact solve that the constructive route
 # proves never builds the cvxpy problem, so it is loaded on first use

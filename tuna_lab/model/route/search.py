@@ -28,7 +28,7 @@ import numpy as np
 
 from .bounds import Certificate, bound_certificate, bound_closes, patterns_infeasible
 from .construct import greedy_mapping
-from .encodings import ultrametric_chain
+from ..encodings import ultrametric_chain
 from .fragments import fragment_mapping, fragment_program
 from .fragments.program import used_columns
 
@@ -93,7 +93,7 @@ class FragmentSearch:
 
         Stops at ``time_limit`` seconds; what did not finish is left out (and
         not tried again). ``on_plan``: see :meth:`FragmentProgram.solve
-        <tuna_lab.model.fragments.FragmentProgram.solve>`.
+        <tuna_lab.model.route.fragments.FragmentProgram.solve>`.
         """
         deadline = time.perf_counter() + time_limit
         solved = 0
@@ -122,7 +122,7 @@ class FragmentSearch:
         return bool(resumed)
 
     def tighten(self, cert):
-        """``cert``, or a tighter :class:`~tuna_lab.model.bounds.Certificate` from the programs solved so far."""
+        """``cert``, or a tighter :class:`~tuna_lab.model.route.bounds.Certificate` from the programs solved so far."""
         best = cert
         for sol in self.solutions:
             covered = sol.program.levels
@@ -146,7 +146,7 @@ class FragmentSearch:
 class _PlanMapper:
     """The mappings of the fragment plans :meth:`Search.construct` meets, each plan mapped once it is complete.
 
-    Keyed by the plan's identity (:func:`~tuna_lab.model.fragments.program.used_columns`):
+    Keyed by the plan's identity (:func:`~tuna_lab.model.route.fragments.program.used_columns`):
     each plan's best mapping so far and whether its placement programs all
     finished within their limit (more time maps it no better). Every
     mapping found is a candidate too.
@@ -287,7 +287,7 @@ class Search:
         return cert
 
     def _bound_certificate(self, target=None):
-        """:func:`~tuna_lab.model.bounds.bound_certificate` of the model, its pattern bounds computed once.
+        """:func:`~tuna_lab.model.route.bounds.bound_certificate` of the model, its pattern bounds computed once.
 
         With ``target`` closed by the counting bound alone the pattern bounds
         are skipped (and not kept); otherwise the full certificate is kept for

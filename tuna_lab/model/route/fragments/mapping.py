@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..ranks import assign_ranks
+from ...ranks import assign_ranks
 
 __all__ = ["fragment_mapping"]
 
@@ -198,7 +198,7 @@ def _place(caps, chain, j, cores, shape, el, ep, time_limit):
     """
     import scipy.sparse as sp
 
-    from .._highs import boxed_max
+    from ...highs.programs import boxed_max
 
     inst = caps.instance
     n = len(cores)

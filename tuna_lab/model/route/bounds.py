@@ -338,7 +338,7 @@ def patterns_infeasible(caps, chain):
     """
     import highspy
 
-    from ._highs import boxed_max
+    from ..highs.programs import boxed_max
 
     program = _sibling_program(caps, chain)
     if program is None:
@@ -431,7 +431,7 @@ def _solve_counts(value, A, lb, ub, upper, time_limit=5.0):
     """max value @ n over integer n in [0, upper] with lb <= A n <= ub; the proven bound, or None."""
     import highspy
 
-    from ._highs import boxed_max
+    from ..highs.programs import boxed_max
 
     h = boxed_max(value, A, lb, ub, upper, time_limit, integer=True, options={"mip_rel_gap": 0.0})
     h.run()
@@ -592,7 +592,7 @@ def domain_shapes(caps, chain, j):
     with its main thread there (``own``) and elsewhere (``other``). See
     :func:`domain_pattern_bound` for the reasoning; only loosened
     constraints are used. :func:`domain_pattern_bound` and
-    :func:`~tuna_lab.model.fragments.build.fragment_program` both read them.
+    :func:`~tuna_lab.model.route.fragments.build.fragment_program` both read them.
 
     Examples
     --------

@@ -91,7 +91,7 @@ class FragmentSolution:
     cuts : tuple of (tuple of int, int)
         The worker rules the search added (:func:`worker_cuts`): the plan
         and the bound keep them.
-    search : ~tuna_lab.model.fragments.branching.Branching or None
+    search : ~tuna_lab.model.route.fragments.branching.Branching or None
         The generated program's search that stopped at its time limit
         (:meth:`resume` goes on with it); ``None`` when proven or written out.
     within : (float, float) or None
@@ -290,7 +290,7 @@ class FragmentProgram:
         # 80,000 columns, on which the dual simplex after presolve took 3.5 s and this 0.25 s
         import highspy
 
-        from .._highs import boxed_max
+        from ...highs.programs import boxed_max
 
         h = boxed_max(self.value, self.A, self.lb, self.ub, self.upper, max(0.1, time_limit),
                       options={"presolve": "off", "simplex_strategy": 4})
@@ -325,9 +325,9 @@ def dual_bound(program, y, unseen=0.0):
 
 def central_bound(program, y, bound, t_end, unseen=0.0):
     """``(duals, reduced costs, D)`` (:func:`dual_bound`): central duals of ``program``
-    (:func:`~tuna_lab.model._highs.central_duals`) where they prove nearly the relaxation's optimum ``bound``, else
+    (:func:`~tuna_lab.model.highs.programs.central_duals`) where they prove nearly the relaxation's optimum ``bound``, else
     the vertex's ``y``."""
-    from .._highs import central_duals
+    from ...highs.programs import central_duals
 
     vertex = dual_bound(program, y, unseen)
     left = t_end - time.perf_counter()
@@ -383,7 +383,7 @@ def pair_cuts(program):
 
 
 def restricted(program, keep, cuts, time_limit, start=None, fresh=None, cutoff=None):
-    """:func:`~tuna_lab.model._highs.integer_program` over the columns ``keep`` of ``program``, with the
+    """:func:`~tuna_lab.model.highs.programs.integer_program` over the columns ``keep`` of ``program``, with the
     worker rules ``cuts``.
 
     Each rule ``(sizes, need)`` (:func:`worker_cuts`) is a 0-1 column ``u``:
@@ -394,7 +394,7 @@ def restricted(program, keep, cuts, time_limit, start=None, fresh=None, cutoff=N
     use one; ``cutoff``: a value a plan must beat (``"infeasible"`` when none
     does). The result's ``x`` holds the kept columns only.
     """
-    from .._highs import IntegerResult, integer_program
+    from ...highs.programs import IntegerResult, integer_program
 
     A, lb, ub, value = program.A[:, keep], program.lb, program.ub, program.value[keep]
     upper = np.full(len(keep), float(program.upper))

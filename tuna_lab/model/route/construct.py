@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .families import worker_counts
-from .ranks import assign_ranks
+from ..families import worker_counts
+from ..ranks import assign_ranks
 
 __all__ = ["scatter_order", "greedy_mapping", "local_search"]
 
