@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 BASE_STAMP := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench faults setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check
+.PHONY: demo test test-fast bench faults field setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check
 
 # The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
 # compares every output except those of cells tagged nbval-ignore-output.
@@ -52,7 +52,8 @@ demo: $(BASE_STAMP)
 # start servers, measure, or run the notebooks (those are `make test`'s). A few minutes on 2 cores.
 SLOW_TESTS := test_faults test_cluster test_targets test_tune test_runtimes test_server test_server_limits \
               test_pin test_roles test_hooks_root test_experiment test_validity test_load test_load_bench \
-              test_client_cpus test_widgets test_hostile test_notebooks test_bounds
+              test_client_cpus test_widgets test_hostile test_notebooks test_bounds \
+              test_audit test_evidence test_python_option test_runtime_table test_custom_policy
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -x $(foreach t,$(SLOW_TESTS),--ignore=tests/$(t).py)
 
@@ -155,5 +156,25 @@ FAULT_SEEDS ?= 24
 faults: $(STAMP)
 	TUNA_LAB_FAULT_SEEDS=$(FAULT_SEEDS) $(PY) -m pytest -q -rA tests/test_faults.py
 
+# The field test (docs/field.md): MLServer (+ its XGBoost runtime) and LitServe from PyPI, each in its own
+# venv under .venv-field/ (never .venv), each stamped by its requirements file so a second run installs
+# nothing; tuna-lab from .venv finds, pins, measures and unpins their workers, checked against /proc.
+# A framework pip cannot install here is written down in .venv-field/NAME.install-failed, and its test
+# skipped with that reason. tests/field is not collected by `make test` (pyproject's norecursedirs).
+FIELD_VENV := .venv-field
+FIELD_APPS := tests/field/apps
+
+$(FIELD_VENV)/%/.installed: $(FIELD_APPS)/requirements-%.txt
+	@rm -f $(FIELD_VENV)/$*.install-failed
+	test -x $(FIELD_VENV)/$*/bin/python || $(PYTHON) -m venv $(FIELD_VENV)/$*
+	@if $(FIELD_VENV)/$*/bin/python -m pip install --quiet --disable-pip-version-check -r $< \
+	    2>$(FIELD_VENV)/$*.pip.log; then touch $@; else \
+	  grep -E '^ERROR' $(FIELD_VENV)/$*.pip.log | tail -n 1 > $(FIELD_VENV)/$*.install-failed; \
+	  test -s $(FIELD_VENV)/$*.install-failed || tail -n 1 $(FIELD_VENV)/$*.pip.log > $(FIELD_VENV)/$*.install-failed; \
+	  echo "warning: pip could not install $<; its test is skipped:"; cat $(FIELD_VENV)/$*.install-failed; fi
+
+field: $(STAMP) $(FIELD_VENV)/mlserver/.installed $(FIELD_VENV)/litserve/.installed
+	$(PY) -m pytest -q -rs tests/field
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis bench/out docs/_build
+	rm -rf $(VENV) .venv-field build *.egg-info .pytest_cache .hypothesis bench/out docs/_build

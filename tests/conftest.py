@@ -1,23 +1,22 @@
 """Fixtures shared by the tests.
 
-The independent numpy reference of the model lives in ``reference.py`` and
-the hypothesis strategies in ``strategies.py``; tests import them by name
-(``tests/`` is on ``sys.path`` as pytest's rootdir-relative test directory).
+The independent numpy reference of the model lives in ``reference.py``, the
+hypothesis strategies in ``strategies.py`` and the helpers every file shares
+(the CLI runners, server process groups, the user's model) in ``helpers.py``;
+tests import them by name (``tests/`` is on ``sys.path`` as pytest's
+rootdir-relative test directory).
 """
 
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
+from helpers import train_user_model
 from tuna_lab import Topology
-
-#: A user's own apps (WSGI, ASGI, with and without Server-Timing) and their model's recipe.
-USERAPP = Path(__file__).parent / "userapp"
 
 
 @pytest.fixture(scope="session")
@@ -26,13 +25,16 @@ def xeon():
 
 
 @pytest.fixture(scope="session")
-def model_env(tmp_path_factory):
-    """The environment tests/userapp's apps run in: their model file, trained once here on made-up data."""
-    folder = tmp_path_factory.mktemp("usermodel")
-    subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(USERAPP)!r}); import usermodel; "
-                    f"usermodel.train({str(folder / 'model.json')!r})"], check=True, timeout=120)
+def user_model(tmp_path_factory):
+    """tests/userapp's model file (XGBoost, nthread=2), trained once for the whole session on made-up data."""
+    return train_user_model(tmp_path_factory.mktemp("usermodel") / "model.json")
+
+
+@pytest.fixture(scope="session")
+def model_env(user_model):
+    """The environment tests/userapp's apps run in: their model file (``USERAPP_MODEL``), no inherited pinning."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNA_LAB_", "OMP_", "GOMP_"))}
-    env.update(USERAPP_MODEL=str(folder / "model.json"), PYTHONUNBUFFERED="1")
+    env.update(USERAPP_MODEL=str(user_model), PYTHONUNBUFFERED="1")
     return env
 
 

@@ -112,7 +112,7 @@ def test_target_is_the_analysis_speedup_ratio_of_mean_p99s(frames):
 
 def test_boosted_regressor_beats_the_linear_baseline_on_held_out_configurations(advisor):
     e = advisor.evaluation.set_index("model")
-    assert set(e.index) == {"xgboost", "linear"}
+    assert set(e.index) == {"xgboost", "linear", "constant"}
     assert e.loc["xgboost", "configurations"] == 48 and e.loc["xgboost", "folds"] == 6
     assert e.loc["xgboost", "scheme"] == "6-fold, grouped by configuration"
     assert e.loc["xgboost", "mae"] < e.loc["linear", "mae"]
@@ -120,6 +120,96 @@ def test_boosted_regressor_beats_the_linear_baseline_on_held_out_configurations(
     # The metrics are those of the stored held-out predictions.
     p = advisor.predictions
     assert e.loc["linear", "mae"] == pytest.approx(np.mean(np.abs(p["speedup"] - p["linear"])))
+
+
+def test_constant_baseline_is_cross_validated_on_the_regressors_folds(advisor):
+    # Recomputed from the stored held-out predictions: each fold's constant is the geometric mean of
+    # the speedups of the rows *outside* that fold, never of the rows it is judged on.
+    p = advisor.predictions
+    for fold in p["fold"].unique():
+        test = p["fold"] == fold
+        expected = np.exp(np.log(p.loc[~test, "speedup"]).mean())
+        assert p.loc[test, "constant"].to_numpy() == pytest.approx(np.full(test.sum(), expected))
+    e = advisor.evaluation.set_index("model")
+    assert e.loc["constant", "mae"] == pytest.approx(np.mean(np.abs(p["speedup"] - p["constant"])))
+    assert e.loc["constant", "folds"] == e.loc["xgboost", "folds"] == 6
+    # Not the in-sample spread: held out, a constant predicts worse than the mean of all the rows would.
+    in_sample = np.mean(np.abs(p["speedup"] - np.exp(np.log(p["speedup"]).mean())))
+    assert e.loc["constant", "mae"] > in_sample
+    assert e.loc["constant", "r2"] < 0
+    # The planted bump is learnt: XGBoost beats the yardstick by far, and the advice does not warn.
+    assert e.loc["xgboost", "mae"] < 0.5 * e.loc["constant", "mae"]
+    assert not any("no better than a constant" in n for n in advisor.recommend(2, 4, "small").notes)
+    assert "constant" in repr(advisor)
+
+
+def test_without_an_effect_the_advice_says_xgboost_beats_no_constant():
+    # Pinning changes nothing here (every policy's p99 is cfs's, up to noise): nothing to learn.
+    requests, trials, manifests = synthetic(noise=0.05, seed=3)
+    trials = trials.copy()
+    base = trials[trials["policy"] == "cfs"].set_index(["cell", "trial"])["p99"]
+    trials["p99"] = [base[(c, t)] * f for c, t, f in
+                     zip(trials["cell"], trials["trial"], np.random.default_rng(1).lognormal(0, 0.05, len(trials)))]
+    advisor = train((requests, trials, manifests), n_splits=6)
+    e = advisor.evaluation.set_index("model")
+    assert e.loc["xgboost", "mae"] >= e.loc["constant", "mae"]
+    rec = advisor.recommend(2, 4, "small", topology=TOPOLOGY)
+    assert any("XGBoost did no better than a constant" in n for n in rec.notes)
+
+
+def test_a_model_no_better_than_the_constant_never_advises_pinning_on_its_own_word():
+    # No effect anywhere but one configuration, where tuna-scatter is measured 1.5x faster with tight trials:
+    # XGBoost cannot learn one planted row, so only that configuration's own measurement may advise pinning.
+    requests, trials, manifests = synthetic(noise=0.05, seed=3)
+    trials = trials.copy()
+    base = trials[trials["policy"] == "cfs"].set_index(["cell", "trial"])["p99"]
+    trials["p99"] = [base[(c, t)] * f for c, t, f in
+                     zip(trials["cell"], trials["trial"], np.random.default_rng(1).lognormal(0, 0.05, len(trials)))]
+    planted = (trials["cell"] == "w2-t4-small-b100") & (trials["policy"] == "tuna-scatter")
+    trials.loc[planted, "p99"] = base["w2-t4-small-b100"].mean() / 1.5 * np.array([0.99, 1.0, 1.01])
+    advisor = train((requests, trials, manifests), n_splits=6)
+    e = advisor.evaluation.set_index("model")
+    assert e.loc["xgboost", "mae"] >= e.loc["constant", "mae"]
+    table = advisor.table
+
+    rec = advisor.recommend(2, 4, "small", topology=TOPOLOGY)
+    assert not rec.learnt and rec.pin and rec.best_policy == "tuna-scatter"
+    policy, speedup, low, high = rec.measured
+    row = table[(table["cell"] == "w2-t4-small-b100") & (table["policy"] == "tuna-scatter")].iloc[0]
+    assert (speedup, low, high) == pytest.approx((row["speedup"], row["speedup_low"], row["speedup_high"]))
+    assert 1 < low < speedup < high and speedup == pytest.approx(1.5, rel=0.1)
+    assert rec.verdict.startswith("pin with tuna-scatter: measured p99 speedup 1.5")
+    assert "cannot tell placements apart" in rec.verdict
+    assert rec.to_dict()["measured"]["policy"] == "tuna-scatter" and rec.to_dict()["learnt"] is False
+
+    # Every other measured configuration: pin only where its own measured interval lies above 1.
+    for cell in ["w1-t1-medium-b500", "w4-t4-small-b100", "w8-t2-medium-b100"]:
+        w, t, m, b = cell.split("-")
+        rec = advisor.recommend(int(w[1:]), int(t[1:]), m, batch=int(b[1:]), topology=TOPOLOGY)
+        above = table[(table["cell"] == cell) & (table["speedup_low"] > 1)]
+        assert rec.pin == (not above.empty) and not rec.learnt
+        if above.empty:
+            assert rec.measured is None and rec.verdict == (
+                "do not pin on this evidence: the sweep's data cannot tell placements apart (XGBoost did no better "
+                "than a constant), and no policy's measured speedup in this configuration has an interval above 1")
+    # A configuration never measured: never pin, whatever XGBoost predicts.
+    for w, t in [(3, 1), (3, 3), (6, 2), (2, 3)]:
+        rec = advisor.recommend(w, t, "small", topology=TOPOLOGY)
+        assert not rec.pin and rec.measured is None
+        assert rec.verdict.endswith("and this configuration was not measured")
+
+
+def test_without_scikit_learn_the_advisor_says_what_to_install():
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['sklearn'] = None\n"
+            "from tuna_lab.analysis.advise import grouped_folds\n"
+            "grouped_folds(['a', 'b'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == ("tuna_lab.errors.AdviseError: the advisor needs scikit-learn, "
+                                                   "which the slim install leaves out: pip install 'tuna_lab[advise]'")
 
 
 def test_fit_is_explicit_and_the_constructor_only_stores(frames, advisor):
@@ -198,6 +288,10 @@ def test_recommends_pinning_where_it_pays_and_not_where_it_does_not(advisor):
     assert rec.predicted_speedup == pytest.approx(1.6, abs=0.15)
     assert list(rec.predictions["policy"]) == ["tuna-scatter", "round-robin", "cfs"]
     assert rec.predictions.set_index("policy").loc["cfs", "xgboost"] == 1.0
+    # The constant baseline beside it: every pinning policy gets the training rows' geometric-mean speedup.
+    constant = rec.predictions.set_index("policy")["constant"]
+    assert constant.drop("cfs").to_numpy() == pytest.approx(np.exp(np.log(advisor.table["speedup"]).mean()))
+    assert "(xgboost; baselines: linear, constant)" in str(rec)
     # The evidence: the configuration itself first (it was measured), with its measured speedups.
     first = rec.evidence.iloc[0]
     assert first["cell"] == "w4-t4-small-b100" and first["distance"] == 0
@@ -361,6 +455,9 @@ def test_cli_advises_as_text_and_json(sweep_dir, capsys):
     assert code == 0 and err == ""
     assert out.startswith("Should I pin? W=4 x T=1, model small, batch 100")
     assert "held out (leave one configuration out)" in out
+    # The yardstick is shown beside the regressors, with the very numbers of the evaluation.
+    e = train(sweep_dir).evaluation.set_index("model")
+    assert f"constant MAE {e.loc['constant', 'mae']:.3f}" in out and f"xgboost MAE {e.loc['xgboost', 'mae']:.3f}" in out
     code, out, err = _cli(["advise", "-w", "4", "-t", "1", "--model", "small", "--results", str(sweep_dir),
                            "--json"], capsys)
     info = json.loads(out)

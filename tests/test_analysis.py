@@ -554,6 +554,47 @@ def test_the_report_shows_generator_cpu_per_request(tables, tmp_path):
     assert "<th>generator CPU ms/req</th>" in old and "<th>server CPU ms/req</th>" in old
 
 
+def _with_front(trials, share):
+    """``_with_cpu``'s trials whose master, helpers and front ends used ``share`` of each policy's workers' CPU."""
+    with_cpu = _with_cpu(trials).assign(p50=0.01)       # the runner's trial p50 (run's per-policy table)
+    front = with_cpu["cpu_per_request"] * with_cpu["policy"].map(share)
+    return with_cpu.assign(front_cpu_per_request=front, front_cpu_seconds=front * with_cpu["ok"])
+
+
+def test_front_cpu_is_shown_beside_the_workers_and_said_where_it_is_large(tables, tmp_path):
+    from tuna_lab.analysis import summarize
+    from tuna_lab.placement.pin import FRONT_SHARE
+
+    requests, trials = tables
+    # cfs's front: 25% of its workers' CPU (an MLServer master parsing requests); the others' a few per mille.
+    large = _with_front(trials, {"cfs": 0.25, "round-robin": 0.002, "tuna-scatter": 0.004})
+    s = summarize(requests, large)
+    table = s.summary.set_index("policy")
+    assert table["front_cpu_per_request"].to_dict() == pytest.approx(
+        {"cfs": 0.001, "round-robin": 0.000008, "tuna-scatter": 0.000016})
+    header, cfs_row = s.to_text().splitlines()[:2]
+    assert "server CPU ms/req" in header and "front CPU ms/req" in header
+    assert cfs_row.split()[4:6] == ["4.00", "1.00"]                 # workers 4 ms, front 1 ms per request
+    assert s.cpu["front_cpu_per_request"].max() == pytest.approx(0.001)
+    line = ("note: the master, helpers and front ends used 25% as much CPU as the workers (1.00 ms against "
+            "4.00 ms per request under cfs, ")
+    assert [n for n in s.notes if "front ends" in n][0].startswith(line)
+    assert line in s.to_text() and s.to_dict()["notes"] == list(s.notes)
+    text = write_report(requests, large, tmp_path / "large.html").read_text()
+    assert "<th>front CPU ms/req</th>" in text and "<td>1.00</td>" in text
+    assert html.escape(line) in text
+
+    # Below FRONT_SHARE of the workers' CPU: the column, and no line.
+    small = _with_front(trials, dict.fromkeys(POLICY_SCALE, FRONT_SHARE / 2))
+    s = summarize(requests, small)
+    assert "front CPU ms/req" in s.to_text() and not any("front ends" in n for n in s.notes)
+    assert "front ends used" not in write_report(requests, small, tmp_path / "small.html").read_text()
+    # Results recorded before it was: neither the column nor the line.
+    s = summarize(requests, _with_cpu(trials).assign(p50=0.01))
+    assert "front CPU" not in s.to_text() and s.cpu["front_cpu_per_request"].isna().all()
+    assert "<th>front CPU ms/req</th>" not in write_report(requests, _with_cpu(trials), tmp_path / "o.html").read_text()
+
+
 # -- intervals on the averaged speedups ---------------------------------------------------------
 
 def _scenarios_with_spread():
@@ -769,7 +810,10 @@ def test_demo_says_under_its_speedups_what_this_machine_can_show(tmp_path):
     lines = p.stdout.splitlines()
     speedups = [i for i, line in enumerate(lines) if " vs cfs: p99 speedup " in line]
     assert len(speedups) == 2 and "(95% interval)" in lines[speedups[-1]], p.stdout[-2000:]
-    assert not re.search(r"\[-\d", p.stdout) and "Fieller" not in p.stdout
+    # No interval of a positive quantity below zero; a rank correlation's (the scheduler evidence's) may be.
+    positive = "\n".join(line for line in lines if "Spearman" not in line)
+    assert not re.search(r"\[-\d", positive) and "Fieller" not in p.stdout
+    assert "scheduler evidence per policy" in p.stdout          # after the scale line, not between
     note = scale_note(Limits.read().effective_cpus)
     if note:            # this machine is too small for the article's effect: said once, right there
         assert lines[speedups[-1] + 1] == note and lines.count(note) == 1

@@ -3,7 +3,7 @@
 A proof of optimality by :meth:`TunaModel.certificate` is only as good as the
 bound behind it. Here every bound the model may use - the per-level counting
 bound, the sibling and domain pattern bounds, and the fragment programs of
-:mod:`tuna_lab.model.fragments` - is checked against every feasible mapping
+:mod:`tuna_lab.model.route.fragments` - is checked against every feasible mapping
 of small instances (enumerated by ``reference.brute_force``), level by level
 where the bound is of some levels only; and on instances too big to
 enumerate, against the optimum HiGHS proves.
@@ -18,9 +18,9 @@ from reference import ALL_KEYS, brute_force
 from strategies import fragment_cases
 
 from tuna_lab import InfeasibleModelError, ModelError, Topology, TunaModel
-from tuna_lab.model.bounds import bound_closes, patterns_infeasible
+from tuna_lab.model.route.bounds import bound_closes, patterns_infeasible
 from tuna_lab.model.encodings import ultrametric_chain
-from tuna_lab.model.fragments import fragment_mapping, fragment_program
+from tuna_lab.model.route.fragments import fragment_mapping, fragment_program
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -367,7 +367,7 @@ def test_generated_workers_give_the_written_out_bound(spec, W, T, drop, inner, m
     """Where ``T`` has too many partitions to write out (``T`` far above a domain's size), the workers
     are generated too: forced here from the partitions of fewest parts, the bound is the one of every
     partition written out, and it covers the optimum."""
-    from tuna_lab.model.fragments import tuning
+    from tuna_lab.model.route.fragments import tuning
 
     keys, model = _model(spec, W, T, drop)
     by_highs = model.solve(prove="solver", time_limit=120)
@@ -420,7 +420,7 @@ def test_the_pricing_walk_finds_every_pattern_the_table_finds(spec, W, T, drop, 
 def test_pricing_by_table_and_by_walk_find_the_same_patterns(W, T, inner, monkeypatch):
     """Pricing evaluates every pattern at once where they fit in a table, else walks them with a
     knapsack bound: both are exact, so at the same duals they must find the same patterns."""
-    from tuna_lab.model.fragments import tuning
+    from tuna_lab.model.route.fragments import tuning
 
     _, model = _model(SMT_L3, W, T, ("8p", "11p-12p"))
     chain = ultrametric_chain(model.instance.topology, model.instance.costs)

@@ -1,22 +1,21 @@
-"""The command line as a user runs it: a real subprocess, stdout/stderr and exit status."""
+"""The command line as a user runs it: stdout/stderr and exit status.
+
+The commands run in this process (``tuna_lab.cli.main``, helpers.main); the
+real entry point's exit statuses are checked once, as a process.
+"""
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import tuna_lab
+from helpers import cli
+from helpers import main as run
 
 SOLVE_FIELDS = {"workers", "threads", "mode", "logical_cores", "physical_cores", "assignment", "f_main",
                 "f_mode", "objective", "status", "proven_optimal", "gap", "build_seconds", "solve_seconds"}
-
-
-def run(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "tuna_lab.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def test_solve_json_has_the_stable_fields_and_a_valid_mapping():
@@ -197,6 +196,16 @@ def test_version():
     assert p.returncode == 0 and p.stdout == f"tuna-lab {tuna_lab.__version__}\n"
 
 
+@pytest.mark.parametrize("module", ["tuna_lab", "tuna_lab.cli"])
+def test_the_entry_points_exit_with_the_commands_status(module):
+    """``python -m tuna_lab`` and ``python -m tuna_lab.cli`` as processes: 0, and 2 with one line on bad input."""
+    ok = cli("--version", module=module, timeout=120)
+    assert ok.returncode == 0 and ok.stdout == f"tuna-lab {tuna_lab.__version__}\n" and ok.stderr == ""
+    bad = cli("solve", "-w", "0", "-t", "2", module=module, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == "" and "Traceback" not in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1 and "error" in bad.stderr
+
+
 def test_first_training_says_it_happens_once(tmp_path, monkeypatch, capsys):
     from tuna_lab.server import models
 
@@ -219,9 +228,9 @@ def measured(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("cli") / "results"
     r = run("run", "-w", "1", "-t", "1", "--model", "small", "--batch", "10", "--policies", "cfs,round-robin",
-            "--trials", "1", "--requests", "20", "--out", out, "--json", timeout=300)
+            "--trials", "1", "--requests", "20", "--out", out, "--json")
     s = run("sweep", "--configs", "1x1,2x1", "--models", "small", "--batches", "10", "--policies", "cfs",
-            "--trials", "1", "--requests", "20", "--out", out, "--json", timeout=300)
+            "--trials", "1", "--requests", "20", "--out", out, "--json")
     keys = [Config(1, 1, "small", 10).key, Config(2, 1, "small", 10).key]
     return out, keys, r, s
 
@@ -299,7 +308,7 @@ def test_a_resume_with_other_settings_is_refused_and_writes_nothing(tmp_path):
 def test_report_json_has_the_path_and_headline_speedups(measured, tmp_path):
     out, _, _, _ = measured
     html = tmp_path / "r.html"
-    p = run("report", out, "-o", html, "--json", timeout=300)
+    p = run("report", out, "-o", html, "--json")
     assert p.returncode == 0, p.stderr
     obj = json.loads(p.stdout)
     assert obj["report"] == str(html) and html.is_file() and obj["cells"] == 2
@@ -313,7 +322,7 @@ def test_report_json_has_the_path_and_headline_speedups(measured, tmp_path):
 
 def test_preset_help_names_every_preset():
     # the help is written out (the parser must not import numpy); it must not drift from PRESETS
-    from tuna_lab.machine.synthetic import PRESETS
+    from tuna_lab.machine.readers.synthetic import PRESETS
 
     _, commands = _subcommands()
     (action,) = [a for a in commands["solve"]._actions if "--preset" in a.option_strings]

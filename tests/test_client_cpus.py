@@ -8,14 +8,13 @@ every thread of every server while the run goes on.
 """
 
 import os
-import subprocess
-import sys
 import threading
 import time
 import warnings
 
 import pytest
 
+from helpers import cli, main
 from tuna_lab._checks import format_cpulist, parse_cpulist
 from tuna_lab.errors import ExperimentError, TopologyError
 from tuna_lab.machine import Limits, Topology
@@ -251,11 +250,7 @@ def test_a_pool_that_no_longer_fits_is_refused_before_any_server_starts():
 
 
 # ------------------------------------------------------------------ the command line
-def cli(*args, timeout=300):
-    return subprocess.run([sys.executable, "-m", "tuna_lab.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
-
-
+# In this process (helpers.main), but for `serve --detach`: the server it leaves running is a process's.
 @pytest.mark.parametrize("command", [
     ("run", "-w", "1", "-t", "1", "--model", "small"),
     ("sweep", "--configs", "1x1", "--models", "small", "--out", "{tmp}/s"),
@@ -268,7 +263,7 @@ def cli(*args, timeout=300):
     ("", "wants a cpulist"),
 ])
 def test_bad_client_cpus_are_one_line_and_exit_2(command, value, message, tmp_path):
-    p = cli(*[a.replace("{tmp}", str(tmp_path)) for a in command], "--client-cpus", value, timeout=60)
+    p = main(*[a.replace("{tmp}", str(tmp_path)) for a in command], "--client-cpus", value)
     assert p.returncode == 2 and p.stdout == ""
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tuna-lab: error: ") and message in lines[0], p.stderr
@@ -276,14 +271,14 @@ def test_bad_client_cpus_are_one_line_and_exit_2(command, value, message, tmp_pa
 
 @needs_two_cpus
 def test_a_pool_larger_than_the_cpus_left_is_one_line_and_exit_2():
-    p = cli("run", "-w", "1", "-t", len(CPUS), "--model", "small", "--client-cpus", CPUS[-1], timeout=60)
+    p = main("run", "-w", "1", "-t", len(CPUS), "--model", "small", "--client-cpus", CPUS[-1])
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "threads per worker need" in p.stderr
 
 
 @needs_two_cpus
 def test_run_with_client_cpus_prints_server_and_generator_cpu_per_request():
     client = CPUS[-1]
-    p = cli("run", "-w", "1", "-t", "1", "--model", "small", "--batch", "10", "--policies", "cfs", "--trials", "1",
+    p = main("run", "-w", "1", "-t", "1", "--model", "small", "--batch", "10", "--policies", "cfs", "--trials", "1",
             "--requests", "20", "--concurrency", "4", "--client-cpus", client)
     assert p.returncode == 0, p.stderr
     said = [line for line in p.stderr.splitlines() if "load generator" in line]
@@ -302,19 +297,19 @@ def test_serve_keeps_the_server_off_the_client_cpus_and_status_shows_it(tmp_path
     client = CPUS[-1]
     pidfile = tmp_path / "srv.pid"
     p = cli("serve", "-w", "2", "-t", "1", "--model", "small", "--policy", "cfs", "--port", "0",
-            "--pidfile", pidfile, "--client-cpus", client, "--detach")
+            "--pidfile", pidfile, "--client-cpus", client, "--detach", timeout=300)
     try:
         assert p.returncode == 0, p.stderr
         assert f"load generator on CPU {client} (--client-cpus)" in p.stderr
         assert f"CPU {client} kept free for your load generator" in p.stdout
-        status = cli("status", "--pidfile", pidfile, "--json", timeout=60)
+        status = main("status", "--pidfile", pidfile, "--json")
         info = json.loads(status.stdout)
         server = [c for c in CPUS if c != client]
         assert info["server_cpus"] == server and info["master_cpus"] == server
         threads = [t for w in info["workers"] for t in w["threads"]]
         assert len(info["workers"]) == 2 and threads
         assert all(t["cpus"] == server for t in threads)     # cfs binds nothing, yet stays off the client CPU
-        text = cli("status", "--pidfile", pidfile, timeout=60).stdout
+        text = main("status", "--pidfile", pidfile).stdout
         assert "server confined to CPUs" in text
     finally:
         if pidfile.exists():

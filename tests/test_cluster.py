@@ -29,6 +29,7 @@ from tuna_lab.measure.experiment import Config, load_results  # noqa: E402
 from tuna_lab.measure.sweep.sweeps import sweep  # noqa: E402
 from tuna_lab.server.models import ensure_model  # noqa: E402
 from daskcluster import DASK, Cluster, scheduler, stop  # noqa: E402
+from helpers import main  # noqa: E402
 
 CPUS = sorted(os.sched_getaffinity(0))[:2]
 #: Every process of this module's cluster carries it (Gunicorns inherit it): how survivors are found.
@@ -61,10 +62,10 @@ def cluster(tmp_path_factory):
     c.close()
 
 
-def _cli(*args, timeout=180):
+def _cli(*args):
+    """``tuna-lab ARGS`` in this process (helpers.main) and how long it took."""
     started = time.monotonic()
-    p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", *map(str, args)], capture_output=True, text=True,
-                       timeout=timeout)
+    p = main(*args)
     return p, time.monotonic() - started
 
 

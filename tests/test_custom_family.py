@@ -147,8 +147,8 @@ def test_a_family_claiming_no_caps_is_still_checked():
 
 # -- the contract with the encodings ---------------------------------------------------
 
-CONTRACT = {"assignment_constraints", "rank_constraints", "worker_constraints", "main_indicator",
-            "physical_main_indicator", "main_load_events", "pair_sum", "symmetry_constraints",
+CONTRACT = {"assignment_constraints", "rank_cap", "worker_cap", "main_indicator",
+            "physical_main_indicator", "product", "pair_sum", "symmetry_constraints",
             "extract", "canonical", "start"}
 
 

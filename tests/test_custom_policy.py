@@ -88,12 +88,14 @@ def test_tuna_lab_plan_offers_it(capsys):
 
 
 def test_run_pins_the_lab_server_with_it(tmp_path):
-    # One tiny trial: run() starts the lab server under the policy, which binds every thread to the last CPU.
+    # One tiny trial: run() starts the lab server under the policy, which binds every worker thread to the
+    # last CPU (the master is not a worker: the policy does not place it).
     threads = min(2, len(os.sched_getaffinity(0)))
     result = run(Config(1, threads, "small", 10), [NAME], trials=1, requests=5, warmup=2, out=str(tmp_path / "c"))
     assert (result.trials["policy"] == NAME).all() and (result.trials["trial_status"] == "ok").all()
     last = str(max(os.sched_getaffinity(0)))
-    assert set(result.threads["cpus"]) == {last}, result.threads
+    workers = result.threads[result.threads["role"].isin(["main", "pool"])]
+    assert set(workers["role"]) == {"main", "pool"} and set(workers["cpus"]) == {last}, result.threads
 
 
 def test_the_widgets_and_the_cli_help_list_it(capsys):

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from helpers import main
 from tuna_lab._checks import format_cpulist
 from tuna_lab.errors import ExperimentError
 from tuna_lab.measure.experiment import Config, grid, load_results, load_thread_cpu, machine_name, run
@@ -153,8 +154,7 @@ def test_written_cell_reloads_with_its_manifest(tiny):
 def test_report_is_written_from_saved_results(tiny, tmp_path):
     _, out, _ = tiny
     html = tmp_path / "report.html"
-    p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "report", str(out), "-o", str(html)],
-                       capture_output=True, text=True, timeout=300)
+    p = main("report", out, "-o", html)
     assert p.returncode == 0, p.stderr
     text = html.read_text()
     assert "round-robin" in text and "<html" in text.lower()
@@ -197,8 +197,7 @@ def test_old_results_without_the_generator_columns_still_load_and_report(tiny, t
     _, trials, _ = load_results(str(old.parent))
     assert "generator_cpu_seconds" not in trials.columns
     html = tmp_path / "old.html"
-    p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "report", str(old.parent), "-o", str(html), "--json"],
-                       capture_output=True, text=True, timeout=300)
+    p = main("report", old.parent, "-o", html, "--json")
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)["cpu"]
     assert rows and all(r["generator_cpu_per_request"] is None and r["server_cpu_per_request"] > 0 for r in rows)
@@ -260,8 +259,7 @@ def test_corrupt_or_foreign_results_folder(tmp_path):
     (cell / "trials.parquet").write_text("this is not parquet")
     with pytest.raises(ExperimentError, match="not a readable"):
         load_results(str(tmp_path / "bad"))
-    p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "report", str(tmp_path / "bad")],
-                       capture_output=True, text=True, timeout=120)
+    p = main("report", tmp_path / "bad")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
 
 

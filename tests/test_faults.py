@@ -263,7 +263,7 @@ def test_a_kill_mid_trial_is_recorded_and_the_resume_redoes_only_that_run(kind, 
 
     out = tmp_path / "run" / "w2-t1-small-b10"          # `run --out` writes its cell inside the folder
     argv = [sys.executable, "-m", "tuna_lab", "run", "-w", "2", "-t", "1", "--model", "small", "--batch", "10",
-            "--policies", ",".join(POLICIES), "--trials", "2", "--requests", "3000", "--concurrency", "2",
+            "--policies", ",".join(POLICIES), "--trials", "2", "--requests", "1500", "--concurrency", "2",
             "--seed", "1", "--out", str(out.parent)]
     env = {**os.environ, "TUNA_LAB_TEST_MARK": MARK}
     runner = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -274,11 +274,12 @@ def test_a_kill_mid_trial_is_recorded_and_the_resume_redoes_only_that_run(kind, 
             master = _gunicorn_master(runner.pid)
             time.sleep(0.02)
         assert master is not None, "no server started"
-        # Its workers up, then well past the warm-up's 20 requests, far from the load's 3000: mid-trial.
+        # Its workers up, then well past the warm-up's 20 requests (0.5 s of the workers' CPU is some 200 of the
+        # small model's at batch 10, 2 ms each here), far from the load's 1500: mid-trial.
         while len(master.children()) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         start = _worker_cpu(master)
-        while _worker_cpu(master) < start + 1.0 and master.is_running() and time.monotonic() < deadline:
+        while _worker_cpu(master) < start + 0.5 and master.is_running() and time.monotonic() < deadline:
             time.sleep(0.01)
         victim = master if kind == "master" else master.children()[0]
         victim.send_signal(signal.SIGKILL)

@@ -28,38 +28,35 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from helpers import USERAPP, main
 from tuna_lab.measure import trials as trials_module
 from tuna_lab.measure.loadgen.requests import Requests
 from tuna_lab.server.launch import free_port
 
-USERAPP = Path(__file__).parent / "userapp"
 CPUS = sorted(os.sched_getaffinity(0))
 
 two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs")
-
-
-def cli(*args, timeout=400, env=None):
-    return subprocess.run([sys.executable, "-m", "tuna_lab", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 # -- every worker is measured -----------------------------------------------------------------------
 
 @two_cpus
 def test_every_tuna_trial_records_every_workers_pool_cpu(model_env, body, tmp_path):
+    # Two trials of each policy: the first and one after it (a third would prove nothing more).
     out = tmp_path / "results"
-    r = cli("run", "--app", "timed_app:application", "--app-dir", USERAPP, "-w", 2, "-t", 2,
-            "--policies", "cfs,tuna-scatter", "--trials", 3, "--requests", 40, "--concurrency", 2,
-            "--body", body, "--out", out, "--json", env=model_env)
+    r = main("run", "--app", "timed_app:application", "--app-dir", USERAPP, "-w", 2, "-t", 2,
+             "--policies", "cfs,tuna-scatter", "--trials", 2, "--requests", 40, "--concurrency", 2,
+             "--body", body, "--out", out, "--json", env=model_env)
     assert r.returncode == 0, r.stderr
     cell = Path(json.loads(r.stdout)["path"])
     trials = pd.read_parquet(cell / "trials.parquet")
     assert (trials["trial_status"] == "ok").all(), trials[["policy", "trial", "reason"]]
     threads = pd.read_parquet(cell / "threads.parquet")
+    assert threads.groupby(["policy", "trial"]).ngroups == 2 * 2
     for (policy, trial), group in threads.groupby(["policy", "trial"]):
         # Both workers, each with its main thread and its pool, every one of which ran during the load.
-        assert group["pid"].nunique() == 2, (policy, trial, group)
-        pool = group[group["role"] == "openmp"]
+        assert group.loc[group["role"] == "main", "pid"].nunique() == 2, (policy, trial, group)
+        pool = group[group["role"] == "pool"]
         assert len(pool) == 2 and (pool["cpu_seconds"] > 0).all(), (policy, trial, group)
         assert (pool["max_thread_cpu_seconds"] > 0).all(), (policy, trial, group)
 
@@ -178,7 +175,8 @@ def test_a_step_after_an_overload_starts_on_an_idle_server(model_env, tmp_path, 
     # "restarted": a drain this short cannot serve the backlog, so the next step runs on a fresh server.
     monkeypatch.setattr(trials_module, "_DRAIN_TIMEOUT", drain_timeout)
     target, plan = _steps_plan(model_env, tmp_path, monkeypatch)
-    steps = iter([(400.0, 1.0), (8.0, 2.0)])
+    # 200 a second for 1 s: 4x what the worker serves, some 3 s of backlog (the drain test overloads it more).
+    steps = iter([(200.0, 1.0), (8.0, 2.0)])
     try:
         measured = list(run_steps(plan, "cfs", lambda row: next(steps, None)))
     finally:
@@ -321,11 +319,11 @@ def test_run_pid_sends_two_requests_per_worker_at_a_time_by_default(model_env, t
     proc, port = _server(model_env, tmp_path, workers=2)
     try:
         url = f"http://127.0.0.1:{port}/"
-        r = cli("run", "--pid", proc.pid, "--url", url, "-t", 1, "--policies", "cfs", "--trials", 1,
-                "--requests", 20, "--out", tmp_path / "out", "--json", env=model_env)
+        r = main("run", "--pid", proc.pid, "--url", url, "-t", 1, "--policies", "cfs", "--trials", 1,
+                 "--requests", 20, "--out", tmp_path / "out", "--json", env=model_env)
         assert r.returncode == 0, r.stderr
         manifest = json.loads((Path(json.loads(r.stdout)["path"]) / "manifest.json").read_text())
         assert manifest["concurrency"] == 4
-        assert "with --pid: 2 per worker" in " ".join(cli("run", "--help").stdout.split())
+        assert "with --pid: 2 per worker" in " ".join(main("run", "--help").stdout.split())
     finally:
         _stop(proc)

@@ -24,7 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from test_pin import Server, _gunicorn_quiet, hooked_slots, python_nobody_can_read, wait_until  # noqa: F401
+from helpers import ProcessGroup as Server, wait_until
+from test_pin import _gunicorn_quiet, hooked_slots, python_nobody_can_read  # noqa: F401
 
 NOBODY = 65534
 W = 2

@@ -110,3 +110,37 @@ def test_the_layers_contract_can_break(tmp_path):
         "type = layers\nlayers =\n    tuna_lab.model\n    tuna_lab.machine\n")
     p = lint_imports(tmp_path, tmp_path)
     assert p.returncode != 0 and "tuna_lab.machine is not allowed to import tuna_lab.model" in p.stdout
+
+
+# The one layer that reads the OS: these are the modules that name a /proc or /sys path.
+OS_LAYER = "tuna_lab/machine/"
+# _files is the safe reader itself (its examples and checks name /proc).
+OS_PATH_ALLOWED = {"tuna_lab/_files.py"}
+
+
+def os_paths(path):
+    """The ``/proc``/``/sys`` paths a module names in its code (strings and f-strings; docstrings left out)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant):
+            text = node.values[0].value
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            text = node.value
+        else:
+            continue
+        if isinstance(text, str) and text.startswith(("/proc", "/sys/")):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text}")
+    return sorted(set(found))      # an f-string's first part is also a constant of its own
+
+
+def test_only_the_machine_package_opens_proc_and_sys():
+    outside = [hit for path in sorted((ROOT / "tuna_lab").rglob("*.py"))
+               if not str(path.relative_to(ROOT)).startswith(OS_LAYER)
+               and str(path.relative_to(ROOT)) not in OS_PATH_ALLOWED
+               for hit in os_paths(path)]
+    assert not outside, "read /proc and /sys through tuna_lab.machine (procfs, sched, irqs...):\n" + "\n".join(outside)

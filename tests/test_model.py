@@ -754,7 +754,7 @@ MINI_XEON = "l3:1 l2:3 core:1 pu:2"      # the article's machine in small: SMT p
 def test_sibling_pattern_bound_proves_what_the_counting_bound_cannot(spec, W, T, drop):
     """Cases where (11+)-(12+), sibling capacity or worker competition cap the compact
     pairs: the joint bound equals the brute-force optimum and the default path proves it."""
-    from tuna_lab.model.bounds import objective_bound
+    from tuna_lab.model.route.bounds import objective_bound
     from tuna_lab.model.encodings import ultrametric_chain
 
     keys = tuple(k for k in ALL_KEYS if k not in drop)
@@ -783,7 +783,7 @@ def test_bounds_never_cut_off_the_optimum_on_smt_pairs(spec, W, T, drop, mode):
 
 def test_objective_granularity_is_a_step_of_every_objective_value():
     """Feasible objective values differ by multiples of the lattice step."""
-    from tuna_lab.model.bounds import objective_granularity
+    from tuna_lab.model.route.bounds import objective_granularity
     from tuna_lab.model.encodings import ultrametric_chain
 
     for spec, W, T, mode in [(MINI_XEON, 2, 2, "compact"), (TREE, 2, 3, "scatter"),
@@ -800,7 +800,7 @@ def test_objective_granularity_is_a_step_of_every_objective_value():
 def test_local_search_keeps_every_family_and_never_worsens():
     """The polishing step on an oversubscribed compact case of a two-level SMT machine, from the
     greedy mapping (``construct`` maps the fragment programs' plans too, and reaches the optimum here)."""
-    from tuna_lab.model.construct import greedy_mapping
+    from tuna_lab.model.route.construct import greedy_mapping
     from tuna_lab.model.encodings import ultrametric_chain
 
     t = Topology.synthetic("pack:2 l3:2 l2:2 core:1 pu:2")

@@ -978,3 +978,148 @@ def test_pin_removes_the_state_of_servers_that_are_gone_and_only_ours(plain, gon
         for path in (dead, others):
             shutil.rmtree(path, ignore_errors=True)
     assert not list(tmp.glob(f"tuna_lab-pin-{os.geteuid()}-{plain.master}-*"))
+
+
+# -- --watch keeps the plan true: a replacement pinned within 1 s of its pool, each thing said once ----------
+
+def _watch(srv, *extra, errors):
+    """``pin --pid --watch --json`` on ``srv`` in the background: (process, queue of (time, stdout line))."""
+    with open(errors, "w") as err:                      # a file: warnings can never fill a pipe
+        watch = subprocess.Popen([sys.executable, "-m", "tuna_lab", "pin", "--pid", str(srv.master), *map(str, extra),
+                                  "--watch", "--json"], stdout=subprocess.PIPE, stderr=err, text=True,
+                                 start_new_session=True, cwd=tempfile.gettempdir())
+    lines = queue.Queue()
+    threading.Thread(target=_read_lines, args=(watch.stdout, lines), daemon=True).start()
+    return watch, lines
+
+
+def _stop_watch(watch):
+    if watch.poll() is None:
+        watch.send_signal(signal.SIGTERM)
+    try:
+        return watch.wait(15)
+    finally:
+        if watch.poll() is None:
+            os.killpg(watch.pid, signal.SIGKILL)
+            watch.wait(5)
+        watch.stdout.close()
+
+
+class _Traffic:
+    """Requests to ``srv``, one at a time, until stopped: the live traffic a watched server has."""
+
+    def __init__(self, srv):
+        self.srv, self.done = srv, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.done.is_set():
+            try:
+                get(self.srv.port, timeout=10)
+            except (OSError, AssertionError, ValueError):
+                time.sleep(0.05)                          # a worker killed mid-request: go on
+
+    def stop(self):
+        self.done.set()
+        self.thread.join(15)
+
+
+@pytest.fixture
+def watched(model_file, tmp_path):
+    srv = Server([GUNICORN, "-w", W, "--chdir", USERAPP, "-b", "127.0.0.1:{port}", "-p", "{pidfile}",
+                  *_gunicorn_quiet(), "wsgi_app:application"], server_env(model_file), tmp_path, "watched")
+    try:
+        wait_until(lambda: ready(srv), 120, "the watched server's workers")
+        request_until(srv, lambda: every_worker_has_its_pool(srv), "every worker to start its OpenMP pool")
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_watch_pins_a_replacement_within_1s_of_its_pool_and_says_each_thing_once(watched, tmp_path):
+    srv = watched
+    threads = T + 1                                       # more than the pool has: a warning for every worker
+    plan = placement("round-robin", W, threads, topology_from(None)).plan()
+    errors = tmp_path / "watch.err"
+    traffic = _Traffic(srv)
+    watch, lines = _watch(srv, "-t", threads, "--policy", "round-robin", errors=errors)
+    reports = []
+    try:
+        reports.append(json.loads(lines.get(timeout=60)[1]))
+        slot_of = {w["pid"]: w["slot"] for w in reports[0]["workers"]}
+        time.sleep(3)                                     # rounds of the watch under live traffic
+        victim, survivor = srv.workers()
+        os.kill(victim, signal.SIGKILL)
+        new = wait_until(lambda: [p for p in srv.workers() if p not in slot_of], 30, "a replacement worker")[0]
+        want = list(plan.slots[slot_of[victim]][1])       # the replacement's pool thread (rank 1)
+        # Time, per thread of the replacement, when it first appears and when it first sits on the plan's CPUs.
+        appeared, placed = {}, {}
+        deadline, settled = time.monotonic() + 60, None
+        while time.monotonic() < (settled or deadline):
+            now = time.monotonic()
+            with contextlib.suppress(FileNotFoundError, StopIteration):
+                for tid in tids_of(new):
+                    appeared.setdefault(tid, now)
+                    if tid != new and tid not in placed and cpus_of(tid) == want:
+                        placed[tid] = time.monotonic()
+            if placed and settled is None:
+                settled = time.monotonic() + 1.5          # then tell the pool from the others, at leisure
+            time.sleep(0.01)
+        pool = pool_tids(new)
+        assert pool, f"replacement {new} started no OpenMP pool within 60 s: {affinities([new])}"
+        missing = [t for t in pool if t not in placed]
+        assert not missing, f"pool threads {missing} of replacement {new} never pinned to {want}: " \
+                            f"{[cpus_of(t) for t in missing]}"
+        # The inherited mask is not the plan's: the watch did set it.
+        assert cpus_of(new) != want or len(want) > 1
+        delay = max(placed[t] - appeared[t] for t in pool)
+        print(f"replacement {new}: pool pinned {delay:.2f} s after it appeared")
+        assert delay < 1.0, f"replacement {new}'s pool was pinned {delay:.2f} s after it appeared"
+
+        # A mask someone else sets on a pinned thread: reported once, left as it is (no --enforce).
+        theirs = pool_tids(survivor)[0]
+        os.sched_setaffinity(theirs, CPUS)
+        wait_until(lambda: "someone else changed its mask" in errors.read_text(), 10, "the watch to see it")
+        time.sleep(2)
+        assert cpus_of(theirs) == CPUS
+        while not lines.empty():
+            reports.append(json.loads(lines.get()[1]))
+    finally:
+        traffic.stop()
+        rc = _stop_watch(watch)
+    said = errors.read_text()
+    assert rc == 0, said
+    warnings = [line for line in said.splitlines() if line.startswith("tuna-lab: warning:")]
+    repeated = {w: n for w, n in __import__("collections").Counter(warnings).items() if n > 1}
+    assert not repeated, f"warnings said more than once: {repeated}"
+    assert sum(f"thread {theirs} is on CPUs" in w for w in warnings) == 1, said
+    assert any("left as it is (--enforce puts it back)" in w for w in warnings), said
+    # No worker is shown twice as it was: the pin's report once, then only what changed.
+    last = {}
+    for report in reports:
+        for w in report["workers"]:
+            assert w != last.get(w["pid"]), f"worker {w['pid']} shown again unchanged"
+            last[w["pid"]] = w
+    assert len(reports[0]["workers"]) == W and [r for r in reports[1:] if new in {w["pid"] for w in r["workers"]}]
+
+
+def test_watch_enforce_puts_back_a_mask_someone_else_changed(watched, tmp_path):
+    srv = watched
+    errors = tmp_path / "watch.err"
+    done = cli("pin", "--pid", srv.master, "-t", T, "--policy", "round-robin", "--enforce")
+    assert done.returncode == 2 and "give --watch too" in done.stderr, done.stderr
+    watch, lines = _watch(srv, "-t", T, "--policy", "round-robin", "--enforce", errors=errors)
+    try:
+        json.loads(lines.get(timeout=60)[1])
+        tid = pool_tids(srv.workers()[0])[0]
+        pinned = cpus_of(tid)
+        assert pinned != CPUS
+        os.sched_setaffinity(tid, CPUS)
+        wait_until(lambda: cpus_of(tid) == pinned, 2, "the watch to put the mask back")
+        wait_until(lambda: "put back (--enforce)" in errors.read_text(), 5, "the watch to say so")
+    finally:
+        rc = _stop_watch(watch)
+        assert cli("unpin", "--pid", srv.master).returncode == 0
+    assert rc == 0, errors.read_text()
+    assert sum("put back (--enforce)" in line for line in errors.read_text().splitlines()) == 1

@@ -1,6 +1,6 @@
 """``tuna-lab plan``: every format checked for what it says, not just printed.
 
-The CLI runs as a user runs it (``python -m tuna_lab``); its output is
+The CLI runs in this process (``tuna_lab.cli.main``, helpers.main); its output is
 parsed back and compared with the library's :class:`~tuna_lab.placement.plan.Plan`.
 The ``taskset`` format with ``--pid`` of a running server is in ``test_pin.py``,
 beside the servers.
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import main
 from tuna_lab._checks import format_cpulist
 from tuna_lab.errors import PlanError
 from tuna_lab.machine import Topology, topology_from
@@ -28,21 +29,29 @@ DATA = Path(__file__).parent / "data"
 W, T = 2, min(2, len(HERE.cpus))
 
 
-def cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "tuna_lab", *args], capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def plan_cli(*args):
-    done = cli("plan", *args)
+    done = main("plan", *args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
 @pytest.fixture(scope="module")
-def scatter_json():
-    """``tuna-lab plan --policy tuna-scatter`` on this machine (the solver runs once)."""
-    return plan_cli("-w", str(W), "-t", str(T), "--policy", "tuna-scatter")
+def plans():
+    """``plans(*ARGS)``: ``tuna-lab plan -w W -t T ARGS``'s output on this machine, each ARGS run once."""
+    outputs = {}
+
+    def output(*args):
+        if args not in outputs:
+            outputs[args] = plan_cli("-w", str(W), "-t", str(T), *args)
+        return outputs[args]
+
+    return output
+
+
+@pytest.fixture(scope="module")
+def scatter_json(plans):
+    """``tuna-lab plan --policy tuna-scatter`` on this machine (the solver's plan, shared by the formats' tests)."""
+    return plans("--policy", "tuna-scatter")
 
 
 # -- json ---------------------------------------------------------------------------------------
@@ -150,9 +159,9 @@ _OMP_LINE = re.compile(r'^slot (\d+): OMP_PLACES="([^"]*)" OMP_PROC_BIND=close O
 @pytest.mark.parametrize("args", [["--policy", "tuna-scatter"], ["--policy", "round-robin"],
                                   ["--policy", "round-robin", "--synthetic", "pack:2 core:2 pu:2"]],
                          ids=["tuna-scatter", "round-robin", "synthetic"])
-def test_omp_places_format_parses_back_to_the_plan(args):
-    text = plan_cli("-w", str(W), "-t", str(T), *args, "--format", "omp-places")
-    plan = Plan.read(plan_cli("-w", str(W), "-t", str(T), *args))
+def test_omp_places_format_parses_back_to_the_plan(args, plans):
+    text = plans(*args, "--format", "omp-places")
+    plan = Plan.read(plans(*args))
     lines = text.splitlines()
     assert lines[0].startswith("# ") and plan.fingerprint in lines[0]
     assert len(lines) == 1 + plan.workers
@@ -181,9 +190,9 @@ def test_parse_omp_places_refuses_what_is_not_an_explicit_list(text):
 
 # -- taskset (placeholders; with --pid in test_pin.py) --------------------------------------------
 
-def test_taskset_format_without_a_server_names_every_thread_of_every_slot(scatter_json):
+def test_taskset_format_without_a_server_names_every_thread_of_every_slot(scatter_json, plans):
     plan = Plan.read(scatter_json)
-    text = plan_cli("-w", str(W), "-t", str(T), "--policy", "tuna-scatter", "--format", "taskset")
+    text = plans("--policy", "tuna-scatter", "--format", "taskset")
     body = [line for line in text.splitlines() if not line.startswith("#")]
     assert len(body) == plan.workers * plan.threads
     for line in body:
@@ -235,9 +244,9 @@ def _exec_gunicorn_snippet(snippet):
     return json.loads(done.stdout)
 
 
-def test_gunicorn_snippet_sets_the_plan_and_imports_the_hooks(scatter_json):
+def test_gunicorn_snippet_sets_the_plan_and_imports_the_hooks(scatter_json, plans):
     plan = Plan.read(scatter_json)
-    snippet = plan_cli("-w", str(W), "-t", str(T), "--policy", "tuna-scatter", "--format", "gunicorn")
+    snippet = plans("--policy", "tuna-scatter", "--format", "gunicorn")
     got = _exec_gunicorn_snippet(snippet)
     assert Plan.read(got["plan"]) == plan
     assert got["hooks"] == ["child_exit", "on_exit", "post_fork", "post_worker_init"]
@@ -262,7 +271,7 @@ def test_gunicorn_snippet_survives_quotes_and_backslashes_in_names():
     ["-w", "2", "-t", "2", "--policy", "round-robin", "--format", "taskset", "--pid", "0"],
 ], ids=["zero-workers", "policy", "format", "preset", "hwloc-xml", "pid-0"])
 def test_bad_plan_input_is_one_line_and_status_2(args):
-    done = cli("plan", *args)
+    done = main("plan", *args)
     assert done.returncode == 2, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert done.stdout == ""

@@ -247,3 +247,11 @@ def test_compare_f_terms_match_the_mapping():
     assert df.loc["tuna-scatter", "f_main"] == pytest.approx(m.f_main)
     assert df.loc["tuna-scatter", "f_mode"] == pytest.approx(m.f_mode)
     assert compare(2, 2, XEON, ["omp-close"], places="threads")["f_main"].notna().all()
+
+
+def test_the_cli_names_the_policies_the_library_registers():
+    # The CLI's help lists the built-in names without loading the registry; the two must agree.
+    from tuna_lab.placement.names import BUILTIN_POLICIES
+    from tuna_lab.placement.policies import POLICIES
+
+    assert POLICIES == BUILTIN_POLICIES

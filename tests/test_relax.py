@@ -13,11 +13,11 @@
 """
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+
+from helpers import main
 
 from reference import ALL_KEYS, all_assignments, bounds, feasible_mask, model_objective, scenario3
 from tuna_lab import InfeasibleModelError, ModelError, Topology, TunaModel, solve
@@ -159,26 +159,21 @@ def test_article_machine_every_configuration_gets_a_placement():
     assert relaxed == expected and len(relaxed) == 32
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "tuna_lab.cli", *args], capture_output=True, text=True,
-                          timeout=300)
-
-
 def test_cli_relaxes_and_strict_families_fails_with_the_subset():
     base = ["-w", "24", "-t", "2", "--preset", "xeon-8272cl"]
-    done = _cli("solve", *base, "--json")
+    done = main("solve", *base, "--json")
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["status"] == "relaxed" and out["relaxed"][0]["family"] == "11-12"
     assert len(out["assignment"]) == 24 and out["relaxed"][0]["amount"] == 8
-    done = _cli("plan", *base, "--policy", "tuna-scatter")
+    done = main("plan", *base, "--policy", "tuna-scatter")
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["status"] == "relaxed" and len(plan["slots"]) == 24
     note = done.stderr.strip().splitlines()
     assert len(note) == 1 and note[0].startswith("tuna-lab: note:") and "relaxed" in note[0]
     for cmd in (["solve", *base], ["plan", *base, "--policy", "tuna-compact"]):
-        done = _cli(*cmd, "--strict-families")
+        done = main(*cmd, "--strict-families")
         assert done.returncode == 2 and done.stdout == ""
         line = done.stderr.strip().splitlines()
         assert len(line) == 1 and "(2) and (11-12)" in line[0] and "max(0, 24-32+16) = 8" in line[0]

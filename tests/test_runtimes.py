@@ -14,7 +14,6 @@ whole process group.
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import numpy as np
 import psutil
 import pytest
 
+from helpers import ProcessGroup, main
 from tuna_lab.machine import topology_from
 from tuna_lab.placement import placement
 from tuna_lab.server.launch import free_port
@@ -43,10 +43,9 @@ pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2
 
 # -- running things ---------------------------------------------------------------------------------
 
-def cli(*args, timeout=60):
-    """``tuna-lab ARGS`` as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "tuna_lab", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=tempfile.gettempdir())
+def cli(*args):
+    """``tuna-lab ARGS`` (in this process: the commands are under test here, not the process)."""
+    return main(*args, cwd=tempfile.gettempdir())
 
 
 def get(port, timeout=30):
@@ -55,30 +54,14 @@ def get(port, timeout=30):
         return json.loads(resp.read())
 
 
-class Server:
-    """A user's server started in its own session, stopped as a process group."""
+class Server(ProcessGroup):
+    """A user's server (an app of tests/runtimeapps) started in its own session, stopped as a process group."""
 
     def __init__(self, argv, model, workdir, name):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/predict"
-        self.log = workdir / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNA_LAB_", "OMP_", "GOMP_", "KMP_"))}
         env.update(APP_MODEL=str(model), PYTHONUNBUFFERED="1")
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen([str(a).format(port=self.port) for a in argv], cwd=APPS, env=env,
-                                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.master = self.proc.pid
-
-    def workers(self):
-        """Live worker PIDs, oldest first (multiprocessing's resource tracker is no worker)."""
-        out = []
-        for child in psutil.Process(self.master).children():
-            try:
-                if child.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(child.cmdline()):
-                    out.append((child.create_time(), child.pid))
-            except psutil.NoSuchProcess:
-                continue
-        return [pid for _, pid in sorted(out)]
+        super().__init__(argv, env, workdir, name, cwd=APPS)
+        self.url = f"http://127.0.0.1:{self.port}/predict"
 
     def wait_ready(self, timeout=60):
         """Every worker answers (a request each, at the same time, until both have served one)."""
@@ -93,24 +76,6 @@ class Server:
                     pass
             time.sleep(0.2)
         raise AssertionError(f"server not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self):
-        for sig, wait in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.master, sig)
-                self.proc.wait(wait)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.master, 0)            # workers may outlive the master a moment
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
 
 
 def burst(srv, seconds=1.5, max_requests=400, concurrency=W):

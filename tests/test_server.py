@@ -14,6 +14,7 @@ import urllib.request
 import psutil
 import pytest
 
+from helpers import cli, main
 from tuna_lab.placement.binding import affinity_of, threads_of
 from tuna_lab.placement.policies import POLICIES
 from tuna_lab.server.launch import Server, free_port, status
@@ -123,7 +124,9 @@ def test_more_threads_than_cpus_is_refused_with_a_reason():
 
 def test_replacement_worker_is_repinned_to_the_same_slot(tmp_path):
     pidfile = str(tmp_path / "srv.pid")
-    with Server(2, 2, model="small", policy="round-robin", pidfile=pidfile) as srv:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    with Server(2, 2, model="small", policy="round-robin", pidfile=pidfile, state_dir=str(state)) as srv:
         first = {r["slot"]: r["pid"] for r in srv.worker_records()}
         victim_slot = 1
         os.kill(first[victim_slot], signal.SIGKILL)
@@ -143,6 +146,10 @@ def test_replacement_worker_is_repinned_to_the_same_slot(tmp_path):
         assert {w["slot"] for w in info["workers"]} == {0, 1}
         code, _ = post(srv.url, good_rows())
         assert code == 200
+    # The integration's hooks say the slot went to a replacement once, for the killed worker only:
+    # not for the workers the normal stop ended.
+    said = [line for line in (state / "gunicorn.log").read_text().splitlines() if "goes to its replacement" in line]
+    assert len(said) == 1 and f"worker {first[victim_slot]} exited" in said[0], said
 
 
 def test_bad_payloads_get_400_or_413_and_the_worker_keeps_serving():
@@ -159,13 +166,9 @@ def test_bad_payloads_get_400_or_413_and_the_worker_keeps_serving():
 
 
 def test_status_cli_reports_roles_tids_and_cpus(tmp_path):
-    import subprocess
-    import sys
-
     pidfile = str(tmp_path / "s.pid")
     with Server(2, 2, model="small", policy="round-robin", pidfile=pidfile):
-        p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "status", "--pidfile", pidfile, "--json"],
-                           capture_output=True, text=True, timeout=60)
+        p = main("status", "--pidfile", pidfile, "--json")
         assert p.returncode == 0, p.stderr
         info = json.loads(p.stdout)
         roles = sorted(t["role"] for w in info["workers"] for t in w["threads"])
@@ -175,27 +178,21 @@ def test_status_cli_reports_roles_tids_and_cpus(tmp_path):
                 if t["role"] in ("main", "openmp"):
                     assert t["cpus"] == t["expected"]
                     assert t["tid"] in threads_of(w["pid"])
-    p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "status", "--pidfile", pidfile],
-                       capture_output=True, text=True, timeout=60)
+    p = main("status", "--pidfile", pidfile)
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
 
 
 def test_serve_detach_status_stop_from_the_cli(tmp_path):
-    import subprocess
-    import sys
-
+    # serve --detach as a process: the server outlives it; status and stop then run here.
     pidfile = str(tmp_path / "cli.pid")
-    cli = [sys.executable, "-m", "tuna_lab.cli"]
-    p = subprocess.run(cli + ["serve", "-w", "2", "-t", "1", "--model", "small", "--policy", "tuna-scatter",
-                              "--port", str(free_port()), "--pidfile", pidfile, "--detach"],
-                       capture_output=True, text=True, timeout=180)
+    p = cli("serve", "-w", "2", "-t", "1", "--model", "small", "--policy", "tuna-scatter",
+            "--port", free_port(), "--pidfile", pidfile, "--detach", module="tuna_lab.cli", timeout=180)
     assert p.returncode == 0, p.stderr
     assert "serving http://127.0.0.1:" in p.stdout
     state_dir = json.loads((tmp_path / "cli.pid.tuna.json").read_text())["state_dir"]
     assert os.path.isdir(state_dir)
     try:
-        info = json.loads(subprocess.run(cli + ["status", "--pidfile", pidfile, "--json"], capture_output=True,
-                                         text=True, timeout=60).stdout)
+        info = json.loads(main("status", "--pidfile", pidfile, "--json").stdout)
         assert len(info["workers"]) == 2 and all(w["ready"] for w in info["workers"])
         mains = [t["cpus"] for w in info["workers"] for t in w["threads"] if t["role"] == "main"]
         assert all(len(c) == 1 for c in mains)
@@ -203,7 +200,7 @@ def test_serve_detach_status_stop_from_the_cli(tmp_path):
             assert mains[0] != mains[1]            # scatter: main threads apart
         workers = [w["pid"] for w in info["workers"]]
     finally:
-        s = subprocess.run(cli + ["stop", "--pidfile", pidfile], capture_output=True, text=True, timeout=60)
+        s = main("stop", "--pidfile", pidfile)
     assert s.returncode == 0, s.stderr
     time.sleep(0.2)
     assert not any(running(p) for p in [info["master"]] + workers)
@@ -213,7 +210,6 @@ def test_serve_detach_status_stop_from_the_cli(tmp_path):
 
 def test_stop_refuses_a_pidfile_that_names_another_process(tmp_path):
     import subprocess
-    import sys
 
     from tuna_lab.machine.procfs import start_ticks
 
@@ -223,15 +219,13 @@ def test_stop_refuses_a_pidfile_that_names_another_process(tmp_path):
         state.mkdir()
         pidfile = tmp_path / "other.pid"
         pidfile.write_text(str(sleeper.pid))
-        cli = [sys.executable, "-m", "tuna_lab.cli"]
         # A forged sidecar: first with another start time, then with the right one but no mark of ours.
         for ticks in (start_ticks(sleeper.pid) - 1, start_ticks(sleeper.pid)):
             (tmp_path / "other.pid.tuna.json").write_text(json.dumps(
                 {"master": sleeper.pid, "start_ticks": ticks, "server_id": "0" * 32, "state_dir": str(state),
                  "own_state": True, "workers": 1}))
             for command in ("stop", "status"):
-                p = subprocess.run(cli + [command, "--pidfile", str(pidfile)], capture_output=True, text=True,
-                                   timeout=60)
+                p = main(command, "--pidfile", pidfile)
                 assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
                 assert "not the server tuna-lab started" in p.stderr
             time.sleep(0.1)
@@ -290,12 +284,8 @@ def test_a_foreground_serve_dies_with_its_parent_and_on_sighup(how, tmp_path):
 
 
 def test_serve_rejects_bad_input_with_one_line():
-    import subprocess
-    import sys
-
     for args in (["-w", "0", "-t", "1"], ["-w", "1", "-t", "1", "--policy", "nope"],
                  ["-w", "1", "-t", str(CPUS + 1)], ["-w", "1", "-t", "1", "--model", "huge"]):
-        p = subprocess.run([sys.executable, "-m", "tuna_lab.cli", "serve", *args], capture_output=True,
-                           text=True, timeout=60)
+        p = main("serve", *args)
         assert p.returncode == 2, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1

@@ -21,13 +21,13 @@ import urllib.request
 import psutil
 import pytest
 
+from helpers import cli, main
 from tuna_lab.errors import ServerError
 from tuna_lab.measure.loadgen.load import closed_loop, payload, summary
 from tuna_lab.machine.procfs import start_ticks
 from tuna_lab.server.launch import Server, free_port, remove_stale_state_dirs
 from tuna_lab.server.models import model_cost
 
-CLI = [sys.executable, "-m", "tuna_lab.cli"]
 #: The module server's bounds: small enough to reach in a second, large enough for its own requests.
 ROWS_BOUND = 500
 READ_TIMEOUT = 1.0
@@ -214,21 +214,19 @@ def one_line_error(p):
 def test_serve_refuses_a_running_servers_pidfile_and_leaves_its_notes_alone(tmp_path):
     pidfile = tmp_path / "live.pid"
     sidecar = tmp_path / "live.pid.tuna.json"
-    serve = CLI + ["serve", "-w", "1", "-t", "1", "--model", "small", "--policy", "cfs", "--detach"]
-    p = subprocess.run(serve + ["--port", str(free_port()), "--pidfile", str(pidfile)], capture_output=True,
-                       text=True, timeout=180)
+    serve = ["serve", "-w", "1", "-t", "1", "--model", "small", "--policy", "cfs", "--detach"]
+    # The detached server outlives the process that started it; the refusal and the stop then run here.
+    p = cli(*serve, "--port", free_port(), "--pidfile", pidfile, module="tuna_lab.cli", timeout=180)
     assert p.returncode == 0, p.stderr
     assert "load generator shares" not in p.stderr           # serve runs no load generator
     notes = sidecar.read_bytes()
     url = json.loads(notes)["url"]
     try:
-        again = subprocess.run(serve + ["--port", str(free_port()), "--pidfile", str(pidfile)],
-                               capture_output=True, text=True, timeout=60)
+        again = main(*serve, "--port", free_port(), "--pidfile", pidfile)
         assert one_line_error(again) and "belongs to the server running at" in again.stderr, again.stderr
         assert sidecar.read_bytes() == notes and healthz(url) == 200
     finally:
-        stop = subprocess.run(CLI + ["stop", "--pidfile", str(pidfile)], capture_output=True, text=True,
-                              timeout=60)
+        stop = main("stop", "--pidfile", pidfile)
     assert stop.returncode == 0, stop.stderr
     assert stop.stdout.strip().splitlines() == [stop.stdout.strip()] and f"stopped the server at {url}" in stop.stdout
 
@@ -237,8 +235,7 @@ def test_serve_refuses_a_running_servers_pidfile_and_leaves_its_notes_alone(tmp_
                                   ["serve", "--request-log", "/proc/1/x"],
                                   ["serve", "--max-work", "0"], ["serve", "--read-timeout", "inf"]])
 def test_serve_refuses_paths_and_bounds_it_cannot_use_with_one_line(args):
-    p = subprocess.run(CLI + args[:1] + ["-w", "1", "-t", "1", "--model", "small"] + args[1:],
-                       capture_output=True, text=True, timeout=60)
+    p = main(*args[:1], "-w", "1", "-t", "1", "--model", "small", *args[1:])
     assert one_line_error(p), p.stderr
 
 
@@ -247,7 +244,7 @@ def test_serve_refuses_paths_and_bounds_it_cannot_use_with_one_line(args):
 def test_a_pidfile_without_a_pid_is_one_line(tmp_path, command, content):
     pidfile = tmp_path / "bad.pid"
     pidfile.write_text(content + "\n")
-    p = subprocess.run(CLI + [command, "--pidfile", str(pidfile)], capture_output=True, text=True, timeout=60)
+    p = main(command, "--pidfile", pidfile)
     assert one_line_error(p), p.stderr
 
 

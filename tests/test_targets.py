@@ -280,6 +280,29 @@ def test_attached_server_gets_its_masks_back_after_a_worker_is_killed_mid_trial(
     assert proc.poll() is None
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a mask of one CPU out of several needs 2 CPUs")
+def test_attached_server_keeps_the_masks_the_user_set_and_leaves_no_pin_records(gunicorn_server, model_env):
+    """``taskset -p -c LAST WORKER`` before ``run --pid``: cfs measures within it, and it is given back exactly;
+    the run's pin records go with it, so a later ``unpin`` has nothing to undo."""
+    proc, port = gunicorn_server
+    user = psutil.Process(proc.pid).children()[0].pid
+    last = sorted(os.sched_getaffinity(0))[-1:]
+    os.sched_setaffinity(user, last)                          # the user's mask on a worker's main thread
+    before = masks(proc.pid)
+    r = cli("run", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2,
+            "--policies", "cfs,round-robin", "--trials", 1, "--requests", 20, "--concurrency", 2, "--json",
+            env=model_env)
+    assert r.returncode == 0, r.stderr
+    assert {row["policy"] for row in json.loads(r.stdout)["summary"]} == {"cfs", "round-robin"}
+    after = masks(proc.pid)
+    assert {t: c for t, c in after.items() if t in before} == {t: c for t, c in before.items() if t in after}
+    assert after[user] == before[user]
+    done = cli("unpin", "--pid", proc.pid, env=model_env)
+    assert done.returncode == 0 and "nothing to unpin" in done.stdout and "warning" not in done.stderr, \
+        (done.stdout, done.stderr)
+    assert masks(proc.pid) == after
+
+
 def test_a_server_pinned_by_the_hooks_is_measured_and_keeps_its_pins(hooked_gunicorn_server, model_env):
     proc, port = hooked_gunicorn_server
     before = masks(proc.pid)
@@ -287,8 +310,11 @@ def test_a_server_pinned_by_the_hooks_is_measured_and_keeps_its_pins(hooked_guni
     r = cli("run", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2, "--policies", "cfs,round-robin",
             "--trials", 1, "--requests", 30, "--concurrency", 2, "--json", env=model_env)
     assert r.returncode == 0, r.stderr
-    # cfs unpinned every thread for its trial; the hooks' pins are back afterwards.
+    # cfs measured the server as it was deployed (the hooks' pins are its own masks: no run of tuna_lab set
+    # them); round-robin pinned it live, and the hooks' pins are back afterwards, with nothing left recorded.
     assert masks(proc.pid) == before
+    done = cli("unpin", "--pid", proc.pid, env=model_env)
+    assert done.returncode == 0 and "nothing to unpin" in done.stdout, (done.stdout, done.stderr)
 
 
 def test_live_widget_measures_a_running_server_and_gives_its_masks_back(uvicorn_server, model_env):

@@ -690,7 +690,7 @@ def test_property_remote_level_counts_matches_brute_force(topo, W, T, mode):
 
 
 def test_hwloc_xml_with_non_ascii_digits_or_deep_nesting_is_read_without_a_traceback():
-    from tuna_lab.machine.hwloc_xml import read_hwloc_xml
+    from tuna_lab.machine.readers.hwloc_xml import read_hwloc_xml
 
     with pytest.raises(TopologyError, match="PU without a valid os_index"):
         read_hwloc_xml('<topology><object type="PU" os_index="²"/></topology>'.encode())

@@ -3,16 +3,14 @@
 import json
 import math
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import USERAPP, main
 from hypothesis import HealthCheck, given, settings
 from strategies import race_problems
-
 from tuna_lab.errors import TuneError
 from tuna_lab.measure.tune.tuner import Candidate, Step, auto_configs, parse_duration, race, rate_bounds, read_tune, tune
 
@@ -248,11 +246,6 @@ def test_a_head_to_head_races_exactly_the_candidates_given(tmp_path):
 
 # -- the command line, on the lab server ------------------------------------------------------------------
 
-def _cli(*args, timeout=180, env=None):
-    return subprocess.run([sys.executable, "-m", "tuna_lab.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
 @pytest.mark.parametrize("args, message", [
     (["--sla-p99", "fast"], "is not a duration"),
     (["--sla-p99", "50ms", "--budget", "2s"], "too small for one trial"),
@@ -262,13 +255,13 @@ def _cli(*args, timeout=180, env=None):
     (["--sla-p99", "50ms", "--app", "timed_app:application", "-t", "2"], "are searched (--configs): leave out -t"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, message):
-    done = _cli("tune", *args, timeout=60)
+    done = main("tune", *args)
     assert done.returncode == 2, done.stderr
     assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1 and message in done.stderr
 
 
 def test_cli_a_target_no_candidate_can_meet_is_reported_as_such(tmp_path):
-    done = _cli("tune", "--sla-p99", "1ms", "--model", "small", "--batch", "10", "--configs", "1x1",
+    done = main("tune", "--sla-p99", "1ms", "--model", "small", "--batch", "10", "--configs", "1x1",
                 "--policies", "cfs", "--budget", "40s", "--step-seconds", "0.5", "--out", str(tmp_path / "t"))
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
@@ -279,13 +272,13 @@ def test_cli_a_target_no_candidate_can_meet_is_reported_as_such(tmp_path):
 def test_cli_end_to_end_within_a_minute(tmp_path):
     out = tmp_path / "tune"
     t0 = time.monotonic()
-    done = _cli("tune", "--sla-p99", "200ms", "--model", "small", "--batch", "10", "--configs", "1x1,2x1",
+    done = main("tune", "--sla-p99", "200ms", "--model", "small", "--batch", "10", "--configs", "1x1,2x1",
                 "--policies", "cfs,round-robin", "--budget", "20s", "--step-seconds", "0.5", "--rounds", "2",
                 "--out", str(out), "--json")
     took = time.monotonic() - t0
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert took <= 1.1 * 20 + 10          # the budget, and the interpreter's start and the records' writing
+    assert took <= 1.1 * 20 + 10          # the budget, and the imports and the records' writing
     assert result["elapsed"] <= 1.1 * 20
     win = result["winner"]
     assert win["candidate"] in {c["candidate"] for c in result["candidates"]} and win["rate"] > 0
@@ -293,7 +286,7 @@ def test_cli_end_to_end_within_a_minute(tmp_path):
     assert {c["status"] for c in result["candidates"]} <= {"winner", "in race", "dropped"}
     assert all(c["rate_low"] <= c["rate"] for c in result["candidates"])
     # The records are a sweep's: report reads them.
-    report = _cli("report", str(out), "-o", str(tmp_path / "report.html"), "--json", timeout=120)
+    report = main("report", str(out), "-o", str(tmp_path / "report.html"), "--json")
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)["cells"] == 2
     from tuna_lab.measure.store import load_results
@@ -311,14 +304,11 @@ def test_cli_end_to_end_within_a_minute(tmp_path):
 
 # -- a user's app that tuna_lab starts, with two wait policies ------------------------------------------
 
-USERAPP = Path(__file__).parent / "userapp"
-
-
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="tuna-scatter on one CPU is cfs")
 def test_cli_tunes_a_users_app_over_policies_and_wait_policies(model_env, body, tmp_path):
     env = model_env
     out = tmp_path / "tune"
-    done = _cli("tune", "--sla-p99", "100ms", "--app", "timed_app:application", "--app-dir", USERAPP,
+    done = main("tune", "--sla-p99", "100ms", "--app", "timed_app:application", "--app-dir", USERAPP,
                 "--body", body, "--configs", "1x1", "--policies", "cfs,tuna-scatter",
                 "--wait-policies", "default,passive", "--budget", "20s", "--step-seconds", "0.5", "--rounds", "2",
                 "--out", out, "--json", env=env)

@@ -10,12 +10,11 @@ cannot be written leaves no temporary folder, whatever the error.
 
 import json
 import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 
+from helpers import main
 from tuna_lab.errors import ExperimentError, StoreError
 from tuna_lab.measure.experiment import Config, Result, load_results, run
 from tuna_lab.measure.store import cell_state, is_finished, lock_folder, no_valid_trial, write_cell
@@ -76,7 +75,7 @@ def test_a_corrupt_manifest_is_not_finished_and_every_reader_says_so_in_one_line
         assert why in str(info.value) and "\n" not in str(info.value)
     for command in (["report", str(tmp_path / "sweep")],
                     ["advise", "--results", str(tmp_path / "sweep"), "-w", "1", "-t", "1", "--model", "small"]):
-        p = subprocess.run([sys.executable, "-m", "tuna_lab", *command], capture_output=True, text=True, timeout=120)
+        p = main(*command)
         assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
         assert "Traceback" not in p.stderr and why in p.stderr
 
@@ -101,9 +100,8 @@ def test_a_number_no_record_can_hold_is_refused_before_any_trial(tmp_path):
     with pytest.raises(ExperimentError, match="spincount must be at most 9223372036854775807") as info:
         Config(1, 1, "small", 10, spincount=10**30)
     assert "\n" not in str(info.value)
-    p = subprocess.run([sys.executable, "-m", "tuna_lab", "run", "-w", "1", "-t", "1", "--model", "small",
-                        "--policies", "cfs", "--trials", "1", "--requests", "5", "--spincount", str(10**30),
-                        "--out", str(tmp_path / "c")], capture_output=True, text=True, timeout=60)
+    p = main("run", "-w", "1", "-t", "1", "--model", "small", "--policies", "cfs", "--trials", "1",
+             "--requests", "5", "--spincount", 10**30, "--out", tmp_path / "c")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "spincount" in p.stderr, p.stderr
     assert not (tmp_path / "c").exists() and not list(tmp_path.iterdir())
 

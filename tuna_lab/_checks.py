@@ -16,9 +16,8 @@ Examples
 """
 
 import math
+import numbers
 import re
-
-import numpy as np
 
 from .errors import TopologyError, TunaError
 
@@ -28,8 +27,9 @@ __all__ = ["positive_int", "non_negative_int", "positive_number", "parse_cpulist
 
 
 def _is_int(value):
-    # bool is an int subclass; "True workers" is a bug, not a request.
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    # bool is an int subclass; "True workers" is a bug, not a request. numpy's integers are
+    # Integral (numpy registers them), its bool_ is not: no numpy import needed to tell them apart.
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def positive_int(name, value, error=TunaError):
@@ -48,8 +48,7 @@ def non_negative_int(name, value, error=TunaError):
 
 def positive_number(name, value, error=TunaError):
     """``value`` as a float, or raise ``error`` if it is not a finite number > 0."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or value <= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
         raise error(f"{name} must be a positive finite number, got {value!r}")
     return float(value)
 
@@ -167,10 +166,11 @@ def parse_cpumask(text, where="cpumask", error=TopologyError):
     matches = [_MASK_WORD.fullmatch(w) for w in words]
     if not all(matches):
         raise error(f"{where}: bad cpumask {text!r}")
-    # Least significant word first, each 32 bits wide, so bit i is CPU i.
-    values = np.array([int(m.group(1), 16) for m in reversed(matches)], dtype="<u4")
-    bits = np.unpackbits(values.view(np.uint8), bitorder="little")
-    return tuple(np.flatnonzero(bits).tolist())
+    # Most significant word first, each 32 bits wide: as one integer, bit i is CPU i.
+    value = 0
+    for m in matches:
+        value = (value << 32) | int(m.group(1), 16)
+    return tuple(i for i in range(value.bit_length()) if value >> i & 1)
 
 
 def format_cpulist(cpus):

@@ -87,8 +87,12 @@ def page(name):
         obj = getattr(module, attr)
         # A package's namespace re-exports its submodules' names; a module re-exports
         # the classes and functions whose home is elsewhere.
-        home = _defined_in_submodule(module, attr) if package else \
-            getattr(obj, "__module__", name) if inspect.isclass(obj) or inspect.isfunction(obj) else name
+        own_module = getattr(obj, "__module__", name) if inspect.isclass(obj) or inspect.isfunction(obj) else None
+        # A class or function is documented where it is defined, also when another module re-exports it.
+        if package:
+            home = own_module if _is_public_submodule(own_module, "tuna_lab") else _defined_in_submodule(module, attr)
+        else:
+            home = own_module or name
         (own if home in (name, None) else reexported).append((attr, obj, home))
     families = family_classes()
     elsewhere = [a for a, obj, _ in own if a in families and getattr(obj, "__module__", None) == name]
@@ -118,6 +122,12 @@ def page(name):
     if subs:
         lines += ["Its modules:", "", ".. autosummary::", ""] + [f"   {m.rsplit('.', 1)[1]}" for m in subs] + [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _is_public_submodule(module, package):
+    """Whether ``module`` lies inside ``package`` and no part of its name is private."""
+    return bool(module) and module.startswith(package + ".") and not any(
+        part.startswith("_") for part in module.split("."))
 
 
 def _defined_in_submodule(package, attr):

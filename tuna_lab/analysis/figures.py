@@ -11,6 +11,8 @@
   line per trial, so that a pair that crosses shows at once;
 * :func:`race_rounds` - a tune's race as it narrows: each candidate's rate
   interval after every round.
+* :func:`mechanism_bars` - the scheduler's evidence per policy (run-queue
+  wait, migrations, involuntary switches, foreign CPU, IRQs) with intervals.
 
 Every figure takes the tables of :mod:`tuna_lab.analysis` and returns a
 :class:`plotly.graph_objects.Figure`; times are shown in milliseconds.
@@ -42,7 +44,8 @@ from ..server.models import STAGES
 from .stats import format_interval, scenario_stats
 from .tables import MODELS, check_table, ordered, valid_trials, with_defaults
 
-__all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars", "paired_trials", "race_rounds"]
+__all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars", "paired_trials", "race_rounds",
+           "mechanism_bars"]
 
 _MS = 1e3
 _PALETTE = qualitative.Plotly
@@ -469,4 +472,71 @@ def race_rounds(history, sla_p99=None):
     fig.update_layout(template=_TEMPLATE, title=f"the race: best rate{target}, interval per round (grey: dropped)",
                       height=max(260, 40 + 24 * len(order)), margin={"l": 160, "r": 20, "t": 70, "b": 40})
     fig.update_xaxes(title_text="requests/s", range=[0, edge])
+    return fig
+
+
+def mechanism_bars(table):
+    """The scheduler's evidence per policy, one panel per quantity, bars with their 95% intervals.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        :func:`tuna_lab.analysis.mechanism.mechanism_table`'s output.
+
+    Returns
+    -------
+    plotly.graph_objects.Figure
+        One panel per recorded quantity of
+        :data:`~tuna_lab.analysis.mechanism.MECHANISM` (in its unit), one bar
+        per policy (x: the policy, or ``"WxT model batch"`` with several
+        applications); error bars where the interval is finite, and the
+        interval written by :func:`~tuna_lab.analysis.stats.format_interval`
+        in the hover. A quantity not recorded gets no panel: the title
+        names it and says why.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> from tuna_lab.analysis.mechanism import mechanism_table
+    >>> trials = pd.DataFrame({"workers": 2, "threads": 1, "cpus": 2, "model": "small", "batch": 10,
+    ...     "policy": ["cfs", "cfs", "tuna-scatter", "tuna-scatter"], "trial": [0, 1, 0, 1],
+    ...     "p99": 0.02, "run_delay_per_request": [0.004, 0.005, 0.001, 0.0012]})
+    >>> fig = mechanism_bars(mechanism_table(trials))
+    >>> [(t.name, list(t.y)) for t in fig.data]
+    [('cfs', [4.5]), ('tuna-scatter', [1.1])]
+    """
+    from plotly.subplots import make_subplots
+
+    from .mechanism import MECHANISM
+
+    check_table(table, "mechanism table", ("policy", "evidence", "mean", "ci_low", "ci_high", "note"),
+                numeric=("mean", "ci_low", "ci_high"))
+    check_table(table, "mechanism table", ("workers", "threads", "cpus", "model", "batch"))
+    apps = _config_labels(table) + " " + table["model"].astype(str) + " " + table["batch"].astype(str)
+    table = table.assign(_x=(apps + " " if apps.nunique() > 1 else "") + table["policy"])
+    drawn = [e for e in MECHANISM if table.loc[table["evidence"].eq(e.column), "note"].eq("").any()]
+    missing = [e.label for e in MECHANISM if e not in drawn]
+    fig = make_subplots(rows=1, cols=max(len(drawn), 1), subplot_titles=[
+        e.label + (f" ({e.unit})" if e.unit else "") for e in drawn] or ["nothing recorded"])
+    colors = _colors(table["policy"].unique())
+    for col, evidence in enumerate(drawn, start=1):
+        rows = table[table["evidence"].eq(evidence.column) & table["note"].eq("")]
+        for policy in ordered(rows["policy"].unique(), POLICIES):
+            sel = rows[rows["policy"].eq(policy)]
+            mean, low, high = (sel[c].to_numpy(float) * evidence.scale for c in ("mean", "ci_low", "ci_high"))
+            finite = np.isfinite(low) & np.isfinite(high)
+            text = [format_interval(lo, hi) or "none (fewer than two trials)"
+                    for lo, hi in zip(low, high, strict=True)]
+            fig.add_trace(go.Bar(
+                x=sel["_x"].tolist(), y=mean.round(9).tolist(), name=policy, legendgroup=policy, showlegend=col == 1,
+                marker={"color": colors[policy]}, customdata=text,
+                error_y={"type": "data", "symmetric": False, "array": np.where(finite, high - mean, np.nan),
+                         "arrayminus": np.where(finite, mean - low, np.nan), "color": "black", "thickness": 1},
+                hovertemplate=f"{policy}: %{{y:.3g}} {evidence.unit}<br>95% interval %{{customdata}}<extra></extra>"),
+                row=1, col=col)
+    fig.update_layout(template=_TEMPLATE, height=360, legend={"title": "policy"},
+                      margin={"l": 60, "r": 20, "t": 90 if missing else 70, "b": 40},
+                      title="Scheduler evidence per policy (mean over trials, 95% intervals)"
+                            + (f"<br><sup>not recorded: {', '.join(missing)}</sup>" if missing else ""))
+    fig.update_yaxes(rangemode="tozero")
     return fig

@@ -27,6 +27,15 @@ from .._files import write_atomic
 from ..errors import AnalysisError
 from ..placement import POLICIES
 from . import figures as viz
+from .mechanism import (
+    MECHANISM,
+    NOT_RECORDED,
+    evidence_notes,
+    format_evidence,
+    has_evidence,
+    mechanism_correlations,
+    mechanism_table,
+)
 from .stats import (
     INTERVALS,
     MACHINE,
@@ -37,7 +46,7 @@ from .stats import (
     speedup_summary,
     trial_stats,
 )
-from .summary import ARTICLE_MIN_CPUS, fault_note, scale_note
+from .summary import ARTICLE_MIN_CPUS, fault_note, front_note, scale_note
 from .tables import check_table, ordered, sort_table, valid_trials
 
 __all__ = ["write_report"]
@@ -98,7 +107,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     failed requests by error).
 
     Results of several machines (a ``machine`` column: a sweep on a
-    cluster, see :func:`tuna_lab.measure.load_results`) add a per-machine
+    cluster, see :func:`~tuna_lab.measure.store.load_results`) add a per-machine
     comparison after the scenario table - each machine's CPU, topology and
     speedups over cfs, and each application's mean p99 on every machine -
     and have their figures drawn machine by machine.
@@ -118,7 +127,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         to a temporary file beside it and moved into place.
     title : str, default "tuna_lab experiment"
     threads : pandas.DataFrame, optional
-        Per-worker CPU and NUMA records (:func:`tuna_lab.measure.load_thread_cpu`);
+        Per-worker CPU and NUMA records (:func:`~tuna_lab.measure.store.load_thread_cpu`);
         adds each worker's NUMA locality next to its p99.
     manifest : mapping, optional
         Run metadata; ``cpu_model``, ``kernel``, ``commit``, ``command``
@@ -170,6 +179,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         ("Speedup by subscription, model and batch", [viz.speedup_bars(finest)] if not finest.empty else []),
         *[section for on, rows in _machine_parts(per_trial) for section in _figure_sections(rows, on)],
         ("Latency and CPU cost", [_cpu_table(trials)]),
+        ("Scheduler evidence: what each policy did to the threads", _mechanism_items(trials, manifest)),
         ("NUMA locality per worker", [_locality_table(requests, threads)] if threads is not None
          and "numa_locality" in getattr(threads, "columns", ()) else []),
         ("Failed trials", [_failures(requests, trials)]),
@@ -518,19 +528,64 @@ def _cpu_table(trials):
         "spincount": cost["spincount"].astype(int).astype(str).replace("-1", "default"),
         "policy": cost["policy"], "p99 ms": _fmt(cost["p99"] * 1e3, 1),
         "server CPU ms/req": _fmt(cost["cpu_per_request"] * 1e3, 2),
+        # The master's, helpers' and front ends', where the trials recorded it (newer results).
+        **({"front CPU ms/req": _fmt(cost["front_cpu_per_request"] * 1e3, 2)}
+           if cost["front_cpu_per_request"].notna().any() else {}),
         "generator CPU ms/req": _fmt(cost["generator_cpu_per_request"] * 1e3, 2),
         "main CPU ms/req": _fmt(cost["cpu_main_per_request"] * 1e3, 2),
         "OpenMP CPU ms/req": _fmt(cost["cpu_openmp_per_request"] * 1e3, 2),
         "main idle share": _fmt(cost["idle_cpu_share_main"], 2),
         "OpenMP idle share": _fmt(cost["idle_cpu_share_openmp"], 2),
         "cores busy": _fmt(cost["cores_busy"], 2), "trials": cost["trials"]})
-    return _table(table, "Server CPU: CPU time of every server thread per ok request, sampled during the load "
-                         "(schedstat, else utime+stime). Generator CPU: the load generator's own CPU time (user + "
+    note = front_note(trials)
+    return _table(table, "Server CPU: CPU time of every worker thread per ok request, sampled during the load "
+                         "(schedstat, else utime+stime). Front CPU: the same for the master, its helpers and "
+                         "front ends (the server's CPU that is not its workers'; the whole server's is the sum). "
+                         "Generator CPU: the load generator's own CPU time (user + "
                          "sys) per request sent - what measuring cost; on CPUs shared with the server it was "
                          "taken from the policy under test ('-': recorded before it was measured). Idle share: the part of a role's CPU time spent while its worker had "
                          "no request in flight - OpenMP threads spinning between requests, or the main thread "
                          "in Gunicorn's accept/parse/write loop. Cores busy: server CPU-seconds per second of "
-                         "load. A lower p99 bought with many more busy cores only burns them.")
+                         "load. A lower p99 bought with many more busy cores only burns them.") + (
+        f'\n<p class="note"><strong>{_esc(note)}</strong></p>' if note else "")
+
+
+def _mechanism_items(trials, manifest):
+    """The scheduler evidence per policy (a table and a figure), then how each quantity relates to p99."""
+    notes = evidence_notes(manifest)
+    if not has_evidence(trials):
+        return [f'<p class="note">Scheduler evidence {_esc(NOT_RECORDED["missing"])}.</p>']
+    table = mechanism_table(trials, notes)
+    keys = [c for c in (MACHINE, "workers", "threads", "cpus", "model", "batch", "wait_policy", "spincount")
+            if c in table.columns]
+    units = {e.column: e for e in MECHANISM}
+    cell = [r.note or format_evidence(r.mean, r.ci_low, r.ci_high, units[r.evidence], unit=False)
+            for r in table.itertuples(index=False)]
+    label = table["label"] + table["evidence"].map(lambda c: f" ({units[c].unit})" if units[c].unit else "")
+    wide = table.assign(quantity=label, cell=cell).pivot_table(
+        index=keys + ["quantity"], columns="policy", values="cell", aggfunc="first", sort=False)
+    wide = wide[ordered(wide.columns, POLICIES)].reset_index()
+    wide.columns.name = None
+    correlations = mechanism_correlations(trials, notes)
+    rho = [_estimate(r.rho, r.ci_low, r.ci_high) if np.isfinite(r.rho) else "-"
+           for r in correlations.itertuples(index=False)]
+    related = correlations[keys + ["label", "trials"]].assign(**{"Spearman rho vs p99": rho,
+                                                                  "what it says": correlations["sentence"]})
+    return [
+        _table(wide, "Per request over the server's threads (master, front ends, workers and their pools), "
+                     "measured over the trial's load: run-queue wait (schedstat: time runnable but not running), "
+                     "migrations (moves between CPUs), involuntary switches (preemptions); foreign CPU share: "
+                     "the share of the serving CPUs' time used by anything else (other processes, the load "
+                     "generator where it shares them, interrupts); IRQs on the serving CPUs. "
+                     "Mean over valid trials [95% interval, on the log scale, as the p99's]; 'not recorded' "
+                     "says why a quantity is missing - it is never a 0."),
+        viz.mechanism_bars(table),
+        _table(related.rename(columns={"label": "quantity"}),
+               "Across each application's valid trials (every policy together): Spearman's rank correlation of "
+               "the quantity with the trial's p99 [95% percentile bootstrap interval]. Weak where the interval "
+               "holds 0 or there are too few trials; a strong one says they move together in these trials, "
+               "not that one causes the other."),
+    ]
 
 
 def _locality_table(requests, threads):

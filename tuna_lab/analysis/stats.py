@@ -29,7 +29,7 @@ An *application* is one ``(workers, threads, cpus, model, batch)``: a server
 configuration ``W x T`` on ``C`` usable logical cores serving one model with
 one batch size. It is *oversubscribed* when ``W * T > C``. Times are seconds.
 
-The results of a sweep on a cluster (:func:`tuna_lab.measure.load_results`
+The results of a sweep on a cluster (:func:`~tuna_lab.measure.store.load_results`
 of ``<out>/<machine>/<cell>``) have a ``machine`` column. The machine is then
 a key of every table here, before the others: nothing measured on one
 machine is averaged with another's, speedups compare policies on the same
@@ -477,8 +477,9 @@ def _grouping(spec, available):
 
 _CPU = ("cpu_main_per_request", "cpu_openmp_per_request", "idle_cpu_share_main", "idle_cpu_share_openmp",
         "cpu_seconds", "load_seconds")
-# Reported when present: the server's total per request, and the load generator's own (newer results).
-_CPU_OPTIONAL = ("cpu_per_request", "generator_cpu_per_request")
+# Reported when present (newer results): the workers' total per request, the load generator's own, and the
+# master's, helpers' and front ends' (the scheduler evidence's), per request and per trial.
+_CPU_OPTIONAL = ("cpu_per_request", "generator_cpu_per_request", "front_cpu_per_request", "front_cpu_seconds")
 
 
 def cpu_cost(trials):
@@ -498,9 +499,12 @@ def cpu_cost(trials):
         ``idle_cpu_share_main`` and ``idle_cpu_share_openmp`` (share of the
         role's CPU time spent while its worker had no request in flight),
         ``cores_busy`` (server CPU-seconds per second of load),
-        ``cpu_per_request`` (every server thread, per ok request),
+        ``cpu_per_request`` (every worker thread, per ok request),
         ``generator_cpu_per_request`` (the load generator's own CPU per
-        request sent; NaN for results recorded before it was) and ``trials``.
+        request sent), ``front_cpu_per_request`` and ``front_cpu_seconds``
+        (the master's, helpers' and front ends' CPU, per ok request and per
+        trial: the server's CPU that is not its workers') - each NaN for
+        results recorded before it was - and ``trials``.
 
     Examples
     --------

@@ -2,7 +2,7 @@
 
 :func:`summarize` reduces a run's ``requests`` and ``trials`` (a
 :class:`~tuna_lab.measure.experiment.Result`, or the two tables as
-:func:`~tuna_lab.measure.load_results` reads them) to a :class:`RunSummary`:
+:func:`~tuna_lab.measure.store.load_results` reads them) to a :class:`RunSummary`:
 one row per policy (mean p50/p99, the p99 speedup over cfs, CPU per
 request), each policy's p99 speedup over cfs with its 95% interval, the
 headline averages over cfs and round-robin (the report's), the CPU cost per
@@ -25,9 +25,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ..errors import AnalysisError, TunaError
+from .mechanism import evidence_notes, has_evidence, mechanism_correlations, mechanism_lines, mechanism_table
 from .stats import compare_policies, cpu_cost, format_interval, scenario_stats, speedup_summary, trial_stats
 
-__all__ = ["RunSummary", "summarize", "fault_note", "scale_note", "ARTICLE_MIN_CPUS"]
+__all__ = ["RunSummary", "summarize", "fault_note", "front_note", "scale_note", "ARTICLE_MIN_CPUS"]
 
 #: Below this many usable CPUs a run cannot show the article's effect (the article measured 32 logical CPUs).
 ARTICLE_MIN_CPUS = 16
@@ -39,7 +40,7 @@ _SPEEDUP_COLUMNS = ["policy", "baseline", "speedup", "ci_low", "ci_high"]
 _HEADLINE_COLUMNS = ["baseline", "policy", "applications", "speedup", "geomean"]
 _FAILED_COLUMNS = ["policy", "trial", "reason"]
 # Per-policy CPU columns, shown when the run recorded them.
-_POLICY_CPU = ("cpu_per_request", "idle_cpu_share_openmp", "generator_cpu_per_request")
+_POLICY_CPU = ("cpu_per_request", "front_cpu_per_request", "idle_cpu_share_openmp", "generator_cpu_per_request")
 # What names one application in the CPU table, in this order, where present.
 _CPU_KEYS = ("machine", "workers", "threads", "cpus", "model", "batch", "wait_policy", "spincount", "policy")
 
@@ -54,7 +55,8 @@ class RunSummary:
         One row per policy over its successful trials: ``policy``, ``trials``,
         ``p50`` and ``p99`` (means, seconds), ``p99_speedup_vs_cfs`` (cfs's
         mean p99 over the policy's; NaN without cfs) and, when recorded,
-        ``cpu_per_request``, ``idle_cpu_share_openmp`` and
+        ``cpu_per_request`` (the workers'), ``front_cpu_per_request`` (the
+        master's, helpers' and front ends'), ``idle_cpu_share_openmp`` and
         ``generator_cpu_per_request``.
     speedups : pandas.DataFrame
         Each other policy's p99 speedup over cfs with its 95% interval
@@ -68,21 +70,31 @@ class RunSummary:
         cluster), ``applications``, ``speedup`` and ``geomean``.
     cpu : pandas.DataFrame
         Per application and policy: the application's keys, ``p99``,
-        ``server_cpu_per_request`` (every server thread, per ok request),
-        ``generator_cpu_per_request`` (the load generator's, per request
-        sent; NaN for results recorded before it was) and ``trials``. Empty
-        when the results have no CPU accounting.
+        ``server_cpu_per_request`` (every worker thread, per ok request),
+        ``front_cpu_per_request`` (the master, helpers and front ends, per
+        ok request), ``generator_cpu_per_request`` (the load generator's,
+        per request sent) - NaN for results recorded before it was - and
+        ``trials``. Empty when the results have no CPU accounting.
     failed : pandas.DataFrame
         The trials not counted: ``policy``, ``trial`` (from 0), ``reason``.
     notes : tuple of str
         Lines about how the trials were measured that a reader must know:
         :func:`fault_note`, when a worker was replaced or a master restarted
-        during some trial.
+        during some trial; :func:`front_note`, when the master, helpers and
+        front ends used a large share of the workers' CPU.
     same_placement : dict
         ``{policy: other}`` for a policy whose plan is the same as the
         baseline's or an earlier policy's (the same ``sha256`` in the
         manifest's ``plans``): its trials measured that placement again,
         and it is reported as "same placement", never as a ratio.
+    mechanism : pandas.DataFrame
+        The scheduler's evidence per application and policy, with intervals
+        (:func:`~tuna_lab.analysis.mechanism.mechanism_table`); empty for
+        results recorded before it was.
+    correlations : pandas.DataFrame
+        How each quantity of the evidence relates to p99 across the trials
+        (:func:`~tuna_lab.analysis.mechanism.mechanism_correlations`); empty
+        as ``mechanism``.
     """
 
     summary: pd.DataFrame
@@ -92,6 +104,8 @@ class RunSummary:
     failed: pd.DataFrame
     notes: tuple = ()
     same_placement: dict = field(default_factory=dict)
+    mechanism: pd.DataFrame = field(default_factory=pd.DataFrame)
+    correlations: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def to_dict(self):
         """Every table as a list of plain rows (``tuna-lab run --json`` and ``report --json`` print them).
@@ -105,7 +119,8 @@ class RunSummary:
         >>> summarize(None, trials).to_dict()["summary"]
         [{'policy': 'cfs', 'trials': 1, 'p50': 0.01, 'p99': 0.02, 'p99_speedup_vs_cfs': 1.0}]
         """
-        out = {name: getattr(self, name).to_dict("records") for name in ("summary", "speedups", "cpu", "failed")}
+        out = {name: getattr(self, name).to_dict("records") for name in ("summary", "speedups", "cpu", "failed",
+                                                                          "mechanism", "correlations")}
         out["notes"] = list(self.notes)
         out["same_placement"] = dict(self.same_placement)
         out["headline"] = [{k: v for k, v in row.items() if k != "machine" or isinstance(v, str)}
@@ -133,6 +148,22 @@ class RunSummary:
                                 "(the plans are identical: no speedup to report)"
                                 for _, r in self.speedups.iterrows()), *self.notes]))
 
+    def mechanism_text(self):
+        """The scheduler's evidence per policy and its relation to p99, as ``run`` and ``demo`` print it.
+
+        :func:`~tuna_lab.analysis.mechanism.mechanism_lines`; ``""`` for results
+        recorded before the evidence was. The commands print it after the
+        speedups and the line on the machine's scale.
+
+        Examples
+        --------
+        >>> import pandas as pd
+        >>> summarize(None, pd.DataFrame({"policy": ["cfs"], "trial": 0, "trial_status": "ok",
+        ...                               "p50": 0.01, "p99": 0.02})).mechanism_text()
+        ''
+        """
+        return "\n".join(mechanism_lines(self.mechanism, self.correlations)) if len(self.mechanism) else ""
+
 
 def summarize(requests, trials=None, plans=None):
     """The summary of a run (or of a sweep's results) as :class:`RunSummary`.
@@ -142,7 +173,7 @@ def summarize(requests, trials=None, plans=None):
     requests : pandas.DataFrame, Result or None
         The per-request table, or a :class:`~tuna_lab.measure.experiment.Result`
         (its ``requests`` and ``trials`` are used, and ``trials`` must be
-        left out). None: only the trial table is summarised (no speedup
+        left out). None: only the trial table is summarized (no speedup
         intervals, no headline).
     trials : pandas.DataFrame
         The per-trial table.
@@ -172,8 +203,9 @@ def summarize(requests, trials=None, plans=None):
     >>> s.failed.to_dict("records")
     [{'policy': 'cfs', 'trial': 1, 'reason': 'timeouts'}]
     """
-    if plans is None and hasattr(requests, "manifest"):
-        plans = requests.manifest.get("plans")
+    manifest = getattr(requests, "manifest", None)
+    if plans is None and manifest is not None:
+        plans = manifest.get("plans")
     if trials is None and hasattr(requests, "trials"):
         requests, trials = requests.requests, requests.trials
     if not isinstance(trials, pd.DataFrame):
@@ -187,8 +219,20 @@ def summarize(requests, trials=None, plans=None):
                       headline=_headline(requests, trials) if have_requests else
                       pd.DataFrame(columns=_HEADLINE_COLUMNS),
                       cpu=_cpu_rows(trials), failed=_failed(trials),
-                      notes=tuple(line for line in (fault_note(trials),) if line),
-                      same_placement=_same_placement(plans, trials))
+                      notes=tuple(line for line in (fault_note(trials), front_note(trials)) if line),
+                      same_placement=_same_placement(plans, trials),
+                      **_mechanism(trials, evidence_notes(manifest)))
+
+
+def _mechanism(trials, notes):
+    """``{"mechanism": ..., "correlations": ...}`` of results with scheduler evidence; ``{}`` (empty) otherwise."""
+    if not has_evidence(trials):
+        return {}
+    try:
+        return {"mechanism": mechanism_table(trials, notes), "correlations": mechanism_correlations(trials, notes)}
+    except TunaError:
+        # A trial table without its application's keys (hand-made): the per-policy table says what ran.
+        return {}
 
 
 def _same_placement(plans, trials):
@@ -270,6 +314,55 @@ def fault_note(trials):
             f"it ({policies}); they are not counted")
 
 
+def front_note(trials):
+    """One plain line where the master, helpers and front ends used a large share of the workers' CPU ("" if not).
+
+    Large, as ``pin`` and ``run --pid`` judge it: in some application and
+    policy (the valid trials' means), at least
+    :data:`~tuna_lab.placement.pin.FRONT_SHARE` of the workers' CPU per
+    request and :data:`~tuna_lab.placement.pin.FRONT_FLOOR` seconds a
+    trial. The line names the largest share; "" for results without the
+    ``front_cpu_per_request`` column (recorded before it was) or a valid trial.
+
+    Parameters
+    ----------
+    trials : pandas.DataFrame
+        The trial table (:func:`~tuna_lab.analysis.stats.cpu_cost` reads it).
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"workers": 2, "threads": 1, "cpus": 2, "model": "app", "batch": 0,
+    ...     "policy": ["cfs", "round-robin"], "trial": 0, "trial_status": "ok", "p99": 0.02,
+    ...     "cpu_main_per_request": 0.01, "cpu_openmp_per_request": 0.0, "idle_cpu_share_main": 0.1,
+    ...     "idle_cpu_share_openmp": float("nan"), "cpu_seconds": 1.0, "load_seconds": 2.0,
+    ...     "cpu_per_request": 0.010, "front_cpu_per_request": [0.004, 0.001], "front_cpu_seconds": [0.4, 0.1]})
+    >>> print(front_note(t))  # doctest: +NORMALIZE_WHITESPACE
+    note: the master, helpers and front ends used 40% as much CPU as the workers (4.00 ms against 10.00 ms
+    per request under cfs, 2x1): the server's CPU per request is the sum of the two
+    >>> front_note(t.assign(front_cpu_per_request=0.0001, front_cpu_seconds=0.01))
+    ''
+    """
+    from ..placement.pin import FRONT_FLOOR, FRONT_SHARE
+
+    if not len(trials) or "front_cpu_per_request" not in trials.columns:
+        return ""
+    try:
+        cost = cpu_cost(trials)
+    except TunaError:
+        return ""
+    # No share where the workers' CPU was not measured (0 or NaN): NaN compares false below.
+    share = cost["front_cpu_per_request"] / cost["cpu_per_request"].where(cost["cpu_per_request"] > 0)
+    large = cost[(cost["front_cpu_seconds"] >= FRONT_FLOOR) & (share >= FRONT_SHARE)]
+    if large.empty:
+        return ""
+    row = large.loc[share[large.index].idxmax()]
+    return (f"note: the master, helpers and front ends used {share[row.name]:.0%} as much CPU as the workers "
+            f"({row['front_cpu_per_request'] * 1e3:.2f} ms against {row['cpu_per_request'] * 1e3:.2f} ms per request "
+            f"under {row['policy']}, {row['workers']}x{row['threads']}): the server's CPU per request is the sum "
+            "of the two")
+
+
 def _policy_rows(trials, baseline):
     """One row per policy: mean p50/p99 of its successful trials, the p99 speedup over ``baseline``, CPU."""
     ok = trials[trials["trial_status"] == "ok"] if len(trials) else trials
@@ -322,14 +415,16 @@ def _headline(requests, trials):
 
 
 def _cpu_rows(trials):
-    """:func:`~tuna_lab.analysis.stats.cpu_cost` with the server's and the generator's CPU per request."""
+    """:func:`~tuna_lab.analysis.stats.cpu_cost` with the workers', the front's and the generator's CPU per request."""
     try:
         cost = cpu_cost(trials)
     except TunaError:
-        return pd.DataFrame(columns=["p99", "server_cpu_per_request", "generator_cpu_per_request", "trials"])
+        return pd.DataFrame(columns=["p99", "server_cpu_per_request", "front_cpu_per_request",
+                                     "generator_cpu_per_request", "trials"])
     keys = [c for c in _CPU_KEYS if c in cost.columns]
     return pd.DataFrame({**{k: cost[k] for k in keys}, "p99": cost["p99"].astype(float),
                          "server_cpu_per_request": cost["cpu_per_request"].astype(float),
+                         "front_cpu_per_request": cost["front_cpu_per_request"].astype(float),
                          "generator_cpu_per_request": cost["generator_cpu_per_request"].astype(float),
                          "trials": cost["trials"].astype(int)})
 
@@ -344,13 +439,20 @@ def _failed(trials):
 
 
 def _summary_table(summary, same=None):
-    """The per-policy rows as text (milliseconds); CPU columns where they were recorded."""
+    """The per-policy rows as text (milliseconds); CPU columns where they were recorded.
+
+    "server CPU" is the workers' (``cpu_per_request``), "front CPU" the
+    master's, helpers' and front ends' (``front_cpu_per_request``).
+    """
     if summary.empty:
         return "no successful trials"
     cpu = "cpu_per_request" in summary.columns
+    # The master's, helpers' and front ends' CPU, beside the workers', where the trials recorded it.
+    front = cpu and "front_cpu_per_request" in summary.columns and summary["front_cpu_per_request"].notna().any()
     gen = "generator_cpu_per_request" in summary.columns
     lines = [f"{'policy':<14}{'p50 ms':>9}{'p99 ms':>9}{'p99 speedup vs cfs':>21}"
-             + (f"{'server CPU ms/req':>19}{'OpenMP idle':>13}" if cpu else "")
+             + (f"{'server CPU ms/req':>19}" if cpu else "") + (f"{'front CPU ms/req':>18}" if front else "")
+             + (f"{'OpenMP idle':>13}" if cpu else "")
              + (f"{'generator CPU ms/req':>22}" if gen else "")]
     for _, row in summary.iterrows():
         speedup = row["p99_speedup_vs_cfs"]
@@ -361,7 +463,11 @@ def _summary_table(summary, same=None):
         if cpu:
             # With T=1 there is no OpenMP team, so no idle share to show (NaN).
             idle = row["idle_cpu_share_openmp"]
-            line += f"{row['cpu_per_request'] * 1e3:>19.2f}" + (f"{'-':>13}" if pd.isna(idle) else f"{idle:>13.0%}")
+            line += f"{row['cpu_per_request'] * 1e3:>19.2f}"
+            if front:
+                value = row["front_cpu_per_request"]
+                line += f"{'-':>18}" if pd.isna(value) else f"{value * 1e3:>18.2f}"
+            line += f"{'-':>13}" if pd.isna(idle) else f"{idle:>13.0%}"
         if gen:
             line += f"{row['generator_cpu_per_request'] * 1e3:>22.2f}"
         lines.append(line)

@@ -224,7 +224,7 @@ def compare_with_wrk(workers=2, threads=1, model="small", batch=10, policy="cfs"
         The server's Gunicorn workers and OpenMP threads per worker.
     model : {"small", "medium", "large"}
     batch : int
-        Rows per request (the body, :func:`tuna_lab.measure.loadgen.load.payload`).
+        Rows per request (the body, :func:`tuna_lab.measure.loadgen.schedule.payload`).
     policy : str
         The server's placement policy.
     connections : int

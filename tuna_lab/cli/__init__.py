@@ -23,12 +23,12 @@ import textwrap
 
 from .. import __version__
 from ..errors import TunaError
-from . import advise, bench, experiment, machine, model, placement, server, tune
+from . import advise, audit, bench, experiment, machine, model, placement, server, tune
 
 __all__ = ["main", "build_parser"]
 
 # The order of `tuna-lab --help`'s list of commands.
-_GROUPS = (machine, model, placement, server, experiment, tune, bench, advise)
+_GROUPS = (machine, model, placement, server, audit, experiment, tune, bench, advise)
 
 
 class _HelpFormatter(argparse.HelpFormatter):

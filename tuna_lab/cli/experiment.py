@@ -9,9 +9,10 @@ import math
 import os
 import sys
 
+from .._checks import format_cpulist
 from ..errors import ExperimentError, TunaError
-from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options,
-                      check_cpu_quota, check_measure_options, client_cpus_of, configs_arg, list_arg,
+from .options import (add_client_cpus_option, add_front_cpus_option, add_size_options, add_strict_option,
+                      add_wait_options, check_cpu_quota, check_measure_options, client_cpus_of, configs_arg, list_arg,
                       no_valid_status, non_negative_int_arg, policies_arg, policies_help, positive_float_arg,
                       target_of)
 
@@ -186,6 +187,9 @@ def _add_target_options(parser, running=True):
                    help="what serves --app (default gunicorn)")
     t.add_argument("--server-conf", default=None, metavar="FILE",
                    help="your gunicorn.conf.py: every setting kept, tuna_lab's bind, -w and hooks added")
+    t.add_argument("--python", default=None, metavar="PATH",
+                   help="with --app: the interpreter to run your server with (your venv's python; default "
+                        "tuna-lab's own); the app is imported there first")
     t.add_argument("--pid", type=int, default=None, metavar="MASTER",
                    help="a server already running: its master's PID (with --url and -t); never restarted"
                    if running else "not for a sweep: a running server keeps its W and T (use `run --pid`)")
@@ -194,6 +198,10 @@ def _add_target_options(parser, running=True):
         t.add_argument("--force", action="store_true",
                        help="with --pid: measure the children of PID 1 or of a process that is no recognised "
                             "pre-fork master (refused otherwise)")
+        add_front_cpus_option(t, help="with --pid: CPUs (e.g. 0) for every thread of the master, the helpers and "
+                                      "the front ends under each pinning policy; the workers are placed on the "
+                                      "server's other CPUs, and cfs leaves every mask as it was. For a master or "
+                                      "API front end that parses requests itself (MLServer, LitServe)")
     t.add_argument("--path", default="/", help="with --app: the path the requests go to (default /)")
     t.add_argument("--method", default=None,
                    help="the requests' HTTP method (default POST with a body, GET without)")
@@ -231,7 +239,9 @@ def _cmd_run(args):
     policies = check_policies(policies_arg(args.policies))
     if args.out:
         check_out(args.out, "--out")
-    client = client_cpus_of(args, ExperimentError, threads=[config.threads])
+    # A running server's are the CPUs its master may use, less --front-cpus: the load generator's come from those.
+    machine = target.machine() if target is not None and target.kind == "attached" else None
+    client = client_cpus_of(args, ExperimentError, threads=[config.threads], topology=machine)
     check_cpu_quota(config.workers * config.threads, args.strict, ExperimentError)
     out = os.path.join(args.out, config.key) if args.out else None
     result = run(config if target is None else None, policies, trials=args.trials, requests=args.requests, out=out,
@@ -246,6 +256,7 @@ def _cmd_run(args):
         _print_json({"cell": config.key, "config": result.manifest.get("config"), "summary": summary["summary"],
                      "speedups": summary["speedups"], "latency": latency, "target": result.manifest.get("target"),
                      "failed_trials": summary["failed"],
+                     "mechanism": summary["mechanism"], "mechanism_correlations": summary["correlations"],
                      "client_cpus": result.manifest.get("client_cpus"),
                      "generator": result.manifest.get("generator"), "path": result.path,
                      "files": sorted(os.path.join(result.path, f) for f in os.listdir(result.path))
@@ -257,11 +268,48 @@ def _cmd_run(args):
     if note:
         print(note)
     print(f"latency: {latency}")
+    if run_summary.mechanism_text():
+        print(run_summary.mechanism_text())
+    if target is not None and target.kind == "attached":
+        if target.front_cpus:
+            print(f"front end: the master, helpers and front ends on CPUs {format_cpulist(target.front_cpus)} "
+                  "under the pinning policies (--front-cpus); their CPU per request is the table's front column")
+        advice = _front_advice(result.trials, target.front_cpus)
+        if advice:
+            print(f"tuna-lab: warning: {advice}", file=sys.stderr)
     for failure in summary["failed"]:
         print(f"failed: {failure['policy']} trial {failure['trial'] + 1}: {failure['reason']}")
     if out:
         print(f"wrote {out}")
     return _no_valid_status(result)
+
+
+def _front_advice(trials, front_cpus=None):
+    """The ``--front-cpus`` advice for ``run --pid``, or None.
+
+    The summary already shows the front end's CPU per request and says where
+    it is a large share (:func:`~tuna_lab.analysis.summary.front_note`); where
+    it is and ``--front-cpus`` was not given, this says what to do about it.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"workers": 2, "threads": 1, "cpus": 2, "model": "app", "batch": 0,
+    ...     "policy": ["cfs", "round-robin"], "trial": 0, "trial_status": "ok", "p99": 0.02,
+    ...     "cpu_main_per_request": 0.01, "cpu_openmp_per_request": 0.0, "idle_cpu_share_main": 0.1,
+    ...     "idle_cpu_share_openmp": float("nan"), "cpu_seconds": 1.0, "load_seconds": 2.0,
+    ...     "cpu_per_request": 0.010, "front_cpu_per_request": [0.004, 0.001], "front_cpu_seconds": [0.4, 0.1]})
+    >>> _front_advice(t).startswith("the master and front ends do real work")
+    True
+    >>> _front_advice(t, front_cpus=(0,)) is None
+    True
+    """
+    from ..analysis.summary import front_note
+
+    if front_cpus or not front_note(trials):
+        return None
+    return ("the master and front ends do real work, on the workers' CPUs; --front-cpus CPULIST keeps them (all "
+            "their threads) on CPUs of their own under the pinning policies and places the workers on the rest")
 
 
 def _run_target(args):
@@ -557,7 +605,8 @@ def _cmd_report(args):
     if args.json:
         summary = summarize(requests, trials).to_dict()
         _print_json({"report": os.fspath(path), "results": args.results, "cells": len(manifests),
-                     "speedups": summary["headline"], "cpu": summary["cpu"]})
+                     "speedups": summary["headline"], "cpu": summary["cpu"],
+                     "mechanism": summary["mechanism"], "mechanism_correlations": summary["correlations"]})
         return 0
     print(f"wrote {path}")
     return 0
@@ -596,11 +645,14 @@ def _cmd_demo(args):
     result = run(config, ["cfs", "round-robin", "tuna-scatter"], trials=args.trials, requests=args.requests,
                  out=os.path.join(out, config.key), progress=lambda line: _progress("  " + line))
     print()
-    print(summarize(result).to_text())
+    run_summary = summarize(result)
+    print(run_summary.to_text())
     # Right under the speedups: on a small machine they are not the article's, and the reader must know why.
     note = scale_note(usable)
     if note:
         print(note)
+    if run_summary.mechanism_text():
+        print(run_summary.mechanism_text())
     report = write_report(result.requests, result.trials, os.path.join(out, "report.html"),
                           title="tuna_lab demo", manifest=result.manifest)
     print(f"\nraw records: {result.path}\nreport: {report}")

@@ -23,10 +23,10 @@ __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_
            "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg",
            "policy_choices", "policies_help", "add_client_cpus_option", "client_cpus_of",
            "add_strict_families_option", "check_measure_options", "target_of", "no_valid_status", "SIZE_BOUND_HELP",
-           "TOPOLOGY_BOUND_HELP"]
+           "TOPOLOGY_BOUND_HELP", "add_front_cpus_option", "front_cpus_of"]
 
-#: What the help says of the bounds in :mod:`tuna_lab._checks` (written out: that module imports numpy;
-#: tests/test_cli_inputs.py checks that they agree).
+#: What the help says of the bounds in :mod:`tuna_lab._checks`, in words (tests/test_cli_inputs.py checks
+#: that they agree).
 SIZE_BOUND_HELP = "W x T at most 8192"
 TOPOLOGY_BOUND_HELP = "at most 4096 logical CPUs, ids up to 65535"
 
@@ -381,16 +381,19 @@ def policies_arg(text):
 
 
 def policy_choices():
-    """The registered policies' names (:func:`tuna_lab.placement.policy_names`): ``--policy``'s choices.
+    """The built-in policies' names (:data:`tuna_lab.placement.names.BUILTIN_POLICIES`), for help texts.
+
+    Not the registry: loading it would cost every ``tuna-lab`` start a tenth
+    of a second; a name is checked against the registry where it is used.
 
     Examples
     --------
     >>> policy_choices()[:2]
     ('cfs', 'round-robin')
     """
-    from ..placement.policies import policy_names
+    from ..placement.names import BUILTIN_POLICIES
 
-    return policy_names()
+    return BUILTIN_POLICIES
 
 
 def policies_help(what="the placement policy"):
@@ -524,29 +527,42 @@ def target_of(args, error, sweep=False):
     if args.pid is not None and sweep:
         raise error("a running server keeps its workers and threads: measure it with `run --pid --url`")
     if args.app is None and args.pid is None:
-        given = [o for o in ("url", "body", "bodies", "method", "server_timing", "label", "app_dir", "server_conf")
+        given = [o for o in ("url", "body", "bodies", "method", "server_timing", "label", "app_dir", "server_conf",
+                             "python", "front_cpus")
                  if getattr(args, o, None)] + (["header"] if args.header else []) \
             + (["path"] if args.path != "/" else [])
         if given:
             raise error(f"--{given[0].replace('_', '-')} is for your own server: give --app or --pid too")
         return None
     if args.pid is not None:
+        if getattr(args, "python", None):
+            raise error("--python is for --app (a server tuna_lab starts); a running server keeps its interpreter")
         if url is None or args.threads is None:
             raise error("--pid needs --url (where the running server answers) and -t (its pool threads per worker)")
         if getattr(args, "workers", None) is not None:
             raise error("a running server keeps its workers: leave out -w (they are counted)")
         requests = Requests.from_options(url, args.method, args.header, args.body, args.bodies, args.server_timing)
+        front = None
+        if getattr(args, "front_cpus", None) is not None:
+            from ..placement.pin import server_cpus
+
+            # As `pin --front-cpus` reads it: CPUs of the server's own (from before any pin of tuna_lab's).
+            front = front_cpus_of(args, server_cpus(args.pid))
         return AttachedTarget(args.pid, url, args.threads, requests, label=args.label,
-                              force=getattr(args, "force", False)).check()
+                              force=getattr(args, "force", False), front_cpus=front).check()
     if url is not None:
         raise error("--url is for a running server (--pid); with --app give --path")
+    if getattr(args, "front_cpus", None) is not None:
+        raise error("--front-cpus is for a running server (--pid)")
     requests = Requests.from_options(args.path, args.method, args.header, args.body, args.bodies, args.server_timing)
 
     def target(workers, threads):
         return AppTarget(args.app, workers, threads, server=args.server, app_dir=args.app_dir,
-                         server_conf=args.server_conf, requests=requests, label=args.label)
+                         server_conf=args.server_conf, requests=requests, label=args.label,
+                         python=getattr(args, "python", None))
 
-    target(1, 1)            # the app, its folder and config are checked before anything runs
+    # The app, its folder and config are checked before anything runs, and the app imported in its interpreter.
+    target(1, 1).check()
     return target
 
 
@@ -574,3 +590,44 @@ def no_valid_status(lacking):
     print(f"tuna-lab: error: no valid trial of {', '.join(policies)}{where}: every trial failed "
           "(the failed: lines and the records say why)", file=sys.stderr)
     return 1
+
+
+def add_front_cpus_option(parser, help=None):
+    """Add ``--front-cpus CPULIST``: the master, helpers and front ends on CPUs of their own, the workers on the rest.
+
+    ``help``: the command's own words for it (default: ``pin``'s and ``plan``'s).
+
+    Examples
+    --------
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_front_cpus_option(p)
+    >>> p.parse_args(["--front-cpus", "0"]).front_cpus
+    '0'
+    """
+    parser.add_argument("--front-cpus", default=None, metavar="CPULIST",
+                        help=help or "CPUs (e.g. 0 or 0-1) for the master, the helpers and the front ends (all their "
+                             "threads, with `pin`): the workers' plan is made for the other CPUs, and a --plan "
+                             "that uses one of these is refused. For a master or API front end that parses "
+                             "requests itself (MLServer, LitServe); `unpin` gives their masks back too")
+
+
+def front_cpus_of(args, cpus):
+    """The CPUs ``--front-cpus`` names (a sorted tuple), each one of ``cpus`` and leaving some; None without it."""
+    from .._checks import format_cpulist, parse_cpulist
+    from ..errors import PlanError
+
+    text = getattr(args, "front_cpus", None)
+    if text is None:
+        return None
+    front = tuple(sorted(set(parse_cpulist(text, "--front-cpus", PlanError))))
+    if not front:
+        raise PlanError(f"--front-cpus names no CPU: {text!r}")
+    stray = sorted(set(front) - set(cpus))
+    if stray:
+        raise PlanError(f"--front-cpus: CPU {format_cpulist(stray)} is not one of the server's CPUs "
+                        f"{format_cpulist(sorted(cpus))}")
+    if set(cpus) <= set(front):
+        raise PlanError(f"--front-cpus {format_cpulist(front)} leaves no CPU for the workers (the server's CPUs "
+                        f"are {format_cpulist(sorted(cpus))})")
+    return front

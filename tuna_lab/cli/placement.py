@@ -17,8 +17,8 @@ the solver load it.
 import json
 import sys
 
-from .options import (add_size_options, add_strict_families_option, add_topology_options, policies_help,
-                      positive_float_arg, topology_of)
+from .options import (add_front_cpus_option, add_size_options, add_strict_families_option, add_topology_options,
+                      front_cpus_of, policies_help, positive_float_arg, topology_of)
 
 __all__ = ["add_parser", "plan_for", "add_traffic_options", "traffic_of", "add_worker_options", "worker_choice_of"]
 
@@ -45,7 +45,9 @@ def add_parser(subparsers):
                "  tuna-lab plan -w 2 -t 4 --policy round-robin --format env           OMP_*/GOMP_*/KMP_* per slot\n"
                "  tuna-lab plan -w 2 -t 4 --policy round-robin --format onnxruntime   "
                "session.intra_op_thread_affinities\n"
-               "  tuna-lab plan -w 2 -t 2 --policy round-robin --format taskset --pid MASTER\n")
+               "  tuna-lab plan -w 2 -t 2 --policy round-robin --format taskset --pid MASTER\n"
+               "  tuna-lab plan -w 2 -t 2 --format taskset --pid MASTER --url http://127.0.0.1:8000/predict "
+               "--body req.json   pools found by their activity\n")
     add_size_options(p)
     p.add_argument("--policy", default="tuna-scatter", metavar="POLICY",
                    help=policies_help())
@@ -54,6 +56,9 @@ def add_parser(subparsers):
                    help="for --format taskset: the running server whose TIDs to name (each worker's main thread "
                         "bound as `pin` binds it)")
     add_worker_options(p, flag="--worker-pids")
+    add_front_cpus_option(p)
+    # With --pid, pools that wait in libc (ONNX Runtime's) are found by their activity, as `pin` finds them.
+    add_traffic_options(p)
     p.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S",
                    help="solver time limit for the policies that need the solver (tuna-*)")
     add_strict_families_option(p)
@@ -80,18 +85,25 @@ def add_parser(subparsers):
                         "recognised as a pre-fork server's master (PID 1, or one whose children run another "
                         "program than it)")
     n.add_argument("--watch", action="store_true",
-                   help="stay in the foreground and re-pin replacement workers until Ctrl-C/SIGTERM")
+                   help="stay in the foreground and re-pin replacement workers until Ctrl-C/SIGTERM; a mask "
+                        "someone else changed on a pinned thread is reported once and left as it is")
+    n.add_argument("--enforce", action="store_true",
+                   help="with --watch: put back a mask someone else changed on a thread tuna_lab pinned")
     n.add_argument("--dry-run", action="store_true", help="show what would be bound; bind nothing")
     n.add_argument("--json", action="store_true", help="print the report as JSON")
     add_strict_families_option(n)
     add_worker_options(n)
+    add_front_cpus_option(n)
     add_traffic_options(n)
     n.set_defaults(func=_cmd_pin)
 
     u = subparsers.add_parser("unpin", help="give the threads `pin --pid` bound their masks from before the pin back, "
                                            "where the mask is still the one it set",
                               epilog="example:\n  tuna-lab unpin --pid MASTER\n")
-    u.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
+    u.add_argument("--pid", type=int, default=None, metavar="MASTER", help="the server's master process")
+    u.add_argument("--isolation", action="store_true",
+                   help="put back the masks and IRQ affinities `audit --isolate --apply` changed (those still as it "
+                        "set them); with --pid, unpin that server too")
     u.add_argument("--force", action="store_true",
                    help="unpin the children of a process that is not recognised as a pre-fork server's master")
     u.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -207,13 +219,21 @@ def _cmd_plan(args):
     if args.pid is not None and args.format != "taskset":
         raise PlanError(f"--pid names the threads of a running server for --format taskset; --format "
                         f"{args.format} names no threads")
-    plan = plan_for(args.policy, args.workers, args.threads, topology_of(args), args.time_limit, args.on_infeasible)
+    if args.pid is None and args.url is not None:
+        raise PlanError("--url sends requests to the running server of --pid, to find its pool threads: give --pid")
+    topology = topology_of(args)
+    front = front_cpus_of(args, topology.cpus)
+    if front is not None:
+        # The workers' plan is made for the CPUs the front leaves; `pin --front-cpus` checks it against the same.
+        topology = topology.restrict(sorted(set(topology.cpus) - set(front)))
+    plan = plan_for(args.policy, args.workers, args.threads, topology, args.time_limit, args.on_infeasible)
     tids = None
     if args.pid is not None:
         from ..placement.pin import check_server, server_roles, server_threads
 
         check_server(args.pid)                          # PID 1, or a process that serves nothing: refused
         roles = server_roles(args.pid, worker_choice_of(args))
+        activity = traffic_of(args, args.pid)
         # Every worker of the server gets a slot: a plan with fewer slots has no CPUs for some.
         count = len(roles.workers)
         if count != plan.workers:
@@ -224,50 +244,63 @@ def _cmd_plan(args):
         # its pool where its runtime sizes the pool from the main thread's CPUs.
         tids = [{"slot": w["slot"], "rank": t["rank"], "tid": t["tid"], "pid": w["pid"],
                  "exact_main": w["exact_main"], "main_note": t.get("note")}
-                for w in server_threads(args.pid, roles=roles) for t in w["threads"] if t["role"] != "other"]
+                for w in server_threads(args.pid, activity=activity, roles=roles)
+                for t in w["threads"] if t["role"] != "other"]
     print(plan.render(args.format, tids=tids))
+    if front is not None and args.pid is not None:
+        from .._checks import format_cpulist
+
+        # What `pin --front-cpus` binds besides the workers: every thread (-a) of the master, helpers, front ends.
+        cpus = format_cpulist(front).replace(" ", "")
+        print(f"# --front-cpus {cpus}: every thread of the master, the helpers and the front ends")
+        for proc in (roles.master, *roles.helpers):
+            print(f"taskset -a -p -c {cpus} {proc.pid}")
     return 0
 
 
 def _plan_of(args, workers):
-    """The plan to apply: ``--plan`` checked against the server's CPUs, else one made for them.
+    """``(plan, front CPUs)``: ``--plan`` checked against the server's CPUs, else one made for them.
 
     The server's CPUs are those its master may use, not this tool's: a server
-    confined to some CPUs (taskset, a cpuset) is planned on those.
+    confined to some CPUs (taskset, a cpuset) is planned on those, less the
+    ``--front-cpus``.
     """
-    import os
-
-    from ..errors import PinError, PlanError
+    from ..errors import PlanError
     from ..machine import Topology
+    from ..placement.pin import check_front_cpus, server_cpus
     from ..placement.plan import Plan
 
-    try:
-        allowed = os.sched_getaffinity(args.pid)
-    except OSError:
-        raise PinError(f"no process with PID {args.pid}") from None
+    # The master's mask from before a `pin --front-cpus` moved it, if one did.
+    allowed = server_cpus(args.pid)
+    front = front_cpus_of(args, allowed)
+    if front is not None:
+        allowed = sorted(set(allowed) - set(front))
     here = Topology.from_sysfs(allowed=allowed)
     if args.plan:
         if args.policy or args.threads:
             raise PlanError("give either --plan or --policy/-t, not both")
-        return Plan.read(args.plan).check_machine(here, force=args.force)
+        plan = Plan.read(args.plan)
+        if front is not None:
+            check_front_cpus(plan, front)          # said as such, before the fingerprint of the CPUs left
+        return plan.check_machine(here, force=args.force), front
     if not args.policy or not args.threads:
         raise PlanError("say what to apply: --policy POLICY -t THREADS, or --plan FILE")
-    return plan_for(args.policy, len(workers), args.threads, here, on_infeasible=args.on_infeasible)
+    return plan_for(args.policy, len(workers), args.threads, here, on_infeasible=args.on_infeasible), front
 
 
 def _cmd_pin(args):
     import threading
 
+    from ..errors import PinError
     from ..placement.pin import check_server, pin_server, watch_server
 
+    if args.enforce and not args.watch:
+        raise PinError("--enforce puts back, while --watch runs, masks someone else changed: give --watch too")
     choice = worker_choice_of(args)
-    plan = _plan_of(args, check_server(args.pid, force=args.force, choice=choice))
+    plan, front = _plan_of(args, check_server(args.pid, force=args.force, choice=choice))
     # Measured before anything is bound: a request that fails leaves every mask as it was.
     activity = traffic_of(args, args.pid)
-    report = pin_server(args.pid, plan, dry_run=args.dry_run, activity=activity, choice=choice)
-    if activity is not None and activity.idle:
-        report.warnings.append(f"worker(s) {', '.join(map(str, activity.idle))} served none of the "
-                               f"{activity.requests} requests sent in {activity.seconds:.1f} s")
+    report = pin_server(args.pid, plan, dry_run=args.dry_run, activity=activity, choice=choice, front_cpus=front)
     _show(report, args.json)
     if not args.watch or args.dry_run:
         return 0
@@ -275,7 +308,8 @@ def _cmd_pin(args):
           "their activity under live traffic; Ctrl-C to stop", file=sys.stderr, flush=True)
     stop = threading.Event()
     try:
-        watch_server(args.pid, plan, stop, on_pin=lambda r: _show(r, args.json), activity=activity, choice=choice)
+        watch_server(args.pid, plan, stop, on_pin=lambda r: _show(r, args.json), activity=activity, choice=choice,
+                     enforce=args.enforce, pinned=report)
     except KeyboardInterrupt:
         stop.set()
     print("stopped watching; the pins stay in place", file=sys.stderr, flush=True)
@@ -285,9 +319,31 @@ def _cmd_pin(args):
 def _cmd_unpin(args):
     from ..placement.pin import check_server, unpin_server
 
+    if args.isolation:
+        _undo_isolation(args.json)
+        if args.pid is None:
+            return 0
+    elif args.pid is None:
+        from ..errors import PinError
+
+        raise PinError("say what to unpin: --pid MASTER, or --isolation")
     check_server(args.pid, force=args.force, choice=worker_choice_of(args))
     _show(unpin_server(args.pid), args.json)
     return 0
+
+
+def _undo_isolation(as_json):
+    """``unpin --isolation``: what ``audit --isolate --apply`` changed, put back (:func:`~tuna_lab.placement.audit.undo_isolation`)."""
+    from ..placement.audit import undo_isolation
+
+    done, left = undo_isolation()
+    if as_json:
+        print(json.dumps({"isolation": {"restored": done, "left": left}}), flush=True)
+    else:
+        print("\n".join(done) if done else "nothing to put back: no isolation of tuna_lab's is recorded, or none "
+                                         "is still as it set it", flush=True)
+    for line in left:
+        print(f"tuna-lab: warning: {line}", file=sys.stderr, flush=True)
 
 
 def _show(report, as_json):

@@ -7,7 +7,7 @@ answer in a fraction of a second and load no solver, XGBoost or plotting.
 import json
 
 from ..errors import ServerError
-from ..server.app import MAX_WORK, READ_TIMEOUT
+from ..server.limits import MAX_WORK, READ_TIMEOUT
 from ..server.models import MODEL_FEATURES, model_cost
 from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options, check_cpu_quota,
                       client_cpus_of, policies_help, positive_float_arg)
@@ -203,14 +203,29 @@ def _status_of_pid(args):
     plan = Plan.read(args.plan) if args.plan else None
     roles = server_roles(args.pid, worker_choice_of(args))
     activity = traffic_of(args, args.pid)
-    report = PinReport(args.pid, plan, server_threads(args.pid, plan, activity, roles=roles), roles=roles)
-    if activity is not None and activity.idle:
-        report.warnings.append(f"worker(s) {', '.join(map(str, activity.idle))} served none of the "
-                               f"{activity.requests} requests sent in {activity.seconds:.1f} s")
-    print(json.dumps(report.to_dict()) if args.json else report.describe())
+    report = PinReport(args.pid, plan, server_threads(args.pid, plan, activity, roles=roles),
+                       roles=roles).add_activity(activity)
+    drift = _drift(args.pid, plan, roles)
+    if args.json:
+        print(json.dumps({**report.to_dict(), "drift": [f.to_dict() for f in drift]}))
+    else:
+        print(report.describe())
+        print("\n".join(f"drift: {f.what}\n  -> {f.advice}" for f in drift) if drift else
+              "no drift: every thread placed is where the plan (or the pin) put it")
     for warning in report.warnings:
         print(f"tuna-lab: warning: {warning}", file=sys.stderr)
     return 0
+
+
+def _drift(master, plan, roles):
+    """Drift since the pin (a replaced worker, a mask someone else changed): ``audit``'s findings of those kinds.
+
+    Read over a short interval: status shows masks, not rates.
+    """
+    from ..placement import audit
+
+    snap = audit.snapshot(master, plan, interval=0.05, roles=roles)
+    return [f for f in audit.findings(snap) if f.kind in ("drift", "replaced")]
 
 
 def _cmd_stop(args):

@@ -66,6 +66,9 @@ def add_parser(subparsers):
     t.add_argument("--app-dir", default=None, metavar="DIR", help="the folder --app's module is in")
     t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn", help="what serves --app")
     t.add_argument("--server-conf", default=None, metavar="FILE", help="your gunicorn.conf.py")
+    t.add_argument("--python", default=None, metavar="PATH",
+                   help="with --app: the interpreter to run your server with (your venv's python; default "
+                        "tuna-lab's own); the app is imported there first")
     t.add_argument("--pid", type=int, default=None, metavar="MASTER",
                    help="a server already running (with --url and -t): only the policies are searched")
     t.add_argument("--url", default=None, help="with --pid: where the requests go (a loopback URL)")

@@ -30,11 +30,16 @@ What each worker does:
    main thread and each pool thread by TID to the slot's CPUs, reading each
    binding back. If the app already started its pool, the pool threads are
    found as ``tuna-lab pin --pid`` finds them.
-3. ``child_exit`` (master): logs the freed slot.
+3. ``child_exit`` (master): when a worker died and is replaced, logs that
+   its slot goes to the replacement (nothing on a normal shutdown).
 4. ``on_exit`` (master, Gunicorn stops): removes the hooks' state folder.
 
-The master is never pinned. Only Gunicorn's ``sync`` worker class is
-supported; any other is refused when the first worker starts.
+The master is never pinned. Only Gunicorn's ``sync`` worker class (or a
+class made from it) is supported; any other is refused when the first
+worker starts. A config that binds its workers itself, after a warm-up of
+its own (tuna_lab's lab server), takes ``post_fork``, ``child_exit`` and
+``on_exit`` from here and calls :func:`worker_slot` and :func:`record_slot`
+from its own ``post_worker_init``.
 
 The hooks keep their state (the plan, the slot locks, each worker's slot
 record) in ``$TMPDIR/tuna_lab-gunicorn-UID-MASTER-START``, made whole by the
@@ -58,9 +63,10 @@ import os
 import subprocess
 import sys
 
-__all__ = ["post_fork", "post_worker_init", "child_exit", "on_exit", "configure", "SUPPORTED_WORKER_CLASSES"]
+__all__ = ["post_fork", "post_worker_init", "child_exit", "on_exit", "configure", "worker_slot", "record_slot",
+           "SUPPORTED_WORKER_CLASSES"]
 
-#: Worker classes whose workers serve one request at a time on their main thread.
+#: Worker classes whose workers serve one request at a time on their main thread (and their subclasses).
 SUPPORTED_WORKER_CLASSES = ("sync",)
 
 # Gunicorn's exit code for a worker that failed to boot: the master then stops.
@@ -171,15 +177,25 @@ def _owner(server):
     return int(uid), int(gid if gid is not None else os.getegid())
 
 
-def _record(slot, exact_main):
+def worker_slot():
+    """``(slot, plan)``: the slot this worker took in :func:`post_fork` and the server's plan.
+
+    ``(None, plan)`` when every slot was taken (more workers than the plan's),
+    ``(None, None)`` before :func:`post_fork`. For a config whose own
+    ``post_worker_init`` binds the worker (the lab server's, after its warm-up).
+    """
+    return _worker["slot"], _worker["plan"]
+
+
+def record_slot(exact_main):
     """Say which slot this worker holds and how its main thread is bound, for `tuna-lab status/pin --pid`.
 
-    Called after Gunicorn dropped the worker to its ``user``: written as that
-    user, into the subfolder it was handed.
+    Called after Gunicorn dropped the worker to its ``user`` (from
+    ``post_worker_init``): written as that user, into the subfolder it was handed.
     """
     from ..placement.pin import HOOK_RECORDS, write_hook_record
 
-    write_hook_record(os.path.join(_worker["run_dir"], HOOK_RECORDS), slot, os.getpid(), exact_main)
+    write_hook_record(os.path.join(_worker["run_dir"], HOOK_RECORDS), _worker["slot"], os.getpid(), exact_main)
 
 
 def _make_plan(workers):
@@ -246,14 +262,28 @@ def _take_slot(run_dir, workers):
     return None, None
 
 
+def _supported(cfg):
+    """Whether Gunicorn's worker class is ``sync`` or one made from it (one request at a time, main thread)."""
+    if getattr(cfg, "worker_class_str", "sync") in SUPPORTED_WORKER_CLASSES:
+        return True
+    try:
+        from gunicorn.workers.sync import SyncWorker
+
+        return issubclass(cfg.worker_class, SyncWorker)
+    except Exception:                                  # a class Gunicorn cannot load is refused here
+        return False
+
+
 def post_fork(server, worker):
     """Gunicorn hook (worker, right after the fork): check the worker class, take a slot, prepare OpenMP."""
     from .._checks import one_line
     from ..errors import TunaError
+    from ..placement.plan import PinnedBy
     from ..placement.pools import openmp_loaded
+    from ..placement.runtimes import openmp_unbound, places_counted
 
     kind = getattr(server.cfg, "worker_class_str", "sync")
-    if kind not in SUPPORTED_WORKER_CLASSES:
+    if not _supported(server.cfg):
         _refuse(server, f"worker class {kind!r} is not supported: tuna_lab pins 'sync' workers "
                 "(one request at a time on the main thread); use worker_class = \"sync\"")
     try:
@@ -272,10 +302,11 @@ def post_fork(server, worker):
     # libgomp reads OMP_PLACES once, when it loads; with a place list it counts CPUs
     # from it instead of from the calling thread's current affinity, so pinning
     # the main thread to one CPU does not shrink the pool XGBoost asks for.
-    # Under OMP_PROC_BIND=false libgomp ignores OMP_PLACES.
-    unbound = os.environ.get("OMP_PROC_BIND", "").split(",")[0].strip().lower() == "false"
-    exact = "OMP_PLACES" in os.environ and not unbound
-    if not exact and not unbound and not openmp_loaded():
+    # Under OMP_PROC_BIND=false libgomp ignores OMP_PLACES. Only for a plan tuna_lab binds:
+    # with OMP_PLACES alone libgomp binds its threads itself, which a plan that pins nothing must not.
+    unbound = openmp_unbound(os.environ)
+    exact = places_counted(os.environ)
+    if not exact and not unbound and plan.pinned_by == PinnedBy.TUNA_LAB and not openmp_loaded():
         os.environ["OMP_PLACES"] = "threads"
         exact = True
     _worker.update(slot=slot, lock=fd, exact_main=exact, plan=plan, run_dir=run_dir)
@@ -298,7 +329,7 @@ def post_worker_init(worker):
                     pid, plan.workers if plan else "?")
         return
     # Recorded now, as the workers' user (post_fork runs as the master's: it writes no record).
-    _record(slot, False)
+    record_slot(False)
     if plan.pinned_by == PinnedBy.NONE:
         log.info("tuna_lab: worker %s slot %s: policy %s pins nothing", pid, slot, plan.policy)
         return
@@ -309,7 +340,7 @@ def post_worker_init(worker):
     # An app that loads its OpenMP runtime later (on its first request) builds its places
     # then, from the main thread's CPUs at that moment: a single CPU would leave no pool.
     exact = plan.threads == 1 or (_worker["exact_main"] and bool(libs))
-    _record(slot, exact)
+    record_slot(exact)
     bound = bind_worker(plan, slot, pool, pid, exact_main=exact)
     for b in bound:
         if b.error:
@@ -322,11 +353,18 @@ def post_worker_init(worker):
 
 
 def child_exit(server, worker):
-    """Gunicorn hook (master, a worker exited): its slot's lock is free for the replacement."""
+    """Gunicorn hook (master, a worker exited): its slot's lock is free for the replacement, if one comes.
+
+    Said only when the master will start a replacement: not while it stops
+    (Gunicorn closes its listeners first), nor when it runs fewer workers now
+    (``TTOU``, or the old workers of a reload).
+    """
     import psutil
 
     from ..placement.pin import hook_dir, hook_dir_problem
 
+    if not _replaced(server):
+        return
     try:
         path = hook_dir(server.pid)
         if hook_dir_problem(path, server.pid, os.geteuid()) or os.path.lexists(os.path.join(path, "refused")):
@@ -335,6 +373,11 @@ def child_exit(server, worker):
         return
 
     server.log.info("tuna_lab: worker %s exited; its slot goes to its replacement", worker.pid)
+
+
+def _replaced(server):
+    """Whether the master will start a worker for the one it just reaped (``child_exit`` runs after the reap)."""
+    return bool(getattr(server, "LISTENERS", None)) and len(server.WORKERS) < server.num_workers
 
 
 def on_exit(server):

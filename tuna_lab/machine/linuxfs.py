@@ -3,7 +3,7 @@
 Everything here takes ``root``, the directory standing for ``/``: ``"/"`` for
 the live machine, or a copied tree such as the hwloc test dumps that
 ``lstopo --input DIR`` reads. The topology reader
-(:mod:`~tuna_lab.machine.sysfs`) and the process limits
+(:mod:`~tuna_lab.machine.readers.sysfs`) and the process limits
 (:mod:`~tuna_lab.machine.limits`) both read through these functions, so the
 live machine and a dump are read by the same code.
 
@@ -32,7 +32,7 @@ from .. import _files
 from .._checks import parse_cpulist, parse_cpumask
 from ..errors import TopologyError
 
-__all__ = ["MAX_KERNEL_FILE", "read_text", "read_cpulist", "read_cpumask", "online_cpus", "Mount", "mounts",
+__all__ = ["MAX_KERNEL_FILE", "read_text", "read_cpulist", "system_cpus", "read_cpumask", "online_cpus", "Mount", "mounts",
            "cgroup_dir", "cgroup_cpuset", "cgroup_cpu_quota"]
 
 #: Largest kernel file read (``/proc/cpuinfo`` of 4096 CPUs is about 6 MB; a sysfs attribute is a page).
@@ -100,6 +100,20 @@ def read_cpulist(path):
     """
     text = read_text(path)
     return None if text is None else parse_cpulist(text, path)
+
+
+def system_cpus(kind):
+    """The CPUs of this machine of one ``kind`` - ``"online"``, ``"offline"``, ``"isolated"``, ``"present"`` -
+    as sysfs lists them (``/sys/devices/system/cpu/KIND``); None where the file cannot be read.
+
+    Examples
+    --------
+    >>> 0 in system_cpus("online")
+    True
+    """
+    if kind not in ("online", "offline", "isolated", "present", "possible"):
+        raise ValueError(f"no such CPU list: {kind!r}")
+    return read_cpulist(f"/sys/devices/system/cpu/{kind}")
 
 
 def read_cpumask(path):

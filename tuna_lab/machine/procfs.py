@@ -1,4 +1,11 @@
-"""Processes as ``/proc`` tells them: when one started, whether it still runs, and the state it leaves behind.
+"""Processes and threads as ``/proc`` tells them: the one reader of ``/proc`` outside the scheduler's counters.
+
+Everything tuna_lab learns about a process from ``/proc`` comes through here
+(:mod:`~tuna_lab.machine.sched` reads the scheduler's counters,
+:mod:`~tuna_lab.machine.irqs` the interrupts): its threads and their CPU
+time, names, system calls and allowed CPUs, its mappings and environment,
+the machine's boot id, the TCP tables and the file locks. No other package
+opens ``/proc`` (tests/test_layers.py checks it).
 
 A PID alone does not name a process: the kernel gives it to another once
 the first exits. A PID with its start time (field 22 of
@@ -24,9 +31,16 @@ import shutil
 
 from .. import _files
 
-__all__ = ["start_ticks", "alive", "process_age", "remove_dead_folders"]
+__all__ = ["start_ticks", "alive", "process_age", "remove_dead_folders", "pids", "thread_ids", "thread_exists",
+           "thread_cpu_seconds", "thread_cpu", "thread_name", "thread_syscall", "status_fields", "mappings",
+           "environ", "boot_id", "schedstat_available", "tcp_sockets", "lock_holders"]
 
 _STAT_LIMIT = 4096
+# A process's maps, environment and the TCP tables can be long; none is read whole beyond these.
+_MAPS_LIMIT = 64 * 1024 * 1024
+_ENVIRON_LIMIT = 4 * 1024 * 1024
+_TABLE_LIMIT = 64 * 1024 * 1024
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def start_ticks(pid):
@@ -111,3 +125,259 @@ def remove_dead_folders(root, pattern, users_of):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
+
+
+def pids():
+    """The PIDs of every process this user may see, ascending.
+
+    Examples
+    --------
+    >>> os.getpid() in pids()
+    True
+    """
+    return sorted(int(name) for name in os.listdir("/proc") if name.isdigit())
+
+
+def thread_ids(pid):
+    """The TIDs of process ``pid``, ascending (the main thread's TID is the PID).
+
+    Raises
+    ------
+    ProcessLookupError
+        The process is gone (or ``pid`` is no PID).
+    PermissionError
+        Its threads may not be listed (another user's, under ``hidepid``).
+
+    Examples
+    --------
+    >>> os.getpid() in thread_ids(os.getpid())
+    True
+    """
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{int(pid)}/task"))
+    except (FileNotFoundError, NotADirectoryError, ValueError, TypeError):
+        raise ProcessLookupError(f"no process {pid}") from None
+
+
+def thread_exists(pid, tid):
+    """Whether thread ``tid`` of process ``pid`` still exists.
+
+    Examples
+    --------
+    >>> thread_exists(os.getpid(), os.getpid()), thread_exists(os.getpid(), 2 ** 22 + 1)
+    (True, False)
+    """
+    return os.path.exists(f"/proc/{int(pid)}/task/{int(tid)}")
+
+
+def thread_cpu_seconds(pid, tid):
+    """CPU seconds thread ``tid`` of process ``pid`` has run so far; None if it is gone or unreadable.
+
+    From ``schedstat`` (nanoseconds), else ``stat``'s ``utime + stime``
+    (clock ticks) where the kernel has no schedstat.
+
+    Examples
+    --------
+    >>> thread_cpu_seconds(os.getpid(), os.getpid()) > 0
+    True
+    """
+    base = f"/proc/{int(pid)}/task/{int(tid)}"
+    try:
+        return int(_files.read_bytes(f"{base}/schedstat", limit=_STAT_LIMIT).split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        # The command name may hold spaces and parentheses: split after the last ")".
+        fields = _files.read_bytes(f"{base}/stat", limit=_STAT_LIMIT).rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK      # utime, stime (fields 14, 15)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def thread_cpu(pid):
+    """``{tid: CPU seconds}`` of every thread of process ``pid``; threads that exit meanwhile are left out.
+
+    Raises
+    ------
+    ProcessLookupError, PermissionError
+        As :func:`thread_ids`.
+
+    Examples
+    --------
+    >>> os.getpid() in thread_cpu(os.getpid())
+    True
+    """
+    out = {}
+    for tid in thread_ids(pid):
+        seconds = thread_cpu_seconds(pid, tid)
+        if seconds is not None:
+            out[tid] = seconds
+    return out
+
+
+def thread_name(pid, tid):
+    """The name (``comm``) of thread ``tid`` of process ``pid``; None if it is gone.
+
+    Examples
+    --------
+    >>> isinstance(thread_name(os.getpid(), os.getpid()), str)
+    True
+    """
+    try:
+        return _files.read_text(f"/proc/{int(pid)}/task/{int(tid)}/comm", limit=256).strip()
+    except (OSError, ValueError):
+        return None
+
+
+def thread_syscall(pid, tid):
+    """The fields of ``/proc/PID/task/TID/syscall``: ``["running"]``, or the call's number, arguments, sp, pc.
+
+    Raises
+    ------
+    OSError
+        The thread is gone, or its system call may not be read.
+
+    Examples
+    --------
+    >>> fields = thread_syscall(os.getpid(), os.getpid())     # reading it, the thread is in read(2)
+    >>> fields == ["running"] or len(fields) == 9
+    True
+    """
+    return _files.read_text(f"/proc/{int(pid)}/task/{int(tid)}/syscall", limit=_STAT_LIMIT).split()
+
+
+def status_fields(pid, tid=None):
+    """The fields of ``/proc/PID/status`` (or of one of its threads) as ``{name: text}``.
+
+    Raises
+    ------
+    OSError
+        The process or thread is gone, or its status may not be read.
+
+    Examples
+    --------
+    >>> status_fields(os.getpid())["Pid"] == str(os.getpid())
+    True
+    """
+    path = f"/proc/{int(pid)}/status" if tid is None else f"/proc/{int(pid)}/task/{int(tid)}/status"
+    out = {}
+    for line in _files.read_text(path, limit=64 * 1024).splitlines():
+        name, sep, value = line.partition(":")
+        if sep:
+            out[name] = value.strip()
+    return out
+
+
+def mappings(pid):
+    """Sorted ``(start, end, path)`` of the file-backed mappings of process ``pid``.
+
+    Raises
+    ------
+    OSError
+        The process is gone, or its maps may not be read.
+
+    Examples
+    --------
+    >>> any(path.endswith(".so") or ".so." in path for _, _, path in mappings(os.getpid()))
+    True
+    """
+    out = []
+    for line in _files.read_text(f"/proc/{int(pid)}/maps", limit=_MAPS_LIMIT).splitlines():
+        parts = line.split(None, 5)
+        if len(parts) == 6 and parts[5].startswith("/"):
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            out.append((lo, hi, parts[5].strip()))
+    out.sort()
+    return out
+
+
+def environ(pid):
+    """The environment process ``pid`` was started with, as ``{name: value}``.
+
+    Raises
+    ------
+    OSError
+        The process is gone, or its environment may not be read (another user's).
+
+    Examples
+    --------
+    >>> environ(os.getpid()).get("PATH") is not None or "PATH" not in os.environ
+    True
+    """
+    out = {}
+    for item in _files.read_bytes(f"/proc/{int(pid)}/environ", limit=_ENVIRON_LIMIT).split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            out[name.decode(errors="replace")] = value.decode(errors="replace")
+    return out
+
+
+def boot_id():
+    """This boot's id (``/proc/sys/kernel/random/boot_id``): a record from before a reboot names nothing.
+
+    Examples
+    --------
+    >>> len(boot_id()) == 36
+    True
+    """
+    return _files.read_text("/proc/sys/kernel/random/boot_id", limit=64).strip()
+
+
+def schedstat_available():
+    """Whether the kernel keeps per-thread ``schedstat`` (CPU time to the nanosecond).
+
+    Examples
+    --------
+    >>> isinstance(schedstat_available(), bool)
+    True
+    """
+    return os.path.exists("/proc/self/schedstat")
+
+
+def tcp_sockets():
+    """Every TCP socket of this network namespace as ``(local port, state, rx queue)``, IPv4 and IPv6.
+
+    ``state`` is the kernel's hex code (``"0A"`` is LISTEN); a listening
+    socket's receive queue is its accept backlog.
+
+    Examples
+    --------
+    >>> all(isinstance(port, int) for port, _, _ in tcp_sockets())
+    True
+    """
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = _files.read_text(table, limit=_TABLE_LIMIT).splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) >= 5:
+                out.append((int(fields[1].rsplit(":", 1)[1], 16), fields[3], int(fields[4].split(":")[1], 16)))
+    return out
+
+
+def lock_holders(inodes):
+    """PIDs that hold a lock (not wait for one) on a file of ``inodes``, from ``/proc/locks``; empty where unknown.
+
+    Examples
+    --------
+    >>> lock_holders(set())
+    []
+    """
+    found = set()
+    try:
+        lines = _files.read_text("/proc/locks", limit=_TABLE_LIMIT).splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        parts = line.split()
+        if "->" in parts:           # a waiter, not a holder
+            continue
+        try:
+            if int(parts[5].rsplit(":", 1)[1]) in inodes:
+                found.add(int(parts[4]))
+        except (ValueError, IndexError):
+            continue
+    return sorted(found)

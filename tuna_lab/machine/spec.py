@@ -14,7 +14,7 @@ import os
 
 from ..errors import TopologyError
 from .readers import THIS_MACHINE
-from .synthetic import PRESETS
+from .readers.synthetic import PRESETS
 from .topology import Topology
 
 __all__ = ["THIS_MACHINE", "topology_from"]

@@ -3,9 +3,9 @@
 A :class:`Topology` holds one label vector per level (which physical core,
 package, NUMA node and cache domain each logical core belongs to) and derives
 the Tuna cache distance ``d(c, c')`` from them. Its readers each live in a
-module of their own - :mod:`~tuna_lab.machine.sysfs` (this machine, or a
-Linux filesystem root), :mod:`~tuna_lab.machine.hwloc_xml` and
-:mod:`~tuna_lab.machine.synthetic` (hwloc synthetic descriptions and the
+module of their own - :mod:`~tuna_lab.machine.readers.sysfs` (this machine, or a
+Linux filesystem root), :mod:`~tuna_lab.machine.readers.hwloc_xml` and
+:mod:`~tuna_lab.machine.readers.synthetic` (hwloc synthetic descriptions and the
 named presets) - and are reached through the classmethods
 :meth:`Topology.from_sysfs`, :meth:`Topology.from_fsroot`,
 :meth:`Topology.from_hwloc_xml`, :meth:`Topology.synthetic` and
@@ -34,9 +34,9 @@ import numpy as np
 
 from .._checks import check_cpus
 from ..errors import TopologyError
-from . import hwloc_xml, synthetic, sysfs
+from .readers import hwloc_xml, synthetic, sysfs
 from .readers import CACHE_LEVELS
-from .synthetic import PRESETS
+from .readers.synthetic import PRESETS
 
 __all__ = ["Topology", "PRESETS", "DEFAULT_COSTS", "CACHE_LEVELS"]
 
@@ -572,7 +572,7 @@ class Topology:
         ``nodeN/distance`` (relative latencies, 10 = local): ``"none"`` times
         the mean remote/local ratio, rounded, e.g. 200 * 21/10 = 420 - unless a cache
         domain spans several nodes (sub-NUMA clustering), where it stays unset.
-        The reader is :func:`tuna_lab.machine.sysfs.read_sysfs`.
+        The reader is :func:`tuna_lab.machine.readers.sysfs.read_sysfs`.
 
         Parameters
         ----------
@@ -587,7 +587,7 @@ class Topology:
         Warns
         -----
         TopologyWarning
-            No CPU has any cache information (see :mod:`tuna_lab.machine.sysfs`).
+            No CPU has any cache information (see :mod:`tuna_lab.machine.readers.sysfs`).
 
         Examples
         --------
@@ -608,7 +608,7 @@ class Topology:
         dump's cgroup cpuset allows (found through its ``proc/self/cgroup``
         or ``proc/self/cpuset`` and its mounts) are kept, as lstopo keeps
         them. The topology is named after the directory (``"this machine"``
-        for ``/``). The reader is :func:`tuna_lab.machine.sysfs.read_fsroot`.
+        for ``/``). The reader is :func:`tuna_lab.machine.readers.sysfs.read_fsroot`.
 
         Parameters
         ----------
@@ -637,7 +637,7 @@ class Topology:
         With several NUMA nodes holding cores and a NUMA latency matrix in the
         XML (v2 ``<distances2 type="NUMANode">``, v1 ``<distances>``),
         ``costs["remote"]`` is set as in :meth:`from_sysfs`. The reader is
-        :func:`tuna_lab.machine.hwloc_xml.read_hwloc_xml`.
+        :func:`tuna_lab.machine.readers.hwloc_xml.read_hwloc_xml`.
 
         Parameters
         ----------
@@ -664,7 +664,7 @@ class Topology:
         final ``pu``. Attributes in parentheses are ignored, except a PU list
         ``pu:2(indexes=0,2,1,3)`` which sets the OS ids as hwloc does.
         Without ``core`` each PU is its own physical core. The reader is
-        :func:`tuna_lab.machine.synthetic.read_synthetic`.
+        :func:`tuna_lab.machine.readers.synthetic.read_synthetic`.
 
         Examples
         --------
@@ -679,7 +679,7 @@ class Topology:
         """A named machine from :data:`PRESETS`, with Linux-style SMT numbering.
 
         Logical cores ``x`` and ``x + P`` are the two hyperthreads of physical
-        core ``x``. The reader is :func:`tuna_lab.machine.synthetic.read_preset`.
+        core ``x``. The reader is :func:`tuna_lab.machine.readers.synthetic.read_preset`.
 
         Examples
         --------

@@ -51,6 +51,7 @@ import warnings
 from .._checks import format_cpulist
 from .._files import file_kind, private_dir, trusted_dir
 from ..errors import ExperimentError
+from ..machine import procfs
 
 __all__ = ["lock_cpus", "lock_dir", "LOCK_WAIT_VAR"]
 
@@ -123,19 +124,7 @@ def _open(path):
 
 def _holders(fds):
     """PIDs that hold a lock on the files of ``fds`` (from ``/proc/locks``; empty where unknown)."""
-    inodes = {os.fstat(fd).st_ino for fd in fds}
-    found = set()
-    try:
-        with open("/proc/locks") as fh:
-            for line in fh:
-                parts = line.split()
-                if "->" in parts:           # a waiter, not a holder
-                    continue
-                with contextlib.suppress(ValueError, IndexError):
-                    if int(parts[5].rsplit(":", 1)[1]) in inodes:
-                        found.add(int(parts[4]))
-    except OSError:
-        pass
+    found = set(procfs.lock_holders({os.fstat(fd).st_ino for fd in fds}))
     found.discard(os.getpid())
     return sorted(found)
 

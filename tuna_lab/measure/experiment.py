@@ -36,11 +36,12 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from .._checks import non_negative_int, positive_int, positive_number
+from .._checks import format_cpulist, non_negative_int, positive_int, positive_number
 from ..errors import CpuAccountingError, ExperimentError
-from ..machine import host
+from ..machine import host, procfs
 from ..machine.limits import Limits, check_throttling
 from ..machine.reserve import reserve_client_cpus
+from ..machine.sched import MIGRATIONS_NOTE
 from ..server.models import MODEL_FEATURES
 from ..server.openmp import LIBGOMP_DEFAULT_WAIT, wait_policy_env
 from . import schema
@@ -334,7 +335,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         ``progress`` only reports trials). Either way the generator's own CPU
         is recorded in every trial row
         (:data:`~tuna_lab.measure.schema.GENERATOR_COLUMNS`) and the manifest.
-        For a running server (``AttachedTarget``) the CPUs are those its master may use.
+        For a running server (``AttachedTarget``) the CPUs are those its master may use
+        (:func:`~tuna_lab.placement.pin.server_cpus`), less its ``front_cpus``.
     target : Target, optional
         What is measured (:mod:`tuna_lab.measure.target`): default the lab
         server of ``config``; an :class:`~tuna_lab.measure.target.AppTarget`
@@ -406,14 +408,14 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
             target.check()          # bad input refused here, before any mask is read or changed
         config = Config(target.workers, target.threads, target.label, 0, target=target.kind)
     check_throttling(config.workers * config.threads, strict=strict, error=ExperimentError)
-    machine = None
-    if isinstance(target, AttachedTarget):
-        from ..machine.topology import Topology
-
-        # A running server keeps its CPUs: plans are made for those its master may use.
-        machine = Topology.from_sysfs(allowed=os.sched_getaffinity(target.master))
+    # A running server keeps its CPUs: plans are made for those its master may use, less --front-cpus.
+    machine = target.machine() if isinstance(target, AttachedTarget) else None
     check_resources(target, requests, concurrency, rate)
     resolved = reserve_client_cpus(client_cpus, topology=machine, error=ExperimentError)
+    if machine is not None and not set(resolved.server.cpus) <= set(machine.cpus):
+        raise ExperimentError(f"the client CPUs leave the server CPUs {format_cpulist(resolved.server.cpus)}, but its "
+                              f"plans are made for {format_cpulist(machine.cpus)} (its master's, less front_cpus): "
+                              "choose them on target.machine()")
     resolved.check_threads(config.threads, ExperimentError)
     rng = np.random.default_rng(seed)
     # A fresh random order per trial, drawn up front: the seed alone decides them.
@@ -423,7 +425,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         "spincount": config.spincount, "rate": rate, "duration": duration, "max_error_rate": max_error_rate,
         "load_mode": "open" if rate is not None else "closed",
         "wait_policy_default": LIBGOMP_DEFAULT_WAIT if config.wait_policy == "default" else None,
-        "cpu_accounting": "schedstat" if os.path.exists("/proc/self/schedstat") else "stat utime+stime",
+        "cpu_accounting": "schedstat" if procfs.schedstat_available() else "stat utime+stime",
+        "migrations_note": MIGRATIONS_NOTE,
         "client_cpus": resolved.to_dict(), "requests_sent": target.requests.describe()})
     # Each finished run is on disk here at once: a SIGKILL loses at most the run in progress.
     partial = None if out is None else out.rstrip("/") + schema.PARTIAL_SUFFIX

@@ -17,7 +17,8 @@ policies) is a folder named by :func:`cell_key` holding:
     mapping exceeds (``relaxed``: family, amount, message) and why
     (``reason``); ``plans``, per pinning policy the one plan every trial of
     the cell ran (``plan``, as ``tuna-lab plan --format json`` writes it) and
-    its ``sha256``. Written last: a folder without it is an unfinished cell,
+    its ``sha256``; ``migrations_note``, why the kernel does not count
+    migrations (null where it does: see :data:`EVIDENCE_COLUMNS`). Written last: a folder without it is an unfinished cell,
     which a sweep redoes.
 
     Validity, per policy: ``policies`` and ``trials`` are what the cell
@@ -40,15 +41,22 @@ policies) is a folder named by :func:`cell_key` holding:
     columns the runner adds).
 ``trials.parquet`` (:data:`TRIALS`)
     One row per (trial, policy): counts, the latency :func:`percentiles`, the
-    server's CPU columns :data:`CPU_COLUMNS` and the load generator's own
+    server's CPU columns :data:`CPU_COLUMNS`, the scheduler's evidence
+    :data:`EVIDENCE_COLUMNS` and the load generator's own
     :data:`GENERATOR_COLUMNS`; ``wall_seconds``, the measured load alone, and
     apart from it the start-up, warm-up and stop :data:`PHASE_COLUMNS`; ``relaxed``, what a relaxed Tuna mapping
     exceeds (empty for the others); the :data:`FAULT_COLUMNS`; ``attempt``,
     which run of the cell measured it (0 the first; a resume's trials are
     measured later than the ones it kept).
 ``threads.parquet`` (:data:`THREADS`)
-    Per-thread CPU accounting, one row per (trial, policy, worker, role);
-    absent when no trial could be accounted.
+    Per-thread CPU accounting, one row per (trial, policy, process, role):
+    ``role`` is ``"master"``, ``"front"`` or ``"helper"`` for the processes
+    that are not workers, and ``"main"``, ``"pool"`` (the runtime's pool
+    threads, by the classification ``tuna-lab pin`` uses) or ``"other"`` for
+    a worker's threads (:data:`tuna_lab.measure.cpu.ROLES`; results written
+    before these roles say ``"openmp"`` for every non-main worker thread, read
+    as ``"pool"``); with the :data:`THREAD_EVIDENCE_COLUMNS`. Absent when no
+    trial could be accounted.
 ``requests.csv``, ``trials.csv``
     The same tables as CSV, on request.
 
@@ -80,7 +88,7 @@ from ..server.models import STAGES
 
 __all__ = ["PERCENTILES", "percentiles", "cell_key", "MANIFEST", "REQUESTS", "TRIALS", "THREADS",
            "CSV_TABLES", "PARTIAL_SUFFIX", "REQUEST_COLUMNS", "LATE_REQUEST_COLUMNS", "CPU_COLUMNS",
-           "GENERATOR_COLUMNS", "PHASE_COLUMNS", "FAULT_COLUMNS"]
+           "GENERATOR_COLUMNS", "PHASE_COLUMNS", "FAULT_COLUMNS", "EVIDENCE_COLUMNS", "THREAD_EVIDENCE_COLUMNS"]
 
 # -- files of a cell ---------------------------------------------------------------------
 
@@ -159,11 +167,14 @@ LATE_REQUEST_COLUMNS = ("server_start", "cpu_main", "cpu_openmp")
 
 #: CPU columns of a trial row (NaN when the trial could not be accounted):
 #:
-#: * ``cpu_seconds`` / ``cpu_per_request`` - CPU time of every server thread, in total and per ok request;
+#: * ``cpu_seconds`` / ``cpu_per_request`` - CPU time of every worker thread (main, pool and other), in
+#:   total and per ok request; the master's, front ends' and helpers' is ``front_cpu_seconds``
+#:   (:data:`EVIDENCE_COLUMNS`), so the whole server's is the sum of the two;
 #: * ``cpu_main_seconds`` / ``cpu_main_per_request`` - the same for the workers' main threads;
 #: * ``idle_cpu_share_main`` - share of the main threads' CPU time spent with no request in flight;
 #: * ``cpu_openmp_seconds`` / ``cpu_openmp_per_request`` / ``idle_cpu_share_openmp`` - the same for
-#:   the OpenMP pools (spinning between requests shows as idle CPU);
+#:   the workers' pool threads (role ``"pool"``; spinning between requests shows as idle CPU). Before
+#:   the pool was told from a worker's other threads, these counted every non-main thread;
 #: * ``load_seconds`` - wall time over which the CPU was sampled;
 #: * ``numa_locality`` - mean share of each worker's resident pages on its main thread's NUMA node.
 CPU_COLUMNS = ("cpu_seconds", "cpu_per_request", "cpu_main_seconds", "cpu_main_per_request",
@@ -182,8 +193,9 @@ CPU_COLUMNS = ("cpu_seconds", "cpu_per_request", "cpu_main_seconds", "cpu_main_p
 #: * ``generator_processes`` - how many processes sent the load;
 #: * ``generator_wall_seconds`` - wall time of the load, so ``generator_cpu_seconds /
 #:   generator_wall_seconds`` is the share of a CPU it kept busy;
-#: * ``server_cpus`` - beside ``generator_cpus``: the CPUs the server's threads (master, workers'
-#:   main and OpenMP threads) were allowed on at the end of the load, read from /proc; disjoint from
+#: * ``server_cpus`` - beside ``generator_cpus``: the CPUs the server's threads (master, front ends,
+#:   helpers and workers) were allowed on over the load, read from /proc (the *serving CPUs* of
+#:   :data:`EVIDENCE_COLUMNS`); disjoint from
 #:   ``generator_cpus`` when client CPUs were reserved. ``threads.parquet`` has the same per
 #:   (worker, role) in its ``cpus`` column.
 GENERATOR_COLUMNS = ("generator_cpu_user", "generator_cpu_sys", "generator_cpu_seconds",
@@ -211,6 +223,49 @@ PHASE_COLUMNS = ("startup_seconds", "warmup_seconds", "stop_seconds")
 #: A trial with either is never valid: its ``trial_status`` is ``"failed"`` and its ``reason`` says
 #: which (the summary and the report count such trials apart); a resume redoes it.
 FAULT_COLUMNS = ("workers_replaced", "master_restarted")
+
+#: What the scheduler did during a trial's load, in its row (:class:`tuna_lab.measure.cpu.SchedEvidence`,
+#: read through :mod:`tuna_lab.machine.sched` before and after the load). *Server threads* are every
+#: thread of the master, its front ends and helpers, and its workers; the *serving CPUs* are the CPUs
+#: any of them may run on (``server_cpus``). Each is a change over the load; NaN where this machine
+#: does not expose it, and in rows of results written before these columns:
+#:
+#: * ``run_delay_seconds`` / ``run_delay_per_request`` - time the server threads spent runnable but
+#:   waiting on a run queue for a CPU (schedstat), in seconds, in total and per ok request;
+#: * ``migrations`` / ``migrations_per_request`` - times a server thread was moved to another CPU
+#:   (``se.nr_migrations``; NaN where the kernel does not expose it, and the manifest's
+#:   ``migrations_note`` says why);
+#: * ``involuntary_switches`` / ``involuntary_per_request`` - times a server thread was preempted;
+#: * ``voluntary_switches`` / ``voluntary_per_request`` - times a server thread gave its CPU up (it
+#:   blocked: waiting for a request, a lock, the pool's barrier);
+#: * ``timeslices`` - times a server thread was given a CPU;
+#: * ``foreign_cpu_seconds`` - CPU seconds used on the serving CPUs by everything that is not the server
+#:   (other processes, this load generator when it shares them, interrupts): their busy time in
+#:   ``/proc/stat`` less the server threads' CPU time, at least 0 (``/proc/stat`` counts in clock ticks,
+#:   10 ms; a server thread that ended during the load counts as foreign);
+#: * ``foreign_cpu_share`` - ``foreign_cpu_seconds`` over (the load's wall seconds x the serving CPUs):
+#:   the share of the serving CPUs' time others used;
+#: * ``irqs`` / ``irqs_per_request`` - interrupts handled on the serving CPUs (``/proc/interrupts``);
+#: * ``cpu_pressure_seconds`` - time during which some runnable task waited for a CPU, machine-wide
+#:   (``/proc/pressure/cpu`` ``some``);
+#: * ``throttled_seconds`` / ``nr_throttled`` - time the master's cgroup (and its ancestors) was stopped
+#:   by its CFS quota, and the periods in which it was (``cpu.stat``);
+#: * ``front_cpu_seconds`` / ``front_cpu_per_request`` - CPU seconds of the master, front ends and
+#:   helpers: the server's CPU that is not its workers' (``cpu_seconds``); an MLServer master parsing
+#:   requests, a LitServe API process;
+#: * ``evidence_overhead_seconds`` - CPU seconds the readings themselves cost the measuring process.
+EVIDENCE_COLUMNS = ("run_delay_seconds", "run_delay_per_request", "migrations", "migrations_per_request",
+                    "involuntary_switches", "involuntary_per_request", "voluntary_switches", "voluntary_per_request",
+                    "timeslices", "foreign_cpu_seconds", "foreign_cpu_share", "irqs", "irqs_per_request",
+                    "cpu_pressure_seconds", "throttled_seconds", "nr_throttled", "front_cpu_seconds",
+                    "front_cpu_per_request", "evidence_overhead_seconds")
+
+#: The scheduler's counters of each ``threads.parquet`` row (its threads' sums over the load; absent in
+#: results written before them): ``run_delay_seconds``, ``timeslices``, ``migrations`` (NaN where the
+#: kernel does not expose them), ``voluntary_switches``, ``involuntary_switches`` - as in
+#: :data:`EVIDENCE_COLUMNS`.
+THREAD_EVIDENCE_COLUMNS = ("run_delay_seconds", "timeslices", "migrations", "voluntary_switches",
+                           "involuntary_switches")
 
 # -- latency percentiles -----------------------------------------------------------------
 

@@ -47,6 +47,12 @@ def _concat(frames):
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def _with_columns(frame, columns):
+    """``frame`` with every one of ``columns`` (NaN where a table written before them lacks it)."""
+    missing = [c for c in columns if c not in frame.columns]
+    return frame.assign(**dict.fromkeys(missing, float("nan"))) if missing else frame
+
+
 def check_out(out, what="out"):
     """Refuse (:class:`ExperimentError`) a results folder that could not be written, before anything runs.
 
@@ -646,7 +652,7 @@ def load_results(path):
     for cell, machine in cells:
         meta = read_manifest(cell)
         try:
-            table = pd.read_parquet(os.path.join(cell, schema.TRIALS))
+            table = _with_columns(pd.read_parquet(os.path.join(cell, schema.TRIALS)), schema.EVIDENCE_COLUMNS)
             file = os.path.join(cell, schema.REQUESTS)
             rows = pd.read_parquet(file) if os.path.exists(file) and os.path.getsize(file) else None
         except Exception as exc:  # pyarrow raises many types for a damaged file
@@ -667,12 +673,16 @@ def load_results(path):
 def load_thread_cpu(path):
     """Per-thread CPU accounting of every cell under ``path`` that readers read (empty frame if none was recorded).
 
-    One row per (cell, policy, trial, worker, role): ``threads``, ``cpu_seconds``,
+    One row per (cell, policy, trial, process, role): ``threads``, ``cpu_seconds``,
     ``max_thread_cpu_seconds``, ``busy_cpu_seconds``, ``idle_cpu_seconds``, ``requests``,
     ``wall_seconds``, ``numa_node``, ``numa_locality`` (see :func:`tuna_lab.measure.cpu.account`),
-    ``cpus`` (the cpulist its threads were allowed on at the end of the load; absent in older results);
-    and ``machine`` for a cluster sweep, as in :func:`load_results`.
+    ``cpus`` (the cpulist its threads were allowed on over the load; absent in older results),
+    the :data:`~tuna_lab.measure.schema.THREAD_EVIDENCE_COLUMNS` (NaN in older results);
+    and ``machine`` for a cluster sweep, as in :func:`load_results`. ``role`` is one of
+    :data:`tuna_lab.measure.cpu.ROLES`: older results' ``"openmp"`` is read as ``"pool"``.
     """
+    from .cpu import thread_role
+
     cells = finished_cells(path)
     by_machine = any(machine is not None for _, machine in cells)
     frames = []
@@ -684,6 +694,9 @@ def load_thread_cpu(path):
                 frame = pd.read_parquet(file)
             except Exception as exc:  # pyarrow raises many types for a damaged file
                 raise ExperimentError(f"{file} is not readable ({type(exc).__name__})") from None
+            frame = _with_columns(frame, schema.THREAD_EVIDENCE_COLUMNS)
+            if "role" in frame.columns:
+                frame["role"] = frame["role"].map(thread_role)
             if by_machine:
                 frame = frame.assign(machine=machine or machine_name(meta))
             frames.append(frame)

@@ -49,9 +49,10 @@ import psutil
 from .._checks import check_size, format_cpulist, one_line, positive_int
 from .._files import write_atomic, write_json
 from ..errors import TargetError, TunaError
+from ..machine import procfs
 from .loadgen.requests import Requests, read_option_file
 
-# Requests lives in measure/requests.py; it stays importable from here.
+# Requests lives in measure/loadgen/requests.py; it stays importable from here.
 __all__ = ["Requests", "Target", "Live", "LabTarget", "AppTarget", "AttachedTarget", "SERVERS",
            "thread_masks", "restore_masks"]
 
@@ -59,14 +60,6 @@ __all__ = ["Requests", "Target", "Live", "LabTarget", "AppTarget", "AttachedTarg
 SERVERS = ("gunicorn", "uvicorn")
 # Seconds a started app may take to answer its first connection.
 _READY_TIMEOUT = 120.0
-# Libraries whose presence in a worker's memory map names the runtime it serves with.
-_RUNTIME_LIBS = {"libonnxruntime": "onnxruntime", "onnxruntime_pybind11_state": "onnxruntime",
-                 "libtorch_cpu": "torch", "libxgboost": "xgboost", "lib_lightgbm": "lightgbm",
-                 "libgomp": "libgomp", "libiomp": "libiomp", "libomp": "libomp", "libopenblas": "openblas",
-                 "libmkl": "mkl", "libscipy_openblas": "openblas"}
-# The Python distribution to read a runtime's version from.
-_DISTRIBUTIONS = {"onnxruntime": "onnxruntime", "torch": "torch", "xgboost": ("xgboost", "xgboost-cpu"),
-                  "lightgbm": "lightgbm"}
 
 
 # -- the live server of a trial ------------------------------------------------------------------
@@ -89,15 +82,24 @@ class Live:
     master : int
         The master's PID.
     plan : Plan or None
-        What to pin (None: leave every thread on the master's own CPUs - ``cfs``).
+        What to pin (None: pin nothing - ``cfs``: the kernel decides, within
+        the masks the server had before tuna_lab touched it).
     place_now : bool
         Whether :meth:`place` binds threads (a running server, uvicorn, or a
         Gunicorn app whose hooks could not see a pool yet) or only reads
         them back (the lab server, which binds itself).
+    masks : optional
+        A running server's masks from before the first trial
+        (:func:`thread_masks`): what ``cfs`` gives back and checks. None: the
+        master's own CPUs.
+    front_cpus : tuple of int, optional
+        With a plan, the CPUs every thread of the master, helpers and front
+        ends is bound to (``--front-cpus``; :func:`~tuna_lab.placement.pin.pin_server`).
     """
 
-    def __init__(self, url, master, plan=None, place_now=True, proc=None):
+    def __init__(self, url, master, plan=None, place_now=True, proc=None, masks=None, front_cpus=None):
         self.url, self.master, self.plan, self.place_now, self.proc = url, int(master), plan, place_now, proc
+        self.masks, self.front_cpus = masks, front_cpus
         self.verified = None
         self.warnings = []
         self.activity = None
@@ -126,34 +128,37 @@ class Live:
         tells a pool that waits in the C library (ONNX Runtime's) from helper
         threads, and is kept for :meth:`server_threads`. Every thread the
         binding named is read again from ``/proc`` and compared with what the
-        plan gives it (``cfs``: the master's own CPUs); an empty list means the
-        placement is in effect.
+        plan gives it (with ``front_cpus``, every thread of the master and
+        front ends too); an empty list means the placement is in effect.
+
+        ``cfs`` pins nothing: the masks tuna_lab set in an earlier trial are
+        given back (:func:`~tuna_lab.placement.pin.unpin_server`, which also
+        forgets its records), and every thread of the server must then be on
+        its mask from before the first trial (``masks``) - a mask the user set
+        with taskset included.
         """
         from ..placement import pin
-        from ..placement.binding import affinity_of
+        from ..placement.binding import threads_of
 
         self.activity = activity
         if not self.place_now:
             self.verified = []
             return self.verified
-        kwargs = {"activity": activity} if activity is not None and _takes(pin.pin_server, "activity") else {}
-        report = pin.unpin_server(self.master) if self.plan is None else pin.pin_server(self.master, self.plan,
-                                                                                          **kwargs)
+        if self.plan is None:
+            report = pin.unpin_server(self.master)
+            self.warnings = list(report.warnings)
+            self.verified = _off_masks(self.masks, self.master)
+            return self.verified
+        report = pin.pin_server(self.master, self.plan, activity=activity, front_cpus=self.front_cpus)
         self.warnings = list(report.warnings)
-        master_cpus = sorted(os.sched_getaffinity(self.master))
         problems = []
         for worker in report.workers:
             for t in worker["threads"]:
-                want = t.get("planned") if self.plan is not None else master_cpus
-                if want is None:
-                    continue                       # a thread the plan leaves alone
-                try:
-                    now = sorted(affinity_of(t["tid"]))
-                except TunaError:
-                    continue                       # it ended meanwhile
-                if now != sorted(want):
-                    problems.append(f"worker {worker['pid']} {t['role']} thread {t['tid']} is on "
-                                    f"{format_cpulist(now)}, not {format_cpulist(want)}")
+                if t.get("planned") is not None:   # else a thread the plan leaves alone
+                    problems += _off(f"worker {worker['pid']} {t['role']} thread {t['tid']}", t["tid"], t["planned"])
+        for front in report.fronts:
+            for tid in threads_of(front["pid"]):
+                problems += _off(f"{front['role']} {front['pid']} thread {tid}", tid, front["cpus"])
         self.verified = problems
         return problems
 
@@ -175,10 +180,41 @@ class Live:
                 for w in found for t in w["threads"]]
 
 
-def _takes(func, name):
-    import inspect
+def _off(what, tid, want):
+    """``["WHAT is on CPUS, not WANT"]`` when thread ``tid``'s mask is not ``want``; [] when it is, or it ended."""
+    from ..placement.binding import affinity_of
 
-    return name in inspect.signature(func).parameters
+    try:
+        now = sorted(affinity_of(tid))
+    except TunaError:
+        return []                                  # it ended meanwhile
+    return [] if now == sorted(want) else [f"{what} is on {format_cpulist(now)}, not {format_cpulist(sorted(want))}"]
+
+
+def _off_masks(masks, master):
+    """Every thread of the server ``master`` not on its mask from ``masks`` (None: the master's CPUs now).
+
+    A thread born since gets what :func:`restore_masks` would give it: its
+    process's main-thread mask from then, or the master's.
+    """
+    from ..placement.binding import threads_of
+
+    if masks is None:
+        masks = _Masks(int(master), tuple(sorted(os.sched_getaffinity(int(master)))))
+    try:
+        procs = [psutil.Process(int(master)), *psutil.Process(int(master)).children()]
+    except psutil.NoSuchProcess:
+        return []
+    problems = []
+    for proc in procs:
+        role = "master" if proc.pid == int(master) else "process"
+        try:
+            tids = threads_of(proc.pid)
+        except TunaError:
+            continue                               # not readable: pin_server would have said so
+        for tid in tids:
+            problems += _off(f"{role} {proc.pid} thread {tid}", tid, masks.expected(proc.pid, tid))
+    return problems
 
 
 class _LabLive(Live):
@@ -409,6 +445,14 @@ class AppTarget(Target):
     the server as the user's config has it, with no hook. The app gets
     ``OMP_NUM_THREADS`` and ``TUNA_LAB_THREADS`` = T and sizes its own pools.
 
+    The server runs in ``python``, the user's own interpreter (their venv)
+    where the app's dependencies are. :meth:`check` imports the app there
+    once before anything is measured (:meth:`start` calls it). tuna_lab's
+    own source is put on that server's ``PYTHONPATH`` alone (a folder that
+    holds only a link to the ``tuna_lab`` package), so the hooks import
+    without tuna_lab being installed there; what they import besides
+    (psutil, lazy_loader, numpy) must be.
+
     Parameters
     ----------
     app : str
@@ -425,6 +469,8 @@ class AppTarget(Target):
         More environment for the server.
     label : str, optional
         The cell's name for the app (default: the module's name).
+    python : str, optional
+        The interpreter to run the server with (default: tuna-lab's own).
 
     Examples
     --------
@@ -435,7 +481,7 @@ class AppTarget(Target):
     kind = "app"
 
     def __init__(self, app, workers, threads, server="gunicorn", app_dir=None, server_conf=None, requests=None,
-                 env=None, label=None):
+                 env=None, label=None, python=None):
         module, sep, attr = str(app).partition(":")
         if not sep or not module or not attr:
             raise TargetError(f"--app {app!r} is not MODULE:APP (for example myapp:app)")
@@ -460,19 +506,36 @@ class AppTarget(Target):
         self.requests = requests or Requests(path="/", method="GET")
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.label = label or re.sub(r"[^A-Za-z0-9_.]+", "_", module.split(".")[-1])
+        self.python = _check_python(python)
         self.command = None
         self._state = None
         self._runtimes = None
+        self._control_socket = None
+
+    def check(self):
+        """Import the app in :attr:`python`, as the server will (its folder, environment, server and hooks).
+
+        Once per interpreter, app, folder and server in this process. Raises
+        :class:`TargetError` with the interpreter's own error's last line
+        when it cannot run tuna_lab's hooks (too old a Python, a module they
+        need missing), has no server, or the app does not import.
+        """
+        key = (self.python, self.app, self.app_dir, self.server)
+        if key not in _CHECKED:
+            folder = _state_folder()
+            try:
+                _CHECKED[key] = _check_imports(self, self._base_env(folder))
+            finally:
+                import shutil
+
+                shutil.rmtree(folder, ignore_errors=True)
+        self._control_socket = _CHECKED[key]
+        return self
 
     def start(self, topology):
-        from ..machine.procfs import remove_dead_folders, start_ticks
-
         super().start(topology)
-        # Named after this process (PID and start time): a folder a SIGKILLed run left is removed by the next.
-        prefix = f"tuna-lab-app-{os.geteuid()}-"
-        remove_dead_folders(tempfile.gettempdir(), rf"{prefix}(\d+)-(\d+)\..*",
-                            lambda path, match: [(int(match[1]), int(match[2]))])
-        self._state = tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{start_ticks(os.getpid())}.")
+        self.check()
+        self._state = _state_folder()
 
     def stop(self):
         if self._state:
@@ -483,22 +546,31 @@ class AppTarget(Target):
 
     def _command(self, policy, port):
         if self.server == "uvicorn":
-            return [sys.executable, "-m", "uvicorn", "--app-dir", self.app_dir, "--host", "127.0.0.1",
+            return [self.python, "-m", "uvicorn", "--app-dir", self.app_dir, "--host", "127.0.0.1",
                     "--port", str(port), "--workers", str(self.workers), "--no-access-log", self.app]
         conf = write_atomic(os.path.join(self._state, f"gunicorn-{policy}.conf.py"),
                             _gunicorn_conf(self.server_conf, hooks=_pins(policy), workers=self.workers, port=port),
                             durable=False, error=TargetError)
-        return [sys.executable, "-m", "gunicorn", "-c", conf, "--chdir", self.app_dir, *_no_control_socket(),
-                self.app]
+        # Gunicorn 25+ opens a control socket at one fixed path per user; servers side by side would share it.
+        return [self.python, "-m", "gunicorn", "-c", conf, "--chdir", self.app_dir,
+                *(["--no-control-socket"] if self._control_socket else []), self.app]
 
-    def _env(self, policy):
+    def _base_env(self, state):
+        """The server's environment but the policy's: the app's folder, and tuna_lab for another interpreter."""
         from ..server.launch import SERVER_ENV
 
         env = dict(os.environ)
         env.update(SERVER_ENV)
         env.update(self.env)
         env.update({"OMP_NUM_THREADS": str(self.threads), "TUNA_LAB_THREADS": str(self.threads)})
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (self.app_dir, env.get("PYTHONPATH")) if p)
+        path = [self.app_dir]
+        if self.python != sys.executable:
+            path.append(_tuna_lab_path(state))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (*path, env.get("PYTHONPATH")) if p)
+        return env
+
+    def _env(self, policy):
+        env = self._base_env(self._state)
         if _pins(policy):
             placed = self._placement(policy)
             plan_file = write_json(os.path.join(self._state, f"plan-{policy}.json"), placed.plan().to_dict(),
@@ -535,18 +607,24 @@ class AppTarget(Target):
 
     def describe(self):
         return {"kind": self.kind, "app": self.app, "app_dir": self.app_dir, "server": self.server,
-                "server_conf": self.server_conf, "command": self.command, "runtimes": self._runtimes or {}}
+                "server_conf": self.server_conf, "python": self.python, "command": self.command,
+                "runtimes": self._runtimes or {}}
 
 
 class AttachedTarget(Target):
     """A pre-fork server that is already running, by its master's PID and a URL it serves.
 
-    Each trial's policy is applied live (``cfs``: every worker thread on the
-    master's own CPUs) and read back from ``/proc``; the server is never
-    restarted. :meth:`stop` gives every thread the CPU mask it had at
-    :meth:`start` - also after an error, Ctrl-C or SIGTERM (the runner calls
-    it in a ``finally``); a thread born since (a replacement worker, a pool
-    started later) gets its process's mask from then, or the master's.
+    Each trial's policy is applied live and read back from ``/proc``; the
+    server is never restarted. ``cfs`` pins nothing: every thread is on the
+    mask it had at :meth:`start` (the kernel decides within the masks the
+    server had, a mask the user set with taskset included). The pins are
+    recorded as ``pin --pid`` records them, so that ``tuna-lab unpin`` can
+    undo them after a SIGKILL. :meth:`stop` undoes them and forgets the
+    records (:func:`~tuna_lab.placement.pin.unpin_server`), then gives every
+    thread the CPU mask it had at :meth:`start` - also after an error, Ctrl-C
+    or SIGTERM (the runner calls it in a ``finally``); a thread born since (a
+    replacement worker, a pool started later) gets its process's mask from
+    then, or the master's.
 
     Parameters
     ----------
@@ -563,12 +641,18 @@ class AttachedTarget(Target):
     force : bool
         Measure ``pid``'s children though it is PID 1 or no recognised pre-fork
         master (:func:`~tuna_lab.placement.pin.check_server`).
+    front_cpus : iterable of int, optional
+        ``--front-cpus``: under every pinning policy, all threads of the
+        master, helpers and front ends are bound to these CPUs, and the plans
+        are made for the server's other CPUs
+        (:func:`~tuna_lab.placement.pin.server_cpus`); ``cfs`` leaves them
+        as they were.
     """
 
     kind = "attached"
     restarts = False
 
-    def __init__(self, pid, url, threads, requests=None, label=None, force=False):
+    def __init__(self, pid, url, threads, requests=None, label=None, force=False, front_cpus=None):
         from .loadgen.wire import check_url
 
         try:
@@ -582,22 +666,54 @@ class AttachedTarget(Target):
             self.requests = Requests(**{**self.requests.__dict__, "path": self.requests.url_on(self.url)})
         self.label = label or f"pid{self.master}"
         self.force = bool(force)
+        self.front_cpus = None if front_cpus is None else tuple(sorted({int(c) for c in front_cpus}))
         self.masks = None
         self.workers = None
         self._runtimes = None
 
     def check(self):
         """Refuse (:class:`TargetError`) a PID that is no server's master (PID 1, a shell), one with no workers,
-        or a URL that refuses connections; count W."""
-        from ..placement.pin import check_server
+        one pinned by ``pin --pid`` (its masks are not the server's own), front CPUs that are not the server's
+        or leave it none, or a URL that refuses connections; count W."""
+        from ..placement.pin import check_server, pin_records
 
         try:
             workers = check_server(self.master, force=self.force)
         except TunaError as exc:
             raise TargetError(one_line(exc)) from None
+        if pin_records(self.master)["threads"]:
+            # Measured from those masks, cfs would undo the pin and the run forget it: the user decides.
+            raise TargetError(f"server {self.master} is pinned by `tuna-lab pin --pid` (or a run that was killed): "
+                              f"`tuna-lab unpin --pid {self.master}` first; run measures every policy from the "
+                              "server's own masks and gives them back")
+        if self.front_cpus is not None:
+            cpus = self.server_cpus()
+            stray = sorted(set(self.front_cpus) - set(cpus))
+            if stray or not set(cpus) - set(self.front_cpus):
+                raise TargetError(f"--front-cpus {format_cpulist(self.front_cpus)}: "
+                                  + (f"CPU {format_cpulist(stray)} is not" if stray else "leaves none of")
+                                  + f" the server's CPUs {format_cpulist(cpus)}")
         _connectable(self.url)
         self.workers = len(workers)
         return self
+
+    def server_cpus(self):
+        """The CPUs the server may use: its master's (:func:`~tuna_lab.placement.pin.server_cpus`); TargetError if
+        it is gone."""
+        from ..placement.pin import server_cpus
+
+        try:
+            return server_cpus(self.master)
+        except TunaError as exc:
+            raise TargetError(one_line(exc)) from None
+
+    def machine(self):
+        """The :class:`~tuna_lab.machine.topology.Topology` the plans are made for: the server's CPUs, less
+        ``front_cpus``; the load generator's CPUs are taken from these
+        (:func:`~tuna_lab.machine.reserve.reserve_client_cpus`)."""
+        from ..machine.topology import Topology
+
+        return Topology.from_sysfs(allowed=sorted(set(self.server_cpus()) - set(self.front_cpus or ())))
 
     def start(self, topology):
         super().start(topology)
@@ -607,15 +723,22 @@ class AttachedTarget(Target):
         self._runtimes = _runtimes(list(self.masks.processes))
 
     def stop(self):
-        if self.masks is not None:
-            restore_masks(self.masks)
+        from ..placement.pin import unpin_server
+
+        if self.masks is None:
+            return
+        # First what tuna_lab set, from its records, which are then removed: nothing is left for `unpin`.
+        with contextlib.suppress(TunaError):
+            unpin_server(self.master)
+        restore_masks(self.masks)
 
     @contextlib.contextmanager
     def apply(self, policy):
         plan = self._plan(policy)
         if plan is not None and not psutil.pid_exists(self.master):
             raise TargetError(f"the server {self.master} is gone")
-        yield Live(self.url, self.master, plan, place_now=True)
+        yield Live(self.url, self.master, plan, place_now=True, masks=self.masks,
+                   front_cpus=None if plan is None else self.front_cpus)
 
     def describe(self):
         try:
@@ -623,7 +746,8 @@ class AttachedTarget(Target):
         except psutil.Error:
             command = None
         return {"kind": self.kind, "pid": self.master, "url": self.url, "server": _server_name(command),
-                "command": command, "runtimes": self._runtimes or {}}
+                "command": command, "runtimes": self._runtimes or {},
+                "front_cpus": None if self.front_cpus is None else list(self.front_cpus)}
 
 
 # -- masks of a running server -------------------------------------------------------------------
@@ -635,6 +759,12 @@ class _Masks:
     master: int
     master_cpus: tuple
     processes: dict = field(default_factory=dict)
+
+    def expected(self, pid, tid):
+        """The mask thread ``tid`` of process ``pid`` had then; one born since, what it would have inherited:
+        its process's main-thread mask from then, or - a process born since - the master's."""
+        known = self.processes.get(pid, {})
+        return known.get(tid, known.get(pid, self.master_cpus))
 
 
 def thread_masks(master):
@@ -680,15 +810,13 @@ def restore_masks(masks):
     except psutil.NoSuchProcess:
         return 0
     for proc in procs:
-        known = masks.processes.get(proc.pid, {})
-        default = known.get(proc.pid, masks.master_cpus)
         try:
             tids = [t.id for t in proc.threads()]
         except psutil.Error:
             continue
         for tid in tids:
             with contextlib.suppress(TunaError):
-                bind(tid, known.get(tid, default))
+                bind(tid, masks.expected(proc.pid, tid))
                 restored += 1
     return restored
 
@@ -766,45 +894,156 @@ def _gunicorn_conf(user_conf, hooks, workers, port):
 def _runtimes(pids):
     """The runtime libraries mapped in the workers ``pids``: path, and version where its package says it.
 
-    The version is read from the ``*.dist-info`` beside the package in the
-    server's own ``site-packages`` (not from this process's environment).
+    The runtimes are the records of :mod:`tuna_lab.placement.runtimes`, keyed
+    by name. The version is read from the ``*.dist-info`` beside the package
+    in the server's own ``site-packages`` (not from this process's environment).
     """
+    from ..placement.runtimes import runtime_of
+
     found = {}
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/maps") as fh:
-                paths = {line.split(None, 5)[5].strip() for line in fh if len(line.split(None, 5)) == 6}
+            paths = {path for _, _, path in procfs.mappings(pid)}
         except OSError:
             continue
         for path in sorted(paths):
-            name = os.path.basename(path)
-            for prefix, runtime in _RUNTIME_LIBS.items():
-                if name.startswith(prefix) and runtime not in found:
-                    found[runtime] = {"library": path, "version": _version_beside(path, runtime)}
+            runtime = runtime_of(os.path.basename(path))
+            if runtime is not None and runtime.name not in found:
+                found[runtime.name] = {"library": path, "version": _version_beside(path, runtime)}
     return found
 
 
 def _version_beside(path, runtime):
-    """The version of ``runtime``'s distribution in the site-packages holding ``path``, or None."""
+    """The version of ``runtime``'s distribution (a :class:`~tuna_lab.placement.runtimes.Runtime`) in the
+    site-packages holding ``path``, or None."""
     import glob
 
     head, sep, _ = path.partition("site-packages/")
     if not sep:
         return None
-    dists = _DISTRIBUTIONS.get(runtime) or ()
-    for dist in (dists,) if isinstance(dists, str) else dists:
+    for dist in runtime.distributions:
         for info in glob.glob(os.path.join(head + "site-packages", f"{dist.replace('-', '_')}-*.dist-info")):
             return os.path.basename(info)[len(dist) + 1:-len(".dist-info")]
     return None
 
 
-def _no_control_socket():
-    """Gunicorn 25+ opens a control socket at one fixed path per user; servers side by side would share it."""
-    try:
+# -- the user's interpreter ------------------------------------------------------------------------
+
+# AppTarget.check's results in this process: {(python, app, app_dir, server): control socket option}.
+_CHECKED = {}
+# Seconds the user's interpreter may take to import the app (it may load a model).
+_IMPORT_TIMEOUT = 180.0
+# The oldest Python tuna_lab's own code (the Gunicorn hooks) runs on (pyproject's requires-python).
+_OLDEST_PYTHON = (3, 11)
+# Run by the user's interpreter, of any Python 3 version: the server, tuna_lab's hooks, then the app, imported
+# as the server will; the last line says how far it got (the app may print to stdout as it imports).
+_IMPORT_CHECK = r"""
+import importlib, json, os, sys, traceback
+module, attr, server, hooks, oldest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5]
+out = {"version": ".".join(map(str, sys.version_info[:3]))}
+def done(stage=None):
+    if stage:
+        lines = traceback.format_exc().strip().splitlines()
+        out.update(failed=stage, error=lines[-1] if lines else "")
+    sys.stdout.write("\ntuna-lab-check " + json.dumps(out) + "\n")
+    sys.stdout.flush()
+    os._exit(0)                     # not waiting for threads the app started
+try:
+    importlib.import_module(server)
+    if server == "gunicorn":
         import gunicorn.config
-    except ImportError:
-        return []
-    return ["--no-control-socket"] if hasattr(gunicorn.config, "ControlSocketDisable") else []
+        out["control_socket"] = hasattr(gunicorn.config, "ControlSocketDisable")
+except BaseException:
+    done("server")
+if hooks:
+    if sys.version_info[:2] < tuple(map(int, oldest.split("."))):
+        out["failed"] = "version"
+        done()
+    try:
+        for name in ("tuna_lab.integrations.gunicorn", "tuna_lab.placement.pin", "tuna_lab.placement.binding",
+                     "tuna_lab.placement.plan", "tuna_lab.machine.topology"):
+            importlib.import_module(name)
+    except BaseException:
+        done("hooks")
+try:
+    getattr(importlib.import_module(module), attr)
+except BaseException:
+    done("app")
+done()
+"""
+
+
+def _check_python(python):
+    """The interpreter's path, as given (a venv's ``python`` is a link: never resolved); TargetError if none."""
+    if python is None:
+        return sys.executable
+    path = os.path.abspath(os.path.expanduser(str(python)))
+    if not os.path.isfile(path) or not os.access(path, os.X_OK):
+        raise TargetError(f"--python {python}: no executable file there")
+    return path
+
+
+def _state_folder():
+    """A private folder for one AppTarget, named after this process (PID and start time).
+
+    A folder a SIGKILLed run left is removed by the next run's.
+    """
+    from ..machine.procfs import remove_dead_folders, start_ticks
+
+    prefix = f"tuna-lab-app-{os.geteuid()}-"
+    remove_dead_folders(tempfile.gettempdir(), rf"{prefix}(\d+)-(\d+)\..*",
+                        lambda path, match: [(int(match[1]), int(match[2]))])
+    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{start_ticks(os.getpid())}.")
+
+
+def _tuna_lab_path(state):
+    """A folder in ``state`` holding only a link to this tuna_lab package: put on another interpreter's path.
+
+    Only tuna_lab, never the folder it is installed in: that may be this
+    environment's ``site-packages``, whose packages would shadow the user's.
+    """
+    import tuna_lab
+
+    folder = os.path.join(state, "python")
+    if not os.path.isdir(folder):
+        os.mkdir(folder, 0o700)
+        os.symlink(os.path.dirname(os.path.abspath(tuna_lab.__file__)), os.path.join(folder, "tuna_lab"))
+    return folder
+
+
+def _check_imports(target, env):
+    """Import ``target``'s app in its interpreter (see :meth:`AppTarget.check`); Gunicorn's control socket flag."""
+    module, _, attr = target.app.partition(":")
+    oldest = ".".join(map(str, _OLDEST_PYTHON))
+    argv = [target.python, "-c", _IMPORT_CHECK, module, attr, target.server,
+            "1" if target.server == "gunicorn" else "0", oldest]
+    try:
+        done = subprocess.run(argv, env=env, cwd=target.app_dir, capture_output=True, text=True, errors="replace",
+                              stdin=subprocess.DEVNULL, timeout=_IMPORT_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise TargetError(f"--app {target.app} did not import in {target.python} within "
+                          f"{_IMPORT_TIMEOUT:g} s") from None
+    except OSError as exc:
+        raise TargetError(f"--python {target.python}: cannot run it ({exc.strerror or exc})") from None
+    last = done.stdout.rstrip().rpartition("\n")[2]
+    if not last.startswith("tuna-lab-check "):
+        said = done.stderr.strip().splitlines()
+        raise TargetError(f"--python {target.python} is no Python interpreter tuna_lab can use "
+                          f"(exit status {done.returncode}{': ' + said[-1] if said else ''})")
+    out = json.loads(last.partition(" ")[2])
+    failed, error = out.get("failed"), out.get("error", "")
+    if failed == "server":
+        raise TargetError(f"{target.python} cannot import {target.server} ({error}): install it in that "
+                          f"environment")
+    if failed == "version":
+        raise TargetError(f"{target.python} is Python {out['version']}: tuna_lab's Gunicorn hooks run in the app's "
+                          f"workers and need Python {oldest} or newer")
+    if failed == "hooks":
+        raise TargetError(f"{target.python} cannot run tuna_lab's Gunicorn hooks ({error}): install what they "
+                          "need (psutil, lazy_loader, numpy) in that environment")
+    if failed == "app":
+        raise TargetError(f"--app {target.app} does not import in {target.python}: {error}")
+    return bool(out.get("control_socket"))
 
 
 def _server_name(command):

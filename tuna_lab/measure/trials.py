@@ -21,7 +21,11 @@ order and yields a :class:`Measured` as each finishes. One trial:
 5. the trial's row: counts, the latency percentiles (server-side where the
    server says it - the lab server's own timings or a ``Server-Timing``
    header - else client-side, and the ``latency`` column says which), CPU
-   and the generator's cost. A trial with more failed requests (non-2xx,
+   and the generator's cost, and the scheduler's evidence
+   (:data:`~tuna_lab.measure.schema.EVIDENCE_COLUMNS`: run-queue wait,
+   migrations, switches, other processes' CPU and interrupts on the serving
+   CPUs, the master's and front ends' CPU), read before and after the load.
+   A trial with more failed requests (non-2xx,
    timeouts) than ``max_error_rate`` is marked failed, never averaged in;
    so is a trial during which a worker was replaced or the master died
    (:data:`~tuna_lab.measure.schema.FAULT_COLUMNS`, compared between the
@@ -35,7 +39,6 @@ Examples
 'client'
 """
 
-import os
 import time
 from dataclasses import dataclass, replace
 
@@ -45,8 +48,9 @@ import psutil
 
 from .._checks import format_cpulist, one_line
 from ..errors import CpuAccountingError, TunaError
-from .cpu import CpuSampler, account, summarise
-from .schema import CPU_COLUMNS, FAULT_COLUMNS, GENERATOR_COLUMNS, PHASE_COLUMNS, percentiles
+from ..machine import procfs
+from .cpu import CpuSampler, SchedEvidence, account, summarize_threads, thread_role
+from .schema import CPU_COLUMNS, EVIDENCE_COLUMNS, FAULT_COLUMNS, GENERATOR_COLUMNS, PHASE_COLUMNS, percentiles
 
 __all__ = ["TrialPlan", "Measured", "run_trials", "run_steps", "trial_row", "latency_of", "drain", "backlog",
            "LATENCIES"]
@@ -161,6 +165,7 @@ def trial_row(labels, frame, wall, status, reason, cpu=None, generator=None, lat
     row.update(dict.fromkeys(PHASE_COLUMNS, float("nan")))
     row.update(dict.fromkeys(FAULT_COLUMNS, 0))
     row.update(dict.fromkeys(CPU_COLUMNS, float("nan")))
+    row.update(dict.fromkeys(EVIDENCE_COLUMNS, float("nan")))
     row.update(cpu or {})
     row.update(_generator_columns(generator, len(frame)))
     row.update(percentiles(values))
@@ -223,29 +228,16 @@ def _thread_cpu(pids):
     out = {}
     for pid in pids:
         try:
-            tids = os.listdir(f"/proc/{pid}/task")
+            out[pid] = procfs.thread_cpu(pid)
         except OSError:
             continue
-        found = out.setdefault(pid, {})
-        for tid in tids:
-            try:
-                with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                    found[int(tid)] = int(fh.read().split()[0]) / 1e9
-            except (OSError, ValueError, IndexError):
-                continue
     return out
 
 
 def _main_cpu(pids):
     """``{pid: CPU seconds}`` of each process's main thread (schedstat), read now; gone processes left out."""
-    out = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/task/{pid}/schedstat") as fh:
-                out[pid] = int(fh.read().split()[0]) / 1e9
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
+    out = {pid: procfs.thread_cpu_seconds(pid, pid) for pid in pids}
+    return {pid: seconds for pid, seconds in out.items() if seconds is not None}
 
 
 def backlog(port):
@@ -261,20 +253,8 @@ def backlog(port):
     >>> backlog(1)
     0
     """
-    queued = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as fh:
-                lines = fh.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 5 or int(fields[1].rsplit(":", 1)[1], 16) != port:
-                continue
-            rx = int(fields[4].split(":")[1], 16)
-            queued += rx if fields[3] == "0A" else int(rx > 0)      # 0A: LISTEN
-    return queued
+    # 0A: LISTEN, whose receive queue is its accept backlog; any other socket counts once if it has bytes unread
+    return sum(rx if state == "0A" else int(rx > 0) for local, state, rx in procfs.tcp_sockets() if local == port)
 
 
 def drain(live, url, timeout=_DRAIN_TIMEOUT):
@@ -353,7 +333,7 @@ def _short_pools(live, threads):
     found = {}
     for t in live.server_threads():
         found.setdefault(t["pid"], 0)
-        found[t["pid"]] += t["role"] == "openmp"
+        found[t["pid"]] += thread_role(t["role"]) == "pool"
     return {pid: n for pid, n in found.items() if n < threads - 1}
 
 
@@ -466,15 +446,20 @@ def _loaded(plan, labels, topo, live, url, body, options, pin, server):
     :class:`Measured` and the identity after it, for a next step on the same server.
     """
     status, reason = "ok", ""
-    with CpuSampler(live.server_threads(), period=0.1) as sampler:
+    threads = live.server_threads()
+    # The scheduler's evidence is read just outside the CPU sampling, so that its cost is not in the load.
+    evidence = SchedEvidence(live.master_pid(), threads).start()
+    with CpuSampler(threads, period=0.1) as sampler:
         t0 = time.monotonic()
         frame = _load(plan, url, body, options, pin)
         wall = time.monotonic() - t0
+    # Read before the server stops: where its threads ran, and what the scheduler did to them.
+    evidence.stop()
     # frame.attrs does not survive every pandas operation: keep what the load said now.
     generator = dict(frame.attrs.get("generator") or {})
     timing = dict(frame.attrs.get("server_timing") or {})
-    # Where the server's threads may run, read live before it stops: off the generator's CPUs.
-    allowed = _server_affinity(live)
+    # Where the server's threads may run, off the generator's CPUs when client CPUs are kept.
+    allowed = evidence.allowed()
     generator["server_cpus"] = sorted(set().union(*allowed.values())) if allowed else []
     alive = live.alive()
     after = _identity(live)
@@ -487,7 +472,7 @@ def _loaded(plan, labels, topo, live, url, body, options, pin, server):
         n = faults["workers_replaced"]
         status, reason = "failed", (f"{n} worker{'s' if n > 1 else ''} replaced during the trial (a replacement's "
                                     "start-up and warm-up fall inside it)")
-    cpu, per_thread = _cpu_of(sampler, frame, labels)
+    cpu, per_thread = _cpu_of(sampler, frame, labels, evidence)
     if per_thread is not None:
         per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
         per_thread = per_thread.assign(cpus=[format_cpulist(allowed.get((pid, role), ()))
@@ -554,33 +539,6 @@ class _NotPlaced(Exception):
     """
 
 
-def _server_affinity(live):
-    """``{(pid, role): CPUs}`` the server's threads may run on now, read from /proc.
-
-    Every thread of every live worker (its main thread, and the rest counted
-    as OpenMP, as :func:`~tuna_lab.measure.cpu.account` counts them) and of
-    the master (role ``"master"``); threads that end while being read are skipped.
-    """
-    from ..placement.binding import affinity_of, threads_of
-
-    master = live.master_pid()
-    pids = [(pid, None) for pid in live.worker_pids()] + ([(master, "master")] if master else [])
-    allowed = {}
-    for pid, role in pids:
-        try:
-            tids = threads_of(pid)
-        except TunaError:
-            continue
-        for tid in tids:
-            try:
-                cpus = affinity_of(tid)
-            except TunaError:
-                continue
-            key = (pid, role or ("main" if tid == pid else "openmp"))
-            allowed[key] = allowed.get(key, frozenset()) | cpus
-    return allowed
-
-
 def _generator_columns(generator, requests=0):
     """The trial row's :data:`GENERATOR_COLUMNS` from a load frame's ``attrs["generator"]`` (NaN if absent)."""
     row = dict.fromkeys(GENERATOR_COLUMNS, float("nan"))
@@ -599,14 +557,15 @@ def _generator_columns(generator, requests=0):
     return row
 
 
-def _cpu_of(sampler, frame, labels):
-    """A trial's per-role CPU summary and its per-thread table (``(None, None)`` if not accountable)."""
-    try:
-        threads = account(sampler, frame)
-    except CpuAccountingError:
-        return None, None
+def _cpu_of(sampler, frame, labels, evidence):
+    """A trial's CPU summary with its scheduler evidence, and its per-thread table (``(None, None)`` if not
+    accountable)."""
     ok = int(_ok(frame).sum()) if len(frame) else 0
-    cpu = summarise(threads, ok)
+    try:
+        threads = account(sampler, frame, evidence)
+    except CpuAccountingError:
+        return evidence.columns(ok), None
+    cpu = {**summarize_threads(threads, ok), **evidence.columns(ok)}
     if not len(frame) or not np.isfinite(frame["server_start"].to_numpy(float)).any():
         # A user's server does not say when it began each request: busy and idle time cannot be told apart.
         cpu.update({k: float("nan") for k in cpu if k.startswith("idle_cpu_share_")})

@@ -150,27 +150,27 @@ class Encoding(abc.ABC):
 
     @abc.abstractmethod
     def assignment_constraints(self):
-        """Rows of (1): every thread on exactly one core."""
+        """Rows: every thread on exactly one core."""
 
     @abc.abstractmethod
-    def rank_constraints(self, cap):
-        """Rows of (2): at most ``cap`` threads of one rank per core."""
+    def rank_cap(self, cap):
+        """Rows: at most ``cap`` threads of one rank on each core."""
 
     @abc.abstractmethod
-    def worker_constraints(self, cap):
-        """Rows of (3): at most ``cap`` threads of one worker per core."""
+    def worker_cap(self, cap):
+        """Rows: at most ``cap`` threads of one worker on each core."""
 
     @abc.abstractmethod
     def main_indicator(self):
-        """``(M, rows)``: ``M_c`` = some main thread is on core ``c``, and (9)+(10) defining it."""
+        """``(M, rows)``: ``M_c`` = some main thread is on core ``c``, and the rows that define it."""
 
     @abc.abstractmethod
     def physical_main_indicator(self):
         """``(M+, rows)``: ``M+_x`` = some main thread is on physical core ``x``, and its definition."""
 
     @abc.abstractmethod
-    def main_load_events(self, excess, indicator, label):
-        """``(E, rows)``: ``E`` = the product of two 0-1 expressions, ``excess * indicator`` ((11)).
+    def product(self, excess, indicator, label):
+        """``(E, rows)``: ``E`` = the product of two 0-1 expressions, ``excess * indicator``, linearised.
 
         ``label`` names the variables (one product per label).
         """
@@ -221,10 +221,10 @@ class PairwiseEncoding(Encoding):
     def assignment_constraints(self):
         return [self.Y @ self._to_thread == 1]
 
-    def rank_constraints(self, cap):
+    def rank_cap(self, cap):
         return [cp.sum(self.Y, axis=0) <= cap]
 
-    def worker_constraints(self, cap):
+    def worker_cap(self, cap):
         return [self.worker_count <= cap]
 
     def main_indicator(self):
@@ -248,7 +248,7 @@ class PairwiseEncoding(Encoding):
         return Mp, [self.Y[:, :inst.C] <= np.ones((inst.W, 1)) @ cp.reshape(per_core, (1, inst.C), order="C"),
                     Mp <= self.main_count @ self.physical_matrix]
 
-    def main_load_events(self, excess, indicator, label):
+    def product(self, excess, indicator, label):
         return self._once(("events", label), lambda: self._events(excess, indicator, label))
 
     def _events(self, excess, indicator, label):
@@ -341,13 +341,13 @@ class CountEncoding(Encoding):
             cons.append(cp.sum(self.b, axis=1) == self.inst.T - 1)
         return cons
 
-    def rank_constraints(self, cap):
+    def rank_cap(self, cap):
         cons = [self.main_count <= cap]
         if self.b is not None:
             cons.append(cp.sum(self.b, axis=0) <= cap * (self.inst.T - 1))
         return cons
 
-    def worker_constraints(self, cap):
+    def worker_cap(self, cap):
         return [self.worker_count <= cap] if (self.b is not None and cap < self.inst.T) else []
 
     def symmetry_constraints(self):
@@ -421,7 +421,7 @@ class CountEncoding(Encoding):
         per_core = cp.reshape(Mp @ self.physical_matrix.T, (1, inst.C), order="C")
         return Mp, [self.a <= np.ones((inst.W, 1)) @ per_core, Mp <= per_phys]
 
-    def main_load_events(self, excess, indicator, label):
+    def product(self, excess, indicator, label):
         return self._once(("events", label), lambda: self._events(excess, indicator, label))
 
     def _events(self, excess, indicator, label):

@@ -279,7 +279,7 @@ class UniqueRankCores(Family):
         return f"W > C: generalised to at most ceil(W/C) = {inst.cap_rank} threads of each rank per core"
 
     def constraints(self, enc):
-        return enc.rank_constraints(enc.inst.cap_rank)
+        return enc.rank_cap(enc.inst.cap_rank)
 
     def caps(self, inst):
         return {"rank_cap": inst.cap_rank}
@@ -316,7 +316,7 @@ class UniqueWorkerCores(Family):
         return f"T > C: generalised to at most ceil(T/C) = {inst.cap_worker} threads of a worker per core"
 
     def constraints(self, enc):
-        return enc.worker_constraints(enc.inst.cap_worker)
+        return enc.worker_cap(enc.inst.cap_worker)
 
     def caps(self, inst):
         return {"worker_cap": inst.cap_worker}
@@ -588,7 +588,7 @@ class MainLoadCap(Family):
         if not inst.scenario3:
             return []
         indicator, _ = enc.main_indicator()          # its rows belong to (9)+(10)
-        events, cons = enc.main_load_events(enc.load - inst.L, indicator, "logical")
+        events, cons = enc.product(enc.load - inst.L, indicator, "logical")
         return cons + [cp_sum(events) <= self.bound(inst)]
 
     def elastic(self, enc):
@@ -682,7 +682,7 @@ class PhysicalMainLoadCap(Family):
             return []
         # M+_x has no family of its own: this one owns its definition.
         indicator, cons = enc.physical_main_indicator()
-        events, more = enc.main_load_events(
+        events, more = enc.product(
             enc.load @ enc.physical_matrix - inst.L_phys, indicator, "physical")
         return cons + more + [cp_sum(events) <= self.bound(inst)]
 
@@ -721,7 +721,7 @@ def _elastic_events(family, enc, excess, indicator, label, active):
     slack = cp.Variable(nonneg=True, name=f"slack_{family.key}")
     if not active:
         return [slack == 0], slack
-    events, cons = enc.main_load_events(excess, indicator(), label)
+    events, cons = enc.product(excess, indicator(), label)
     return cons + [cp_sum(events) <= family.bound(enc.inst) + slack], slack
 
 

@@ -27,6 +27,7 @@ import psutil
 
 from .._checks import parse_cpulist
 from ..errors import BindingError
+from ..machine import procfs
 
 __all__ = ["threads_of", "affinity_of", "bind", "ThreadBinding", "planned_cpus", "bind_worker"]
 
@@ -65,13 +66,13 @@ def affinity_of(tid):
     True
     """
     try:
-        with open(f"/proc/{tid}/status") as fh:
-            for line in fh:
-                if line.startswith("Cpus_allowed_list:"):
-                    return frozenset(parse_cpulist(line.split(":", 1)[1], f"/proc/{tid}/status", BindingError))
+        # /proc/TID names a thread as /proc/PID names a process (a TID is not listed, but it resolves)
+        allowed = procfs.status_fields(tid).get("Cpus_allowed_list")
     except (FileNotFoundError, ProcessLookupError):
-        pass
-    raise BindingError(f"thread {tid} does not exist")
+        allowed = None
+    if allowed is None:
+        raise BindingError(f"thread {tid} does not exist")
+    return frozenset(parse_cpulist(allowed, f"the status of thread {tid}", BindingError))
 
 
 def bind(tid, cpus, retries=3):

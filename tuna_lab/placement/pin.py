@@ -43,6 +43,7 @@ Examples
 """
 
 import contextlib
+import dataclasses
 import glob
 import os
 import re
@@ -56,6 +57,7 @@ import psutil
 from .. import _files
 from .._checks import format_cpulist
 from ..errors import BindingError, PinError
+from ..machine import procfs
 from ..machine.procfs import remove_dead_folders, start_ticks
 from .binding import affinity_of, bind, bind_worker, planned_cpus, threads_of
 from .pools import (ACTIVE_FLOOR, ACTIVE_SHARE, RUNNING, ThreadRole, active_threads, classify_threads,
@@ -63,9 +65,10 @@ from .pools import (ACTIVE_FLOOR, ACTIVE_SHARE, RUNNING, ThreadRole, active_thre
 
 __all__ = ["ThreadRole", "Activity", "classify_threads", "thread_cpu_times", "active_threads", "serve_requests",
            "ACTIVE_FLOOR", "ACTIVE_SHARE", "WorkerChoice", "ProcessRole", "ServerRoles", "server_roles", "worker_pids", "worker_slots", "server_threads", "pin_server",
-           "unpin_server", "watch_server", "PinReport", "check_server", "hook_dir", "hook_mark", "hook_records",
-           "hook_dir_problem", "trusted_hook_dir", "write_hook_record", "remove_dead_state", "HOOK_MARK",
-           "HOOK_RECORDS"]
+           "check_front_cpus", "server_cpus", "front_work", "role_cpu_times", "FRONT_SHARE", "FRONT_FLOOR",
+           "unpin_server", "pin_records", "watch_server", "PinReport", "check_server", "hook_dir", "hook_mark",
+           "hook_records", "hook_dir_problem", "trusted_hook_dir", "write_hook_record", "remove_dead_state",
+           "HOOK_MARK", "HOOK_RECORDS"]
 
 # Rounds of --watch that look again at a worker with such a thread: a pool thread busy with
 # a request settles within them (then it is bound); one that always spins never does.
@@ -87,18 +90,43 @@ class PinReport:
     warnings: list = field(default_factory=list)
     roles: object = None
     note: str = None
+    fronts: list = field(default_factory=list)
+    front: dict = None
 
     def to_dict(self):
         """JSON-able: ``master``, ``policy``, ``workers`` (slot, pid, why, threads), ``warnings``; with the
-        roles found, ``processes`` (the master and the helpers, each ``pid``, ``role``, ``why``, ``command``)."""
+        roles found, ``processes`` (the master and the helpers, each ``pid``, ``role``, ``why``, ``command``);
+        with ``--front-cpus``, ``front_cpus`` (each process bound there: ``pid``, ``role``, ``cpus``,
+        ``threads``); with traffic, ``front_work`` (:func:`front_work`)."""
         out = {"master": self.master, "policy": getattr(self.plan, "policy", None),
                "fingerprint": getattr(self.plan, "fingerprint", None),
                "workers": self.workers, "warnings": list(self.warnings)}
         if self.roles is not None:
             out["processes"] = [r.to_dict() for r in (self.roles.master, *self.roles.helpers)]
+        if self.fronts:
+            out["front_cpus"] = self.fronts
+        if self.front is not None:
+            out["front_work"] = self.front
         if self.note:
             out["note"] = self.note
         return out
+
+    def add_activity(self, activity, front_cpus=None):
+        """Say what the traffic showed: workers that served none of it, and the CPU the master and front ends
+        used beside the workers' (:func:`front_work`); where they did real work and ``front_cpus`` is not
+        given, one warning suggests ``--front-cpus``."""
+        if activity is None:
+            return self
+        if activity.idle:
+            self.warnings.append(f"worker(s) {', '.join(map(str, activity.idle))} served none of the "
+                                 f"{activity.requests} requests sent in {activity.seconds:.1f} s")
+        self.front = activity.front
+        if self.front and self.front["real_work"] and not front_cpus:
+            self.warnings.append(f"{self.front['text']}: the master and front ends do real work, on the workers' "
+                                 "CPUs; "
+                                 "--front-cpus CPULIST keeps them (all their threads) on CPUs of their own and "
+                                 "places the workers on the rest")
+        return self
 
     def describe(self, warnings=False):
         """The report as text: the master and helpers, then one block per worker, one line per thread with the
@@ -111,10 +139,16 @@ class PinReport:
         if self.roles is not None:
             lines.append(f"  master {self.roles.master.pid}: {self.roles.master.why}")
             lines += [f"  {h.role} {h.pid}: {h.why}" for h in self.roles.helpers]
+        lines += [f"  {f['role']} {f['pid']}: {f['threads']} thread(s) bound to CPUs {format_cpulist(f['cpus'])} "
+                  "(--front-cpus)" for f in self.fronts]
+        if self.front is not None:
+            lines.append(f"  {self.front['text']}")
         why = {w.pid: w.why for w in self.roles.workers} if self.roles is not None else {}
         for w in self.workers:
             reason = w.get("why") or why.get(w["pid"])
-            lines.append(f"  worker {w['pid']} (slot {w['slot']})" + (f": {reason}" if reason else ""))
+            head = (f"  process {w['pid']} (--front-cpus)" if w["slot"] is None else
+                    f"  worker {w['pid']} (slot {w['slot']})")
+            lines.append(head + (f": {reason}" if reason else ""))
             for t in w["threads"]:
                 rank = "" if t["rank"] is None else f" {t['rank']}"
                 cpus = format_cpulist(t["cpus"]) if t["cpus"] else "?"
@@ -403,7 +437,7 @@ def _master_why(master, children, roles):
     if any(role == "front end" for role, _ in roles.values()):
         return f"{_sockets(master)}, which its front ends answer on: it starts and watches its children"
     return (f"{_sockets(master)} and no child of it answers there: it reads and parses the requests itself and "
-            "passes them to its workers (its CPU time is the front end's, never pinned)")
+            "passes them to its workers (its CPU time is the front end's; only --front-cpus places it)")
 
 
 def _chosen(master, choice, descendants):
@@ -478,10 +512,57 @@ class Activity:
     requests: int = 0
     seconds: float = 0.0
     idle: tuple = ()
+    front: dict = None
 
 
 # What a worker must gain in CPU time (s) over the requests to count as having served some.
 _SERVED = 0.005
+#: The master and front ends do real work (:func:`front_work`) when they use at least this share of the
+#: workers' CPU time ...
+FRONT_SHARE = 0.05
+#: ... and at least this many seconds: a Gunicorn or uvicorn master that only watches its workers uses none.
+FRONT_FLOOR = 0.01
+
+
+def role_cpu_times(roles):
+    """``{pid: CPU seconds so far}`` of every process of ``roles`` (a :class:`ServerRoles`); gone ones left out.
+
+    A process's own count (``utime + stime``, clock ticks), not the sum of
+    its threads': a threaded HTTP server's request threads have ended by the
+    time it is read, and their time with them.
+    """
+    out = {}
+    for proc in (roles.master, *roles.helpers, *roles.workers):
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(proc.pid).cpu_times()
+            out[proc.pid] = times.user + times.system
+    return out
+
+
+def front_work(roles, before, after, requests=None):
+    """What the master, helpers and front ends ran beside the workers between two :func:`role_cpu_times`.
+
+    A master that parses HTTP and JSON (MLServer's) or an API front end
+    (LitServe's) runs the same requests as the workers; none of it is placed
+    by a plan. Returns ``{"processes": [{"pid", "role", "cpu_s"}], "front_cpu_s",
+    "workers_cpu_s", "requests", "real_work", "text"}``: ``real_work`` when
+    the front used at least :data:`FRONT_SHARE` of the workers' CPU time and
+    :data:`FRONT_FLOOR` seconds; ``text`` says it in one line ("master used
+    0.22 s of CPU against 1.09 s for the workers over 50 requests").
+    """
+    def gained(pid):
+        return max(0.0, after.get(pid, 0.0) - before.get(pid, 0.0)) if pid in before else 0.0
+
+    fronts = [{"pid": p.pid, "role": p.role, "cpu_s": round(gained(p.pid), 4)} for p in (roles.master, *roles.helpers)]
+    workers = sum(gained(w.pid) for w in roles.workers)
+    front = sum(f["cpu_s"] for f in fronts)
+    busy = [f for f in fronts if f["cpu_s"] >= FRONT_FLOOR / 2] or fronts[:1]
+    words = ", ".join(f"{f['role']} {f['pid']} used {f['cpu_s']:.2f} s" for f in busy)
+    over = f" over {requests} requests" if requests else ""
+    text = f"{words} of CPU against {workers:.2f} s for the workers{over}"
+    return {"processes": fronts, "front_cpu_s": round(front, 4), "workers_cpu_s": round(workers, 4),
+            "requests": requests, "real_work": front >= FRONT_FLOOR and front >= FRONT_SHARE * workers,
+            "text": text}
 _LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -549,7 +630,8 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
     -------
     Activity
         Per worker, per thread, the CPU seconds gained; pass it to
-        :func:`pin_server` or :func:`server_threads`.
+        :func:`pin_server` or :func:`server_threads`. Its ``front`` says what
+        the master, helpers and front ends ran meanwhile (:func:`front_work`).
 
     Raises
     ------
@@ -570,9 +652,11 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
     _check_loopback(url)
     method = (method or ("POST" if body is not None else "GET")).upper()
     headers = list(headers or ())
-    workers = worker_pids(master, choice)
+    roles = server_roles(master, choice)
+    workers = roles.worker_pids
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     before = {pid: thread_cpu_times(pid) for pid in workers}
+    processes = role_cpu_times(roles)
     start, sent = time.monotonic(), 0
     gains = {}
     with ThreadPoolExecutor(len(workers)) as pool:
@@ -589,7 +673,8 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
             idle = tuple(pid for pid in workers if sum(gains.get(pid, {}).values()) < _SERVED)
             elapsed = time.monotonic() - start
             if (sent >= requests and not idle) or sent >= max_requests or elapsed >= max_seconds:
-                return Activity(gains, sent, elapsed, idle)
+                front = front_work(roles, processes, role_cpu_times(roles), sent)
+                return Activity(gains, sent, elapsed, idle, front)
 
 
 def _activity_of(activity, pid):
@@ -633,7 +718,7 @@ def hook_mark(master):
     server from one a temporary folder kept across a reboot holds under the
     same name.
     """
-    boot = _files.read_text("/proc/sys/kernel/random/boot_id", limit=64).strip()
+    boot = procfs.boot_id()
     return f"tuna_lab hooks of master {int(master)} started {_started(master)} boot {boot}\n"
 
 
@@ -708,16 +793,26 @@ def _pin_dir(master):
     return os.path.join(tempfile.gettempdir(), f"tuna_lab-pin-{os.geteuid()}-{int(master)}-{_started(master)}")
 
 
-#: The ``format`` of ``masks.json``: per worker its start time, slot and threads at the pin; per TID the mask
-#: before tuna_lab first bound it and the mask tuna_lab set.
+#: The ``format`` of ``masks.json``: per worker its start time, slot (null: a front process) and threads at the
+#: pin; per TID the mask before tuna_lab first bound it and the mask tuna_lab set.
 PINS_FORMAT = "tuna_lab.pins/1"
 
 
-def _records(master):
-    """``{"workers": {pid: {...}}, "threads": {tid: {...}}}`` of the pins of ``master``; empty when none.
+def pin_records(master):
+    """What ``pin --pid`` (or ``run --pid``) recorded of its pins of server ``master``; empty when none.
 
-    Nothing is read from a folder that is not this user's and private, or
-    from a file that is not a record of ours (another format, malformed).
+    Returns ``{"workers": {pid: {"started", "slot", "seen"}}, "threads": {tid:
+    {"pid", "before", "set"}}}``: per process its start time (clock ticks), its
+    slot (None: a process ``--front-cpus`` bound) and the threads it had at the
+    pin; per TID the mask before tuna_lab first bound it and the mask tuna_lab
+    set. Nothing is read from a folder that is not this user's and private, or
+    from a file that is not a record of ours (another format, malformed); a
+    master that is gone has none.
+
+    Examples
+    --------
+    >>> pin_records(os.getpid())
+    {'workers': {}, 'threads': {}}
     """
     empty = {"workers": {}, "threads": {}}
     try:
@@ -730,7 +825,7 @@ def _records(master):
         saved = _files.read_json(os.path.join(folder, "masks.json"), limit=_MASKS_BYTES, follow=False)
         if saved.get("format") != PINS_FORMAT:
             return empty
-        workers = {int(pid): {"started": int(w["started"]), "slot": int(w["slot"]),
+        workers = {int(pid): {"started": int(w["started"]), "slot": None if w["slot"] is None else int(w["slot"]),
                               "seen": sorted(int(t) for t in w["seen"])} for pid, w in saved["workers"].items()}
         threads = {int(tid): {"pid": int(t["pid"]), "before": sorted(int(c) for c in t["before"]),
                               "set": sorted(int(c) for c in t["set"])} for tid, t in saved["threads"].items()}
@@ -753,18 +848,20 @@ def _write_records(master, records):
 def _record_pins(master, pid, slot, intent, failed=()):
     """Record that tuna_lab sets ``intent`` (``{tid: (mask now, mask to set)}``) on worker ``pid``'s threads.
 
+    ``slot`` None: a process of the front (the master, a helper or front end ``--front-cpus`` binds).
+
     Written *before* the threads are bound, so that a pin killed half-way can
     still be undone; ``failed`` (TIDs whose binding failed) are dropped
     afterwards. A thread recorded already keeps its first ``before``: the
     mask it had before tuna_lab first touched it. Records of threads that
     ended are dropped.
     """
-    records = _records(master)
+    records = pin_records(master)
     ticks = start_ticks(pid)
     if ticks is None:
         return
     threads = {tid: t for tid, t in records["threads"].items()
-               if os.path.exists(f"/proc/{t['pid']}/task/{tid}") and tid not in failed}
+               if procfs.thread_exists(t["pid"], tid) and tid not in failed}
     worker = records["workers"].get(pid)
     if worker is None or worker["started"] != ticks:
         worker = {"started": ticks, "slot": slot, "seen": []}
@@ -917,7 +1014,9 @@ def _check_permission(pids):
             continue
 
 
-def _pin_worker(master, pid, slot, plan, report, dry_run, exact=None, activity=None):
+def _pin_worker(master, pid, slot, plan, report, dry_run, exact=None, activity=None, keep=()):
+    """Bind worker ``pid`` to ``slot`` of ``plan`` and add its rows to ``report``; threads in ``keep`` (masks
+    someone else set since tuna_lab's) are left as they are."""
     exact = main_rule(pid)[0] if exact is None else exact
     gains, requests = _activity_of(activity, pid)
     threads = classify_threads(pid, activity=gains, requests=requests)
@@ -939,8 +1038,12 @@ def _pin_worker(master, pid, slot, plan, report, dry_run, exact=None, activity=N
         now = bind_worker(plan, slot, tids, pid, exact_main=exact, dry_run=True)
         if not dry_run:
             intent = {b.tid: (b.cpus, b.planned) for b in now if b.error is None}
+            intent = {tid: masks for tid, masks in intent.items() if tid not in keep}
             _record_pins(master, pid, slot, intent)
-            now = bind_worker(plan, slot, tids, pid, exact_main=exact)
+            if keep and any(b.tid in keep for b in now):
+                now = [b if b.tid in keep or b.error else _bound(b) for b in now]
+            else:
+                now = bind_worker(plan, slot, tids, pid, exact_main=exact)
             failed = {b.tid for b in now if b.error is not None}
             if failed:
                 _record_pins(master, pid, slot, {}, failed)
@@ -964,7 +1067,74 @@ def _pin_worker(master, pid, slot, plan, report, dry_run, exact=None, activity=N
     report.workers.append({"slot": slot, "pid": pid, "threads": rows})
 
 
-def pin_server(master, plan, dry_run=False, activity=None, choice=None):
+def _pin_front(master, roles, cpus, report, dry_run):
+    """Bind every thread of the master, the helpers and the front ends to ``cpus`` (``--front-cpus``).
+
+    Recorded as the workers' masks are (slot None), so that :func:`unpin_server` gives back exactly these.
+    """
+    cpus = sorted(cpus)
+    for proc in (roles.master, *roles.helpers):
+        tids = threads_of(proc.pid)
+        if not tids:
+            continue                                   # it exited meanwhile
+        if not dry_run:
+            intent = {}
+            for tid in tids:
+                with contextlib.suppress(BindingError):
+                    intent[tid] = (sorted(affinity_of(tid)), cpus)
+            _record_pins(master, proc.pid, None, intent)
+            failed = set()
+            for tid in intent:
+                try:
+                    bind(tid, cpus)
+                except BindingError as exc:
+                    failed.add(tid)
+                    if procfs.thread_exists(proc.pid, tid):
+                        report.warnings.append(f"{proc.role} {proc.pid}: {exc}")
+            if failed:
+                _record_pins(master, proc.pid, None, {}, failed)
+        report.fronts.append({"pid": proc.pid, "role": proc.role, "cpus": cpus, "threads": len(tids)})
+
+
+def check_front_cpus(plan, front_cpus):
+    """Refuse (:class:`PinError`) a plan that places a worker thread on one of ``front_cpus``; returns them sorted."""
+    front = sorted({int(c) for c in front_cpus})
+    shared = sorted(set(front) & {c for row in plan.slots for cpus in row for c in cpus})
+    if shared:
+        raise PinError(f"the plan places worker threads on CPU {format_cpulist(shared)}, which --front-cpus "
+                       f"{format_cpulist(front)} keeps for the master and front ends: make the plan with "
+                       f"`tuna-lab plan --front-cpus {format_cpulist(front).replace(' ', '')}`")
+    return front
+
+
+def server_cpus(master):
+    """The CPUs server ``master`` may use: its master's mask, or the one it had before tuna_lab bound it.
+
+    After ``pin --front-cpus`` the master sits on the front CPUs; a later
+    pin (or plan) of the same server is made for the server's CPUs, not those.
+
+    Raises
+    ------
+    PinError
+        No such process.
+    """
+    try:
+        now = sorted(affinity_of(int(master)))
+    except (BindingError, ValueError, TypeError):
+        raise PinError(f"no process with PID {master}") from None
+    rec = pin_records(master)["threads"].get(int(master))
+    return rec["before"] if rec is not None and rec["set"] == now else now
+
+
+def _bound(planned):
+    """A :class:`~tuna_lab.placement.binding.ThreadBinding` of a dry run, bound now (or with its error)."""
+    try:
+        return dataclasses.replace(planned, cpus=tuple(sorted(bind(planned.tid, planned.planned))))
+    except BindingError as exc:
+        return dataclasses.replace(planned, cpus=None, error=str(exc))
+
+
+def pin_server(master, plan, dry_run=False, activity=None, choice=None, front_cpus=None):
     """Bind every worker of the running server ``master`` to ``plan`` (slots: :func:`worker_slots`).
 
     Parameters
@@ -981,12 +1151,17 @@ def pin_server(master, plan, dry_run=False, activity=None, choice=None):
         threads that wait in libc (ONNX Runtime's) are found by it.
     choice : WorkerChoice, optional
         The workers, when the user names them; else :func:`server_roles` finds them.
+    front_cpus : iterable of int, optional
+        Bind every thread of the master, the helpers and the front ends to
+        these CPUs (``--front-cpus``); the plan must use none of them
+        (:func:`check_front_cpus`).
 
     Returns
     -------
     PinReport
         With the roles found; every mask set is recorded (with the one it
-        replaced) for :func:`unpin_server`.
+        replaced) for :func:`unpin_server`. With ``activity``, what the
+        master and front ends ran beside the workers (:meth:`PinReport.add_activity`).
 
     Raises
     ------
@@ -995,6 +1170,7 @@ def pin_server(master, plan, dry_run=False, activity=None, choice=None):
         (the message names the helpers left out), no permission, or no worker
         whose threads could be read. Nothing is pinned then.
     """
+    front = None if front_cpus is None else check_front_cpus(plan, front_cpus)
     roles = server_roles(master, choice)
     workers = roles.worker_pids
     if len(workers) != plan.workers:
@@ -1002,7 +1178,7 @@ def pin_server(master, plan, dry_run=False, activity=None, choice=None):
                        f"({', '.join(map(str, workers))}) but the plan has {plan.workers} slots: make the plan "
                        f"with -w {len(workers)}; left out as no workers: {roles.left_out()} (--workers PID,PID or "
                        "--worker-match REGEX names them yourself)")
-    _check_permission(workers)
+    _check_permission(workers if front is None else [*workers, roles.master.pid, *(h.pid for h in roles.helpers)])
     report = PinReport(int(master), plan, roles=roles)
     why = {w.pid: w.why for w in roles.workers}
     skipped = []
@@ -1017,7 +1193,9 @@ def pin_server(master, plan, dry_run=False, activity=None, choice=None):
         # Not one worker could be read or bound (ptrace rules, all exited): that is a failure, not a warning.
         raise PinError(f"pinned nothing: {skipped[0]}" + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1
                                                           else ""))
-    return report
+    if front is not None:
+        _pin_front(master, roles, front, report, dry_run)
+    return report.add_activity(activity if isinstance(activity, Activity) else None, front)
 
 
 def unpin_server(master):
@@ -1033,7 +1211,7 @@ def unpin_server(master):
     changed, and the report's ``note`` says so. The records are forgotten
     afterwards: a later pin records the masks of that moment.
     """
-    records = _records(master)
+    records = pin_records(master)
     report = PinReport(int(master), None)
     if not records["threads"]:
         report.note = (f"nothing to unpin: tuna_lab has no record of a pin of server {master} (never pinned by "
@@ -1042,7 +1220,9 @@ def unpin_server(master):
     live = {pid: w for pid, w in records["workers"].items() if start_ticks(pid) == w["started"]}
     _check_permission(sorted(live))
     restored = 0
-    for pid, worker in sorted(live.items(), key=lambda kv: kv[1]["slot"]):
+    # The master, helpers and front ends --front-cpus bound (slot None) first, then the workers by slot: the
+    # reverse of pin_server's order, so that no worker thread is ever back on the front's CPUs while it is there.
+    for pid, worker in sorted(live.items(), key=lambda kv: (kv[1]["slot"] is not None, kv[1]["slot"] or 0, kv[0])):
         mine = {tid: t for tid, t in records["threads"].items() if t["pid"] == pid}
         main = mine.get(pid)
         rows = []
@@ -1083,7 +1263,44 @@ def unpin_server(master):
     return report
 
 
-def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, choice=None):
+def _signature(worker):
+    """What a report shows of a worker: its slot and every thread's role and CPUs (a change is shown again)."""
+    return worker["slot"], tuple((t["tid"], t["role"], tuple(t["cpus"] or ())) for t in worker["threads"])
+
+
+def _changed_by_others(master, pids, enforce, report):
+    """The TIDs of ``pids`` whose mask is no longer the one tuna_lab set (someone else changed it).
+
+    Each is reported in ``report.warnings``; with ``enforce`` it gets the
+    mask tuna_lab set back (and is not returned).
+    """
+    changed = set()
+    for tid, rec in pin_records(master)["threads"].items():
+        if rec["pid"] not in pids:
+            continue
+        try:
+            now = sorted(affinity_of(tid))
+        except BindingError:
+            continue                                   # it ended
+        if now == rec["set"]:
+            continue
+        where = (f"worker {rec['pid']} thread {tid} is on CPUs {format_cpulist(now)}, not the "
+                 f"{format_cpulist(rec['set'])} tuna_lab set: someone else changed its mask")
+        if enforce:
+            try:
+                bind(tid, rec["set"])
+                report.warnings.append(f"{where}; put back (--enforce)")
+                continue
+            except BindingError as exc:
+                report.warnings.append(f"{where}; could not put it back: {exc}")
+        else:
+            report.warnings.append(f"{where}; left as it is (--enforce puts it back)")
+        changed.add(tid)
+    return changed
+
+
+def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, choice=None, enforce=False,
+                 pinned=None):
     """Keep ``master``'s workers pinned to ``plan`` until ``stop.is_set()`` (a :class:`threading.Event`).
 
     A new worker (a replacement of one that exited) takes the lowest slot no
@@ -1095,13 +1312,31 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, c
     CPU time while it serves requests (:func:`active_threads`, counted from
     when the watch first saw the worker) are bound as pool threads.
     ``activity`` (from :func:`serve_requests`) is used for the workers it
-    measured until they change. ``on_pin(report)`` is called after each round
-    that bound something. ``choice`` (:class:`WorkerChoice`) names the
+    measured until they change. ``choice`` (:class:`WorkerChoice`) names the
     workers when the user does. Pins stay in place when it returns.
+
+    A thread tuna_lab pinned whose mask someone else changed is reported
+    and left as it is - also when its worker is pinned again - unless
+    ``enforce``: then it gets its planned mask back.
+
+    ``on_pin(report)`` is called after each round that changed something:
+    the report holds only the workers whose threads or masks changed since
+    they were last shown, and only warnings not given before (each is given
+    once). ``pinned`` is the :class:`PinReport` of the pin the watch
+    follows: its workers are not shown again, nor its warnings repeated.
     """
     slots = {pid: slot for slot, pid, _ in worker_slots(master, worker_pids(master, choice))}
     seen, busy, short, known = {}, {}, {}, {}
     base = {}
+    said = set(pinned.warnings) if pinned is not None else set()
+    shown = {w["pid"]: _signature(w) for w in pinned.workers} if pinned is not None else {}
+    for w in pinned.workers if pinned is not None else ():
+        rows = w["threads"]
+        pool = {t["tid"] for t in rows if t["role"] == "pool"}
+        if w["pid"] in slots and not any(t["why"].startswith(RUNNING) for t in rows):
+            # What the pin saw: looked at again only when the worker's threads change, as any other.
+            seen[w["pid"]] = ({t["tid"] for t in rows}, tuple(sorted(loaded_runtimes(w["pid"]))))
+            short[w["pid"]], known[w["pid"]] = len(pool) < plan.threads - 1, pool
     while not stop.is_set():
         try:
             live = worker_pids(master, choice)
@@ -1111,7 +1346,7 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, c
             live = []
         for pid in [p for p in slots if p not in live]:
             del slots[pid]
-            for state in (seen, busy, short, known, base):
+            for state in (seen, busy, short, known, base, shown):
                 state.pop(pid, None)
         hooked = _hooked(master) if any(pid not in slots for pid in live) else {}
         for pid in live:
@@ -1124,9 +1359,12 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, c
                 elif free:
                     slots[pid] = free[0]
         report = PinReport(int(master), plan)
+        theirs = _changed_by_others(master, set(slots), enforce, report)
         for pid, slot in sorted(slots.items(), key=lambda kv: kv[1]):
             try:
-                tids = {t.id for t in psutil.Process(pid).threads()}
+                # A worker is looked at again when its threads change, or the runtimes it loaded: one caught
+                # while it loads libgomp before XGBoost had its main thread bound by the first one's rule.
+                tids = ({t.id for t in psutil.Process(pid).threads()}, tuple(sorted(loaded_runtimes(pid))))
                 now = thread_cpu_times(pid)
             except (psutil.NoSuchProcess, PinError):
                 continue
@@ -1141,18 +1379,25 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, c
             exact = _hooked(master).get(pid, (None, None))[1]
             try:
                 _pin_worker(master, pid, slot, plan, report, dry_run=False, exact=exact,
-                            activity=None if use is None else {pid: use})
+                            activity=None if use is None else {pid: use}, keep=theirs)
             except PinError:
                 continue
             rows = report.workers[-1]["threads"]
             pool = {t["tid"] for t in rows if t["role"] == "pool"}
             short[pid] = len(pool) < plan.threads - 1
             known[pid] = pool | active                 # an active thread its name rules out is not tried again
+            if _signature(report.workers[-1]) == shown.get(pid):
+                report.workers.pop()                   # pinned again as it was: nothing new to show
+            else:
+                shown[pid] = _signature(report.workers[-1])
             if any(t["why"].startswith(RUNNING) for t in rows):
                 busy[pid] = busy.get(pid, 0) + 1
                 if busy[pid] < _WATCH_RETRIES:
                     continue                           # perhaps a pool thread at work: look again
             seen[pid], busy[pid] = tids, 0
-        if report.workers and on_pin is not None:
+        new = [w for w in dict.fromkeys(report.warnings) if w not in said]
+        said.update(new)
+        report.warnings = new
+        if (report.workers or report.warnings) and on_pin is not None:
             on_pin(report)
         stop.wait(interval)

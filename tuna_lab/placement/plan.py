@@ -23,7 +23,10 @@ Formats (:meth:`Plan.render`):
   running server, or placeholders). A worker's main thread is bound as
   ``pin`` binds it (:func:`~tuna_lab.placement.pools.main_rule`): to its own
   CPU only where its runtime does not size its pool from the main thread's
-  CPUs, else to all of its slot's; a comment line says which, and why;
+  CPUs, else to all of its slot's; a comment line says which, and why, and
+  another one when fewer pool threads were found than the plan places (a
+  pool that waits in libc, ONNX Runtime's, is found only by its activity,
+  which ``tuna-lab pin --url`` measures);
 * ``gunicorn``: a config snippet for a user's ``gunicorn.conf.py``.
 
 Examples
@@ -45,6 +48,7 @@ import enum
 import json
 import re
 import shlex
+from collections import Counter
 from dataclasses import dataclass, field
 
 from .._checks import check_size, format_cpulist
@@ -391,6 +395,9 @@ class Plan:
                       "# where its runtime allows."]
             tids = [{"slot": w, "rank": t, "tid": f"<TID of slot {w} rank {t}>"}
                     for w in range(self.workers) for t in range(self.threads)]
+        # Pool threads found per slot: a pool that waits in libc (ONNX Runtime's) is found only by its
+        # activity, which these lines do not measure; a comment says it is left unbound.
+        found = Counter(th.get("slot") for th in tids if th.get("rank"))
         for th in tids:
             slot, rank = th.get("slot"), th.get("rank")
             if slot is not None and not 0 <= slot < self.workers:
@@ -406,6 +413,11 @@ class Plan:
                 why = th.get("main_note") or ""
                 why = why.split(": ", 1)[1] if ": " in why else why
                 lines.append(f"# worker {th['pid']} (slot {slot}): main thread on {how}" + (f": {why}" if why else ""))
+                if found[slot] < self.threads - 1:
+                    lines.append(f"# worker {th['pid']} (slot {slot}): {found[slot]} of "
+                                 f"{self.threads - 1} pool threads found, the others are left as they are: a pool "
+                                 "that waits in libc (ONNX Runtime's) is told by its activity: give "
+                                 "--url URL (and --body) to send the few requests that show it")
             lines.append(f"taskset -p -c {format_cpulist(cpus)} {th['tid']}")
         return "\n".join(lines)
 

@@ -34,16 +34,15 @@ from dataclasses import dataclass
 import psutil
 
 from ..errors import PinError
+from ..machine import procfs
+from .runtimes import BLAS, FRAMEWORK, OPENMP, RUNTIMES, helper_thread, places_counted, pool_runtime, runtime_of
 
 __all__ = ["ThreadRole", "classify_threads", "thread_cpu_times", "active_threads", "ACTIVE_FLOOR",
            "ACTIVE_SHARE", "RUNNING", "main_rule", "wake_openmp", "openmp_loaded", "new_pool_threads",
            "pool_threads", "loaded_runtimes"]
 
-# Libraries whose threads are an OpenMP team or a BLAS pool (file names as the loader maps them).
-_RUNTIMES = (("libgomp", "OpenMP"), ("libiomp", "OpenMP"), ("libomp", "OpenMP"),
-             ("libopenblas", "BLAS"), ("libmkl", "BLAS"), ("libblis", "BLAS"))
-# Threads a thread name says are no pool thread, and what they are.
-_HELPER_NAMES = {"jemalloc_bg_thd": "jemalloc's background thread (LightGBM and scikit-learn wheels load it)"}
+# How a reason names the pool of a runtime found by library (placement/runtimes.py's kinds).
+_POOL_WORDS = {OPENMP: "OpenMP", BLAS: "BLAS"}
 #: :func:`active_threads`: a pool thread gains at least this much CPU time (s) during the requests ...
 ACTIVE_FLOOR = 0.002
 #: ... and at least this share of what the worker's busiest thread gained.
@@ -74,15 +73,7 @@ class ThreadRole:
 
 def _maps(pid):
     """Sorted ``(start, end, library)`` of a process's file-backed mappings."""
-    out = []
-    with open(f"/proc/{pid}/maps") as fh:
-        for line in fh:
-            parts = line.split(None, 5)
-            if len(parts) == 6 and parts[5].startswith("/"):
-                lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                out.append((lo, hi, os.path.basename(parts[5].strip())))
-    out.sort()
-    return out
+    return [(lo, hi, os.path.basename(path)) for lo, hi, path in procfs.mappings(pid)]
 
 
 def _library_at(maps, address):
@@ -93,8 +84,7 @@ def _library_at(maps, address):
 def _waiting_in(pid, tid, maps, looks, interval):
     """The library a thread's current system call was made from; None if it kept running."""
     for attempt in range(looks):
-        with open(f"/proc/{pid}/task/{tid}/syscall") as fh:
-            fields = fh.read().split()
+        fields = procfs.thread_syscall(pid, tid)
         if fields and fields[0] != "running":
             return _library_at(maps, int(fields[-1], 16)) or "an anonymous mapping"
         if attempt + 1 < looks:
@@ -122,21 +112,11 @@ def thread_cpu_times(pid):
     True
     """
     try:
-        tids = os.listdir(f"/proc/{int(pid)}/task")
-    except (FileNotFoundError, ProcessLookupError, ValueError, TypeError):
+        return procfs.thread_cpu(pid)
+    except ProcessLookupError:
         raise PinError(f"process {pid} is gone") from None
     except PermissionError:
         raise PinError(f"permission denied: cannot read the threads of process {pid}") from None
-    out = {}
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                out[int(tid)] = int(fh.read().split()[0]) / 1e9
-        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-            continue
-        except PermissionError:
-            raise PinError(f"permission denied: cannot read thread {tid} of process {pid}") from None
-    return out
 
 
 def active_threads(activity, main=None, floor=ACTIVE_FLOOR, share=ACTIVE_SHARE):
@@ -180,11 +160,7 @@ def active_threads(activity, main=None, floor=ACTIVE_FLOOR, share=ACTIVE_SHARE):
 
 
 def _comm(pid, tid):
-    try:
-        with open(f"/proc/{pid}/task/{tid}/comm") as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
+    return procfs.thread_name(pid, tid) or ""
 
 
 def classify_threads(pid, looks=5, interval=0.02, activity=None, requests=None):
@@ -192,10 +168,12 @@ def classify_threads(pid, looks=5, interval=0.02, activity=None, requests=None):
 
     A thread is a pool thread by the first evidence that says so:
 
-    1. **library**: it is blocked in a system call made from an OpenMP or BLAS
-       runtime's code (libgomp, libiomp, libomp, OpenBLAS, MKL, BLIS);
-    2. **name**: a thread name of a known helper (``jemalloc_bg_thd``) makes
-       it no pool thread;
+    1. **name**: a thread name of a known helper (``jemalloc_bg_thd``, an
+       io_uring kernel thread ``iou-sqp-*``/``iou-wrk-*``:
+       :data:`~tuna_lab.placement.runtimes.HELPER_THREADS`) makes it no pool thread;
+    2. **library**: it is blocked in a system call made from an OpenMP or BLAS
+       runtime's code (the records of :mod:`~tuna_lab.placement.runtimes`
+       found by library: libgomp, libiomp, libomp, OpenBLAS, MKL, BLIS);
     3. **activity**: where the library says only ``libc`` (ONNX Runtime's own
        pool, a BLAS pool waiting on a pthread condition) or the thread kept
        running, the CPU time it gained while the worker served requests
@@ -246,20 +224,23 @@ def classify_threads(pid, looks=5, interval=0.02, activity=None, requests=None):
     for tid in tids:
         if tid == pid:
             continue
+        name = _comm(pid, tid)
+        helper = helper_thread(name)
+        if helper:
+            # Named first: an io_uring kernel thread's syscall file names no user-space caller.
+            other.append(ThreadRole(tid, "other", None, f"named {name}: {helper}", f"name: {name}"))
+            continue
         try:
             lib = _waiting_in(pid, tid, maps, looks, interval)
         except (FileNotFoundError, ProcessLookupError):
             continue                                   # exited while we looked
         except PermissionError:
             raise PinError(f"permission denied: cannot read thread {tid} of process {pid}") from None
-        kind = next((k for prefix, k in _RUNTIMES if lib and lib.startswith(prefix)), None)
-        name = _comm(pid, tid)
+        runtime = pool_runtime(lib)
         gained = None if activity is None else activity.get(tid, 0.0)
         spent = "" if gained is None else f"{gained:.3f} s CPU {during}"
-        if kind:
-            by_library.append((tid, f"waiting in {lib} ({kind} pool)", f"library: {lib}"))
-        elif name in _HELPER_NAMES:
-            other.append(ThreadRole(tid, "other", None, f"named {name}: {_HELPER_NAMES[name]}", f"name: {name}"))
+        if runtime:
+            by_library.append((tid, f"waiting in {lib} ({_POOL_WORDS[runtime.kind]} pool)", f"library: {lib}"))
         elif tid in active:
             where = f"waiting in {lib}" if lib else RUNNING
             by_activity.append((tid, f"{where}, busy while the worker served requests (pool thread)",
@@ -280,12 +261,8 @@ def classify_threads(pid, looks=5, interval=0.02, activity=None, requests=None):
     return main + ranked + other
 
 
-# Libraries (file-name prefixes in /proc/<pid>/maps) of the runtimes whose pools tuna_lab places, and
-# whether the runtime sizes its pool from the calling thread's *current* affinity at every call.
-_INFERENCE_RUNTIMES = (("libxgboost", "XGBoost", True), ("onnxruntime_pybind11_state", "ONNX Runtime", False),
-                       ("libonnxruntime", "ONNX Runtime", False), ("libtorch_cpu", "PyTorch", False),
-                       ("lib_lightgbm", "LightGBM", False), ("libgomp", "OpenMP", False),
-                       ("libiomp", "OpenMP", False), ("libomp", "OpenMP", False))
+# The runtimes whose pools a worker serves with (a BLAS library alone, which every NumPy process maps, is none).
+_INFERENCE = tuple(r for r in RUNTIMES if r.kind in (FRAMEWORK, OPENMP))
 
 
 def loaded_runtimes(pid):
@@ -307,8 +284,7 @@ def loaded_runtimes(pid):
         libs = {lib for _, _, lib in _maps(pid)}
     except OSError:
         return {}
-    return {name: per_call for prefix, name, per_call in _INFERENCE_RUNTIMES
-            if any(lib.startswith(prefix) for lib in libs)}
+    return {r.label: r.sizes_from_affinity for r in _INFERENCE if any(r.maps(lib) for lib in libs)}
 
 
 def main_rule(pid):
@@ -331,13 +307,15 @@ def main_rule(pid):
     if _places_in_effect(pid):
         return True, "OMP_PLACES in effect: OpenMP counts its places, not the main thread's CPUs"
     loaded = loaded_runtimes(pid)
-    if any(loaded.values()):
-        return False, ("XGBoost loaded: without OMP_PLACES it counts the main thread's current CPUs at every "
-                       "call, and one CPU would shrink its pool to one thread")
+    per_call = sorted(name for name, sizes_from_affinity in loaded.items() if sizes_from_affinity)
+    if per_call:
+        return False, (f"{', '.join(per_call)} loaded: without OMP_PLACES it counts the main thread's current "
+                       "CPUs at every call, and one CPU would shrink its pool to one thread")
     if not loaded:
         return False, ("no inference runtime loaded yet: one loaded after the main thread is bound to one CPU "
                        "would size its pool from that CPU")
-    names = sorted(set(loaded) - {"OpenMP"}) or ["OpenMP"]
+    openmp = {r.label for r in RUNTIMES if r.kind == OPENMP}
+    names = sorted(set(loaded) - openmp) or sorted(openmp)
     return True, (f"{', '.join(names)} loaded: sized {'its' if len(names) == 1 else 'their'} pool when loaded "
                   "or from its own setting, not from the main thread's current CPUs")
 
@@ -354,14 +332,11 @@ def _places_in_effect(pid):
     starts) leaves one place and no pool at all.
     """
     try:
-        with open(f"/proc/{pid}/environ", "rb") as fh:
-            env = dict(v.partition(b"=")[::2] for v in fh.read().split(b"\0") if v)
-        loaded = any(lib.startswith(prefix) for _, _, lib in _maps(pid)
-                     for prefix, kind in _RUNTIMES if kind == "OpenMP")
+        env = procfs.environ(pid)
+        loaded = _openmp_mapped(_maps(pid))
     except OSError:
         return False
-    unbound = env.get(b"OMP_PROC_BIND", b"").split(b",")[0].strip().lower() == b"false"
-    return b"OMP_PLACES" in env and not unbound and loaded
+    return places_counted(env) and loaded
 
 
 def openmp_loaded(pid=None):
@@ -373,10 +348,15 @@ def openmp_loaded(pid=None):
     True
     """
     try:
-        return any(lib.startswith(prefix) for _, _, lib in _maps(pid or os.getpid())
-                   for prefix, kind in _RUNTIMES if kind == "OpenMP")
+        return _openmp_mapped(_maps(pid or os.getpid()))
     except OSError:
         return False
+
+
+def _openmp_mapped(maps):
+    """Whether the mappings ``maps`` (:func:`_maps`) hold an OpenMP runtime's library."""
+    openmp = [r for r in RUNTIMES if r.kind == OPENMP]
+    return any(r.maps(lib) for _, _, lib in maps for r in openmp)
 
 
 def wake_openmp(threads):
@@ -393,12 +373,9 @@ def wake_openmp(threads):
     """
     import ctypes
 
-    paths = set()
-    with open("/proc/self/maps") as fh:
-        for line in fh:
-            name = line.rsplit(None, 1)[-1]
-            if name.startswith("/") and os.path.basename(name).startswith("libgomp"):
-                paths.add(name)
+    # GOMP_parallel is GNU libgomp's entry point: the libgomp record's files only.
+    paths = {path for _, _, path in procfs.mappings(os.getpid())
+             if getattr(runtime_of(os.path.basename(path)), "name", None) == "libgomp"}
     libc = ctypes.CDLL(None)
     # The region's body is libc's getpid: it ignores its argument and needs no GIL.
     body = ctypes.cast(libc.getpid, ctypes.c_void_p)

@@ -63,6 +63,7 @@ from ..placement.binding import threads_of
 from ..placement.pools import new_pool_threads
 from .cpuclock import process_thread_cpu, request_cpu
 # STAGES is defined by the model catalogue; re-exported as this app's stages.
+from .limits import MAX_BODY_BYTES, MAX_WORK, READ_TIMEOUT, RETRY_AFTER, ROW_BUDGET_BYTES
 from .models import MODEL_FEATURES, STAGES, load_booster, make_rows, model_cost
 
 __all__ = ["InferenceApp", "create_app", "app_from_env", "max_rows", "max_rows_default", "max_work", "STAGES",
@@ -70,21 +71,6 @@ __all__ = ["InferenceApp", "create_app", "app_from_env", "max_rows", "max_rows_d
 
 log = logging.getLogger("tuna_lab.server")
 
-#: Largest request body the server reads by default (``TUNA_LAB_MAX_BODY``); larger ones get 413.
-MAX_BODY_BYTES = 50 * 1024 * 1024
-#: Memory the rows of one request may take as float64 input, which sets the default row limit
-#: (:func:`max_rows`): a few huge requests must not push a worker into swap or the OOM killer.
-ROW_BUDGET_BYTES = 50 * 1024 * 1024
-#: Work one request may ask for by default (``TUNA_LAB_MAX_WORK``, ``tuna-lab serve --max-work``): its
-#: rows x the model's cost (:func:`~tuna_lab.server.models.model_cost`). About 3 s of one CPU here
-#: (65,104 rows of small, 22,321 of medium; large's 8,359 rows are bounded by memory first): a
-#: 220,000-row request of small held a worker 14 s, most of it in SHAP, before this bound.
-MAX_WORK = 250_000_000
-#: Seconds a connection has, from the moment a worker takes it, to send its whole request (headers
-#: and body); each response write has as long. Loopback clients send a 50 MB body in well under it.
-READ_TIMEOUT = 5.0
-#: Seconds a client shed with 503 is told to wait (``Retry-After``) before it tries again.
-RETRY_AFTER = 1
 _ROUTES = {"/healthz": "GET", "/predict": "POST"}
 # Enough rows that every OpenMP loop in DMatrix/predict/SHAP uses all threads.
 _WARM_ROWS = 64

@@ -22,14 +22,10 @@ True
 import os
 import time
 
-from .._files import read_bytes
 from ..errors import CpuAccountingError
+from ..machine import procfs
 
 __all__ = ["thread_cpu_seconds", "process_thread_cpu", "request_cpu"]
-
-_TICK = os.sysconf("SC_CLK_TCK")
-# A thread's stat and schedstat are a few hundred bytes.
-_PROC_LIMIT = 4096
 
 
 def _thread_clock(tid):
@@ -54,18 +50,10 @@ def thread_cpu_seconds(pid, tid):
             return time.clock_gettime(_thread_clock(tid))
         except (OSError, OverflowError):     # no such thread; a TID beyond the clock id range
             pass
-    base = f"/proc/{pid}/task/{tid}"
-    # Read as every procfs file is (no blocking open, a size cap): the PID may be a user's.
-    try:
-        return int(read_bytes(f"{base}/schedstat", limit=_PROC_LIMIT).split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        # The command name may hold spaces and parentheses: split after the last ")".
-        fields = read_bytes(f"{base}/stat", limit=_PROC_LIMIT).rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK      # utime, stime (fields 14, 15)
-    except (OSError, ValueError, IndexError):
-        raise CpuAccountingError(f"cannot read the CPU time of thread {tid} of process {pid}") from None
+    seconds = procfs.thread_cpu_seconds(pid, tid)
+    if seconds is None:
+        raise CpuAccountingError(f"cannot read the CPU time of thread {tid} of process {pid}")
+    return seconds
 
 
 def process_thread_cpu(pid=None):
@@ -86,7 +74,7 @@ def process_thread_cpu(pid=None):
         # tick-resolution times we do not use, ~10x the cost (~120 us against
         # ~12 us for this whole function with 4 threads), and a worker runs
         # this twice on every request's path (the client sees the second read).
-        tids = os.listdir(f"/proc/{pid}/task")
+        tids = procfs.thread_ids(pid)
     except OSError:
         raise CpuAccountingError(f"cannot list the threads of process {pid}") from None
     for tid in tids:

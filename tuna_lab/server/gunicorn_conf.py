@@ -1,26 +1,32 @@
 """Gunicorn configuration (``-c python:tuna_lab.server.gunicorn_conf``): workers pinned by slot.
 
 The launcher writes its :class:`~tuna_lab.placement.plan.Plan` to
-``$TUNA_LAB_STATE/plan.json``; this module reads it in the master (plain JSON:
-nothing here loads XGBoost or OpenMP before the fork) and installs four hooks:
+``$TUNA_LAB_STATE/plan.json`` and names it in ``TUNA_LAB_PLAN``; the master
+reads only W from it (plain JSON: nothing here loads XGBoost or OpenMP
+before the fork). The hooks are :mod:`tuna_lab.integrations.gunicorn`'s,
+the same any user's Gunicorn server gets:
 
-* ``pre_fork`` (master): give the new worker the lowest free slot;
-* ``post_fork`` (worker): keep scikit-learn (and with it pandas and pyarrow)
-  out of the worker;
-* ``post_worker_init`` (worker): warm up, bind the threads, mark ready;
-* ``child_exit`` (master): free the slot and drop its record, so the
-  replacement of a crashed or recycled worker is pinned to the same cores.
+* ``post_fork`` (worker): take the lowest free slot (a lock file held for
+  the worker's life, so the replacement of a crashed or recycled worker
+  takes its slot and is pinned to the same cores) - and, the lab's own,
+  keep scikit-learn (and with it pandas and pyarrow) out of the worker;
+* ``post_worker_init`` (worker), the lab's own: warm up, bind the threads,
+  write the binding record, mark ready (:func:`~tuna_lab.server.pinning.pin_worker`);
+* ``child_exit`` (master): say the slot goes to the replacement, and drop
+  the dead worker's binding record;
+* ``on_exit`` (master): remove the hooks' state folder.
 """
 
 import os
 import sys
 
-from tuna_lab.server.pinning import pick_slot, pin_worker, read_plan, record_path
+from tuna_lab.integrations import gunicorn as _hooks
+from tuna_lab.placement.runtimes import places_counted
+from tuna_lab.server.pinning import drop_record, pin_worker, read_plan
 
 _STATE = os.environ["TUNA_LAB_STATE"]
-_PLAN = read_plan(_STATE)
 
-workers = _PLAN.workers
+workers = read_plan(_STATE).workers
 # Gunicorn's sync worker with a read deadline per connection, telling the app each request's wait (shedding).
 worker_class = "tuna_lab.server.wsgi.LabWorker"
 # No control socket (Gunicorn 25.1+ opens ~/.gunicorn/gunicorn.ctl by default, one for all of a user's servers,
@@ -35,10 +41,7 @@ max_requests = int(os.environ.get("TUNA_LAB_MAX_REQUESTS", "0"))
 loglevel = os.environ.get("TUNA_LAB_LOGLEVEL", "info")
 preload_app = False
 
-
-def pre_fork(server, worker):
-    live = [getattr(w, "tuna_slot", None) for w in server.WORKERS.values()]
-    worker.tuna_slot = pick_slot(live, _PLAN.workers, worker.age)
+on_exit = _hooks.on_exit
 
 
 def post_fork(server, worker):
@@ -49,22 +52,18 @@ def post_fork(server, worker):
     # no-sklearn path. Only here, in the worker: the master, a notebook or a
     # test that builds the app itself keep scikit-learn.
     sys.modules.setdefault("sklearn", None)
+    _hooks.post_fork(server, worker)
 
 
 def post_worker_init(worker):
-    pin_worker(worker.wsgi, worker.tuna_slot, _PLAN, _STATE)
+    slot, plan = _hooks.worker_slot()
+    if slot is not None:
+        # For `tuna-lab status/pin --pid`: this worker's slot, and whether its main thread sits on one CPU
+        # (libgomp counts its OMP_PLACES, which the launcher sets for the policies tuna_lab binds).
+        _hooks.record_slot(plan.threads == 1 or places_counted(os.environ))
+    pin_worker(worker.wsgi, slot, plan, _STATE)
 
 
 def child_exit(server, worker):
-    slot = getattr(worker, "tuna_slot", None)
-    if slot is None:
-        return
-    path = record_path(_STATE, slot)
-    from .._files import read_json
-
-    try:
-        record = read_json(path, limit=1 << 16, follow=False)
-        if isinstance(record, dict) and record.get("pid") == worker.pid:
-            os.remove(path)
-    except OSError:
-        pass
+    _hooks.child_exit(server, worker)
+    drop_record(_STATE, workers, worker.pid)

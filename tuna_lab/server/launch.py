@@ -24,12 +24,14 @@ import time
 import psutil
 
 from .. import _files
-from .._checks import non_negative_int, positive_int, positive_number, shorten
+from .._checks import check_size, non_negative_int, positive_int, positive_number, shorten
 from ..errors import CpuAccountingError, ServerError, TunaError
 from ..machine.limits import check_throttling
+from ..machine import procfs
 from ..machine.procfs import remove_dead_folders, start_ticks
 from ..placement.binding import affinity_of, threads_of
 from ..placement.plan import PinnedBy
+from ..placement.runtimes import BLAS, single_thread_env
 from .app import READ_TIMEOUT
 from .models import MODEL_FEATURES, ensure_model
 from .openmp import wait_policy_env
@@ -40,8 +42,8 @@ __all__ = ["Server", "ServerError", "status", "stop", "free_port", "SERVER_ENV",
 
 #: Thread pools other than the worker's OpenMP pool stay at one thread, so
 #: the only threads that compete are the ones the policy places.
-SERVER_ENV = {"OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "BLIS_NUM_THREADS": "1",
-              "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}
+#: (Every BLAS runtime of :mod:`tuna_lab.placement.runtimes`, NumExpr's and macOS Accelerate's.)
+SERVER_ENV = {**single_thread_env(BLAS), "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}
 
 
 #: The environment variable whose value marks a server's master as the one a :class:`Server` started.
@@ -180,7 +182,7 @@ class Server:
 
         if model not in MODEL_FEATURES:
             raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
-        threads = positive_int("threads", threads, ServerError)
+        workers, threads = check_size(workers, threads, ServerError)
         try:
             self._wait_env = wait_policy_env(wait_policy, spincount)
         except CpuAccountingError as exc:
@@ -264,6 +266,10 @@ class Server:
         env.update({
             "OMP_NUM_THREADS": str(self.threads),
             "TUNA_LAB_STATE": self.state_dir,
+            # The integration's hooks take their slots from this plan; made here for this server's CPUs
+            # (its topology may be a part of the machine), so its fingerprint is not this machine's.
+            "TUNA_LAB_PLAN": os.path.join(self.state_dir, PLAN_FILE),
+            "TUNA_LAB_FORCE": "1",
             "TUNA_LAB_MODEL": self.model,
             "TUNA_LAB_THREADS": str(self.threads),
             "TUNA_LAB_MAX_REQUESTS": str(self.max_requests),
@@ -538,10 +544,9 @@ def _records(state_dir, workers):
 def _carries(pid, server_id):
     """Whether process ``pid`` was started with our mark ``server_id`` in its environment."""
     try:
-        env = _files.read_bytes(f"/proc/{int(pid)}/environ").split(b"\0")
+        return procfs.environ(pid).get(SERVER_ID_VAR) == server_id
     except (OSError, ValueError, TypeError):
         return False
-    return f"{SERVER_ID_VAR}={server_id}".encode() in env
 
 
 def _read_pid(pidfile):

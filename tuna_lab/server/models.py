@@ -29,10 +29,14 @@ import time
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
-import numpy as np
+import lazy_loader
 
 from .._checks import positive_int
 from ..errors import ServerError
+
+# The catalogue's names and costs are read by every `tuna-lab` start (the serve options' help);
+# numpy only when data are made.
+np = lazy_loader.load("numpy")
 
 __all__ = ["STAGES", "MODEL_FEATURES", "model_trees", "model_cost", "cache_dir", "model_path", "ensure_model",
            "load_booster", "make_rows", "train_all"]

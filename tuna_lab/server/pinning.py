@@ -1,12 +1,13 @@
-"""What a Gunicorn worker does between loading the app and serving: warm up, find, bind, report.
+"""What a lab server's worker does between loading the app and serving: warm up, find, bind, report.
 
 Runs inside the worker (the ``post_worker_init`` hook), so every TID it binds
 is one of its own. The binding itself is :func:`~tuna_lab.placement.binding.bind_worker`,
 the same as the Gunicorn integration's and ``tuna-lab pin --pid``'s; the pool
 threads are the ones the warm-up started (:func:`~tuna_lab.placement.pools.new_pool_threads`).
 
-A worker's *slot* (0..W-1) is chosen by the master before it forks
-(``pre_fork``) and inherited; a replacement worker takes the slot its
+A worker's *slot* (0..W-1) is the one it took in the integration's
+``post_fork`` (:func:`tuna_lab.integrations.gunicorn.worker_slot`: a lock
+file held for its life); a replacement worker takes the slot its
 predecessor freed, so it is re-pinned to the same cores as soon as it is warm -
 the first caveat of the article's closing remarks.
 """
@@ -21,7 +22,7 @@ from ..errors import BindingError
 from ..placement.binding import affinity_of, bind_worker, threads_of
 from ..placement.plan import PinnedBy, Plan
 
-__all__ = ["pick_slot", "pin_worker", "read_plan", "record_path", "PLAN_FILE"]
+__all__ = ["pin_worker", "drop_record", "read_plan", "record_path", "PLAN_FILE"]
 
 log = logging.getLogger("tuna_lab.server")
 
@@ -61,16 +62,23 @@ def record_path(state_dir, slot):
     return os.path.join(state_dir, f"worker-{slot}.json")
 
 
-def pick_slot(live_slots, workers, age):
-    """Lowest slot no live worker holds; a spare worker (during a reload) shares by age.
+def drop_record(state_dir, workers, pid):
+    """Remove the binding record of worker ``pid`` (it exited), whichever of the ``workers`` slots it held.
 
     Examples
     --------
-    >>> pick_slot([0, 2], workers=3, age=7), pick_slot([0, 1], workers=2, age=3)
-    (1, 1)
+    >>> drop_record("/nonexistent", 2, 12345)
     """
-    free = [s for s in range(workers) if s not in set(live_slots)]
-    return free[0] if free else age % workers
+    from .._files import read_json
+
+    for slot in range(workers):
+        path = record_path(state_dir, slot)
+        try:
+            record = read_json(path, limit=1 << 16, follow=False)
+            if isinstance(record, dict) and record.get("pid") == pid:
+                os.remove(path)
+        except OSError:
+            continue
 
 
 def _write_json(path, obj):
@@ -80,10 +88,14 @@ def _write_json(path, obj):
 def pin_worker(app, slot, plan, state_dir):
     """Warm ``app`` up, bind this worker's threads to ``plan``'s slot, record it, mark ready.
 
-    ``plan`` is a :class:`~tuna_lab.placement.plan.Plan`. Returns the record
-    written to ``worker-<slot>.json``.
+    ``plan`` is a :class:`~tuna_lab.placement.plan.Plan`; ``slot`` None (every
+    slot taken) stops the worker. Returns the record written to ``worker-<slot>.json``.
     """
     pid = os.getpid()
+    if slot is None:
+        log.error("worker %s: no free slot of the plan's %s (more workers than the plan's?)", pid,
+                  plan.workers if plan else "?")
+        sys.exit(WORKER_BOOT_ERROR)
     t0 = time.time()
     pool = sorted(app.warm_up())
     warm = time.time()

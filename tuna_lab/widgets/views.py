@@ -17,8 +17,14 @@ True
 import html
 from copy import deepcopy
 
-import ipywidgets as widgets
 import plotly.graph_objects as go
+
+try:
+    import ipywidgets as widgets
+except ImportError:
+    # The slim install (`make demo`, `pip install tuna_lab`) leaves the views' packages out; say so in one line.
+    raise ImportError("tuna_lab's interactive views need ipywidgets: pip install 'tuna_lab[widgets]' (or "
+                      "'tuna_lab[lab]' for JupyterLab too); the controllers (ModeExplorer, ...) work without it") from None
 
 from ..model.instance import MODES
 from . import figures

@@ -22,9 +22,11 @@ is a ``tuna-lab sweep``:
   the ``cfs`` p99 divided by the mean over trials of the policy's p99;
 * **two regressors** of ``log(speedup)`` (:mod:`~tuna_lab.analysis.advise.regressors`):
   a small XGBoost model (the advisor's) and a linear baseline (scikit-learn's
-  ridge with a cross-validated penalty).
+  ridge with a cross-validated penalty), beside a **constant baseline** (the
+  training rows' geometric-mean speedup, whatever the features): a regressor
+  no better than it on held-out configurations has learnt nothing.
 
-Both regressors are evaluated on held-out *configurations*
+All three are evaluated on held-out *configurations*
 (:mod:`~tuna_lab.analysis.advise.folds`): every fold leaves whole
 configurations out (all their policies), so nothing measured in a held-out
 configuration is seen in training. With few configurations each is left out
@@ -33,7 +35,9 @@ once. :mod:`~tuna_lab.analysis.advise.advisor` trains and asks the
 answer. ``tuna-lab advise`` is :mod:`tuna_lab.cli.advise`.
 
 The names below load on first use: the CLI reads :data:`DEFAULT_RESULTS`
-without loading pandas, scikit-learn or XGBoost.
+without loading pandas, scikit-learn or XGBoost. scikit-learn is not in the
+slim install (``make demo``, ``pip install tuna_lab``): the advisor says in
+one line (an :class:`~tuna_lab.errors.AdviseError`) to install the ``advise`` extra.
 
 Examples
 --------

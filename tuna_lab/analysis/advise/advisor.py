@@ -1,7 +1,7 @@
 """The advisor: trained on sweep results, judged on held-out configurations, asked about one configuration.
 
 :func:`train` reads the results, builds the :func:`~tuna_lab.analysis.advise.feature_table`
-and calls :meth:`Advisor.fit`, which cross-validates both regressors over
+and calls :meth:`Advisor.fit`, which cross-validates the regressors (and the constant baseline) over
 grouped folds (:func:`~tuna_lab.analysis.advise.grouped_folds`), then fits
 them on every row. :meth:`Advisor.recommend` answers one question with a
 :class:`~tuna_lab.analysis.advise.Recommendation`.
@@ -56,7 +56,7 @@ def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1):
     ----------
     results : str or os.PathLike or tuple, default "results/sweep"
         A results folder (a sweep, or one cell), read with
-        :func:`tuna_lab.measure.load_results`; or the frames it returns,
+        :func:`~tuna_lab.measure.store.load_results`; or the frames it returns,
         ``(requests, trials)`` or ``(requests, trials, manifests)``.
     n_splits : int, optional
         Folds of the grouped cross-validation (see :func:`grouped_folds`);
@@ -154,9 +154,7 @@ def check_question(workers, threads, model, batch=None, wait_policy="default", s
 
 
 def _held_out(table, features, n_splits, seed, nthread):
-    """Held-out predictions of both regressors over grouped folds, and their evaluation."""
-    from sklearn.metrics import mean_absolute_error, r2_score
-
+    """Held-out predictions of the regressors and the constant baseline over grouped folds, and their evaluation."""
     X, y = table[features].to_numpy(float), np.log(table["speedup"].to_numpy(float))
     groups = [cell_key(*r) for r in table[list(CONFIGURATION)].itertuples(index=False)]
     folds = grouped_folds(groups, n_splits, seed)
@@ -171,11 +169,12 @@ def _held_out(table, features, n_splits, seed, nthread):
     n_configs = len(set(groups))
     scheme = ("leave one configuration out" if len(folds) == n_configs
               else f"{len(folds)}-fold, grouped by configuration")
-    measured = predictions["speedup"]
+    measured = predictions["speedup"].to_numpy(float)
+    spread = float(np.sum((measured - measured.mean()) ** 2))
     # R^2 is undefined when every measured speedup is the same.
     evaluation = pd.DataFrame([
-        {"model": name, "mae": float(mean_absolute_error(measured, predictions[name])),
-         "r2": float(r2_score(measured, predictions[name])) if np.ptp(measured) > 0 else math.nan,
+        {"model": name, "mae": float(np.mean(np.abs(measured - predictions[name]))),
+         "r2": 1 - float(np.sum((measured - predictions[name]) ** 2)) / spread if spread > 0 else math.nan,
          "rows": len(y), "configurations": n_configs, "folds": len(folds), "scheme": scheme}
         for name in held])
     return predictions, evaluation
@@ -192,8 +191,8 @@ class Advisor:
     table : pandas.DataFrame
         The training rows (:func:`feature_table`).
     fitted : dict
-        The regressors fitted on every row, by name (``xgboost``, ``linear``),
-        predicting ``log(speedup)`` from the ``features`` columns.
+        The regressors fitted on every row, by name (``xgboost``, ``linear``,
+        ``constant``), predicting ``log(speedup)`` from the ``features`` columns.
     evaluation, predictions : pandas.DataFrame
         What the grouped cross-validation measured (see below).
 
@@ -215,13 +214,15 @@ class Advisor:
         The machines the results come from, when they are a sweep on a
         cluster (a ``machine`` column); empty for the results of one machine.
     evaluation : pandas.DataFrame
-        One row per regressor (``xgboost``, ``linear``): ``mae`` and ``r2``
-        of the predicted speedup over held-out configurations, ``rows``,
-        ``configurations``, ``folds`` and ``scheme``.
+        One row per regressor (``xgboost``, ``linear``, and ``constant``: the
+        training rows' geometric-mean speedup, the yardstick): ``mae`` and
+        ``r2`` of the predicted speedup over held-out configurations, ``rows``,
+        ``configurations``, ``folds`` and ``scheme``. All three are judged on
+        the same folds.
     predictions : pandas.DataFrame
         The held-out predictions behind ``evaluation``: the table's
         identification columns, ``speedup`` (measured), ``xgboost``,
-        ``linear`` and ``fold``.
+        ``linear``, ``constant`` and ``fold``.
     """
 
     def __init__(self, table, fitted, evaluation, predictions):
@@ -235,7 +236,7 @@ class Advisor:
 
     @classmethod
     def fit(cls, table, n_splits=None, seed=0, nthread=1):
-        """Cross-validate both regressors on grouped folds, then fit them on every row of ``table``.
+        """Cross-validate the regressors and the constant baseline on grouped folds, then fit them on every row.
 
         Parameters
         ----------
@@ -251,7 +252,8 @@ class Advisor:
         Raises
         ------
         AdviseError
-            If ``table`` has fewer than two configurations or ``n_splits`` is out of range.
+            If ``table`` has fewer than two configurations or ``n_splits`` is out of range, or
+            scikit-learn is not installed (the ``advise`` extra).
 
         Examples
         --------
@@ -269,7 +271,7 @@ class Advisor:
         e = self.evaluation.set_index("model")
         return (f"<Advisor: {len(self.table)} rows, {e.loc['xgboost', 'configurations']} configurations, "
                 f"policies {', '.join(self.policies)}; held-out MAE xgboost {e.loc['xgboost', 'mae']:.3f}, "
-                f"linear {e.loc['linear', 'mae']:.3f}>")
+                f"linear {e.loc['linear', 'mae']:.3f}, constant {e.loc['constant', 'mae']:.3f}>")
 
     @property
     def mae(self):
@@ -392,7 +394,8 @@ class Advisor:
         predicted = pd.DataFrame({
             "policy": ["cfs", *self.policies],
             "xgboost": [1.0, *np.exp(self._fitted["xgboost"].predict(X))],
-            "linear": [1.0, *np.exp(self._fitted["linear"].predict(X))]})
+            "linear": [1.0, *np.exp(self._fitted["linear"].predict(X))],
+            "constant": [1.0, *np.exp(self._fitted["constant"].predict(X))]})
         predicted = predicted.sort_values("xgboost", ascending=False, kind="stable").reset_index(drop=True)
         pinning = predicted[predicted["policy"] != "cfs"].iloc[0]
         coverage = self._outside(asked)
@@ -402,18 +405,30 @@ class Advisor:
             notes.append(f"learnt from {len(self.machines)} machine(s): {', '.join(self.machines)}; the evidence "
                          f"below was measured on {', '.join(shown)}")
         e = self.evaluation.set_index("model")
+        learnt = bool(e.loc["xgboost", "mae"] < e.loc["constant", "mae"])
+        measured = None
+        if not learnt:
+            notes.append(f"XGBoost did no better than a constant (the training speedups' geometric mean) on held-out "
+                         f"configurations (MAE {e.loc['xgboost', 'mae']:.3f} vs {e.loc['constant', 'mae']:.3f}): "
+                         "the results show no effect of the features it could learn")
+            if distance.iloc[order[0]] == 0:
+                measured = self._measured_best(configs.iloc[order[0]])
         if e.loc["linear", "mae"] < e.loc["xgboost", "mae"]:
             notes.append(f"the linear baseline did better than XGBoost on held-out configurations (MAE "
                          f"{e.loc['linear', 'mae']:.3f} vs {e.loc['xgboost', 'mae']:.3f}): the results may be too "
                          "few or too noisy for the boosted model")
         mae = self.mae
+        if measured is not None:
+            pinning = predicted[predicted["policy"] == measured[0]].iloc[0]
+        # A model no better than a constant cannot tell placements apart: its word never advises pinning.
+        pin = measured is not None if not learnt else bool(pinning["xgboost"] > 1 + mae)
         return Recommendation(
             workers=workers, threads=threads, model=model, batch=batch, wait_policy=wait_policy,
             spincount=None if spin < 0 else spin, cpus=cpus,
             oversubscription=asked["oversubscription"], best_policy=str(pinning["policy"]),
-            predicted_speedup=float(pinning["xgboost"]), pin=bool(pinning["xgboost"] > 1 + mae),
+            predicted_speedup=float(pinning["xgboost"]), pin=pin,
             mae=mae, predictions=predicted, evidence=evidence, covered=not coverage, coverage=coverage,
-            notes=notes)
+            notes=notes, learnt=learnt, measured=measured)
 
     # -- recommend's parts --
 
@@ -443,6 +458,22 @@ class Advisor:
             notes[-1] = "cfs stage times as given" + ("" if set(stages) >= set(STAGE_COLUMNS) else
                                                       f"; the others from {where}")
         return values
+
+    def _measured_best(self, config):
+        """``(policy, speedup, low, high)`` of a configuration's fastest policy whose interval lies above 1, or None.
+
+        ``config`` is one row of :attr:`_configs`; the speedups and their
+        intervals over the trials are the training table's.
+        """
+        keys = [MACHINE, "cell"] if self.machines else ["cell", "cpus"]
+        rows = self.table
+        for k in keys:
+            rows = rows[rows[k] == config[k]]
+        faster = rows[rows["speedup_low"] > 1]
+        if faster.empty:
+            return None
+        best = faster.sort_values(["speedup", "policy"], ascending=[False, True], kind="stable").iloc[0]
+        return str(best["policy"]), float(best["speedup"]), float(best["speedup_low"]), float(best["speedup_high"])
 
     def _rows(self, asked, measured):
         rows = []

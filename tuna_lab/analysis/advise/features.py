@@ -32,7 +32,7 @@ from ...errors import AdviseError
 from ...measure import cell_key
 from ...server.models import MODEL_FEATURES, STAGES, model_trees
 from ...server.openmp import WAIT_POLICIES
-from ..stats import MACHINE, scenario_stats, speedups
+from ..stats import MACHINE, scenario_stats, speedup_summary, speedups
 from ..tables import APPLICATION, WAIT_FACTORS, with_defaults
 
 __all__ = ["feature_table", "feature_columns", "model_size", "topology_shape", "CONFIGURATION", "ID_COLUMNS",
@@ -47,8 +47,11 @@ TOPOLOGY_COLUMNS = ("cpus", "physical_cores", "smt_ways", "l3_domains", "numa_no
 #: The request times whose cfs medians are features (``cfs_<name>_ms``).
 STAGE_COLUMNS = tuple(STAGES) + ("server_seconds",)
 
-# Columns of a training row that are not features: names, the target and what it is computed from.
-_NOT_FEATURES = ("cell", MACHINE, "policy", "model", "wait_policy", "cfs_p99", "policy_p99", "speedup")
+# The target, what it is computed from, and its interval over the trials (never a feature: they are measured
+# after pinning).
+_TARGET = ("cfs_p99", "policy_p99", "speedup", "speedup_low", "speedup_high")
+# Columns of a training row that are not features: names and the target.
+_NOT_FEATURES = ("cell", MACHINE, "policy", "model", "wait_policy") + _TARGET
 # Trial columns a newer runner writes (CPU cost per request, idle spinning, NUMA locality); their cfs
 # medians are features when the results have them.
 _OPTIONAL_TRIAL = ("cpu_per_request", "cpu_main_per_request", "cpu_openmp_per_request", "idle_cpu_share_main",
@@ -83,8 +86,11 @@ def feature_table(requests, trials, manifests=None):
         batch, wait_policy, spincount`` (and ``machine`` after ``cell`` when
         the trials have one), the feature columns (see
         :class:`~tuna_lab.analysis.advise.Advisor`), ``cfs_p99``,
-        ``policy_p99`` and ``speedup``. Configurations without a successful
-        cfs scenario are left out.
+        ``policy_p99``, ``speedup`` and its 95% interval over the trials,
+        ``speedup_low`` and ``speedup_high`` (the one
+        :func:`~tuna_lab.analysis.compare_policies` gives; NaN with fewer
+        than two trials). Configurations without a successful cfs scenario
+        are left out.
 
     Raises
     ------
@@ -122,7 +128,7 @@ def feature_table(requests, trials, manifests=None):
     table = table.merge(_cfs_measurements(requests, trials), on=units, how="left")
     for policy in sorted(table["policy"].unique()):
         table[f"policy_{policy}"] = table["policy"].eq(policy).astype(float)
-    ids, values = ["cell", *_machine(trials), *ID_COLUMNS[1:]], ["cfs_p99", "policy_p99", "speedup"]
+    ids, values = ["cell", *_machine(trials), *ID_COLUMNS[1:]], list(_TARGET)
     features = [c for c in table.columns if c not in ids + values]
     order = _machine(trials) + ["model", "batch", "wait_policy", "spincount", "workers", "threads", "policy"]
     return table[ids + features + values].sort_values(order, kind="stable").reset_index(drop=True)
@@ -133,7 +139,8 @@ def feature_columns(table):
 
     Every column but the names (``cell``, ``policy``, ``model``,
     ``wait_policy``) and the target with what it is computed from
-    (``cfs_p99``, ``policy_p99``, ``speedup``); the numeric identification
+    (``cfs_p99``, ``policy_p99``, ``speedup``, ``speedup_low``,
+    ``speedup_high``); the numeric identification
     columns (``workers``, ``threads``, ``cpus``, ``batch``, ``spincount``)
     are features too.
 
@@ -179,15 +186,24 @@ def _speedups(trials):
     for (wait, spin), group in trials.groupby(list(WAIT_FACTORS), sort=True):
         if not group["policy"].eq("cfs").any():
             continue
-        table = speedups(scenario_stats(group), baseline="cfs").assign(wait_policy=wait, spincount=spin)
-        parts.append(table)
+        scenarios = scenario_stats(group)
+        table = speedups(scenarios, baseline="cfs")
+        # Each application's own interval: a summary grouped by every application key has one application
+        # per group, whose interval is compare_policies' (the one `run` and the report show).
+        app = [c for c in table.columns if c in _machine(group) + list(APPLICATION)]
+        spread = speedup_summary(scenarios, baselines="cfs", by=[tuple(app)])
+        spread = spread[app + ["policy", "ci_low", "ci_high"]].rename(
+            columns={"ci_low": "speedup_low", "ci_high": "speedup_high"})
+        spread[app] = spread[app].astype(table[app].dtypes.to_dict())
+        table = table.merge(spread, on=app + ["policy"], how="left", validate="one_to_one")
+        parts.append(table.assign(wait_policy=wait, spincount=spin))
     out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
     if out.empty:
         raise AdviseError("no configuration ran under both cfs and a pinning policy")
     out = out.rename(columns={"baseline_p99": "cfs_p99"})
     # A configuration whose cfs (or policy) trials all failed has no speedup to learn from.
     out = out[np.isfinite(out["speedup"]) & (out["speedup"] > 0)]
-    return out[_machine(trials) + list(APPLICATION) + ["policy", "cfs_p99", "policy_p99", "speedup"]]
+    return out[_machine(trials) + list(APPLICATION) + ["policy", *_TARGET]]
 
 
 def model_size(name):

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from ...errors import AdviseError
+from .regressors import require_sklearn
 
 __all__ = ["grouped_folds", "LEAVE_ONE_OUT_UP_TO", "DEFAULT_FOLDS"]
 
@@ -47,7 +48,8 @@ def grouped_folds(groups, n_splits=None, seed=0):
     Raises
     ------
     AdviseError
-        If there are fewer than two groups or ``n_splits`` is not in ``2..n_groups``.
+        If there are fewer than two groups or ``n_splits`` is not in ``2..n_groups``, or
+        scikit-learn is not installed.
 
     Examples
     --------
@@ -55,6 +57,7 @@ def grouped_folds(groups, n_splits=None, seed=0):
     >>> [test.tolist() for _, test in folds]
     [[0, 1], [2], [3]]
     """
+    require_sklearn()
     from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
 
     codes, uniques = pd.factorize(pd.Series(list(groups), dtype=object), sort=True)

@@ -1,23 +1,28 @@
-"""The advisor's two regressors of ``log(speedup)``: a small XGBoost model and a ridge baseline.
+"""The advisor's regressors of ``log(speedup)``: a small XGBoost model, a ridge baseline and a constant one.
 
-Both learn the log of the speedup: a ratio's log is symmetric (1.25x faster
+All learn the log of the speedup: a ratio's log is symmetric (1.25x faster
 and 1.25x slower are +-0.22), so neither direction dominates the squared
-error. The advisor reports predictions back as speedups. Both follow the
+error. The advisor reports predictions back as speedups. All follow the
 scikit-learn estimator protocol (``fit(X, y)`` returns the estimator,
-``predict(X)``), so the cross-validation treats them alike.
+``predict(X)``), so the cross-validation treats them alike. The constant
+baseline (the training rows' mean ``log(speedup)``, i.e. their geometric-mean
+speedup, whatever the features) is the yardstick: a regressor that does no
+better on held-out configurations has learnt nothing from the features.
 
 Examples
 --------
 >>> import numpy as np
 >>> X = np.c_[np.arange(8.0), np.r_[np.nan, np.ones(7)]]
 >>> y = 0.1 * X[:, 0]
->>> {name: round(float(reg.fit(X, y).predict(X[:1])[0]), 1) for name, reg in regressors().items()}
-{'xgboost': 0.0, 'linear': 0.0}
+>>> {name: round(float(reg.fit(X, y).predict(X[:1])[0]), 2) for name, reg in regressors().items()}
+{'xgboost': 0.0, 'linear': 0.0, 'constant': 0.35}
 """
 
 import numpy as np
 
-__all__ = ["BoostedTrees", "linear_baseline", "regressors", "RIDGE_ALPHAS"]
+from ...errors import AdviseError
+
+__all__ = ["BoostedTrees", "ConstantBaseline", "linear_baseline", "regressors", "require_sklearn", "RIDGE_ALPHAS"]
 
 #: The ridge penalties the linear baseline chooses from.
 RIDGE_ALPHAS = 10.0 ** np.arange(-3, 4.5, 0.5)
@@ -70,6 +75,51 @@ class BoostedTrees:
         return self.booster.predict(xgboost.DMatrix(np.asarray(X, float), nthread=self.nthread))
 
 
+class ConstantBaseline:
+    """Predicts the training rows' mean target for every row, whatever its features.
+
+    Fitted on ``log(speedup)``, it predicts the training rows' geometric-mean
+    speedup: the yardstick of the advisor's evaluation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> ConstantBaseline().fit(np.zeros((3, 1)), np.log([1.0, 2.0, 4.0])).predict(np.ones((2, 1))).round(3).tolist()
+    [0.693, 0.693]
+    """
+
+    def fit(self, X, y):
+        """Remember the mean of ``y`` (``X`` is ignored); returns ``self``."""
+        self.value = float(np.mean(np.asarray(y, float)))
+        return self
+
+    def predict(self, X):
+        """The training mean, once per row of ``X``."""
+        return np.full(len(X), self.value)
+
+
+def require_sklearn():
+    """Check that scikit-learn is installed, else say in one line how to install it.
+
+    The slim install (``make demo``, ``pip install tuna_lab``) leaves it out;
+    the ``advise`` extra (and ``dev``, ``lab``) brings it.
+
+    Raises
+    ------
+    AdviseError
+        If scikit-learn cannot be imported.
+
+    Examples
+    --------
+    >>> require_sklearn()
+    """
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        raise AdviseError("the advisor needs scikit-learn, which the slim install leaves out: "
+                          "pip install 'tuna_lab[advise]'") from None
+
+
 def linear_baseline():
     """Ridge regression on standardised features, its penalty chosen by leave-one-out cross-validation.
 
@@ -97,7 +147,13 @@ def linear_baseline():
     --------
     >>> [name for name, _ in linear_baseline().steps]
     ['simpleimputer', 'minmaxscaler', 'standardscaler', 'ridgecv']
+
+    Raises
+    ------
+    AdviseError
+        If scikit-learn is not installed (:func:`require_sklearn`).
     """
+    require_sklearn()
     from sklearn.impute import SimpleImputer
     from sklearn.linear_model import RidgeCV
     from sklearn.pipeline import make_pipeline
@@ -108,11 +164,11 @@ def linear_baseline():
 
 
 def regressors(nthread=1, seed=0):
-    """Fresh, unfitted regressors by name: ``xgboost`` (the advisor's) and ``linear`` (the baseline).
+    """Fresh, unfitted regressors by name: ``xgboost`` (the advisor's), ``linear`` and ``constant`` (the baselines).
 
     Examples
     --------
     >>> list(regressors())
-    ['xgboost', 'linear']
+    ['xgboost', 'linear', 'constant']
     """
-    return {"xgboost": BoostedTrees(nthread, seed), "linear": linear_baseline()}
+    return {"xgboost": BoostedTrees(nthread, seed), "linear": linear_baseline(), "constant": ConstantBaseline()}

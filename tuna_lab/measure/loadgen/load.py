@@ -21,7 +21,7 @@ Every request is the user's own: any ``method``, extra ``headers``, a
 carries ``body[i % len(body)]``). ``response="lab"`` (the default) reads the
 lab server's JSON answer (``server_seconds``, the stages, ``pid``, CPU);
 ``response="any"`` measures a user's own app and reads no body. Either way
-the W3C ``Server-Timing`` header is read (:func:`parse_server_timing`): a 2xx
+the W3C ``Server-Timing`` header is read (:func:`.parse_server_timing`): a 2xx
 response's duration there (the first metric with a ``dur``, or the one named
 ``server_timing=``) is its ``server_seconds`` when the body gave none, and
 ``frame.attrs["server_timing"]`` counts what was found.
@@ -337,7 +337,7 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
     url : str
         A loopback URL, e.g. ``srv.url + "/predict"``.
     body : bytes or list of bytes
-        The request body, e.g. from :func:`payload`; the same bytes every
+        The request body, e.g. from :func:`.payload`; the same bytes every
         time, or several bodies sent in turn (request ``i`` carries
         ``body[i % len(body)]``).
     requests : int
@@ -368,7 +368,7 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
     server_timing : str, optional
         The ``Server-Timing`` metric whose ``dur`` is ``server_seconds``
         when the body gives none (default: the first metric with a ``dur``;
-        see :func:`parse_server_timing`). A header that does not parse is
+        see :func:`.parse_server_timing`). A header that does not parse is
         ignored for that request, and counted.
 
     Returns
@@ -459,7 +459,7 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
               response="lab", server_timing=None):
     """Send requests at ``rate`` per second with Poisson arrivals; one row per request.
 
-    Arrivals follow :func:`poisson_schedule` and do not wait for responses.
+    Arrivals follow :func:`.poisson_schedule` and do not wait for responses.
     ``client_seconds`` runs from each request's *scheduled* time to its full
     response, so time a request spent queued behind a slow server - or behind
     a generator that fell behind - is counted (no coordinated omission);

@@ -17,7 +17,7 @@ possible from the server it measures:
   after the trial. When asked to, :func:`drive` also keeps each response's
   raw ``Server-Timing`` header value (one search in the header block it has
   already lower-cased), parsed after the trial by
-  :func:`tuna_lab.measure.loadgen.load.parse_server_timing`;
+  :func:`tuna_lab.measure.loadgen.server_timing.parse_server_timing`;
 * :func:`drive` runs the whole trial in the calling thread on one ``epoll``,
   with no event-loop framework, no tasks and no futures. Open-loop send times
   come from a ``timerfd`` armed at the next scheduled send (nanosecond

@@ -63,7 +63,6 @@ from importlib import metadata
 import pandas as pd
 
 from ..._checks import format_cpulist, one_line, positive_int, positive_number
-from ..._files import read_text
 from ...errors import ExperimentError
 from ...machine.reserve import reserve_client_cpus
 from .. import schema
@@ -238,34 +237,19 @@ def describe_machine():
     True
     """
     from ...machine.fingerprint import fingerprint, shape
-    from ...machine.host import cpu_model
+    from ...machine.host import cache_sizes, cpu_model
     from ...machine.limits import Limits
     from ...machine.topology import Topology
 
     topo = Topology.from_sysfs()
     limits = Limits.read()
-    model, caches = cpu_model(), _cache_sizes(topo.cpus)
+    model, caches = cpu_model(), cache_sizes(topo.cpus)
     # What makes two machines interchangeable for a cell: everything but the CPU ids.
     same = {"cpu_model": model, "caches": caches, "quota": limits.quota, "effective_cpus": limits.effective_cpus}
     info = {"hostname": platform.node(), "fingerprint": fingerprint(topo), "shape": shape(topo, same),
             "cpu_model": model, "caches": caches, "kernel": platform.release(), "cpus": [int(c) for c in topo.cpus],
             "limits": limits.to_dict(), "python": platform.python_version(), "tuna_lab": metadata.version("tuna_lab")}
     return {"machine": machine_name(info), **info}
-
-
-def _cache_sizes(cpus, root="/sys/devices/system/cpu"):
-    """The distinct caches (level, type, size) of ``cpus`` as sorted strings, read from sysfs (empty if hidden)."""
-    found = set()
-    for cpu in cpus:
-        folder = os.path.join(root, f"cpu{int(cpu)}", "cache")
-        with contextlib.suppress(OSError):
-            for index in os.listdir(folder):
-                with contextlib.suppress(OSError):
-                    parts = []
-                    for name in ("level", "type", "size"):
-                        parts.append(read_text(os.path.join(folder, index, name), limit=4096).strip())
-                    found.add("L{} {} {}".format(*parts))
-    return sorted(found)
 
 
 # -- on the worker -------------------------------------------------------------------------

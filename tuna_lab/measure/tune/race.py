@@ -175,7 +175,7 @@ class Step:
 
 @dataclass
 class TuneResult:
-    """What :func:`tune` (or :func:`race`) found.
+    """What :func:`.tune` (or :func:`race`) found.
 
     Attributes
     ----------
@@ -422,7 +422,7 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
         it starts the server, calls ``next_step(None)`` for the first step's
         ``(rate, duration)`` and ``next_step(step)`` with each measured
         :class:`Step` for the next, until it returns None. A simulated target
-        (the tests') or the real one (:func:`tune`).
+        (the tests') or the real one (:func:`.tune`).
     sla_p99 : float
         The target, seconds (only for the message of an unmet target).
     budget : float
@@ -453,7 +453,7 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
     Returns
     -------
     TuneResult
-        Without ``plan``, ``note`` or ``out`` (:func:`tune` adds them).
+        Without ``plan``, ``note`` or ``out`` (:func:`.tune` adds them).
 
     Examples
     --------

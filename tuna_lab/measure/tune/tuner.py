@@ -4,9 +4,8 @@
 placement, for my p99 target?". A *candidate* is a W x T pair, a placement
 policy and an OpenMP wait policy; its figure of merit is the highest
 Poisson (open-loop) rate at which the p99 of the client's latency - from each
-request's scheduled send time, so queueing counts - stays within the target,
-the "throughput with bounded latency" of
-:func:`~tuna_lab.measure.loadgen.load.bounded_throughput`. The search, successive
+request's scheduled send time, so queueing counts - stays within the target
+(the "throughput with bounded latency"). The search, successive
 halving with a racing rule, is :func:`~tuna_lab.measure.tune.race.race`
 (:mod:`tuna_lab.measure.tune.race` says how it rounds, bounds, drops and budgets);
 this module runs it on servers.
@@ -85,7 +84,7 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
         a running server.
     **race_options
         ``rounds``, ``step_seconds``, ``steps``, ``eta``, ``tolerance``,
-        ``confidence``, ``low``, ``high``, ``start_rate``, ``exhaustive``: see :func:`race`.
+        ``confidence``, ``low``, ``high``, ``start_rate``, ``exhaustive``: see :func:`.race`.
 
     Returns
     -------
@@ -255,7 +254,7 @@ class _Evaluator:
                 env, _ = wait_policy_env(key[2])
                 target = AppTarget(user.app, key[0], key[1], server=user.server, app_dir=user.app_dir,
                                    server_conf=user.server_conf, requests=user.requests, env={**user.env, **env},
-                                   label=user.label)
+                                   label=user.label, python=user.python)
                 config = Config(*key[:2], target.label, 0, wait_policy=key[2], target="app")
             else:
                 target = user

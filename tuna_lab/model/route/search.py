@@ -93,7 +93,7 @@ class FragmentSearch:
 
         Stops at ``time_limit`` seconds; what did not finish is left out (and
         not tried again). ``on_plan``: see :meth:`FragmentProgram.solve
-        <tuna_lab.model.route.fragments.FragmentProgram.solve>`.
+        <tuna_lab.model.route.fragments.program.FragmentProgram.solve>`.
         """
         deadline = time.perf_counter() + time_limit
         solved = 0

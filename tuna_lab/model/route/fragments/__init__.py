@@ -14,9 +14,9 @@ a small integer program over *how many* domains take each pattern (a
 partition of their threads into fragments, with ``a`` mains and the events
 of (12)/(12+) they use) and how many workers each partition of ``T``, with
 the fragments of each size counted equal on both sides - the cutting-stock
-form. Its optimum bounds the level (:meth:`FragmentProgram.solve`; the
+form. Its optimum bounds the level (:meth:`.FragmentProgram.solve`; the
 relaxation forgets which worker is which and the cores inside a domain),
-and its solution is a plan: :func:`fragment_mapping` deals the fragments to
+and its solution is a plan: :func:`.fragment_mapping` deals the fragments to
 workers and domains and places each domain's fragments on its cores with a
 small exact program that keeps every family of the model and makes the
 finer levels (SMT siblings, shared L2) as good as they can be.
@@ -41,8 +41,8 @@ The package, in the order a solve uses it:
 - :mod:`~.inner`: the finer levels' bound each column of the joint program carries;
 - :mod:`~.pricing` and :mod:`~.branching`: column generation and price-and-branch, for programs too
   big to write out;
-- :mod:`~.build`: :func:`fragment_program`, which of the two a level gets;
-- :mod:`~.mapping`: :func:`fragment_mapping`, from a plan to positions;
+- :mod:`~.build`: :func:`.fragment_program`, which of the two a level gets;
+- :mod:`~.mapping`: :func:`.fragment_mapping`, from a plan to positions;
 - :mod:`~.tuning`: every tuning constant, with its reason.
 """
 
