@@ -37,6 +37,7 @@ from tuna_lab.placement import placement
 from tuna_lab.placement.plan import Plan
 from tuna_lab.server.launch import free_port
 
+from helpers import ProcessGroup, wait_until
 from procfs import affinities, cpus_of, tids_of
 
 USERAPP = Path(__file__).parent / "userapp"
@@ -104,17 +105,6 @@ def cli(*args, as_nobody=False, timeout=60):
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=tempfile.gettempdir(), env=env)
 
 
-def wait_until(predicate, timeout, what, interval=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
-
-
 def get(port, timeout=30):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=timeout) as resp:
         assert resp.status == 200
@@ -151,70 +141,8 @@ def _gunicorn_quiet():
     return ["--no-control-socket"] if hasattr(gunicorn.config, "ControlSocketDisable") else []
 
 
-class Server:
-    """A server process tree started in its own session, stopped as a group."""
-
-    def __init__(self, argv, env, workdir, name):
-        self.port = free_port()
-        self.log = workdir / f"{name}.log"
-        self.pidfile = workdir / f"{name}.pid"
-        argv = [str(a).format(port=self.port, pidfile=self.pidfile) for a in argv]
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(argv, cwd=workdir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        self.master = self.proc.pid
-
-    def workers(self):
-        """Live worker PIDs, oldest first (multiprocessing's resource tracker is no worker)."""
-        out = []
-        try:
-            children = psutil.Process(self.master).children()
-        except psutil.NoSuchProcess:
-            return []
-        for child in children:
-            try:
-                if child.status() == psutil.STATUS_ZOMBIE or "resource_tracker" in " ".join(child.cmdline()):
-                    continue
-                out.append((child.create_time(), child.pid))
-            except psutil.NoSuchProcess:
-                continue
-        return [pid for _, pid in sorted(out)]
-
-    def text(self):
-        return self.log.read_text(errors="replace")
-
-    def stop(self):
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.master, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(wait)
-                # The group may outlive its leader a moment (workers still exiting).
-                wait_until(lambda: not _group_alive(self.master), wait, "the server's processes to exit")
-                break
-            except (subprocess.TimeoutExpired, AssertionError):
-                continue
-        self.proc.wait(5)
-        for path in Path(tempfile.gettempdir()).glob(f"tuna_lab-gunicorn-{os.getuid()}-{self.master}-*"):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _group_alive(pgid):
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return any(p.info["status"] != psutil.STATUS_ZOMBIE for p in psutil.process_iter(["status"])
-               if _pgid(p.pid) == pgid)
-
-
-def _pgid(pid):
-    try:
-        return os.getpgid(pid)
-    except ProcessLookupError:
-        return None
+# A user's server: a process tree in its own session, stopped as a group (the one class tests/helpers.py keeps).
+Server = ProcessGroup
 
 
 def ready(srv, workers=W):
@@ -223,7 +151,7 @@ def ready(srv, workers=W):
     assert srv.proc.poll() is None, f"server exited: {srv.text()[-2000:]}"
     try:
         return len(pids) == workers and all(openmp_loaded(p) for p in pids) and pids
-    except FileNotFoundError:
+    except OSError:             # a worker that died meanwhile (its /proc files gone): not ready yet
         return False
 
 
@@ -240,12 +168,9 @@ def every_worker_has_its_pool(srv):
 
 
 @pytest.fixture(scope="module")
-def model_file(tmp_path_factory):
-    """The user's model, trained once (XGBoost, nthread=2) into a file the apps load."""
-    path = tmp_path_factory.mktemp("userapp") / "model.json"
-    subprocess.run([sys.executable, "-c", f"import usermodel; usermodel.train({str(path)!r})"], cwd=USERAPP,
-                   check=True, timeout=120)
-    return path
+def model_file(user_model):
+    """The user's model (XGBoost, nthread=2), trained once for the session (conftest's ``user_model``)."""
+    return user_model
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+import helpers
+
 CPUS = sorted(os.sched_getaffinity(0))
 
 APP = '''\
@@ -36,8 +38,7 @@ def application(environ, start_response):
 
 def cli(*args, env=None, timeout=240):
     # Run from a folder without tuna_lab's source in it, as a user runs it.
-    return subprocess.run([sys.executable, "-m", "tuna_lab", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=Path(__file__).parent / "userapp")
+    return helpers.cli(*args, env=env, timeout=timeout, cwd=Path(__file__).parent / "userapp")
 
 
 def make_venv(base, folder):

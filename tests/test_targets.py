@@ -22,6 +22,7 @@ import pytest
 
 from tuna_lab.server.launch import free_port
 
+from helpers import cli
 from procfs import masks
 
 USERAPP = Path(__file__).parent / "userapp"
@@ -31,11 +32,6 @@ pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2
 
 
 # -- running things ---------------------------------------------------------------------------------
-
-def cli(*args, timeout=240, env=None):
-    argv = [sys.executable, "-m", "tuna_lab", *map(str, args)]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
-
 
 def _start(argv, env, tmp_path, name):
     """Start a server and return once it is *settled*: both workers answer and no thread changes.

@@ -333,7 +333,7 @@ def test_sysfs_matches_lstopo():
 
 # ------------------------------------------------------ readers, import cost
 def test_each_classmethod_is_its_reader():
-    from tuna_lab.machine import hwloc_xml, synthetic, sysfs
+    from tuna_lab.machine.readers import hwloc_xml, synthetic, sysfs
     from tuna_lab.machine import topology as topology_module
 
     from tuna_lab.machine.readers import Reading

@@ -381,10 +381,13 @@ def policies_arg(text):
 
 
 def policy_choices():
-    """The built-in policies' names (:data:`tuna_lab.placement.names.BUILTIN_POLICIES`), for help texts.
+    """The policies' names for help texts: the built-in ones, and any a program registered before it asked.
 
-    Not the registry: loading it would cost every ``tuna-lab`` start a tenth
-    of a second; a name is checked against the registry where it is used.
+    The registry (:func:`tuna_lab.placement.policy_names`) is read only if it
+    is loaded already - a program that registered a policy has loaded it; a
+    plain ``tuna-lab`` start does not pay a tenth of a second to load it for
+    its help (:data:`tuna_lab.placement.names.BUILTIN_POLICIES`). A name is
+    checked against the registry where it is used.
 
     Examples
     --------
@@ -393,7 +396,8 @@ def policy_choices():
     """
     from ..placement.names import BUILTIN_POLICIES
 
-    return BUILTIN_POLICIES
+    registry = sys.modules.get("tuna_lab.placement.policies")
+    return BUILTIN_POLICIES if registry is None else registry.policy_names()
 
 
 def policies_help(what="the placement policy"):

@@ -25,6 +25,7 @@ True
 (True, False)
 """
 
+import errno
 import os
 import re
 import shutil
@@ -41,6 +42,31 @@ _MAPS_LIMIT = 64 * 1024 * 1024
 _ENVIRON_LIMIT = 4 * 1024 * 1024
 _TABLE_LIMIT = 64 * 1024 * 1024
 _TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _read(path, limit=_STAT_LIMIT):
+    """The bytes of the kernel's file ``path`` under /proc, at most ``limit``; its OSError as the kernel gives it.
+
+    Not :func:`tuna_lab._files.read_bytes`, which turns every refusal into
+    one UnsafeFileError: here a thread that is gone (FileNotFoundError,
+    ProcessLookupError) and one that may not be read (PermissionError: another
+    user's, or a worker that changed its user) must stay apart. The path is
+    built from integers under the kernel's /proc, which no user can plant a
+    FIFO or a link in; the size is still bounded.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, min(1 << 16, limit + 1 - size))
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise OSError(errno.EFBIG, f"{path} holds more than {limit} bytes")
+    finally:
+        os.close(fd)
 
 
 def start_ticks(pid):
@@ -183,12 +209,12 @@ def thread_cpu_seconds(pid, tid):
     """
     base = f"/proc/{int(pid)}/task/{int(tid)}"
     try:
-        return int(_files.read_bytes(f"{base}/schedstat", limit=_STAT_LIMIT).split()[0]) / 1e9
+        return int(_read(f"{base}/schedstat").split()[0]) / 1e9
     except (OSError, ValueError, IndexError):
         pass
     try:
         # The command name may hold spaces and parentheses: split after the last ")".
-        fields = _files.read_bytes(f"{base}/stat", limit=_STAT_LIMIT).rsplit(b")", 1)[1].split()
+        fields = _read(f"{base}/stat").rsplit(b")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / _TICK      # utime, stime (fields 14, 15)
     except (OSError, ValueError, IndexError):
         return None
@@ -224,7 +250,7 @@ def thread_name(pid, tid):
     True
     """
     try:
-        return _files.read_text(f"/proc/{int(pid)}/task/{int(tid)}/comm", limit=256).strip()
+        return _read(f"/proc/{int(pid)}/task/{int(tid)}/comm", 256).decode(errors="replace").strip()
     except (OSError, ValueError):
         return None
 
@@ -243,7 +269,7 @@ def thread_syscall(pid, tid):
     >>> fields == ["running"] or len(fields) == 9
     True
     """
-    return _files.read_text(f"/proc/{int(pid)}/task/{int(tid)}/syscall", limit=_STAT_LIMIT).split()
+    return _read(f"/proc/{int(pid)}/task/{int(tid)}/syscall").decode().split()
 
 
 def status_fields(pid, tid=None):
@@ -261,7 +287,7 @@ def status_fields(pid, tid=None):
     """
     path = f"/proc/{int(pid)}/status" if tid is None else f"/proc/{int(pid)}/task/{int(tid)}/status"
     out = {}
-    for line in _files.read_text(path, limit=64 * 1024).splitlines():
+    for line in _read(path, 64 * 1024).decode(errors="replace").splitlines():
         name, sep, value = line.partition(":")
         if sep:
             out[name] = value.strip()
@@ -282,7 +308,7 @@ def mappings(pid):
     True
     """
     out = []
-    for line in _files.read_text(f"/proc/{int(pid)}/maps", limit=_MAPS_LIMIT).splitlines():
+    for line in _read(f"/proc/{int(pid)}/maps", _MAPS_LIMIT).decode(errors="replace").splitlines():
         parts = line.split(None, 5)
         if len(parts) == 6 and parts[5].startswith("/"):
             lo, hi = (int(x, 16) for x in parts[0].split("-"))
@@ -305,7 +331,7 @@ def environ(pid):
     True
     """
     out = {}
-    for item in _files.read_bytes(f"/proc/{int(pid)}/environ", limit=_ENVIRON_LIMIT).split(b"\0"):
+    for item in _read(f"/proc/{int(pid)}/environ", _ENVIRON_LIMIT).split(b"\0"):
         name, sep, value = item.partition(b"=")
         if sep:
             out[name.decode(errors="replace")] = value.decode(errors="replace")
