@@ -517,6 +517,10 @@ class Activity:
 
 # What a worker must gain in CPU time (s) over the requests to count as having served some.
 _SERVED = 0.005
+# ... and each worker at least this share of the busiest one's CPU: the kernel may hand one worker most of
+# a few requests, and a worker that served one of them may not have woken its pool (ONNX Runtime's runs a
+# small request on the main thread alone), which would then not be told by its activity.
+_FAIR_SHARE = 0.25
 #: The master and front ends do real work (:func:`front_work`) when they use at least this share of the
 #: workers' CPU time ...
 FRONT_SHARE = 0.05
@@ -605,8 +609,9 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
     """Send a few requests to the running server ``master`` and measure what each worker thread ran meanwhile.
 
     Requests go ``len(workers)`` at a time, so that every worker gets some,
-    until at least ``requests`` were sent and every worker gained CPU time,
-    or ``max_requests`` were sent, or ``max_seconds`` passed. Only loopback
+    until at least ``requests`` were sent and every worker gained CPU time
+    (at least a quarter of the busiest worker's), or ``max_requests`` were
+    sent, or ``max_seconds`` passed. Only loopback
     URLs are accepted, and no proxy is used.
 
     Parameters
@@ -670,9 +675,11 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
                 except PinError:
                     continue                           # the worker exited meanwhile
                 gains[pid] = {tid: now[tid] - before[pid].get(tid, 0.0) for tid in now}
-            idle = tuple(pid for pid in workers if sum(gains.get(pid, {}).values()) < _SERVED)
+            spent = {pid: sum(gains.get(pid, {}).values()) for pid in workers}
+            idle = tuple(pid for pid in workers if spent[pid] < _SERVED)
+            fair = min(spent.values(), default=0.0) >= _FAIR_SHARE * max(spent.values(), default=0.0)
             elapsed = time.monotonic() - start
-            if (sent >= requests and not idle) or sent >= max_requests or elapsed >= max_seconds:
+            if (sent >= requests and not idle and fair) or sent >= max_requests or elapsed >= max_seconds:
                 front = front_work(roles, processes, role_cpu_times(roles), sent)
                 return Activity(gains, sent, elapsed, idle, front)
 
