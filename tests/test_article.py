@@ -5,7 +5,7 @@ from hypothesis import given, settings
 
 from strategies import article_budgets
 from tuna_lab.errors import ExperimentError
-from tuna_lab.measure.sweep.article import ARTICLE, MARGIN, REQUESTS_FLOOR, TRIALS_MIN, article_design, estimate_cell
+from tuna_lab.measure.sweeps.article import ARTICLE, MARGIN, REQUESTS_FLOOR, TRIALS_MIN, article_design, estimate_cell
 from tuna_lab.measure.experiment import grid
 
 # The documented order of the cuts (docs/experiment.md, "Reproducing the article").

@@ -290,7 +290,7 @@ def test_the_sweep_records_its_settings_in_a_folder_of_an_older_sweep(measured):
 def test_a_resume_with_other_settings_is_refused_and_writes_nothing(tmp_path):
     from tuna_lab.measure.experiment import Config
     from tuna_lab.measure.store import write_sweep_file
-    from tuna_lab.measure.sweep.sweeps import sweep_settings
+    from tuna_lab.measure.sweeps.local import sweep_settings
 
     out = tmp_path / "old"
     write_sweep_file(out, sweep_settings([Config(w, 1, "small", 10) for w in (1, 2)], ["cfs"], trials=1,

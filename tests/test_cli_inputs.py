@@ -182,7 +182,7 @@ def test_a_malformed_cluster_address_is_one_line_at_once(tmp_path):
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "x" * 300, "", "..", ".hidden", "-rf", None])
 def test_cluster_machine_names_become_one_safe_folder(name):
-    from tuna_lab.measure.sweep.cluster import machine_folder
+    from tuna_lab.measure.sweeps.cluster import machine_folder
 
     folder = machine_folder(name)
     assert folder and "/" not in folder and not folder.startswith((".", "-")) and len(folder) <= 64
@@ -190,7 +190,7 @@ def test_cluster_machine_names_become_one_safe_folder(name):
 
 
 def test_cluster_machine_names_keep_a_real_name_and_never_collide():
-    from tuna_lab.measure.sweep.cluster import machine_folder
+    from tuna_lab.measure.sweeps.cluster import machine_folder
 
     assert machine_folder("node7-3fb3535c") == "node7-3fb3535c"
     assert len({machine_folder(n) for n in ("a/b", "a_b", "a:b", "x" * 300, "x" * 301)}) == 5

@@ -26,7 +26,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from tuna_lab.measure.experiment import Config, load_results  # noqa: E402
-from tuna_lab.measure.sweep.sweeps import sweep  # noqa: E402
+from tuna_lab.measure.sweeps.local import sweep  # noqa: E402
 from tuna_lab.server.models import ensure_model  # noqa: E402
 from daskcluster import DASK, Cluster, scheduler, stop  # noqa: E402
 from helpers import main  # noqa: E402
@@ -272,7 +272,7 @@ def test_a_worker_without_tuna_lab_is_reported_at_once(tmp_path):
                                "machine=1", "--no-dashboard"], stdout=open(tmp_path / "w.log", "wb"),
                               stderr=subprocess.STDOUT, env=env, start_new_session=True)
     from tuna_lab.errors import ExperimentError
-    from tuna_lab.measure.sweep.cluster import connect
+    from tuna_lab.measure.sweeps.cluster import connect
 
     started = time.monotonic()
     try:

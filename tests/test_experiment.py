@@ -17,7 +17,7 @@ from helpers import main
 from tuna_lab._checks import format_cpulist
 from tuna_lab.errors import ExperimentError
 from tuna_lab.measure.experiment import Config, grid, load_results, load_thread_cpu, machine_name, run
-from tuna_lab.measure.sweep.sweeps import sweep
+from tuna_lab.measure.sweeps.local import sweep
 
 CPUS = len(os.sched_getaffinity(0))
 T = min(2, CPUS)

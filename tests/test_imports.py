@@ -145,3 +145,23 @@ def test_the_private_import_check_finds_one(tmp_path):
 def test_no_module_imports_another_modules_private_name():
     offenders = private_imports()
     assert not offenders, "private names imported across modules:\n" + "\n".join(offenders)
+
+
+def test_every_package_name_is_what_its_all_says_not_a_submodule_of_the_same_name():
+    # A package that lazily exports a function `sweep` beside a subpackage `sweep` hands out the module:
+    # `from tuna_lab.measure import sweep` then gives a module, not the function.
+    import importlib
+    import pkgutil
+    import types
+
+    import tuna_lab
+
+    wrong = []
+    for info in pkgutil.walk_packages(tuna_lab.__path__, "tuna_lab."):
+        if not info.ispkg:
+            continue
+        package = importlib.import_module(info.name)
+        for name in getattr(package, "__all__", ()):
+            if isinstance(getattr(package, name), types.ModuleType):
+                wrong.append(f"{info.name}.{name}")
+    assert not wrong, f"names in __all__ that give a module: {wrong}"

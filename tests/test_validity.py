@@ -18,7 +18,7 @@ from helpers import main
 from tuna_lab.errors import ExperimentError, StoreError
 from tuna_lab.measure.experiment import Config, Result, load_results, run
 from tuna_lab.measure.store import cell_state, is_finished, lock_folder, no_valid_trial, write_cell
-from tuna_lab.measure.sweep.sweeps import sweep
+from tuna_lab.measure.sweeps.local import sweep
 from tuna_lab.server.models import ensure_model
 
 POLICIES = ["cfs", "round-robin"]

@@ -140,7 +140,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     article : mapping, optional
         The design of a sweep of the article's experiment (``sweep.json``'s
         ``"design"``, :meth:`ArticleDesign.to_dict
-        <tuna_lab.measure.sweep.article.ArticleDesign.to_dict>`). Adds, first, the
+        <tuna_lab.measure.sweeps.article.ArticleDesign.to_dict>`). Adds, first, the
         article's figures drawn from these results with the article's number
         or finding beside each: the speedups over cfs and round-robin by
         subscription, model and batch with their intervals, the p99 over the

@@ -388,7 +388,7 @@ def _add_cluster_options(parser):
 
 def _cmd_sweep(args):
     from ..measure.store import check_out
-    from ..measure.sweep.sweeps import sweep
+    from ..measure.sweeps.local import sweep
 
     if args.cluster is None and (args.per_machine or args.spread or args.any_machine):
         raise ExperimentError("--per-machine, --spread and --any-machine spread a sweep over the machines of "
@@ -468,7 +468,7 @@ def _configs(args, server_cpus=None, budget=None):
 
     The cells: ``--configs`` or the grid (sized by at most ``server_cpus``) x
     models x batches x waits; with ``--grid article``, the cells of
-    :func:`~tuna_lab.measure.sweep.article.article_design` (its factors cut to
+    :func:`~tuna_lab.measure.sweeps.article.article_design` (its factors cut to
     ``budget``, those given explicitly kept) x waits. With ``--app`` a cell is
     a W x T pair of the user's app (labelled as ``run --app`` labels it).
     """
@@ -482,7 +482,7 @@ def _configs(args, server_cpus=None, budget=None):
         pairs = grid("article") if args.configs.strip().lower() == "article" else configs_arg(args.configs)
     waits = list_arg(args.wait_policies, "--wait-policies")
     if args.grid == "article" and args.app is None:
-        from ..measure.sweep.article import article_design
+        from ..measure.sweeps.article import article_design
 
         design = article_design(
             cpus, budget, pairs=pairs, models=None if args.models is None else list_arg(args.models, "--models"),
@@ -554,8 +554,8 @@ def _sweep_on_cluster(args, configs, design=None):
     and is resolved by each machine's run of a cell, which says what it kept.
     """
     from .._checks import parse_cpulist
-    from ..measure.sweep.cluster import connect
-    from ..measure.sweep.sweeps import sweep
+    from ..measure.sweeps.cluster import connect
+    from ..measure.sweeps.local import sweep
 
     before = _finished_cells(args.out)
     if args.client_cpus is not None and args.client_cpus.strip().lower() != "none":

@@ -10,7 +10,7 @@
   measurements off the same CPUs, :mod:`~tuna_lab.measure.store` writes the
   records and reads them back and :mod:`~tuna_lab.measure.schema` says what
   they are (file and column names, cell names, percentiles);
-- :mod:`~tuna_lab.measure.sweep`: a grid of cells, the article's design cut to
+- :mod:`~tuna_lab.measure.sweeps`: a grid of cells, the article's design cut to
   a budget, and a sweep on the machines of a Dask cluster;
 - :mod:`~tuna_lab.measure.tune`: W x T raced to a p99 target.
 """
@@ -21,10 +21,10 @@ __all__ = ["Config", "Result", "run", "sweep", "grid", "article_design", "load_r
            "payload", "closed_loop", "open_loop", "summary"]
 
 __getattr__, __dir__, _ = _lazy.attach(
-    __name__, submodules=["loadgen", "sweep", "tune", "cpu", "experiment", "store", "schema", "target"],
+    __name__, submodules=["loadgen", "sweeps", "tune", "cpu", "experiment", "store", "schema", "target"],
     submod_attrs={
         "experiment": ["Config", "Result", "run", "grid"],
-        "sweep": ["sweep", "article_design"],
+        "sweeps": ["sweep", "article_design"],
         "store": ["load_results", "load_thread_cpu"],
         "loadgen": ["payload", "closed_loop", "open_loop", "summary"],
         # The light module: naming a cell loads no pandas.

@@ -12,7 +12,7 @@ has its valid trials; a re-run of an unfinished one keeps the valid trials
 and redoes only the missing ones. A sweep is a grid of cells; each finished
 cell is written at once, and a re-run skips the cells already finished. A
 sweep given a Dask client runs its cells on the cluster's machines
-(:mod:`tuna_lab.measure.sweep.cluster`) and writes each under ``<out>/<machine>/``;
+(:mod:`tuna_lab.measure.sweeps.cluster`) and writes each under ``<out>/<machine>/``;
 :func:`load_results` reads both layouts.
 
 Examples

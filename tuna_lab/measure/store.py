@@ -632,7 +632,7 @@ def load_results(path):
     """Every cell under ``path`` that has a valid trial (:func:`finished_cells`) -> ``(requests, trials, manifests)``.
 
     ``path`` is a cell folder, a sweep, or a cluster sweep (``<path>/<machine>/<cell>``,
-    see :func:`tuna_lab.measure.sweep.cluster.sweep_on`). The results of a cluster sweep
+    see :func:`tuna_lab.measure.sweeps.cluster.sweep_on`). The results of a cluster sweep
     have a ``machine`` column in both tables (and a ``"machine"`` key in each
     manifest): the machine is a factor of the analysis. A sweep on one machine
     has no such column.

@@ -7,8 +7,8 @@ racing rule), independent of how a step is measured;
 
 import lazy_loader as _lazy
 
-__all__ = ["tune", "read_tune", "auto_configs", "race"]
+__all__ = ["tune", "read_tune", "auto_configs"]
 
 __getattr__, __dir__, _ = _lazy.attach(
     __name__, submodules=["race", "tuner"],
-    submod_attrs={"tuner": ["tune", "read_tune", "auto_configs"], "race": ["race"]})
+    submod_attrs={"tuner": ["tune", "read_tune", "auto_configs"]})

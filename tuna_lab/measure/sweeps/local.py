@@ -7,12 +7,12 @@ Before its first cell a sweep writes its settings to ``<out>/sweep.json``
 (:func:`sweep_settings`): a re-run with other settings is refused, naming
 them, since its cells would not compare with those already there.
 This module sits above both runners - :func:`tuna_lab.measure.experiment.run`
-(one cell, here) and :func:`tuna_lab.measure.sweep.cluster.sweep_on` (cells on a
+(one cell, here) and :func:`tuna_lab.measure.sweeps.cluster.sweep_on` (cells on a
 cluster's machines) - so that neither imports the other's caller.
 
 Examples
 --------
->>> from tuna_lab.measure.sweep.sweeps import sweep
+>>> from tuna_lab.measure.sweeps.local import sweep
 >>> from tuna_lab.measure.experiment import Config
 >>> sweep([Config(1, 2, "small", 10)], ["cfs"], "results/sweep", trials=1, requests=50)   # doctest: +SKIP
 'results/sweep'
@@ -42,7 +42,7 @@ def sweep_settings(configs, policies, trials=5, requests=1000, seed=0, concurren
     :data:`COMPARED_SETTINGS` must match for a re-run to resume a sweep;
     ``budget``, ``cuts`` (lines such as ``"requests 1000 -> 200"``),
     ``design`` (a dict, e.g. :meth:`ArticleDesign.to_dict
-    <tuna_lab.measure.sweep.article.ArticleDesign.to_dict>`) and ``version`` (tuna_lab's) are recorded only.
+    <tuna_lab.measure.sweeps.article.ArticleDesign.to_dict>`) and ``version`` (tuna_lab's) are recorded only.
 
     Examples
     --------
@@ -105,7 +105,7 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
         Called with one line of text at a time.
     client : distributed.Client, optional
         Run the cells on the machines of this Dask cluster, one cell per
-        machine at a time (:func:`tuna_lab.measure.sweep.cluster.sweep_on`, which
+        machine at a time (:func:`tuna_lab.measure.sweeps.cluster.sweep_on`, which
         ``per_machine``, ``any_machine`` and ``worker_wait`` are passed to).
         Default: here, one cell after the other.
     target : callable, optional
@@ -117,7 +117,7 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
     budget : float, optional
         Seconds this call may take: a cell is started only if the time spent
         plus its estimate fits (``estimate(config)``, default
-        :func:`~tuna_lab.measure.sweep.article.estimate_cell`, rescaled by what the
+        :func:`~tuna_lab.measure.sweeps.article.estimate_cell`, rescaled by what the
         cells finished so far took over their estimates). The cells left are
         reported as not run; a re-run resumes with them. Not with ``client``.
     cuts, design

@@ -21,7 +21,7 @@ order (each cut only as far as needed):
 A factor the caller fixes (``models=``, ``requests=``, ...) is never cut.
 Every cut is a :class:`Cut`; :meth:`ArticleDesign.describe` prints them as
 one line. The cells are ordered most important first, so that a sweep that
-runs out of time (:func:`tuna_lab.measure.sweep.sweeps.sweep` with ``budget``)
+runs out of time (:func:`tuna_lab.measure.sweeps.local.sweep` with ``budget``)
 leaves out the least important.
 
 Examples
