@@ -20,6 +20,7 @@ from tuna_lab.errors import BindingError
 from tuna_lab.machine import irqs
 from tuna_lab.placement import audit
 
+import helpers
 from procfs import cpus_of
 from test_pin import (CPUS, GUNICORN, USERAPP, W, Server, _gunicorn_quiet, _no_process_left_behind,  # noqa: F401
                       cli, every_worker_has_its_pool, get, plain, pool_tids, ready, request_until,
@@ -312,3 +313,22 @@ def test_bad_input_is_one_line_and_status_2(tmp_path):
                  ["--pid", str(os.getpid()), "--plan", str(tmp_path / "missing.json")]):
         done = cli("audit", *args)
         assert done.returncode == 2 and done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, (args, done)
+
+
+@pytest.mark.parametrize("plant", ["link", "fifo", "deep"])
+def test_a_planted_isolation_record_is_refused_in_one_line(plant, tmp_path):
+    # The record lives in the shared temporary folder: what another user plants there is refused, not
+    # taken for "nothing recorded" (and never followed, read from a FIFO or parsed without bound).
+    folder = tmp_path / f"tuna_lab-isolation-{os.geteuid()}"
+    if plant == "link":
+        folder.symlink_to("/etc")
+    else:
+        folder.mkdir(mode=0o700)
+        record = folder / "isolation.json"
+        if plant == "fifo":
+            os.mkfifo(record)
+        else:
+            record.write_text("[" * 100_000)
+    done = helpers.cli("unpin", "--isolation", env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=60)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert len(done.stderr.strip().splitlines()) == 1 and "refused" in done.stderr, done.stderr

@@ -50,7 +50,7 @@ import psutil
 
 from .. import _files
 from .._checks import format_cpulist, parse_cpulist
-from ..errors import BindingError, PinError
+from ..errors import BindingError, PinError, UnsafeFileError
 from ..machine import irqs as irq_reader
 from ..machine import sched
 from ..machine import procfs
@@ -553,12 +553,26 @@ def isolation_record_path():
 
 
 def _read_isolation():
-    """The moves recorded (a list of dicts); [] when none, another boot's, or not a record of ours."""
+    """The moves recorded (a list of dicts); [] when none, another boot's, or not a record of ours.
+
+    A folder or file someone planted there (a link, a FIFO, another user's
+    folder, JSON too large or too deep) is refused with one line, not taken
+    for "nothing recorded".
+    """
     path = isolation_record_path()
-    if _files.trusted_dir(os.path.dirname(path), {os.geteuid()}):
+    folder = os.path.dirname(path)
+    if not os.path.lexists(folder):
         return []
+    problem = _files.trusted_dir(folder, {os.geteuid()})
+    if problem:
+        raise PinError(f"the isolation record's folder is refused: {problem}")
     try:
         saved = _files.read_json(path, limit=_RECORD_BYTES, follow=False)
+    except FileNotFoundError:
+        return []
+    except UnsafeFileError as exc:
+        raise PinError(f"the isolation record is refused: {exc}") from None
+    try:
         if saved.get("format") != ISOLATION_FORMAT or saved.get("boot") != procfs.boot_id():
             return []
         return [{"kind": str(m["kind"]), "target": str(m["target"]), "pid": int(m["pid"]),
