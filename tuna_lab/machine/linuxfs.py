@@ -32,8 +32,8 @@ from .. import _files
 from .._checks import parse_cpulist, parse_cpumask
 from ..errors import TopologyError
 
-__all__ = ["MAX_KERNEL_FILE", "read_text", "read_cpulist", "system_cpus", "read_cpumask", "online_cpus", "Mount", "mounts",
-           "cgroup_dir", "cgroup_cpuset", "cgroup_cpu_quota"]
+__all__ = ["MAX_KERNEL_FILE", "read_text", "read_cpulist", "system_cpus", "cgroup_quota", "read_cpumask",
+           "online_cpus", "Mount", "mounts", "cgroup_dir", "cgroup_cpuset", "cgroup_cpu_quota"]
 
 #: Largest kernel file read (``/proc/cpuinfo`` of 4096 CPUs is about 6 MB; a sysfs attribute is a page).
 MAX_KERNEL_FILE = 16 << 20
@@ -273,7 +273,7 @@ def cgroup_cpu_quota(root="/"):
         return None
     kind, directory, top = found
     quotas = [q for d in _up_to(directory, top)
-              if (q := (_v2_quota(d) if kind == "v2" else _v1_quota(d))) is not None]
+              if (q := cgroup_quota(d, kind)) is not None]
     return min(quotas) if quotas else None
 
 
@@ -358,16 +358,24 @@ def _up_to(directory, top):
     return chain
 
 
-def _v2_quota(directory):
-    """CPUs' worth of a cgroup v2 ``cpu.max`` (``"150000 100000"`` -> 1.5), None for ``max`` or no file."""
-    fields = (read_text(directory / "cpu.max") or "").split()
-    if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and int(fields[1]) > 0:
-        return int(fields[0]) / int(fields[1])
-    return None
+def cgroup_quota(directory, version):
+    """CPUs' worth of the CFS quota set in one cgroup ``directory``, None for no limit or no file.
 
+    ``version`` ``"v2"``: ``cpu.max`` (``"150000 100000"`` -> 1.5, ``max`` is
+    no limit); ``"v1"``: ``cpu.cfs_quota_us / cpu.cfs_period_us`` (``-1`` is
+    no limit).
 
-def _v1_quota(directory):
-    """CPUs' worth of a cgroup v1 ``cpu.cfs_quota_us / cpu.cfs_period_us``, None for ``-1`` or no file."""
+    Examples
+    --------
+    >>> from pathlib import Path
+    >>> cgroup_quota(Path("/nonexistent"), "v2") is None
+    True
+    """
+    if version == "v2":
+        fields = (read_text(directory / "cpu.max") or "").split()
+        if len(fields) == 2 and fields[0].isdigit() and fields[1].isdigit() and int(fields[1]) > 0:
+            return int(fields[0]) / int(fields[1])
+        return None
     quota, period = read_text(directory / "cpu.cfs_quota_us"), read_text(directory / "cpu.cfs_period_us")
     try:
         quota, period = int(quota), int(period)

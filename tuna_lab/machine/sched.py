@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from .. import _files
-from .linuxfs import cgroup_dir
+from .linuxfs import cgroup_dir, cgroup_quota
 
 __all__ = ["ThreadSched", "thread_sched", "process_sched", "MIGRATIONS_NOTE", "cpu_busy_seconds",
            "cpu_pressure", "cgroup_throttling"]
@@ -231,20 +231,6 @@ def _cgroup_path(pid, version):
     return None
 
 
-def _quota(directory, version):
-    """CPUs' worth of the CFS quota set in ``directory`` (cgroup v2 ``cpu.max``, v1 ``cfs_quota_us``), or None."""
-    try:
-        if version == "v2":
-            quota, period = _read(directory / "cpu.max").split()
-        else:
-            quota, period = _read(directory / "cpu.cfs_quota_us"), _read(directory / "cpu.cfs_period_us")
-        quota, period = int(quota), int(period)
-    except (OSError, ValueError):
-        # "max" (v2) is no limit, as are an absent file and -1 (v1).
-        return None
-    return quota / period if quota > 0 and period > 0 else None
-
-
 def cgroup_throttling(pid="self"):
     """CFS throttling of process ``pid``'s cpu cgroup and its ancestors; None where no ``cpu.stat`` can be read.
 
@@ -294,7 +280,7 @@ def cgroup_throttling(pid="self"):
         except (OSError, UnicodeDecodeError, ValueError):
             break
         levels += 1
-        if (quota := _quota(directory, kind)) is not None:
+        if (quota := cgroup_quota(directory, kind)) is not None:
             quotas.append(quota)
         if directory.parent == directory:
             break
