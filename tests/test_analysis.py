@@ -773,7 +773,7 @@ def test_scale_note_says_what_a_small_machine_can_show():
 
 
 def test_run_json_writes_null_for_an_interval_it_cannot_bound():
-    from tuna_lab.cli.experiment import _print_json
+    from tuna_lab.cli.options import print_json
 
     import contextlib
     import io
@@ -781,7 +781,7 @@ def test_run_json_writes_null_for_an_interval_it_cannot_bound():
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        _print_json({"ci_low": 0.5, "ci_high": math.inf, "none": float("nan")})
+        print_json({"ci_low": 0.5, "ci_high": math.inf, "none": float("nan")})
     assert json.loads(out.getvalue()) == {"ci_low": 0.5, "ci_high": None, "none": None}
 
 

@@ -286,42 +286,31 @@ def _correlation(x, y, label, confidence, resamples, seed):
 
 
 def mechanism_correlations(trials, notes=None, confidence=0.95, resamples=_RESAMPLES, seed=_SEED):
-    """Per application, how each quantity of :data:`MECHANISM` relates to p99 across its trials.
-
-    Over every valid trial of the application (all policies together),
-    Spearman's rank correlation between the quantity and the trial's p99,
-    with a percentile bootstrap interval (:func:`scipy.stats.bootstrap`,
-    trials resampled in pairs; a resample in which one side is constant
-    counts as no relation, 0).
+    """Per application, Spearman's correlation of each quantity of :data:`MECHANISM` with p99 across its trials.
 
     Parameters
     ----------
     trials : pandas.DataFrame
         The runner's trial table (see :func:`mechanism_table`).
-    notes : mapping, optional
-        ``{column: reason}`` for a column NaN in every trial.
-    confidence : float, default 0.95
-        Level of the bootstrap interval.
-    resamples : int, default 2000
-        Bootstrap resamples.
-    seed : int, default 0
-        The resampling seed: the same results give the same interval.
+    notes, confidence : mapping, float, optional
+        ``{column: reason}`` for a column NaN in every trial; the interval's level (default 0.95).
+    resamples, seed : int, default 2000, 0
+        Bootstrap resamples; the resampling seed (the same results give the same interval).
 
     Returns
     -------
     pandas.DataFrame
-        One row per application and quantity: the application's keys,
-        ``evidence``, ``label``, ``trials``, ``rho``, ``ci_low``,
-        ``ci_high`` (NaN when not computed), ``weak`` (True when the
-        interval holds 0, when there are fewer than
-        :data:`MIN_CORRELATION_TRIALS` trials, or when the quantity is not
-        recorded) and ``sentence``, which says so in words.
+        One row per application and quantity: its keys, ``evidence``, ``label``, ``trials``, ``rho``,
+        ``ci_low``, ``ci_high``, ``weak`` and ``sentence``, which says it in words.
 
     Raises
     ------
     AnalysisError
-        If the table is malformed, ``notes`` is not a mapping, or
-        ``resamples`` is not a positive integer.
+        A malformed table, ``notes`` not a mapping, or ``resamples`` not a positive integer.
+
+    Notes
+    -----
+    See docs/experiment.md, section "Which evidence goes with the p99".
 
     Examples
     --------
@@ -329,9 +318,8 @@ def mechanism_correlations(trials, notes=None, confidence=0.95, resamples=_RESAM
     >>> p99 = np.linspace(0.02, 0.04, 9)
     >>> trials = pd.DataFrame({"workers": 2, "threads": 1, "cpus": 2, "model": "small", "batch": 10,
     ...     "policy": "cfs", "trial": range(9), "p99": p99, "run_delay_per_request": p99 / 10})
-    >>> row = mechanism_correlations(trials).iloc[0]
-    >>> print(row["label"] + ":", row["sentence"])
-    run-queue wait per request: trials with more of it had a higher p99 (Spearman 1.00 [1.00, 1.00], 9 trials)
+    >>> mechanism_correlations(trials).iloc[0]["sentence"]
+    'trials with more of it had a higher p99 (Spearman 1.00 [1.00, 1.00], 9 trials)'
     """
     _check_notes(notes)
     if isinstance(resamples, bool) or not isinstance(resamples, (int, np.integer)) or resamples < 1:

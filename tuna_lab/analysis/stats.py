@@ -533,11 +533,6 @@ def cpu_cost(trials):
 def speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=_DEFAULT_BY):
     """Average speedup of each policy over each baseline, overall and within groups.
 
-    Speedups are first computed per application (:func:`speedups`), then
-    averaged with the arithmetic mean, as the article does; the geometric
-    mean is given too. Applications without a baseline run are left out of
-    the averages; a group without any gets NaN.
-
     Parameters
     ----------
     scenarios : pandas.DataFrame
@@ -545,32 +540,22 @@ def speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=_DEFAULT_BY)
     baselines : str or sequence of str, default ("cfs", "round-robin")
         The policies to compare with.
     by : sequence, default (None, "subscription", "model", "batch", ("subscription", "model", "batch"))
-        Groupings: ``None`` for all applications together, a column name, or
-        a tuple of column names (the article's figure is over subscription x
-        model x batch).
+        Groupings: ``None`` for all applications, a column name, or a tuple of them.
 
     Returns
     -------
     pandas.DataFrame
-        One row per baseline, policy, grouping and group: ``baseline``,
-        ``policy``, ``group`` (the grouping's label: ``"all"``,
-        ``"subscription"``, ``"subscription+model+batch"``, ...), the grouping
-        columns (missing where a row is not grouped by them), ``n`` (number of
-        applications with a speedup), ``speedup`` (mean), ``geomean``, and
-        ``ci_low``/``ci_high``: the 95% interval of the mean speedup from the
-        trials' spread, on the log scale (the module's "Intervals"; NaN
-        where the scenarios have no ``std_p99`` and ``n_trials``, or fewer
-        than two trials). One application: the interval of its p99 ratio,
-        the very one ``run`` prints (:func:`compare_policies`). Several: the
-        mean's delta-method variance, the sum of the applications' over
-        ``n**2``, taken relative to the mean. The interval is over the
-        trials of these applications, not over applications one might have
-        run instead.
+        Per baseline, policy, grouping and group: ``baseline``, ``policy``, ``group``, the grouping
+        columns, ``n``, ``speedup`` (the article's arithmetic mean), ``geomean``, ``ci_low``, ``ci_high``.
 
     Raises
     ------
     AnalysisError
         If the table is malformed or a grouping names an unknown column.
+
+    Notes
+    -----
+    See docs/experiment.md, section "Intervals and speedups" (the interval of a mean speedup).
 
     Examples
     --------
@@ -660,28 +645,12 @@ def _summary_intervals(scenarios, table, groupings, confidence=0.95):
 
 
 def compare_policies(scenarios, a, b, confidence=0.95):
-    """Ratio of the mean p99 of policy ``b`` over policy ``a``, with its confidence interval.
-
-    Over the ``k`` applications both policies ran (with a mean p99), let
-    ``A`` and ``B`` be the averages of the scenario mean p99s of ``a`` and
-    ``b``. The ratio is ``B / A``: below 1, ``b`` is faster. To compare one
-    configuration, filter ``scenarios`` first.
-
-    The interval is taken on the log scale (the module's "Intervals"):
-    ``log(B / A) +- q * sqrt(var_A / A**2 + var_B / B**2)``, mapped back,
-    where ``var_A = sum_i std_i**2 / n_i / k**2`` over the applications'
-    trials and ``q`` is the Student t quantile at the Welch-Satterthwaite
-    degrees of freedom. It never goes below zero and is never unbounded
-    (Fieller's interval, exact for normal trial p99s, is unbounded or even
-    two rays whenever ``A`` is not significantly above 0, which a few spread
-    trials make common); the speedup's interval is the reciprocal of the
-    ratio's. With fewer than two trials in some scenario it is NaN.
+    """Ratio of the mean p99 of policy ``b`` over policy ``a``, over the applications both ran, with its interval.
 
     Parameters
     ----------
     scenarios : pandas.DataFrame
-        The output of :func:`scenario_stats` (scenario keys, ``mean_p99``,
-        ``std_p99``, ``n_trials``).
+        The output of :func:`scenario_stats` (``mean_p99``, ``std_p99``, ``n_trials``).
     a, b : str
         The reference policy and the compared one.
     confidence : float, default 0.95
@@ -690,16 +659,17 @@ def compare_policies(scenarios, a, b, confidence=0.95):
     Returns
     -------
     dict
-        ``a``, ``b``, ``ratio`` (``B / A``), ``ci_low``, ``ci_high``,
-        ``speedup`` (``A / B``, how much faster ``b`` is) with
-        ``speedup_ci_low`` / ``speedup_ci_high``, ``mean_a``, ``mean_b``,
-        ``n_applications``, ``dof``, ``confidence`` and ``method``
-        (``"log"``).
+        ``a``, ``b``, ``ratio`` (below 1: ``b`` is faster), ``ci_low``, ``ci_high``, ``speedup``, ``speedup_ci_low`` /
+        ``speedup_ci_high``, ``mean_a``, ``mean_b``, ``n_applications``, ``dof``, ``confidence``, ``method``.
 
     Raises
     ------
     AnalysisError
         If a policy is missing, ``a == b`` or no application has both.
+
+    Notes
+    -----
+    See docs/experiment.md, section "Intervals and speedups" (the log-scale interval, and why not Fieller's).
 
     Examples
     --------

@@ -1,14 +1,18 @@
 """``tuna-lab``: the command line.
 
-One module per command group, each with ``add_parser(subparsers)`` and its
-commands: :mod:`~tuna_lab.cli.machine` (``topology``),
-:mod:`~tuna_lab.cli.model` (``solve``), :mod:`~tuna_lab.cli.server`
-(``serve``, ``status``, ``stop``), :mod:`~tuna_lab.cli.experiment` (``run``,
-``sweep``, ``report``, ``demo``), :mod:`~tuna_lab.cli.tune` (``tune``), :mod:`~tuna_lab.cli.bench` (``bench``) and
-:mod:`~tuna_lab.cli.advise` (``advise``); the options they share are in
-:mod:`~tuna_lab.cli.options`. A command imports what it needs when it runs,
-so building the parser stays cheap and ``tuna-lab topology``, ``status`` and
-``stop`` load no solver.
+Each module is named for its command(s) and has ``add_parser(subparsers,
+command=None)``: :mod:`~tuna_lab.cli.topology`, :mod:`~tuna_lab.cli.solve`,
+:mod:`~tuna_lab.cli.plan`, :mod:`~tuna_lab.cli.pin` (``pin``, ``unpin``),
+:mod:`~tuna_lab.cli.serve` (``serve``, ``status``, ``stop``),
+:mod:`~tuna_lab.cli.audit`, :mod:`~tuna_lab.cli.run` (``run``, ``demo``),
+:mod:`~tuna_lab.cli.sweep`, :mod:`~tuna_lab.cli.report`,
+:mod:`~tuna_lab.cli.tune`, :mod:`~tuna_lab.cli.bench` and
+:mod:`~tuna_lab.cli.advise`; the options and helpers several share are in
+:mod:`~tuna_lab.cli.options`. :data:`~tuna_lab.cli.commands.COMMANDS` names
+each command's module and its one-line help, so that :func:`main` imports only
+the module of the command being run (``tuna-lab --help`` lists them all and
+imports none), and a command imports what it needs when it runs: ``tuna-lab
+topology``, ``status`` and ``stop`` load no solver, server or analysis.
 
 Every user error ends in one line on stderr and exit status 2; nothing else
 is printed to stdout in that case, so ``--json`` output is either a whole
@@ -21,14 +25,17 @@ import argparse
 import sys
 import textwrap
 
+import lazy_loader as _lazy
+
 from .. import __version__
 from ..errors import TunaError
-from . import advise, audit, bench, experiment, machine, model, placement, server, tune
+from .commands import COMMANDS
 
 __all__ = ["main", "build_parser"]
 
-# The order of `tuna-lab --help`'s list of commands.
-_GROUPS = (machine, model, placement, server, audit, experiment, tune, bench, advise)
+# The commands' modules, imported when first used: main() imports only the one of the command it runs.
+__getattr__, __dir__, _ = _lazy.attach(__name__,
+                                       submodules=sorted({c.module for c in COMMANDS.values()} | {"options"}))
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -98,12 +105,21 @@ examples:
 
 
 def build_parser():
-    """The ``tuna-lab`` argument parser, every command group registered (what the docs render).
+    """The ``tuna-lab`` argument parser, every command fully built (what the docs render).
 
     Examples
     --------
     >>> build_parser().parse_args(["solve", "-w", "2", "-t", "2"]).command
     'solve'
+    """
+    return _parser(COMMANDS)
+
+
+def _parser(built):
+    """The ``tuna-lab`` parser with the commands ``built`` built by their modules.
+
+    Every other command is listed with its help (:data:`~tuna_lab.cli.commands.COMMANDS`) and
+    nothing else: its module is not imported.
     """
     p = _Parser(prog="tuna-lab", epilog=_EPILOG,
                 description="Static thread-to-core mapping for multi-worker, multi-threaded CPU inference "
@@ -113,9 +129,17 @@ def build_parser():
     p.add_argument("--version", action="version", version=f"tuna-lab {__version__}",
                    help="print the version and exit")
     sub = p.add_subparsers(title="commands", dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
-    for group in _GROUPS:
-        group.add_parser(sub)
+    for name, command in COMMANDS.items():
+        if name in built:
+            __getattr__(command.module).add_parser(sub, name)
+        else:
+            sub.add_parser(name, help=command.help)
     return p
+
+
+def _command_in(argv):
+    """The command ``argv`` names: its first word that is not an option (``tuna-lab`` itself takes no values)."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def _terminate_as_interrupt(signum, frame):
@@ -143,8 +167,10 @@ def main(argv=None):
 
     from ..errors import RelaxedMappingWarning, ThrottlingWarning
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Only the module of the command run is imported (a start in a tenth of a second); an unknown or
+    # missing command gets the list of them all, as `tuna-lab --help` shows it.
+    args = _parser({_command_in(argv)}).parse_args(argv)
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)

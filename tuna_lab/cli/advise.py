@@ -18,13 +18,17 @@ import math
 import os
 
 from ..analysis.advise import DEFAULT_RESULTS
+from .commands import COMMANDS
 from .options import add_size_options, add_wait_options
 
 __all__ = ["add_parser"]
 
 
-def add_parser(subparsers):
+def add_parser(subparsers, command=None):
     """Add ``advise`` to a ``tuna-lab`` subparsers object; returns the new parser.
+
+    ``command``: None or ``"advise"``, this module's one command (:func:`tuna_lab.cli.build_parser`
+    names the command it adds).
 
     Examples
     --------
@@ -35,7 +39,7 @@ def add_parser(subparsers):
     True
     """
     a = subparsers.add_parser(
-        "advise", help="should I pin? predict each policy's p99 speedup over cfs from sweep results",
+        "advise", help=COMMANDS["advise"].help,
         description="Train on sweep results (XGBoost, a linear and a constant baseline, evaluated on held-out "
                     "configurations) and advise one configuration: the best policy, every policy's "
                     "predicted speedup, the nearest measured configurations, and whether the question "

@@ -11,13 +11,17 @@ the serving CPUs and records it for ``tuna-lab unpin --isolation``.
 import json
 import sys
 
-from .options import positive_float_arg
+from .commands import COMMANDS
+from .options import add_worker_options, positive_float_arg
 
 __all__ = ["add_parser"]
 
 
-def add_parser(subparsers):
-    """Add ``audit`` to a ``tuna-lab`` subparsers object.
+def add_parser(subparsers, command=None):
+    """Add ``audit`` to a ``tuna-lab`` subparsers object; returns a list of the new parser.
+
+    ``command``: None or ``"audit"``, this module's one command (:func:`tuna_lab.cli.build_parser`
+    names the command it adds).
 
     Examples
     --------
@@ -28,12 +32,8 @@ def add_parser(subparsers):
     >>> a.pid, a.interval, a.isolate, a.apply
     (7, 0.5, True, False)
     """
-    from .placement import add_worker_options
-
     a = subparsers.add_parser(
-        "audit", help="what a running server's placement looks like now, beside its plan, and what is wrong with "
-                      "it (drift, replaced workers, overlapping pools, foreign load, IRQs, throttling); changes "
-                      "nothing",
+        "audit", help=COMMANDS["audit"].help,
         epilog="examples:\n"
                "  tuna-lab audit --pid MASTER                        the server, its threads and the findings\n"
                "  tuna-lab audit --pid MASTER --plan plan.json --json\n"
@@ -66,7 +66,7 @@ def _cmd_audit(args):
     from ..errors import PinError
     from ..placement import audit
     from ..placement.plan import Plan
-    from .placement import worker_choice_of
+    from .options import worker_choice_of
 
     if args.apply and not args.isolate:
         raise PinError("--apply makes the moves of --isolate: give --isolate too")

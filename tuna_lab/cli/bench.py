@@ -1,10 +1,11 @@
 """``tuna-lab bench``: the benchmarks (:mod:`tuna_lab.bench.solver`, the solver's;
 :mod:`tuna_lab.bench.load`, the load generator's against Debian's wrk).
 
-A group of its own rather than a part of ``solve``'s module: ``tuna-lab
---help`` lists ``bench`` after the experiment commands, as it always has.
+A module of its own rather than a part of ``solve``'s: ``tuna-lab --help``
+lists ``bench`` after the experiment commands, as it always has.
 """
 
+from .commands import COMMANDS
 from .options import configs_arg, policies_arg
 
 __all__ = ["add_parser"]
@@ -13,8 +14,11 @@ __all__ = ["add_parser"]
 _DEFAULT_OUT = {"solver": "bench/out/solver.csv", "load": "bench/out/load.csv", "tune": "bench/out/tune.csv"}
 
 
-def add_parser(subparsers):
+def add_parser(subparsers, command=None):
     """Add ``bench`` to a ``tuna-lab`` subparsers object; returns the new parser.
+
+    ``command``: None or ``"bench"``, this module's one command (:func:`tuna_lab.cli.build_parser`
+    names the command it adds).
 
     Examples
     --------
@@ -29,7 +33,7 @@ def add_parser(subparsers):
     ('load', 8, 2.0, 'small')
     """
     b = subparsers.add_parser(
-        "bench", help="benchmarks",
+        "bench", help=COMMANDS["bench"].help,
         description="solver: the article's 72-model grid and the 384-core cases, solve times and model sizes "
                     "per encoding, into a CSV. tune: `tune` against an exhaustive search of the same candidates at the same trial lengths (the lab server, medium model, batch 100, p99 target twice the best single-request latency). load: tuna_lab's load generator side by side with Debian's wrk "
                     "(installed if missing and root) against one real server: requests/s, p50, p99 and "

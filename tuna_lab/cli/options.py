@@ -1,4 +1,4 @@
-"""Options and argument parsers that several ``tuna-lab`` command groups share.
+"""Options, argument parsers and output helpers that several ``tuna-lab`` commands share.
 
 Only the standard library is imported here at module level: building the
 parser must stay cheap, so that ``tuna-lab topology`` does not pay for the
@@ -14,6 +14,8 @@ Examples
 """
 
 import argparse
+import json
+import math
 import sys
 import warnings
 
@@ -23,12 +25,24 @@ __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_
            "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg",
            "policy_choices", "policies_help", "add_client_cpus_option", "client_cpus_of",
            "add_strict_families_option", "check_measure_options", "target_of", "no_valid_status", "SIZE_BOUND_HELP",
-           "TOPOLOGY_BOUND_HELP", "add_front_cpus_option", "front_cpus_of"]
+           "TOPOLOGY_BOUND_HELP", "add_front_cpus_option", "front_cpus_of", "add_worker_options", "worker_choice_of",
+           "add_traffic_options", "traffic_of", "plan_for", "add_target_options", "MEASURE_HELP", "no_valid_status_of",
+           "progress", "print_json"]
 
 #: What the help says of the bounds in :mod:`tuna_lab._checks`, in words (tests/test_cli_inputs.py checks
 #: that they agree).
 SIZE_BOUND_HELP = "W x T at most 8192"
 TOPOLOGY_BOUND_HELP = "at most 4096 logical CPUs, ids up to 65535"
+
+#: Help of the options that several measuring commands (``run``, ``sweep``, ``demo``) share.
+MEASURE_HELP = {
+    "model": "the XGBoost model served: small, medium or large (29, 155, 784 features); trained once on "
+             "first use",
+    "batch": "rows per request",
+    "trials": "trials; in each, every policy runs once, in a random order, on a fresh server",
+    "requests": "concurrent requests per policy and trial",
+    "seed": "seed of the random policy order and of the request payloads",
+}
 
 
 def add_topology_options(parser):
@@ -635,3 +649,172 @@ def front_cpus_of(args, cpus):
         raise PlanError(f"--front-cpus {format_cpulist(front)} leaves no CPU for the workers (the server's CPUs "
                         f"are {format_cpulist(sorted(cpus))})")
     return front
+
+
+def add_worker_options(parser, flag="--workers"):
+    """Add ``--workers PID,PID`` and ``--worker-match REGEX``: name the workers instead of discovering them.
+
+    ``flag`` names the first option (``plan`` says ``--worker-pids``: its
+    ``-w/--workers`` is W, a count).
+
+    Examples
+    --------
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_worker_options(p)
+    >>> a = p.parse_args(["--worker-match", "inference"])
+    >>> a.workers_pids, a.worker_match
+    (None, 'inference')
+    """
+    g = parser.add_argument_group(
+        "which processes are the workers",
+        "By default the workers are the master's children that run an inference runtime (XGBoost, ONNX Runtime, "
+        "PyTorch, LightGBM, OpenMP) - those that hold no socket when a front end passes requests to them - or, "
+        "with no runtime loaded, that hold the server's socket; the rest (a multiprocessing Manager, a front end, "
+        "a metrics exporter) are helpers, listed with the reason by `status --pid`, never pinned.")
+    which = g.add_mutually_exclusive_group()
+    which.add_argument(flag, dest="workers_pids", default=None, metavar="PID,PID",
+                       help="the worker processes (children or descendants of the master); slots go in their start order")
+    which.add_argument("--worker-match", default=None, metavar="REGEX",
+                       help="the workers are the processes under the master whose command line REGEX matches")
+
+
+def worker_choice_of(args):
+    """The :class:`~tuna_lab.placement.pin.WorkerChoice` of ``--workers``/``--worker-match`` (None: discover)."""
+    from ..placement.pin import WorkerChoice
+
+    choice = WorkerChoice.parse(getattr(args, "workers_pids", None), getattr(args, "worker_match", None))
+    return choice or None
+
+
+def add_traffic_options(parser):
+    """Add ``--url``, ``--method``, ``--header`` and ``--body``: the few requests that show which threads work.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_traffic_options(p)
+    >>> a = p.parse_args(["--url", "http://127.0.0.1:8000/", "--header", "A: b", "--header", "C:d"])
+    >>> a.url, a.method, a.header
+    ('http://127.0.0.1:8000/', None, ['A: b', 'C:d'])
+    """
+    g = parser.add_argument_group(
+        "finding pool threads by their activity",
+        "A thread that waits in libc (ONNX Runtime's own pool, a PyTorch inter-op thread) is told from "
+        "helper threads by the CPU time it runs while its worker serves requests: --url sends a few "
+        "(at least 8, at most 64, within 15 s; as many at once as there are workers) and measures.")
+    g.add_argument("--url", default=None, help="a loopback URL of a request that runs the model, "
+                                                "e.g. http://127.0.0.1:8000/predict")
+    g.add_argument("--method", default=None, help="HTTP method (default: POST with --body, else GET)")
+    g.add_argument("--header", action="append", default=[], metavar="K:V", help="a request header; repeatable")
+    g.add_argument("--body", default=None, metavar="FILE", help="the request body, read from FILE ('-': stdin)")
+
+
+def traffic_of(args, master):
+    """The :class:`~tuna_lab.placement.pin.Activity` of ``--url`` requests to ``master``; None without ``--url``.
+
+    The requests are built as ``run`` builds its own
+    (:meth:`~tuna_lab.measure.loadgen.requests.Requests.from_options`): a body goes
+    as ``application/json`` unless a ``--header Content-Type:...`` says otherwise.
+
+    Raises
+    ------
+    PinError
+        Options without ``--url``, or a request that fails.
+    TargetError
+        A malformed header, or an unreadable body file.
+    """
+    from ..errors import PinError
+    from ..measure.loadgen.requests import Requests
+
+    if args.url is None:
+        if args.method or args.header or args.body:
+            raise PinError("--method, --header and --body describe the requests of --url: give --url too")
+        return None
+    # The one recipe of run and tune: --body - is read from stdin there too, and the headers are theirs.
+    requests = Requests.from_options(args.url, args.method, args.header, args.body)
+    from ..placement.pin import serve_requests
+
+    return serve_requests(master, args.url, method=requests.method, headers=requests.send_headers(),
+                          body=requests.bodies[0] if requests.bodies else None, choice=worker_choice_of(args))
+
+
+def plan_for(policy, workers, threads, topology, time_limit=None, on_infeasible="relax"):
+    """The :class:`~tuna_lab.placement.plan.Plan` of ``policy`` for ``workers`` x ``threads`` on ``topology``.
+
+    ``on_infeasible``: see :func:`~tuna_lab.placement.policies.placement`.
+    """
+    from ..placement import placement
+
+    return placement(policy, workers, threads, topology, time_limit=time_limit, on_infeasible=on_infeasible).plan()
+
+
+def add_target_options(parser, running=True):
+    """Add the options that name the user's own server and requests (``run``; ``sweep`` has all but ``--url``).
+
+    :func:`target_of` reads them.
+    """
+    t = parser.add_argument_group("your own server (docs/measure-your-server.md)")
+    t.add_argument("--app", default=None, metavar="MODULE:APP",
+                   help="your WSGI/ASGI app, started by tuna_lab once per policy and trial (with -w and -t)"
+                   if running else "your WSGI/ASGI app, started by tuna_lab for every cell, policy and trial")
+    t.add_argument("--app-dir", default=None, metavar="DIR", help="the folder --app's module is in (default: here)")
+    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn",
+                   help="what serves --app (default gunicorn)")
+    t.add_argument("--server-conf", default=None, metavar="FILE",
+                   help="your gunicorn.conf.py: every setting kept, tuna_lab's bind, -w and hooks added")
+    t.add_argument("--python", default=None, metavar="PATH",
+                   help="with --app: the interpreter to run your server with (your venv's python; default "
+                        "tuna-lab's own); the app is imported there first")
+    t.add_argument("--pid", type=int, default=None, metavar="MASTER",
+                   help="a server already running: its master's PID (with --url and -t); never restarted"
+                   if running else "not for a sweep: a running server keeps its W and T (use `run --pid`)")
+    if running:
+        t.add_argument("--url", default=None, help="where the requests go (a loopback URL); with --pid")
+        t.add_argument("--force", action="store_true",
+                       help="with --pid: measure the children of PID 1 or of a process that is no recognised "
+                            "pre-fork master (refused otherwise)")
+        add_front_cpus_option(t, help="with --pid: CPUs (e.g. 0) for every thread of the master, the helpers and "
+                                      "the front ends under each pinning policy; the workers are placed on the "
+                                      "server's other CPUs, and cfs leaves every mask as it was. For a master or "
+                                      "API front end that parses requests itself (MLServer, LitServe)")
+    t.add_argument("--path", default="/", help="with --app: the path the requests go to (default /)")
+    t.add_argument("--method", default=None,
+                   help="the requests' HTTP method (default POST with a body, GET without)")
+    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
+                   help="a request header (repeatable)")
+    t.add_argument("--body", default=None, metavar="FILE", help="the body of every request")
+    t.add_argument("--bodies", default=None, metavar="FILE.jsonl",
+                   help="bodies, one JSON document per line, sent in turn")
+    t.add_argument("--server-timing", default=None, metavar="METRIC",
+                   help="the Server-Timing metric taken as the server-side runtime (default: the first with a "
+                        "duration); without the header, latency is the client's")
+    t.add_argument("--label", default=None, help="the name of your server in the results (default: the module, "
+                                                 "or pid<MASTER>)")
+
+
+def no_valid_status_of(source, keys=None):
+    """:func:`no_valid_status` of a run's result or a results folder (its cells ``keys``)."""
+    from ..measure.store import no_valid_trial
+
+    return no_valid_status(no_valid_trial(source, keys))
+
+
+def progress(line):
+    """Progress goes to stderr: stdout carries only results (a table, or the one ``--json`` object)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+def print_json(obj):
+    """``obj`` as one line of strict JSON: NaN and infinities (a speedup without a baseline) become null."""
+    def clean(value):
+        if isinstance(value, float):
+            return value if math.isfinite(value) else None
+        if isinstance(value, dict):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        return value
+
+    print(json.dumps(clean(obj), allow_nan=False, default=str))

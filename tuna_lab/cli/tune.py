@@ -9,11 +9,16 @@ winner and its plan, or one ``--json`` object. Progress goes to stderr.
 import json
 import sys
 
+from .commands import COMMANDS
+
 __all__ = ["add_parser"]
 
 
-def add_parser(subparsers):
+def add_parser(subparsers, command=None):
     """Add ``tune`` to a ``tuna-lab`` subparsers object; returns the new parser.
+
+    ``command``: None or ``"tune"``, this module's one command (:func:`tuna_lab.cli.build_parser`
+    names the command it adds).
 
     Examples
     --------
@@ -27,7 +32,7 @@ def add_parser(subparsers):
     from .options import add_client_cpus_option, policies_help, positive_float_arg
 
     p = subparsers.add_parser(
-        "tune", help="size to a latency target: the W x T x policy serving the most requests within a p99",
+        "tune", help=COMMANDS["tune"].help,
         description="Race workers x threads x policy candidates on open-loop (Poisson) rate: for each, the "
                     "highest rate whose client p99 stays within --sla-p99. Short trials first; a candidate is "
                     "dropped once its upper bound on the rate is below the best lower bound, or halved out; "

@@ -34,7 +34,7 @@ import numpy as np
 
 from .._checks import check_cpus
 from ..errors import TopologyError
-from .readers import hwloc_xml, synthetic, sysfs
+from .readers import synthetic, sysfs
 from .readers import CACHE_LEVELS
 from .readers.synthetic import PRESETS
 
@@ -651,6 +651,10 @@ class Topology:
         >>> Topology.from_hwloc_xml("machine.xml")  # from `lstopo machine.xml`  # doctest: +SKIP
         Topology('machine.xml', C=32, P=16, packages=1, L3 domains=1)
         """
+        # Imported here: the XML reader and its safe file reading (tempfile, hashlib) are not what
+        # reading this machine's sysfs needs (`tuna-lab topology` starts faster without them).
+        from .readers import hwloc_xml
+
         return cls.from_reading(hwloc_xml.read_hwloc_xml(path))
 
     @classmethod

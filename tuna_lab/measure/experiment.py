@@ -280,79 +280,33 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         max_error_rate=0.01, strict=False):
     """Measure a target under each policy for ``trials`` trials of ``requests`` requests.
 
+    The policies run in a fresh seeded order every trial; with ``out``, each finished run is on disk
+    at once, and a run into an unfinished cell measures only the runs it misses.
+
     Parameters
     ----------
     config : Config or None
-        The lab server's cell (W, T, model, batch, wait policy). None with a
-        ``target``: the cell is the target's (W, T and its label).
+        The lab server's cell (W, T, model, batch, wait policy); None with a ``target`` (its W and T).
     policies : list of str
-    trials, requests : int
-        The article: 5 trials x 1,000 concurrent requests. With ``rate``:
-        at most ``requests`` per trial (None: as many as ``duration`` holds).
+        Registered policy names.
+    trials, requests, concurrency : int
+        Trials per policy; requests per trial; requests in flight (None: all at once).
     out : str, optional
-        Directory to write the cell into (``requests.parquet``, ``trials.parquet``,
-        ``manifest.json``; see :mod:`tuna_lab.measure.schema`); nothing is written
-        when ``None``. Each (trial, policy) run is written, fsynced, to
-        ``<out>.partial`` as soon as it finishes, so that an interruption - Ctrl-C,
-        SIGKILL, a lost machine - loses at most the run in progress; the
-        finished cell is then swapped in whole and the partial folder removed.
-        A run into a cell that is there but not finished (some policy short
-        of its valid trials: :func:`~tuna_lab.measure.store.cell_state`) keeps
-        the valid (trial, policy) runs of the earlier attempt - from
-        ``<out>.partial`` or ``out``, whichever kept more - and runs only the
-        missing ones, each in its place in the seeded order; the trial rows
-        say which attempt measured them (``attempt``), and ``progress`` says
-        what was kept. Only when the earlier attempt ran with the same
-        settings, on the same machine (:data:`_SAME_RUN`); otherwise, or when
-        its manifest is corrupt, the cell is measured whole, and ``progress``
-        says why. On Ctrl-C the partial cell's manifest says
-        ``interrupted`` and the interruption is re-raised.
-    concurrency : int, optional
-        Requests in flight; default all of them at once (the article's closed mode).
-    seed : int
-        Seeds the policy order of every trial, the payload and open-loop arrivals.
-    warmup : int
-        Requests sent (and discarded) after each server start or placement,
-        at least: they go on until every worker answered some (0: none sent);
-        the CPU time each thread gains meanwhile tells pool threads from helpers.
-    progress : callable, optional
-        Called with one line of text per finished trial (and once with a
-        warning when ``Server-Timing`` headers did not parse).
-    csv : bool
-        Also write the request and trial tables as CSV.
-    on_trial : callable, optional
-        Called with a :class:`Result` of each (trial, policy) run as it
-        finishes (its rows only), before ``progress``: a cluster worker sends
-        them on, so that the trials of a cell whose machine is lost are kept.
-    client_cpus : str, iterable of int or ClientCpus, optional
-        CPUs for the load generator, kept free of every policy's server
-        placement (the server's topology is the rest): a cpulist such as
-        ``"6-7"``, ``"none"``, or None for the default - nothing below 8
-        usable CPUs, one physical core from 8 up (see
-        :func:`~tuna_lab.machine.reserve.reserve_client_cpus`; the choice is
-        made on the machine that runs the cell). The manifest's
-        ``client_cpus`` records it, with the line that describes it (``note``;
-        ``progress`` only reports trials). Either way the generator's own CPU
-        is recorded in every trial row
-        (:data:`~tuna_lab.measure.schema.GENERATOR_COLUMNS`) and the manifest.
-        For a running server (``AttachedTarget``) the CPUs are those its master may use
-        (:func:`~tuna_lab.placement.pin.server_cpus`), less its ``front_cpus``.
-    target : Target, optional
-        What is measured (:mod:`tuna_lab.measure.target`): default the lab
-        server of ``config``; an :class:`~tuna_lab.measure.target.AppTarget`
-        (a user's app, started per trial) or an
-        :class:`~tuna_lab.measure.target.AttachedTarget` (a running server,
-        pinned live and given back its masks at the end, whatever happens).
+        The cell folder to write (:mod:`tuna_lab.measure.schema`); None writes nothing.
     rate, duration : float, optional
         Open loop: Poisson arrivals at ``rate`` per second for ``duration`` seconds.
+    seed, warmup : int
+        Seeds the policy orders, payload and arrivals; requests discarded after each start or placement.
+    progress, on_trial : callable, optional
+        Called with one line of text per finished trial; with a :class:`Result` of each run (its rows).
+    client_cpus : str, iterable of int or ClientCpus, optional
+        CPUs kept for the load generator: a cpulist, ``"none"``, or None for the default.
+    target : Target, optional
+        What is measured (:mod:`tuna_lab.measure.target`); default the lab server of ``config``.
     max_error_rate : float
-        A trial with a larger share of failed requests (non-2xx, timeouts) is
-        marked failed (``trial_status``), with the reason.
-    strict : bool
-        Refuse (ExperimentError) rather than warn
-        (:class:`~tuna_lab.errors.ThrottlingWarning`) when this process's CPU
-        quota is below the CPUs the server's W x T threads run on: the
-        latencies would measure throttling (:func:`~tuna_lab.machine.limits.check_throttling`).
+        A trial with a larger share of failed requests (non-2xx, timeouts) is marked failed.
+    csv, strict : bool
+        Also write CSV tables; refuse rather than warn when the CPU quota would throttle the threads.
 
     Returns
     -------
@@ -361,28 +315,21 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     Raises
     ------
     ExperimentError
-        Bad arguments; client CPUs not usable here, leaving no CPU for the
-        server, or fewer than ``config.threads`` for it; with ``strict``, a
-        CPU quota that throttles the threads.
-    ExperimentError
-        Another measurement held one of its CPUs for longer than
-        ``TUNA_LAB_CPU_LOCK_WAIT`` seconds (:mod:`tuna_lab.measure.cpulock`:
-        a run waits, with one line to ``progress``, for the CPUs it needs).
+        Bad arguments or client CPUs; with ``strict``, a throttling quota; CPUs held by another run.
     StoreError
-        A result could not be written (a full disk, no permission): the run
-        stops, its server stopped; the runs written before stay in ``<out>.partial``.
+        A result could not be written; the runs written before stay in ``<out>.partial``.
     TargetError
-        A target that cannot be measured (a URL that refuses connections, a
-        PID with no workers); nothing was changed then.
+        A target that cannot be measured; nothing was changed then.
+
+    Notes
+    -----
+    See docs/experiment.md, sections "Losing nothing, mixing nothing" (partial cells, resume, CPU
+    locks, throttling) and "The load generator: its CPUs and its cost" (the default ``client_cpus``).
 
     Examples
     --------
     >>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
     >>> result = run(Config(2, 2, "small", 20), ["cfs", "round-robin"], trials=2, requests=50)  # doctest: +SKIP
-    >>> result.trials.groupby("policy")["p99"].mean()                                         # doctest: +SKIP
-    >>> # skipped: needs a server running as PID 1234
-    >>> from tuna_lab.measure.target import AttachedTarget                                   # doctest: +SKIP
-    >>> run(None, ["cfs", "tuna-scatter"], target=AttachedTarget(1234, "http://127.0.0.1:8000/", 2))  # doctest: +SKIP
     """
     from .target import AttachedTarget, LabTarget
     from .trials import TrialPlan, run_trials

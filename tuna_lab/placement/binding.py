@@ -156,42 +156,33 @@ def bind_worker(plan, slot, pool, pid=None, *, exact_main=True, dry_run=False):
 
     Parameters
     ----------
-    plan : Plan
-        The plan (:class:`~tuna_lab.placement.plan.Plan`); only its ``slots``
-        and ``threads`` are read.
-    slot : int
-        The worker's slot, ``0 <= slot < plan.workers``.
+    plan, slot : Plan, int
+        The plan (:class:`~tuna_lab.placement.plan.Plan`) and the worker's slot in it.
     pool : sequence of int
-        The worker's pool threads in rank order (rank 1 first), as
-        :func:`tuna_lab.placement.pools.pool_threads` finds them.
+        The worker's pool threads in rank order (:func:`tuna_lab.placement.pools.pool_threads`).
     pid : int, optional
         The worker (its main thread's TID); default this process.
-    exact_main : bool
-        Bind the main thread to its own CPUs rather than all of the slot's
-        (see :func:`planned_cpus`).
-    dry_run : bool
-        Bind nothing, read every thread's mask back (a plan the OpenMP
-        runtime enforces, or ``pin --dry-run``).
+    exact_main, dry_run : bool
+        Bind the main thread to its own CPUs only (:func:`planned_cpus`); bind nothing, read masks back.
 
     Returns
     -------
     list of ThreadBinding
-        The main thread first, then the pool by rank. A thread that could
-        not be bound has its ``error`` set: the caller decides whether that
-        stops the worker (the lab server), is logged (the Gunicorn hooks) or
-        warned about (``pin --pid``).
+        The main thread first, then the pool by rank; a thread not bound has ``error`` set.
 
     Raises
     ------
     BindingError
         ``slot`` is not one of the plan's.
 
+    Notes
+    -----
+    See docs/your-server.md, section "The binder".
+
     Examples
     --------
-    >>> from tuna_lab.machine import Topology
     >>> from tuna_lab.placement import placement
-    >>> cpus = sorted(os.sched_getaffinity(0))
-    >>> plan = placement("cfs", 1, 1, Topology.synthetic(f"core:{len(cpus)} pu:1")).plan()
+    >>> plan = placement("cfs", 1, 1, f"core:{len(os.sched_getaffinity(0))} pu:1").plan()
     >>> [(b.role, b.error) for b in bind_worker(plan, 0, [], dry_run=True)]
     [('main', None)]
     """

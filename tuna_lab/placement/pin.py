@@ -608,41 +608,30 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
                    max_seconds=15.0, timeout=10.0, choice=None):
     """Send a few requests to the running server ``master`` and measure what each worker thread ran meanwhile.
 
-    Requests go ``len(workers)`` at a time, so that every worker gets some,
-    until at least ``requests`` were sent and every worker gained CPU time
-    (at least a quarter of the busiest worker's), or ``max_requests`` were
-    sent, or ``max_seconds`` passed. Only loopback
-    URLs are accepted, and no proxy is used.
-
     Parameters
     ----------
-    master : int
-        The server's master PID.
-    url : str
-        An ``http://127.0.0.1:PORT/...`` (or ``localhost``, ``[::1]``) URL of a request that runs the model.
-    method : str, optional
-        Default ``POST`` when there is a ``body``, else ``GET``.
-    headers : iterable of (str, str)
-        Request headers.
-    body : bytes, optional
-        The request body, the same for every request.
+    master, url : int, str
+        The server's master PID; a loopback URL of a request that runs the model.
+    method, headers, body : str, iterable of (str, str), bytes, optional
+        Default ``POST`` with a ``body``, else ``GET``; request headers; the body of every request.
     requests, max_requests, max_seconds, timeout : int, int, float, float
-        The bounds above; ``timeout`` is per request.
+        Requests sent at least, at most; seconds at most; seconds per request.
     choice : WorkerChoice, optional
         The workers, when the user names them (:func:`server_roles`).
 
     Returns
     -------
     Activity
-        Per worker, per thread, the CPU seconds gained; pass it to
-        :func:`pin_server` or :func:`server_threads`. Its ``front`` says what
-        the master, helpers and front ends ran meanwhile (:func:`front_work`).
+        Per worker, per thread, the CPU seconds gained; pass it to :func:`pin_server`.
 
     Raises
     ------
     PinError
-        Not a loopback URL, a request that fails (connection refused, an
-        HTTP error status, a timeout), or no such server. Nothing is bound.
+        Not a loopback URL, a request that fails, or no such server. Nothing is bound.
+
+    Notes
+    -----
+    See docs/your-server.md, section "2. One command for a server that is already running".
 
     Examples
     --------

@@ -512,23 +512,15 @@ def placement(policy, workers, threads, topology=None, *, places="cores", mode=N
     Parameters
     ----------
     policy : str or Policy
-        The name of a registered policy (:func:`policies`), or a :class:`Policy`.
+        A registered policy's name (:func:`policy_names`), or a :class:`Policy`.
     workers, threads : int
         ``W`` server workers, ``T`` OpenMP threads each (thread 0 = main thread).
     topology : Topology, optional
-        The machine; ``None`` reads this one (only the CPUs this process may use).
-    places : {"cores", "threads"}
-        ``OMP_PLACES`` of the ``omp-*`` policies; ignored by the others.
-    mode : {"scatter", "compact"}, optional
-        For the ``tuna-*`` policies, must agree with the policy's name (which
-        already fixes it); ignored by the others, which have no mode.
-    time_limit : float, optional
-        Seconds the policies that need the solver may give it.
+        The machine; ``None`` reads this one (the CPUs this process may use).
+    places, mode, time_limit : str, str, float
+        ``OMP_PLACES`` of ``omp-*``; the ``tuna-*`` mode (as its name); the solver's seconds (optional).
     on_infeasible : {"relax", "raise"}
-        For the ``tuna-*`` policies when the families admit no mapping: use
-        the relaxed mapping (with one :class:`~tuna_lab.errors.RelaxedMappingWarning`
-        saying so), or raise :class:`~tuna_lab.errors.InfeasibleModelError`
-        (:meth:`TunaModel.solve <tuna_lab.model.tuna.TunaModel.solve>`).
+        When the families admit no mapping: relax (with a warning), or raise.
 
     Returns
     -------
@@ -536,24 +528,19 @@ def placement(policy, workers, threads, topology=None, *, places="cores", mode=N
 
     Raises
     ------
-    PolicyError
-        An unknown policy name.
-    ModelError
-        Bad workers, threads, places or mode.
-    TopologyError
-        ``topology`` is not a :class:`~tuna_lab.Topology`.
+    PolicyError, ModelError, TopologyError
+        An unknown policy; bad workers, threads, places or mode; a bad ``topology``.
+
+    Notes
+    -----
+    See docs/concepts/policies.md, section "Placement options".
 
     Examples
     --------
     >>> from tuna_lab import Topology
     >>> topo = Topology.preset("xeon-8272cl")
-    >>> p = placement("omp-spread", 4, 2, topo)
-    >>> p.env
+    >>> placement("omp-spread", 4, 2, topo).env
     {'OMP_PROC_BIND': 'spread', 'OMP_PLACES': 'cores', 'OMP_NUM_THREADS': '2'}
-    >>> [sorted(s) for s in p.allowed[3]]  # every worker binds the same places
-    [[0, 16], [8, 24]]
-    >>> placement("tuna-scatter", 4, 2, topo).mapping.verify()
-    []
     """
     W, T = check_size(workers, threads, ModelError)
     chosen = policy if isinstance(policy, Policy) else get_policy(policy)

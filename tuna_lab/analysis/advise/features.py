@@ -65,37 +65,26 @@ def feature_table(requests, trials, manifests=None):
     Parameters
     ----------
     requests : pandas.DataFrame
-        One row per request (``measure.load_results``' first table); the
-        ``cfs`` rows with HTTP 2xx give the stage medians. May be empty: the
-        stage features are then missing (NaN).
+        One row per request (``measure.load_results``' first table); may be empty.
     trials : pandas.DataFrame
-        One row per (cell, policy, trial), with at least ``policy, workers,
-        threads, cpus, model, batch, trial, p99``; ``cell``, ``trial_status``,
-        ``wait_policy`` (missing means ``"default"``), ``spincount`` (missing
-        means unset, -1) and the CPU columns are used when present.
+        One row per (cell, policy, trial): ``policy, workers, threads, cpus, model, batch, trial, p99``.
     manifests : list of dict, optional
-        The cells' manifests; their ``"topology"`` gives the machine's shape
-        (matched on ``"cell"``, and on ``"machine"`` when the trials have a
-        ``machine`` column). A cell without one is taken as ``cpus``
-        single-threaded cores sharing one L3 and one NUMA node.
+        The cells' manifests; their ``"topology"`` gives each machine's shape.
 
     Returns
     -------
     pandas.DataFrame
-        Identification columns ``cell, policy, workers, threads, cpus, model,
-        batch, wait_policy, spincount`` (and ``machine`` after ``cell`` when
-        the trials have one), the feature columns (see
-        :class:`~tuna_lab.analysis.advise.Advisor`), ``cfs_p99``,
-        ``policy_p99``, ``speedup`` and its 95% interval over the trials,
-        ``speedup_low`` and ``speedup_high`` (the one
-        :func:`~tuna_lab.analysis.compare_policies` gives; NaN with fewer
-        than two trials). Configurations without a successful cfs scenario
-        are left out.
+        Identification columns, the feature columns (see :class:`~tuna_lab.analysis.advise.Advisor`),
+        ``cfs_p99``, ``policy_p99``, ``speedup``, ``speedup_low`` and ``speedup_high``.
 
     Raises
     ------
     AdviseError
         If a column is missing, or no trial ran under ``cfs`` and another policy.
+
+    Notes
+    -----
+    See docs/measure-your-server.md, section "The advisor's table".
 
     Examples
     --------
@@ -103,8 +92,7 @@ def feature_table(requests, trials, manifests=None):
     >>> trials = pd.DataFrame({"policy": ["cfs", "tuna-scatter"] * 2, "workers": 2, "threads": 2,
     ...     "cpus": 2, "model": "small", "batch": 100, "trial": [0, 0, 1, 1],
     ...     "p99": [0.2, 0.1, 0.2, 0.1]})
-    >>> table = feature_table(pd.DataFrame(), trials)
-    >>> table[["policy", "oversubscription", "speedup"]].to_dict("records")
+    >>> feature_table(pd.DataFrame(), trials)[["policy", "oversubscription", "speedup"]].to_dict("records")
     [{'policy': 'tuna-scatter', 'oversubscription': 2.0, 'speedup': 2.0}]
     """
     trials = _normalise_trials(trials)

@@ -120,30 +120,16 @@ def check_url(url):
 # -- the request and the response --------------------------------------------------------
 
 def request_bytes(url, body, content_type="application/json", method="POST", headers=None):
-    """The whole request for ``url`` with ``body``, as the bytes sent every time.
-
-    HTTP/1.1: the request line, ``Host``, ``User-Agent``, the user's
-    ``headers`` in their order, ``Content-Type`` and ``Content-Length``
-    (always computed here); the connection is kept alive unless the server
-    closes it. A ``GET`` or ``HEAD`` with an empty body has neither
-    ``Content-Type`` (unless given in ``headers``) nor ``Content-Length``.
+    """The whole HTTP/1.1 request for ``url`` with ``body``, as the bytes sent every time.
 
     Parameters
     ----------
-    url : str
-        ``http://host[:port]/path[?query]``; checked by the caller.
-    body : bytes
-    content_type : str or None
-        The default ``Content-Type``; None sends none.
-    method : str
-        Any HTTP method (a token): ``"GET"``, ``"POST"``, ``"PUT"``...
-        Sent as given (methods are case-sensitive).
+    url, body : str, bytes
+        ``http://host[:port]/path[?query]`` (checked by the caller); the body.
+    content_type, method : str
+        The default ``Content-Type`` (None: none); any HTTP method (a token), sent as given.
     headers : dict or sequence of (str, str), optional
-        More headers, sent after ``Host`` and ``User-Agent``. One named
-        ``Content-Type`` (or ``User-Agent``; names are case-insensitive)
-        replaces the default one. ``Host``, ``Content-Length``,
-        ``Transfer-Encoding`` and ``Connection`` are the generator's own and
-        refused.
+        More headers, in order; ``Content-Type`` or ``User-Agent`` here replaces the default.
 
     Returns
     -------
@@ -152,21 +138,19 @@ def request_bytes(url, body, content_type="application/json", method="POST", hea
     Raises
     ------
     LoadError
-        A method or header name that is not a token, a value with CR, LF or
-        NUL (or not Latin-1), a header the generator writes itself, or
-        ``headers`` that are not (name, value) string pairs.
+        A bad method, header name or value, or a header the generator writes itself.
+
+    Notes
+    -----
+    See docs/experiment.md, section "The request on the wire" (which headers are sent, and when).
 
     Examples
     --------
     >>> r = request_bytes("http://localhost:8000/p?x=1", b"{}")
     >>> r.endswith(b"Content-Length: 2\\r\\n\\r\\n{}"), b"Host: localhost:8000" in r
     (True, True)
-    >>> r = request_bytes("http://localhost:8000/p", b"a=1", method="PUT",
-    ...                   headers=[("Content-Type", "text/plain"), ("X-Trace", "7")])
-    >>> r.split(b"\\r\\n")[:3]
-    [b'PUT /p HTTP/1.1', b'Host: localhost:8000', b'User-Agent: tuna-lab']
-    >>> r.split(b"\\r\\n")[3:]
-    [b'Content-Type: text/plain', b'X-Trace: 7', b'Content-Length: 3', b'', b'a=1']
+    >>> request_bytes("http://localhost:8000/p", b"a=1", method="PUT", headers={"X-Trace": "7"}).split(b"\\r\\n")[:4]
+    [b'PUT /p HTTP/1.1', b'Host: localhost:8000', b'User-Agent: tuna-lab', b'X-Trace: 7']
     >>> request_bytes("http://localhost:8000/p", b"", headers={"Content-Length": "0"})   # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -462,42 +446,27 @@ class _Conn:
 def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
     """Run one trial: send one request per row of ``rec``, in this thread; return when done.
 
-    Closed loop (``schedule`` None): ``concurrency`` requests in flight, the
-    next sent as soon as one finishes. Open loop: request ``i`` is due at
-    ``schedule[i]`` seconds after the start and sent then, or as soon as one
-    of the ``concurrency`` slots is free.
+    Closed loop without ``schedule``; open loop (request ``i`` due at ``schedule[i]``) with it.
 
     Parameters
     ----------
-    rec : Records or object
-        Writable per-request arrays of the trial
-        (:class:`~tuna_lab.measure.records.Records`), of one length ``n``:
-        ``status`` (int; -2 while pending), ``error`` (str), ``sent``,
-        ``done`` (float, seconds since the start), ``scheduled`` (float;
-        written here in closed loop) and ``raw`` (the response body, bytes).
-        A failed request gets status -1 and an error; a request never sent
-        stays pending. If ``rec`` has an attribute ``timing`` (an object
-        array of length ``n``), ``timing[i]`` gets the raw value of response
-        ``i``'s ``Server-Timing`` header (bytes; several such headers joined
-        by ``b", "``; trailers are not read), or None without one.
+    rec : Records
+        The trial's per-request arrays (:class:`~tuna_lab.measure.records.Records`), written here.
     address : tuple
         ``(family, sockaddr)`` from :func:`resolve`.
     request : bytes or sequence of bytes
-        From :func:`request_bytes`: the same request every time, or several
-        sent in turn (request ``i`` is ``request[i % len(request)]``).
-    concurrency : int
-        Requests in flight at most (and so connections open).
-    timeout : float
-        Seconds a request may take once sent; then it fails with ``"timeout"``.
-    deadline : float
-        Seconds after the start at which the trial stops, finished or not.
-    schedule : sequence of float, optional
-        Send times (seconds after the start), non-decreasing.
+        From :func:`request_bytes`; several are sent in turn.
+    concurrency, timeout, deadline, schedule : int, float, float, sequence of float
+        Requests in flight at most; seconds per request; the trial's end and send times, from the start.
 
     Returns
     -------
     float
         Seconds from the start to the trial's end (the last response or the deadline).
+
+    Notes
+    -----
+    See docs/load-bench.md, section "How the generator keeps its cost down" (what ``rec`` gets).
 
     Examples
     --------

@@ -372,35 +372,21 @@ def sweep_on(client, configs, policies, out, trials=5, requests=1000, progress=N
     Parameters
     ----------
     client : distributed.Client
-        A client of a scheduler whose workers each offer ``machine=1``
-        (:data:`WORKER_COMMAND`); workers without it are not used.
-    configs : iterable of Config
-    policies : list of str
+        A client of a scheduler whose workers offer ``machine=1`` (:data:`WORKER_COMMAND`).
+    configs, policies : iterable of Config, list of str
+        The cells and the policies each runs.
     out : str
         The sweep's folder; cells go to ``out/<machine>/<cell>/``.
     trials, requests : int
         As for :func:`~tuna_lab.measure.experiment.run`.
     progress : callable, optional
-        Called with one line at a time: the machines as they join, each
-        cell's trial lines (prefixed with its machine), each machine's cells
-        done and queued with the time left, and the Dask dashboard link.
-    per_machine : bool
-        Run every cell on every machine. Default: each cell once.
-    any_machine : bool
-        Spread over every machine. Default: only over machines of the
-        shape of the first machine seen (its topology up to CPU ids, CPU
-        model, cache sizes, CPU quota).
+        Called with one line of text at a time.
+    per_machine, any_machine, csv : bool
+        Every cell on every machine; any machine, not only the first one's shape; CSV copies too.
     worker_wait : float
-        Seconds to wait for a first machine, and for a machine to run the
-        cells left when every machine that could has gone.
-    csv : bool
-        Also write CSV copies of the tables.
+        Seconds to wait for a first machine, and for one to run the cells left.
     **run_options
-        ``concurrency``, ``seed``, ``warmup``, ``client_cpus``: as for
-        :func:`~tuna_lab.measure.experiment.run`. ``client_cpus`` (a cpulist,
-        ``"none"`` or None for the default) is resolved on each machine, for
-        its own CPUs, when it runs a cell; the line saying what was kept comes
-        back prefixed with the machine's name.
+        ``concurrency``, ``seed``, ``warmup``, ``client_cpus``: as for :func:`~tuna_lab.measure.experiment.run`.
 
     Returns
     -------
@@ -410,19 +396,18 @@ def sweep_on(client, configs, policies, out, trials=5, requests=1000, progress=N
     Raises
     ------
     ExperimentError
-        Bad options; no machine joined within ``worker_wait``; the scheduler
-        went away; some cells failed or could not run (after every other
-        cell ran: a re-run resumes with them).
+        Bad options; no machine joined in time; the scheduler went away; some cells failed.
     KeyboardInterrupt
-        Re-raised after an interrupt, once the finished cells are kept and
-        the running ones told to stop.
+        Re-raised once the finished cells are kept.
+
+    Notes
+    -----
+    See docs/cluster.md, sections "How it works", "Nothing lost, nothing mixed" and "Progress".
 
     Examples
     --------
     >>> # skipped: starts a local Dask cluster and runs a sweep on it (tests/test_cluster.py does)
-    >>> with connect("local") as client:                                        # doctest: +SKIP
-    ...     sweep_on(client, [Config(1, 1, "small", 10)], ["cfs", "round-robin"], "results/c",
-    ...              trials=1, requests=20, progress=print)
+    >>> sweep_on(client, [Config(1, 1, "small", 10)], ["cfs", "round-robin"], "results/c")   # doctest: +SKIP
     """
     policies = check_policies(policies)
     trials = positive_int("trials", trials, ExperimentError)

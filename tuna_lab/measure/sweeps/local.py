@@ -95,8 +95,8 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
 
     Parameters
     ----------
-    configs : iterable of Config
-    policies : list of str
+    configs, policies : iterable of Config, list of str
+        The cells and the policies each runs.
     out : str
         The sweep's folder: ``<out>/<cell>``, or ``<out>/<machine>/<cell>`` on a cluster.
     trials, requests : int
@@ -104,31 +104,18 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
     progress : callable, optional
         Called with one line of text at a time.
     client : distributed.Client, optional
-        Run the cells on the machines of this Dask cluster, one cell per
-        machine at a time (:func:`tuna_lab.measure.sweeps.cluster.sweep_on`, which
-        ``per_machine``, ``any_machine`` and ``worker_wait`` are passed to).
-        Default: here, one cell after the other.
+        Run the cells on this Dask cluster (:func:`tuna_lab.measure.sweeps.cluster.sweep_on`).
+    per_machine, any_machine, worker_wait
+        Passed to :func:`~tuna_lab.measure.sweeps.cluster.sweep_on` with ``client``.
     target : callable, optional
-        ``target(config) -> Target``: what serves each cell, for a user's own
-        app (an :class:`~tuna_lab.measure.target.AppTarget` of the config's W
-        and T, whose ``label`` and ``kind`` the configs carry). Default: the
-        lab server of each config. Not with ``client``: the app is on this
-        machine.
-    budget : float, optional
-        Seconds this call may take: a cell is started only if the time spent
-        plus its estimate fits (``estimate(config)``, default
-        :func:`~tuna_lab.measure.sweeps.article.estimate_cell`, rescaled by what the
-        cells finished so far took over their estimates). The cells left are
-        reported as not run; a re-run resumes with them. Not with ``client``.
+        ``target(config) -> Target`` for a user's own app; default the lab server. Not with ``client``.
+    budget, estimate : float, callable, optional
+        Seconds this call may take (not with ``client``); ``estimate(config) -> seconds`` of a cell.
     cuts, design
-        How the design was cut to the budget, recorded in ``sweep.json``
-        (:func:`sweep_settings`).
-    estimate : callable, optional
-        ``estimate(config) -> seconds`` for ``budget``.
+        How the design was cut to the budget, recorded in ``sweep.json`` (:func:`sweep_settings`).
     **run_options
         ``concurrency``, ``seed``, ``warmup``, ``csv``, ``client_cpus``: as for
-        :func:`~tuna_lab.measure.experiment.run`. ``client_cpus`` is chosen once here, or on each machine
-        of a cluster (CPU ids are per machine).
+        :func:`~tuna_lab.measure.experiment.run`.
 
     Returns
     -------
@@ -138,21 +125,18 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
     Raises
     ------
     ExperimentError
-        Bad input, or ``out`` holds a sweep (``sweep.json``) whose settings
-        differ from these (the message names them); nothing is written then.
+        Bad input, or ``out`` holds a sweep whose settings differ (named); nothing is written then.
+
+    Notes
+    -----
+    See docs/experiment.md: the "Sweep identity" item of its opening list, and section "Reproducing
+    the article" (the budget and its estimates).
 
     Examples
     --------
     >>> sweep([Config(1, 2, "small", 10), Config(2, 1, "small", 10)], ["cfs", "round-robin"],
     ...       "results/sweep", trials=3, requests=200)                        # doctest: +SKIP
     'results/sweep'
-    >>> from tuna_lab.measure.target import AppTarget                         # doctest: +SKIP
-    >>> sweep([Config(w, t, "myapp", 0, target="app") for w, t in [(1, 2), (2, 1)]], ["cfs", "tuna-scatter"],
-    ...       "results/myapp", target=lambda c: AppTarget("myapp:app", c.workers, c.threads))  # doctest: +SKIP
-    'results/myapp'
-    >>> from dask.distributed import Client                                   # doctest: +SKIP
-    >>> sweep(configs, ["cfs", "round-robin"], "results/cluster", client=Client("tcp://10.0.0.5:8786"),
-    ...       per_machine=True)                                              # doctest: +SKIP
     """
     policies = check_policies(policies)
     check_out(out)

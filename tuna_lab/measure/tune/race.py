@@ -418,42 +418,30 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
     ----------
     candidates : list of Candidate
     evaluate : callable
-        ``evaluate(candidate, round, next_step)`` runs one run of a candidate:
-        it starts the server, calls ``next_step(None)`` for the first step's
-        ``(rate, duration)`` and ``next_step(step)`` with each measured
-        :class:`Step` for the next, until it returns None. A simulated target
-        (the tests') or the real one (:func:`.tune`).
-    sla_p99 : float
-        The target, seconds (only for the message of an unmet target).
-    budget : float
-        Seconds the whole race may take (by ``clock``).
-    rounds : int
-        At most this many rounds; round ``k``'s steps last ``step_seconds * 2**k``.
-    steps : int
-        Steps per run.
-    eta : float
-        Successive halving keeps ``1/eta`` of the candidates after each round (1: none dropped).
-    tolerance : float
-        A bracket this narrow (relative) is resolved: later steps re-measure its passing rate.
-    confidence : float
-        One-sided confidence of the rate bounds (:func:`rate_bounds`).
-    low, high : float
-        Lowest and highest rate tried (requests per second).
-    start_rate : float
-        The first step's rate when no candidate has met the target yet.
+        ``evaluate(candidate, round, next_step)`` runs one run, asking ``next_step`` for each step.
+    sla_p99, budget : float
+        The target, seconds (for the message only); seconds the whole race may take (by ``clock``).
+    rounds, steps : int
+        At most this many rounds (round ``k``'s steps last ``step_seconds * 2**k``); steps per run.
+    step_seconds, eta, tolerance, confidence : float
+        First round's step length; ``1/eta`` kept per round; a resolved bracket; the bounds' confidence.
+    low, high, start_rate : float
+        Lowest and highest rate tried, and the first step's rate (requests per second).
     timeout : float, optional
         Drain of a step after its last arrival (default ``2 * sla_p99 + 0.5``).
     exhaustive : bool
-        Every candidate runs every round (no racing, no halving): the baseline of ``bench tune``.
-    clock : callable
-        Seconds, monotonic (the tests' simulated target brings its own).
-    progress : callable, optional
-        Called with one line per run.
+        Every candidate runs every round (no racing): the baseline of ``bench tune``.
+    clock, progress : callable
+        Seconds, monotonic; called with one line per run (optional).
 
     Returns
     -------
     TuneResult
         Without ``plan``, ``note`` or ``out`` (:func:`.tune` adds them).
+
+    Notes
+    -----
+    See docs/tune.md, sections "The race" (the rule) and "From Python" (the protocol of ``evaluate``).
 
     Examples
     --------

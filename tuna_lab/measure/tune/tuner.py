@@ -56,35 +56,21 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     sla_p99 : float or str
         The p99 target of the client's latency: seconds, or ``"50ms"``.
     configs : "auto" or list of (int, int)
-        The W x T pairs (``"auto"``: :func:`auto_configs` of the effective CPUs
-        the server has). Unused for a running server (``AttachedTarget``): it
-        keeps its W and T, and only the policies are searched.
+        The W x T pairs (``"auto"``: :func:`auto_configs`); unused for a running server.
     policies, wait_policies : sequence of str
-        Placement policies and OpenMP wait policies (``default``, ``passive``,
-        ``active``); every pair x policy x wait policy is a candidate.
-    model, batch : str, int
-        The lab server's model and rows per request (without ``target``).
-    target : AppTarget or AttachedTarget, optional
-        A user's app (W and T are set per candidate) or a running server.
+        Placement policies and OpenMP wait policies; every pair x policy x wait policy is a candidate.
+    model, batch, target : str, int, AppTarget or AttachedTarget
+        The lab server's model and rows per request; or a user's app, or a running server (optional).
     budget : float or str
         Wall time of the whole search (``"15m"``); honoured to within 10%.
     out : str, optional
-        Folder for the records: one cell folder per W x T x wait policy, each
-        step a trial, as ``sweep`` writes them.
-    client_cpus : str, optional
-        CPUs kept for the load generator (as for :func:`~tuna_lab.measure.experiment.run`).
-    seed, warmup, max_error_rate
+        Folder for the records, one cell folder per W x T x wait policy.
+    client_cpus, seed, warmup, max_error_rate
         As for :func:`~tuna_lab.measure.experiment.run`.
-    progress : callable, optional
-        Called with one line per run.
-    candidates : list of Candidate, optional
-        Race exactly these instead of every pair x policy x wait policy
-        (``configs``, ``policies`` and ``wait_policies`` are then unused): a
-        head-to-head of a few finalists, as ``bench tune`` runs one. Not for
-        a running server.
+    progress, candidates : callable, list of Candidate, optional
+        Called with one line per run; race exactly these candidates (not for a running server).
     **race_options
-        ``rounds``, ``step_seconds``, ``steps``, ``eta``, ``tolerance``,
-        ``confidence``, ``low``, ``high``, ``start_rate``, ``exhaustive``: see :func:`.race`.
+        ``rounds``, ``step_seconds``, ``steps``, ``eta``, ``tolerance``, ...: see :func:`.race`.
 
     Returns
     -------
@@ -93,10 +79,13 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     Raises
     ------
     TuneError
-        A target or budget that does not parse, a budget too small for one
-        trial, a wait policy for a running server, unknown policies.
+        A target or budget that does not parse or is too small, a bad policy or wait policy.
     UnmeetableTargetError
         No candidate met the target at any rate tried (``.result`` holds the evidence).
+
+    Notes
+    -----
+    See docs/tune.md, sections "What is searched", "The race" and "From Python".
 
     Examples
     --------

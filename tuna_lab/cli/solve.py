@@ -2,14 +2,18 @@
 
 import json
 
+from .commands import COMMANDS
 from .options import (add_size_options, add_strict_families_option, add_topology_options, positive_float_arg,
                       topology_of)
 
 __all__ = ["add_parser"]
 
 
-def add_parser(subparsers):
+def add_parser(subparsers, command=None):
     """Add ``solve`` to a ``tuna-lab`` subparsers object; returns the new parser.
+
+    ``command``: None or ``"solve"``, this module's one command (:func:`tuna_lab.cli.build_parser`
+    names the command it adds).
 
     Examples
     --------
@@ -21,7 +25,7 @@ def add_parser(subparsers):
     (2, 4, 'compact', 'auto')
     """
     s = subparsers.add_parser(
-        "solve", help="solve the Tuna ILP for W workers x T threads",
+        "solve", help=COMMANDS["solve"].help,
         description="The article's 0-1 ILP (cvxpy + HiGHS): the thread-to-core mapping of W workers x T "
                     "threads that maximises f_main + f_mode on a machine (this one unless told).",
         epilog="examples:\n"

@@ -2,13 +2,17 @@
 
 import json
 
+from .commands import COMMANDS
 from .options import add_topology_options, topology_of
 
 __all__ = ["add_parser"]
 
 
-def add_parser(subparsers):
+def add_parser(subparsers, command=None):
     """Add ``topology`` to a ``tuna-lab`` subparsers object; returns the new parser.
+
+    ``command``: None or ``"topology"``, this module's one command (:func:`tuna_lab.cli.build_parser`
+    names the command it adds).
 
     Examples
     --------
@@ -19,7 +23,7 @@ def add_parser(subparsers):
     True
     """
     t = subparsers.add_parser(
-        "topology", help="show a machine's cores, caches and distances",
+        "topology", help=COMMANDS["topology"].help,
         description="A machine's logical and physical cores, SMT siblings, caches and the cache distance "
                     "d(c, c') between cores; for this machine (or --fsroot) also the CPUs this process may "
                     "use and its CPU quota.",

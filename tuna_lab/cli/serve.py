@@ -7,11 +7,10 @@ answer in a fraction of a second and load no solver, XGBoost or plotting.
 import json
 
 from ..errors import ServerError
-from ..server.limits import MAX_WORK, READ_TIMEOUT
-from ..server.models import MODEL_FEATURES, model_cost
-from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_wait_options, check_cpu_quota,
-                      client_cpus_of, policies_help, positive_float_arg)
-from .placement import add_traffic_options, add_worker_options
+from .commands import COMMANDS
+from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_traffic_options,
+                      add_wait_options, add_worker_options, check_cpu_quota, client_cpus_of, policies_help,
+                      positive_float_arg, traffic_of, worker_choice_of)
 
 #: `serve`'s queue bound: seconds a request may wait for a worker before it is shed with 503.
 DEFAULT_MAX_WAIT = 2.0
@@ -19,13 +18,13 @@ DEFAULT_MAX_WAIT = 2.0
 __all__ = ["add_parser"]
 
 
-def add_parser(subparsers):
-    """Add ``serve``, ``status`` and ``stop`` to a ``tuna-lab`` subparsers object.
+def add_parser(subparsers, command=None):
+    """Add ``serve``, ``status`` and ``stop`` (or only ``command``, one of them) to a ``tuna-lab`` subparsers object.
 
     Returns
     -------
     list of argparse.ArgumentParser
-        The three new parsers, in that order.
+        The new parsers, in that order.
 
     Examples
     --------
@@ -38,8 +37,17 @@ def add_parser(subparsers):
     >>> parser.parse_args(["status", "--pid", "123"]).pid
     123
     """
+    adders = (("serve", _add_serve), ("status", _add_status), ("stop", _add_stop))
+    return [add(subparsers) for name, add in adders if command in (None, name)]
+
+
+def _add_serve(subparsers):
+    # The model costs and bounds of --max-work's help: imported for `serve` only (status and stop stay light).
+    from ..server.limits import MAX_WORK, READ_TIMEOUT
+    from ..server.models import MODEL_FEATURES, model_cost
+
     v = subparsers.add_parser(
-        "serve", help="start the Gunicorn + XGBoost server with every thread pinned",
+        "serve", help=COMMANDS["serve"].help,
         epilog="examples:\n"
                "  tuna-lab serve -w 2 -t 2 --policy tuna-scatter            in the foreground until Ctrl-C\n"
                "  tuna-lab serve -w 2 -t 2 --model small --pidfile /tmp/t.pid --detach\n"
@@ -80,10 +88,12 @@ def add_parser(subparsers):
     add_strict_option(v)
     add_client_cpus_option(v)
     v.set_defaults(func=_cmd_serve)
+    return v
 
+
+def _add_status(subparsers):
     st = subparsers.add_parser(
-        "status", help="a running server's master, helpers and workers (with the reason for each), and per "
-                       "worker thread (role, TID) its allowed CPUs",
+        "status", help=COMMANDS["status"].help,
         epilog="examples:\n"
                "  tuna-lab status --pidfile /tmp/t.pid\n"
                "  tuna-lab status --pid MASTER --plan plan.json --json\n"
@@ -96,12 +106,15 @@ def add_parser(subparsers):
     add_worker_options(st)
     add_traffic_options(st)
     st.set_defaults(func=_cmd_status)
+    return st
 
-    sp = subparsers.add_parser("stop", help="stop a server started with --detach",
+
+def _add_stop(subparsers):
+    sp = subparsers.add_parser("stop", help=COMMANDS["stop"].help,
                                epilog="example:\n  tuna-lab stop --pidfile /tmp/t.pid\n")
     sp.add_argument("--pidfile", required=True, help="the pidfile the server was started with")
     sp.set_defaults(func=_cmd_stop)
-    return [v, st, sp]
+    return sp
 
 
 def _cmd_serve(args):
@@ -198,7 +211,6 @@ def _status_of_pid(args):
 
     from ..placement.pin import PinReport, server_roles, server_threads
     from ..placement.plan import Plan
-    from .placement import traffic_of, worker_choice_of
 
     plan = Plan.read(args.plan) if args.plan else None
     roles = server_roles(args.pid, worker_choice_of(args))

@@ -1,0 +1,110 @@
+"""``tuna-lab plan``: a placement plan you can take away, for any pre-fork server.
+
+``plan`` prints one placement plan (JSON, ``OMP_PLACES``, per-slot OpenMP
+environment, ONNX Runtime's ``session.intra_op_thread_affinities``,
+``taskset`` lines or a Gunicorn config snippet); with ``--pid MASTER`` and
+``--format taskset``, the ``taskset`` lines name a running server's threads.
+``tuna-lab pin`` (:mod:`tuna_lab.cli.pin`) applies a plan. ``--policy`` takes
+any registered policy (:func:`tuna_lab.placement.register`); only those that
+need the solver load it.
+"""
+
+from .commands import COMMANDS
+from .options import (add_front_cpus_option, add_size_options, add_strict_families_option, add_topology_options,
+                      add_traffic_options, add_worker_options, front_cpus_of, plan_for, policies_help,
+                      positive_float_arg, topology_of, traffic_of, worker_choice_of)
+
+__all__ = ["add_parser"]
+
+_FORMATS = ("json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn")
+
+
+def add_parser(subparsers, command=None):
+    """Add ``plan`` to a ``tuna-lab`` subparsers object; returns the new parser.
+
+    ``command``: None or ``"plan"``, this module's one command (:func:`tuna_lab.cli.build_parser`
+    names the command it adds).
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="tuna-lab")
+    >>> _ = add_parser(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["plan", "-w", "2", "-t", "2", "--policy", "round-robin", "--format", "taskset"])
+    >>> args.workers, args.threads, args.format, args.pid
+    (2, 2, 'taskset', None)
+    """
+    p = subparsers.add_parser(
+        "plan", help=COMMANDS["plan"].help,
+        epilog="examples:\n"
+               "  tuna-lab plan -w 4 -t 4 --policy tuna-scatter > plan.json\n"
+               "  tuna-lab plan -w 2 -t 4 --policy round-robin --format env           OMP_*/GOMP_*/KMP_* per slot\n"
+               "  tuna-lab plan -w 2 -t 4 --policy round-robin --format onnxruntime   "
+               "session.intra_op_thread_affinities\n"
+               "  tuna-lab plan -w 2 -t 2 --policy round-robin --format taskset --pid MASTER\n"
+               "  tuna-lab plan -w 2 -t 2 --format taskset --pid MASTER --url http://127.0.0.1:8000/predict "
+               "--body req.json   pools found by their activity\n")
+    add_size_options(p)
+    p.add_argument("--policy", default="tuna-scatter", metavar="POLICY",
+                   help=policies_help())
+    p.add_argument("--format", choices=_FORMATS, default="json", help="what to print")
+    p.add_argument("--pid", type=int, default=None, metavar="MASTER",
+                   help="for --format taskset: the running server whose TIDs to name (each worker's main thread "
+                        "bound as `pin` binds it)")
+    add_worker_options(p, flag="--worker-pids")
+    add_front_cpus_option(p)
+    # With --pid, pools that wait in libc (ONNX Runtime's) are found by their activity, as `pin` finds them.
+    add_traffic_options(p)
+    p.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S",
+                   help="solver time limit for the policies that need the solver (tuna-*)")
+    add_strict_families_option(p)
+    add_topology_options(p)
+    p.set_defaults(func=_cmd_plan)
+    return p
+
+
+def _cmd_plan(args):
+    from ..errors import PlanError
+
+    if args.pid is None and (args.workers_pids or args.worker_match):
+        raise PlanError("--workers and --worker-match name the workers of --pid MASTER: give --pid too")
+    if args.pid is not None and args.format != "taskset":
+        raise PlanError(f"--pid names the threads of a running server for --format taskset; --format "
+                        f"{args.format} names no threads")
+    if args.pid is None and args.url is not None:
+        raise PlanError("--url sends requests to the running server of --pid, to find its pool threads: give --pid")
+    topology = topology_of(args)
+    front = front_cpus_of(args, topology.cpus)
+    if front is not None:
+        # The workers' plan is made for the CPUs the front leaves; `pin --front-cpus` checks it against the same.
+        topology = topology.restrict(sorted(set(topology.cpus) - set(front)))
+    plan = plan_for(args.policy, args.workers, args.threads, topology, args.time_limit, args.on_infeasible)
+    tids = None
+    if args.pid is not None:
+        from ..placement.pin import check_server, server_roles, server_threads
+
+        check_server(args.pid)                          # PID 1, or a process that serves nothing: refused
+        roles = server_roles(args.pid, worker_choice_of(args))
+        activity = traffic_of(args, args.pid)
+        # Every worker of the server gets a slot: a plan with fewer slots has no CPUs for some.
+        count = len(roles.workers)
+        if count != plan.workers:
+            raise PlanError(f"server {args.pid} has {count} worker{'' if count == 1 else 's'} "
+                            f"({', '.join(map(str, roles.worker_pids))}) but the plan has {plan.workers} slots: "
+                            f"give -w {count}; left out as no workers: {roles.left_out()}")
+        # Each worker's main thread is bound as `pin` binds it (pin.main_rule): never to fewer CPUs than
+        # its pool where its runtime sizes the pool from the main thread's CPUs.
+        tids = [{"slot": w["slot"], "rank": t["rank"], "tid": t["tid"], "pid": w["pid"],
+                 "exact_main": w["exact_main"], "main_note": t.get("note")}
+                for w in server_threads(args.pid, activity=activity, roles=roles)
+                for t in w["threads"] if t["role"] != "other"]
+    print(plan.render(args.format, tids=tids))
+    if front is not None and args.pid is not None:
+        from .._checks import format_cpulist
+
+        # What `pin --front-cpus` binds besides the workers: every thread (-a) of the master, helpers, front ends.
+        cpus = format_cpulist(front).replace(" ", "")
+        print(f"# --front-cpus {cpus}: every thread of the master, the helpers and the front ends")
+        for proc in (roles.master, *roles.helpers):
+            print(f"taskset -a -p -c {cpus} {proc.pid}")
+    return 0

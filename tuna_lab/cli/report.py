@@ -1,0 +1,74 @@
+"""``tuna-lab report``: the article's analysis of ``run`` or ``sweep`` results, in one HTML file."""
+
+import os
+
+from ..errors import ExperimentError, TunaError
+from .commands import COMMANDS
+from .options import print_json
+
+__all__ = ["add_parser"]
+
+
+def add_parser(subparsers, command=None):
+    """Add ``report`` to a ``tuna-lab`` subparsers object; returns the new parser.
+
+    ``command``: None or ``"report"``, this module's one command (:func:`tuna_lab.cli.build_parser`
+    names the command it adds).
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="tuna-lab")
+    >>> _ = add_parser(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["report", "results/sweep", "--json"])
+    >>> args.results, args.output, args.json
+    ('results/sweep', 'report.html', True)
+    """
+    rp = subparsers.add_parser(
+        "report", help=COMMANDS["report"].help,
+        description="The article's analysis of the results of `run` or `sweep`: p99 per scenario with "
+                    "confidence intervals, average speedups over cfs and round-robin (overall and by "
+                    "subscription, model and batch), figures, CPU cost and failures, in one HTML file.",
+        epilog="examples:\n"
+               "  tuna-lab report results/sweep -o report.html\n"
+               "  tuna-lab report results/ --json\n")
+    rp.add_argument("results", help="a results folder written by `run --out` or `sweep --out`")
+    rp.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
+    rp.add_argument("--json", action="store_true",
+                    help="print one JSON object: the report's path and the average speedups over cfs and "
+                         "round-robin")
+    rp.set_defaults(func=_cmd_report)
+    return rp
+
+
+def _cmd_report(args):
+    from ..analysis.report import write_report
+    from ..analysis.summary import summarize
+    from ..measure.experiment import load_results, load_thread_cpu
+    from ..measure.store import read_sweep_file
+
+    requests, trials, manifests = load_results(args.results)
+    threads = load_thread_cpu(args.results)
+    # A sweep on a cluster: one description per machine; the header names the machines, not the first one's CPU.
+    machines = {m["machine"]: m for m in manifests} if "machine" in trials.columns else None
+    header = manifests[0] if len(manifests) == 1 else {"cells": len(manifests), **manifests[0]}
+    if machines:
+        header = {"cells": len(manifests), "machines": sorted(machines),
+                  **{k: manifests[0][k] for k in ("git_commit", "command", "started") if k in manifests[0]}}
+    # A sweep of the article's design (sweep --grid article): the report sets its figures beside the article's.
+    settings = read_sweep_file(args.results) if os.path.isdir(args.results) else None
+    try:
+        path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
+                            threads=threads if len(threads) else None, manifest=header, machines=machines,
+                            article=(settings or {}).get("design"))
+    except OSError as exc:      # a folder, /proc, no such parent: what _files.write_atomic refused, one line
+        raise ExperimentError(f"-o {args.output}: {exc.strerror or exc}" if not isinstance(exc, TunaError)
+                              else str(exc)) from None
+    if args.json:
+        summary = summarize(requests, trials).to_dict()
+        print_json({"report": os.fspath(path), "results": args.results, "cells": len(manifests),
+                     "speedups": summary["headline"], "cpu": summary["cpu"],
+                     "mechanism": summary["mechanism"], "mechanism_correlations": summary["correlations"]})
+        return 0
+    print(f"wrote {path}")
+    return 0

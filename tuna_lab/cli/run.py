@@ -1,0 +1,279 @@
+"""``tuna-lab run`` and ``demo``: measure policies on one configuration, and the whole story in one command.
+
+Results (tables, the ``--json`` object, the paths written) go to stdout;
+progress (one line per trial) goes to stderr.
+"""
+
+import os
+import sys
+
+from .._checks import format_cpulist
+from ..errors import ExperimentError
+from .commands import COMMANDS
+from .options import (MEASURE_HELP, add_client_cpus_option, add_size_options, add_strict_option, add_target_options,
+                      add_wait_options, check_cpu_quota, check_measure_options, client_cpus_of, no_valid_status_of,
+                      policies_arg, policies_help, positive_float_arg, print_json, progress, target_of)
+
+__all__ = ["add_parser"]
+
+# run --pid's requests in flight per worker by default: a running server is someone's live service.
+_PID_CONCURRENCY = 2
+
+
+def add_parser(subparsers, command=None):
+    """Add ``run`` and ``demo`` (or only ``command``, one of them) to a ``tuna-lab`` subparsers object.
+
+    Returns
+    -------
+    list of argparse.ArgumentParser
+        The new parsers, in that order.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> parser = argparse.ArgumentParser(prog="tuna-lab")
+    >>> _ = add_parser(parser.add_subparsers(dest="command"))
+    >>> args = parser.parse_args(["run", "-w", "2", "-t", "2", "--policies", "cfs,round-robin"])
+    >>> args.workers, args.threads, args.policies, args.trials
+    (2, 2, 'cfs,round-robin', 5)
+    """
+    return [add(subparsers) for name, add in (("run", _add_run), ("demo", _add_demo)) if command in (None, name)]
+
+
+def _add_run(subparsers):
+    r = subparsers.add_parser(
+        "run", help=COMMANDS["run"].help,
+        description="Measure a server once per policy and trial, with its threads pinned by the policy, and record "
+                    "every request; prints p50/p99 per policy and the p99 speedups over cfs (the article's method). "
+                    "The server is tuna_lab's own Gunicorn + XGBoost server (the default), your app started by "
+                    "tuna_lab (--app), or a server already running (--pid with --url), pinned live and given back "
+                    "its CPU masks at the end.",
+        epilog="examples:\n"
+               "  tuna-lab run -w 2 -t 2 --model small --trials 3 --requests 200\n"
+               "  tuna-lab run -w 2 -t 2 --policies cfs,tuna-scatter --out results/ --json > run.json\n"
+               "  tuna-lab run -w 4 -t 2 --client-cpus 6-7        load generator on CPUs 6-7, server on the rest\n"
+               "  tuna-lab run --app myapp:app --app-dir src -w 2 -t 2 --path /predict --body req.json\n"
+               "  tuna-lab run --app api:app --server uvicorn -w 2 -t 2 --bodies reqs.jsonl --rate 50 --duration 10\n"
+               "  tuna-lab run --pid MASTER --url http://127.0.0.1:8000/predict -t 2 --body req.json "
+               "--policies cfs,round-robin,tuna-scatter\n")
+    add_size_options(r, required=False)
+    r.add_argument("--model", default="medium", help=MEASURE_HELP["model"])
+    r.add_argument("--batch", type=int, default=100, help=MEASURE_HELP["batch"])
+    r.add_argument("--policies", default="cfs,round-robin,tuna-scatter",
+                   help=policies_help("comma-separated placement policies"))
+    r.add_argument("--trials", type=int, default=5, help=MEASURE_HELP["trials"])
+    r.add_argument("--requests", type=int, default=None,
+                   help="requests per policy and trial (default 1000; with --rate: as many as --duration holds)")
+    r.add_argument("--concurrency", type=int, default=None,
+                   help="in flight (default: all, as the article; with --pid: %d per worker - a running server is "
+                        "a live service, and %d per worker keeps each worker busy with one more waiting, where "
+                        "all at once would measure the queue rather than the serving)" % (_PID_CONCURRENCY,
+                                                                                          _PID_CONCURRENCY))
+    r.add_argument("--rate", type=positive_float_arg, default=None, metavar="PER_S",
+                   help="open loop: Poisson arrivals at this many requests per second (with --duration)")
+    r.add_argument("--duration", type=positive_float_arg, default=None, metavar="S",
+                   help="open loop: seconds of arrivals per trial")
+    r.add_argument("--max-error-rate", type=float, default=0.01, metavar="SHARE",
+                   help="a trial with a larger share of failed requests (non-2xx, timeouts) is marked failed "
+                        "(default 0.01)")
+    r.add_argument("--seed", type=int, default=0, help=MEASURE_HELP["seed"])
+    r.add_argument("--out", default=None,
+                   help="results folder (a cell folder is written inside; default: nothing is written)")
+    r.add_argument("--csv", action="store_true", help="also write CSV copies of the tables")
+    r.add_argument("--json", action="store_true",
+                   help="print one JSON object: the summary rows, the speedups and the files written")
+    add_wait_options(r)
+    add_strict_option(r)
+    add_client_cpus_option(r)
+    add_target_options(r)
+    r.set_defaults(func=_cmd_run)
+    return r
+
+
+def _add_demo(subparsers):
+    d = subparsers.add_parser(
+        "demo", help=COMMANDS["demo"].help,
+        description="The Tuna mapping for this machine and the article's (scatter and compact), then a "
+                    "short live experiment sized to this machine (cfs, round-robin, tuna-scatter) with a "
+                    "report: what `make demo` runs.",
+        epilog="examples:\n"
+               "  tuna-lab demo\n"
+               "  tuna-lab demo --offline                    only the mappings, in seconds\n")
+    d.add_argument("--out", default="results", help="results folder; the demo writes OUT/demo")
+    d.add_argument("--trials", type=int, default=3, help=MEASURE_HELP["trials"])
+    d.add_argument("--requests", type=int, default=200, help=MEASURE_HELP["requests"])
+    d.add_argument("--offline", action="store_true", help="only the mappings, no server")
+    d.set_defaults(func=_cmd_demo)
+    return d
+
+
+def _cmd_run(args):
+    from ..analysis.summary import scale_note, summarize
+    from ..machine import Limits
+    from ..measure.experiment import Config, check_policies, run
+    from ..measure.store import check_out
+
+    check_measure_options(args, ExperimentError)
+    target = _run_target(args)
+    if (args.rate is None) != (args.duration is None):
+        raise ExperimentError("the open loop needs both --rate and --duration")
+    if args.requests is None and args.rate is None:
+        args.requests = 1000
+    if args.concurrency is None and args.pid is not None:
+        args.concurrency = _PID_CONCURRENCY * target.workers       # bounded: see --concurrency's help
+    if target is None:
+        config = Config(args.workers, args.threads, args.model, args.batch, wait_policy=args.wait_policy,
+                        spincount=args.spincount)
+    else:
+        config = Config(target.workers, target.threads, target.label, 0, target=target.kind)
+    policies = check_policies(policies_arg(args.policies))
+    if args.out:
+        check_out(args.out, "--out")
+    # A running server's are the CPUs its master may use, less --front-cpus: the load generator's come from those.
+    machine = target.machine() if target is not None and target.kind == "attached" else None
+    client = client_cpus_of(args, ExperimentError, threads=[config.threads], topology=machine)
+    check_cpu_quota(config.workers * config.threads, args.strict, ExperimentError)
+    out = os.path.join(args.out, config.key) if args.out else None
+    result = run(config if target is None else None, policies, trials=args.trials, requests=args.requests, out=out,
+                 concurrency=args.concurrency, seed=args.seed, progress=_noted(f"tuna-lab: {client.describe()}"),
+                 csv=args.csv,
+                 client_cpus=client, target=target, rate=args.rate, duration=args.duration,
+                 max_error_rate=args.max_error_rate, strict=args.strict)
+    run_summary = summarize(result)
+    summary = run_summary.to_dict()
+    latency = _latency_words(result.trials)
+    if args.json:
+        print_json({"cell": config.key, "config": result.manifest.get("config"), "summary": summary["summary"],
+                     "speedups": summary["speedups"], "latency": latency, "target": result.manifest.get("target"),
+                     "failed_trials": summary["failed"],
+                     "mechanism": summary["mechanism"], "mechanism_correlations": summary["correlations"],
+                     "client_cpus": result.manifest.get("client_cpus"),
+                     "generator": result.manifest.get("generator"), "path": result.path,
+                     "files": sorted(os.path.join(result.path, f) for f in os.listdir(result.path))
+                     if result.path else []})
+        return no_valid_status_of(result)
+    print(run_summary.to_text())
+    # Right under the speedups, as the demo says it: on a small machine they are not the article's.
+    note = scale_note(Limits.read().effective_cpus)
+    if note:
+        print(note)
+    print(f"latency: {latency}")
+    if run_summary.mechanism_text():
+        print(run_summary.mechanism_text())
+    if target is not None and target.kind == "attached":
+        if target.front_cpus:
+            print(f"front end: the master, helpers and front ends on CPUs {format_cpulist(target.front_cpus)} "
+                  "under the pinning policies (--front-cpus); their CPU per request is the table's front column")
+        advice = _front_advice(result.trials, target.front_cpus)
+        if advice:
+            print(f"tuna-lab: warning: {advice}", file=sys.stderr)
+    for failure in summary["failed"]:
+        print(f"failed: {failure['policy']} trial {failure['trial'] + 1}: {failure['reason']}")
+    if out:
+        print(f"wrote {out}")
+    return no_valid_status_of(result)
+
+
+def _front_advice(trials, front_cpus=None):
+    """The ``--front-cpus`` advice for ``run --pid``, or None.
+
+    The summary already shows the front end's CPU per request and says where
+    it is a large share (:func:`~tuna_lab.analysis.summary.front_note`); where
+    it is and ``--front-cpus`` was not given, this says what to do about it.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> _front_advice(pd.DataFrame()) is None      # nothing recorded: nothing to say
+    True
+    """
+    from ..analysis.summary import front_note
+
+    if front_cpus or not front_note(trials):
+        return None
+    return ("the master and front ends do real work, on the workers' CPUs; --front-cpus CPULIST keeps them (all "
+            "their threads) on CPUs of their own under the pinning policies and places the workers on the rest")
+
+
+def _run_target(args):
+    """``run``'s target (None: the lab server), from the options every measuring command reads alike."""
+    target = target_of(args, ExperimentError)
+    if target is None:
+        if args.workers is None or args.threads is None:
+            raise ExperimentError("give -w and -t (the lab server's size)")
+        return None
+    if args.pid is not None:
+        return target
+    if args.workers is None or args.threads is None:
+        raise ExperimentError("--app needs -w and -t")
+    return target(args.workers, args.threads)
+
+
+# What each value of a trial's ``latency`` column means, in the words ``run`` prints.
+_LATENCY_WORDS = {"server": "server-side (the lab server's own timing of each request)",
+                  "server-timing": "server-side (the responses' Server-Timing duration)",
+                  "client": "client-side (send to the last byte of the response; the server sent no Server-Timing)"}
+
+
+def _latency_words(trials):
+    kinds = sorted(set(trials["latency"])) if "latency" in trials.columns and len(trials) else ["server"]
+    return "; ".join(f"{_LATENCY_WORDS.get(k, k)}" for k in kinds)
+
+
+def _noted(note):
+    """:func:`~tuna_lab.cli.options.progress`, saying ``note`` first: once the run holds its folder and CPUs,
+    so that a refusal of either (a planted lock file, CPUs in use) stays the one line on stderr."""
+    pending = [note]
+
+    def noted(line):
+        while pending:
+            progress(pending.pop())
+        progress(line)
+    return noted
+
+
+def _cmd_demo(args):
+    from ..analysis.report import write_report
+    from ..analysis.summary import scale_note, summarize
+    from ..machine import Limits, topology_from
+    from ..measure.experiment import Config, run
+    from ..model import solve
+
+    here = topology_from(None)
+    C = here.n_logical
+    # Sized to what this process may really use (a CPU quota caps it): one worker per
+    # CPU, two OpenMP threads each - twice as many threads as cores, the
+    # oversubscribed regime where placement matters.
+    usable = Limits.read().effective_cpus
+    W, T = max(2, usable), min(2, usable)
+    print("== 1. The offline phase: the Tuna mapping\n")
+    for title, topo, w, t in ((f"This machine ({C} CPUs)", here, W, T),
+                              ("The article's machine, Azure D32ds_v4 (xeon-8272cl)",
+                               topology_from("xeon-8272cl"), 4, 8)):
+        print(f"-- {title}: {topo!r}")
+        for mode in ("scatter", "compact"):
+            mapping = solve(w, t, topo, mode, time_limit=60)
+            print(mapping.describe())
+            bad = mapping.verify()
+            print(f"  every family's check: {'passed' if not bad else f'{len(bad)} violations'}\n")
+    if args.offline:
+        return 0
+    print(f"== 2. The online phase: pin and measure ({W} workers x {T} threads, medium model, batch 100, "
+          f"{args.trials} trials x {args.requests} concurrent requests)\n", flush=True)
+    out = os.path.join(args.out, "demo")
+    config = Config(W, T, "medium", 100)
+    result = run(config, ["cfs", "round-robin", "tuna-scatter"], trials=args.trials, requests=args.requests,
+                 out=os.path.join(out, config.key), progress=lambda line: progress("  " + line))
+    print()
+    run_summary = summarize(result)
+    print(run_summary.to_text())
+    # Right under the speedups: on a small machine they are not the article's, and the reader must know why.
+    note = scale_note(usable)
+    if note:
+        print(note)
+    if run_summary.mechanism_text():
+        print(run_summary.mechanism_text())
+    report = write_report(result.requests, result.trials, os.path.join(out, "report.html"),
+                          title="tuna_lab demo", manifest=result.manifest)
+    print(f"\nraw records: {result.path}\nreport: {report}")
+    return 0
