@@ -70,3 +70,4 @@ def hwloc_dump_roots(tmp_path_factory):
         assert len(tops) == 1, f"{archive.name}: expected one top-level directory"
         roots[name] = dest / tops[0]
     return roots
+

@@ -26,7 +26,8 @@ from test_pin import (CPUS, GUNICORN, USERAPP, W, Server, _gunicorn_quiet, _no_p
                       cli, every_worker_has_its_pool, get, plain, pool_tids, ready, request_until,
                       scatter_plan, server_env, wait_until)
 
-pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="auditing a W=2 server needs 2 CPUs")
+# alone: it says no foreign load is there on a clean server (tests/conftest.py)
+pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="auditing a W=2 server needs 2 CPUs"), pytest.mark.alone]
 
 
 @pytest.fixture(scope="module")

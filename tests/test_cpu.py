@@ -17,6 +17,9 @@ from tuna_lab.server.cpuclock import process_thread_cpu, request_cpu, thread_cpu
 from tuna_lab.server.openmp import wait_policy_env
 from tuna_lab.measure.experiment import Config, load_results, load_thread_cpu, run
 
+# alone: it measures CPU time (tests/conftest.py)
+pytestmark = pytest.mark.alone
+
 CPUS = len(os.sched_getaffinity(0))
 T = min(2, CPUS)
 

@@ -22,6 +22,9 @@ from tuna_lab.machine.irqs import irq_counts
 from tuna_lab.measure.experiment import Config, load_results, load_thread_cpu, run
 from tuna_lab.measure.schema import EVIDENCE_COLUMNS, THREAD_EVIDENCE_COLUMNS
 
+# alone: it measures foreign CPU and run-queue wait (tests/conftest.py)
+pytestmark = pytest.mark.alone
+
 CPUS = sorted(os.sched_getaffinity(0))
 # One worker with a pool of two threads (main + 1 pool thread), so that every worker role is there.
 CONFIG = Config(1, 2, "small", 20)

@@ -33,6 +33,9 @@ from tuna_lab.measure import trials as trials_module
 from tuna_lab.measure.loadgen.requests import Requests
 from tuna_lab.server.launch import free_port
 
+# alone: it measures a server's latency and CPU (tests/conftest.py)
+pytestmark = pytest.mark.alone
+
 CPUS = sorted(os.sched_getaffinity(0))
 
 two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs")

@@ -24,6 +24,9 @@ from tuna_lab.measure.loadgen.load import (COLUMNS, aclosed_loop, aopen_loop, cl
                                    measure_generator, open_loop, payload, poisson_schedule, summary)
 from tuna_lab.server.models import STAGES
 
+# alone: it measures the load generator's latency and rate (tests/conftest.py)
+pytestmark = pytest.mark.alone
+
 SERVICE = 0.05  # seconds per request of the /slow endpoint
 
 

@@ -17,6 +17,9 @@ from tuna_lab.bench.load import compare_with_wrk, ensure_wrk, format_table, run_
 from tuna_lab.measure.loadgen.load import payload
 from tuna_lab.measure.loadgen.trivial import trivial_endpoint
 
+# alone: it measures the load generator's overhead (tests/conftest.py)
+pytestmark = pytest.mark.alone
+
 WRK = ensure_wrk()
 needs_wrk = pytest.mark.skipif(WRK is None, reason="wrk is not installed and could not be installed")
 

@@ -46,7 +46,8 @@ UVICORN = Path(sys.executable).with_name("uvicorn")
 CPUS = sorted(os.sched_getaffinity(0))
 W, T = 2, 2
 
-pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs")
+# alone: --watch must pin a replacement within a second (tests/conftest.py)
+pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs"), pytest.mark.alone]
 
 
 # -- reading /proc (independently of tuna_lab) ------------------------------------------------------

@@ -36,7 +36,8 @@ from test_pin import (CPUS, GUNICORN, USERAPP, Server, _gunicorn_quiet, _no_proc
 SHAPES = Path(__file__).parent / "shapes"
 W, T = 2, 2
 
-pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs")
+# alone: it samples masks while a trial runs (tests/conftest.py)
+pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs"), pytest.mark.alone]
 
 COMMANDS = {
     "prefork": [GUNICORN, "-c", SHAPES / "prefork_conf.py", "--chdir", SHAPES, "-b", "127.0.0.1:{port}",

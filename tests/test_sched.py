@@ -18,6 +18,9 @@ import pytest
 
 from tuna_lab.machine import sched
 
+# alone: it reads the scheduler's counters of a busy thread (tests/conftest.py)
+pytestmark = pytest.mark.alone
+
 SPIN = "while True: pass"
 
 

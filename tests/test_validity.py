@@ -21,6 +21,9 @@ from tuna_lab.measure.store import cell_state, is_finished, lock_folder, no_vali
 from tuna_lab.measure.sweeps.local import sweep
 from tuna_lab.server.models import ensure_model
 
+# alone: it measures latency (tests/conftest.py)
+pytestmark = pytest.mark.alone
+
 POLICIES = ["cfs", "round-robin"]
 
 

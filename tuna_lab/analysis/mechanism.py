@@ -48,7 +48,6 @@ from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from ..errors import AnalysisError
 from .stats import MACHINE, format_interval, scenario_stats
@@ -258,6 +257,7 @@ def mechanism_table(trials, notes=None, confidence=0.95):
 
 def _spearman(x, y, axis=-1):
     """Spearman's rho along ``axis``; 0 where a resample is constant (no order: no relation to count)."""
+    from scipy import stats     # here: scipy.stats takes most of a second to load, and few runs correlate
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", stats.ConstantInputWarning)
         rho = stats.spearmanrho(x, y, axis=axis).statistic
@@ -274,6 +274,8 @@ def _correlation(x, y, label, confidence, resamples, seed):
         return (np.nan, np.nan, np.nan, True,
                 f"no relation to measure: every one of the {n} trials had the same "
                 + (label if np.ptp(x) == 0 else "p99"))
+    from scipy import stats
+
     rho = float(_spearman(x, y))
     ci = stats.bootstrap((x, y), _spearman, paired=True, vectorized=True, method="percentile",
                          n_resamples=resamples, confidence_level=confidence,

@@ -56,7 +56,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from pandas.api.types import is_integer_dtype
-from scipy import stats
+# Student's t quantile: scipy.special's, not scipy.stats's t.ppf, which is the same function but loads
+# all of scipy.stats (most of a second) into every `tuna-lab run` that prints a summary.
+from scipy.special import stdtrit
 
 from ..errors import AnalysisError
 from ..measure.schema import PERCENTILES
@@ -202,7 +204,7 @@ def _log_bounds(value, rel_var, dof, confidence):
     """
     value, rel_var, dof = np.broadcast_arrays(*(np.asarray(x, dtype=float) for x in (value, rel_var, dof)))
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        q = stats.t.ppf(0.5 + confidence / 2, np.where(dof > 0, dof, np.nan))
+        q = stdtrit(np.where(dof > 0, dof, np.nan), 0.5 + confidence / 2)
         factor = np.exp(q * np.sqrt(rel_var))
         usable = (value > 0) & (rel_var >= 0) & np.isfinite(q)
         return np.where(usable, value / factor, np.nan), np.where(usable, value * factor, np.nan)

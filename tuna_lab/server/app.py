@@ -64,7 +64,7 @@ from ..placement.pools import new_pool_threads
 from .cpuclock import process_thread_cpu, request_cpu
 # STAGES is defined by the model catalogue; re-exported as this app's stages.
 from .limits import MAX_BODY_BYTES, MAX_WORK, READ_TIMEOUT, RETRY_AFTER, ROW_BUDGET_BYTES
-from .models import MODEL_FEATURES, STAGES, load_booster, make_rows, model_cost
+from .models import MODEL_FEATURES, STAGES, import_xgboost, load_booster, make_rows, model_cost
 
 __all__ = ["InferenceApp", "create_app", "app_from_env", "max_rows", "max_rows_default", "max_work", "STAGES",
            "MAX_BODY_BYTES", "ROW_BUDGET_BYTES", "MAX_WORK", "READ_TIMEOUT", "RETRY_AFTER"]
@@ -174,7 +174,7 @@ class InferenceApp:
         """
         # Import first: XGBoost's imports (scipy's OpenBLAS) may start threads
         # of their own, and only the OpenMP pool's TIDs should be reported.
-        import xgboost
+        xgboost = import_xgboost()
 
         before = set(threads_of(os.getpid()))
         booster, _ = self._load()
@@ -191,9 +191,7 @@ class InferenceApp:
         with self._load_lock:
             if self._booster is None:
                 self._booster = load_booster(self.model, self.threads)
-                import xgboost
-
-                self._xgboost = xgboost
+                self._xgboost = import_xgboost()
         return self._booster, self._xgboost
 
     # -- WSGI -------------------------------------------------------------------------

@@ -39,7 +39,35 @@ from ..errors import ServerError
 np = lazy_loader.load("numpy")
 
 __all__ = ["STAGES", "MODEL_FEATURES", "model_trees", "model_cost", "cache_dir", "model_path", "ensure_model",
-           "load_booster", "make_rows", "train_all"]
+           "load_booster", "make_rows", "train_all", "import_xgboost"]
+
+def import_xgboost():
+    """The ``xgboost`` module, imported without scikit-learn when it is not loaded yet.
+
+    Where scikit-learn is installed (the ``advise`` extra), ``import xgboost``
+    imports it for its estimator wrappers, and with it scipy.stats, pandas and
+    pyarrow: about a second of CPU and a hundred MB more in every server worker,
+    for classes the server never uses (it predicts with a ``Booster``). So the
+    import is made with scikit-learn hidden; the process can still import
+    scikit-learn afterwards (only ``xgboost.XGBModel`` and friends then lack
+    their scikit-learn base classes).
+
+    Examples
+    --------
+    >>> import_xgboost().Booster.__name__      # doctest: +SKIP
+    'Booster'
+    """
+    if "xgboost" not in sys.modules and "sklearn" not in sys.modules:
+        sys.modules["sklearn"] = None           # `import sklearn` raises ImportError: xgboost goes without
+        try:
+            import xgboost
+        finally:
+            del sys.modules["sklearn"]
+        return xgboost
+    import xgboost
+
+    return xgboost
+
 
 #: Names of the five timed stages of a request, in pipeline order.
 STAGES = ("deserialize", "convert", "dmatrix", "predict", "shap")
@@ -218,7 +246,7 @@ def load_booster(name, nthread):
     """
     nthread = positive_int("nthread", nthread, ServerError)
     path = ensure_model(name)
-    import xgboost
+    xgboost = import_xgboost()         # first: ThreadpoolController sees the OpenMP it loads
     from threadpoolctl import ThreadpoolController
 
     # XGBoost runs min(nthread, omp_get_max_threads(), CPUs) threads, and
@@ -356,7 +384,7 @@ def _train_in_child(name, path, nthread):
 
 def _train(name, path, nthread):
     """Train model ``name`` in this process and write it atomically to ``path``; returns seconds."""
-    import xgboost
+    xgboost = import_xgboost()
 
     recipe = _recipe(name)
     t0 = time.perf_counter()
