@@ -34,6 +34,8 @@ def user_model(tmp_path_factory):
 def model_env(user_model):
     """The environment tests/userapp's apps run in: their model file (``USERAPP_MODEL``), no inherited pinning."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TUNA_LAB_", "OMP_", "GOMP_"))}
+    if "TUNA_LAB_LOCK_DIR" in os.environ:       # an xdist worker's own CPU locks (conftest.py at the root)
+        env["TUNA_LAB_LOCK_DIR"] = os.environ["TUNA_LAB_LOCK_DIR"]
     env.update(USERAPP_MODEL=str(user_model), PYTHONUNBUFFERED="1")
     return env
 

@@ -44,6 +44,7 @@ import pytest
 from tuna_lab._checks import format_cpulist
 from tuna_lab.server.launch import free_port
 
+from helpers import main
 from procfs import cpu_seconds, cpus_of, tids_of
 
 TESTS = Path(__file__).parent
@@ -112,9 +113,8 @@ def post_fork(server, worker):
 # -- running things ---------------------------------------------------------------------------------
 
 def cli(*args, timeout=120):
-    """``tuna-lab ARGS`` as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "tuna_lab", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=tempfile.gettempdir())
+    """``tuna-lab ARGS`` (in this process: the commands' output is under test here, not the process)."""
+    return main(*args, timeout=timeout, cwd=tempfile.gettempdir())
 
 
 def plan_text(fmt, *extra):

@@ -37,7 +37,7 @@ from tuna_lab.placement import placement
 from tuna_lab.placement.plan import Plan
 from tuna_lab.server.launch import free_port
 
-from helpers import ProcessGroup, wait_until
+from helpers import ProcessGroup, main, wait_until
 from procfs import affinities, cpus_of, tids_of
 
 USERAPP = Path(__file__).parent / "userapp"
@@ -97,7 +97,10 @@ def pool_tids(pid, looks=25):
 # -- running things ---------------------------------------------------------------------------------
 
 def cli(*args, as_nobody=False, timeout=60):
-    """``tuna-lab ARGS`` as a user runs it."""
+    """``tuna-lab ARGS``: in this process (what a command does is under test here), or ``as_nobody`` as a
+    process of that user."""
+    if not as_nobody:
+        return main(*args, timeout=timeout, cwd=tempfile.gettempdir())
     argv = [sys.executable, "-m", "tuna_lab", *map(str, args)]
     env = dict(os.environ)
     if as_nobody:

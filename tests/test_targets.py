@@ -22,7 +22,7 @@ import pytest
 
 from tuna_lab.server.launch import free_port
 
-from helpers import cli
+from helpers import main as cli
 from procfs import masks
 
 USERAPP = Path(__file__).parent / "userapp"
