@@ -15,6 +15,9 @@ STAMP  := $(VENV)/.installed
 # The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
 # compares every output except those of cells tagged nbval-ignore-output.
 NBVAL  := $(PY) -m pytest -q --nbval --nbval-current-env notebooks/
+# Two pytest-xdist workers, a file (a notebook: its cells in order, in one kernel) to each at a time;
+# conftest.py says how the two keep from measuring each other (their own CPU locks, `alone` tests).
+XDIST  := -n 2 --dist loadfile
 LAB_STAMP := $(VENV)/.installed-lab
 
 # The library and the `tuna-lab` command, nothing else: all that `make demo` needs.
@@ -53,18 +56,19 @@ demo: $(BASE_STAMP)
 SLOW_TESTS := test_faults test_cluster test_targets test_tune test_runtimes test_server test_server_limits \
               test_pin test_roles test_hooks_root test_experiment test_validity test_load test_load_bench \
               test_client_cpus test_widgets test_hostile test_notebooks test_bounds \
-              test_audit test_evidence test_python_option test_runtime_table test_custom_policy
+              test_audit test_evidence test_python_option test_runtime_table test_custom_policy \
+              test_exports test_field_measure
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -x $(foreach t,$(SLOW_TESTS),--ignore=tests/$(t).py)
+	$(PY) -m pytest -q -x $(XDIST) $(foreach t,$(SLOW_TESTS),--ignore=tests/$(t).py)
 
 test: $(STAMP) sysdeps
 	@# The package is installed editable, so pip compiled none of it; where PYTHONDONTWRITEBYTECODE
 	@# is set (as on CI) every server, worker and CLI the tests start would compile it again.
 	$(PY) -m compileall -q tuna_lab
 	@date +"make test: pytest from %T"
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q $(XDIST) --durations=25
 	@date +"make test: notebooks from %T"
-	$(NBVAL)
+	$(NBVAL) $(XDIST)
 	@date +"make test: done at %T"
 
 # The notebooks alone, as `make test` runs them.

@@ -53,7 +53,7 @@ def test_every_tuna_trial_records_every_workers_pool_cpu(model_env, body, tmp_pa
     assert r.returncode == 0, r.stderr
     cell = Path(json.loads(r.stdout)["path"])
     trials = pd.read_parquet(cell / "trials.parquet")
-    assert (trials["trial_status"] == "ok").all(), trials[["policy", "trial", "reason"]]
+    assert (trials["trial_status"] == "ok").all(), trials[["policy", "trial", "reason"]].to_dict("records")
     threads = pd.read_parquet(cell / "threads.parquet")
     assert threads.groupby(["policy", "trial"]).ngroups == 2 * 2
     for (policy, trial), group in threads.groupby(["policy", "trial"]):

@@ -213,9 +213,14 @@ def test_a_shell_with_two_sleeps_is_still_refused(shell_with_sleeps):
 
 
 def _front_and_pools(shape):
-    """``(front masks, pool masks)``: every thread of the master and helpers, and the workers' pool threads."""
-    front = affinities([shape.master, *shape.others()])
+    """``(front masks, pool masks)``: every thread of the master and helpers, and the workers' pool threads.
+
+    The pools are read first: unpin gives the front its masks back before the pools, so a pool read back on
+    the front CPU means the front was given back before that read, and a front read after it shows so (read
+    the other way round, a front read just before the unpin and a pool read just after it look like an overlap).
+    """
     pools = {tid: cpus_of(tid) for pid in shape.workers() for tid in pool_tids(pid)}
+    front = affinities([shape.master, *shape.others()])
     return front, pools
 
 
@@ -256,7 +261,7 @@ def test_front_cpus_keep_a_parsing_master_apart_in_pin_and_in_run(shape, tmp_pat
         while proc.poll() is None:
             try:
                 front, pools = _front_and_pools(shape)
-            except (FileNotFoundError, StopIteration):
+            except (FileNotFoundError, ProcessLookupError, StopIteration):
                 continue
             if front.get(shape.master) == front_cpu:
                 seen |= set(pools)

@@ -7,17 +7,9 @@ here knows of tuna_lab.
 
 import json
 import os
-import sys
 
+import lightgbm as lgb
 import numpy as np
-
-# The test venv has scikit-learn (tuna_lab's advise extra), which `import lightgbm` would import with
-# scipy.stats and pandas: most of a second of CPU per worker, for wrappers this app does not use.
-sys.modules.setdefault("sklearn", None)
-import lightgbm as lgb  # noqa: E402
-
-if sys.modules.get("sklearn", 0) is None:
-    del sys.modules["sklearn"]
 
 booster = lgb.Booster(model_file=os.environ["APP_MODEL"])
 rows = np.random.default_rng(0).random((20000, booster.num_feature()))

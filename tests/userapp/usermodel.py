@@ -3,18 +3,8 @@
 Written as a user would write it: it knows nothing of tuna_lab.
 """
 
-import sys
-
 import numpy as np
-
-# The test venv has scikit-learn (tuna_lab's advise extra), which `import xgboost` would import for its
-# estimator wrappers, with scipy.stats and pandas: a second of CPU in every worker of every test server,
-# for classes this app does not use. Hidden while xgboost loads, as a lean serving app would do it.
-sys.modules.setdefault("sklearn", None)
-import xgboost as xgb  # noqa: E402
-
-if sys.modules.get("sklearn", 0) is None:
-    del sys.modules["sklearn"]
+import xgboost as xgb
 
 FEATURES = 16
 NTHREAD = 2
