@@ -7,6 +7,7 @@ tests import them by name (``tests/`` is on ``sys.path`` as pytest's
 rootdir-relative test directory).
 """
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -54,22 +55,37 @@ HWLOC_DUMPS = Path(__file__).parent / "data" / "hwloc-dumps"
 
 @pytest.fixture(scope="session")
 def hwloc_dump_roots(tmp_path_factory):
-    """``{archive name: its extracted filesystem root}``, each archive extracted once for the whole session."""
-    base = tmp_path_factory.mktemp("hwloc-dumps")
+    """``{archive name: its extracted filesystem root}``, each archive extracted once for the whole session.
+
+    Under pytest-xdist the workers share one extraction (in the run's own temporary folder, which holds
+    each worker's): the first to get there extracts, the other waits for it.
+    """
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    folder = shared / "hwloc-dumps"
+    with open(shared / "hwloc-dumps.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".extracted").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            for archive in sorted(HWLOC_DUMPS.glob("*.tar.bz2")):
+                _extract(archive, folder / archive.name.removesuffix(".tar.bz2"))
+            (folder / ".extracted").touch()
     roots = {}
     for archive in sorted(HWLOC_DUMPS.glob("*.tar.bz2")):
-        name = archive.name.removesuffix(".tar.bz2")
-        dest = base / name
-        dest.mkdir()
-        if shutil.which("tar"):
-            # GNU tar extracts the 80,000 small files in a tenth of tarfile's time (these are the
-            # project's own test data: hwloc's dumps, plain files and links).
-            subprocess.run(["tar", "--no-same-owner", "-xjf", str(archive), "-C", str(dest)], check=True)
-        else:
-            with tarfile.open(archive) as tar:
-                tar.extractall(dest, filter="data")
+        dest = folder / archive.name.removesuffix(".tar.bz2")
         tops = [p.name for p in dest.iterdir()]
         assert len(tops) == 1, f"{archive.name}: expected one top-level directory"
-        roots[name] = dest / tops[0]
+        roots[dest.name] = dest / tops[0]
     return roots
 
+
+def _extract(archive, dest):
+    dest.mkdir()
+    if shutil.which("tar"):
+        # GNU tar extracts the 80,000 small files in a tenth of tarfile's time (these are the
+        # project's own test data: hwloc's dumps, plain files and links).
+        subprocess.run(["tar", "--no-same-owner", "-xjf", str(archive), "-C", str(dest)], check=True)
+    else:
+        with tarfile.open(archive) as tar:
+            tar.extractall(dest, filter="data")
