@@ -26,7 +26,7 @@ from tuna_lab.analysis.advise import (
     grouped_folds,
     train,
 )
-from tuna_lab.cli.advise import add_parser
+from tuna_lab.cli.commands.advise import add_parser
 from tuna_lab.errors import AdviseError, ExperimentError
 
 CPUS = 8
@@ -485,7 +485,7 @@ def test_cli_default_results_folder():
     add_parser(parser.add_subparsers())
     args = parser.parse_args(["advise", "-w", "1", "-t", "1", "--model", "small"])
     assert args.results == DEFAULT_RESULTS == os.path.join("results", "sweep")
-    assert args.func.__module__ == "tuna_lab.cli.advise" and args.wait_policy == "default" and args.batch is None
+    assert args.func.__module__ == "tuna_lab.cli.commands.advise" and args.wait_policy == "default" and args.batch is None
 
 
 def test_cli_wired_into_tuna_lab(sweep_dir, capsys):

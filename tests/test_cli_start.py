@@ -56,8 +56,8 @@ def test_topology_imports_its_own_module_and_not_what_it_does_not_use():
     p, modules = imported("topology", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["logical_cores"]
-    assert under(modules, "tuna_lab.cli") == ["tuna_lab.cli", "tuna_lab.cli.commands", "tuna_lab.cli.options",
-                                              "tuna_lab.cli.topology"]
+    assert under(modules, "tuna_lab.cli") == ["tuna_lab.cli", "tuna_lab.cli.commands",
+                                              "tuna_lab.cli.commands.topology", "tuna_lab.cli.options"]
     assert [m for package in NOT_FOR_TOPOLOGY for m in under(modules, package)] == []
     # This machine is read from sysfs: the hwloc XML reader is for --hwloc-xml.
     assert "tuna_lab.machine.readers.hwloc_xml" not in modules
@@ -67,9 +67,9 @@ def test_the_probe_sees_a_command_module_and_the_server_when_they_are_used():
     # If this passes, a clean result above means "not imported", not "the probe is blind".
     p, modules = imported("status", "--pidfile", "/nonexistent")
     assert p.returncode == 2 and "no running tuna-lab server" in p.stderr
-    assert "tuna_lab.cli.serve" in modules and "tuna_lab.server.launch" in modules
-    assert under(modules, "tuna_lab.cli") == ["tuna_lab.cli", "tuna_lab.cli.commands", "tuna_lab.cli.options",
-                                              "tuna_lab.cli.serve"]
+    assert "tuna_lab.cli.commands.serve" in modules and "tuna_lab.server.launch" in modules
+    assert under(modules, "tuna_lab.cli") == ["tuna_lab.cli", "tuna_lab.cli.commands",
+                                              "tuna_lab.cli.commands.serve", "tuna_lab.cli.options"]
 
 
 @pytest.mark.parametrize("args, status", [(("--help",), 0), (("--version",), 0), (("frobnicate",), 2), ((), 2)])

@@ -1,18 +1,16 @@
 """``tuna-lab``: the command line.
 
-Each module is named for its command(s) and has ``add_parser(subparsers,
-command=None)``: :mod:`~tuna_lab.cli.topology`, :mod:`~tuna_lab.cli.solve`,
-:mod:`~tuna_lab.cli.plan`, :mod:`~tuna_lab.cli.pin` (``pin``, ``unpin``),
-:mod:`~tuna_lab.cli.serve` (``serve``, ``status``, ``stop``),
-:mod:`~tuna_lab.cli.audit`, :mod:`~tuna_lab.cli.run` (``run``, ``demo``),
-:mod:`~tuna_lab.cli.sweep`, :mod:`~tuna_lab.cli.report`,
-:mod:`~tuna_lab.cli.tune`, :mod:`~tuna_lab.cli.bench` and
-:mod:`~tuna_lab.cli.advise`; the options and helpers several share are in
-:mod:`~tuna_lab.cli.options`. :data:`~tuna_lab.cli.commands.COMMANDS` names
-each command's module and its one-line help, so that :func:`main` imports only
-the module of the command being run (``tuna-lab --help`` lists them all and
-imports none), and a command imports what it needs when it runs: ``tuna-lab
-topology``, ``status`` and ``stop`` load no solver, server or analysis.
+The commands' modules are in :mod:`tuna_lab.cli.commands`, each named for its
+command(s) and with ``add_parser(subparsers, command=None)``: ``topology``,
+``solve``, ``plan``, ``pin`` (``pin``, ``unpin``), ``serve`` (``serve``,
+``status``, ``stop``), ``audit``, ``run`` (``run``, ``demo``), ``sweep``,
+``report``, ``tune``, ``bench`` and ``advise``; the options and helpers several
+share are in :mod:`~tuna_lab.cli.options`.
+:data:`~tuna_lab.cli.commands.COMMANDS` names each command's module and its
+one-line help, so that :func:`main` imports only the module of the command being
+run (``tuna-lab --help`` lists them all and imports none), and a command imports
+what it needs when it runs: ``tuna-lab topology``, ``status`` and ``stop`` load
+no solver, server or analysis.
 
 Every user error ends in one line on stderr and exit status 2; nothing else
 is printed to stdout in that case, so ``--json`` output is either a whole
@@ -22,10 +20,9 @@ only the object.
 """
 
 import argparse
+import importlib
 import sys
 import textwrap
-
-import lazy_loader as _lazy
 
 from .. import __version__
 from ..errors import TunaError
@@ -33,9 +30,12 @@ from .commands import COMMANDS
 
 __all__ = ["main", "build_parser"]
 
-# The commands' modules, imported when first used: main() imports only the one of the command it runs.
-__getattr__, __dir__, _ = _lazy.attach(__name__,
-                                       submodules=sorted({c.module for c in COMMANDS.values()} | {"options"}))
+
+
+def _module(command):
+    """The module of ``command`` (a :data:`~tuna_lab.cli.commands.COMMANDS` entry), imported when first used:
+    main() imports only the one of the command it runs."""
+    return importlib.import_module(f"{__name__}.commands.{command.module}")
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -131,7 +131,7 @@ def _parser(built):
     sub = p.add_subparsers(title="commands", dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     for name, command in COMMANDS.items():
         if name in built:
-            __getattr__(command.module).add_parser(sub, name)
+            _module(command).add_parser(sub, name)
         else:
             sub.add_parser(name, help=command.help)
     return p

@@ -32,7 +32,7 @@ configurations out (all their policies), so nothing measured in a held-out
 configuration is seen in training. With few configurations each is left out
 once. :mod:`~tuna_lab.analysis.advise.advisor` trains and asks the
 :class:`Advisor`; :mod:`~tuna_lab.analysis.advise.recommendation` holds its
-answer. ``tuna-lab advise`` is :mod:`tuna_lab.cli.advise`.
+answer. ``tuna-lab advise`` is :mod:`tuna_lab.cli.commands.advise`.
 
 The names below load on first use: the CLI reads :data:`DEFAULT_RESULTS`
 without loading pandas, scikit-learn or XGBoost. scikit-learn is not in the

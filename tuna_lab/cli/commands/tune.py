@@ -9,7 +9,7 @@ winner and its plan, or one ``--json`` object. Progress goes to stderr.
 import json
 import sys
 
-from .commands import COMMANDS
+from . import COMMANDS
 
 __all__ = ["add_parser"]
 
@@ -29,7 +29,7 @@ def add_parser(subparsers, command=None):
     >>> args.sla_p99, args.configs, args.budget
     ('50ms', '1x1,2x1', '90s')
     """
-    from .options import add_client_cpus_option, policies_help, positive_float_arg
+    from ..options import add_client_cpus_option, policies_help, positive_float_arg
 
     p = subparsers.add_parser(
         "tune", help=COMMANDS["tune"].help,
@@ -98,8 +98,8 @@ def _target(args):
     For ``--app`` the function ``(W, T) -> AppTarget`` is called with
     placeholders: each candidate's run starts the app with its own W and T.
     """
-    from ..errors import TuneError
-    from .options import target_of
+    from ...errors import TuneError
+    from ..options import target_of
 
     if args.app is not None and args.threads is not None:
         raise TuneError("with --app, W and T are searched (--configs): leave out -t")
@@ -118,9 +118,9 @@ def _unmeasured(result):
 
 
 def _cmd_tune(args):
-    from ..errors import TuneError, UnmeetableTargetError
-    from ..measure.tune.tuner import parse_duration
-    from .options import check_measure_options, configs_arg, no_valid_status
+    from ...errors import TuneError, UnmeetableTargetError
+    from ...measure.tune.tuner import parse_duration
+    from ..options import check_measure_options, configs_arg, no_valid_status
 
     check_measure_options(args, TuneError)
     sla = parse_duration(args.sla_p99, "--sla-p99")
@@ -149,8 +149,8 @@ def _cmd_tune(args):
 
 def _tune(args, sla, budget, configs, target):
     """:func:`~tuna_lab.measure.tune.tuner.tune` with the options, its progress on stderr."""
-    from ..measure.tune.tuner import tune
-    from .options import policies_arg
+    from ...measure.tune.tuner import tune
+    from ..options import policies_arg
 
     return tune(sla, configs=configs, policies=policies_arg(args.policies),
                 wait_policies=[w for w in args.wait_policies.split(",") if w], model=args.model,

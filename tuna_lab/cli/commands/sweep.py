@@ -8,9 +8,9 @@ to stderr.
 import os
 import sys
 
-from ..errors import ExperimentError
-from .commands import COMMANDS
-from .options import (MEASURE_HELP, add_client_cpus_option, add_strict_option, add_target_options, check_cpu_quota,
+from ...errors import ExperimentError
+from . import COMMANDS
+from ..options import (MEASURE_HELP, add_client_cpus_option, add_strict_option, add_target_options, check_cpu_quota,
                       check_measure_options, client_cpus_of, configs_arg, list_arg, no_valid_status_of,
                       non_negative_int_arg, policies_arg, policies_help, positive_float_arg, print_json, progress,
                       target_of)
@@ -103,8 +103,8 @@ def _add_cluster_options(parser):
 
 
 def _cmd_sweep(args):
-    from ..measure.store import check_out
-    from ..measure.sweeps.local import sweep
+    from ...measure.store import check_out
+    from ...measure.sweeps.local import sweep
 
     if args.cluster is None and (args.per_machine or args.spread or args.any_machine):
         raise ExperimentError("--per-machine, --spread and --any-machine spread a sweep over the machines of "
@@ -115,7 +115,7 @@ def _cmd_sweep(args):
     check_measure_options(args, ExperimentError)
     budget = None
     if args.budget is not None:
-        from ..measure.tune.tuner import parse_duration
+        from ...measure.tune.tuner import parse_duration
 
         budget = parse_duration(args.budget, "--budget", ExperimentError)
         if args.cluster is not None:
@@ -188,8 +188,8 @@ def _configs(args, server_cpus=None, budget=None):
     ``budget``, those given explicitly kept) x waits. With ``--app`` a cell is
     a W x T pair of the user's app (labelled as ``run --app`` labels it).
     """
-    from ..machine import Limits
-    from ..measure.experiment import Config, grid
+    from ...machine import Limits
+    from ...measure.experiment import Config, grid
 
     cpus = Limits.read().effective_cpus
     cpus = cpus if server_cpus is None else min(cpus, server_cpus)
@@ -198,7 +198,7 @@ def _configs(args, server_cpus=None, budget=None):
         pairs = grid("article") if args.configs.strip().lower() == "article" else configs_arg(args.configs)
     waits = list_arg(args.wait_policies, "--wait-policies")
     if args.grid == "article" and args.app is None:
-        from ..measure.sweeps.article import article_design
+        from ...measure.sweeps.article import article_design
 
         design = article_design(
             cpus, budget, pairs=pairs, models=None if args.models is None else list_arg(args.models, "--models"),
@@ -221,7 +221,7 @@ def _configs(args, server_cpus=None, budget=None):
 
 def _finished_cells(out):
     """The finished cell folders under ``out`` (``<cell>`` or, on a cluster, ``<machine>/<cell>``), sorted."""
-    from ..measure.store import finished_cells
+    from ...measure.store import finished_cells
 
     try:
         return sorted(folder for folder, _ in finished_cells(out))
@@ -269,9 +269,9 @@ def _sweep_on_cluster(args, configs, design=None):
     ``--client-cpus`` goes to every machine as typed (or None for the default)
     and is resolved by each machine's run of a cell, which says what it kept.
     """
-    from .._checks import parse_cpulist
-    from ..measure.sweeps.cluster import connect
-    from ..measure.sweeps.local import sweep
+    from ..._checks import parse_cpulist
+    from ...measure.sweeps.cluster import connect
+    from ...measure.sweeps.local import sweep
 
     before = _finished_cells(args.out)
     if args.client_cpus is not None and args.client_cpus.strip().lower() != "none":

@@ -7,10 +7,10 @@ progress (one line per trial) goes to stderr.
 import os
 import sys
 
-from .._checks import format_cpulist
-from ..errors import ExperimentError
-from .commands import COMMANDS
-from .options import (MEASURE_HELP, add_client_cpus_option, add_size_options, add_strict_option, add_target_options,
+from ..._checks import format_cpulist
+from ...errors import ExperimentError
+from . import COMMANDS
+from ..options import (MEASURE_HELP, add_client_cpus_option, add_size_options, add_strict_option, add_target_options,
                       add_wait_options, check_cpu_quota, check_measure_options, client_cpus_of, no_valid_status_of,
                       policies_arg, policies_help, positive_float_arg, print_json, progress, target_of)
 
@@ -108,10 +108,10 @@ def _add_demo(subparsers):
 
 
 def _cmd_run(args):
-    from ..analysis.summary import scale_note, summarize
-    from ..machine import Limits
-    from ..measure.experiment import Config, check_policies, run
-    from ..measure.store import check_out
+    from ...analysis.summary import scale_note, summarize
+    from ...machine import Limits
+    from ...measure.experiment import Config, check_policies, run
+    from ...measure.store import check_out
 
     check_measure_options(args, ExperimentError)
     target = _run_target(args)
@@ -187,7 +187,7 @@ def _front_advice(trials, front_cpus=None):
     >>> _front_advice(pd.DataFrame()) is None      # nothing recorded: nothing to say
     True
     """
-    from ..analysis.summary import front_note
+    from ...analysis.summary import front_note
 
     if front_cpus or not front_note(trials):
         return None
@@ -233,11 +233,11 @@ def _noted(note):
 
 
 def _cmd_demo(args):
-    from ..analysis.report import write_report
-    from ..analysis.summary import scale_note, summarize
-    from ..machine import Limits, topology_from
-    from ..measure.experiment import Config, run
-    from ..model import solve
+    from ...analysis.report import write_report
+    from ...analysis.summary import scale_note, summarize
+    from ...machine import Limits, topology_from
+    from ...measure.experiment import Config, run
+    from ...model import solve
 
     here = topology_from(None)
     C = here.n_logical

@@ -1,8 +1,8 @@
-"""The ``tuna-lab`` commands: each one's module of :mod:`tuna_lab.cli` and its one-line help.
+"""The ``tuna-lab`` commands: one module each here (named for its command), and the table of them.
 
-A table of its own, imported by :mod:`tuna_lab.cli` and by every command's
-module, so that ``tuna-lab --help`` lists every command without importing
-their modules, and each help is written once.
+The table is this package's only content, imported by :mod:`tuna_lab.cli`
+and by every command's module, so that ``tuna-lab --help`` lists every
+command without importing their modules, and each help is written once.
 
 Examples
 --------

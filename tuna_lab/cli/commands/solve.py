@@ -2,8 +2,8 @@
 
 import json
 
-from .commands import COMMANDS
-from .options import (add_size_options, add_strict_families_option, add_topology_options, positive_float_arg,
+from . import COMMANDS
+from ..options import (add_size_options, add_strict_families_option, add_topology_options, positive_float_arg,
                       topology_of)
 
 __all__ = ["add_parser"]
@@ -53,8 +53,8 @@ def add_parser(subparsers, command=None):
 
 
 def _cmd_solve(args):
-    from ..machine.procfs import process_age
-    from ..model import TunaModel
+    from ...machine.procfs import process_age
+    from ...model import TunaModel
 
     topo = topology_of(args)
     model = TunaModel(args.workers, args.threads, topo, args.mode, encoding=args.encoding)

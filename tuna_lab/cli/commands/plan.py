@@ -4,13 +4,13 @@
 environment, ONNX Runtime's ``session.intra_op_thread_affinities``,
 ``taskset`` lines or a Gunicorn config snippet); with ``--pid MASTER`` and
 ``--format taskset``, the ``taskset`` lines name a running server's threads.
-``tuna-lab pin`` (:mod:`tuna_lab.cli.pin`) applies a plan. ``--policy`` takes
+``tuna-lab pin`` (:mod:`tuna_lab.cli.commands.pin`) applies a plan. ``--policy`` takes
 any registered policy (:func:`tuna_lab.placement.register`); only those that
 need the solver load it.
 """
 
-from .commands import COMMANDS
-from .options import (add_front_cpus_option, add_size_options, add_strict_families_option, add_topology_options,
+from . import COMMANDS
+from ..options import (add_front_cpus_option, add_size_options, add_strict_families_option, add_topology_options,
                       add_traffic_options, add_worker_options, front_cpus_of, plan_for, policies_help,
                       positive_float_arg, topology_of, traffic_of, worker_choice_of)
 
@@ -64,7 +64,7 @@ def add_parser(subparsers, command=None):
 
 
 def _cmd_plan(args):
-    from ..errors import PlanError
+    from ...errors import PlanError
 
     if args.pid is None and (args.workers_pids or args.worker_match):
         raise PlanError("--workers and --worker-match name the workers of --pid MASTER: give --pid too")
@@ -81,7 +81,7 @@ def _cmd_plan(args):
     plan = plan_for(args.policy, args.workers, args.threads, topology, args.time_limit, args.on_infeasible)
     tids = None
     if args.pid is not None:
-        from ..placement.pin import check_server, server_roles, server_threads
+        from ...placement.pin import check_server, server_roles, server_threads
 
         check_server(args.pid)                          # PID 1, or a process that serves nothing: refused
         roles = server_roles(args.pid, worker_choice_of(args))
@@ -100,7 +100,7 @@ def _cmd_plan(args):
                 for t in w["threads"] if t["role"] != "other"]
     print(plan.render(args.format, tids=tids))
     if front is not None and args.pid is not None:
-        from .._checks import format_cpulist
+        from ..._checks import format_cpulist
 
         # What `pin --front-cpus` binds besides the workers: every thread (-a) of the master, helpers, front ends.
         cpus = format_cpulist(front).replace(" ", "")

@@ -5,8 +5,8 @@ A module of its own rather than a part of ``solve``'s: ``tuna-lab --help``
 lists ``bench`` after the experiment commands, as it always has.
 """
 
-from .commands import COMMANDS
-from .options import configs_arg, policies_arg
+from . import COMMANDS
+from ..options import configs_arg, policies_arg
 
 __all__ = ["add_parser"]
 
@@ -87,7 +87,7 @@ def _cmd_bench(args):
     if args.out is None:
         args.out = _DEFAULT_OUT[args.what]
     if args.what == "tune":
-        from ..bench.tune import run_tune_bench
+        from ...bench.tune import run_tune_bench
 
         # Parsed here: the bench (in measure/) takes lists, not the command line's text.
         if args.configs != "auto":
@@ -95,9 +95,9 @@ def _cmd_bench(args):
         args.policies = policies_arg(args.policies)
         return run_tune_bench(args)
     if args.what == "load":
-        from ..bench.load import run_load_bench
+        from ...bench.load import run_load_bench
 
         return run_load_bench(args)
-    from ..bench.solver import run_solver_bench
+    from ...bench.solver import run_solver_bench
 
     return run_solver_bench(args)

@@ -7,14 +7,14 @@ they run, ``--watch`` keeps replacements pinned, and ``unpin`` gives the
 threads it bound back the masks they had before the pin, where their mask is
 still the one it set. Only the server's workers are pinned
 (``--workers``/``--worker-match`` name them where the discovery cannot).
-``status --pid`` (in :mod:`tuna_lab.cli.serve`) shows what is bound.
+``status --pid`` (in :mod:`tuna_lab.cli.commands.serve`) shows what is bound.
 """
 
 import json
 import sys
 
-from .commands import COMMANDS
-from .options import (add_front_cpus_option, add_strict_families_option, add_traffic_options, add_worker_options,
+from . import COMMANDS
+from ..options import (add_front_cpus_option, add_strict_families_option, add_traffic_options, add_worker_options,
                       front_cpus_of, plan_for, policies_help, traffic_of, worker_choice_of)
 
 __all__ = ["add_parser"]
@@ -96,10 +96,10 @@ def _plan_of(args, workers):
     confined to some CPUs (taskset, a cpuset) is planned on those, less the
     ``--front-cpus``.
     """
-    from ..errors import PlanError
-    from ..machine import Topology
-    from ..placement.pin import check_front_cpus, server_cpus
-    from ..placement.plan import Plan
+    from ...errors import PlanError
+    from ...machine import Topology
+    from ...placement.pin import check_front_cpus, server_cpus
+    from ...placement.plan import Plan
 
     # The master's mask from before a `pin --front-cpus` moved it, if one did.
     allowed = server_cpus(args.pid)
@@ -122,8 +122,8 @@ def _plan_of(args, workers):
 def _cmd_pin(args):
     import threading
 
-    from ..errors import PinError
-    from ..placement.pin import check_server, pin_server, watch_server
+    from ...errors import PinError
+    from ...placement.pin import check_server, pin_server, watch_server
 
     if args.enforce and not args.watch:
         raise PinError("--enforce puts back, while --watch runs, masks someone else changed: give --watch too")
@@ -148,14 +148,14 @@ def _cmd_pin(args):
 
 
 def _cmd_unpin(args):
-    from ..placement.pin import check_server, unpin_server
+    from ...placement.pin import check_server, unpin_server
 
     if args.isolation:
         _undo_isolation(args.json)
         if args.pid is None:
             return 0
     elif args.pid is None:
-        from ..errors import PinError
+        from ...errors import PinError
 
         raise PinError("say what to unpin: --pid MASTER, or --isolation")
     check_server(args.pid, force=args.force, choice=worker_choice_of(args))
@@ -165,7 +165,7 @@ def _cmd_unpin(args):
 
 def _undo_isolation(as_json):
     """``unpin --isolation``: what ``audit --isolate --apply`` changed, put back (:func:`~tuna_lab.placement.audit.undo_isolation`)."""
-    from ..placement.audit import undo_isolation
+    from ...placement.audit import undo_isolation
 
     done, left = undo_isolation()
     if as_json:

@@ -2,8 +2,8 @@
 
 import json
 
-from .commands import COMMANDS
-from .options import add_topology_options, topology_of
+from . import COMMANDS
+from ..options import add_topology_options, topology_of
 
 __all__ = ["add_parser"]
 
@@ -52,7 +52,7 @@ def _cmd_topology(args):
 
 def _limits_of(args):
     """The :class:`~tuna_lab.machine.Limits` of this machine or of ``--fsroot``'s; None for other machines."""
-    from ..machine import Limits
+    from ...machine import Limits
 
     if args.preset or args.hwloc_xml or args.synthetic:
         return None
@@ -62,7 +62,7 @@ def _limits_of(args):
 def _describe_topology(topo):
     import numpy as np
 
-    from .._checks import format_cpulist
+    from ..._checks import format_cpulist
 
     lines = [repr(topo)]
     lines.append(f"  logical cores (OS ids): {format_cpulist(topo.cpus)}")

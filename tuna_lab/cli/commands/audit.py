@@ -11,8 +11,8 @@ the serving CPUs and records it for ``tuna-lab unpin --isolation``.
 import json
 import sys
 
-from .commands import COMMANDS
-from .options import add_worker_options, positive_float_arg
+from . import COMMANDS
+from ..options import add_worker_options, positive_float_arg
 
 __all__ = ["add_parser"]
 
@@ -62,11 +62,11 @@ def add_parser(subparsers, command=None):
 
 
 def _cmd_audit(args):
-    from .._checks import format_cpulist
-    from ..errors import PinError
-    from ..placement import audit
-    from ..placement.plan import Plan
-    from .options import worker_choice_of
+    from ..._checks import format_cpulist
+    from ...errors import PinError
+    from ...placement import audit
+    from ...placement.plan import Plan
+    from ..options import worker_choice_of
 
     if args.apply and not args.isolate:
         raise PinError("--apply makes the moves of --isolate: give --isolate too")

@@ -2,9 +2,9 @@
 
 import os
 
-from ..errors import ExperimentError, TunaError
-from .commands import COMMANDS
-from .options import print_json
+from ...errors import ExperimentError, TunaError
+from . import COMMANDS
+from ..options import print_json
 
 __all__ = ["add_parser"]
 
@@ -42,10 +42,10 @@ def add_parser(subparsers, command=None):
 
 
 def _cmd_report(args):
-    from ..analysis.report import write_report
-    from ..analysis.summary import summarize
-    from ..measure.experiment import load_results, load_thread_cpu
-    from ..measure.store import read_sweep_file
+    from ...analysis.report import write_report
+    from ...analysis.summary import summarize
+    from ...measure.experiment import load_results, load_thread_cpu
+    from ...measure.store import read_sweep_file
 
     requests, trials, manifests = load_results(args.results)
     threads = load_thread_cpu(args.results)

@@ -17,9 +17,9 @@ import json
 import math
 import os
 
-from ..analysis.advise import DEFAULT_RESULTS
-from .commands import COMMANDS
-from .options import add_size_options, add_wait_options
+from ...analysis.advise import DEFAULT_RESULTS
+from . import COMMANDS
+from ..options import add_size_options, add_wait_options
 
 __all__ = ["add_parser"]
 
@@ -64,7 +64,7 @@ def add_parser(subparsers, command=None):
 
 def _cmd_advise(args):
     # An AdviseError (a malformed question, unusable results) reaches cli.main: one line, status 2.
-    from ..analysis.advise import check_question, train
+    from ...analysis.advise import check_question, train
 
     # Check the question before learning from the results: a typo should not cost a training.
     check_question(args.workers, args.threads, args.model, args.batch, args.wait_policy, args.spincount)

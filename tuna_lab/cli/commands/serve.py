@@ -6,9 +6,9 @@ answer in a fraction of a second and load no solver, XGBoost or plotting.
 
 import json
 
-from ..errors import ServerError
-from .commands import COMMANDS
-from .options import (add_client_cpus_option, add_size_options, add_strict_option, add_traffic_options,
+from ...errors import ServerError
+from . import COMMANDS
+from ..options import (add_client_cpus_option, add_size_options, add_strict_option, add_traffic_options,
                       add_wait_options, add_worker_options, check_cpu_quota, client_cpus_of, policies_help,
                       positive_float_arg, traffic_of, worker_choice_of)
 
@@ -43,8 +43,8 @@ def add_parser(subparsers, command=None):
 
 def _add_serve(subparsers):
     # The model costs and bounds of --max-work's help: imported for `serve` only (status and stop stay light).
-    from ..server.limits import MAX_WORK, READ_TIMEOUT
-    from ..server.models import MODEL_FEATURES, model_cost
+    from ...server.limits import MAX_WORK, READ_TIMEOUT
+    from ...server.models import MODEL_FEATURES, model_cost
 
     v = subparsers.add_parser(
         "serve", help=COMMANDS["serve"].help,
@@ -121,8 +121,8 @@ def _cmd_serve(args):
     import signal
     import time
 
-    from .._checks import format_cpulist
-    from ..server.launch import Server, signal_on_parent_death
+    from ..._checks import format_cpulist
+    from ...server.launch import Server, signal_on_parent_death
 
     import sys
 
@@ -177,16 +177,16 @@ def _cmd_serve(args):
 
 
 def _cmd_status(args):
-    from .._checks import format_cpulist
+    from ..._checks import format_cpulist
 
     if args.pid is not None:
         return _status_of_pid(args)
     if args.url is not None or args.workers_pids or args.worker_match:
-        from ..errors import PinError
+        from ...errors import PinError
 
         raise PinError("--url, --workers and --worker-match work with --pid (a server found by its master), not "
                        "with --pidfile")
-    from ..server.launch import status
+    from ...server.launch import status
 
     info = status(args.pidfile)
     if args.json:
@@ -209,8 +209,8 @@ def _cmd_status(args):
 def _status_of_pid(args):
     import sys
 
-    from ..placement.pin import PinReport, server_roles, server_threads
-    from ..placement.plan import Plan
+    from ...placement.pin import PinReport, server_roles, server_threads
+    from ...placement.plan import Plan
 
     plan = Plan.read(args.plan) if args.plan else None
     roles = server_roles(args.pid, worker_choice_of(args))
@@ -234,14 +234,14 @@ def _drift(master, plan, roles):
 
     Read over a short interval: status shows masks, not rates.
     """
-    from ..placement import audit
+    from ...placement import audit
 
     snap = audit.snapshot(master, plan, interval=0.05, roles=roles)
     return [f for f in audit.findings(snap) if f.kind in ("drift", "replaced")]
 
 
 def _cmd_stop(args):
-    from ..server.launch import stop
+    from ...server.launch import stop
 
     done = stop(args.pidfile)
     print(f"stopped the server at {done['url']} (master {done['master']}, policy {done['policy']}, "
