@@ -65,10 +65,13 @@ test: $(STAMP) sysdeps
 	@# The package is installed editable, so pip compiled none of it; where PYTHONDONTWRITEBYTECODE
 	@# is set (as on CI) every server, worker and CLI the tests start would compile it again.
 	$(PY) -m compileall -q tuna_lab
-	@date +"make test: pytest from %T"
-	$(PY) -m pytest -q $(XDIST) --durations=25
-	@date +"make test: notebooks from %T"
-	$(NBVAL) $(XDIST)
+	@# Two phases. The tests that measure time or CPU (marked `alone`) run last, one at a time: in the same
+	@# xdist run they would hold the other worker idle for as long as they run, and an exclusive lock
+	@# waits behind every shared one. Everything else, the notebooks included, fills both workers first.
+	@date +"make test: the tests and notebooks from %T"
+	$(PY) -m pytest -q $(XDIST) -m "not alone" --nbval --nbval-current-env tests notebooks --durations=25
+	@date +"make test: the tests that run alone from %T"
+	$(PY) -m pytest -q -m alone --durations=10
 	@date +"make test: done at %T"
 
 # The notebooks alone, as `make test` runs them.

@@ -33,8 +33,6 @@ from tuna_lab.measure import trials as trials_module
 from tuna_lab.measure.loadgen.requests import Requests
 from tuna_lab.server.launch import free_port
 
-# alone: it measures a server's latency and CPU (tests/conftest.py)
-pytestmark = pytest.mark.alone
 
 CPUS = sorted(os.sched_getaffinity(0))
 
@@ -128,6 +126,7 @@ def _stop(proc):
     proc.wait(timeout=10)
 
 
+@pytest.mark.alone          # it measures how fast an overloaded server answers (conftest.py)
 def test_drain_waits_out_the_backlog_an_overload_left(model_env, tmp_path):
     from tuna_lab.measure.loadgen.load import closed_loop, open_loop
     from tuna_lab.measure.target import Live
@@ -171,6 +170,7 @@ def _steps_plan(model_env, tmp_path, monkeypatch):
     return target, TrialPlan(config, target, (), None, None, 10, split.server.n_logical, split, timeout=0.3)
 
 
+@pytest.mark.alone          # it measures how fast an overloaded server answers (conftest.py)
 @pytest.mark.parametrize("drain_timeout", [120.0, 0.5], ids=["drained", "restarted"])
 def test_a_step_after_an_overload_starts_on_an_idle_server(model_env, tmp_path, monkeypatch, drain_timeout):
     from tuna_lab.measure.trials import run_steps

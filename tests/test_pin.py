@@ -46,8 +46,7 @@ UVICORN = Path(sys.executable).with_name("uvicorn")
 CPUS = sorted(os.sched_getaffinity(0))
 W, T = 2, 2
 
-# alone: --watch must pin a replacement within a second (tests/conftest.py)
-pytestmark = [pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs"), pytest.mark.alone]
+pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="pinning W=2 x T=2 needs 2 CPUs")
 
 
 # -- reading /proc (independently of tuna_lab) ------------------------------------------------------
@@ -966,6 +965,7 @@ def watched(model_file, tmp_path):
         srv.stop()
 
 
+@pytest.mark.alone          # --watch must react within a second or two (conftest.py)
 def test_watch_pins_a_replacement_within_1s_of_its_pool_and_says_each_thing_once(watched, tmp_path):
     srv = watched
     threads = T + 1                                       # more than the pool has: a warning for every worker
@@ -1033,6 +1033,7 @@ def test_watch_pins_a_replacement_within_1s_of_its_pool_and_says_each_thing_once
     assert len(reports[0]["workers"]) == W and [r for r in reports[1:] if new in {w["pid"] for w in r["workers"]}]
 
 
+@pytest.mark.alone          # --watch must react within a second or two (conftest.py)
 def test_watch_enforce_puts_back_a_mask_someone_else_changed(watched, tmp_path):
     srv = watched
     errors = tmp_path / "watch.err"
