@@ -22,7 +22,9 @@ collect_ignore = ["tuna_lab/server/gunicorn_conf.py"]
 # * a test marked `alone` (it measures CPU time, latency or how fast something reacts, or says that no
 #   foreign load is there) holds the machine lock exclusively, every other test holds it shared: an `alone`
 #   test runs with no other test running.
-# Without xdist (plain `pytest`) none of this is done. The notebooks (nbval) run in two workers too.
+# `make test` runs the `alone` tests in a second, plain pytest run of their own (`-m alone`), after the rest and
+# the notebooks (`-m "not alone"`): the lock keeps `pytest -n 2` right when run by hand. Without xdist (plain
+# `pytest`) none of this is done.
 _MACHINE_LOCK = "TUNA_LAB_TEST_MACHINE_LOCK"
 
 

@@ -36,6 +36,7 @@ import pandas as pd
 import psutil
 import pytest
 from daskcluster import DASK, Cluster
+from helpers import main
 
 from tuna_lab.measure.store import is_finished, load_results
 from tuna_lab.server.models import ensure_model
@@ -50,7 +51,13 @@ MARK = f"tuna-lab-test-faults-{uuid.uuid4().hex[:8]}"
 
 
 def _argv(out, cluster=None):
-    return [sys.executable, "-m", "tuna_lab", "sweep", "--configs", CONFIGS, "--models", "small",
+    """``tuna-lab sweep`` of this module's grid, as a process (the one killed) runs it."""
+    return [sys.executable, "-m", "tuna_lab", *_args(out, cluster)]
+
+
+def _args(out, cluster=None):
+    """The arguments of :func:`_argv` after the program: the resume runs them in this process."""
+    return ["sweep", "--configs", CONFIGS, "--models", "small",
             "--batches", ",".join(map(str, BATCHES)), "--policies", ",".join(POLICIES), "--trials", str(TRIALS),
             "--requests", str(REQUESTS), "--out", str(out), *(["--cluster", cluster.address] if cluster else [])]
 
@@ -209,11 +216,12 @@ def test_a_kill_at_a_random_point_loses_nothing_and_mixes_nothing(seed, tmp_path
         reader.join(10)
         assert not _wait_gone(cluster), f"left running after the {kind} was killed: {_ours(cluster)}"
 
-        # Resume until finished (a killed server fails its trial; its cell is then redone on resume).
+        # Resume until finished (a killed server fails its trial; its cell is then redone on resume). The resume
+        # is no process under test: it runs in this one (its servers still carry the mark, from its environment).
         before = _finished(out)
         assert all(before.get(cell) == digest for cell, digest in struck.items()), "a finished cell changed"
         for _ in range(3):
-            done = subprocess.run(_argv(out, cluster), capture_output=True, text=True, env=env, timeout=180)
+            done = main(*_args(out, cluster), env=env, timeout=180)
             assert done.returncode == 0, done.stderr
             if set(_cells(_finished(out))) == set(CELLS):
                 break
@@ -262,9 +270,9 @@ def test_a_kill_mid_trial_is_recorded_and_the_resume_redoes_only_that_run(kind, 
     from tuna_lab.measure.store import cell_state
 
     out = tmp_path / "run" / "w2-t1-small-b10"          # `run --out` writes its cell inside the folder
-    argv = [sys.executable, "-m", "tuna_lab", "run", "-w", "2", "-t", "1", "--model", "small", "--batch", "10",
-            "--policies", ",".join(POLICIES), "--trials", "2", "--requests", "1500", "--concurrency", "2",
-            "--seed", "1", "--out", str(out.parent)]
+    args = ["run", "-w", "2", "-t", "1", "--model", "small", "--batch", "10", "--policies", ",".join(POLICIES),
+            "--trials", "2", "--requests", "800", "--concurrency", "2", "--seed", "1", "--out", str(out.parent)]
+    argv = [sys.executable, "-m", "tuna_lab", *args]
     env = {**os.environ, "TUNA_LAB_TEST_MARK": MARK}
     runner = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
@@ -275,7 +283,7 @@ def test_a_kill_mid_trial_is_recorded_and_the_resume_redoes_only_that_run(kind, 
             time.sleep(0.02)
         assert master is not None, "no server started"
         # Its workers up, then well past the warm-up's 20 requests (0.5 s of the workers' CPU is some 200 of the
-        # small model's at batch 10, 2 ms each here), far from the load's 1500: mid-trial.
+        # small model's at batch 10, 2 ms each here), far from the load's 800: mid-trial.
         while len(master.children()) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         start = _worker_cpu(master)
@@ -301,8 +309,9 @@ def test_a_kill_mid_trial_is_recorded_and_the_resume_redoes_only_that_run(kind, 
     assert state.status == "incomplete" and state.missing == {hit["policy"]: 1}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["valid_by_policy"] == {p: 1 if p == hit["policy"] else 2 for p in POLICIES}
-    # The resume runs that one run and keeps the three others as they were.
-    again = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+    # The resume runs that one run and keeps the three others as they were (in this process: the killed
+    # run's was the process under test).
+    again = main(*args, env=env, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "keeping 3 valid runs of an earlier attempt, running the 1 missing" in again.stderr
     assert sum(" trial " in line for line in again.stderr.splitlines()) == 1

@@ -37,8 +37,9 @@ def application(environ, start_response):
 
 
 def cli(*args, env=None, timeout=240):
-    # Run from a folder without tuna_lab's source in it, as a user runs it.
-    return helpers.cli(*args, env=env, timeout=timeout, cwd=Path(__file__).parent / "userapp")
+    # Run from a folder without tuna_lab's source in it, as a user runs it; in this process (the servers it
+    # starts, in the venv, are what is under test, not tuna-lab's own process).
+    return helpers.main(*args, env=env, timeout=timeout, cwd=Path(__file__).parent / "userapp")
 
 
 def make_venv(base, folder):
@@ -95,7 +96,7 @@ def test_tune_starts_each_candidates_app_in_the_given_interpreter(venv, app, tmp
     log = tmp_path / "prefixes"
     env = {**os.environ, "PREFIX_LOG": str(log)}
     r = cli("tune", "--sla-p99", "2s", "--app", "venvapp:application", "--app-dir", app, "--python", venv,
-            "--configs", "1x1", "--policies", "cfs", "--budget", "20s", "--rounds", 1, "--step-seconds", 1,
+            "--configs", "1x1", "--policies", "cfs", "--budget", "20s", "--rounds", 1, "--step-seconds", 0.25,
             "--json", env=env)
     assert r.returncode == 0, r.stderr
     # The import check, then the candidate's worker (at least one start): each under the venv's prefix.

@@ -239,7 +239,7 @@ def test_a_head_to_head_races_exactly_the_candidates_given(tmp_path):
     # What bench tune does with two finalists: these two only, every round, nothing dropped.
     finalists = [Candidate(1, 1, "cfs"), Candidate(2, 1, "round-robin")]
     result = tune("200ms", candidates=finalists, configs=[(4, 4)], policies=["tuna-compact"], model="small",
-                  batch=10, budget="20s", rounds=1, step_seconds=0.5, exhaustive=True)
+                  batch=10, budget="20s", rounds=1, step_seconds=0.25, exhaustive=True)
     assert list(result.table["candidate"].sort_values()) == ["1x1 cfs", "2x1 round-robin"]
     assert result.winner in finalists and (result.table["rounds"] == 1).all()
 
@@ -262,7 +262,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, message):
 
 def test_cli_a_target_no_candidate_can_meet_is_reported_as_such(tmp_path):
     done = main("tune", "--sla-p99", "1ms", "--model", "small", "--batch", "10", "--configs", "1x1",
-                "--policies", "cfs", "--budget", "40s", "--step-seconds", "0.5", "--out", str(tmp_path / "t"))
+                "--policies", "cfs", "--budget", "40s", "--step-seconds", "0.25", "--out", str(tmp_path / "t"))
     assert done.returncode == 2, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("tuna-lab: error: no candidate meets a p99 of 1 ms") and done.stdout == ""
@@ -310,11 +310,14 @@ def test_cli_tunes_a_users_app_over_policies_and_wait_policies(model_env, body, 
     out = tmp_path / "tune"
     done = main("tune", "--sla-p99", "100ms", "--app", "timed_app:application", "--app-dir", USERAPP,
                 "--body", body, "--configs", "1x1", "--policies", "cfs,tuna-scatter",
-                "--wait-policies", "default,passive", "--budget", "20s", "--step-seconds", "0.5", "--rounds", "2",
+                "--wait-policies", "default,passive", "--budget", "30s", "--step-seconds", "0.25", "--rounds", "1",
                 "--out", out, "--json", env=env)
+    # A policy none of whose candidates was measured fails the run (exit 1): the budget has room for both
+    # policies' default-wait candidates even on a busy machine (an app's start and warm-up take 5-10 s there),
+    # and for the passive ones on an idle machine; one round, since the round is not what is tested here.
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
-    assert result["elapsed"] <= 1.1 * 20
+    assert result["elapsed"] <= 1.1 * 30
     names = {c["candidate"] for c in result["candidates"]}
     assert names == {"1x1 cfs", "1x1 tuna-scatter", "1x1 cfs passive", "1x1 tuna-scatter passive"}
     win = result["winner"]
@@ -347,3 +350,38 @@ def test_the_stored_tune_draws_its_race_round_by_round():
     # A dropped candidate stays on the chart, greyed, with the interval it had.
     last = result.history[result.history["round"] == result.history["round"].max()]
     assert len(fig.data[-1].y) == len(last) and "rgb(170, 170, 170)" in fig.data[-1].marker.color
+
+
+# -- a policy the budget never reached ---------------------------------------------------------------
+
+def _clocked(start_seconds, fails=()):
+    """A race target on a simulated clock: each run costs ``start_seconds`` and its steps; the policies in
+    ``fails`` fail every step."""
+    now = [0.0]
+
+    def evaluate(candidate, rnd, next_step):
+        now[0] += start_seconds
+        step = next_step(None)
+        while step is not None:
+            rate, duration = step
+            now[0] += duration
+            n = max(int(rate * duration), 1)
+            error = "HTTP 500" if candidate.policy in fails else ""
+            step = next_step(Step(rate, duration, n, 0, 0.01, seconds=duration, error=error))
+
+    return evaluate, lambda: now[0]
+
+
+@pytest.mark.parametrize("fails, says", [((), "round-robin not measured: the 30 s budget ran out"),
+                                         (("cfs",), "no valid trial of cfs: every trial failed")])
+def test_a_policy_the_budget_never_reached_is_not_called_failed(fails, says, capsys):
+    from tuna_lab.cli.commands import tune as command
+
+    evaluate, clock = _clocked(25.0, fails)
+    result = race([Candidate(1, 1, "cfs"), Candidate(1, 1, "round-robin")], evaluate, 0.05, 30, rounds=1,
+                  step_seconds=0.5, clock=clock)
+    assert command._unmeasured_status(result) == 1
+    err = capsys.readouterr().err
+    assert says in err, err
+    # Said once, and the one that never ran is not called failed.
+    assert "round-robin: every trial failed" not in err and "of cfs, round-robin" not in err

@@ -108,19 +108,38 @@ def _target(args):
 
 
 def _unmeasured(result):
-    """``{"tune": [policy, ...]}``: the policies none of whose candidates had a step measured (or ``{}``)."""
+    """The policies none of whose candidates had a step measured: ``({"tune": failed}, not_run)``.
+
+    ``failed``: some candidate of the policy ran, and every step failed; ``not_run``: none of its candidates
+    ran at all (the budget ran out first). Both are empty when every policy has a measured step.
+    """
     if result is None or not len(result.table):
-        return {}
+        return {}, []
     measured = {row.policy for row in result.table.itertuples()
                 if any(s.n and not s.error for s in result.steps.get(row.candidate, ()))}
-    lacking = sorted(set(result.table["policy"]) - measured)
-    return {"tune": lacking} if lacking else {}
+    ran = {row.policy for row in result.table.itertuples() if result.steps.get(row.candidate)}
+    lacking = set(result.table["policy"]) - measured
+    failed = sorted(lacking & ran)
+    return ({"tune": failed} if failed else {}), sorted(lacking - ran)
+
+
+def _unmeasured_status(result):
+    """Exit status 1, with one stderr line, when some policy was not measured (failed, or never run); else 0."""
+    from ..options import no_valid_status
+
+    failed, not_run = _unmeasured(result)
+    if not_run:
+        # Nothing of these failed: the budget ran out before their first run, and saying "failed" would mislead.
+        print(f"tuna-lab: error: {', '.join(not_run)} not measured: the {result.budget:g} s budget ran out before "
+              "the first run of any of its candidates; a larger --budget (or fewer candidates) measures it",
+              file=sys.stderr)
+    return max(no_valid_status(failed), 1 if not_run else 0)
 
 
 def _cmd_tune(args):
     from ...errors import TuneError, UnmeetableTargetError
     from ...measure.tune.tuner import parse_duration
-    from ..options import check_measure_options, configs_arg, no_valid_status
+    from ..options import check_measure_options, configs_arg
 
     check_measure_options(args, TuneError)
     sla = parse_duration(args.sla_p99, "--sla-p99")
@@ -137,14 +156,14 @@ def _cmd_tune(args):
         result = _tune(args, sla, budget, configs, target)
     except UnmeetableTargetError as exc:
         # Nothing measured at all is a failed run (exit 1), not a target too tight (exit 2).
-        if no_valid_status(_unmeasured(exc.result)):
+        if _unmeasured_status(exc.result):
             return 1
         raise
     if args.json:
         print(json.dumps(result.to_dict(), allow_nan=False, default=str))
     else:
         print(result.to_text())
-    return no_valid_status(_unmeasured(result))
+    return _unmeasured_status(result)
 
 
 def _tune(args, sla, budget, configs, target):
