@@ -58,19 +58,25 @@ def hwloc_dump_roots(tmp_path_factory):
     """``{archive name: its extracted filesystem root}``, each archive extracted once for the whole session.
 
     Under pytest-xdist the workers share one extraction (in the run's own temporary folder, which holds
-    each worker's): the first to get there extracts, the other waits for it.
+    each worker's). Each archive has its own lock: a worker extracts those no other is extracting, then waits
+    for the rest, so that two workers extract the dumps in about half the time one would.
     """
     base = tmp_path_factory.getbasetemp()
     shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
     folder = shared / "hwloc-dumps"
-    with open(shared / "hwloc-dumps.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (folder / ".extracted").exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir()
-            for archive in sorted(HWLOC_DUMPS.glob("*.tar.bz2")):
-                _extract(archive, folder / archive.name.removesuffix(".tar.bz2"))
-            (folder / ".extracted").touch()
+    folder.mkdir(exist_ok=True)
+    for flags in (fcntl.LOCK_EX | fcntl.LOCK_NB, fcntl.LOCK_EX):
+        for archive in sorted(HWLOC_DUMPS.glob("*.tar.bz2")):
+            name = archive.name.removesuffix(".tar.bz2")
+            with open(folder / f".{name}.lock", "a") as lock:
+                try:
+                    fcntl.flock(lock, flags)
+                except BlockingIOError:
+                    continue                              # the other worker's: wait for it in the second pass
+                if not (folder / f".{name}.done").exists():
+                    shutil.rmtree(folder / name, ignore_errors=True)
+                    _extract(archive, folder / name)
+                    (folder / f".{name}.done").touch()
     roots = {}
     for archive in sorted(HWLOC_DUMPS.glob("*.tar.bz2")):
         dest = folder / archive.name.removesuffix(".tar.bz2")
