@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from helpers import USERAPP, main
+from helpers import USERAPP, main, simulated_race
 from tuna_lab.measure import trials as trials_module
 from tuna_lab.measure.loadgen.requests import Requests
 from tuna_lab.server.launch import free_port
@@ -277,38 +277,18 @@ def test_policies_with_one_plan_are_reported_as_same_placement(tmp_path):
 
 # -- every tune candidate measured, or said why not -------------------------------------------------
 
-def _simulated(start_seconds, drain_seconds):
-    """A race target on a simulated clock: each run costs a server start, each step its duration and a drain."""
-    from tuna_lab.measure.tune.race import Step
-
-    now = [0.0]
-
-    def evaluate(candidate, rnd, next_step):
-        now[0] += start_seconds
-        step = next_step(None)
-        while step is not None:
-            rate, duration = step
-            now[0] += duration + drain_seconds
-            capacity = 30.0 * candidate.workers
-            n = max(int(rate * duration), 1)
-            step = next_step(Step(rate, duration, n, n if rate > capacity else 0, 0.5 if rate > capacity else 0.01,
-                                  seconds=duration))
-
-    return evaluate, lambda: now[0]
-
-
 def test_the_default_budget_measures_every_candidate_and_a_short_one_says_which_it_did_not():
     from tuna_lab.measure.tune.race import Candidate, auto_configs, race
 
     candidates = [Candidate(w, t, p) for w, t in auto_configs(2) for p in ("cfs", "round-robin", "tuna-scatter")]
     assert len(candidates) == 15
     # tune's defaults (15 min, 4 rounds of 2 s steps), a slow 10 s start and a 5 s drain after every step.
-    evaluate, clock = _simulated(10.0, 5.0)
+    evaluate, clock = simulated_race(10.0, 5.0)
     result = race(candidates, evaluate, 0.05, 900, rounds=4, step_seconds=2.0, clock=clock)
     assert (result.table["steps"] > 0).all(), result.table[["candidate", "steps", "reason"]]
     assert "not measured" not in result.to_text()
     # 90 s cannot hold 15 runs: the ones left out are named, with why.
-    evaluate, clock = _simulated(10.0, 5.0)
+    evaluate, clock = simulated_race(10.0, 5.0)
     short = race(candidates, evaluate, 0.05, 90, rounds=4, step_seconds=2.0, clock=clock)
     missing = short.table[short.table["steps"] == 0]
     assert len(missing) and missing["reason"].str.startswith("not measured: the 90 s budget ran out").all()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import USERAPP, main
+from helpers import USERAPP, main, simulated_race
 from hypothesis import HealthCheck, given, settings
 from strategies import race_problems
 from tuna_lab.errors import TuneError
@@ -354,30 +354,12 @@ def test_the_stored_tune_draws_its_race_round_by_round():
 
 # -- a policy the budget never reached ---------------------------------------------------------------
 
-def _clocked(start_seconds, fails=()):
-    """A race target on a simulated clock: each run costs ``start_seconds`` and its steps; the policies in
-    ``fails`` fail every step."""
-    now = [0.0]
-
-    def evaluate(candidate, rnd, next_step):
-        now[0] += start_seconds
-        step = next_step(None)
-        while step is not None:
-            rate, duration = step
-            now[0] += duration
-            n = max(int(rate * duration), 1)
-            error = "HTTP 500" if candidate.policy in fails else ""
-            step = next_step(Step(rate, duration, n, 0, 0.01, seconds=duration, error=error))
-
-    return evaluate, lambda: now[0]
-
-
 @pytest.mark.parametrize("fails, says", [((), "round-robin not measured: the 30 s budget ran out"),
                                          (("cfs",), "no valid trial of cfs: every trial failed")])
 def test_a_policy_the_budget_never_reached_is_not_called_failed(fails, says, capsys):
     from tuna_lab.cli.commands import tune as command
 
-    evaluate, clock = _clocked(25.0, fails)
+    evaluate, clock = simulated_race(25.0, fails=fails)
     result = race([Candidate(1, 1, "cfs"), Candidate(1, 1, "round-robin")], evaluate, 0.05, 30, rounds=1,
                   step_seconds=0.5, clock=clock)
     assert command._unmeasured_status(result) == 1

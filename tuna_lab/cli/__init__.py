@@ -31,7 +31,6 @@ from .commands import COMMANDS
 __all__ = ["main", "build_parser"]
 
 
-
 def _module(command):
     """The module of ``command`` (a :data:`~tuna_lab.cli.commands.COMMANDS` entry), imported when first used:
     main() imports only the one of the command it runs."""
