@@ -319,8 +319,8 @@ def front_note(trials):
 
     Large, as ``pin`` and ``run --pid`` judge it: in some application and
     policy (the valid trials' means), at least
-    :data:`~tuna_lab.placement.pin.FRONT_SHARE` of the workers' CPU per
-    request and :data:`~tuna_lab.placement.pin.FRONT_FLOOR` seconds a
+    :data:`~tuna_lab.live.traffic.FRONT_SHARE` of the workers' CPU per
+    request and :data:`~tuna_lab.live.traffic.FRONT_FLOOR` seconds a
     trial. The line names the largest share; "" for results without the
     ``front_cpu_per_request`` column (recorded before it was) or a valid trial.
 
@@ -343,7 +343,7 @@ def front_note(trials):
     >>> front_note(t.assign(front_cpu_per_request=0.0001, front_cpu_seconds=0.01))
     ''
     """
-    from ..placement.pin import FRONT_FLOOR, FRONT_SHARE
+    from ..live.traffic import FRONT_FLOOR, FRONT_SHARE
 
     if not len(trials) or "front_cpu_per_request" not in trials.columns:
         return ""
@@ -392,7 +392,10 @@ def _speedups(requests, trials, baseline):
         return pd.DataFrame(columns=_SPEEDUP_COLUMNS)
     rows = []
     for policy in sorted(set(scen["policy"]) - {baseline}):
-        c = compare_policies(scen, baseline, policy)
+        try:
+            c = compare_policies(scen, baseline, policy)
+        except TunaError:
+            continue                    # no valid p99 of one of the two: no interval (its failed: lines say why)
         rows.append({"policy": policy, "baseline": baseline, "speedup": float(c["speedup"]),
                      "ci_low": float(c["speedup_ci_low"]), "ci_high": float(c["speedup_ci_high"])})
     return pd.DataFrame(rows, columns=_SPEEDUP_COLUMNS)
@@ -405,7 +408,12 @@ def _headline(requests, trials):
     except TunaError:
         return pd.DataFrame(columns=_HEADLINE_COLUMNS)
     by = (None, "machine") if "machine" in scenarios.columns else (None,)
-    summary = speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=by)
+    try:
+        summary = speedup_summary(scenarios, baselines=("cfs", "round-robin"), by=by)
+    except TunaError:
+        # No application with a valid p99 under a baseline and a policy (every trial of one failed): no headline,
+        # and the per-policy table and the failed: lines say what ran.
+        return pd.DataFrame(columns=_HEADLINE_COLUMNS)
     rows = [{"baseline": row["baseline"], "policy": row["policy"],
              **({"machine": row["machine"]} if row["group"] == "machine" else {}),
              "applications": int(row["n"]), "speedup": float(row["speedup"]), "geomean": float(row["geomean"])}

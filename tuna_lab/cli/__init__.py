@@ -14,13 +14,17 @@ no solver, server or analysis.
 
 Every user error ends in one line on stderr and exit status 2; nothing else
 is printed to stdout in that case, so ``--json`` output is either a whole
-object or nothing. Results go to stdout, progress (trials, cells, a model's
+object or nothing. A measurement that ran and failed exits 1, and so does
+output that could not be written (a full disk, ``> /dev/full``): one line on
+stderr, never a traceback, ``--help`` and ``--version`` included. Results go to stdout, progress (trials, cells, a model's
 first training) to stderr, so ``tuna-lab run ... --json > run.json`` keeps
 only the object.
 """
 
 import argparse
+import errno
 import importlib
+import os
 import sys
 import textwrap
 
@@ -147,12 +151,71 @@ def _terminate_as_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+class _Unwritable(BaseException):
+    """stdout could not take what a command printed (a full disk, ``> /dev/full``).
+
+    A BaseException, as KeyboardInterrupt is: no command's ``except Exception``
+    may take it for a failure of its own and go on printing.
+    """
+
+    def __init__(self, error):
+        super().__init__(error)
+        self.error = error
+
+
+class _Stdout:
+    """A command's stdout: a write or flush the stream cannot take raises :class:`_Unwritable`.
+
+    Told apart there, at the stream, from any other OSError a command may
+    meet; the rest of the stream (``fileno``, ``isatty``, ...) is the stream's.
+    A broken pipe stays a BrokenPipeError (the reader left: see :func:`main`).
+    """
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _Unwritable(exc) from None
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _Unwritable(exc) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _drop_pending(stream):
+    """Point the process's stdout at /dev/null once it failed, so that what is still buffered in ``stream``
+    goes nowhere at exit rather than fail again there (a second message, exit status 120)."""
+    if stream is not sys.__stdout__:
+        return                                     # in-process (a test's StringIO): nothing flushes it at exit
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, stream.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv=None):
     """Run ``tuna-lab`` with ``argv`` (default: the process's arguments); returns the exit status.
 
-    0 on success, 1 when something ran but some policy has no valid trial or
-    nothing ran (one line on stderr), 2 on bad input (one line on stderr), 130
-    when interrupted (Ctrl-C or SIGTERM).
+    0 on success, 1 when something ran but some policy has no valid trial,
+    nothing ran, or stdout could not take the output (a full disk; one line
+    on stderr), 2 on bad input (one line on stderr), 130 when interrupted
+    (Ctrl-C or SIGTERM).
 
     Examples
     --------
@@ -160,13 +223,43 @@ def main(argv=None):
     {"name": "synthetic:core:2 pu:1", ...}
     0
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    stream = sys.stdout
+    sys.stdout = _Stdout(stream)
+    try:
+        try:
+            status = _main(argv)
+        except SystemExit as exc:              # argparse: --help, --version, a usage error
+            status = exc
+        # What is still buffered must reach stdout before the status says it did.
+        sys.stdout.flush()
+    except _Unwritable as exc:
+        from .._checks import one_line as first_line
+
+        print(f"tuna-lab: error: cannot write the output to stdout: {exc.error.strerror or first_line(exc.error)}",
+              file=sys.stderr)
+        _drop_pending(stream)
+        return 1
+    except BrokenPipeError:
+        # `tuna-lab ... --json | head`: the reader left; that is not an error of ours.
+        _drop_pending(stream)
+        sys.stderr.close()
+        return 0
+    finally:
+        sys.stdout = stream
+    if isinstance(status, SystemExit):
+        raise status
+    return status
+
+
+def _main(argv):
+    """:func:`main` but for what stdout could not take."""
     import signal
     import threading
     import warnings
 
     from ..errors import RelaxedMappingWarning, ThrottlingWarning
 
-    argv = sys.argv[1:] if argv is None else list(argv)
     # Only the module of the command run is imported (a start in a tenth of a second); an unknown or
     # missing command gets the list of them all, as `tuna-lab --help` shows it.
     args = _parser({_command_in(argv)}).parse_args(argv)
@@ -206,10 +299,6 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("tuna-lab: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # `tuna-lab ... --json | head`: the reader left; that is not an error of ours.
-        sys.stderr.close()
-        return 0
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

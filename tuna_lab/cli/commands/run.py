@@ -7,8 +7,8 @@ progress (one line per trial) goes to stderr.
 import os
 import sys
 
-from ..._checks import format_cpulist
-from ...errors import ExperimentError
+from ..._checks import format_cpulist, one_line
+from ...errors import ExperimentError, TunaError
 from . import COMMANDS
 from ..options import (MEASURE_HELP, add_client_cpus_option, add_size_options, add_strict_option, add_target_options,
                       add_wait_options, check_cpu_quota, check_measure_options, client_cpus_of, no_valid_status_of,
@@ -108,8 +108,6 @@ def _add_demo(subparsers):
 
 
 def _cmd_run(args):
-    from ...analysis.summary import scale_note, summarize
-    from ...machine import Limits
     from ...measure.experiment import Config, check_policies, run
     from ...measure.store import check_out
 
@@ -139,6 +137,19 @@ def _cmd_run(args):
                  csv=args.csv,
                  client_cpus=client, target=target, rate=args.rate, duration=args.duration,
                  max_error_rate=args.max_error_rate, strict=args.strict)
+    try:
+        return _report_run(args, result, config, target, out)
+    except TunaError as exc:
+        # The measurement ran (its records are written): what failed after it is no bad input, so not status 2.
+        print(f"tuna-lab: error: {one_line(exc)}", file=sys.stderr)
+        return 1
+
+
+def _report_run(args, result, config, target, out):
+    """Print what ``run`` measured (a table, or the ``--json`` object); its exit status."""
+    from ...analysis.summary import scale_note, summarize
+    from ...machine import Limits
+
     run_summary = summarize(result)
     summary = run_summary.to_dict()
     latency = _latency_words(result.trials)
