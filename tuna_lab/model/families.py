@@ -36,8 +36,11 @@ Examples
 """
 
 from dataclasses import dataclass
+from functools import wraps
 
 import numpy as np
+
+from ..errors import ModelError
 
 __all__ = [
     "Family",
@@ -52,6 +55,7 @@ __all__ = [
     "MainIndicator",
     "MainLoadCap",
     "PhysicalMainLoadCap",
+    "resolve_family",
     "DEFAULT_FAMILIES",
     "FAMILY_TYPES",
 ]
@@ -117,11 +121,50 @@ def _excess(values, cap):
     return np.maximum(np.asarray(values, float) - cap, 0.0)
 
 
+def checked_assignment(assign, inst):
+    """``assign`` as a ``(W, T)`` integer array for ``inst``, or :class:`ModelError` saying what is wrong.
+
+    A check that read an assignment of another shape would count what it
+    finds and report nothing wrong: a (3,)-vector has no worker with two
+    threads on one core. Refused here instead, for every family's checks.
+    """
+    arr = np.asarray(assign)
+    want = (inst.W, inst.T)
+    if arr.shape != want:
+        raise ModelError(f"an assignment for W={inst.W} x T={inst.T} is an array of shape {want} "
+                         f"(core positions, column 0 = main threads), got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        if arr.dtype.kind != "f" or not np.all(np.isfinite(arr)) or np.any(arr != np.round(arr)):
+            raise ModelError(f"an assignment holds integer core positions, got {arr.dtype} values")
+        arr = arr.astype(int)
+    return arr
+
+
+def _checking(method):
+    """``method(assign, inst)`` with ``assign`` checked first (see :func:`checked_assignment`)."""
+    @wraps(method)
+    def check(self, assign, inst):
+        return method(self, checked_assignment(assign, inst), inst)
+    check._checks_shape = True
+    return check
+
+
 class Family:
     """Base class of the constraint families and objective terms.
 
     Subclasses set the class attributes below and override the methods they need.
+    :meth:`violations`, :meth:`residual` and :meth:`value` - a subclass's
+    own too - refuse an assignment that is not a ``(W, T)`` integer array
+    with :class:`~tuna_lab.errors.ModelError`.
     """
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Wrapped where they are defined, so that a family of one's own gets the shape check too.
+        for name in ("violations", "residual", "value"):
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "_checks_shape", False):
+                setattr(cls, name, _checking(method))
 
     #: short key used by ``TunaModel.without`` / ``with_`` (the equation numbers)
     key = ""
@@ -203,14 +246,17 @@ class Family:
         """
         return None
 
+    @_checking
     def residual(self, assign, inst):
         """Non-negative violation of each of the family's rows (all zero if satisfied)."""
         return np.zeros(0)
 
+    @_checking
     def violations(self, assign, inst):
         """List of :class:`Violation` of ``assign`` (positions array, shape (W, T))."""
         return []
 
+    @_checking
     def value(self, assign, inst):
         """Objective value of the term for ``assign`` (objective families only)."""
         return 0.0
@@ -737,3 +783,36 @@ FAMILY_TYPES = (SingleCore, UniqueRankCores, UniqueWorkerCores, MainSpread, Work
                 LogicalBalance, PhysicalBalance, MainIndicator, MainLoadCap, PhysicalMainLoadCap)
 
 DEFAULT_FAMILIES = tuple(f() for f in FAMILY_TYPES)
+
+
+def resolve_family(spec, held=()):
+    """The family ``spec`` names: an instance, a class, a key (``"11-12"``), a class name or an equation number.
+
+    The one resolver behind :meth:`TunaModel.with_ <tuna_lab.model.TunaModel.with_>`,
+    :meth:`~tuna_lab.model.TunaModel.without`, :meth:`Mapping.verify
+    <tuna_lab.model.Mapping.verify>` and the widgets. ``held``: families
+    already at hand (a model's), searched first, so that a key also names a
+    family of one's own.
+
+    Raises
+    ------
+    ModelError
+        No family goes by that name.
+
+    Examples
+    --------
+    >>> resolve_family("(11)"), resolve_family(8).key, resolve_family("PhysicalBalance").key
+    (MainLoadCap((11,12)), '8', '8p')
+    """
+    if isinstance(spec, Family):
+        return spec
+    if isinstance(spec, type) and issubclass(spec, Family):
+        return spec()
+    if isinstance(spec, (str, int)) and not isinstance(spec, bool):
+        s = str(spec).strip().strip("()").strip()
+        for fam in (*held, *(ftype() for ftype in FAMILY_TYPES)):
+            if s in (fam.key, fam.name) or s in fam.equations:
+                return fam
+    known = dict.fromkeys([*(f"{f.key} ({f.name})" for f in held),
+                           *(f"{f.key} ({f.__name__})" for f in FAMILY_TYPES)])
+    raise ModelError(f"unknown constraint family {spec!r}; known: " + ", ".join(known))

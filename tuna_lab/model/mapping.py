@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .families import DEFAULT_FAMILIES, loads, main_counts, pair_sums, worker_counts
+from .families import DEFAULT_FAMILIES, Family, loads, main_counts, pair_sums, resolve_family, worker_counts
 from .instance import Instance
 
 __all__ = ["Mapping", "Relaxed"]
@@ -71,6 +71,9 @@ class Mapping:
         (e.g. a family the constructive route does not know: HiGHS solved it).
     certificate : dict
         What proves :attr:`bound` (JSON-able; empty when nothing does):
+        ``certifies`` - the objective terms its bound is on (:attr:`objective_terms`;
+        empty for a model without objective terms, whose certificate proves nothing
+        about :attr:`objective` and is not shown by :meth:`describe`);
         ``name`` - ``"highs"`` (HiGHS's dual bound), or the combinatorial
         bound's name (``"counting"``, pattern bounds such as
         ``"sibling-pattern+domain-pattern"``), or ``"none"``; ``proven``;
@@ -114,6 +117,9 @@ class Mapping:
         object.__setattr__(self, "assignment", np.asarray(self.assignment, dtype=int))
         object.__setattr__(self, "notes", tuple(self.notes))
         object.__setattr__(self, "relaxed", tuple(self.relaxed))
+        if self.certificate:
+            # What the bound is on: the objective terms the model maximised ([] - it certifies nothing).
+            object.__setattr__(self, "certificate", {**self.certificate, "certifies": list(self.objective_terms)})
 
     # -- basic facts -----------------------------------------------------------
     @property
@@ -168,12 +174,47 @@ class Mapping:
 
     # -- checks ---------------------------------------------------------------
     def verify(self, families=None):
-        """Run every family's numpy check; return the list of violations (empty = valid)."""
+        """Run the families' numpy checks; return the list of violations (empty = valid).
+
+        Parameters
+        ----------
+        families : family or iterable of families, optional
+            Default: the families the mapping was solved under. Each is named
+            as :meth:`TunaModel.with_ <tuna_lab.model.TunaModel.with_>` and
+            ``without`` take them: a key (``"11-12"``), an equation number, a
+            class name, a class or an instance.
+
+        Raises
+        ------
+        ModelError
+            A name no family goes by.
+
+        Examples
+        --------
+        >>> from tuna_lab import solve
+        >>> solve(4, 4, "xeon-8272cl").verify(["11-12", "(8)"])
+        []
+        """
+        if families is None:
+            families = self.families
+        elif isinstance(families, (str, int, Family, type)):
+            families = [families]
+        fams = [resolve_family(f, self.families) for f in families]
         pos = self.positions
         out = []
-        for fam in (self.families if families is None else families):
+        for fam in fams:
             out.extend(fam.violations(pos, self.instance))
         return out
+
+    @property
+    def objective_terms(self):
+        """The objective terms the model maximised (``"f_main"``, ``"f_mode"``): what a certificate certifies.
+
+        A model without (4-5) or (6-7) did not optimise that term:
+        :attr:`objective` still reports it, measured on the assignment.
+        """
+        keys = {f.key for f in self.families if f.kind == "objective"}
+        return tuple(term for key, term in (("4-5", "f_main"), ("6-7", "f_mode")) if key in keys)
 
     # -- export ---------------------------------------------------------------
     def to_frame(self):
@@ -238,8 +279,13 @@ class Mapping:
         lines.append(f"  f_main={self.f_main:g} f_mode={self.f_mode:g} objective={self.objective:g} "
                      f"status={self.status} proven_optimal={self.proven_optimal} gap={gap} "
                      f"[{self.encoding}: build {self.build_seconds:.3f}s solve {self.solve_seconds:.3f}s]")
-        if self.certificate:
+        if self.certificate and self.objective_terms:
             lines.append(f"  certificate: {self._certificate_text()}")
+        elif self.certificate:
+            # A bound of 0 on an objective of 0 certifies nothing a reader of objective=... cares about.
+            lines.append("  no certificate: the model maximises no objective term ((4-5) and (6-7) left out), so "
+                         "any mapping meeting its constraints is optimal; f_main and f_mode above are measured, "
+                         "not optimised")
         lines += [f"  relaxed: {r}" for r in self.relaxed]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
@@ -247,7 +293,11 @@ class Mapping:
     def _certificate_text(self):
         """One line: which bound proves what, with the numbers to check it."""
         c = self.certificate
-        parts = [f"{c.get('name', 'none')}"]
+        terms = self.objective_terms
+        what = " + ".join(terms) + ("" if len(terms) == 2 else " only; "
+                                     + " and ".join(t for t in ("f_main", "f_mode") if t not in terms)
+                                     + " not in the model")
+        parts = [f"{c.get('name', 'none')} bound on the model's objective ({what}):"]
         for key in ("objective", "bound", "dual_bound", "step"):
             if c.get(key) is not None:
                 parts.append(f"{key}={c[key]:.10g}")
@@ -260,6 +310,6 @@ class Mapping:
 
     def __repr__(self):
         inst = self.instance
-        cert = f", certificate={self.certificate['name']!r}" if self.certificate else ""
+        cert = f", certificate={self.certificate['name']!r}" if self.certificate and self.objective_terms else ""
         return (f"Mapping(W={inst.W}, T={inst.T}, {inst.mode}, topology={self.topology.name!r}, "
                 f"objective={self.objective:g}, status={self.status!r}{cert})")

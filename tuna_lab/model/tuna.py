@@ -15,7 +15,7 @@ from .route.bounds import objective_granularity
 from .caps import Caps
 from .route.construct import local_search
 from .encodings import ENCODINGS
-from .families import DEFAULT_FAMILIES, FAMILY_TYPES, Family, SingleCore
+from .families import DEFAULT_FAMILIES, FAMILY_TYPES, SingleCore, resolve_family
 from .instance import Instance
 from . import relax
 from .pipeline import SolveOptions
@@ -23,21 +23,6 @@ from .problem import BUILD_CACHE
 from .route.search import Search, chain_of, ordered
 
 __all__ = ["TunaModel", "solve"]
-
-
-def _resolve_family(spec):
-    """A family from an instance, a class, its key ("11-12"), its class name or an equation number."""
-    if isinstance(spec, Family):
-        return spec
-    if isinstance(spec, type) and issubclass(spec, Family):
-        return spec()
-    if isinstance(spec, (str, int)):
-        s = str(spec).strip().strip("()")
-        for ftype in FAMILY_TYPES:
-            if s in (ftype.key, ftype.__name__) or s in ftype.equations:
-                return ftype()
-    raise ModelError(f"unknown constraint family {spec!r}; known: "
-                     + ", ".join(f"{f.key} ({f.__name__})" for f in FAMILY_TYPES))
 
 
 def _check_requirements(instance, families):
@@ -105,7 +90,7 @@ class TunaModel:
         # recommend read them; anything else refused with one line.
         topology = topology_from(topology)
         instance = Instance(workers, threads, topology, mode, costs)
-        fams = DEFAULT_FAMILIES if families is None else tuple(_resolve_family(f) for f in families)
+        fams = DEFAULT_FAMILIES if families is None else tuple(resolve_family(f) for f in families)
         # Keep the canonical build order whatever order the user gave.
         order = {ftype: i for i, ftype in enumerate(FAMILY_TYPES)}
         fams = tuple(sorted(dict.fromkeys(fams), key=lambda f: order.get(type(f), 99)))
@@ -143,14 +128,12 @@ class TunaModel:
 
         A key may also name a family of one's own that the model holds.
         """
-        here = {f.key: f for f in self.families}
-        drop = {type(here[f]) if isinstance(f, str) and f in here else type(_resolve_family(f))
-                for f in families}
+        drop = {type(resolve_family(f, self.families)) for f in families}
         return self._replace(families=[f for f in self.families if type(f) not in drop])
 
     def with_(self, *families):
         """A copy of the model with the given families added."""
-        return self._replace(families=list(self.families) + [_resolve_family(f) for f in families])
+        return self._replace(families=list(self.families) + [resolve_family(f, self.families) for f in families])
 
     def with_mode(self, mode):
         """A copy of the model in the other mode (same families and topology)."""
