@@ -19,6 +19,7 @@ __all__ = [
     "BindingError",
     "ExperimentError",
     "StoreError",
+    "UnreadableCellsError",
     "AdviseError",
     "PlanError",
     "PinError",
@@ -123,6 +124,17 @@ class StoreError(ExperimentError):
     What was written before stays on disk (a cell's finished trials in its
     ``.partial`` folder); the message names the file and the system's reason.
     """
+
+
+class UnreadableCellsError(ExperimentError):
+    """Some cells of a results folder cannot be read (a table missing, empty, a FIFO, of the wrong types).
+
+    A reader names them all rather than leave them out of every average. ``cells``: ``{cell: why}``.
+    """
+
+    def __init__(self, message, cells=None):
+        super().__init__(message)
+        self.cells = dict(cells or {})
 
 
 class AdviseError(TunaError, ValueError):

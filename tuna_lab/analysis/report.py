@@ -49,7 +49,14 @@ from .stats import (
 from .summary import ARTICLE_MIN_CPUS, fault_note, front_note, scale_note
 from .tables import check_table, ordered, sort_table, valid_trials
 
-__all__ = ["write_report"]
+__all__ = ["write_report", "check_output"]
+
+# The mark of a report of ours, near its top: what lets a later report replace it, and nothing else.
+_GENERATOR = '<meta name="generator" content="tuna-lab report">'
+# How every report began before it carried that mark (its title is tuna_lab's unless a caller gave another).
+_OLD_START = '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n<title>tuna_lab'
+# The files that make a folder a cell (or a cell being written): a report is never written among them.
+_CELL_FILES = ("manifest.json", "trials.parquet", "requests.parquet")
 
 _BASELINES = ("cfs", "round-robin")
 # The article profiles its stages on 4x4 (undersubscribed) and 16x16 (oversubscribed).
@@ -92,7 +99,7 @@ p.note { color: #555; font-size: 0.9em; }
 
 
 def write_report(requests, trials, path, title="tuna_lab experiment", manifest=None, threads=None, machines=None,
-                 article=None):
+                 article=None, left_out=None):
     """Write a self-contained HTML report of an experiment.
 
     The report holds, in order: a header from ``manifest``; the scenario
@@ -146,6 +153,9 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         subscription, model and batch with their intervals, the p99 over the
         configurations and the stage breakdown at its 4x4 and 16x16 (scaled);
         on fewer than 16 CPUs, a plain note that this is the tiny version.
+    left_out : mapping, optional
+        ``{cell: why}`` of the cells that could not be read and were left out
+        (``report --skip-unreadable``): said first, since every average lacks them.
 
     Returns
     -------
@@ -155,7 +165,9 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     Raises
     ------
     AnalysisError
-        If a table is empty or misses a column, or ``manifest`` is not a mapping.
+        If a table is empty or misses a column, or ``manifest`` is not a mapping; or ``path`` is
+        a file that is no report of ours, or lies inside a cell folder (:func:`check_output`):
+        refused before anything is computed.
 
     Examples
     --------
@@ -163,6 +175,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     >>> write_report(requests, trials, "report.html", manifest={"commit": "ba0cf89"})  # doctest: +SKIP
     PosixPath('report.html')
     """
+    check_output(path)
     if manifest is not None and not isinstance(manifest, Mapping):
         raise AnalysisError(f"manifest must be a mapping, not {type(manifest).__name__}")
     check_table(trials, "trials", ("policy", "trial", "trial_status"))
@@ -190,10 +203,11 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         sections = _article_sections(per_trial, scenarios, article) + sections
     # The article's section says it at length; any other report of a small machine says it in one line.
     small = scale_note(int(per_trial["cpus"].max())) if article is None else ""
-    parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), _overview(requests, per_trial, scenarios),
+    parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), *_left_out(left_out),
+             _overview(requests, per_trial, scenarios),
              *([f"<p><strong>{_esc(small)}</strong></p>"] if small else []), *_render(sections)]
     document = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-                f"<title>{_esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+                f"{_GENERATOR}\n<title>{_esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
                 + "\n".join(parts) + "\n</body>\n</html>\n")
     return _write_atomic(Path(path), document)
 
@@ -626,6 +640,68 @@ def _failures(requests, trials):
         parts.append("<h3>Failed requests by error</h3>")
         parts.append(_table(sort_table(errors, ["policy", "status"])))
     return "\n".join(parts)
+
+
+def check_output(path):
+    """Refuse (:class:`AnalysisError`, one line) a report path that would replace something not a report of ours.
+
+    ``report X -o X/<cell>/trials.parquet`` once replaced a measurement with
+    HTML. Refused: a path inside a cell folder (a folder holding a cell's
+    files, finished, partial or being written), and an existing file that is
+    not a report this function's writer made (it carries a mark near its
+    top). A symbolic link there is replaced, never followed, so it is no
+    refusal: what it points to is left alone.
+
+    Examples
+    --------
+    >>> check_output("/etc/hostname")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.AnalysisError: report path /etc/hostname is a file that is no tuna-lab report; refusing to replace it (give a new file name)
+    """
+    import os
+    import stat
+
+    path = os.path.abspath(os.fspath(path))
+    folder = os.path.dirname(path)
+    while True:
+        if any(os.path.lexists(os.path.join(folder, name)) for name in _CELL_FILES):
+            raise AnalysisError(f"report path {path} lies inside the results cell {folder}; write the report "
+                                "outside it")
+        if os.path.dirname(folder) == folder:
+            break
+        folder = os.path.dirname(folder)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise AnalysisError(f"report path {path} cannot be looked at ({exc.strerror or exc})") from None
+    if stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode):
+        return                                  # a link is replaced, not followed; a folder is refused by the write
+    if not stat.S_ISREG(st.st_mode):
+        raise AnalysisError(f"report path {path} is no regular file; refusing to replace it (give a new file name)")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            head = os.read(fd, 4096).decode("utf-8", errors="replace")
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise AnalysisError(f"report path {path} cannot be read to see whether it is a report "
+                            f"({exc.strerror or exc})") from None
+    if _GENERATOR not in head and not head.startswith(_OLD_START):
+        raise AnalysisError(f"report path {path} is a file that is no tuna-lab report; refusing to replace it "
+                            "(give a new file name)")
+
+
+def _left_out(left_out):
+    """The report's first words when cells were left out: which, and why."""
+    if not left_out:
+        return []
+    items = "".join(f"<li><code>{_esc(cell)}</code>: {_esc(why)}</li>" for cell, why in sorted(left_out.items()))
+    return [f"<p><strong>{len(left_out)} cell(s) could not be read and are left out of every figure and "
+            f"average below (--skip-unreadable):</strong></p><ul>{items}</ul>"]
 
 
 def _write_atomic(path, text):

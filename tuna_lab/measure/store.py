@@ -31,12 +31,15 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 # Re-exported: manifests, sweep.json and tune.json are written whole or not at all, never through a link.
+from .. import _files
 from .._files import file_kind, read_json, write_json
-from ..errors import ExperimentError, StoreError
+from ..errors import ExperimentError, StoreError, UnreadableCellsError
 from . import schema
+from .readable import read_table
 
 __all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "cell_state", "CellState", "valid_trials",
            "valid_rows", "no_valid_trial", "finished_keys", "finished_cells", "load_results", "load_thread_cpu",
+           "load_cells",
            "machine_name", "SWEEP_FILE", "write_sweep_file", "read_sweep_file", "read_manifest", "write_json"]
 
 #: The name of a sweep's settings file, written in its folder before the first cell.
@@ -58,7 +61,11 @@ def check_out(out, what="out"):
 
     ``out`` must be a folder or not exist yet; then the nearest folder that
     exists above it must be writable. Measuring first and failing to write
-    afterwards would lose every trial.
+    afterwards would lose every trial. Its whole path must pass
+    :func:`tuna_lab._files.check_path`: everything of a measurement is
+    written in it under names anyone can predict, so a link another user
+    could have planted on the way (``theirs/out -> /root/secret``), or a
+    folder on the way they own or may write, is refused.
 
     Examples
     --------
@@ -67,18 +74,10 @@ def check_out(out, what="out"):
     ...
     tuna_lab.errors.ExperimentError: out /proc/version is a file, not a folder
     """
-    path = os.path.abspath(os.fspath(out))
-    if os.path.exists(path) and not os.path.isdir(path):
+    real, st = _files.check_path(out, what, ExperimentError)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
         raise ExperimentError(f"{what} {out} is a file, not a folder")
-    if os.path.isdir(path):
-        # Everything of a measurement is written in it, under names anyone can predict: a folder
-        # another user owns, or that every user may write, could hold their links where we write.
-        st = os.stat(path)
-        if st.st_uid != os.geteuid():
-            raise ExperimentError(f"{what} {out} belongs to another user (uid {st.st_uid}); give a folder of yours")
-        if st.st_mode & stat.S_IWOTH:
-            raise ExperimentError(f"{what} {out} may be written by every user; give a folder only you may write")
-    parent = path
+    parent = real
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
@@ -114,7 +113,8 @@ def lock_folder(folder):
     >>> with lock_folder("results/sweep"):          # doctest: +SKIP
     ...     pass
     """
-    os.makedirs(folder, exist_ok=True)
+    # Made and checked whole (the lock and every cell are written in it): see check_out.
+    _files.safe_dir(folder, "results folder", ExperimentError)
     key = os.path.realpath(folder)
     me = threading.get_ident()
     with _HELD_GUARD:
@@ -336,29 +336,46 @@ def _int(value, least=0):
 
 
 def valid_rows(trials):
-    """Which rows of a trials table are valid trials: ``ok``, with no worker replaced and no master restarted.
+    """Which rows of a trials table are valid trials: the one definition every command and reader uses.
+
+    A trial is valid when its ``trial_status`` is ``"ok"``, no worker was
+    replaced nor the master restarted during it
+    (:data:`~tuna_lab.measure.schema.FAULT_COLUMNS`), it has a ``p99``, and
+    every worker did a fair part of its load: ``worker_share`` at least
+    :func:`~tuna_lab.measure.schema.fair_share` of the busiest worker's
+    (:data:`~tuna_lab.measure.schema.BALANCE_COLUMNS`). A column a table
+    lacks (written before it, or made by hand), and a missing value in it,
+    does not count against a row: its other columns judge it.
 
     Examples
     --------
     >>> import pandas as pd
     >>> valid_rows(pd.DataFrame({"trial_status": ["ok", "ok", "failed"], "workers_replaced": [0, 1, 0]})).tolist()
     [True, False, False]
+    >>> valid_rows(pd.DataFrame({"trial_status": "ok", "p99": [0.02, None, 0.02, 0.02],
+    ...                          "worker_share": [1.0, 1.0, 0.01, float("nan")]})).tolist()
+    [True, False, False, True]
     """
     if not len(trials):
         return pd.Series([], dtype=bool)
-    ok = trials["trial_status"].eq("ok") if "trial_status" in trials.columns else pd.Series(True, trials.index)
+    ok = pd.Series(True, trials.index)
+    if "trial_status" in trials.columns:
+        ok &= trials["trial_status"].fillna("ok").eq("ok")
     for column in schema.FAULT_COLUMNS:
         if column in trials.columns:
             ok &= pd.to_numeric(trials[column], errors="coerce").fillna(0).eq(0)
+    if "p99" in trials.columns:
+        ok &= pd.to_numeric(trials["p99"], errors="coerce").notna()
+    if "worker_share" in trials.columns:
+        share = pd.to_numeric(trials["worker_share"], errors="coerce")
+        ok &= share.isna() | share.ge(schema.fair_share())
     return ok
 
 
 def valid_trials(trials, policies=()):
     """``{policy: valid trials}`` of a trials table, every one of ``policies`` included (0 when it has none).
 
-    A trial is valid when its ``trial_status`` is ``"ok"`` and no worker was
-    replaced nor the master restarted during it (:data:`~tuna_lab.measure.schema.FAULT_COLUMNS`);
-    rows of tables written before those columns count by their status.
+    Valid as :func:`valid_rows` says.
 
     Examples
     --------
@@ -493,10 +510,11 @@ def cell_state(path):
     by_policy = manifest.get("valid_by_policy")
     if by_policy is None and promised is not None and trials is not None:
         # Written before the counts per policy were: counted from its trials, as write_cell counts them.
-        try:
-            by_policy = valid_trials(pd.read_parquet(os.path.join(path, schema.TRIALS)), promised)
-        except (OSError, ValueError) as exc:
-            return CellState(path, "corrupt", f"{path}: its trials cannot be read ({type(exc).__name__})")
+        # Looked at first: a FIFO would block the read, and a folder reads as an empty table (no valid trial).
+        table, why = read_table(os.path.join(path, schema.TRIALS), "trials")
+        if why:
+            return CellState(path, "corrupt", f"{path}: its trials cannot be read ({why})")
+        by_policy = valid_trials(table, promised)
     if by_policy is None or promised is None or trials is None:
         valid = manifest.get("valid_trials", 1)
         if valid > 0:
@@ -549,33 +567,52 @@ def _cells_under(path):
     return cells
 
 
-def finished_cells(path):
+def finished_cells(path, skip_unreadable=False, left_out=None):
     """The cells under ``path`` that readers read, as sorted ``(folder, machine)`` pairs.
 
     A reader reads every cell with a valid trial: a finished one, and one a
     resume would complete (its valid trials are measurements all the same;
     a policy short of trials just has fewer). A cell with no valid trial
-    is passed over, and a corrupt one refused (:func:`cell_state`).
+    is passed over; a corrupt one is named, never passed over in silence
+    (:func:`cell_state`).
 
     Raises :class:`~tuna_lab.errors.ExperimentError` when ``path`` is no
-    folder, holds a cell whose manifest is unsound (one line naming it), or
-    holds no cell to read.
+    folder or holds no cell to read, and
+    :class:`~tuna_lab.errors.UnreadableCellsError` (one line naming each)
+    when some cell's manifest is unsound, unless ``skip_unreadable``: then
+    those cells are left out and added to ``left_out`` (a dict, ``{cell: why}``).
 
     ``path`` is a cell, a sweep (cells inside; machine None) or a cluster
     sweep (machine folders with cells inside; machine: the folder's name).
     """
     if not os.path.isdir(path):
         raise ExperimentError(f"no results folder at {path}")
-    cells = []
+    cells, bad = [], {}
     for cell, machine in _cells_under(path):
         state = cell_state(cell)
         if state.status == "corrupt":
-            raise ExperimentError(state.reason)
-        if state.readable:
+            bad[cell] = state.reason
+        elif state.readable:
             cells.append((cell, machine))
+    _unreadable(path, bad, skip_unreadable, left_out, none_left=not cells)
     if not cells:
         raise ExperimentError(f"no finished tuna-lab results under {path}")
     return cells
+
+
+def _unreadable(path, bad, skip, left_out, none_left=False):
+    """Name the cells ``bad`` (``{cell: why}``): raise :class:`UnreadableCellsError`, or (``skip``) keep them.
+
+    Raised even with ``skip`` when ``none_left``: there is nothing else to read.
+    """
+    if not bad:
+        return
+    if left_out is not None:
+        left_out.update(bad)
+    if not skip or none_left:
+        names = "; ".join(f"{os.path.relpath(c, path) if c != path else c}: {why}" for c, why in bad.items())
+        raise UnreadableCellsError(f"{len(bad)} cell(s) under {path} cannot be read, and leaving them out would "
+                                   f"change every average: {names}", bad)
 
 
 def no_valid_trial(source, keys=None):
@@ -628,7 +665,7 @@ def no_valid_trial(source, keys=None):
     return out
 
 
-def load_results(path):
+def load_results(path, skip_unreadable=False, left_out=None):
     """Every cell under ``path`` that has a valid trial (:func:`finished_cells`) -> ``(requests, trials, manifests)``.
 
     ``path`` is a cell folder, a sweep, or a cluster sweep (``<path>/<machine>/<cell>``,
@@ -636,6 +673,13 @@ def load_results(path):
     have a ``machine`` column in both tables (and a ``"machine"`` key in each
     manifest): the machine is a factor of the analysis. A sweep on one machine
     has no such column.
+
+    Every cell's tables are checked before they are read
+    (:mod:`tuna_lab.measure.readable`: regular files that parse, their
+    columns of the documented types). A cell that fails is never left out
+    in silence: :class:`~tuna_lab.errors.UnreadableCellsError` names every
+    one, unless ``skip_unreadable``, which reads the others and adds those
+    to ``left_out`` (a dict, ``{cell: why}``).
 
     Examples
     --------
@@ -645,32 +689,64 @@ def load_results(path):
     >>> # skipped: needs a sweep on a cluster (a machine column)
     >>> trials.groupby(["machine", "policy"])["p99"].mean()             # doctest: +SKIP
     """
-    cells = finished_cells(path)
+    reqs, trials, manifests, _ = _load_cells(path, skip_unreadable, left_out)
+    return reqs, trials, manifests
+
+
+def _load_cells(path, skip_unreadable=False, left_out=None):
+    """``(requests, trials, manifests, threads)`` of the cells under ``path``: :func:`load_results`' reading."""
+    from .cpu import thread_role
+
+    found = {}
+    try:
+        cells = finished_cells(path, True, found)
+    except UnreadableCellsError:
+        cells = []                           # every cell unsound: named below with the rest
     # Cells found one level deeper (a cluster sweep): every row says which machine it comes from.
     by_machine = any(machine is not None for _, machine in cells)
-    reqs, trials, manifests = [], [], []
+    reqs, trials, manifests, threads = [], [], [], []
     for cell, machine in cells:
-        meta = read_manifest(cell)
         try:
-            table = _with_columns(pd.read_parquet(os.path.join(cell, schema.TRIALS)), schema.EVIDENCE_COLUMNS)
-            file = os.path.join(cell, schema.REQUESTS)
-            rows = pd.read_parquet(file) if os.path.exists(file) and os.path.getsize(file) else None
-        except Exception as exc:  # pyarrow raises many types for a damaged file
-            raise ExperimentError(f"{cell} is not a readable tuna-lab result ({type(exc).__name__}); "
-                                  "delete it to have a sweep redo it") from None
+            meta = read_manifest(cell)
+        except (OSError, ExperimentError) as exc:       # replaced since it was looked at
+            found[cell] = str(exc)
+            continue
+        tables = {}
+        for name, table, required in ((schema.TRIALS, "trials", True), (schema.REQUESTS, "requests", True),
+                                      (schema.THREADS, "threads", False)):
+            tables[table], why = read_table(os.path.join(cell, name), table, required)
+            if why:
+                found[cell] = why
+                break
+        if cell in found:
+            continue
+        if not len(tables["trials"]):
+            found[cell] = f"{schema.TRIALS} has no rows"
+            continue
+        table = _with_columns(tables["trials"], schema.EVIDENCE_COLUMNS)
+        rows, cpu = tables["requests"], tables["threads"]
+        if cpu is not None:
+            cpu = _with_columns(cpu, schema.THREAD_EVIDENCE_COLUMNS)
+            if "role" in cpu.columns:
+                cpu["role"] = cpu["role"].map(thread_role)
         if by_machine:
             machine = machine or machine_name(meta)
             meta = {**meta, "machine": machine}
-            table = table.assign(machine=machine)
-            rows = None if rows is None else rows.assign(machine=machine)
+            table, rows = table.assign(machine=machine), rows.assign(machine=machine)
+            cpu = None if cpu is None else cpu.assign(machine=machine)
         manifests.append(meta)
         trials.append(table)
-        if rows is not None:
+        if len(rows):
             reqs.append(rows)
-    return _concat(reqs), _concat(trials), manifests
+        if cpu is not None:
+            threads.append(cpu)
+    _unreadable(path, found, skip_unreadable, left_out, none_left=not manifests)
+    if not manifests:
+        raise ExperimentError(f"no finished tuna-lab results under {path}")
+    return _concat(reqs), _concat(trials), manifests, _concat(threads)
 
 
-def load_thread_cpu(path):
+def load_thread_cpu(path, skip_unreadable=False, left_out=None):
     """Per-thread CPU accounting of every cell under ``path`` that readers read (empty frame if none was recorded).
 
     One row per (cell, policy, trial, process, role): ``threads``, ``cpu_seconds``,
@@ -680,24 +756,15 @@ def load_thread_cpu(path):
     the :data:`~tuna_lab.measure.schema.THREAD_EVIDENCE_COLUMNS` (NaN in older results);
     and ``machine`` for a cluster sweep, as in :func:`load_results`. ``role`` is one of
     :data:`tuna_lab.measure.cpu.ROLES`: older results' ``"openmp"`` is read as ``"pool"``.
+    The cells read, and those that cannot be, are :func:`load_results`' own.
     """
-    from .cpu import thread_role
+    return _load_cells(path, skip_unreadable, left_out)[3]
 
-    cells = finished_cells(path)
-    by_machine = any(machine is not None for _, machine in cells)
-    frames = []
-    for cell, machine in cells:
-        file = os.path.join(cell, schema.THREADS)
-        if os.path.exists(file):
-            meta = read_manifest(cell) if by_machine else None
-            try:
-                frame = pd.read_parquet(file)
-            except Exception as exc:  # pyarrow raises many types for a damaged file
-                raise ExperimentError(f"{file} is not readable ({type(exc).__name__})") from None
-            frame = _with_columns(frame, schema.THREAD_EVIDENCE_COLUMNS)
-            if "role" in frame.columns:
-                frame["role"] = frame["role"].map(thread_role)
-            if by_machine:
-                frame = frame.assign(machine=machine or machine_name(meta))
-            frames.append(frame)
-    return _concat(frames)
+
+def load_cells(path, skip_unreadable=False):
+    """``(requests, trials, manifests, threads, left_out)``: :func:`load_results` and :func:`load_thread_cpu` at once.
+
+    ``left_out`` is ``{cell: why}`` of the cells ``skip_unreadable`` left out (empty without it).
+    """
+    left_out = {}
+    return (*_load_cells(path, skip_unreadable, left_out), left_out)

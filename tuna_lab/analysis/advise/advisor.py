@@ -49,7 +49,7 @@ __all__ = ["Advisor", "train", "check_question", "MIN_CONFIGURATIONS"]
 MIN_CONFIGURATIONS = 4
 
 
-def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1):
+def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1, skip_unreadable=False, left_out=None):
     """Train an :class:`Advisor` on sweep results and evaluate it on held-out configurations.
 
     Parameters
@@ -65,6 +65,9 @@ def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1):
         Seeds the folds and XGBoost.
     nthread : int
         XGBoost threads (the data are small: one is enough).
+    skip_unreadable, left_out : bool, dict, optional
+        With a folder: learn without the cells that cannot be read, adding them to ``left_out``
+        (``{cell: why}``), rather than raise (see :func:`~tuna_lab.measure.store.load_results`).
 
     Returns
     -------
@@ -75,8 +78,8 @@ def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1):
     AdviseError
         If the folder is missing, the results have no cfs or no pinning
         policy, or fewer than 4 configurations have both.
-    tuna_lab.errors.ExperimentError
-        If a cell in the folder cannot be read.
+    tuna_lab.errors.UnreadableCellsError
+        If a cell in the folder cannot be read (every such cell named), unless ``skip_unreadable``.
 
     Examples
     --------
@@ -93,7 +96,7 @@ def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1):
             raise AdviseError(f"no results folder at {where}: the advisor learns from a sweep; make one with "
                               f"`tuna-lab sweep --policies cfs,round-robin,tuna-scatter --out {where}` "
                               "(or point --results at one)")
-        requests, trials, manifests = load_results(where)
+        requests, trials, manifests = load_results(where, skip_unreadable, left_out)
     elif isinstance(results, (tuple, list)) and len(results) in (2, 3):
         requests, trials, *rest = results
         manifests = rest[0] if rest else None

@@ -58,6 +58,9 @@ def add_parser(subparsers, command=None):
     a.add_argument("--results", default=DEFAULT_RESULTS, metavar="DIR",
                    help=f"sweep results to learn from (default: {DEFAULT_RESULTS})")
     a.add_argument("--json", action="store_true", help="print one JSON object")
+    a.add_argument("--skip-unreadable", action="store_true",
+                   help="learn without the cells that cannot be read, still naming each on stderr; without it "
+                        "they are named and the status is 1")
     a.set_defaults(func=_cmd_advise)
     return a
 
@@ -65,10 +68,17 @@ def add_parser(subparsers, command=None):
 def _cmd_advise(args):
     # An AdviseError (a malformed question, unusable results) reaches cli.main: one line, status 2.
     from ...analysis.advise import check_question, train
+    from ...errors import UnreadableCellsError
+    from .report import say_left_out, unreadable_status
 
     # Check the question before learning from the results: a typo should not cost a training.
     check_question(args.workers, args.threads, args.model, args.batch, args.wait_policy, args.spincount)
-    advisor = train(args.results)
+    left_out = {}
+    try:
+        advisor = train(args.results, skip_unreadable=args.skip_unreadable, left_out=left_out)
+    except UnreadableCellsError as exc:
+        return unreadable_status(exc)
+    say_left_out(left_out, args.results)
     rec = advisor.recommend(args.workers, args.threads, args.model, batch=args.batch,
                             wait_policy=args.wait_policy, spincount=args.spincount)
     e = advisor.evaluation.set_index("model")
@@ -79,6 +89,7 @@ def _cmd_advise(args):
         out["evaluation"].update(configurations=int(e.loc["xgboost", "configurations"]),
                                  rows=int(e.loc["xgboost", "rows"]), scheme=str(e.loc["xgboost", "scheme"]))
         out["results"] = os.fspath(args.results)
+        out["left_out"] = {os.path.relpath(c, args.results): why for c, why in left_out.items()}
         print(json.dumps(out))
         return 0
     print(rec)

@@ -1,12 +1,13 @@
 """``tuna-lab report``: the article's analysis of ``run`` or ``sweep`` results, in one HTML file."""
 
 import os
+import sys
 
-from ...errors import ExperimentError, TunaError
+from ...errors import ExperimentError, TunaError, UnreadableCellsError
 from . import COMMANDS
 from ..options import print_json
 
-__all__ = ["add_parser"]
+__all__ = ["add_parser", "unreadable_status", "say_left_out"]
 
 
 def add_parser(subparsers, command=None):
@@ -37,18 +38,26 @@ def add_parser(subparsers, command=None):
     rp.add_argument("--json", action="store_true",
                     help="print one JSON object: the report's path and the average speedups over cfs and "
                          "round-robin")
+    rp.add_argument("--skip-unreadable", action="store_true",
+                    help="go on without the cells that cannot be read (a table missing, empty, not a file, of the "
+                         "wrong types), still naming each on stderr and in the report; without it they are named "
+                         "and the status is 1")
     rp.set_defaults(func=_cmd_report)
     return rp
 
 
 def _cmd_report(args):
-    from ...analysis.report import write_report
+    from ...analysis.report import check_output, write_report
     from ...analysis.summary import summarize
-    from ...measure.experiment import load_results, load_thread_cpu
-    from ...measure.store import read_sweep_file
+    from ...measure.store import load_cells, read_sweep_file
 
-    requests, trials, manifests = load_results(args.results)
-    threads = load_thread_cpu(args.results)
+    # Before the results are read: a path that would replace a measurement is refused at once.
+    check_output(args.output)
+    try:
+        requests, trials, manifests, threads, left_out = load_cells(args.results, args.skip_unreadable)
+    except UnreadableCellsError as exc:
+        return unreadable_status(exc)
+    say_left_out(left_out, args.results)
     # A sweep on a cluster: one description per machine; the header names the machines, not the first one's CPU.
     machines = {m["machine"]: m for m in manifests} if "machine" in trials.columns else None
     header = manifests[0] if len(manifests) == 1 else {"cells": len(manifests), **manifests[0]}
@@ -60,15 +69,29 @@ def _cmd_report(args):
     try:
         path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
                             threads=threads if len(threads) else None, manifest=header, machines=machines,
-                            article=(settings or {}).get("design"))
+                            article=(settings or {}).get("design"), left_out=left_out)
     except OSError as exc:      # a folder, /proc, no such parent: what _files.write_atomic refused, one line
         raise ExperimentError(f"-o {args.output}: {exc.strerror or exc}" if not isinstance(exc, TunaError)
                               else str(exc)) from None
     if args.json:
         summary = summarize(requests, trials).to_dict()
         print_json({"report": os.fspath(path), "results": args.results, "cells": len(manifests),
+                    "left_out": {os.path.relpath(c, args.results): why for c, why in left_out.items()},
                      "speedups": summary["headline"], "cpu": summary["cpu"],
                      "mechanism": summary["mechanism"], "mechanism_correlations": summary["correlations"]})
         return 0
     print(f"wrote {path}")
     return 0
+
+
+def unreadable_status(exc):
+    """Exit status 1, with one line naming every cell that cannot be read (``report`` and ``advise`` alike)."""
+    print(f"tuna-lab: error: {exc}; --skip-unreadable reads the others and names these", file=sys.stderr)
+    return 1
+
+
+def say_left_out(left_out, results):
+    """With ``--skip-unreadable``: one line naming the cells left out, so that no average changes in silence."""
+    if left_out:
+        names = "; ".join(f"{os.path.relpath(c, results)}: {why}" for c, why in left_out.items())
+        print(f"tuna-lab: warning: {len(left_out)} cell(s) left out (--skip-unreadable): {names}", file=sys.stderr)
