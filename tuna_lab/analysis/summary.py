@@ -27,8 +27,9 @@ import pandas as pd
 from ..errors import AnalysisError, TunaError
 from .mechanism import evidence_notes, has_evidence, mechanism_correlations, mechanism_lines, mechanism_table
 from .stats import compare_policies, cpu_cost, format_interval, scenario_stats, speedup_summary, trial_stats
+from .tables import valid_trials
 
-__all__ = ["RunSummary", "summarize", "fault_note", "front_note", "scale_note", "ARTICLE_MIN_CPUS"]
+__all__ = ["RunSummary", "summarize", "fault_note", "balance_note", "front_note", "scale_note", "ARTICLE_MIN_CPUS"]
 
 #: Below this many usable CPUs a run cannot show the article's effect (the article measured 32 logical CPUs).
 ARTICLE_MIN_CPUS = 16
@@ -80,7 +81,8 @@ class RunSummary:
     notes : tuple of str
         Lines about how the trials were measured that a reader must know:
         :func:`fault_note`, when a worker was replaced or a master restarted
-        during some trial; :func:`front_note`, when the master, helpers and
+        during some trial; :func:`balance_note`, when the load of some trial
+        did not reach every worker; :func:`front_note`, when the master, helpers and
         front ends used a large share of the workers' CPU.
     same_placement : dict
         ``{policy: other}`` for a policy whose plan is the same as the
@@ -219,7 +221,8 @@ def summarize(requests, trials=None, plans=None):
                       headline=_headline(requests, trials) if have_requests else
                       pd.DataFrame(columns=_HEADLINE_COLUMNS),
                       cpu=_cpu_rows(trials), failed=_failed(trials),
-                      notes=tuple(line for line in (fault_note(trials), front_note(trials)) if line),
+                      notes=tuple(line for line in (fault_note(trials), balance_note(trials), front_note(trials))
+                                  if line),
                       same_placement=_same_placement(plans, trials),
                       **_mechanism(trials, evidence_notes(manifest)))
 
@@ -314,6 +317,35 @@ def fault_note(trials):
             f"it ({policies}); they are not counted")
 
 
+def balance_note(trials):
+    """One line saying how many trials left a worker out of the load ("" if none): counted apart.
+
+    Such a trial measured fewer workers than the server has (its
+    ``worker_share`` is below :func:`~tuna_lab.measure.schema.fair_share`):
+    it is never valid (:func:`~tuna_lab.measure.store.valid_rows`), and this
+    line says how often the server gave the whole load to some workers.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> print(balance_note(pd.DataFrame({"policy": ["cfs", "tuna-scatter"], "worker_share": [0.9, 0.01]})))
+    note: 1 of 2 trials left a worker out of the load (less than 25% of the busiest worker's; tuna-scatter): they measured fewer workers than the server has and are not counted
+    >>> balance_note(pd.DataFrame({"policy": ["cfs"]}))
+    ''
+    """
+    from ..measure.schema import fair_share
+
+    if not len(trials) or "worker_share" not in trials.columns:
+        return ""
+    low = pd.to_numeric(trials["worker_share"], errors="coerce").lt(fair_share())
+    if not low.any():
+        return ""
+    policies = ", ".join(dict.fromkeys(trials.loc[low, "policy"].astype(str)))
+    return (f"note: {int(low.sum())} of {len(trials)} trials left a worker out of the load (less than "
+            f"{fair_share():.0%} of the busiest worker's; {policies}): they measured fewer workers than the server "
+            "has and are not counted")
+
+
 def front_note(trials):
     """One plain line where the master, helpers and front ends used a large share of the workers' CPU ("" if not).
 
@@ -364,8 +396,8 @@ def front_note(trials):
 
 
 def _policy_rows(trials, baseline):
-    """One row per policy: mean p50/p99 of its successful trials, the p99 speedup over ``baseline``, CPU."""
-    ok = trials[trials["trial_status"] == "ok"] if len(trials) else trials
+    """One row per policy: mean p50/p99 of its valid trials, the p99 speedup over ``baseline``, CPU."""
+    ok = trials[valid_trials(trials)] if len(trials) else trials
     if ok.empty:
         return pd.DataFrame(columns=["policy", "trials", "p50", "p99", "p99_speedup_vs_cfs"])
     cpu = [c for c in _POLICY_CPU if c in ok.columns]

@@ -105,7 +105,10 @@ def check_table(table, name, columns, numeric=(), keys=()):
 
 
 def valid_trials(trial_table):
-    """Trials that count: a p99 exists and the runner did not mark the trial failed.
+    """Trials that count, as :func:`tuna_lab.measure.store.valid_rows` defines them (the one definition).
+
+    ``ok``, with a p99, no worker replaced nor master restarted, and every
+    worker given a fair part of the load.
 
     Parameters
     ----------
@@ -123,10 +126,9 @@ def valid_trials(trial_table):
     >>> valid_trials(t).tolist()
     [True, False, False]
     """
-    valid = trial_table["p99"].notna()
-    if "trial_status" in trial_table.columns:
-        valid &= trial_table["trial_status"].ne("failed").fillna(True).astype(bool)
-    return valid
+    from ..measure.store import valid_rows
+
+    return valid_rows(trial_table).reindex(trial_table.index, fill_value=False).astype(bool)
 
 
 def ordered(values, known):

@@ -23,7 +23,7 @@ cgroup throttling (:data:`~tuna_lab.measure.schema.EVIDENCE_COLUMNS`).
 
 Thread roles (``threads.parquet``'s ``role``): a worker's threads are
 ``"main"``, ``"pool"`` (its runtime's pool, by the classification
-:func:`~tuna_lab.placement.pin.server_threads` pins by) and ``"other"``
+:func:`~tuna_lab.live.pin.server_threads` pins by) and ``"other"``
 (any other thread); the other processes' threads take their process's role,
 ``"master"``, ``"front"`` or ``"helper"`` (:data:`ROLES`).
 """
@@ -38,7 +38,8 @@ from ..errors import CpuAccountingError, TunaError
 from ..server.cpuclock import thread_cpu_seconds
 from .schema import EVIDENCE_COLUMNS, THREAD_EVIDENCE_COLUMNS
 
-__all__ = ["CpuSampler", "account", "summarize_threads", "SchedEvidence", "ROLES", "WORKER_ROLES", "thread_role"]
+__all__ = ["CpuSampler", "account", "summarize_threads", "worker_balance", "SchedEvidence", "ROLES", "WORKER_ROLES",
+           "thread_role"]
 
 #: The roles of a worker's threads.
 WORKER_ROLES = ("main", "pool", "other")
@@ -256,6 +257,56 @@ def summarize_threads(threads, requests_served):
     return out
 
 
+def worker_balance(threads, requests, workers):
+    """How evenly a trial's measured load reached its workers: ``(share, least, by)``.
+
+    Each worker's part of the load is the requests it served where the
+    server says which worker served each (a ``pid`` in the answers: the lab
+    server's), else the CPU seconds its threads (:data:`WORKER_ROLES`) used
+    over the load. ``share`` is the least-loaded worker's part as a share of
+    the busiest's (1.0 with one worker), ``least`` that worker's PID and
+    ``by`` ``"requests"`` or ``"cpu"``. A worker of ``workers`` with no row
+    did none of the load. ``(nan, None, "")`` when neither was measured.
+
+    Parameters
+    ----------
+    threads : pandas.DataFrame or None
+        :func:`account`'s per-(process, role) table of the load.
+    requests : pandas.DataFrame
+        The load's rows (``status``, ``pid``).
+    workers : iterable of int
+        The workers serving when the load began.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"pid": [10, 10, 11, 1], "role": ["main", "pool", "main", "master"],
+    ...                   "cpu_seconds": [1.5, 0.5, 0.01, 3.0]})
+    >>> worker_balance(t, pd.DataFrame({"status": [200], "pid": [-1]}), [10, 11])
+    (0.005, 11, 'cpu')
+    >>> worker_balance(t, pd.DataFrame({"status": [200, 200, 200], "pid": [10, 11, 11]}), [10, 11])
+    (0.5, 10, 'requests')
+    """
+    workers = sorted({int(w) for w in workers})
+    if len(workers) < 2:
+        return (1.0, workers[0], "requests") if workers else (float("nan"), None, "")
+    load, by = None, ""
+    if len(requests) and "pid" in requests.columns:
+        status = requests["status"].to_numpy()
+        pids = requests["pid"].to_numpy()[(status >= 200) & (status < 300)]
+        named = pids[pids > 0]
+        if len(named):
+            load, by = {w: float((named == w).sum()) for w in workers}, "requests"
+    if load is None and threads is not None and len(threads):
+        mine = threads[threads["role"].map(thread_role).isin(WORKER_ROLES)]
+        spent = mine.groupby("pid")["cpu_seconds"].sum()
+        load, by = {w: float(spent.get(w, 0.0)) for w in workers}, "cpu"
+    if not load or max(load.values()) <= 0:
+        return float("nan"), None, ""
+    least = min(workers, key=lambda w: load[w])
+    return load[least] / max(load.values()), least, by
+
+
 class SchedEvidence:
     """What the scheduler did to a server's threads and CPUs over a load: read before it and after it.
 
@@ -275,7 +326,7 @@ class SchedEvidence:
     ----------
     master : int or None
         The server's master; its other descendants are found from it
-        (front ends and helpers by :func:`~tuna_lab.placement.pin.server_roles`).
+        (front ends and helpers by :func:`~tuna_lab.live.roles.server_roles`).
     threads : list of dict
         The workers' threads, as :class:`CpuSampler` takes them: their roles
         (a worker thread not listed is ``"main"`` when its TID is its PID,
@@ -324,7 +375,7 @@ class SchedEvidence:
         if others:
             # Only where there is more than workers (a pre-fork master's children are its workers):
             # telling a front end from a helper reads every child's sockets and libraries.
-            from ..placement.pin import server_roles
+            from ..live.roles import server_roles
 
             try:
                 named = {p.pid: p.role for p in server_roles(master).helpers}

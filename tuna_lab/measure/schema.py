@@ -26,7 +26,10 @@ policies) is a folder named by :func:`cell_key` holding:
     counts the valid trials each policy has (``{policy: n}``, every promised
     policy present) and ``valid_trials`` their sum. A trial is valid when its
     ``trial_status`` is ``"ok"`` (which a trial during which a worker was
-    replaced or the master died never is: see :data:`FAULT_COLUMNS`). A cell is
+    replaced or the master died never is: see :data:`FAULT_COLUMNS`), it has
+    a p99, and every worker did a fair part of its load
+    (:data:`BALANCE_COLUMNS`): one definition,
+    :func:`tuna_lab.measure.store.valid_rows`. A cell is
     finished only when every promised policy has its ``trials`` valid trials
     (:func:`tuna_lab.measure.store.cell_state`); a resume of an unfinished
     cell keeps its valid trials and redoes only the missing (trial, policy)
@@ -45,7 +48,8 @@ policies) is a folder named by :func:`cell_key` holding:
     :data:`EVIDENCE_COLUMNS` and the load generator's own
     :data:`GENERATOR_COLUMNS`; ``wall_seconds``, the measured load alone, and
     apart from it the start-up, warm-up and stop :data:`PHASE_COLUMNS`; ``relaxed``, what a relaxed Tuna mapping
-    exceeds (empty for the others); the :data:`FAULT_COLUMNS`; ``attempt``,
+    exceeds (empty for the others); the :data:`FAULT_COLUMNS` and
+    :data:`BALANCE_COLUMNS`; ``attempt``,
     which run of the cell measured it (0 the first; a resume's trials are
     measured later than the ones it kept).
 ``threads.parquet`` (:data:`THREADS`)
@@ -88,7 +92,8 @@ from ..server.models import STAGES
 
 __all__ = ["PERCENTILES", "percentiles", "cell_key", "MANIFEST", "REQUESTS", "TRIALS", "THREADS",
            "CSV_TABLES", "PARTIAL_SUFFIX", "REQUEST_COLUMNS", "LATE_REQUEST_COLUMNS", "CPU_COLUMNS",
-           "GENERATOR_COLUMNS", "PHASE_COLUMNS", "FAULT_COLUMNS", "EVIDENCE_COLUMNS", "THREAD_EVIDENCE_COLUMNS"]
+           "GENERATOR_COLUMNS", "PHASE_COLUMNS", "FAULT_COLUMNS", "BALANCE_COLUMNS", "EVIDENCE_COLUMNS",
+           "THREAD_EVIDENCE_COLUMNS", "fair_share"]
 
 # -- files of a cell ---------------------------------------------------------------------
 
@@ -223,6 +228,36 @@ PHASE_COLUMNS = ("startup_seconds", "warmup_seconds", "stop_seconds")
 #: A trial with either is never valid: its ``trial_status`` is ``"failed"`` and its ``reason`` says
 #: which (the summary and the report count such trials apart); a resume redoes it.
 FAULT_COLUMNS = ("workers_replaced", "master_restarted")
+
+#: How evenly the measured load reached the workers, in a trial's row (NaN where it was not measured, and
+#: absent from tables written before it):
+#:
+#: * ``worker_share`` - the least-loaded worker's part of the load as a share of the busiest worker's
+#:   (:func:`tuna_lab.measure.cpu.worker_balance`): its requests where the server says which worker
+#:   served each (the lab server), else its threads' CPU seconds over the load; 1.0 with one worker.
+#:
+#: A trial whose ``worker_share`` is below the fair share ``pin`` also asks of every worker (a quarter of
+#: the busiest's) measured fewer workers than the configuration has - the kernel gave the load
+#: generator's connections to the others - and is never valid: its ``trial_status`` is ``"failed"``, its
+#: ``reason`` names the worker, and the summary and the report count such trials apart
+#: (:func:`tuna_lab.measure.store.valid_rows` is the one definition of a valid trial).
+BALANCE_COLUMNS = ("worker_share",)
+
+
+def fair_share():
+    """The least share of the busiest worker's load that every worker must do in a valid trial.
+
+    The share ``pin``'s traffic asks of every worker too (a worker is told
+    by its activity only once it did that much): one constant, kept there.
+
+    Examples
+    --------
+    >>> fair_share()
+    0.25
+    """
+    from ..live.traffic import _FAIR_SHARE
+
+    return _FAIR_SHARE
 
 #: What the scheduler did during a trial's load, in its row (:class:`tuna_lab.measure.cpu.SchedEvidence`,
 #: read through :mod:`tuna_lab.machine.sched` before and after the load). *Server threads* are every

@@ -39,7 +39,7 @@ from .readable import read_table
 
 __all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "cell_state", "CellState", "valid_trials",
            "valid_rows", "no_valid_trial", "finished_keys", "finished_cells", "load_results", "load_thread_cpu",
-           "load_cells",
+           "load_cells", "held_here", "LOCK_NAME",
            "machine_name", "SWEEP_FILE", "write_sweep_file", "read_sweep_file", "read_manifest", "write_json"]
 
 #: The name of a sweep's settings file, written in its folder before the first cell.
@@ -145,6 +145,12 @@ def lock_folder(folder):
             if held[2] == 0:
                 del _HELD[key]
                 os.close(held[0])                       # closing the last descriptor releases the flock
+
+
+def held_here(folder):
+    """Whether this process holds the results folder ``folder`` (:func:`lock_folder`): a sweep holds its cells'."""
+    with _HELD_GUARD:
+        return os.path.realpath(folder) in _HELD
 
 
 def _open_lock(path):

@@ -49,8 +49,9 @@ import psutil
 from .._checks import format_cpulist, one_line
 from ..errors import CpuAccountingError, TunaError
 from ..machine import procfs
-from .cpu import CpuSampler, SchedEvidence, account, summarize_threads, thread_role
-from .schema import CPU_COLUMNS, EVIDENCE_COLUMNS, FAULT_COLUMNS, GENERATOR_COLUMNS, PHASE_COLUMNS, percentiles
+from .cpu import CpuSampler, SchedEvidence, account, summarize_threads, thread_role, worker_balance
+from .schema import (BALANCE_COLUMNS, CPU_COLUMNS, EVIDENCE_COLUMNS, FAULT_COLUMNS, GENERATOR_COLUMNS, PHASE_COLUMNS,
+                     fair_share, percentiles)
 
 __all__ = ["TrialPlan", "Measured", "run_trials", "run_steps", "trial_row", "latency_of", "drain", "backlog",
            "LATENCIES"]
@@ -62,6 +63,16 @@ LATENCIES = ("server", "server-timing", "client")
 # Seconds a server has, once it accepts connections, to settle (every worker loaded) and to answer a warm-up
 # request on every worker.
 _WARM_TIMEOUT = 120.0
+# Seconds a warm-up request may wait for its answer. The first warm-up round is one request per connection
+# and ends by then: a server that answers none of them (an app that hangs in every request) fails the trial
+# within this bound, before any measured load - not after the load's own timeouts, nor the server's (Gunicorn
+# replaces a worker silent for 120 s).
+_WARM_REQUEST_TIMEOUT = 30.0
+# Requests one connection of the load generator carries before it reconnects. Workers that share one listening
+# socket (uvicorn's, an asyncio server's) each accept what they can: a worker that accepts a burst of keep-alive
+# connections at the start would serve the whole trial while the others idle. A new connection goes to a worker
+# that is waiting in accept, so reconnecting often enough lets the kernel hand the load to every worker.
+_REUSE = 8
 # CPU seconds a worker must gain during the warm-up to count as having answered some (answers without a PID).
 _SERVED = 0.005
 # The server is idle when no process's main thread gains more than _IDLE_CPU seconds in _QUIET seconds
@@ -164,6 +175,7 @@ def trial_row(labels, frame, wall, status, reason, cpu=None, generator=None, lat
            "wall_seconds": wall, "trial_status": status, "reason": reason, "latency": latency}
     row.update(dict.fromkeys(PHASE_COLUMNS, float("nan")))
     row.update(dict.fromkeys(FAULT_COLUMNS, 0))
+    row.update(dict.fromkeys(BALANCE_COLUMNS, float("nan")))
     row.update(dict.fromkeys(CPU_COLUMNS, float("nan")))
     row.update(dict.fromkeys(EVIDENCE_COLUMNS, float("nan")))
     row.update(cpu or {})
@@ -290,8 +302,11 @@ def _warm_up(plan, live, url, body, options, pin):
     all) go until every worker answered some: by the PID an answer carries
     (the lab server's), else by the worker's CPU time growing - measured
     from a settled server, so a worker still loading its app does not count.
-    Raises :class:`_NotPlaced` when a worker answers none within 120 s.
-    A round none of whose requests succeeded ends the warm-up: the load
+    Raises :class:`_NotPlaced` when a worker answers none within 120 s, and
+    at once when nothing answers the first round (one request per
+    connection, each waiting up to 30 s): no response at all, only timeouts
+    or refused connections. A round none of whose requests succeeded but
+    that the server did answer (an HTTP error) ends the warm-up: the load
     that follows fails, and says what the server answered.
     """
     from .loadgen.load import closed_loop
@@ -309,8 +324,13 @@ def _warm_up(plan, live, url, body, options, pin):
     concurrency = max(min(plan.warmup, 4), 2 * len(pids))
     served, sent = set(), 0
     while True:
-        n = max(plan.warmup - sent, concurrency)
-        frame = closed_loop(url, body, requests=n, concurrency=concurrency, cpus=pin, **options)
+        # The first round is one request per connection, bounded as a whole: it tells whether anything answers.
+        n = concurrency if not sent else max(plan.warmup - sent, concurrency)
+        bound = {"deadline": _WARM_REQUEST_TIMEOUT + 1.0} if not sent else {}
+        frame = closed_loop(url, body, requests=n, concurrency=concurrency, cpus=pin,
+                            timeout=_WARM_REQUEST_TIMEOUT, reuse=_REUSE, **bound, **options)
+        if not sent:
+            _check_answered(frame)
         sent += n
         ok = frame[_ok(frame)] if len(frame) else frame
         served |= {int(p) for p in ok["pid"].to_numpy() if p > 0} if len(ok) else set()
@@ -324,6 +344,29 @@ def _warm_up(plan, live, url, body, options, pin):
         if time.monotonic() >= deadline:
             raise _NotPlaced(f"worker{'s' if len(idle) > 1 else ''} {', '.join(map(str, idle))} answered none of "
                              f"the {sent} warm-up requests within {_WARM_TIMEOUT:g} s")
+
+
+def _check_answered(frame):
+    """Raise :class:`_NotPlaced` when the server answered none of ``frame``'s requests (no HTTP status at all).
+
+    Examples
+    --------
+    >>> _check_answered(pd.DataFrame({"status": [500, -1], "error": ["oops", "timeout"]}))    # an answer: go on
+    >>> _check_answered(pd.DataFrame({"status": [-1, -1], "error": ["timeout", "timeout"]}))
+    Traceback (most recent call last):
+    ...
+    tuna_lab.measure.trials._NotPlaced: nothing answered: none of the 2 warm-up requests got a response (timeout after 30 s); the server accepts connections but its app answers no request
+    """
+    if not len(frame) or (frame["status"].to_numpy() >= 0).any():
+        return
+    errors = [e for e in frame["error"].to_numpy(dtype=object) if e]
+    why = max(set(errors), key=errors.count) if errors else "no response"
+    if why in ("timeout", "deadline"):
+        why = f"timeout after {_WARM_REQUEST_TIMEOUT:g} s"
+        what = "the server accepts connections but its app answers no request"
+    else:
+        what = "the server did not answer"
+    raise _NotPlaced(f"nothing answered: none of the {len(frame)} warm-up requests got a response ({why}); {what}")
 
 
 def _short_pools(live, threads):
@@ -363,8 +406,9 @@ def _load(plan, url, body, options, pin):
     if plan.rate is not None:
         bound = {} if plan.timeout is None else {"timeout": plan.timeout, "deadline": plan.duration + plan.timeout}
         return open_loop(url, body, plan.rate, requests=plan.requests, duration=plan.duration, seed=plan.seed,
-                         cpus=pin, **bound, **options)
-    return closed_loop(url, body, requests=plan.requests, concurrency=plan.concurrency, cpus=pin, **options)
+                         cpus=pin, reuse=_REUSE, **bound, **options)
+    return closed_loop(url, body, requests=plan.requests, concurrency=plan.concurrency, cpus=pin, reuse=_REUSE,
+                       **options)
 
 
 def _measure(plan, labels, topo, steps=None):
@@ -447,6 +491,7 @@ def _loaded(plan, labels, topo, live, url, body, options, pin, server):
     """
     status, reason = "ok", ""
     threads = live.server_threads()
+    workers = live.worker_pids()
     # The scheduler's evidence is read just outside the CPU sampling, so that its cost is not in the load.
     evidence = SchedEvidence(live.master_pid(), threads).start()
     with CpuSampler(threads, period=0.1) as sampler:
@@ -473,13 +518,25 @@ def _loaded(plan, labels, topo, live, url, body, options, pin, server):
         status, reason = "failed", (f"{n} worker{'s' if n > 1 else ''} replaced during the trial (a replacement's "
                                     "start-up and warm-up fall inside it)")
     cpu, per_thread = _cpu_of(sampler, frame, labels, evidence)
+    share, least, by = worker_balance(per_thread, frame, workers)
+    if status == "ok" and share < fair_share():
+        status, reason = "failed", _unbalanced(share, least, by, len(workers))
     if per_thread is not None:
         per_thread, cpu["numa_locality"] = _with_locality(per_thread, topo)
         per_thread = per_thread.assign(cpus=[format_cpulist(allowed.get((pid, role), ()))
                                              for pid, role in zip(per_thread["pid"], per_thread["role"])])
     measured = _measured(plan, labels, frame, wall, status, reason, cpu, generator, per_thread, timing)
     measured.row.update(faults)
+    measured.row["worker_share"] = share
     return measured, after
+
+
+def _unbalanced(share, least, by, workers):
+    """The reason of a trial whose load did not reach every worker (see :func:`worker_balance`)."""
+    what = "requests" if by == "requests" else "CPU time"
+    return (f"a worker left out of the load: worker {least} did {share:.0%} of the busiest worker's {what} (each "
+            f"of the {workers} must do at least {fair_share():.0%}): the kernel gave the load generator's "
+            "connections to the others, and the trial measured fewer workers than the server has")
 
 
 def _identity(live):

@@ -288,30 +288,31 @@ def _frame(rec, attrs):
 # -- closed loop -------------------------------------------------------------------------
 
 def _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
-                 server_timing):
+                 server_timing, reuse=None):
     """Check a closed loop's arguments; the job that runs it in the generator thread."""
     url, request, what = _requests(url, body, method, headers, content_type, response, server_timing)
     n = positive_int("requests", requests, LoadError)
     workers = n if concurrency is None else min(n, positive_int("concurrency", concurrency, LoadError))
     timeout = positive_number("timeout", timeout, LoadError)
     deadline = 2.0 * timeout if deadline is None else positive_number("deadline", deadline, LoadError)
+    reuse = None if reuse is None else positive_int("reuse", reuse, LoadError)
     _check_fds(workers)
     address = resolve(url)
 
     def job():
         rec = Records(n, response=what["read"], metric=what["metric"])
-        rec.cut(drive(rec, address, request, workers, timeout, deadline))
+        rec.cut(drive(rec, address, request, workers, timeout, deadline, reuse=reuse))
         return rec, {"mode": "closed", "url": url, "method": what["method"], "bodies": what["bodies"],
                      "sent": what["sent"],
                      "response": what["response"], "requests": n, "concurrency": workers,
-                     "timeout": timeout, "deadline": deadline}
+                     "timeout": timeout, "deadline": deadline, "reuse": reuse}
 
     return job
 
 
 async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None, cpus=None, *,
                        method="POST", headers=None, content_type="application/json", response="lab",
-                       server_timing=None):
+                       server_timing=None, reuse=None):
     """Async variant of :func:`closed_loop`, for callers already in an event loop.
 
     Examples
@@ -320,12 +321,13 @@ async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0
     >>> frame = await aclosed_loop(url, body, requests=100)   # doctest: +SKIP
     """
     job = _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
-                       server_timing)
+                       server_timing, reuse)
     return await _run_async(job, _cpu_set(cpus))
 
 
 def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None, cpus=None, *,
-                method="POST", headers=None, content_type="application/json", response="lab", server_timing=None):
+                method="POST", headers=None, content_type="application/json", response="lab", server_timing=None,
+                reuse=None):
     """Send ``requests`` requests with ``concurrency`` in flight; one row per request.
 
     Parameters
@@ -338,6 +340,9 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
         Seconds a request may take; seconds the whole trial may take (default ``2 * timeout``).
     cpus, method, headers, content_type, response, server_timing
         The generator's CPUs (ids or a cpulist); what is sent and how answers are read, as in ``Requests``.
+    reuse : int, optional
+        Requests one keep-alive connection carries at most, then a new one is opened (default: no limit):
+        reconnecting lets the kernel hand connections to every worker of a server (see ``drive``).
 
     Returns
     -------
@@ -359,14 +364,14 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
     >>> frame = closed_loop(srv.url + "/predict", payload("small", 100), requests=1000)   # doctest: +SKIP
     """
     job = _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
-                       server_timing)
+                       server_timing, reuse)
     return _run_blocking(job, _cpu_set(cpus))
 
 
 # -- open loop ---------------------------------------------------------------------------
 
 def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
-               content_type, response, server_timing):
+               content_type, response, server_timing, reuse=None):
     """Check an open loop's arguments; the job that runs it in the generator thread."""
     url, request, what = _requests(url, body, method, headers, content_type, response, server_timing)
     at = poisson_schedule(rate, requests, duration, seed)
@@ -374,6 +379,7 @@ def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight
     slots = positive_int("max_in_flight", max_in_flight, LoadError)
     span = float(at[-1])
     deadline = span + timeout if deadline is None else positive_number("deadline", deadline, LoadError)
+    reuse = None if reuse is None else positive_int("reuse", reuse, LoadError)
     _check_fds(min(slots, len(at)))
     address = resolve(url)
 
@@ -382,18 +388,19 @@ def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight
         # At most `slots` requests (and sockets) in flight. A request waiting for
         # a slot is sent late, and its send_lag and client_seconds (from the
         # schedule) include the wait.
-        rec.cut(drive(rec, address, request, min(slots, len(at)), timeout, deadline, schedule=at))
+        rec.cut(drive(rec, address, request, min(slots, len(at)), timeout, deadline, schedule=at, reuse=reuse))
         return rec, {"mode": "open", "url": url, "method": what["method"], "bodies": what["bodies"],
                      "sent": what["sent"],
                      "response": what["response"], "rate": float(rate), "seed": seed, "requests": len(at),
-                     "duration": duration, "timeout": timeout, "max_in_flight": slots, "deadline": deadline}
+                     "duration": duration, "timeout": timeout, "max_in_flight": slots, "deadline": deadline,
+                     "reuse": reuse}
 
     return job
 
 
 async def aopen_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.0,
                      max_in_flight=1000, deadline=None, cpus=None, *, method="POST", headers=None,
-                     content_type="application/json", response="lab", server_timing=None):
+                     content_type="application/json", response="lab", server_timing=None, reuse=None):
     """Async variant of :func:`open_loop`, for callers already in an event loop.
 
     Examples
@@ -402,13 +409,13 @@ async def aopen_loop(url, body, rate, requests=None, duration=None, seed=0, time
     >>> frame = await aopen_loop(url, body, rate=50, duration=2.0)   # doctest: +SKIP
     """
     job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
-                     content_type, response, server_timing)
+                     content_type, response, server_timing, reuse)
     return await _run_async(job, _cpu_set(cpus))
 
 
 def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.0, max_in_flight=1000,
               deadline=None, cpus=None, *, method="POST", headers=None, content_type="application/json",
-              response="lab", server_timing=None):
+              response="lab", server_timing=None, reuse=None):
     """Send requests at ``rate`` per second with Poisson arrivals; latency from each *scheduled* time.
 
     Parameters
@@ -423,7 +430,7 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
         Seconds a request may take once sent; of the trial (default: last arrival + ``timeout``).
     max_in_flight : int
         Most requests in flight; later arrivals wait for a slot, which shows as ``send_lag``.
-    url, body, cpus, method, headers, content_type, response, server_timing
+    url, body, cpus, method, headers, content_type, response, server_timing, reuse
         As for :func:`closed_loop`.
 
     Returns
@@ -441,7 +448,7 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
     >>> frame = open_loop(srv.url + "/predict", body, rate=50, duration=5.0)   # doctest: +SKIP
     """
     job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
-                     content_type, response, server_timing)
+                     content_type, response, server_timing, reuse)
     return _run_blocking(job, _cpu_set(cpus))
 
 

@@ -436,14 +436,15 @@ def _is_literal(host):
 class _Conn:
     """One connection and the request it carries (``i`` = -1 when idle)."""
 
-    __slots__ = ("sock", "fd", "i", "buf", "out", "need", "reused", "mask")
+    __slots__ = ("sock", "fd", "i", "buf", "out", "need", "reused", "mask", "served")
 
     def __init__(self, sock):
         self.sock, self.fd = sock, sock.fileno()
         self.i, self.buf, self.out, self.need, self.reused, self.mask = -1, b"", None, 0, False, 0
+        self.served = 0                     # responses read on this connection
 
 
-def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
+def drive(rec, address, request, concurrency, timeout, deadline, schedule=None, reuse=None):
     """Run one trial: send one request per row of ``rec``, in this thread; return when done.
 
     Closed loop without ``schedule``; open loop (request ``i`` due at ``schedule[i]``) with it.
@@ -458,6 +459,11 @@ def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
         From :func:`request_bytes`; several are sent in turn.
     concurrency, timeout, deadline, schedule : int, float, float, sequence of float
         Requests in flight at most; seconds per request; the trial's end and send times, from the start.
+    reuse : int, optional
+        Requests a keep-alive connection carries at most before it is closed and the next goes on a new
+        one (None: as many as the server allows). A server whose workers share one listening socket
+        gets a connection to whichever worker accepts it; a few long-lived connections may all land on
+        one worker, and reconnecting lets the kernel hand them to the others.
 
     Returns
     -------
@@ -473,12 +479,13 @@ def drive(rec, address, request, concurrency, timeout, deadline, schedule=None):
     >>> # skipped: needs a recorder and a server's URL
     >>> end = drive(rec, resolve(url), request_bytes(url, body), 8, 30.0, 60.0)   # doctest: +SKIP
     """
-    return _Engine(rec, address, request, concurrency, timeout, deadline, schedule).run()
+    return _Engine(rec, address, request, concurrency, timeout, deadline, schedule, reuse).run()
 
 
 class _Engine:
-    def __init__(self, rec, address, request, concurrency, timeout, deadline, schedule):
+    def __init__(self, rec, address, request, concurrency, timeout, deadline, schedule, reuse=None):
         self.rec = rec
+        self.reuse = reuse
         # Python lists while the trial runs (a list store is cheaper than a numpy
         # scalar store); copied into rec's arrays when it ends.
         self.sent, self.done = rec.sent.tolist(), rec.done.tolist()
@@ -651,7 +658,8 @@ class _Engine:
         if timing is not None:
             timing[i] = st
         self._finished(i)
-        if keep and end == len(buf) and not eof:
+        conn.served += 1
+        if keep and end == len(buf) and not eof and (self.reuse is None or conn.served < self.reuse):
             conn.i, conn.buf, conn.need, conn.out = -1, b"", 0, None
             self.idle.append(conn)
         else:
