@@ -563,7 +563,7 @@ def _with_front(trials, share):
 
 def test_front_cpu_is_shown_beside_the_workers_and_said_where_it_is_large(tables, tmp_path):
     from tuna_lab.analysis import summarize
-    from tuna_lab.placement.pin import FRONT_SHARE
+    from tuna_lab.live.traffic import FRONT_SHARE
 
     requests, trials = tables
     # cfs's front: 25% of its workers' CPU (an MLServer master parsing requests); the others' a few per mille.

@@ -18,7 +18,7 @@ import pytest
 
 from tuna_lab.errors import BindingError
 from tuna_lab.machine import irqs
-from tuna_lab.placement import audit
+from tuna_lab.live import audit
 
 import helpers
 from procfs import cpus_of

@@ -526,3 +526,33 @@ def test_messages_name_os_cpu_ids(xeon):
     i3 = Instance(3, 3, xeon.restrict([0, 1, 2, 20]))             # scenario 3, bound 0
     viol = MainLoadCap().violations(arr([[3, 0, 1], [1, 3, 2], [2, 3, 0]]), i3)
     assert viol and "cpus [20]" in viol[0].message
+
+
+@pytest.mark.parametrize("shape", [(3,), (4, 3), (3, 4), (4, 4, 1), ()])
+def test_a_family_check_refuses_an_assignment_of_the_wrong_shape(shape):
+    from tuna_lab.errors import ModelError
+
+    inst = Instance(4, 4, Topology.preset("xeon-8272cl"))
+    bad = np.zeros(shape, dtype=int)
+    for fam in DEFAULT_FAMILIES:
+        # before: SingleCore().violations(np.zeros(3), inst) == [] - nothing wrong with a 3-vector
+        for check in (fam.violations, fam.residual, fam.value):
+            with pytest.raises(ModelError, match=r"shape \(4, 4\).*got shape"):
+                check(bad, inst)
+
+
+def test_a_family_of_ones_own_gets_the_shape_check_and_non_integers_are_refused():
+    from tuna_lab.errors import ModelError
+
+    class Mine(Family):
+        key = "mine"
+
+        def violations(self, assign, inst):
+            return []
+
+    inst = Instance(2, 2, Topology.preset("xeon-8272cl"))
+    with pytest.raises(ModelError, match="shape"):
+        Mine().violations(np.zeros(3, dtype=int), inst)
+    with pytest.raises(ModelError, match="integer core positions"):
+        LogicalBalance().violations(np.full((2, 2), 0.5), inst)
+    assert LogicalBalance().violations(np.array([[0.0, 1.0], [2.0, 3.0]]), inst) == []

@@ -129,7 +129,7 @@ def unchanged(victim):
 
 
 def test_nobody_cannot_make_root_write_through_a_link(python_nobody_can_read, site, tmp_path):
-    from tuna_lab.placement.pin import hook_dir
+    from tuna_lab.live.state import hook_dir
 
     shared, victim = site
     before = unchanged(victim)
@@ -163,7 +163,7 @@ def test_a_state_folder_nobody_creates_first_is_refused(python_nobody_can_read, 
     # nobody knows the master's PID before Gunicorn runs (a shell that waits, then execs it: same PID and
     # start time) and creates the state folder at the predicted name, as the workers' own user, with a
     # plan, a forged marker, records and a link to root's file.
-    from tuna_lab.placement.pin import hook_dir, hook_mark
+    from tuna_lab.live.state import hook_dir, hook_mark
 
     shared, victim = site
     before = unchanged(victim)

@@ -895,3 +895,36 @@ def test_the_768_core_preset():
     assert topo.siblings()[:2] == [(0, P), (1, P + 1)]
     d = topo.distance()
     assert d[0, P] == 4 and d[0, 15] == 50 and d[0, 16] == 200   # SMT sibling, same CCD, another CCD
+
+
+# ------------------------------------------------------------ the API a notebook user meets
+def test_verify_takes_the_family_names_with_and_without_take():
+    m = solve(4, 4, "xeon-8272cl")
+    assert m.verify(["11-12"]) == [] and m.verify("8p") == [] and m.verify([8, "(11)", "MainLoadCap"]) == []
+    # a name with_/without accept is a name verify accepts, and one they refuse it refuses alike
+    model = TunaModel(4, 4, "xeon-8272cl")
+    for name in ("11-12", "(9)", "PhysicalBalance", LogicalBalance, MainLoadCap()):
+        model.without(name)
+        assert m.verify([name]) == []
+    with pytest.raises(ModelError, match="unknown constraint family 'zz'"):
+        m.verify(["zz"])
+    with pytest.raises(ModelError, match="unknown constraint family"):
+        model.without("zz")
+    # it checks what it is asked: a mapping placed without (8) fails (8)'s check by name
+    crowded = Mapping(m.instance, np.zeros((4, 4), dtype=int) + np.arange(4), m.families)
+    assert {v.family for v in crowded.verify(["8"])} == {"8"}
+
+
+def test_a_certificate_says_what_it_certifies_and_is_not_shown_for_a_model_without_objective():
+    alone = solve(4, 4, "xeon-8272cl", families=["1"])
+    text = alone.describe()
+    # before: "objective=1500 ... proven_optimal=True" beside "certificate: counting objective=0"
+    assert "  certificate:" not in text and "certificate=" not in repr(alone)
+    assert "no certificate: the model maximises no objective term" in text
+    assert alone.certificate["certifies"] == [] and alone.to_dict()["certificate"]["certifies"] == []
+    full = solve(4, 4, "xeon-8272cl")
+    assert full.certificate["certifies"] == ["f_main", "f_mode"]
+    assert "certificate: counting bound on the model's objective (f_main + f_mode): objective=1500" in full.describe()
+    main_only = solve(4, 4, "xeon-8272cl", families=["1", "2", "3", "4-5"])
+    line = next(ln for ln in main_only.describe().splitlines() if "certificate:" in ln)
+    assert "(f_main only; f_mode not in the model)" in line and f"objective={main_only.f_main:g}" in line

@@ -280,7 +280,7 @@ def test_hooks_under_gunicorns_user_setting_hand_their_state_folder_to_that_user
     # Gunicorn started as root with user=/group=: post_fork runs as root, post_worker_init as the user.
     # The state folder post_fork makes stays root's (the user must not plant links where root writes);
     # its records subfolder must be the user's, or no worker can record its slot.
-    from tuna_lab.placement.pin import HOOK_RECORDS, hook_dir
+    from tuna_lab.live.state import HOOK_RECORDS, hook_dir
 
     shared = Path(tempfile.mkdtemp(prefix="tuna-lab-test-nobody-"))
     try:
@@ -313,7 +313,7 @@ def test_hooks_refuse_a_state_folder_planted_before_the_server_starts(planted, m
     # The state folder's name is predictable (the master's PID and start time): another local user could
     # create it first, with a plan of their choosing and links to files of the server's user. The master's
     # PID is known before Gunicorn runs: a shell that waits on stdin, then execs it (same PID, same start).
-    from tuna_lab.placement.pin import hook_dir
+    from tuna_lab.live.state import hook_dir
 
     victim = tmp_path / "victim"
     victim.write_text("the server user's file\n")

@@ -288,7 +288,7 @@ def test_every_format_is_offered():
 def test_the_hooks_state_folder_is_trusted_only_when_it_is_a_private_folder_of_an_owner(tmp_path):
     import os
 
-    from tuna_lab.placement.pin import trusted_hook_dir
+    from tuna_lab.live.state import trusted_hook_dir
 
     mine = tmp_path / "mine"
     mine.mkdir(mode=0o700)
@@ -309,7 +309,7 @@ def test_the_hooks_state_folder_is_named_by_the_kernels_start_time_not_the_wall_
 
     import psutil
 
-    from tuna_lab.placement.pin import hook_dir
+    from tuna_lab.live.state import hook_dir
 
     with open(f"/proc/{os.getpid()}/stat") as fh:
         ticks = fh.read().rsplit(")", 1)[1].split()[19]
@@ -333,7 +333,7 @@ def test_a_cpu_list_given_as_text_is_refused_not_read_digit_by_digit():
 def test_bind_worker_binds_main_and_pool_by_rank_and_reports_a_thread_that_is_gone():
     import threading
 
-    from tuna_lab.placement.binding import bind_worker
+    from tuna_lab.live.binding import bind_worker
 
     cpus = sorted(os.sched_getaffinity(0))
     plan = Plan("by-hand", 1, 3, [[cpus, cpus[-1:], cpus[:1]]], range(max(cpus) + 1), "fp")
@@ -394,7 +394,7 @@ def test_state_folders_of_dead_processes_are_removed_only_if_ours(tmp_path):
     import tempfile
 
     from tuna_lab.machine.procfs import start_ticks
-    from tuna_lab.placement.pin import remove_dead_state
+    from tuna_lab.live.state import remove_dead_state
 
     with open("/proc/sys/kernel/pid_max") as fh:
         gone = int(fh.read())                              # PIDs are below pid_max: never a process

@@ -1,4 +1,4 @@
-"""The one table of runtimes (tuna_lab.placement.runtimes) and what reads it.
+"""The one table of runtimes (tuna_lab.live.runtimes) and what reads it.
 
 Real processes only: this test process's own maps (NumPy's OpenBLAS), a
 child that loads XGBoost (libgomp), and a real io_uring ring whose kernel
@@ -17,8 +17,8 @@ import numpy  # noqa: F401  (maps NumPy's OpenBLAS into this process)
 import pytest
 
 from tuna_lab.measure.target import _runtimes
-from tuna_lab.placement.pools import classify_threads, loaded_runtimes, main_rule
-from tuna_lab.placement.runtimes import (BLAS, FRAMEWORK, OPENMP, RUNTIMES, helper_thread, places_counted,
+from tuna_lab.live.pools import classify_threads, loaded_runtimes, main_rule
+from tuna_lab.live.runtimes import (BLAS, FRAMEWORK, OPENMP, RUNTIMES, helper_thread, places_counted,
                                          pool_runtime, runtime_of, single_thread_env)
 from tuna_lab.server.launch import SERVER_ENV
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from helpers import cli, main
-from tuna_lab.placement.binding import affinity_of, threads_of
+from tuna_lab.live.binding import affinity_of, threads_of
 from tuna_lab.placement.policies import POLICIES
 from tuna_lab.server.launch import Server, free_port, status
 

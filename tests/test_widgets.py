@@ -108,9 +108,9 @@ def test_dropping_11_12_on_scenario_3_reports_its_violation(xeon):
     assert ct.mapping.instance.scenario3 and ct.violations == [] and ct.changed.empty
     assert ct.toggle("11-12") and ct.error is None and ct.enabled["11-12"] is False
     violated = bool(MainLoadCap().violations(ct.mapping.positions, ct.mapping.instance))
-    assert ("11-12" in ct.violated) == violated
+    assert ("11-12" in ct.violated()) == violated
     # On this instance the cap binds: without it main threads land on cores carrying U.
-    assert violated and ct.violated == ("11-12",) and len(ct.changed) > 0
+    assert violated and ct.violated() == ("11-12",) and len(ct.changed) > 0
     moved = ct.changed.iloc[0]
     assert ct.mapping.assignment[moved.worker, moved.thread] == moved.cpu != moved.reference_cpu
     assert ct.toggle("11-12") and ct.changed.empty and ct.violations == []
@@ -145,7 +145,7 @@ def test_policy_comparison_has_one_placement_per_policy_with_all_threads(xeon):
     assert list(pc.placements) == list(compared_policies()) == list(pc.loads.columns)
     assert np.allclose(pc.loads.sum(), 32)
     assert pc.loads["tuna-scatter"].tolist() == pc.placements["tuna-scatter"].mapping.logical_loads.tolist()
-    assert set(pc.frame()["policy"]) == set(compared_policies()) and list(pc.summary.index) == list(compared_policies())
+    assert set(pc.frame()["policy"]) == set(compared_policies()) and list(pc.summary().index) == list(compared_policies())
     assert pc.set_threads(0) is False and pc.error and pc.threads == 8
     assert pc.set_workers(2) and np.allclose(pc.loads.sum(), 16)
 
@@ -156,16 +156,16 @@ def test_live_experiment_collects_trial_rows():
     before = child_pids()
     seen = []
     live = LiveExperiment(1, 1, "small", batch=20, policies=["cfs"], trials=1, requests=20)
-    live.subscribe(lambda ctl: seen.append(len(ctl.results)))
+    live.subscribe(lambda ctl: seen.append(len(ctl.results())))
     assert live.start()
     assert live.wait(timeout=180), "the run did not end"
     assert live.state == "finished" and live.error is None, live.error
-    rows = live.results
+    rows = live.results()
     assert rows[["trial", "policy"]].values.tolist() == [[0, "cfs"]]
     assert rows["p99"].iloc[0] > 0 and rows["trial_status"].iloc[0] == "ok"
     assert 1 in seen and live.lines
     # The same table `tuna-lab run` prints, from the library.
-    assert live.summary.summary[["policy", "trials"]].values.tolist() == [["cfs", 1]]
+    assert live.summary().summary[["policy", "trials"]].values.tolist() == [["cfs", 1]]
     assert child_pids() <= before
 
 
@@ -173,12 +173,12 @@ def test_live_experiment_stops_between_trials_and_leaves_no_server():
     before = child_pids()
     live = LiveExperiment(1, 1, "small", batch=20, policies=["cfs", "round-robin", "tuna-scatter"], trials=1,
                           requests=20)
-    assert live.start() and live.running
+    assert live.start() and live.running()
     assert live.start() is False and "already running" in live.error
     live.stop(wait=False)
     assert live.state == "stopping"
     assert live.wait(timeout=180), "the run did not stop"
-    assert live.state == "stopped" and len(live.results) == 1      # only the trial in flight finished
+    assert live.state == "stopped" and len(live.results()) == 1      # only the trial in flight finished
     assert live.lines[-1].startswith("stopped after 1 of 3")
     assert child_pids() <= before
 
@@ -335,3 +335,80 @@ def test_live_view_plots_each_trial_and_offers_start_again_when_the_run_ends():
     assert [len(t.y) for t in view.parts["figure"].data] == [1] and "finished:" in view.parts["status"].value
     assert "p99 speedup vs cfs" in view.parts["log"].value       # the summary table ends the log
     assert child_pids() <= before
+
+
+# -- one rule for every controller's members -------------------------------------------------
+
+def test_assigning_an_input_takes_effect_or_raises_what_refused_it(xeon):
+    from tuna_lab.errors import ModelError, TopologyError
+
+    ex = ModeExplorer(xeon, workers=4, threads=4)
+    ex.workers = 5                                            # the case: the mapping kept 4 workers
+    assert ex.workers == 5 and ex.mapping.workers == 5 and ex.mapping.assignment.shape == (5, 4)
+    ex.mode = "compact"
+    assert ex.mapping.mode == "compact" and ex.mapping.f_mode < 0
+    with pytest.raises(ModelError, match="workers must be a positive integer"):
+        ex.workers = 0
+    assert ex.workers == 5 and ex.mapping.workers == 5 and "positive integer" in ex.error
+    with pytest.raises(TopologyError):
+        ex.topology = "nonsense"
+    assert ex.topology is xeon
+    pc = PolicyComparison(4, 4, xeon, ["round-robin", "tuna-scatter"])
+    pc.threads = 2
+    assert np.allclose(pc.loads.sum(), 8)
+    pc.policies = ["omp-close"]
+    assert list(pc.loads.columns) == ["omp-close"] and list(pc.summary().index) == ["omp-close"]
+    dv = DistanceView("epyc-7313p")
+    dv.highlighted = [0, 1, 99]
+    assert dv.highlighted == {0, 1}
+
+
+def test_computed_state_is_read_only_and_says_what_to_change(xeon):
+    ex = ModeExplorer(xeon, workers=2, threads=2)
+    with pytest.raises(AttributeError, match=r"ModeExplorer.mapping is read-only: assign one of its inputs"):
+        ex.mapping = None
+    ct = ConstraintToggles(4, 4, xeon)
+    with pytest.raises(AttributeError, match=r"ConstraintToggles.workers is read-only: set_enabled\(\)"):
+        ct.workers = 5
+    with pytest.raises(TypeError):
+        ct.enabled["8"] = False                               # a toggle goes through set_enabled, which re-solves
+    assert ct.enabled["8"] is True and ct.mapping.workers == 4
+    live = LiveExperiment(1, 1, policies=["cfs"], trials=1, requests=20)
+    with pytest.raises(AttributeError, match="LiveExperiment.trials is read-only"):
+        live.trials = 5
+    assert live.trials == 1
+
+
+@pytest.mark.parametrize("cls", [ModeExplorer, DistanceView, ConstraintToggles, PolicyComparison, LiveExperiment])
+def test_no_controller_member_is_a_property(cls):
+    # Worked out on request = a method (grid(), violated(), results() ...), held = an attribute: a reader
+    # never has to guess whether to call it (ct.violated() raised TypeError while it was a property).
+    props = [name for klass in cls.__mro__ for name, member in vars(klass).items() if isinstance(member, property)]
+    assert props == []
+
+
+def test_violated_is_a_method_like_the_other_computed_members(xeon):
+    ct = ConstraintToggles(12, 6, xeon)
+    assert ct.violated() == () and ct.toggle("(11)") and ct.violated() == ("11-12",)
+    assert ct.toggle("MainLoadCap") and ct.enabled["11-12"]       # the one resolver: key, equation, class name
+
+
+def test_controllers_have_readable_reprs_and_figures(xeon):
+    ex = ModeExplorer(xeon, workers=2, threads=2)
+    assert repr(ex).startswith("ModeExplorer(topology='xeon-8272cl', workers=2, threads=2, mode='scatter', "
+                               "physical=True, f_mode=")
+    ex.set_workers(0)
+    assert "error='workers must be a positive integer, got 0'" in repr(ex)
+    ct = ConstraintToggles(4, 4, xeon)
+    assert repr(ct) == ("ConstraintToggles(workers=4, threads=4, topology='xeon-8272cl', mode='scatter', without=[], "
+                        "violated=[], moved=0)")
+    dv = DistanceView("epyc-7313p", [0])
+    assert repr(dv) == "DistanceView(topology='epyc-7313p', highlighted=[0], levels=['L1', 'L3', 'none'])"
+    assert repr(PolicyComparison(2, 2, xeon, ["omp-close"])) == (
+        "PolicyComparison(topology='xeon-8272cl', workers=2, threads=2, policies=('omp-close',))")
+    assert "<" not in repr(LiveExperiment(1, 1, policies=["cfs"], trials=1, requests=20))
+    assert repr(ex.mapping).startswith("Mapping(W=2, T=2, scatter, topology='xeon-8272cl'")
+    assert [t.type for t in dv.figure().data] == ["heatmap"] and dv.figure("tree").data
+    with pytest.raises(ValueError, match="kind must be"):
+        dv.figure("pie")
+    assert ct.figure().data and ex.figure().data and PolicyComparison(2, 2, xeon, ["omp-close"]).figure().data

@@ -562,7 +562,7 @@ def target_of(args, error, sweep=False):
         requests = Requests.from_options(url, args.method, args.header, args.body, args.bodies, args.server_timing)
         front = None
         if getattr(args, "front_cpus", None) is not None:
-            from ..placement.pin import server_cpus
+            from ..live.pin import server_cpus
 
             # As `pin --front-cpus` reads it: CPUs of the server's own (from before any pin of tuna_lab's).
             front = front_cpus_of(args, server_cpus(args.pid))
@@ -680,8 +680,8 @@ def add_worker_options(parser, flag="--workers"):
 
 
 def worker_choice_of(args):
-    """The :class:`~tuna_lab.placement.pin.WorkerChoice` of ``--workers``/``--worker-match`` (None: discover)."""
-    from ..placement.pin import WorkerChoice
+    """The :class:`~tuna_lab.live.roles.WorkerChoice` of ``--workers``/``--worker-match`` (None: discover)."""
+    from ..live.roles import WorkerChoice
 
     choice = WorkerChoice.parse(getattr(args, "workers_pids", None), getattr(args, "worker_match", None))
     return choice or None
@@ -712,7 +712,7 @@ def add_traffic_options(parser):
 
 
 def traffic_of(args, master):
-    """The :class:`~tuna_lab.placement.pin.Activity` of ``--url`` requests to ``master``; None without ``--url``.
+    """The :class:`~tuna_lab.live.traffic.Activity` of ``--url`` requests to ``master``; None without ``--url``.
 
     The requests are built as ``run`` builds its own
     (:meth:`~tuna_lab.measure.loadgen.requests.Requests.from_options`): a body goes
@@ -734,7 +734,7 @@ def traffic_of(args, master):
         return None
     # The one recipe of run and tune: --body - is read from stdin there too, and the headers are theirs.
     requests = Requests.from_options(args.url, args.method, args.header, args.body)
-    from ..placement.pin import serve_requests
+    from ..live.traffic import serve_requests
 
     return serve_requests(master, args.url, method=requests.method, headers=requests.send_headers(),
                           body=requests.bodies[0] if requests.bodies else None, choice=worker_choice_of(args))

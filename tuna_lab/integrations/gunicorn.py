@@ -131,7 +131,7 @@ def _run_dir(master, owner=None):
     ``records`` subfolder is handed to ``owner`` (``(uid, gid)`` of the
     workers' user, or None), for the slot records a worker writes after the
     drop. It is made whole under a temporary name - marker
-    (:func:`~tuna_lab.placement.pin.hook_mark`) and subfolder included -
+    (:func:`~tuna_lab.live.state.hook_mark`) and subfolder included -
     then renamed into place: a folder at the name without this server's
     marker was made by someone else, and is refused whoever owns it.
     """
@@ -142,7 +142,7 @@ def _run_dir(master, owner=None):
 
     from .._files import open_new
     from ..errors import PlanError
-    from ..placement.pin import HOOK_MARK, HOOK_RECORDS, hook_dir, hook_dir_problem, hook_mark, remove_dead_state
+    from ..live.state import HOOK_MARK, HOOK_RECORDS, hook_dir, hook_dir_problem, hook_mark, remove_dead_state
 
     path = hook_dir(master)
     if not os.path.lexists(path):
@@ -193,7 +193,7 @@ def record_slot(exact_main):
     Called after Gunicorn dropped the worker to its ``user`` (from
     ``post_worker_init``): written as that user, into the subfolder it was handed.
     """
-    from ..placement.pin import HOOK_RECORDS, write_hook_record
+    from ..live.state import HOOK_RECORDS, write_hook_record
 
     write_hook_record(os.path.join(_worker["run_dir"], HOOK_RECORDS), _worker["slot"], os.getpid(), exact_main)
 
@@ -279,8 +279,8 @@ def post_fork(server, worker):
     from .._checks import one_line
     from ..errors import TunaError
     from ..placement.plan import PinnedBy
-    from ..placement.pools import openmp_loaded
-    from ..placement.runtimes import openmp_unbound, places_counted
+    from ..live.pools import openmp_loaded
+    from ..live.runtimes import openmp_unbound, places_counted
 
     kind = getattr(server.cfg, "worker_class_str", "sync")
     if not _supported(server.cfg):
@@ -317,9 +317,9 @@ def post_worker_init(worker):
     """Gunicorn hook (worker, app loaded): wake the OpenMP pool, bind main and pool threads by TID."""
     import psutil
 
-    from ..placement.binding import bind_worker
+    from ..live.binding import bind_worker
     from ..placement.plan import PinnedBy
-    from ..placement.pools import pool_threads, wake_openmp
+    from ..live.pools import pool_threads, wake_openmp
 
     log = worker.log
     plan, slot = _worker["plan"], _worker["slot"]
@@ -361,7 +361,7 @@ def child_exit(server, worker):
     """
     import psutil
 
-    from ..placement.pin import hook_dir, hook_dir_problem
+    from ..live.state import hook_dir, hook_dir_problem
 
     if not _replaced(server):
         return
@@ -384,13 +384,13 @@ def on_exit(server):
     """Gunicorn hook (master, the server stops): remove the hooks' state folder, if this server made it.
 
     A folder left by a killed master is removed by the next server of the
-    same user that starts (:func:`~tuna_lab.placement.pin.remove_dead_state`).
+    same user that starts (:func:`~tuna_lab.live.state.remove_dead_state`).
     """
     import shutil
 
     import psutil
 
-    from ..placement.pin import hook_dir, hook_dir_problem
+    from ..live.state import hook_dir, hook_dir_problem
 
     try:
         path = hook_dir(server.pid)

@@ -164,8 +164,8 @@ def _rates(before, after, seconds):
 
 def _hooks_plan(master):
     """The plan the Gunicorn hooks of ``master`` placed its workers by; None for a server without them."""
-    from .pin import hook_records
-    from .plan import Plan
+    from .state import hook_records
+    from ..placement.plan import Plan
 
     records = hook_records(master)
     if records is None:
@@ -209,9 +209,11 @@ def snapshot(master=None, plan=None, interval=1.0, choice=None, roles=None):
     Raises
     ------
     PinError
-        No such process, or no workers found (see :func:`~tuna_lab.placement.pin.server_roles`).
+        No such process, or no workers found (see :func:`~tuna_lab.live.roles.server_roles`).
     """
-    from .pin import pin_records, server_roles, server_threads
+    from .ledger import pin_records
+    from .roles import server_roles
+    from .pin import server_threads
 
     online, isolated, cores = _machine()
     snap = Snapshot(master=None if master is None else int(master), interval=float(interval), online=online,

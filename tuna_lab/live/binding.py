@@ -6,7 +6,7 @@ main thread's TID is the PID). Binding is done per TID and always read back:
 a thread that exited between discovery and binding, or a mask the kernel
 trimmed (a CPU outside the cgroup's cpuset), is reported, never silently
 accepted. :func:`bind_worker` is the one way tuna_lab binds a server worker -
-its main thread and its pool threads (found by :mod:`tuna_lab.placement.pools`) -
+its main thread and its pool threads (found by :mod:`tuna_lab.live.pools`) -
 to a slot of a :class:`~tuna_lab.placement.plan.Plan`: the lab server's hooks,
 the Gunicorn integration and ``tuna-lab pin --pid`` all call it. This module
 imports nothing heavier than psutil: a Gunicorn master loads it before it forks.
@@ -28,8 +28,9 @@ import psutil
 from .._checks import parse_cpulist
 from ..errors import BindingError
 from ..machine import procfs
+from ..placement.plan import planned_cpus
 
-__all__ = ["threads_of", "affinity_of", "bind", "ThreadBinding", "planned_cpus", "bind_worker"]
+__all__ = ["threads_of", "affinity_of", "bind", "ThreadBinding", "bind_worker"]
 
 
 def threads_of(pid):
@@ -128,29 +129,6 @@ class ThreadBinding:
     error: str = None
 
 
-def planned_cpus(plan, slot, rank, exact_main=True):
-    """The CPUs ``plan`` gives thread ``rank`` of worker ``slot``: rank 0 is the main thread, 1.. its pool.
-
-    The main thread gets its own CPUs only with ``exact_main``; otherwise all
-    of the slot's: an OpenMP runtime that counts the main thread's current
-    CPUs (XGBoost's libgomp without ``OMP_PLACES``) would shrink its pool to
-    one thread. A pool thread beyond the plan's ``T - 1`` (should a pool be
-    larger) also gets all of the slot's CPUs.
-
-    Examples
-    --------
-    >>> from tuna_lab.machine import Topology
-    >>> from tuna_lab.placement import placement
-    >>> plan = placement("round-robin", 2, 2, Topology.synthetic("core:4 pu:1")).plan()
-    >>> planned_cpus(plan, 1, 0), planned_cpus(plan, 1, 0, exact_main=False), planned_cpus(plan, 1, 5)
-    ((2,), (2, 3), (2, 3))
-    """
-    row = plan.slots[slot]
-    if (rank == 0 and exact_main) or 0 < rank < plan.threads:
-        return tuple(row[rank])
-    return tuple(sorted({c for cpus in row for c in cpus}))
-
-
 def bind_worker(plan, slot, pool, pid=None, *, exact_main=True, dry_run=False):
     """Bind worker ``pid``'s main thread and its ``pool`` threads to slot ``slot`` of ``plan``.
 
@@ -159,11 +137,11 @@ def bind_worker(plan, slot, pool, pid=None, *, exact_main=True, dry_run=False):
     plan, slot : Plan, int
         The plan (:class:`~tuna_lab.placement.plan.Plan`) and the worker's slot in it.
     pool : sequence of int
-        The worker's pool threads in rank order (:func:`tuna_lab.placement.pools.pool_threads`).
+        The worker's pool threads in rank order (:func:`tuna_lab.live.pools.pool_threads`).
     pid : int, optional
         The worker (its main thread's TID); default this process.
     exact_main, dry_run : bool
-        Bind the main thread to its own CPUs only (:func:`planned_cpus`); bind nothing, read masks back.
+        Bind the main thread to its own CPUs only (:func:`~tuna_lab.placement.plan.planned_cpus`); bind nothing, read masks back.
 
     Returns
     -------

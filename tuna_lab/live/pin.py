@@ -14,7 +14,7 @@ threads and binds them by TID:
 * the **main thread** is the thread whose TID is the worker's PID;
 * the **pool threads** are the threads that sit in an OpenMP or BLAS runtime,
   or that work while the worker serves requests
-  (:func:`~tuna_lab.placement.pools.classify_threads`). Pool threads are
+  (:func:`~tuna_lab.live.pools.classify_threads`). Pool threads are
   ranked by TID, which is their creation order;
 * every other thread (Python threads, Gunicorn's, jemalloc's, a thread that
   never stopped running while we looked) is left alone, and the report says why.
@@ -27,7 +27,7 @@ unless the worker was started with ``OMP_PLACES`` (read from its environment;
 not with ``OMP_PROC_BIND=false``) and has loaded its OpenMP runtime, its main
 thread is bound to all of its slot's CPUs, which keeps libgomp's pool size;
 the pool threads get their own CPUs. Each worker is bound by
-:func:`~tuna_lab.placement.binding.bind_worker`, as the Gunicorn hooks bind theirs.
+:func:`~tuna_lab.live.binding.bind_worker`, as the Gunicorn hooks bind theirs.
 
 Every mask :func:`pin_server` sets is recorded with the mask it replaced;
 :func:`unpin_server` gives a thread its old mask back only while it is still
@@ -42,14 +42,11 @@ Examples
 ['main']
 """
 
+
 import contextlib
 import dataclasses
-import glob
 import os
-import re
 import shutil
-import tempfile
-import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -58,25 +55,22 @@ from .. import _files
 from .._checks import format_cpulist
 from ..errors import BindingError, PinError
 from ..machine import procfs
-from ..machine.procfs import remove_dead_folders, start_ticks
-from .binding import affinity_of, bind, bind_worker, planned_cpus, threads_of
-from .pools import (ACTIVE_FLOOR, ACTIVE_SHARE, RUNNING, ThreadRole, active_threads, classify_threads,
-                    loaded_runtimes, main_rule, thread_cpu_times)
+from ..machine.procfs import start_ticks
+from ..placement.plan import planned_cpus
+from .binding import affinity_of, bind, bind_worker, threads_of
+from .ledger import pin_dir, pin_records, record_pins
+from .pools import RUNNING, active_threads, classify_threads, loaded_runtimes, main_rule, thread_cpu_times
+from .roles import server_roles, worker_pids
+from .state import hooked_workers
+from .traffic import Activity, activity_of
 
-__all__ = ["ThreadRole", "Activity", "classify_threads", "thread_cpu_times", "active_threads", "serve_requests",
-           "ACTIVE_FLOOR", "ACTIVE_SHARE", "WorkerChoice", "ProcessRole", "ServerRoles", "server_roles", "worker_pids", "worker_slots", "server_threads", "pin_server",
-           "check_front_cpus", "server_cpus", "front_work", "role_cpu_times", "FRONT_SHARE", "FRONT_FLOOR",
-           "unpin_server", "pin_records", "watch_server", "PinReport", "check_server", "hook_dir", "hook_mark",
-           "hook_records", "hook_dir_problem", "trusted_hook_dir", "write_hook_record", "remove_dead_state",
-           "HOOK_MARK", "HOOK_RECORDS"]
+__all__ = ["worker_slots", "server_threads", "pin_server", "check_front_cpus", "server_cpus", "unpin_server",
+           "watch_server", "PinReport"]
+
 
 # Rounds of --watch that look again at a worker with such a thread: a pool thread busy with
 # a request settles within them (then it is bound); one that always spins never does.
 _WATCH_RETRIES = 25
-# Children of a master that are no workers, by their command line: uvicorn --workers and MLServer start their
-# workers with multiprocessing's spawn, which first starts a resource tracker (and forkserver, a fork server).
-_HELPER_PROCESSES = (("multiprocessing.resource_tracker", "multiprocessing's resource tracker"),
-                     ("multiprocessing.forkserver", "multiprocessing's fork server"))
 
 
 @dataclass
@@ -168,742 +162,7 @@ class PinReport:
         return "\n".join(lines)
 
 
-# -- finding workers and threads ---------------------------------------------------------------
 
-@dataclass(frozen=True)
-class WorkerChoice:
-    """Which processes are the workers when the user says so, overriding :func:`server_roles`' discovery.
-
-    ``pids``: the worker PIDs (``--workers PID,PID``), each a descendant of
-    the master; ``match``: a regular expression searched for in every
-    descendant's command line (``--worker-match REGEX``). Empty: discover.
-
-    Examples
-    --------
-    >>> WorkerChoice.parse("12, 7", None).pids
-    (12, 7)
-    >>> WorkerChoice.parse(None, "inference_worker").match.pattern
-    'inference_worker'
-    >>> WorkerChoice.parse("12,x", None)
-    Traceback (most recent call last):
-    ...
-    tuna_lab.errors.PinError: --workers takes PIDs separated by commas (e.g. 4121,4122), got '12,x'
-    """
-
-    pids: tuple = ()
-    match: object = None
-
-    @classmethod
-    def parse(cls, pids=None, match=None):
-        """From the options' text: ``pids`` ``"PID,PID"`` and ``match`` a regular expression; PinError if bad."""
-        if pids is not None and match is not None:
-            raise PinError("give either --workers or --worker-match, not both")
-        found = ()
-        if pids is not None:
-            try:
-                found = tuple(int(p) for p in str(pids).split(","))
-            except ValueError:
-                found = ()
-            if not found or any(p <= 0 for p in found) or len(set(found)) != len(found):
-                raise PinError(f"--workers takes PIDs separated by commas (e.g. 4121,4122), got {pids!r}")
-        pattern = None
-        if match is not None:
-            try:
-                pattern = re.compile(str(match))
-            except re.error as exc:
-                raise PinError(f"--worker-match {match!r} is not a regular expression: {exc}") from None
-        return cls(found, pattern)
-
-    def __bool__(self):
-        return bool(self.pids) or self.match is not None
-
-
-@dataclass(frozen=True)
-class ProcessRole:
-    """One process of a server: PID, ``role`` (``master``, ``worker``, ``front end``, ``helper``), why, command."""
-
-    pid: int
-    role: str
-    why: str
-    command: str = ""
-
-    def to_dict(self):
-        return {"pid": self.pid, "role": self.role, "why": self.why, "command": self.command}
-
-
-@dataclass(frozen=True)
-class ServerRoles:
-    """The processes of a server by role: its master, its workers (oldest first) and the rest (helpers)."""
-
-    master: ProcessRole
-    workers: tuple
-    helpers: tuple
-
-    @property
-    def worker_pids(self):
-        return [w.pid for w in self.workers]
-
-    def left_out(self):
-        """The helpers as ``PID (role: why)`` text, for an error that says who was not counted."""
-        return "; ".join(f"{h.pid} ({h.role}: {h.why})" for h in self.helpers) or "none"
-
-
-@dataclass(frozen=True)
-class _Facts:
-    """What /proc says of one process: start time, command, inference runtimes, TCP and Manager sockets."""
-
-    pid: int
-    started: float
-    command: str
-    runtimes: tuple
-    listening: frozenset
-    ports: frozenset
-    connections: int
-    manager: str
-
-
-def _facts(proc):
-    """The :class:`_Facts` of a psutil process; None if it is gone or a zombie."""
-    try:
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        try:
-            command = " ".join(proc.cmdline())
-        except psutil.AccessDenied:
-            command = ""
-        tcp = proc.net_connections("tcp")
-        unix = proc.net_connections("unix")
-        started = proc.create_time()
-    except psutil.NoSuchProcess:
-        return None
-    except psutil.AccessDenied:
-        raise PinError(f"permission denied: cannot read the sockets of process {proc.pid}") from None
-    listening = frozenset(c.laddr.port for c in tcp if c.laddr and c.status == psutil.CONN_LISTEN)
-    ports = frozenset(c.laddr.port for c in tcp if c.laddr)
-    connected = sum(1 for c in tcp if c.status == psutil.CONN_ESTABLISHED)
-    # multiprocessing.Manager() serves its proxies on a socket in a pymp-* folder of its own.
-    manager = next((c.laddr for c in unix if isinstance(c.laddr, str) and "/pymp-" in c.laddr
-                    and os.path.basename(c.laddr).startswith("listener-")), "")
-    return _Facts(proc.pid, started, command, tuple(loaded_runtimes(proc.pid)), listening, ports,
-                  connected, manager)
-
-
-def _sockets(f):
-    held = [f"listens on port {', '.join(map(str, sorted(f.listening)))}"] if f.listening else []
-    if f.connections:
-        held.append(f"{f.connections} TCP connection{'' if f.connections == 1 else 's'}")
-    return " and ".join(held) or f"TCP sockets on port {', '.join(map(str, sorted(f.ports)))}"
-
-
-def _runtime_words(f):
-    return ", ".join(f.runtimes)
-
-
-def _discover(master_facts, children):
-    """``{pid: (role, why)}`` of ``children`` (:class:`_Facts`) by what each holds and runs; see :func:`server_roles`."""
-    roles = {}
-    rest = []
-    for f in children:
-        named = next((what for mark, what in _HELPER_PROCESSES if mark in f.command), None)
-        if named:
-            roles[f.pid] = ("helper", f"{named} (its command line)")
-        elif f.manager:
-            roles[f.pid] = ("helper", f"a multiprocessing Manager: it serves proxies on {f.manager}")
-        else:
-            rest.append(f)
-    runtime = [f for f in rest if f.runtimes]
-    server_ports = set(master_facts.listening) | {p for f in runtime for p in f.listening}
-
-    def serves(f):
-        return bool(f.ports & server_ports) if server_ports else bool(f.ports)
-
-    fed = [f for f in runtime if not f.ports]
-    if fed:
-        # Runtime processes that hold no socket take their requests over a queue or pipe from a front end.
-        for f in fed:
-            roles[f.pid] = ("worker", (f"runs {_runtime_words(f)} and holds no TCP socket: it takes its requests "
-                                       "over a queue or pipe from the process that answers HTTP"))
-    elif runtime:
-        for f in runtime:
-            roles[f.pid] = ("worker", f"runs {_runtime_words(f)} and {_sockets(f)}: it serves requests itself")
-    else:
-        for f in rest:
-            if serves(f):
-                roles[f.pid] = ("worker", (f"{_sockets(f)} (the server's) and loads no known inference runtime: "
-                                           "it serves requests itself"))
-    for f in rest:
-        if f.pid in roles:
-            continue
-        if serves(f):
-            also = (f"; it loads {_runtime_words(f)} too, but the processes that run requests hold no socket"
-                    if f.runtimes else " but runs no inference runtime")
-            roles[f.pid] = ("front end", f"{_sockets(f)} (the server's){also}: it answers HTTP and passes requests on")
-        elif f.ports:
-            ports = ", ".join(map(str, sorted(server_ports)))
-            roles[f.pid] = ("helper", (f"{_sockets(f)}, not the server's port{'' if len(server_ports) == 1 else 's'} "
-                                       f"{ports}, and runs no inference runtime (a metrics exporter or another side "
-                                       "service)"))
-        else:
-            roles[f.pid] = ("helper", "holds no TCP socket and runs no inference runtime")
-    return roles
-
-
-def server_roles(master, choice=None, force=False):
-    """The master, workers and helpers of the running server ``master``, each with the reason.
-
-    A **worker** serves requests. Among the master's child processes (not
-    multiprocessing's resource tracker or fork server, nor a multiprocessing
-    Manager, which are helpers by what they are):
-
-    * the processes that run an inference runtime
-      (:func:`~tuna_lab.placement.pools.loaded_runtimes`: XGBoost, ONNX
-      Runtime, PyTorch, LightGBM, OpenMP) and hold no TCP socket are the
-      workers when there are any: they take requests from a front end over a
-      queue (LitServe's inference workers, MLServer's parallel workers); the
-      processes that hold the server's socket are **front ends**;
-    * else every process that runs one (Gunicorn's and uvicorn's workers,
-      each accepting on the shared socket);
-    * else, when none runs a known runtime, every process that holds the
-      server's socket (the master's listening ports) or a TCP connection.
-
-    Any other child is a **helper**: reported, never given a slot or pinned
-    (a metrics exporter listens on a port of its own). ``choice``
-    (:class:`WorkerChoice`) names the workers instead; ``force`` takes every
-    child that is no helper by what it is when none is found a worker.
-
-    Raises
-    ------
-    PinError
-        No such process, no children, no worker found (the message names the
-        children and why none counts), or a ``choice`` that names none.
-    """
-    choice = choice or WorkerChoice()
-    try:
-        proc = psutil.Process(int(master))
-        children = proc.children()
-        descendants = proc.children(recursive=True) if choice else children
-    except (psutil.NoSuchProcess, ValueError, TypeError):
-        raise PinError(f"no process with PID {master}") from None
-    except psutil.AccessDenied:
-        raise PinError(f"permission denied: cannot see the children of PID {master}") from None
-    master_facts = _facts(proc)
-    if master_facts is None:
-        raise PinError(f"no process with PID {master}")
-    facts = [f for f in map(_facts, children) if f is not None]
-    if not facts and not choice:
-        raise PinError(f"PID {master} has no child processes: not a pre-fork server's master, "
-                       "or its workers have not started yet")
-    roles = _discover(master_facts, facts)
-    head = ProcessRole(int(master), "master", _master_why(master_facts, facts, roles), master_facts.command)
-    if choice:
-        picked = _chosen(master, choice, descendants)
-        by_pid = {f.pid: f for f in facts}
-        extra = [f for f in map(_facts, [d for d in descendants if d.pid in picked and d.pid not in by_pid])
-                 if f is not None]
-        by_pid.update({f.pid: f for f in extra})
-        how = "--workers" if choice.pids else f"--worker-match {choice.match.pattern!r}"
-        workers = [ProcessRole(p, "worker", f"named by {how}", by_pid[p].command) for p in picked if p in by_pid]
-        helpers = [ProcessRole(f.pid, roles[f.pid][0] if roles[f.pid][0] != "worker" else "helper",
-                               f"not named by {how}" + ("" if roles[f.pid][0] == "worker" else
-                                                         f"; {roles[f.pid][1]}"), f.command)
-                   for f in facts if f.pid not in picked]
-        order = {f.pid: f.started for f in by_pid.values()}
-        return ServerRoles(head, tuple(sorted(workers, key=lambda w: (order[w.pid], w.pid))), tuple(helpers))
-    workers = [f for f in facts if roles[f.pid][0] == "worker"]
-    if not workers and force:
-        workers = [f for f in facts if not any(mark in f.command for mark, _ in _HELPER_PROCESSES)
-                   and not f.manager]
-        for f in workers:
-            roles[f.pid] = ("worker", f"a child process (--force; {roles[f.pid][1]})")
-    helpers = [ProcessRole(f.pid, *roles[f.pid], f.command) for f in facts if roles[f.pid][0] != "worker"]
-    out = ServerRoles(head, tuple(ProcessRole(f.pid, "worker", roles[f.pid][1], f.command)
-                                  for f in sorted(workers, key=lambda f: (f.started, f.pid))), tuple(helpers))
-    if not out.workers:
-        name = os.path.basename(master_facts.command.split(" ")[0]) if master_facts.command else "?"
-        raise PinError(f"PID {master} ({name}) is not a recognised pre-fork server: none of its "
-                       f"{len(facts)} child process{'' if len(facts) == 1 else 'es'} serves requests (holds a TCP "
-                       f"socket or runs an inference runtime): {out.left_out()}; name the workers with --workers "
-                       "PID,PID or --worker-match REGEX, or give --force to take every child")
-    return out
-
-
-def _master_why(master, children, roles):
-    """Why the master is what it is: a manager of pre-fork workers, or a front end that parses requests itself."""
-    if not master.ports:
-        return "holds no TCP socket: it starts and watches its children"
-    shared = [f for f in children if roles[f.pid][0] == "worker" and f.listening & master.listening]
-    if shared:
-        return f"{_sockets(master)}, which its workers accept on: it starts and watches them"
-    if any(role == "front end" for role, _ in roles.values()):
-        return f"{_sockets(master)}, which its front ends answer on: it starts and watches its children"
-    return (f"{_sockets(master)} and no child of it answers there: it reads and parses the requests itself and "
-            "passes them to its workers (its CPU time is the front end's; only --front-cpus places it)")
-
-
-def _chosen(master, choice, descendants):
-    """The PIDs ``choice`` names among ``descendants`` of ``master``, in its order (PinError if it names none)."""
-    live = {}
-    for d in descendants:
-        try:
-            if d.status() != psutil.STATUS_ZOMBIE:
-                live[d.pid] = " ".join(d.cmdline())
-        except psutil.AccessDenied:
-            live[d.pid] = ""
-        except psutil.NoSuchProcess:
-            continue
-    if choice.pids:
-        strangers = [p for p in choice.pids if p not in live]
-        if strangers:
-            raise PinError(f"--workers: process {strangers[0]} is not a live child (or descendant) of server "
-                           f"{master}")
-        return list(choice.pids)
-    picked = [pid for pid, command in live.items() if choice.match.search(command)]
-    if not picked:
-        raise PinError(f"--worker-match {choice.match.pattern!r} matches the command line of none of the "
-                       f"{len(live)} processes under server {master}")
-    return picked
-
-
-def worker_pids(master, choice=None, force=False):
-    """The master's worker processes, oldest first (their slot order): :func:`server_roles`' workers.
-
-    Raises
-    ------
-    PinError
-        No process ``master``, no children, or no child that serves requests
-        (see :func:`server_roles`).
-    """
-    return server_roles(master, choice, force).worker_pids
-
-
-def check_server(master, force=False, choice=None):
-    """Refuse (:class:`PinError`) to pin ``master`` unless it is a server whose workers are found, or ``force``.
-
-    PID 1 (init, or a container's first process) is always refused unless
-    ``force``: its children are the whole system's (or container's)
-    services. Any other process is a server's master when :func:`server_roles`
-    finds its workers (or ``choice`` names them): a shell whose children are
-    ``sleep`` processes is none. Returns the workers' PIDs.
-
-    Examples
-    --------
-    >>> check_server(1)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    tuna_lab.errors.PinError: PID 1 is the system's (or container's) first process, not a server's master; ...
-    """
-    if int(master) == 1 and not force:
-        raise PinError("PID 1 is the system's (or container's) first process, not a server's master; "
-                       "give --force to pin its children anyway")
-    return worker_pids(master, choice, force)
-
-
-@dataclass
-class Activity:
-    """CPU time every worker thread gained while a server served requests.
-
-    ``threads[pid][tid]`` is seconds gained by thread ``tid`` of worker
-    ``pid``; ``requests`` how many requests were sent over ``seconds`` wall
-    seconds; ``idle`` the workers that gained (next to) no CPU time, i.e.
-    served none of them.
-    """
-
-    threads: dict
-    requests: int = 0
-    seconds: float = 0.0
-    idle: tuple = ()
-    front: dict = None
-
-
-# What a worker must gain in CPU time (s) over the requests to count as having served some.
-_SERVED = 0.005
-# ... and each worker at least this share of the busiest one's CPU: the kernel may hand one worker most of
-# a few requests, and a worker that served one of them may not have woken its pool (ONNX Runtime's runs a
-# small request on the main thread alone), which would then not be told by its activity.
-_FAIR_SHARE = 0.25
-#: The master and front ends do real work (:func:`front_work`) when they use at least this share of the
-#: workers' CPU time ...
-FRONT_SHARE = 0.05
-#: ... and at least this many seconds: a Gunicorn or uvicorn master that only watches its workers uses none.
-FRONT_FLOOR = 0.01
-
-
-def role_cpu_times(roles):
-    """``{pid: CPU seconds so far}`` of every process of ``roles`` (a :class:`ServerRoles`); gone ones left out.
-
-    A process's own count (``utime + stime``, clock ticks), not the sum of
-    its threads': a threaded HTTP server's request threads have ended by the
-    time it is read, and their time with them.
-    """
-    out = {}
-    for proc in (roles.master, *roles.helpers, *roles.workers):
-        with contextlib.suppress(psutil.Error):
-            times = psutil.Process(proc.pid).cpu_times()
-            out[proc.pid] = times.user + times.system
-    return out
-
-
-def front_work(roles, before, after, requests=None):
-    """What the master, helpers and front ends ran beside the workers between two :func:`role_cpu_times`.
-
-    A master that parses HTTP and JSON (MLServer's) or an API front end
-    (LitServe's) runs the same requests as the workers; none of it is placed
-    by a plan. Returns ``{"processes": [{"pid", "role", "cpu_s"}], "front_cpu_s",
-    "workers_cpu_s", "requests", "real_work", "text"}``: ``real_work`` when
-    the front used at least :data:`FRONT_SHARE` of the workers' CPU time and
-    :data:`FRONT_FLOOR` seconds; ``text`` says it in one line ("master used
-    0.22 s of CPU against 1.09 s for the workers over 50 requests").
-    """
-    def gained(pid):
-        return max(0.0, after.get(pid, 0.0) - before.get(pid, 0.0)) if pid in before else 0.0
-
-    fronts = [{"pid": p.pid, "role": p.role, "cpu_s": round(gained(p.pid), 4)} for p in (roles.master, *roles.helpers)]
-    workers = sum(gained(w.pid) for w in roles.workers)
-    front = sum(f["cpu_s"] for f in fronts)
-    busy = [f for f in fronts if f["cpu_s"] >= FRONT_FLOOR / 2] or fronts[:1]
-    words = ", ".join(f"{f['role']} {f['pid']} used {f['cpu_s']:.2f} s" for f in busy)
-    over = f" over {requests} requests" if requests else ""
-    text = f"{words} of CPU against {workers:.2f} s for the workers{over}"
-    return {"processes": fronts, "front_cpu_s": round(front, 4), "workers_cpu_s": round(workers, 4),
-            "requests": requests, "real_work": front >= FRONT_FLOOR and front >= FRONT_SHARE * workers,
-            "text": text}
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
-
-def _check_loopback(url):
-    from urllib.parse import urlsplit
-    import ipaddress
-
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        loopback = host in _LOOPBACK_NAMES or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if parts.scheme not in ("http", "https") or not loopback:
-        raise PinError(f"--url must be an http:// URL on this machine's loopback (127.0.0.1, localhost, ::1), "
-                       f"got {url!r}")
-
-
-def _send(opener, url, method, headers, body, timeout):
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
-    try:
-        with opener.open(req, timeout=timeout) as resp:
-            resp.read()
-    except urllib.error.HTTPError as exc:
-        # Say what was sent: a 415 or 422 is most often a content type the server does not take.
-        ctype = {k.lower(): v for k, v in headers}.get("content-type", "none")
-        raise PinError(f"{method} {url} answered {exc.code} {exc.reason} to Content-Type {ctype}, a "
-                       f"{len(body or b'')}-byte body: give the URL (and --method, --header, --body) of a "
-                       "request that runs the model") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise PinError(f"cannot send {method} {url}: {getattr(reason, 'strerror', None) or reason}") from None
-
-
-def serve_requests(master, url, method=None, headers=(), body=None, requests=8, max_requests=64,
-                   max_seconds=15.0, timeout=10.0, choice=None):
-    """Send a few requests to the running server ``master`` and measure what each worker thread ran meanwhile.
-
-    Parameters
-    ----------
-    master, url : int, str
-        The server's master PID; a loopback URL of a request that runs the model.
-    method, headers, body : str, iterable of (str, str), bytes, optional
-        Default ``POST`` with a ``body``, else ``GET``; request headers; the body of every request.
-    requests, max_requests, max_seconds, timeout : int, int, float, float
-        Requests sent at least, at most; seconds at most; seconds per request.
-    choice : WorkerChoice, optional
-        The workers, when the user names them (:func:`server_roles`).
-
-    Returns
-    -------
-    Activity
-        Per worker, per thread, the CPU seconds gained; pass it to :func:`pin_server`.
-
-    Raises
-    ------
-    PinError
-        Not a loopback URL, a request that fails, or no such server. Nothing is bound.
-
-    Notes
-    -----
-    See docs/your-server.md, section "2. One command for a server that is already running".
-
-    Examples
-    --------
-    >>> serve_requests(1, "http://example.com/")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    tuna_lab.errors.PinError: --url must be an http:// URL on this machine's loopback ...
-    """
-    import urllib.request
-    from concurrent.futures import ThreadPoolExecutor
-
-    _check_loopback(url)
-    method = (method or ("POST" if body is not None else "GET")).upper()
-    headers = list(headers or ())
-    roles = server_roles(master, choice)
-    workers = roles.worker_pids
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    before = {pid: thread_cpu_times(pid) for pid in workers}
-    processes = role_cpu_times(roles)
-    start, sent = time.monotonic(), 0
-    gains = {}
-    with ThreadPoolExecutor(len(workers)) as pool:
-        while True:
-            list(pool.map(lambda _: _send(opener, url, method, headers, body, timeout), range(len(workers))))
-            sent += len(workers)
-            gains = {}
-            for pid in workers:
-                try:
-                    now = thread_cpu_times(pid)
-                except PinError:
-                    continue                           # the worker exited meanwhile
-                gains[pid] = {tid: now[tid] - before[pid].get(tid, 0.0) for tid in now}
-            spent = {pid: sum(gains.get(pid, {}).values()) for pid in workers}
-            idle = tuple(pid for pid in workers if spent[pid] < _SERVED)
-            fair = min(spent.values(), default=0.0) >= _FAIR_SHARE * max(spent.values(), default=0.0)
-            elapsed = time.monotonic() - start
-            if (sent >= requests and not idle and fair) or sent >= max_requests or elapsed >= max_seconds:
-                front = front_work(roles, processes, role_cpu_times(roles), sent)
-                return Activity(gains, sent, elapsed, idle, front)
-
-
-def _activity_of(activity, pid):
-    """``({tid: s} or None, requests)`` of worker ``pid`` from an :class:`Activity` or a plain dict."""
-    if activity is None:
-        return None, None
-    if isinstance(activity, Activity):
-        return activity.threads.get(pid), activity.requests
-    return activity.get(pid), None
-
-
-
-
-def hook_dir(master):
-    """Where the Gunicorn hooks (:mod:`tuna_lab.integrations.gunicorn`) of server ``master`` keep their state.
-
-    Keyed by the master's owner, PID and start time: a later master with a
-    recycled PID (PID 1 in a restarted container) must not inherit an old
-    plan, old slots or an old refusal. The start time is the kernel's, in
-    clock ticks since boot: a wall-clock time would change when the clock is
-    stepped, and a replacement worker would then look for another folder.
-    Only a folder :func:`hook_dir_problem` accepts is ever used.
-    """
-    proc = psutil.Process(int(master))
-    return os.path.join(tempfile.gettempdir(), f"tuna_lab-gunicorn-{proc.uids().real}-{master}-{_started(master)}")
-
-
-#: The file in the hooks' state folder that says which server made it (:func:`hook_mark`).
-HOOK_MARK = "server"
-#: The subfolder of the hooks' state folder the workers write their slot records in, after
-#: Gunicorn's ``user =`` dropped them to that user: theirs, while the folder above stays the master's.
-HOOK_RECORDS = "records"
-# Size caps of the small files the hooks and `pin --pid` read back.
-_MARK_BYTES, _RECORD_BYTES, _MASKS_BYTES = 512, 4096, 16 << 20
-
-
-def hook_mark(master):
-    """What the marker of ``master``'s state folder says: the master's PID and start time, and the boot.
-
-    The folder's name holds the first two; the boot tells a folder of this
-    server from one a temporary folder kept across a reboot holds under the
-    same name.
-    """
-    boot = procfs.boot_id()
-    return f"tuna_lab hooks of master {int(master)} started {_started(master)} boot {boot}\n"
-
-
-def hook_dir_problem(path, master, owner):
-    """Why the hooks' state folder ``path`` of ``master`` cannot be trusted; None when it can.
-
-    Trusted only if it is a real folder of ``owner`` (the master's effective
-    user, who made it: never the workers' user of Gunicorn's ``user =``) that
-    no one else may write, holding the marker its maker wrote before giving it
-    its name (:func:`hook_mark`). A folder someone made at the name before
-    the server's first worker did is refused, whoever owns it.
-
-    Examples
-    --------
-    >>> hook_dir_problem("/proc/nonexistent", os.getpid(), os.geteuid())
-    'it is missing'
-    """
-    why = _files.trusted_dir(path, {owner})
-    if why:
-        return f"it {why}"
-    try:
-        mark = _files.read_text(os.path.join(path, HOOK_MARK), limit=_MARK_BYTES, follow=False)
-    except OSError:
-        mark = None
-    if mark != hook_mark(master):
-        return "this server did not make it (it holds no marker of this server's)"
-    return None
-
-
-def hook_records(master):
-    """The folder of ``master``'s hook records if it and the state folder above it are trusted; else None."""
-    try:
-        proc = psutil.Process(int(master))
-        owner = proc.uids().effective
-        # The records are written by the workers, under Gunicorn's `user =` as that user.
-        writers = {owner} | {child.uids().effective for child in proc.children()}
-        if hook_dir_problem(hook_dir(master), master, owner):
-            return None
-    except (psutil.Error, OSError):
-        return None
-    records = os.path.join(hook_dir(master), HOOK_RECORDS)
-    return None if _files.trusted_dir(records, writers) else records
-
-
-def remove_dead_state(kind, uid):
-    """Remove ``tuna_lab-KIND-UID-PID-START`` folders of this user in the temporary folder whose process is gone.
-
-    Such folders are named after a process (a Gunicorn master, a pinned
-    server's master) and its kernel start time; they outlive it when it is
-    killed. One is removed only if it is this user's and private (another
-    user's is never touched) and no process of that PID and start time runs.
-    A name with a suffix (``.XXXXXX``: a folder being made) counts as its process's.
-    """
-    remove_dead_folders(tempfile.gettempdir(), rf"tuna_lab-{re.escape(kind)}-{int(uid)}-(\d+)-(\d+)(?:\..*)?",
-                        lambda path, match: [(int(match[1]), int(match[2]))])
-
-
-def _started(master):
-    """The kernel's start time of process ``master``, in clock ticks since boot (NoSuchProcess if gone)."""
-    ticks = start_ticks(master)
-    if ticks is None:
-        raise psutil.NoSuchProcess(int(master))
-    return ticks
-
-
-def _pin_dir(master):
-    """Where ``pin --pid`` keeps, for ``unpin``, the masks it set and those they replaced (``masks.json``).
-
-    Keyed like :func:`hook_dir`, by the user who pins rather than the server's:
-    only a folder of theirs that no one else may write is ever read or written.
-    """
-    return os.path.join(tempfile.gettempdir(), f"tuna_lab-pin-{os.geteuid()}-{int(master)}-{_started(master)}")
-
-
-#: The ``format`` of ``masks.json``: per worker its start time, slot (null: a front process) and threads at the
-#: pin; per TID the mask before tuna_lab first bound it and the mask tuna_lab set.
-PINS_FORMAT = "tuna_lab.pins/1"
-
-
-def pin_records(master):
-    """What ``pin --pid`` (or ``run --pid``) recorded of its pins of server ``master``; empty when none.
-
-    Returns ``{"workers": {pid: {"started", "slot", "seen"}}, "threads": {tid:
-    {"pid", "before", "set"}}}``: per process its start time (clock ticks), its
-    slot (None: a process ``--front-cpus`` bound) and the threads it had at the
-    pin; per TID the mask before tuna_lab first bound it and the mask tuna_lab
-    set. Nothing is read from a folder that is not this user's and private, or
-    from a file that is not a record of ours (another format, malformed); a
-    master that is gone has none.
-
-    Examples
-    --------
-    >>> pin_records(os.getpid())
-    {'workers': {}, 'threads': {}}
-    """
-    empty = {"workers": {}, "threads": {}}
-    try:
-        folder = _pin_dir(master)
-    except psutil.Error:
-        return empty
-    if _files.trusted_dir(folder, {os.geteuid()}):
-        return empty
-    try:
-        saved = _files.read_json(os.path.join(folder, "masks.json"), limit=_MASKS_BYTES, follow=False)
-        if saved.get("format") != PINS_FORMAT:
-            return empty
-        workers = {int(pid): {"started": int(w["started"]), "slot": None if w["slot"] is None else int(w["slot"]),
-                              "seen": sorted(int(t) for t in w["seen"])} for pid, w in saved["workers"].items()}
-        threads = {int(tid): {"pid": int(t["pid"]), "before": sorted(int(c) for c in t["before"]),
-                              "set": sorted(int(c) for c in t["set"])} for tid, t in saved["threads"].items()}
-    except (OSError, ValueError, TypeError, AttributeError, KeyError):
-        return empty
-    return {"workers": workers, "threads": threads}
-
-
-def _write_records(master, records):
-    folder = _pin_dir(master)
-    if not os.path.lexists(folder):
-        remove_dead_state("pin", os.geteuid())         # the folders of servers pinned before, now gone
-    _files.private_dir(folder, error=PinError)
-    data = {"format": PINS_FORMAT,
-            "workers": {str(pid): w for pid, w in records["workers"].items()},
-            "threads": {str(tid): t for tid, t in records["threads"].items()}}
-    _files.write_json(os.path.join(folder, "masks.json"), data, mode=0o600, durable=False, error=PinError)
-
-
-def _record_pins(master, pid, slot, intent, failed=()):
-    """Record that tuna_lab sets ``intent`` (``{tid: (mask now, mask to set)}``) on worker ``pid``'s threads.
-
-    ``slot`` None: a process of the front (the master, a helper or front end ``--front-cpus`` binds).
-
-    Written *before* the threads are bound, so that a pin killed half-way can
-    still be undone; ``failed`` (TIDs whose binding failed) are dropped
-    afterwards. A thread recorded already keeps its first ``before``: the
-    mask it had before tuna_lab first touched it. Records of threads that
-    ended are dropped.
-    """
-    records = pin_records(master)
-    ticks = start_ticks(pid)
-    if ticks is None:
-        return
-    threads = {tid: t for tid, t in records["threads"].items()
-               if procfs.thread_exists(t["pid"], tid) and tid not in failed}
-    worker = records["workers"].get(pid)
-    if worker is None or worker["started"] != ticks:
-        worker = {"started": ticks, "slot": slot, "seen": []}
-    worker["slot"] = slot
-    worker["seen"] = sorted(set(worker["seen"]) | set(threads_of(pid)))
-    for tid, (before, wanted) in intent.items():
-        if tid in failed:
-            continue
-        first = threads.get(tid)
-        threads[tid] = {"pid": pid, "before": first["before"] if first else sorted(before), "set": sorted(wanted)}
-    workers = {p: w for p, w in records["workers"].items() if start_ticks(p) == w["started"]}
-    workers[pid] = worker
-    _write_records(master, {"workers": workers, "threads": threads})
-
-
-def trusted_hook_dir(path, owners):
-    """Whether ``path`` is a real folder (no symlink) owned by one of ``owners`` that no one else may write.
-
-    Examples
-    --------
-    >>> trusted_hook_dir("/proc/nonexistent", {os.getuid()})
-    False
-    """
-    return _files.trusted_dir(path, owners) is None
-
-
-def write_hook_record(records, slot, pid, exact_main):
-    """Record in the folder ``records`` that worker ``pid`` holds ``slot`` and how its main thread is bound."""
-    # A new file renamed into place: never written through a link or into a file someone else made.
-    _files.write_json(os.path.join(records, f"slot-{slot}.json"),
-                      {"slot": slot, "pid": pid, "exact_main": bool(exact_main)}, mode=0o600, durable=False)
-
-
-def _hooked(master):
-    """``{pid: (slot, exact_main)}`` of the workers the Gunicorn hooks placed (none for other servers)."""
-    records = hook_records(master)
-    if records is None:
-        return {}
-    out = {}
-    for path in glob.glob(os.path.join(glob.escape(records), "slot-*.json")):
-        try:
-            rec = _files.read_json(path, limit=_RECORD_BYTES, follow=False)
-            out[int(rec["pid"])] = (int(rec["slot"]), bool(rec["exact_main"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return out
 
 
 def worker_slots(master, workers=None):
@@ -915,7 +174,7 @@ def worker_slots(master, workers=None):
     be bound to a single CPU (see :func:`pin_server`).
     """
     workers = worker_pids(master) if workers is None else workers
-    hooked = {pid: rec for pid, rec in _hooked(master).items() if pid in workers}
+    hooked = {pid: rec for pid, rec in hooked_workers(master).items() if pid in workers}
     taken = {slot for slot, _ in hooked.values()}
     free = iter(s for s in range(len(workers) + len(taken)) if s not in taken)
     out = [(hooked[pid][0], pid, hooked[pid][1]) if pid in hooked else (next(free), pid, main_rule(pid)[0])
@@ -939,7 +198,7 @@ def _main_note(pid, exact, plan, slot):
 
 
 def _thread_rows(pid, slot, plan, exact_main, activity=None):
-    threads, requests = _activity_of(activity, pid)
+    threads, requests = activity_of(activity, pid)
     rows = []
     for th in classify_threads(pid, activity=threads, requests=requests):
         try:
@@ -1014,7 +273,7 @@ def _pin_worker(master, pid, slot, plan, report, dry_run, exact=None, activity=N
     """Bind worker ``pid`` to ``slot`` of ``plan`` and add its rows to ``report``; threads in ``keep`` (masks
     someone else set since tuna_lab's) are left as they are."""
     exact = main_rule(pid)[0] if exact is None else exact
-    gains, requests = _activity_of(activity, pid)
+    gains, requests = activity_of(activity, pid)
     threads = classify_threads(pid, activity=gains, requests=requests)
     pool = [t for t in threads if t.role == "pool"]
     if len(pool) < plan.threads - 1:
@@ -1035,14 +294,14 @@ def _pin_worker(master, pid, slot, plan, report, dry_run, exact=None, activity=N
         if not dry_run:
             intent = {b.tid: (b.cpus, b.planned) for b in now if b.error is None}
             intent = {tid: masks for tid, masks in intent.items() if tid not in keep}
-            _record_pins(master, pid, slot, intent)
+            record_pins(master, pid, slot, intent)
             if keep and any(b.tid in keep for b in now):
                 now = [b if b.tid in keep or b.error else _bound(b) for b in now]
             else:
                 now = bind_worker(plan, slot, tids, pid, exact_main=exact)
             failed = {b.tid for b in now if b.error is not None}
             if failed:
-                _record_pins(master, pid, slot, {}, failed)
+                record_pins(master, pid, slot, {}, failed)
         bound = {b.tid: b for b in now}
     rows = []
     for th in threads:
@@ -1078,7 +337,7 @@ def _pin_front(master, roles, cpus, report, dry_run):
             for tid in tids:
                 with contextlib.suppress(BindingError):
                     intent[tid] = (sorted(affinity_of(tid)), cpus)
-            _record_pins(master, proc.pid, None, intent)
+            record_pins(master, proc.pid, None, intent)
             failed = set()
             for tid in intent:
                 try:
@@ -1088,7 +347,7 @@ def _pin_front(master, roles, cpus, report, dry_run):
                     if procfs.thread_exists(proc.pid, tid):
                         report.warnings.append(f"{proc.role} {proc.pid}: {exc}")
             if failed:
-                _record_pins(master, proc.pid, None, {}, failed)
+                record_pins(master, proc.pid, None, {}, failed)
         report.fronts.append({"pid": proc.pid, "role": proc.role, "cpus": cpus, "threads": len(tids)})
 
 
@@ -1123,7 +382,7 @@ def server_cpus(master):
 
 
 def _bound(planned):
-    """A :class:`~tuna_lab.placement.binding.ThreadBinding` of a dry run, bound now (or with its error)."""
+    """A :class:`~tuna_lab.live.binding.ThreadBinding` of a dry run, bound now (or with its error)."""
     try:
         return dataclasses.replace(planned, cpus=tuple(sorted(bind(planned.tid, planned.planned))))
     except BindingError as exc:
@@ -1253,7 +512,7 @@ def unpin_server(master):
     if not restored:
         report.note = "no mask was changed: no thread tuna_lab pinned is still on the mask tuna_lab set"
     with contextlib.suppress(OSError, psutil.Error):
-        folder = _pin_dir(master)
+        folder = pin_dir(master)
         if not _files.trusted_dir(folder, {os.geteuid()}):
             shutil.rmtree(folder)
     return report
@@ -1344,7 +603,7 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, c
             del slots[pid]
             for state in (seen, busy, short, known, base, shown):
                 state.pop(pid, None)
-        hooked = _hooked(master) if any(pid not in slots for pid in live) else {}
+        hooked = hooked_workers(master) if any(pid not in slots for pid in live) else {}
         for pid in live:
             if pid not in slots:
                 # A worker the Gunicorn hooks placed holds its slot already; any other
@@ -1366,13 +625,13 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, c
                 continue
             base.setdefault(pid, now)
             gains = {tid: now[tid] - base[pid].get(tid, 0.0) for tid in now}
-            measured = _activity_of(activity, pid)[0] if seen.get(pid) is None else None
+            measured = activity_of(activity, pid)[0] if seen.get(pid) is None else None
             active = active_threads(gains, main=pid)
             if seen.get(pid) == tids and not (short.get(pid) and active - known.get(pid, set())):
                 continue
             # Live traffic decides once it shows something; until then a measurement given to us does.
             use = gains if active else measured
-            exact = _hooked(master).get(pid, (None, None))[1]
+            exact = hooked_workers(master).get(pid, (None, None))[1]
             try:
                 _pin_worker(master, pid, slot, plan, report, dry_run=False, exact=exact,
                             activity=None if use is None else {pid: use}, keep=theirs)
@@ -1397,3 +656,4 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, c
         if (report.workers or report.warnings) and on_pin is not None:
             on_pin(report)
         stop.wait(interval)
+

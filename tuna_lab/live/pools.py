@@ -170,9 +170,9 @@ def classify_threads(pid, looks=5, interval=0.02, activity=None, requests=None):
 
     1. **name**: a thread name of a known helper (``jemalloc_bg_thd``, an
        io_uring kernel thread ``iou-sqp-*``/``iou-wrk-*``:
-       :data:`~tuna_lab.placement.runtimes.HELPER_THREADS`) makes it no pool thread;
+       :data:`~tuna_lab.live.runtimes.HELPER_THREADS`) makes it no pool thread;
     2. **library**: it is blocked in a system call made from an OpenMP or BLAS
-       runtime's code (the records of :mod:`~tuna_lab.placement.runtimes`
+       runtime's code (the records of :mod:`~tuna_lab.live.runtimes`
        found by library: libgomp, libiomp, libomp, OpenBLAS, MKL, BLIS);
     3. **activity**: where the library says only ``libc`` (ONNX Runtime's own
        pool, a BLAS pool waiting on a pthread condition) or the thread kept

@@ -3,7 +3,7 @@
 One :class:`Runtime` record per library: the file-name prefixes it is mapped
 under (``/proc/<pid>/maps``), how it sizes its pool, how its threads are
 found, and the environment variables it reads. Every consumer reads this
-table: :mod:`tuna_lab.placement.pools` (which threads are a pool, which
+table: :mod:`tuna_lab.live.pools` (which threads are a pool, which
 runtimes a worker loaded, whether its main thread may go to one CPU), the
 Gunicorn hooks (``OMP_PLACES``), the lab server's environment
 (:data:`~tuna_lab.server.launch.SERVER_ENV`) and the manifest of an
@@ -11,7 +11,7 @@ experiment (:mod:`tuna_lab.measure.target`). Adding a runtime is one record
 here (and one test app in ``tests/runtimeapps``).
 
 The thread names of known non-pool threads (:data:`HELPER_THREADS`) are here
-too: a thread name is the first evidence :func:`~tuna_lab.placement.pools.classify_threads`
+too: a thread name is the first evidence :func:`~tuna_lab.live.pools.classify_threads`
 reads. This module imports nothing: a Gunicorn worker loads it.
 
 Examples

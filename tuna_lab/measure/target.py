@@ -94,7 +94,7 @@ class Live:
         master's own CPUs.
     front_cpus : tuple of int, optional
         With a plan, the CPUs every thread of the master, helpers and front
-        ends is bound to (``--front-cpus``; :func:`~tuna_lab.placement.pin.pin_server`).
+        ends is bound to (``--front-cpus``; :func:`~tuna_lab.live.pin.pin_server`).
     """
 
     def __init__(self, url, master, plan=None, place_now=True, proc=None, masks=None, front_cpus=None):
@@ -108,7 +108,7 @@ class Live:
         return self.master
 
     def worker_pids(self):
-        from ..placement.pin import worker_pids
+        from ..live.roles import worker_pids
 
         try:
             return worker_pids(self.master)
@@ -132,13 +132,13 @@ class Live:
         front ends too); an empty list means the placement is in effect.
 
         ``cfs`` pins nothing: the masks tuna_lab set in an earlier trial are
-        given back (:func:`~tuna_lab.placement.pin.unpin_server`, which also
+        given back (:func:`~tuna_lab.live.pin.unpin_server`, which also
         forgets its records), and every thread of the server must then be on
         its mask from before the first trial (``masks``) - a mask the user set
         with taskset included.
         """
-        from ..placement import pin
-        from ..placement.binding import threads_of
+        from ..live import pin
+        from ..live.binding import threads_of
 
         self.activity = activity
         if not self.place_now:
@@ -169,7 +169,7 @@ class Live:
         classifies them), so that a pool that started after the placement
         is sampled too.
         """
-        from ..placement.pin import server_threads
+        from ..live.pin import server_threads
 
         role = {"main": "main", "pool": "openmp"}
         try:
@@ -182,7 +182,7 @@ class Live:
 
 def _off(what, tid, want):
     """``["WHAT is on CPUS, not WANT"]`` when thread ``tid``'s mask is not ``want``; [] when it is, or it ended."""
-    from ..placement.binding import affinity_of
+    from ..live.binding import affinity_of
 
     try:
         now = sorted(affinity_of(tid))
@@ -197,7 +197,7 @@ def _off_masks(masks, master):
     A thread born since gets what :func:`restore_masks` would give it: its
     process's main-thread mask from then, or the master's.
     """
-    from ..placement.binding import threads_of
+    from ..live.binding import threads_of
 
     if masks is None:
         masks = _Masks(int(master), tuple(sorted(os.sched_getaffinity(int(master)))))
@@ -620,7 +620,7 @@ class AttachedTarget(Target):
     server had, a mask the user set with taskset included). The pins are
     recorded as ``pin --pid`` records them, so that ``tuna-lab unpin`` can
     undo them after a SIGKILL. :meth:`stop` undoes them and forgets the
-    records (:func:`~tuna_lab.placement.pin.unpin_server`), then gives every
+    records (:func:`~tuna_lab.live.pin.unpin_server`), then gives every
     thread the CPU mask it had at :meth:`start` - also after an error, Ctrl-C
     or SIGTERM (the runner calls it in a ``finally``); a thread born since (a
     replacement worker, a pool started later) gets its process's mask from
@@ -640,12 +640,12 @@ class AttachedTarget(Target):
         The cell's name for the server (default ``pid<PID>``).
     force : bool
         Measure ``pid``'s children though it is PID 1 or no recognised pre-fork
-        master (:func:`~tuna_lab.placement.pin.check_server`).
+        master (:func:`~tuna_lab.live.roles.check_server`).
     front_cpus : iterable of int, optional
         ``--front-cpus``: under every pinning policy, all threads of the
         master, helpers and front ends are bound to these CPUs, and the plans
         are made for the server's other CPUs
-        (:func:`~tuna_lab.placement.pin.server_cpus`); ``cfs`` leaves them
+        (:func:`~tuna_lab.live.pin.server_cpus`); ``cfs`` leaves them
         as they were.
     """
 
@@ -675,7 +675,8 @@ class AttachedTarget(Target):
         """Refuse (:class:`TargetError`) a PID that is no server's master (PID 1, a shell), one with no workers,
         one pinned by ``pin --pid`` (its masks are not the server's own), front CPUs that are not the server's
         or leave it none, or a URL that refuses connections; count W."""
-        from ..placement.pin import check_server, pin_records
+        from ..live.roles import check_server
+        from ..live.ledger import pin_records
 
         try:
             workers = check_server(self.master, force=self.force)
@@ -698,9 +699,9 @@ class AttachedTarget(Target):
         return self
 
     def server_cpus(self):
-        """The CPUs the server may use: its master's (:func:`~tuna_lab.placement.pin.server_cpus`); TargetError if
+        """The CPUs the server may use: its master's (:func:`~tuna_lab.live.pin.server_cpus`); TargetError if
         it is gone."""
-        from ..placement.pin import server_cpus
+        from ..live.pin import server_cpus
 
         try:
             return server_cpus(self.master)
@@ -723,7 +724,7 @@ class AttachedTarget(Target):
         self._runtimes = _runtimes(list(self.masks.processes))
 
     def stop(self):
-        from ..placement.pin import unpin_server
+        from ..live.pin import unpin_server
 
         if self.masks is None:
             return
@@ -774,7 +775,7 @@ def thread_masks(master):
     --------
     >>> masks = thread_masks(os.getpid())
     """
-    from ..placement.binding import affinity_of
+    from ..live.binding import affinity_of
 
     masks = _Masks(int(master), tuple(sorted(os.sched_getaffinity(int(master)))))
     try:
@@ -802,7 +803,7 @@ def restore_masks(masks):
     (a replacement worker) the master's - what a fork would have given it.
     Threads that are gone are skipped.
     """
-    from ..placement.binding import bind
+    from ..live.binding import bind
 
     restored = 0
     try:
@@ -835,7 +836,7 @@ def _connectable(url):
 
 def _wait_ready(proc, url, workers, log, timeout=_READY_TIMEOUT):
     """Wait until the started server has its workers and accepts connections; else TargetError."""
-    from ..placement.pin import worker_pids
+    from ..live.roles import worker_pids
 
     parts = urlsplit(url)
     deadline = time.monotonic() + timeout
@@ -894,11 +895,11 @@ def _gunicorn_conf(user_conf, hooks, workers, port):
 def _runtimes(pids):
     """The runtime libraries mapped in the workers ``pids``: path, and version where its package says it.
 
-    The runtimes are the records of :mod:`tuna_lab.placement.runtimes`, keyed
+    The runtimes are the records of :mod:`tuna_lab.live.runtimes`, keyed
     by name. The version is read from the ``*.dist-info`` beside the package
     in the server's own ``site-packages`` (not from this process's environment).
     """
-    from ..placement.runtimes import runtime_of
+    from ..live.runtimes import runtime_of
 
     found = {}
     for pid in pids:
@@ -914,7 +915,7 @@ def _runtimes(pids):
 
 
 def _version_beside(path, runtime):
-    """The version of ``runtime``'s distribution (a :class:`~tuna_lab.placement.runtimes.Runtime`) in the
+    """The version of ``runtime``'s distribution (a :class:`~tuna_lab.live.runtimes.Runtime`) in the
     site-packages holding ``path``, or None."""
     import glob
 
@@ -960,7 +961,7 @@ if hooks:
         out["failed"] = "version"
         done()
     try:
-        for name in ("tuna_lab.integrations.gunicorn", "tuna_lab.placement.pin", "tuna_lab.placement.binding",
+        for name in ("tuna_lab.integrations.gunicorn", "tuna_lab.live.pin", "tuna_lab.live.binding",
                      "tuna_lab.placement.plan", "tuna_lab.machine.topology"):
             importlib.import_module(name)
     except BaseException:

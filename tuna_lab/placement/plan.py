@@ -21,7 +21,7 @@ Formats (:meth:`Plan.render`):
   session-config value (:meth:`Plan.onnxruntime_affinities`);
 * ``taskset``: ``taskset -p -c CPUS TID`` for every thread (the TIDs of a
   running server, or placeholders). A worker's main thread is bound as
-  ``pin`` binds it (:func:`~tuna_lab.placement.pools.main_rule`): to its own
+  ``pin`` binds it (:func:`~tuna_lab.live.pools.main_rule`): to its own
   CPU only where its runtime does not size its pool from the main thread's
   CPUs, else to all of its slot's; a comment line says which, and why, and
   another one when fewer pool threads were found than the plan places (a
@@ -54,9 +54,8 @@ from dataclasses import dataclass, field
 from .._checks import check_size, format_cpulist
 from .._files import loads_json, read_bytes, write_json
 from ..errors import PlanError
-from .binding import planned_cpus
 
-__all__ = ["Plan", "PinnedBy", "FORMATS", "PLAN_FORMAT", "parse_omp_places"]
+__all__ = ["Plan", "PinnedBy", "FORMATS", "PLAN_FORMAT", "parse_omp_places", "planned_cpus"]
 
 #: What :meth:`Plan.render` can write.
 FORMATS = ("json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn")
@@ -324,9 +323,9 @@ class Plan:
         tids : list of dict, optional
             For ``taskset``: the threads of a running server, each with
             ``slot``, ``rank`` and ``tid`` (from
-            :func:`tuna_lab.placement.pin.server_threads`), and for a main
+            :func:`tuna_lab.live.pin.server_threads`), and for a main
             thread (rank 0) ``exact_main`` (may it be bound to its own CPU
-            alone: :func:`~tuna_lab.placement.pools.main_rule`; missing: no),
+            alone: :func:`~tuna_lab.live.pools.main_rule`; missing: no),
             ``pid`` and ``main_note`` (why, for the comment line); without
             them the lines hold placeholders, and every main thread gets all of
             its slot's CPUs.
@@ -461,3 +460,26 @@ def _cpu_list(value, what):
     if not ok:
         raise PlanError(f"malformed plan: {what} must be a list of CPU ids, got {value!r}")
     return value
+
+
+def planned_cpus(plan, slot, rank, exact_main=True):
+    """The CPUs ``plan`` gives thread ``rank`` of worker ``slot``: rank 0 is the main thread, 1.. its pool.
+
+    The main thread gets its own CPUs only with ``exact_main``; otherwise all
+    of the slot's: an OpenMP runtime that counts the main thread's current
+    CPUs (XGBoost's libgomp without ``OMP_PLACES``) would shrink its pool to
+    one thread. A pool thread beyond the plan's ``T - 1`` (should a pool be
+    larger) also gets all of the slot's CPUs.
+
+    Examples
+    --------
+    >>> from tuna_lab.machine import Topology
+    >>> from tuna_lab.placement import placement
+    >>> plan = placement("round-robin", 2, 2, Topology.synthetic("core:4 pu:1")).plan()
+    >>> planned_cpus(plan, 1, 0), planned_cpus(plan, 1, 0, exact_main=False), planned_cpus(plan, 1, 5)
+    ((2,), (2, 3), (2, 3))
+    """
+    row = plan.slots[slot]
+    if (rank == 0 and exact_main) or 0 < rank < plan.threads:
+        return tuple(row[rank])
+    return tuple(sorted({c for cpus in row for c in cpus}))

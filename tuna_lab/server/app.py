@@ -59,8 +59,8 @@ import numpy as np
 
 from .._checks import positive_int, positive_number, shorten
 from ..errors import ServerError
-from ..placement.binding import threads_of
-from ..placement.pools import new_pool_threads
+from ..live.binding import threads_of
+from ..live.pools import new_pool_threads
 from .cpuclock import process_thread_cpu, request_cpu
 # STAGES is defined by the model catalogue; re-exported as this app's stages.
 from .limits import MAX_BODY_BYTES, MAX_WORK, READ_TIMEOUT, RETRY_AFTER, ROW_BUDGET_BYTES

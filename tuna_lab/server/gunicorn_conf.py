@@ -21,7 +21,7 @@ import os
 import sys
 
 from tuna_lab.integrations import gunicorn as _hooks
-from tuna_lab.placement.runtimes import places_counted
+from tuna_lab.live.runtimes import places_counted
 from tuna_lab.server.pinning import drop_record, pin_worker, read_plan
 
 _STATE = os.environ["TUNA_LAB_STATE"]

@@ -29,9 +29,9 @@ from ..errors import CpuAccountingError, ServerError, TunaError
 from ..machine.limits import check_throttling
 from ..machine import procfs
 from ..machine.procfs import remove_dead_folders, start_ticks
-from ..placement.binding import affinity_of, threads_of
+from ..live.binding import affinity_of, threads_of
 from ..placement.plan import PinnedBy
-from ..placement.runtimes import BLAS, single_thread_env
+from ..live.runtimes import BLAS, single_thread_env
 from .app import READ_TIMEOUT
 from .models import MODEL_FEATURES, ensure_model
 from .openmp import wait_policy_env
@@ -42,7 +42,7 @@ __all__ = ["Server", "ServerError", "status", "stop", "free_port", "SERVER_ENV",
 
 #: Thread pools other than the worker's OpenMP pool stay at one thread, so
 #: the only threads that compete are the ones the policy places.
-#: (Every BLAS runtime of :mod:`tuna_lab.placement.runtimes`, NumExpr's and macOS Accelerate's.)
+#: (Every BLAS runtime of :mod:`tuna_lab.live.runtimes`, NumExpr's and macOS Accelerate's.)
 SERVER_ENV = {**single_thread_env(BLAS), "NUMEXPR_NUM_THREADS": "1", "VECLIB_MAXIMUM_THREADS": "1"}
 
 

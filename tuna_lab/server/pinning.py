@@ -1,9 +1,9 @@
 """What a lab server's worker does between loading the app and serving: warm up, find, bind, report.
 
 Runs inside the worker (the ``post_worker_init`` hook), so every TID it binds
-is one of its own. The binding itself is :func:`~tuna_lab.placement.binding.bind_worker`,
+is one of its own. The binding itself is :func:`~tuna_lab.live.binding.bind_worker`,
 the same as the Gunicorn integration's and ``tuna-lab pin --pid``'s; the pool
-threads are the ones the warm-up started (:func:`~tuna_lab.placement.pools.new_pool_threads`).
+threads are the ones the warm-up started (:func:`~tuna_lab.live.pools.new_pool_threads`).
 
 A worker's *slot* (0..W-1) is the one it took in the integration's
 ``post_fork`` (:func:`tuna_lab.integrations.gunicorn.worker_slot`: a lock
@@ -19,7 +19,7 @@ import time
 
 from .._files import write_json
 from ..errors import BindingError
-from ..placement.binding import affinity_of, bind_worker, threads_of
+from ..live.binding import affinity_of, bind_worker, threads_of
 from ..placement.plan import PinnedBy, Plan
 
 __all__ = ["pin_worker", "drop_record", "read_plan", "record_path", "PLAN_FILE"]

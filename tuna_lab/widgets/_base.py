@@ -10,11 +10,48 @@ BAD_INPUT = (TunaError, ValueError, OSError)
 
 
 class Controller:
-    """Change notification and the refuse-and-keep-state rule shared by the controllers."""
+    """Change notification and the refuse-and-keep-state rule shared by the controllers.
+
+    The members follow one rule: the *inputs* (``workers``, ``mode`` ...) are
+    attributes that assigning sets through their ``set_*`` method - it takes
+    effect, or raises the error that method refused it with (the method
+    itself returns False and sets ``.error``); what the controller computes
+    from them is an attribute nobody but the controller assigns
+    (``mapping``, ``distance`` ...), and anything worked out on request is a
+    method (``grid()``, ``table()``, ``violated()`` ...).
+    """
+
+    #: input name -> the method that sets it (assigning the attribute calls it)
+    _inputs = {}
+    #: state the controller computes (or is built with): assigning it is refused
+    _outputs = ()
+    #: what to do instead, for a controller without inputs
+    _fixed = ""
 
     def __init__(self):
+        object.__setattr__(self, "_sealed", False)
         self.error = None
+        self._refused = None
         self._listeners = []
+
+    def _seal(self):
+        """From now on, assigning an input goes through its setter and assigning an output is refused."""
+        object.__setattr__(self, "_sealed", True)
+
+    def __setattr__(self, name, value):
+        # The controller's own code writes its state while it is not sealed or inside _attempt's compute.
+        if not self.__dict__.get("_sealed") or self.__dict__.get("_committing"):
+            object.__setattr__(self, name, value)
+        elif name in self._inputs:
+            if not getattr(self, self._inputs[name])(value):
+                raise self._refused
+        elif name in self._outputs:
+            cls = type(self).__name__
+            how = (f"assign one of its inputs ({', '.join(self._inputs)})" if self._inputs else
+                   self._fixed or f"build a new {cls}")
+            raise AttributeError(f"{cls}.{name} is read-only: {how}")
+        else:
+            object.__setattr__(self, name, value)
 
     def subscribe(self, callback):
         """Call ``callback(controller)`` after every change, accepted or refused; returns ``callback``."""
@@ -31,20 +68,40 @@ class Controller:
 
     def _attempt(self, compute):
         """Run ``compute`` (which commits state only at its very end); True if it succeeded."""
+        object.__setattr__(self, "_committing", True)
         try:
             compute()
         except BAD_INPUT as exc:
-            self.error = one_line(exc)
+            self.error, self._refused = one_line(exc), exc
             ok = False
         else:
-            self.error = None
+            self.error, self._refused = None, None
             ok = True
+        finally:
+            object.__setattr__(self, "_committing", False)
         self._notify()
         return ok
+
+    def _repr_state(self):
+        """``name=value`` parts for :meth:`__repr__`, inputs first."""
+        parts = []
+        for name in self._inputs:
+            value = getattr(self, name)
+            # A topology by its name: its own repr lists every core.
+            parts.append(f"{name}={(value.name if name == 'topology' else value)!r}")
+        return parts
+
+    def __repr__(self):
+        parts = self._repr_state()
+        if self.error:
+            parts.append(f"error={self.error!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
 
 
 class SizedController(Controller):
     """A controller of W workers x T threads on a machine: the setters, over the subclass's ``_change``."""
+
+    _inputs = {"topology": "set_topology", "workers": "set_workers", "threads": "set_threads"}
 
     def set_workers(self, workers):
         """Run ``workers`` server workers; False and ``.error`` if refused."""

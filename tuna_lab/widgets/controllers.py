@@ -20,6 +20,7 @@ Examples
 (False, True, 'xeon-8272cl')
 """
 
+from types import MappingProxyType
 
 import networkx as nx
 import numpy as np
@@ -28,9 +29,12 @@ import pandas as pd
 from ..errors import ModelError
 from ..machine import PRESETS, THIS_MACHINE, Topology, topology_from
 from ..model import DEFAULT_FAMILIES, TunaModel, solve
+from ..model.families import resolve_family
 from ..model.instance import MODES
+from . import teaching
 from ._base import Controller, SizedController
 from .live import LiveExperiment
+from .teaching import EXAMPLE
 
 __all__ = ["ModeExplorer", "DistanceView", "ConstraintToggles", "PolicyComparison", "LiveExperiment",
            "core_grid", "topology_from", "TOPOLOGY_CHOICES", "compared_policies"]
@@ -125,28 +129,44 @@ def core_grid(topology, mapping=None):
 # -- ModeExplorer ---------------------------------------------------------------------
 
 class ModeExplorer(SizedController):
-    """The Tuna mapping of ``workers`` x ``threads`` on a topology, re-solved on every change.
+    """The Tuna mapping of ``workers`` x ``threads`` in both modes, re-solved on every change.
+
+    It opens on an example where scatter and compact differ visibly
+    (:data:`~tuna_lab.widgets.teaching.EXAMPLE`: ``epyc-7313p``, 4 x 4, where
+    scatter spreads a worker over four L3s and compact packs it into one), and
+    says in one line what the toggle changes - or, where nothing can differ,
+    why and which change would make it (:meth:`difference`).
 
     Parameters
     ----------
-    topology : Topology, str or None
-        Anything :func:`topology_from` reads; ``None`` is this machine.
+    topology : Topology or str
+        Anything :func:`topology_from` reads (``"this machine"`` reads this one).
     workers, threads : int
     mode : {"scatter", "compact"}
+    physical : bool
+        Whether the physical-core analogues (8+) and (11+-12+) are in the model
+        (:meth:`toggle_physical`).
     time_limit : float
-        Seconds the solver may take per change (the article's sizes take
+        Seconds the solver may take per mapping (the article's sizes take
         milliseconds; a big preset may stop at the limit with a gap).
 
     Raises
     ------
     TunaError
-        Only from the constructor, for bad initial inputs; the setters
-        set ``.error`` instead and return False.
+        From the constructor, for bad initial inputs, and from assigning an
+        input (``ex.workers = 0``) that its ``set_*`` method refuses; the
+        ``set_*`` methods set ``.error`` instead and return False.
 
     Attributes
     ----------
+    topology, workers, threads, mode, physical
+        The inputs: assigning one re-solves (or raises what refused it).
     mapping : Mapping
-        The current solution.
+        The solution in ``mode``.
+    other : Mapping
+        The solution in the other mode (same inputs otherwise).
+    scatter, compact : Mapping
+        The two solutions by mode (each is ``mapping`` or ``other``).
     error : str or None
         Why the last change was refused.
 
@@ -157,25 +177,41 @@ class ModeExplorer(SizedController):
     (False, 'workers must be a positive integer, got 0', 2)
     >>> ex.grid().query("main")["cpu"].tolist()
     [0, 1]
+    >>> ex.workers = 4; ex.threads = 4; ex.mapping.workers
+    4
+    >>> print(ex.why_same().split(", and")[0])
+    with the physical-core balance (8+) on, W x T = 16 <= P = 16 gives every thread a physical core of its own
+    >>> ex.toggle_physical(), ex.why_same()
+    (True, None)
     """
 
-    def __init__(self, topology=None, workers=2, threads=2, mode="scatter", *, time_limit=10.0):
+    _inputs = {**SizedController._inputs, "mode": "set_mode", "physical": "set_physical"}
+    _outputs = ("mapping", "other", "scatter", "compact")
+
+    def __init__(self, topology=EXAMPLE["topology"], workers=EXAMPLE["workers"], threads=EXAMPLE["threads"],
+                 mode="scatter", physical=True, *, time_limit=10.0):
         super().__init__()
         self.time_limit = time_limit
-        self.topology = topology_from(topology)
-        self.mapping = solve(workers, threads, self.topology, mode, time_limit=time_limit)
-        self.workers, self.threads, self.mode = self.mapping.workers, self.mapping.threads, mode
+        self._solve(topology_from(topology), workers, threads, mode, physical)
+        self._seal()
+
+    def _solve(self, topology, workers, threads, mode, physical):
+        if mode not in MODES:
+            raise ModelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if not isinstance(physical, (bool, np.bool_)):
+            raise ModelError(f"physical must be True or False, got {physical!r}")
+        fams = teaching.families(bool(physical))
+        mapping, other = (solve(workers, threads, topology, m, families=fams, time_limit=self.time_limit)
+                          for m in (mode, MODES[1 - MODES.index(mode)]))
+        self.topology, self.mode, self.physical = topology, mode, bool(physical)
+        self.workers, self.threads = mapping.workers, mapping.threads   # ints, even from numpy
+        self.mapping, self.other, self._said = mapping, other, None
+        self.scatter, self.compact = (mapping, other) if mode == "scatter" else (other, mapping)
 
     def _change(self, **changes):
         def compute():
-            new = {k: changes.get(k, getattr(self, k)) for k in ("topology", "workers", "threads", "mode")}
-            new["topology"] = topology_from(new["topology"])
-            mapping = solve(new["workers"], new["threads"], new["topology"], new["mode"],
-                            time_limit=self.time_limit)
-            for key, value in new.items():
-                setattr(self, key, value)
-            self.workers, self.threads = mapping.workers, mapping.threads   # ints, even from numpy
-            self.mapping = mapping
+            new = {k: changes.get(k, getattr(self, k)) for k in ("topology", "workers", "threads", "mode", "physical")}
+            self._solve(topology_from(new["topology"]), new["workers"], new["threads"], new["mode"], new["physical"])
         return self._attempt(compute)
 
     def set_mode(self, mode):
@@ -185,6 +221,84 @@ class ModeExplorer(SizedController):
     def toggle_mode(self):
         """Switch scatter <-> compact."""
         return self.set_mode(MODES[1 - MODES.index(self.mode)])
+
+    def set_physical(self, on):
+        """Put the physical-core analogues (8+), (11+-12+) in (True) or out of the model; False if refused."""
+        return self._change(physical=on)
+
+    def toggle_physical(self):
+        """Switch the physical-core analogues on <-> off (see :meth:`physical_effect` for what they change)."""
+        return self.set_physical(not self.physical)
+
+    def differ(self):
+        """Whether scatter and compact place the threads of a worker at a different total distance."""
+        return teaching.differ(self.scatter, self.compact)
+
+    def why_same(self):
+        """Why scatter and compact give the same mapping here, in one line naming the change that separates
+        them; ``None`` where they differ (see :func:`~tuna_lab.widgets.teaching.why_same`)."""
+        return teaching.why_same(self.scatter, self.compact, self.physical, min(self.time_limit, 5.0))
+
+    def difference(self):
+        """One line: what the mode toggle changes here, or why it changes nothing and what would.
+
+        Examples
+        --------
+        >>> print(ModeExplorer().difference())
+        scatter and compact differ: 12 of 16 threads sit on other cores; a worker spans 4 L3 domains in scatter, 1 in compact; f_mode +4800 vs -1200
+        """
+        if self._said is None:
+            # Kept until the next change: a "why same" line solves its remedy, which a redraw should not repeat.
+            self._said = teaching.difference(self.scatter, self.compact, self.physical,
+                                                         min(self.time_limit, 5.0))
+        return self._said
+
+    def moved(self):
+        """Threads on another core in the other mode: ``worker``, ``thread``, ``role``, ``scatter_cpu``, ``compact_cpu``."""
+        s, c = self.scatter.assignment, self.compact.assignment
+        w, t = np.nonzero(s != c)
+        return pd.DataFrame({"worker": w, "thread": t, "role": np.where(t == 0, "main", "openmp"),
+                             "scatter_cpu": s[w, t], "compact_cpu": c[w, t]})
+
+    def compare(self):
+        """The objective terms of both modes side by side: one row per worker's f_mode term, then
+        ``f_mode``, ``f_main`` and ``objective``; columns ``scatter`` and ``compact``.
+
+        Examples
+        --------
+        >>> ModeExplorer().compare().loc[["f_mode", "f_main"]].values.tolist()
+        [[4800.0, -1200.0], [1200.0, 1200.0]]
+        """
+        rows = [f"worker {w}" for w in range(self.workers)] + ["f_mode", "f_main", "objective"]
+        cols = {}
+        for name, m in (("scatter", self.scatter), ("compact", self.compact)):
+            cols[name] = [*teaching.worker_terms(m).tolist(), m.f_mode, m.f_main, m.objective]
+        return pd.DataFrame(cols, index=pd.Index(rows, name="term"))
+
+    def pair_distances(self, worker=0):
+        """``worker``'s threads in both modes: mode -> DataFrame of the cache distance between each two.
+
+        Rows and columns are labelled ``"t<k> @ cpu <c>"``; the upper triangle sums to
+        the worker's term of ``|f_mode|`` (see :meth:`compare`).
+        """
+        if not isinstance(worker, (int, np.integer)) or not 0 <= worker < self.workers:
+            raise ModelError(f"worker must be 0..{self.workers - 1}, got {worker!r}")
+        out = {}
+        for name, m in (("scatter", self.scatter), ("compact", self.compact)):
+            pos = m.positions[worker]
+            labels = [f"t{t} @ cpu {c}" for t, c in enumerate(m.assignment[worker].tolist())]
+            d = m.instance.distance[np.ix_(pos, pos)].copy()
+            np.fill_diagonal(d, 0)
+            out[name] = pd.DataFrame(d, index=labels, columns=labels)
+        return out
+
+    def physical_effect(self):
+        """One line: what the physical-core analogues change in the current mode (solves the other setting)."""
+        fams = teaching.families(not self.physical)
+        flipped = solve(self.workers, self.threads, self.topology, self.mode, families=fams,
+                        time_limit=self.time_limit)
+        pair = (self.mapping, flipped) if self.physical else (flipped, self.mapping)
+        return teaching.physical_effect(*pair)
 
     def grid(self):
         """The current mapping on the machine, one row per logical core (see :func:`core_grid`)."""
@@ -227,6 +341,26 @@ class ModeExplorer(SizedController):
                 f"{self.mode}: f_main={t['f_main']:g} f_mode={t['f_mode']:g} objective={t['objective']:g}; "
                 f"physical loads {phys.min()}..{phys.max()}; {m.status} ({proof})")
 
+    def figure(self):
+        """The mapping drawn on the machine (plotly), the threads the other mode moves ringed."""
+        from . import figures
+
+        moved = self.moved()
+        title = f"{self.topology.name}: W={self.workers} x T={self.threads}, {self.mode}"
+        return figures.mapping_figure(self.grid(), self.threads_frame(), title,
+                                      list(zip(moved["worker"], moved["thread"])))
+
+    def distance_figure(self, worker=0):
+        """:meth:`pair_distances` drawn side by side (plotly): how far apart each mode puts one worker's threads."""
+        from . import figures
+
+        return figures.pair_distance_figure(self.pair_distances(worker),
+                                            f"worker {worker}: cache distance between each two of its threads")
+
+    def _repr_state(self):
+        m = self.mapping
+        return [*super()._repr_state(), f"f_mode={m.f_mode:g}", f"objective={m.objective:g}", f"status={m.status!r}"]
+
 
 # -- DistanceView -------------------------------------------------------------------
 
@@ -255,6 +389,9 @@ class DistanceView(Controller):
 
     Attributes
     ----------
+    topology, highlighted
+        The inputs: assigning one goes through :meth:`set_topology` or
+        :meth:`highlight` (and raises what they refuse).
     distance : pandas.DataFrame
         ``d(c, c')`` indexed by cpu on both axes.
     level : pandas.DataFrame
@@ -272,9 +409,13 @@ class DistanceView(Controller):
     ['cpu 0', 'cpu 1']
     """
 
+    _inputs = {"topology": "set_topology", "highlighted": "highlight"}
+    _outputs = ("distance", "level", "graph", "positions")
+
     def __init__(self, topology=None, cpus=()):
         super().__init__()
         self._set(topology_from(topology), cpus)
+        self._seal()
 
     def _set(self, topology, cpus):
         if hasattr(cpus, "assignment"):
@@ -323,6 +464,26 @@ class DistanceView(Controller):
         """``(parent, child)`` node pairs of the tree."""
         return list(self.graph.edges())
 
+    def figure(self, kind="matrix"):
+        """The distance matrix (``kind="matrix"``, a heatmap) or the topology tree (``"tree"``), as plotly.
+
+        Examples
+        --------
+        >>> [t.type for t in DistanceView("epyc-7313p").figure().data]
+        ['heatmap']
+        """
+        from . import figures
+
+        if kind == "matrix":
+            return figures.distance_figure(self.distance, self.level, f"{self.topology.name}: cache distance d(c, c')")
+        if kind == "tree":
+            return figures.tree_figure(self.nodes(), self.edges(), title=self.topology.name)
+        raise ValueError(f"kind must be 'matrix' or 'tree', got {kind!r}")
+
+    def _repr_state(self):
+        return [f"topology={self.topology.name!r}", f"highlighted={sorted(self.highlighted)}",
+                f"levels={sorted(set(self.level.values.ravel()) - {'same'})}"]
+
 
 # -- ConstraintToggles ----------------------------------------------------------------
 
@@ -357,29 +518,30 @@ class ConstraintToggles(Controller):
     >>> ct = ConstraintToggles(12, 6, "xeon-8272cl")
     >>> ct.toggle("8"), ct.error
     (False, 'family (11-12) needs (8) in the same model')
-    >>> ct.toggle("11-12"), ct.violated
+    >>> ct.toggle("11-12"), ct.violated()
     (True, ('11-12',))
     >>> ct.changed.columns.tolist()       # how many threads move is the solver's choice among equals
     ['worker', 'thread', 'role', 'reference_cpu', 'cpu']
     """
+
+    # No setters for the instance: a new instance is a new ConstraintToggles (the reference is re-solved).
+    _outputs = ("workers", "threads", "topology", "mode", "families", "enabled", "reference", "mapping",
+                "changed", "violations")
+    _fixed = ("set_enabled() or toggle() put a family in or out; another instance is a new "
+              "ConstraintToggles(workers, threads, topology, mode)")
 
     def __init__(self, workers, threads, topology=None, mode="scatter", *, time_limit=10.0):
         super().__init__()
         self.topology = topology_from(topology)
         self.time_limit = time_limit
         self.families = DEFAULT_FAMILIES
-        self.enabled = {f.key: True for f in self.families}
         self.reference = TunaModel(workers, threads, self.topology, mode).solve(time_limit=time_limit)
         self.workers, self.threads, self.mode = self.reference.workers, self.reference.threads, mode
-        self._commit(self.reference, dict(self.enabled))
+        self._commit(self.reference, {f.key: True for f in self.families})
+        self._seal()
 
     def _key(self, family):
-        spec = str(family).strip().strip("()")
-        for fam in self.families:
-            if spec in (fam.key, fam.name) or spec in fam.equations:
-                return fam.key
-        raise ModelError(f"unknown constraint family {family!r}; known: "
-                         + ", ".join(f.key for f in self.families))
+        return resolve_family(family, self.families).key
 
     def _commit(self, mapping, enabled):
         ref, cur = self.reference.assignment, mapping.assignment
@@ -387,7 +549,8 @@ class ConstraintToggles(Controller):
         self.changed = pd.DataFrame({"worker": w, "thread": t, "role": np.where(t == 0, "main", "openmp"),
                                      "reference_cpu": ref[w, t], "cpu": cur[w, t]})
         self.violations = mapping.verify(DEFAULT_FAMILIES)
-        self.mapping, self.enabled = mapping, enabled
+        # Read-only: a family goes in or out through set_enabled, which re-solves.
+        self.mapping, self.enabled = mapping, MappingProxyType(dict(enabled))
 
     def set_enabled(self, family, on=True):
         """Put ``family`` (key, equation number or class name) in or out of the model and re-solve.
@@ -405,11 +568,12 @@ class ConstraintToggles(Controller):
 
     def toggle(self, family):
         """Flip ``family`` (see :meth:`set_enabled`)."""
-        key = next((f.key for f in self.families if str(family).strip("()") in (f.key, *f.equations)), None)
-        # An unknown family goes through set_enabled too, which reports it in .error.
-        return self.set_enabled(family, key is None or not self.enabled[key])
+        try:
+            on = not self.enabled[self._key(family)]
+        except ModelError:
+            on = True           # an unknown family goes through set_enabled too, which reports it in .error
+        return self.set_enabled(family, on)
 
-    @property
     def violated(self):
         """Keys of the families whose checks ``mapping`` violates, in family order."""
         hit = {v.family for v in self.violations}
@@ -426,6 +590,20 @@ class ConstraintToggles(Controller):
     def grid(self):
         """The current mapping on the machine (see :func:`core_grid`)."""
         return core_grid(self.topology, self.mapping)
+
+    def figure(self):
+        """The current mapping drawn on the machine (plotly), the threads the dropped families moved ringed."""
+        from . import figures
+
+        title = f"{self.topology.name}: W={self.workers} x T={self.threads}, {self.mode}"
+        return figures.mapping_figure(self.grid(), self.mapping.to_frame(), title,
+                                      list(zip(self.changed["worker"], self.changed["thread"])))
+
+    def _repr_state(self):
+        dropped = [k for k, on in self.enabled.items() if not on]
+        return [f"workers={self.workers}", f"threads={self.threads}", f"topology={self.topology.name!r}",
+                f"mode={self.mode!r}", f"without={dropped}", f"violated={list(self.violated())}",
+                f"moved={len(self.changed)}"]
 
 
 # -- PolicyComparison --------------------------------------------------------------
@@ -446,11 +624,11 @@ class PolicyComparison(SizedController):
     ----------
     placements : dict of str to Placement
         One entry per policy.
+    topology, workers, threads, policies
+        The inputs: assigning one recomputes (or raises what refused it).
     loads : pandas.DataFrame
         Expected threads per logical core (index ``cpu``), one column per policy;
         each column sums to ``workers * threads``.
-    summary : pandas.DataFrame
-        :func:`tuna_lab.placement.compare` of the policies.
 
     Examples
     --------
@@ -461,28 +639,50 @@ class PolicyComparison(SizedController):
     2.0
     """
 
+    _inputs = {**SizedController._inputs, "policies": "set_policies"}
+    _outputs = ("placements", "loads")
+
     def __init__(self, workers, threads, topology=None, policies=None, *, time_limit=10.0):
         super().__init__()
-        self.policies = compared_policies() if policies is None else tuple(policies)
         self.time_limit = time_limit
-        self._compute(workers, threads, topology_from(topology))
+        self._compute(workers, threads, topology_from(topology), policies)
+        self._seal()
 
-    def _compute(self, workers, threads, topology):
+    def _compute(self, workers, threads, topology, policies):
         from ..placement.policies import compare, placement
 
+        policies = compared_policies() if policies is None else \
+            tuple([policies] if isinstance(policies, str) else policies)
+        if not policies:
+            raise ModelError("policies: name at least one policy to compare")
         placements = {p: placement(p, workers, threads, topology, time_limit=self.time_limit)
-                      for p in self.policies}
-        summary = compare(workers, threads, topology, self.policies, time_limit=self.time_limit)
+                      for p in policies}
+        summary = compare(workers, threads, topology, policies, time_limit=self.time_limit)
         loads = pd.DataFrame({p: pl.expected_loads() for p, pl in placements.items()},
                              index=pd.Index(topology.cpus, name="cpu"))
-        self.placements, self.summary, self.loads = placements, summary, loads
-        self.workers, self.threads, self.topology = int(workers), int(threads), topology
+        self.placements, self._summary, self.loads = placements, summary, loads
+        self.workers, self.threads, self.topology, self.policies = int(workers), int(threads), topology, policies
 
     def _change(self, **changes):
         def compute():
             self._compute(changes.get("workers", self.workers), changes.get("threads", self.threads),
-                          topology_from(changes.get("topology", self.topology)))
+                          topology_from(changes.get("topology", self.topology)),
+                          changes.get("policies", self.policies))
         return self._attempt(compute)
+
+    def set_policies(self, policies):
+        """Compare these policies (names; ``None``: :func:`compared_policies`); False and ``.error`` if refused."""
+        return self._change(policies=policies)
+
+    def summary(self):
+        """:func:`tuna_lab.placement.compare` of the policies: one row per policy."""
+        return self._summary
+
+    def figure(self):
+        """The expected loads as a heatmap (plotly): one row per policy, one column per logical core."""
+        from . import figures
+
+        return figures.loads_figure(self.frame())
 
     def frame(self):
         """Tidy loads for drawing: ``policy``, ``cpu``, ``physical_core``, ``column``, ``sibling``, ``load``."""

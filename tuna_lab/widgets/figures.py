@@ -27,7 +27,7 @@ from plotly.io.base_renderers import MimetypeRenderer
 
 from .._checks import one_line
 
-__all__ = ["mapping_figure", "distance_figure", "tree_figure", "loads_figure", "p99_figure", "static",
+__all__ = ["mapping_figure", "distance_figure", "pair_distance_figure", "tree_figure", "loads_figure", "p99_figure", "static",
            "StaticRenderer"]
 
 _TEMPLATE = "plotly_white"
@@ -167,6 +167,33 @@ def distance_figure(distance, level, title="cache distance d(c, c')"):
     return fig
 
 
+def pair_distance_figure(tables, title="cache distance between the threads of one worker"):
+    """Heatmaps side by side, one per mode: ``d`` between each two threads of one worker, written in each cell.
+
+    Parameters
+    ----------
+    tables : dict of str to pandas.DataFrame
+        :meth:`ModeExplorer.pair_distances`: mode -> thread x thread distances.
+    """
+    from plotly.subplots import make_subplots
+
+    modes = list(tables)
+    top = max(float(t.to_numpy().max()) for t in tables.values()) or 1.0
+    fig = make_subplots(rows=1, cols=len(modes), subplot_titles=[
+        f"{m}: sum {tables[m].to_numpy()[np.triu_indices(len(tables[m]), 1)].sum():g}" for m in modes])
+    for i, mode in enumerate(modes, start=1):
+        t = tables[mode]
+        labels = [str(c) for c in t.columns]
+        fig.add_trace(go.Heatmap(z=t.to_numpy(), x=labels, y=labels, zmin=0, zmax=top, colorscale="Viridis",
+                                 reversescale=True, showscale=i == 1, text=t.to_numpy(), texttemplate="%{text:g}",
+                                 name=mode, hovertemplate="%{y} - %{x}: d = %{z:g}<extra></extra>"), row=1, col=i)
+        fig.update_yaxes(autorange="reversed", type="category", row=1, col=i)
+        fig.update_xaxes(type="category", row=1, col=i)
+    fig.update_layout(template=_TEMPLATE, title=title, height=320, width=300 * len(modes) + 120,
+                      margin={"l": 60, "r": 20, "t": 70, "b": 40})
+    return fig
+
+
 def tree_figure(nodes, edges, title="topology"):
     """The topology tree from :meth:`DistanceView.nodes` and :meth:`DistanceView.edges`, highlighted cpus in red."""
     pos = dict(zip(nodes["node"], zip(nodes["x"], nodes["y"])))
@@ -212,7 +239,7 @@ def loads_figure(frame, title="expected threads per logical core"):
 
 
 def p99_figure(results, title="p99 server time per trial"):
-    """Per-trial p99 (ms) of :attr:`LiveExperiment.results`, one marker trace per policy."""
+    """Per-trial p99 (ms) of :meth:`LiveExperiment.results`, one marker trace per policy."""
     fig = go.Figure()
     for policy, sel in results.groupby("policy", sort=False):
         fig.add_trace(go.Scatter(x=sel["trial"] + 1, y=sel["p99"] * 1e3, mode="markers+lines", name=policy,

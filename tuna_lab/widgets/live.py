@@ -72,7 +72,7 @@ class LiveExperiment(Controller):
     >>> live = LiveExperiment(1, 1, policies=["cfs"], trials=1, requests=20)
     >>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
     >>> live.start(); live.wait()                                   # doctest: +SKIP
-    >>> live.results[["policy", "trial", "p99"]]                    # doctest: +SKIP
+    >>> live.results()[["policy", "trial", "p99"]]                  # doctest: +SKIP
     >>> # skipped: needs a server running as PID 1234
     >>> from tuna_lab.measure.target import AttachedTarget         # doctest: +SKIP
     >>> live = LiveExperiment(None, None, policies=["cfs", "tuna-scatter"],
@@ -100,14 +100,25 @@ class LiveExperiment(Controller):
         self.state, self.lines, self.result = "idle", [], None
         self._rows, self._lock, self._between = [], threading.Lock(), False
         self._stop, self._thread = threading.Event(), None
+        self._seal()
 
-    @property
+    def _repr_state(self):
+        c = self.config
+        cell = "a target" if c is None else f"W={c.workers} x T={c.threads}, model {c.model!r}, batch {c.batch}"
+        return [cell, f"policies={self.policies}", f"trials={self.trials}", f"requests={self.requests}",
+                f"state={self.state!r}", f"finished_trials={len(self._rows)}"]
+
+    # The settings are fixed for the controller's life: a different run is a new LiveExperiment.
+    _outputs = ("target", "config", "policies", "trials", "requests", "out", "seed")
+    _fixed = "another run is a new LiveExperiment(...)"
+
     def running(self):
+        """Whether a run is in progress (its thread alive)."""
         return self._thread is not None and self._thread.is_alive()
 
     def start(self):
         """Start the run in a background thread; False (and ``.error``) if one is running."""
-        if self.running:
+        if self.running():
             self.error = "an experiment is already running"
             self._notify()
             return False
@@ -126,14 +137,14 @@ class LiveExperiment(Controller):
 
         Returns True when no run is left running.
         """
-        if self.running:
+        if self.running():
             self._stop.set()
             if self.state == "running":
                 self.state = "stopping"
                 self._notify()
             if wait:
                 self._thread.join(timeout)
-        return not self.running
+        return not self.running()
 
     def wait(self, timeout=None):
         """Block until the run ends; Ctrl-C stops it cleanly (after the trial in flight) and re-raises."""
@@ -144,22 +155,26 @@ class LiveExperiment(Controller):
         except KeyboardInterrupt:
             self.stop(wait=True)
             raise
-        return not self.running
+        return not self.running()
 
-    @property
     def results(self):
         """Trials finished so far: ``trial``, ``order``, ``policy``, ``p50``, ``p99`` (seconds),
         ``trial_status``, ``reason``."""
         with self._lock:
             return pd.DataFrame(self._rows, columns=_RESULT_COLUMNS)
 
-    @property
     def summary(self):
         """The finished run's :class:`~tuna_lab.analysis.summary.RunSummary` (the tables ``tuna-lab run`` prints);
         None until the run has finished."""
         from ..analysis.summary import summarize
 
         return None if self.result is None else summarize(self.result)
+
+    def figure(self):
+        """Each finished trial's p99 (plotly), one marker trace per policy."""
+        from . import figures
+
+        return figures.p99_figure(self.results())
 
     def _trial(self, result):
         """One (trial, policy) finished: its rows (``run`` then prints its line through :meth:`_progress`)."""

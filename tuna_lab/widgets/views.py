@@ -27,9 +27,9 @@ except ImportError:
                       "'tuna_lab[lab]' for JupyterLab too); the controllers (ModeExplorer, ...) work without it") from None
 
 from ..model.instance import MODES
-from . import figures
 from .controllers import (TOPOLOGY_CHOICES, ConstraintToggles, DistanceView, LiveExperiment,
                           ModeExplorer, PolicyComparison)
+from .teaching import EXAMPLE
 
 __all__ = ["View", "mode_explorer", "distance_view", "constraint_toggles", "policy_comparison", "live_experiment"]
 
@@ -84,45 +84,63 @@ def _forward(widget, setter, current):
     widget.observe(on_change, "value")
 
 
-def mode_explorer(topology=None, workers=2, threads=2, mode="scatter", *, controller=None):
-    """Explore the Tuna mapping: topology, workers, threads and a scatter/compact toggle.
+def mode_explorer(topology=EXAMPLE["topology"], workers=EXAMPLE["workers"], threads=EXAMPLE["threads"],
+                  mode="scatter", physical=True, *, controller=None):
+    """Explore the Tuna mapping: topology, workers, threads, a scatter/compact toggle and a physical-core one.
+
+    Opens on an example where the two modes differ visibly; under the toggles, one line says what the
+    toggle changes (or why nothing can change here, and what would), the objective terms of both modes
+    side by side, one worker's thread distances in both modes, and the mapping with the threads the
+    other mode moves ringed.
 
     Parameters
     ----------
-    topology, workers, threads, mode
+    topology, workers, threads, mode, physical
         The :class:`~tuna_lab.widgets.ModeExplorer` to build (ignored if ``controller`` is given).
     controller : ModeExplorer, optional
 
     Returns
     -------
     View
-        ``parts``: ``topology``, ``workers``, ``threads``, ``mode`` (ToggleButtons),
-        ``status`` (objective terms or the error), ``figure`` (FigureWidget of the mapping).
+        ``parts``: ``topology``, ``workers``, ``threads``, ``mode`` (ToggleButtons), ``physical``
+        (Checkbox), ``difference`` (the one line), ``physical_effect``, ``terms`` (HTML table),
+        ``status`` (objective terms or the error), ``distances`` and ``figure`` (FigureWidgets).
     """
-    ctl = controller or ModeExplorer(topology, workers, threads, mode)
+    ctl = controller or ModeExplorer(topology, workers, threads, mode, physical)
     parts = {"topology": _topology_box(ctl), "workers": _count_box("workers", ctl.workers),
              "threads": _count_box("threads", ctl.threads),
              "mode": widgets.ToggleButtons(options=MODES, value=ctl.mode, description="mode",
                                            tooltips=("spread each worker's threads apart",
                                                      "pack each worker's threads together")),
-             "status": widgets.HTML(), "figure": go.FigureWidget()}
+             "physical": widgets.Checkbox(value=ctl.physical, indent=False,
+                                          description="physical-core balance (8+), (11+-12+)"),
+             "difference": widgets.HTML(), "physical_effect": widgets.HTML(), "terms": widgets.HTML(),
+             "status": widgets.HTML(), "distances": go.FigureWidget(), "figure": go.FigureWidget()}
     parts["mode"].add_class("tuna-mode-toggle")     # a stable hook for the browser test (tests_ui/)
 
     def redraw(_=None):
         # Widgets show the accepted state: a refused value snaps back (the topology text stays, to fix it).
         parts["workers"].value, parts["threads"].value, parts["mode"].value = ctl.workers, ctl.threads, ctl.mode
+        parts["physical"].value = ctl.physical
         parts["status"].value = _status(ctl.error, ctl.summary())
-        title = f"{ctl.topology.name}: W={ctl.workers} x T={ctl.threads}, {ctl.mode}"
-        _redraw(parts["figure"], figures.mapping_figure(ctl.grid(), ctl.threads_frame(), title))
+        colour = "#064" if ctl.differ() else "#a50"
+        parts["difference"].value = f"<b style='color:{colour}'>{html.escape(ctl.difference())}</b>"
+        parts["physical_effect"].value = f"<small>{html.escape(ctl.physical_effect())}</small>"
+        parts["terms"].value = ctl.compare().to_html(float_format=lambda v: f"{v:+g}")
+        _redraw(parts["distances"], ctl.distance_figure())
+        _redraw(parts["figure"], ctl.figure())
 
     ctl.subscribe(redraw)
     _forward(parts["topology"], ctl.set_topology, lambda: None)
     _forward(parts["workers"], ctl.set_workers, lambda: ctl.workers)
     _forward(parts["threads"], ctl.set_threads, lambda: ctl.threads)
     _forward(parts["mode"], ctl.set_mode, lambda: ctl.mode)
+    _forward(parts["physical"], ctl.set_physical, lambda: ctl.physical)
     redraw()
     controls = widgets.HBox([parts["topology"], parts["workers"], parts["threads"]])
-    return View(ctl, parts, [controls, parts["mode"], parts["status"], parts["figure"]])
+    toggles = widgets.HBox([parts["mode"], parts["physical"]])
+    return View(ctl, parts, [controls, toggles, parts["difference"], parts["physical_effect"], parts["status"],
+                             widgets.HBox([parts["terms"], parts["distances"]]), parts["figure"]])
 
 
 def distance_view(topology=None, *, explorer=None, controller=None):
@@ -146,8 +164,8 @@ def distance_view(topology=None, *, explorer=None, controller=None):
 
     def redraw(_=None):
         parts["status"].value = _status(ctl.error, f"{ctl.topology.name}: {len(ctl.highlighted)} cpus highlighted")
-        _redraw(parts["matrix"], figures.distance_figure(ctl.distance, ctl.level))
-        _redraw(parts["tree"], figures.tree_figure(ctl.nodes(), ctl.edges(), title=ctl.topology.name))
+        _redraw(parts["matrix"], ctl.figure("matrix"))
+        _redraw(parts["tree"], ctl.figure("tree"))
 
     ctl.subscribe(redraw)
     if explorer is not None:
@@ -183,12 +201,10 @@ def constraint_toggles(workers=12, threads=6, topology="xeon-8272cl", mode="scat
             box.value = ctl.enabled[key]
         dropped = [k for k, on in ctl.enabled.items() if not on]
         lines = [f"without: {', '.join(dropped) or 'nothing'}; {len(ctl.changed)} threads moved vs all families",
-                 "violated checks: " + (", ".join(ctl.violated) or "none")]
+                 "violated checks: " + (", ".join(ctl.violated()) or "none")]
         lines += [f"  ({v.family}) {v.message}" for v in ctl.violations[:8]]
         parts["status"].value = _status(ctl.error, "\n".join(lines))
-        moved = list(zip(ctl.changed["worker"], ctl.changed["thread"]))
-        title = f"{ctl.topology.name}: W={ctl.workers} x T={ctl.threads}, {ctl.mode}"
-        _redraw(parts["figure"], figures.mapping_figure(ctl.grid(), ctl.mapping.to_frame(), title, moved))
+        _redraw(parts["figure"], ctl.figure())
 
     ctl.subscribe(redraw)
     for key, box in checks.items():
@@ -213,8 +229,8 @@ def policy_comparison(workers=4, threads=4, topology=None, policies=None, *, con
     def redraw(_=None):
         parts["workers"].value, parts["threads"].value = ctl.workers, ctl.threads
         parts["status"].value = _status(ctl.error, f"{ctl.topology.name}: W={ctl.workers} x T={ctl.threads}")
-        _redraw(parts["figure"], figures.loads_figure(ctl.frame()))
-        parts["table"].value = ctl.summary.to_html(float_format=lambda v: f"{v:.3g}", na_rep="-")
+        _redraw(parts["figure"], ctl.figure())
+        parts["table"].value = ctl.summary().to_html(float_format=lambda v: f"{v:.3g}", na_rep="-")
 
     ctl.subscribe(redraw)
     _forward(parts["topology"], ctl.set_topology, lambda: None)
@@ -253,9 +269,9 @@ def live_experiment(workers=1, threads=1, model="small", batch=100, policies=("c
         parts["start"].disabled, parts["stop"].disabled = busy, not busy
         parts["status"].value = _status(ctl.error, f"{ctl.state}: {about}")
         # Once finished, the table `tuna-lab run` prints ends the log.
-        summary = ctl.summary if ctl.state == "finished" else None
+        summary = ctl.summary() if ctl.state == "finished" else None
         parts["log"].value = "\n".join(ctl.lines + ([summary.to_text()] if summary is not None else []))
-        _redraw(parts["figure"], figures.p99_figure(ctl.results))
+        _redraw(parts["figure"], ctl.figure())
 
     ctl.subscribe(redraw)
     parts["start"].on_click(lambda _: ctl.start())

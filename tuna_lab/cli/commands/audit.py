@@ -2,7 +2,7 @@
 
 One screen: the server's processes and threads (role, mask, last CPU, run-queue
 wait and migrations per second over ``--interval``), then the findings of
-:func:`tuna_lab.placement.audit.findings`, each with its evidence and what to
+:func:`tuna_lab.live.audit.findings`, each with its evidence and what to
 do. Exit status 0: clean; 1: findings; 2: bad input. ``audit`` changes nothing
 unless ``--isolate --apply``, which moves other processes' threads and IRQs off
 the serving CPUs and records it for ``tuna-lab unpin --isolation``.
@@ -64,7 +64,7 @@ def add_parser(subparsers, command=None):
 def _cmd_audit(args):
     from ..._checks import format_cpulist
     from ...errors import PinError
-    from ...placement import audit
+    from ...live import audit
     from ...placement.plan import Plan
     from ..options import worker_choice_of
 

@@ -98,7 +98,7 @@ def _plan_of(args, workers):
     """
     from ...errors import PlanError
     from ...machine import Topology
-    from ...placement.pin import check_front_cpus, server_cpus
+    from ...live.pin import check_front_cpus, server_cpus
     from ...placement.plan import Plan
 
     # The master's mask from before a `pin --front-cpus` moved it, if one did.
@@ -123,7 +123,8 @@ def _cmd_pin(args):
     import threading
 
     from ...errors import PinError
-    from ...placement.pin import check_server, pin_server, watch_server
+    from ...live.roles import check_server
+    from ...live.pin import pin_server, watch_server
 
     if args.enforce and not args.watch:
         raise PinError("--enforce puts back, while --watch runs, masks someone else changed: give --watch too")
@@ -148,7 +149,8 @@ def _cmd_pin(args):
 
 
 def _cmd_unpin(args):
-    from ...placement.pin import check_server, unpin_server
+    from ...live.roles import check_server
+    from ...live.pin import unpin_server
 
     if args.isolation:
         _undo_isolation(args.json)
@@ -164,8 +166,8 @@ def _cmd_unpin(args):
 
 
 def _undo_isolation(as_json):
-    """``unpin --isolation``: what ``audit --isolate --apply`` changed, put back (:func:`~tuna_lab.placement.audit.undo_isolation`)."""
-    from ...placement.audit import undo_isolation
+    """``unpin --isolation``: what ``audit --isolate --apply`` changed, put back (:func:`~tuna_lab.live.audit.undo_isolation`)."""
+    from ...live.audit import undo_isolation
 
     done, left = undo_isolation()
     if as_json:

@@ -81,7 +81,8 @@ def _cmd_plan(args):
     plan = plan_for(args.policy, args.workers, args.threads, topology, args.time_limit, args.on_infeasible)
     tids = None
     if args.pid is not None:
-        from ...placement.pin import check_server, server_roles, server_threads
+        from ...live.roles import check_server, server_roles
+        from ...live.pin import server_threads
 
         check_server(args.pid)                          # PID 1, or a process that serves nothing: refused
         roles = server_roles(args.pid, worker_choice_of(args))

@@ -209,7 +209,8 @@ def _cmd_status(args):
 def _status_of_pid(args):
     import sys
 
-    from ...placement.pin import PinReport, server_roles, server_threads
+    from ...live.pin import PinReport, server_threads
+    from ...live.roles import server_roles
     from ...placement.plan import Plan
 
     plan = Plan.read(args.plan) if args.plan else None
@@ -234,7 +235,7 @@ def _drift(master, plan, roles):
 
     Read over a short interval: status shows masks, not rates.
     """
-    from ...placement import audit
+    from ...live import audit
 
     snap = audit.snapshot(master, plan, interval=0.05, roles=roles)
     return [f for f in audit.findings(snap) if f.kind in ("drift", "replaced")]

@@ -1,0 +1,136 @@
+"""The lessons teach what they claim: the mode toggle shows or explains a difference, stored outputs hold no chatter."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tuna_lab.widgets import ModeExplorer
+from tuna_lab.widgets import teaching
+
+NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+
+# What a tool prints for its operator, not for the lesson: a CPU-lock wait, a countdown, a solver's
+# banner, numpy's scalar reprs (numpy >= 2 prints np.int64(3) where a reader expects 3).
+CHATTER = ("waiting up to", "TUNA_LAB_CPU_LOCK_WAIT", "s left]", "Running HiGHS", "np.int64(", "np.float64(",
+           "np.int32(", "np.float32(", "np.bool_(")
+
+
+# -- the mode toggle -----------------------------------------------------------------------
+
+def test_the_explorer_opens_on_an_example_where_the_modes_differ():
+    ex = ModeExplorer()
+    assert (ex.topology.name, ex.workers, ex.threads) == ("epyc-7313p", 4, 4)
+    assert ex.differ() and ex.why_same() is None
+    line = ex.difference()
+    assert "\n" not in line and line.startswith("scatter and compact differ")
+    assert "4 L3 domains in scatter, 1 in compact" in line
+    moved = ex.moved()
+    assert len(moved) == (ex.scatter.assignment != ex.compact.assignment).sum() > 0
+    terms = ex.compare()
+    # Each worker's f_mode term side by side; they add up to f_mode in each mode.
+    workers = terms.loc[[f"worker {w}" for w in range(4)]]
+    assert np.allclose(workers.sum(), terms.loc["f_mode"])
+    assert terms.loc["f_mode", "scatter"] == ex.scatter.f_mode > 0 > terms.loc["f_mode", "compact"]
+    # The picture rings the threads the toggle moves.
+    assert "moved" in [t.name for t in ex.figure().data]
+    # One worker's thread distances in both modes, summing to its term.
+    tables = ex.pair_distances(0)
+    for mode, table in tables.items():
+        upper = table.to_numpy()[np.triu_indices(len(table), 1)].sum()
+        assert upper == pytest.approx(abs(terms.loc["worker 0", mode]))
+
+
+def test_the_article_machine_at_4x4_says_why_the_toggle_changes_nothing_and_what_would():
+    ex = ModeExplorer("xeon-8272cl", workers=4, threads=4)
+    table = ex.table()
+    assert ex.toggle_mode() and ex.table().equals(table)          # the issue's case: an identical table
+    why = ex.why_same()
+    assert why is not None and "\n" not in why
+    assert "physical-core balance (8+)" in why and "W x T = 16 <= P = 16" in why
+    assert "share the last cache level" in why and "toggle_physical()" in why
+    assert ex.difference().startswith("scatter and compact give the same spread")
+    # The change it names does separate them.
+    assert ex.toggle_physical() and ex.differ() and ex.why_same() is None
+    assert teaching.own_siblings(ex.compact) > 0 == teaching.own_siblings(ex.scatter)
+    assert "share a physical core with their own worker" in ex.difference()
+
+
+@pytest.mark.parametrize("spec, workers, threads, words", [
+    ("xeon-8272cl", 4, 1, "each worker runs 1 thread"),
+    ("core:4 pu:1", 2, 2, "equally far apart"),
+])
+def test_where_nothing_can_differ_the_line_names_a_change_that_does(spec, workers, threads, words):
+    ex = ModeExplorer(spec, workers=workers, threads=threads)
+    why = ex.why_same()
+    assert why is not None and words in why and "makes them differ" in why
+
+
+@pytest.mark.parametrize("spec, workers, threads", [
+    ("xeon-8272cl", 2, 4), ("xeon-8272cl", 4, 8), ("epyc-7313p", 2, 8), ("pack:2 l3:1 core:2 pu:2", 2, 2),
+])
+def test_why_same_is_given_exactly_when_the_modes_spread_a_worker_alike(spec, workers, threads):
+    ex = ModeExplorer(spec, workers=workers, threads=threads)
+    alike = teaching.spread(ex.scatter) == pytest.approx(teaching.spread(ex.compact))
+    assert (ex.why_same() is not None) == alike == (not ex.differ())
+
+
+def test_the_physical_core_analogues_are_a_toggle_of_their_own():
+    ex = ModeExplorer("xeon-8272cl", workers=4, threads=4, mode="compact")
+    keys = {f.key for f in ex.mapping.families}
+    assert {"8p", "11p-12p"} <= keys and ex.physical
+    effect = ex.physical_effect()
+    assert "\n" not in effect and "physical loads 1..1" in effect and "without them: 0..2" in effect
+    assert ex.toggle_physical() and not ex.physical and ex.mode == "compact"
+    assert not {"8p", "11p-12p"} & {f.key for f in ex.mapping.families}
+    assert ex.mapping.physical_loads.max() == 2
+    assert ex.set_physical("yes") is False and "physical must be True or False" in ex.error and not ex.physical
+
+
+def test_the_view_shows_the_line_the_terms_and_the_physical_toggle():
+    pytest.importorskip("ipywidgets")
+    from tuna_lab.widgets import mode_explorer
+
+    view = mode_explorer()
+    assert "differ" in view.parts["difference"].value and "worker 0" in view.parts["terms"].value
+    assert len(view.parts["distances"].data) == 2
+    view.parts["topology"].value = "xeon-8272cl"
+    assert "same spread" in view.parts["difference"].value
+    view.parts["physical"].value = False                      # what a click on the checkbox does
+    assert view.controller.physical is False and "scatter and compact differ" in view.parts["difference"].value
+
+
+# -- clean lessons ---------------------------------------------------------------------------
+
+def _outputs_text(cell):
+    for out in cell.get("outputs", []):
+        if "text" in out:
+            yield "".join(out["text"])
+        for kind, data in out.get("data", {}).items():
+            if kind.startswith("text/"):
+                yield "".join(data) if isinstance(data, list) else str(data)
+        if "traceback" in out:
+            yield "\n".join(out["traceback"])
+
+
+def test_there_are_notebooks_to_scan():
+    assert len(NOTEBOOKS) >= 11
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_outputs_hold_no_tool_chatter(path):
+    cells = json.loads(path.read_text())["cells"]
+    found = [(i, pattern) for i, cell in enumerate(cells) for text in _outputs_text(cell)
+             for pattern in CHATTER if pattern in text]
+    assert not found, f"{path.name}: tool chatter in stored outputs (cell, text): {found}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_solution_cell_is_folded(path):
+    cells = json.loads(path.read_text())["cells"]
+    solutions = [(i, cell["metadata"].get("tags", [])) for i, cell in enumerate(cells)
+                 if cell["cell_type"] == "code" and ("solution" in cell["metadata"].get("tags", [])
+                                                     or "".join(cell["source"]).lstrip().startswith("# Solution"))]
+    unfolded = [i for i, tags in solutions if "hide-input" not in tags or "solution" not in tags]
+    assert not unfolded, f"{path.name}: solution cells not tagged solution + hide-input: {unfolded}"

@@ -1,0 +1,360 @@
+"""Which children of a running server's master are its workers, front ends and helpers.
+
+A server is a master process and its children. Not every child serves
+requests: :func:`server_roles` tells the **workers** (the processes that run
+an inference runtime, or accept on the server's socket) from **front ends**
+(an API process that answers HTTP and passes requests on over a queue) and
+**helpers** (a multiprocessing Manager or resource tracker, a metrics
+exporter), each with the reason; only workers get a slot. ``--workers`` and
+``--worker-match`` (:class:`WorkerChoice`) name them where the discovery
+cannot.
+"""
+
+import os
+import re
+from dataclasses import dataclass
+
+import psutil
+
+from ..errors import PinError
+from .pools import loaded_runtimes
+
+__all__ = ["WorkerChoice", "ProcessRole", "ServerRoles", "server_roles", "worker_pids", "check_server"]
+
+# Children of a master that are no workers, by their command line: uvicorn --workers and MLServer start their
+# workers with multiprocessing's spawn, which first starts a resource tracker (and forkserver, a fork server).
+_HELPER_PROCESSES = (("multiprocessing.resource_tracker", "multiprocessing's resource tracker"),
+                     ("multiprocessing.forkserver", "multiprocessing's fork server"))
+
+
+
+
+# -- finding workers and threads ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkerChoice:
+    """Which processes are the workers when the user says so, overriding :func:`server_roles`' discovery.
+
+    ``pids``: the worker PIDs (``--workers PID,PID``), each a descendant of
+    the master; ``match``: a regular expression searched for in every
+    descendant's command line (``--worker-match REGEX``). Empty: discover.
+
+    Examples
+    --------
+    >>> WorkerChoice.parse("12, 7", None).pids
+    (12, 7)
+    >>> WorkerChoice.parse(None, "inference_worker").match.pattern
+    'inference_worker'
+    >>> WorkerChoice.parse("12,x", None)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.PinError: --workers takes PIDs separated by commas (e.g. 4121,4122), got '12,x'
+    """
+
+    pids: tuple = ()
+    match: object = None
+
+    @classmethod
+    def parse(cls, pids=None, match=None):
+        """From the options' text: ``pids`` ``"PID,PID"`` and ``match`` a regular expression; PinError if bad."""
+        if pids is not None and match is not None:
+            raise PinError("give either --workers or --worker-match, not both")
+        found = ()
+        if pids is not None:
+            try:
+                found = tuple(int(p) for p in str(pids).split(","))
+            except ValueError:
+                found = ()
+            if not found or any(p <= 0 for p in found) or len(set(found)) != len(found):
+                raise PinError(f"--workers takes PIDs separated by commas (e.g. 4121,4122), got {pids!r}")
+        pattern = None
+        if match is not None:
+            try:
+                pattern = re.compile(str(match))
+            except re.error as exc:
+                raise PinError(f"--worker-match {match!r} is not a regular expression: {exc}") from None
+        return cls(found, pattern)
+
+    def __bool__(self):
+        return bool(self.pids) or self.match is not None
+
+
+@dataclass(frozen=True)
+class ProcessRole:
+    """One process of a server: PID, ``role`` (``master``, ``worker``, ``front end``, ``helper``), why, command."""
+
+    pid: int
+    role: str
+    why: str
+    command: str = ""
+
+    def to_dict(self):
+        return {"pid": self.pid, "role": self.role, "why": self.why, "command": self.command}
+
+
+@dataclass(frozen=True)
+class ServerRoles:
+    """The processes of a server by role: its master, its workers (oldest first) and the rest (helpers)."""
+
+    master: ProcessRole
+    workers: tuple
+    helpers: tuple
+
+    @property
+    def worker_pids(self):
+        return [w.pid for w in self.workers]
+
+    def left_out(self):
+        """The helpers as ``PID (role: why)`` text, for an error that says who was not counted."""
+        return "; ".join(f"{h.pid} ({h.role}: {h.why})" for h in self.helpers) or "none"
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """What /proc says of one process: start time, command, inference runtimes, TCP and Manager sockets."""
+
+    pid: int
+    started: float
+    command: str
+    runtimes: tuple
+    listening: frozenset
+    ports: frozenset
+    connections: int
+    manager: str
+
+
+def _facts(proc):
+    """The :class:`_Facts` of a psutil process; None if it is gone or a zombie."""
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        try:
+            command = " ".join(proc.cmdline())
+        except psutil.AccessDenied:
+            command = ""
+        tcp = proc.net_connections("tcp")
+        unix = proc.net_connections("unix")
+        started = proc.create_time()
+    except psutil.NoSuchProcess:
+        return None
+    except psutil.AccessDenied:
+        raise PinError(f"permission denied: cannot read the sockets of process {proc.pid}") from None
+    listening = frozenset(c.laddr.port for c in tcp if c.laddr and c.status == psutil.CONN_LISTEN)
+    ports = frozenset(c.laddr.port for c in tcp if c.laddr)
+    connected = sum(1 for c in tcp if c.status == psutil.CONN_ESTABLISHED)
+    # multiprocessing.Manager() serves its proxies on a socket in a pymp-* folder of its own.
+    manager = next((c.laddr for c in unix if isinstance(c.laddr, str) and "/pymp-" in c.laddr
+                    and os.path.basename(c.laddr).startswith("listener-")), "")
+    return _Facts(proc.pid, started, command, tuple(loaded_runtimes(proc.pid)), listening, ports,
+                  connected, manager)
+
+
+def _sockets(f):
+    held = [f"listens on port {', '.join(map(str, sorted(f.listening)))}"] if f.listening else []
+    if f.connections:
+        held.append(f"{f.connections} TCP connection{'' if f.connections == 1 else 's'}")
+    return " and ".join(held) or f"TCP sockets on port {', '.join(map(str, sorted(f.ports)))}"
+
+
+def _runtime_words(f):
+    return ", ".join(f.runtimes)
+
+
+def _discover(master_facts, children):
+    """``{pid: (role, why)}`` of ``children`` (:class:`_Facts`) by what each holds and runs; see :func:`server_roles`."""
+    roles = {}
+    rest = []
+    for f in children:
+        named = next((what for mark, what in _HELPER_PROCESSES if mark in f.command), None)
+        if named:
+            roles[f.pid] = ("helper", f"{named} (its command line)")
+        elif f.manager:
+            roles[f.pid] = ("helper", f"a multiprocessing Manager: it serves proxies on {f.manager}")
+        else:
+            rest.append(f)
+    runtime = [f for f in rest if f.runtimes]
+    server_ports = set(master_facts.listening) | {p for f in runtime for p in f.listening}
+
+    def serves(f):
+        return bool(f.ports & server_ports) if server_ports else bool(f.ports)
+
+    fed = [f for f in runtime if not f.ports]
+    if fed:
+        # Runtime processes that hold no socket take their requests over a queue or pipe from a front end.
+        for f in fed:
+            roles[f.pid] = ("worker", (f"runs {_runtime_words(f)} and holds no TCP socket: it takes its requests "
+                                       "over a queue or pipe from the process that answers HTTP"))
+    elif runtime:
+        for f in runtime:
+            roles[f.pid] = ("worker", f"runs {_runtime_words(f)} and {_sockets(f)}: it serves requests itself")
+    else:
+        for f in rest:
+            if serves(f):
+                roles[f.pid] = ("worker", (f"{_sockets(f)} (the server's) and loads no known inference runtime: "
+                                           "it serves requests itself"))
+    for f in rest:
+        if f.pid in roles:
+            continue
+        if serves(f):
+            also = (f"; it loads {_runtime_words(f)} too, but the processes that run requests hold no socket"
+                    if f.runtimes else " but runs no inference runtime")
+            roles[f.pid] = ("front end", f"{_sockets(f)} (the server's){also}: it answers HTTP and passes requests on")
+        elif f.ports:
+            ports = ", ".join(map(str, sorted(server_ports)))
+            roles[f.pid] = ("helper", (f"{_sockets(f)}, not the server's port{'' if len(server_ports) == 1 else 's'} "
+                                       f"{ports}, and runs no inference runtime (a metrics exporter or another side "
+                                       "service)"))
+        else:
+            roles[f.pid] = ("helper", "holds no TCP socket and runs no inference runtime")
+    return roles
+
+
+def server_roles(master, choice=None, force=False):
+    """The master, workers and helpers of the running server ``master``, each with the reason.
+
+    A **worker** serves requests. Among the master's child processes (not
+    multiprocessing's resource tracker or fork server, nor a multiprocessing
+    Manager, which are helpers by what they are):
+
+    * the processes that run an inference runtime
+      (:func:`~tuna_lab.live.pools.loaded_runtimes`: XGBoost, ONNX
+      Runtime, PyTorch, LightGBM, OpenMP) and hold no TCP socket are the
+      workers when there are any: they take requests from a front end over a
+      queue (LitServe's inference workers, MLServer's parallel workers); the
+      processes that hold the server's socket are **front ends**;
+    * else every process that runs one (Gunicorn's and uvicorn's workers,
+      each accepting on the shared socket);
+    * else, when none runs a known runtime, every process that holds the
+      server's socket (the master's listening ports) or a TCP connection.
+
+    Any other child is a **helper**: reported, never given a slot or pinned
+    (a metrics exporter listens on a port of its own). ``choice``
+    (:class:`WorkerChoice`) names the workers instead; ``force`` takes every
+    child that is no helper by what it is when none is found a worker.
+
+    Raises
+    ------
+    PinError
+        No such process, no children, no worker found (the message names the
+        children and why none counts), or a ``choice`` that names none.
+    """
+    choice = choice or WorkerChoice()
+    try:
+        proc = psutil.Process(int(master))
+        children = proc.children()
+        descendants = proc.children(recursive=True) if choice else children
+    except (psutil.NoSuchProcess, ValueError, TypeError):
+        raise PinError(f"no process with PID {master}") from None
+    except psutil.AccessDenied:
+        raise PinError(f"permission denied: cannot see the children of PID {master}") from None
+    master_facts = _facts(proc)
+    if master_facts is None:
+        raise PinError(f"no process with PID {master}")
+    facts = [f for f in map(_facts, children) if f is not None]
+    if not facts and not choice:
+        raise PinError(f"PID {master} has no child processes: not a pre-fork server's master, "
+                       "or its workers have not started yet")
+    roles = _discover(master_facts, facts)
+    head = ProcessRole(int(master), "master", _master_why(master_facts, facts, roles), master_facts.command)
+    if choice:
+        picked = _chosen(master, choice, descendants)
+        by_pid = {f.pid: f for f in facts}
+        extra = [f for f in map(_facts, [d for d in descendants if d.pid in picked and d.pid not in by_pid])
+                 if f is not None]
+        by_pid.update({f.pid: f for f in extra})
+        how = "--workers" if choice.pids else f"--worker-match {choice.match.pattern!r}"
+        workers = [ProcessRole(p, "worker", f"named by {how}", by_pid[p].command) for p in picked if p in by_pid]
+        helpers = [ProcessRole(f.pid, roles[f.pid][0] if roles[f.pid][0] != "worker" else "helper",
+                               f"not named by {how}" + ("" if roles[f.pid][0] == "worker" else
+                                                         f"; {roles[f.pid][1]}"), f.command)
+                   for f in facts if f.pid not in picked]
+        order = {f.pid: f.started for f in by_pid.values()}
+        return ServerRoles(head, tuple(sorted(workers, key=lambda w: (order[w.pid], w.pid))), tuple(helpers))
+    workers = [f for f in facts if roles[f.pid][0] == "worker"]
+    if not workers and force:
+        workers = [f for f in facts if not any(mark in f.command for mark, _ in _HELPER_PROCESSES)
+                   and not f.manager]
+        for f in workers:
+            roles[f.pid] = ("worker", f"a child process (--force; {roles[f.pid][1]})")
+    helpers = [ProcessRole(f.pid, *roles[f.pid], f.command) for f in facts if roles[f.pid][0] != "worker"]
+    out = ServerRoles(head, tuple(ProcessRole(f.pid, "worker", roles[f.pid][1], f.command)
+                                  for f in sorted(workers, key=lambda f: (f.started, f.pid))), tuple(helpers))
+    if not out.workers:
+        name = os.path.basename(master_facts.command.split(" ")[0]) if master_facts.command else "?"
+        raise PinError(f"PID {master} ({name}) is not a recognised pre-fork server: none of its "
+                       f"{len(facts)} child process{'' if len(facts) == 1 else 'es'} serves requests (holds a TCP "
+                       f"socket or runs an inference runtime): {out.left_out()}; name the workers with --workers "
+                       "PID,PID or --worker-match REGEX, or give --force to take every child")
+    return out
+
+
+def _master_why(master, children, roles):
+    """Why the master is what it is: a manager of pre-fork workers, or a front end that parses requests itself."""
+    if not master.ports:
+        return "holds no TCP socket: it starts and watches its children"
+    shared = [f for f in children if roles[f.pid][0] == "worker" and f.listening & master.listening]
+    if shared:
+        return f"{_sockets(master)}, which its workers accept on: it starts and watches them"
+    if any(role == "front end" for role, _ in roles.values()):
+        return f"{_sockets(master)}, which its front ends answer on: it starts and watches its children"
+    return (f"{_sockets(master)} and no child of it answers there: it reads and parses the requests itself and "
+            "passes them to its workers (its CPU time is the front end's; only --front-cpus places it)")
+
+
+def _chosen(master, choice, descendants):
+    """The PIDs ``choice`` names among ``descendants`` of ``master``, in its order (PinError if it names none)."""
+    live = {}
+    for d in descendants:
+        try:
+            if d.status() != psutil.STATUS_ZOMBIE:
+                live[d.pid] = " ".join(d.cmdline())
+        except psutil.AccessDenied:
+            live[d.pid] = ""
+        except psutil.NoSuchProcess:
+            continue
+    if choice.pids:
+        strangers = [p for p in choice.pids if p not in live]
+        if strangers:
+            raise PinError(f"--workers: process {strangers[0]} is not a live child (or descendant) of server "
+                           f"{master}")
+        return list(choice.pids)
+    picked = [pid for pid, command in live.items() if choice.match.search(command)]
+    if not picked:
+        raise PinError(f"--worker-match {choice.match.pattern!r} matches the command line of none of the "
+                       f"{len(live)} processes under server {master}")
+    return picked
+
+
+def worker_pids(master, choice=None, force=False):
+    """The master's worker processes, oldest first (their slot order): :func:`server_roles`' workers.
+
+    Raises
+    ------
+    PinError
+        No process ``master``, no children, or no child that serves requests
+        (see :func:`server_roles`).
+    """
+    return server_roles(master, choice, force).worker_pids
+
+
+def check_server(master, force=False, choice=None):
+    """Refuse (:class:`PinError`) to pin ``master`` unless it is a server whose workers are found, or ``force``.
+
+    PID 1 (init, or a container's first process) is always refused unless
+    ``force``: its children are the whole system's (or container's)
+    services. Any other process is a server's master when :func:`server_roles`
+    finds its workers (or ``choice`` names them): a shell whose children are
+    ``sleep`` processes is none. Returns the workers' PIDs.
+
+    Examples
+    --------
+    >>> check_server(1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.PinError: PID 1 is the system's (or container's) first process, not a server's master; ...
+    """
+    if int(master) == 1 and not force:
+        raise PinError("PID 1 is the system's (or container's) first process, not a server's master; "
+                       "give --force to pin its children anyway")
+    return worker_pids(master, choice, force)
+
