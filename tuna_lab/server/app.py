@@ -75,6 +75,11 @@ _ROUTES = {"/healthz": "GET", "/predict": "POST"}
 # Enough rows that every OpenMP loop in DMatrix/predict/SHAP uses all threads.
 _WARM_ROWS = 64
 _CHUNK = 1 << 16
+#: Most bytes one JSON value of a row may take in a body, separator and indentation included (a float64's
+#: repr is at most 24 characters; pretty-printed rows add their indentation): the body's byte bound per value.
+VALUE_BYTES = 64
+# What a body holds beyond its values: braces, the "rows" key, white space.
+_SHAPE_SLACK = 4096
 
 
 class _HTTPError(Exception):
@@ -267,6 +272,8 @@ class InferenceApp:
         body = self._read_body(environ)
 
         t = time.perf_counter()
+        # Before json.loads: its time and memory grow with everything the body holds, not only the rows.
+        self._check_shape(body)
         doc = _deserialize(body)
         stages["deserialize"] = time.perf_counter() - t
 
@@ -334,21 +341,55 @@ class InferenceApp:
             if size > self.max_body_bytes:
                 raise _HTTPError(413, f"body exceeds the limit of {self.max_body_bytes} bytes")
 
+    def _check_rows(self, n):
+        """413 when ``n`` rows are more than the row limit or the work bound allows."""
+        if n > self.max_rows:
+            # Before the rows are looked at or converted: the worker's memory stays bounded.
+            raise _HTTPError(413, f"{n} rows exceed the limit of {self.max_rows} rows per request "
+                                  "(TUNA_LAB_MAX_ROWS); send smaller batches")
+        if n * self.cost > self.max_work:
+            # Before anything is predicted: the time a request holds a worker stays bounded too.
+            raise _HTTPError(413, f"{n} rows x cost {self.cost} of model {self.model!r} = "
+                                  f"{n * self.cost:,} exceed the work bound of {self.max_work:,} per request "
+                                  f"(TUNA_LAB_MAX_WORK); send at most {self.max_work // self.cost} rows")
+
+    def _check_shape(self, body):
+        """413 before ``json.loads`` for a body that holds more than the rows the bounds allow could.
+
+        The parse costs time and memory in proportion to the bytes and the
+        JSON values of the whole body (a 50 MiB list under an unused key held
+        a worker 25 s at 1.36 GB), so the work bound counts it, by the body's
+        shape: its lists (each ``[`` opens one; a body of rows has one per row
+        and one around them), its values (each ``,`` separates two) and its
+        bytes (at most :data:`VALUE_BYTES` a value) must fit what the allowed
+        rows hold. Three passes of ``bytes.count`` over the body: milliseconds.
+        """
+        rows = body.count(b"[") - 1
+        # Exact for a body of rows; a body of another shape is refused in the rows' own terms.
+        self._check_rows(rows)
+        rows = max(rows, 1)
+        # Commas separate the values of a row and the rows: a body of rows has fewer than rows x (features + 1).
+        values = body.count(b",") + 1
+        if values > rows * (self.n_features + 1):
+            raise _HTTPError(413, f"the body holds {values:,} JSON values, more than its {rows:,} rows of "
+                                  f'{self.n_features} features do; send only {{"rows": [[x1, ..., xn], ...]}}')
+        most = rows * self.n_features * VALUE_BYTES + _SHAPE_SLACK
+        if len(body) > most:
+            raise _HTTPError(413, f"the body's {len(body):,} bytes are more than {rows:,} rows of "
+                                  f"{self.n_features} numbers take ({VALUE_BYTES} bytes a value: at most {most:,}); "
+                                  f'send only {{"rows": [[x1, ..., xn], ...]}}')
+
     def _convert(self, doc, body):
         if not isinstance(doc, dict) or "rows" not in doc:
             raise _HTTPError(400, 'body must be a JSON object with a "rows" key')
+        others = sorted(k for k in doc if k != "rows")
+        if others:
+            raise _HTTPError(400, shorten(f'unknown key(s) {", ".join(map(repr, others))}: the body holds "rows" only',
+                                          200))
         rows = doc["rows"]
         if not isinstance(rows, list) or not rows:
             raise _HTTPError(400, '"rows" must be a non-empty list of lists')
-        if len(rows) > self.max_rows:
-            # Before the rows are looked at or converted: the worker's memory stays bounded.
-            raise _HTTPError(413, f"{len(rows)} rows exceed the limit of {self.max_rows} rows per request "
-                                  "(TUNA_LAB_MAX_ROWS); send smaller batches")
-        if len(rows) * self.cost > self.max_work:
-            # Before anything is predicted: the time a request holds a worker stays bounded too.
-            raise _HTTPError(413, f"{len(rows)} rows x cost {self.cost} of model {self.model!r} = "
-                                  f"{len(rows) * self.cost:,} exceed the work bound of {self.max_work:,} per request "
-                                  f"(TUNA_LAB_MAX_WORK); send at most {self.max_work // self.cost} rows")
+        self._check_rows(len(rows))
         for i, row in enumerate(rows):
             if not isinstance(row, list):
                 raise _HTTPError(400, f'"rows"[{i}] is not a list')

@@ -27,8 +27,9 @@ from tuna_lab.server.pinning import drop_record, pin_worker, read_plan
 _STATE = os.environ["TUNA_LAB_STATE"]
 
 workers = read_plan(_STATE).workers
-# Gunicorn's sync worker with a read deadline per connection, telling the app each request's wait (shedding).
-worker_class = "tuna_lab.server.wsgi.LabWorker"
+# Reads each request whole with a selector before serving it on the main thread (slow or idle sockets hold no
+# worker), and tells the app each request's wait (shedding): tuna_lab.server.worker.
+worker_class = "tuna_lab.server.worker.LabWorker"
 # No control socket (Gunicorn 25.1+ opens ~/.gunicorn/gunicorn.ctl by default, one for all of a user's servers,
 # whose `worker add` would change W mid-measurement); older Gunicorns ignore the setting.
 control_socket_disable = True
