@@ -18,8 +18,8 @@ from ..errors import PinError
 from .pools import thread_cpu_times
 from .roles import server_roles
 
-__all__ = ["Activity", "activity_of", "serve_requests", "front_work", "role_cpu_times", "FRONT_SHARE",
-           "FRONT_FLOOR"]
+__all__ = ["Activity", "activity_of", "serve_requests", "front_work", "role_cpu_times", "FAIR_SHARE",
+           "FRONT_SHARE", "FRONT_FLOOR"]
 
 @dataclass
 class Activity:
@@ -40,10 +40,10 @@ class Activity:
 
 # What a worker must gain in CPU time (s) over the requests to count as having served some.
 _SERVED = 0.005
-# ... and each worker at least this share of the busiest one's CPU: the kernel may hand one worker most of
+#: ... and each worker at least this share of the busiest one's CPU: the kernel may hand one worker most of
 # a few requests, and a worker that served one of them may not have woken its pool (ONNX Runtime's runs a
 # small request on the main thread alone), which would then not be told by its activity.
-_FAIR_SHARE = 0.25
+FAIR_SHARE = 0.25
 #: The master and front ends do real work (:func:`front_work`) when they use at least this share of the
 #: workers' CPU time ...
 FRONT_SHARE = 0.05
@@ -189,7 +189,7 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
                 gains[pid] = {tid: now[tid] - before[pid].get(tid, 0.0) for tid in now}
             spent = {pid: sum(gains.get(pid, {}).values()) for pid in workers}
             idle = tuple(pid for pid in workers if spent[pid] < _SERVED)
-            fair = min(spent.values(), default=0.0) >= _FAIR_SHARE * max(spent.values(), default=0.0)
+            fair = min(spent.values(), default=0.0) >= FAIR_SHARE * max(spent.values(), default=0.0)
             elapsed = time.monotonic() - start
             if (sent >= requests and not idle and fair) or sent >= max_requests or elapsed >= max_seconds:
                 front = front_work(roles, processes, role_cpu_times(roles), sent)

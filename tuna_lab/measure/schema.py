@@ -255,9 +255,9 @@ def fair_share():
     >>> fair_share()
     0.25
     """
-    from ..live.traffic import _FAIR_SHARE
+    from ..live.traffic import FAIR_SHARE
 
-    return _FAIR_SHARE
+    return FAIR_SHARE
 
 #: What the scheduler did during a trial's load, in its row (:class:`tuna_lab.measure.cpu.SchedEvidence`,
 #: read through :mod:`tuna_lab.machine.sched` before and after the load). *Server threads* are every
