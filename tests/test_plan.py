@@ -164,8 +164,9 @@ def test_omp_places_format_parses_back_to_the_plan(args, plans):
     plan = Plan.read(plans(*args))
     lines = text.splitlines()
     assert lines[0].startswith("# ") and plan.fingerprint in lines[0]
-    assert len(lines) == 1 + plan.workers
-    for w, line in enumerate(lines[1:]):
+    # The head, comment lines (what the format cannot do for every server), one line a slot.
+    assert all(line.startswith("# ") for line in lines[:-plan.workers])
+    for w, line in enumerate(lines[-plan.workers:]):
         m = _OMP_LINE.match(line)
         assert m, line
         assert int(m.group(1)) == w and int(m.group(3)) == plan.threads
@@ -196,7 +197,8 @@ def test_taskset_format_without_a_server_names_every_thread_of_every_slot(scatte
     body = [line for line in text.splitlines() if not line.startswith("#")]
     assert len(body) == plan.workers * plan.threads
     for line in body:
-        m = re.fullmatch(r"taskset -p -c (\S+) <TID of slot (\d+) rank (\d+)>", line)
+        # The placeholder is one quoted word: a line run by sh passes it to taskset, which refuses it.
+        m = re.fullmatch(r"taskset -p -c (\S+) '<TID of slot (\d+) rank (\d+)>'", line)
         assert m, line
         w, t = int(m.group(2)), int(m.group(3))
         # Not knowing the runtime, a main thread gets all of its slot's CPUs: never fewer than its pool
@@ -230,7 +232,7 @@ print(json.dumps({
     "plan": os.environ["TUNA_LAB_PLAN"],
     "hooks": sorted(n for n in ("post_fork", "post_worker_init", "child_exit", "on_exit")
                     if callable(config.get(n))),
-    "workers": config["workers"], "worker_class": config["worker_class"],
+    "workers": config["workers"], "worker_class": config.get("worker_class"),
     "heavy": sorted(m for m in ("cvxpy", "highspy", "plotly", "xgboost") if m in sys.modules),
 }))
 """
@@ -250,8 +252,41 @@ def test_gunicorn_snippet_sets_the_plan_and_imports_the_hooks(scatter_json, plan
     got = _exec_gunicorn_snippet(snippet)
     assert Plan.read(got["plan"]) == plan
     assert got["hooks"] == ["child_exit", "on_exit", "post_fork", "post_worker_init"]
-    assert (got["workers"], got["worker_class"]) == (plan.workers, "sync")
+    # The user's worker class is kept (issue 47): pasted into a gthread config, the snippet changes no setting.
+    assert (got["workers"], got["worker_class"]) == (plan.workers, None)
     assert got["heavy"] == []                   # the hooks load no solver, plotting or XGBoost
+
+
+@pytest.mark.parametrize("worker_class", ["sync", "gthread", "my_app.workers.Sync"])
+def test_gunicorn_snippet_sets_a_worker_class_only_when_named(worker_class):
+    done = main("plan", "-w", "2", "-t", "2", "--policy", "round-robin", "--preset", "xeon-8272cl",
+                "--format", "gunicorn", "--worker-class", worker_class)
+    assert done.returncode == 0, done.stderr
+    got = _exec_gunicorn_snippet(done.stdout)
+    assert got["worker_class"] == worker_class
+    says = "the placement is per slot"
+    # gthread: what the plan places, in the snippet and on stderr; a class the hooks do not take is warned of.
+    comments = " ".join(line.removeprefix("# ") for line in done.stdout.splitlines() if line.startswith("#"))
+    assert (says in comments, says in done.stderr) == ((worker_class == "gthread"),) * 2
+    assert ("refused in one line when it starts" in done.stderr) == (worker_class != "sync")
+
+
+def test_gunicorn_snippet_without_a_worker_class_says_what_gthread_gets():
+    done = main("plan", "-w", "2", "-t", "3", "--policy", "round-robin", "--preset", "xeon-8272cl",
+                "--format", "gunicorn")
+    assert done.returncode == 0
+    notes = [line for line in done.stderr.splitlines() if line.startswith("tuna-lab: note: ")]
+    assert len(notes) == 2 and "sets none" in notes[0] and "2 x K x 3 threads" in notes[1], done.stderr
+    assert "# worker_class: this snippet sets none" in done.stdout
+
+
+@pytest.mark.parametrize("fmt", ["env", "omp-places", "onnxruntime"])
+def test_per_worker_formats_say_which_servers_cannot_give_each_worker_its_value(fmt):
+    done = main("plan", "-w", "2", "-t", "2", "--policy", "round-robin", "--preset", "xeon-8272cl", "--format", fmt)
+    assert done.returncode == 0
+    for text in (done.stdout, done.stderr):
+        assert "uvicorn --workers and BentoML" in text and "tuna_lab.integrations.gunicorn" in text, text
+        assert "tuna-lab pin --pid MASTER" in " ".join(text.replace("# ", "").split()), text
 
 
 def test_gunicorn_snippet_survives_quotes_and_backslashes_in_names():
@@ -278,7 +313,14 @@ def test_bad_plan_input_is_one_line_and_status_2(args):
 
 
 def test_every_format_is_offered():
+    from tuna_lab.cli import build_parser
+    from tuna_lab.placement import names
+
     assert set(FORMATS) == {"json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn"}
+    # One table (issue 48): the CLI offers the library's own, which names.py holds for a light start.
+    sub = [a for a in build_parser()._actions if a.dest == "command"][0]
+    (fmt,) = [a for a in sub.choices["plan"]._actions if a.dest == "format"]
+    assert fmt.choices is FORMATS is names.FORMATS
     with pytest.raises(PlanError, match="unknown plan format"):
         placement("round-robin", 1, 1, HERE).plan().render("yaml")
 

@@ -48,17 +48,17 @@ import enum
 import json
 import re
 import shlex
+import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
 
 from .._checks import check_size, format_cpulist
 from .._files import loads_json, read_bytes, write_json
 from ..errors import PlanError
+from .names import FORMATS
 
-__all__ = ["Plan", "PinnedBy", "FORMATS", "PLAN_FORMAT", "parse_omp_places", "planned_cpus"]
+__all__ = ["Plan", "PinnedBy", "FORMATS", "PLAN_FORMAT", "parse_omp_places", "planned_cpus", "comment_text"]
 
-#: What :meth:`Plan.render` can write.
-FORMATS = ("json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn")
 #: The ``format`` field of a plan's JSON: its schema's name and version.
 PLAN_FORMAT = "tuna_lab.plan/1"
 #: The largest plan file read: a plan of thousands of CPUs is a few hundred kilobytes.
@@ -313,8 +313,13 @@ class Plan:
         env.append(("KMP_AFFINITY", f"explicit,proclist=[{procs}]"))
         return env
 
-    def render(self, kind="json", tids=None):
+    def render(self, kind="json", tids=None, worker_class=None):
         """The plan in one of :data:`FORMATS`.
+
+        Every name the plan holds (its policy, its machine's name, which may
+        be a file's) is written into a comment as one safe line
+        (:func:`comment_text`), into Python as a ``repr`` and into a shell
+        line quoted: what the user did not write is never code.
 
         Parameters
         ----------
@@ -329,23 +334,42 @@ class Plan:
             ``pid`` and ``main_note`` (why, for the comment line); without
             them the lines hold placeholders, and every main thread gets all of
             its slot's CPUs.
+        worker_class : str, optional
+            For ``gunicorn``: the ``worker_class`` line to write (``sync``,
+            ``gthread``, a dotted ``module.Class``); by default none, and the
+            user's own config keeps its worker class.
+
+        Examples
+        --------
+        >>> from tuna_lab.machine import Topology
+        >>> from tuna_lab.placement import placement
+        >>> plan = placement("round-robin", 1, 1, Topology.synthetic("core:1 pu:1")).plan()
+        >>> plan.render("omp-places").splitlines()[0]
+        '# round-robin: 1 workers x 1 threads on synthetic:core:1 pu:1 (fingerprint ...); OpenMP thread t ...'
         """
         if kind not in FORMATS:
             raise PlanError(f"unknown plan format {kind!r}; choose from {', '.join(FORMATS)}")
+        if worker_class is not None and kind != "gunicorn":
+            raise PlanError(f"a worker class is a Gunicorn setting: --format {kind} has none")
+        if worker_class is not None and not _WORKER_CLASS.fullmatch(str(worker_class)):
+            raise PlanError(f"a Gunicorn worker class is a name such as sync, gthread or module.Class, "
+                            f"got {worker_class!r}")
         if kind == "json":
             # One line per field and per slot: readable, and diffable between two plans.
             data = self.to_dict()
             slots = ",\n".join(f"  {json.dumps(s)}" for s in data.pop("slots"))
             head = ",\n".join(f" {json.dumps(k)}: {json.dumps(v)}" for k, v in data.items())
             return f"{{\n{head},\n \"slots\": [\n{slots}\n ]\n}}"
-        head = (f"{self.policy}: {self.workers} workers x {self.threads} threads on {self.topology or 'a machine'} "
-                f"(fingerprint {self.fingerprint})")
+        head = comment_text(f"{self.policy}: {self.workers} workers x {self.threads} threads on "
+                            f"{self.topology or 'a machine'} (fingerprint {self.fingerprint})")
+        notes = [f"# {line}" for note in self.export_notes(kind, worker_class)
+                 for line in textwrap.wrap(note, 110, break_long_words=False, break_on_hyphens=False)]
         if kind == "omp-places":
-            return "\n".join([f"# {head}; OpenMP thread t binds to place t",
+            return "\n".join([f"# {head}; OpenMP thread t binds to place t", *notes,
                               *(f'slot {w}: OMP_PLACES="{self.omp_places(w)}" OMP_PROC_BIND=close '
                                 f"OMP_NUM_THREADS={self.threads}" for w in range(self.workers))])
         if kind == "env":
-            lines = [f"# {head}", "# Give each worker its own slot's lines before it loads its OpenMP runtime."]
+            lines = [f"# {head}", "# Give each worker its own slot's lines before it loads its OpenMP runtime.", *notes]
             for w in range(self.workers):
                 lines.append(f"# slot {w}")
                 lines += [f"{name}={shlex.quote(value)}" for name, value in self.omp_env(w)]
@@ -358,7 +382,7 @@ class Plan:
                      "# Per slot: SessionOptions.intra_op_num_threads = T and",
                      "# add_session_config_entry(\"session.intra_op_thread_affinities\", VALUE): one group per",
                      "# intra-op thread but the caller (the worker's main thread, bind it yourself), logical",
-                     "# processors numbered from 1 as ORT counts them (CPU 0 is 1)."]
+                     "# processors numbered from 1 as ORT counts them (CPU 0 is 1).", *notes]
             if self.threads == 1:
                 lines.append("# T=1: no intra-op thread besides the caller, nothing to set")
             lines += [f"slot {w}: intra_op_num_threads={self.threads} "
@@ -367,11 +391,15 @@ class Plan:
             return "\n".join(lines)
         if kind == "taskset":
             return self._taskset(head, tids)
+        # ensure_ascii (json's default): the literal below is plain ASCII, whatever a name holds.
         plan_json = json.dumps(self.to_dict(), separators=(",", ":"))
         return "\n".join([
-            f"# tuna_lab plan - {head}",
-            "# Paste into your gunicorn.conf.py. Each worker takes a slot, wakes its OpenMP pool once",
-            "# and binds its main and pool threads by TID; a replacement worker gets the same slot.",
+            # Nothing but our own words on the first two lines: Python reads a coding declaration there
+            # ("# coding: utf-7" in a machine's name would change how the rest of the file is read).
+            "# tuna_lab plan: paste into your gunicorn.conf.py. Each worker takes a slot, wakes its OpenMP pool",
+            "# once and binds its main and pool threads by TID; a replacement worker gets the same slot.",
+            f"# {head}",
+            *notes,
             "import os",
             "",
             # repr: a quote or backslash in a name must not end or change the literal
@@ -379,12 +407,55 @@ class Plan:
             "from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit, on_exit  # noqa: E402,F401",
             "",
             f"workers = {self.workers}",
-            'worker_class = "sync"',
+            *([] if worker_class is None else [f"worker_class = {str(worker_class)!r}"]),
         ])
 
+    def export_notes(self, kind, worker_class=None):
+        """What format ``kind`` cannot do for every server, and what to do instead: lines of text.
+
+        :meth:`render` writes them as comments; ``tuna-lab plan`` also says them
+        on stderr, where a user who pipes the output sees them.
+
+        * ``env``, ``omp-places``, ``onnxruntime``: each worker needs its own
+          slot's value, which uvicorn's workers and BentoML's cannot be given.
+        * ``gunicorn``: the snippet keeps the user's worker class unless
+          ``worker_class`` names one; under ``gthread``, what the plan places.
+
+        Examples
+        --------
+        >>> from tuna_lab.machine import Topology
+        >>> from tuna_lab.placement import placement
+        >>> plan = placement("round-robin", 1, 1, Topology.synthetic("core:1 pu:1")).plan()
+        >>> plan.export_notes("json"), len(plan.export_notes("gunicorn", "sync"))
+        ((), 0)
+        """
+        if kind in ("env", "omp-places", "onnxruntime"):
+            value = "session options" if kind == "onnxruntime" else "variables"
+            return (f"Each worker needs its own slot's {value}, set before it loads its runtime: Gunicorn can "
+                    "give them in a post_fork hook, but uvicorn --workers and BentoML start every worker alike "
+                    "and cannot give each its own. For those, use the Gunicorn hooks "
+                    "(tuna_lab.integrations.gunicorn), or bind the running server with "
+                    "`tuna-lab pin --pid MASTER`.",)
+        if kind != "gunicorn":
+            return ()
+        notes = []
+        if worker_class is None:
+            notes.append("worker_class: this snippet sets none, so your config's own stays "
+                         "(`tuna-lab plan --worker-class NAME` writes one).")
+        if worker_class in (None, "gthread"):
+            notes.append("Under gthread, the plan places a worker's main thread and the runtime pool of the thread "
+                         f"that calls the model; with --threads K > 1 each calling thread has its own libgomp team "
+                         f"(up to K per worker), so the placement is per slot: a worker's teams share its slot's "
+                         f"CPUs, {self.workers} x K x {self.threads} threads in all. --threads 1, or fewer runtime "
+                         "threads (nthread, OMP_NUM_THREADS), gives each team CPUs of its own.")
+        return tuple(notes)
 
     def _taskset(self, head, tids):
-        """The ``taskset`` format: a main thread bound as ``pin`` binds it, and a comment line that says how."""
+        """The ``taskset`` format: a main thread bound as ``pin`` binds it, and a comment line that says how.
+
+        A TID is written quoted for the shell (a placeholder or a caller's text is one word, never
+        code); every comment is one line (:func:`comment_text`).
+        """
         lines = [f"# {head}"]
         if tids is None:
             lines += ["# TIDs unknown: give --pid MASTER to fill in a running server's threads",
@@ -400,7 +471,7 @@ class Plan:
         for th in tids:
             slot, rank = th.get("slot"), th.get("rank")
             if slot is not None and not 0 <= slot < self.workers:
-                raise PlanError(f"thread {th['tid']} is of slot {slot}, but the plan has {self.workers} slots")
+                raise PlanError(f"thread {th['tid']!r} is of slot {slot}, but the plan has {self.workers} slots")
             if rank is None or rank >= self.threads or slot is None:
                 continue
             exact = bool(th.get("exact_main")) if rank == 0 else True
@@ -411,14 +482,40 @@ class Plan:
                        f"{format_cpulist(self.slots[slot][0])}")
                 why = th.get("main_note") or ""
                 why = why.split(": ", 1)[1] if ": " in why else why
-                lines.append(f"# worker {th['pid']} (slot {slot}): main thread on {how}" + (f": {why}" if why else ""))
+                worker = comment_text(th["pid"])
+                lines.append(comment_text(f"# worker {worker} (slot {slot}): main thread on {how}"
+                                          + (f": {why}" if why else "")))
                 if found[slot] < self.threads - 1:
-                    lines.append(f"# worker {th['pid']} (slot {slot}): {found[slot]} of "
+                    lines.append(f"# worker {worker} (slot {slot}): {found[slot]} of "
                                  f"{self.threads - 1} pool threads found, the others are left as they are: a pool "
                                  "that waits in libc (ONNX Runtime's) is told by its activity: give "
                                  "--url URL (and --body) to send the few requests that show it")
-            lines.append(f"taskset -p -c {format_cpulist(cpus)} {th['tid']}")
+            lines.append(f"taskset -p -c {format_cpulist(cpus)} {shlex.quote(str(th['tid']))}")
         return "\n".join(lines)
+
+
+def comment_text(text):
+    """``text`` as one line that is safe in a ``#`` comment of Python or of a shell, and on a terminal.
+
+    Printable text stays as it is. Anything else - a newline or carriage
+    return that would end the comment and start a line of code, another
+    control or format character (an escape sequence, a right-to-left mark),
+    a lone surrogate from a file name that is not UTF-8 - is written as a
+    Python ``repr`` writes it: ``\\n``, ``\\x1b``, ``\\udcff``.
+
+    Examples
+    --------
+    >>> comment_text('x.xml\\nimport os; os.system("id")')
+    'x.xml\\\\nimport os; os.system("id")'
+    >>> comment_text("café 2s")
+    'café 2s'
+    """
+    text = str(text)
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
+# A Gunicorn worker class as its config names one: sync, gthread, or module.Class (never code, quotes or spaces).
+_WORKER_CLASS = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def parse_omp_places(text):

@@ -65,7 +65,7 @@ def _cmd_audit(args):
     from ..._checks import format_cpulist
     from ...errors import PinError
     from ...live import audit
-    from ...placement.plan import Plan
+    from ...placement.plan import Plan, comment_text
     from ..options import worker_choice_of
 
     if args.apply and not args.isolate:
@@ -96,7 +96,8 @@ def _cmd_audit(args):
             if not moves:
                 print("nothing to isolate")
             for m in moves:
-                print(("applied: " if args.apply else "") + m.command() + f"   # {m.why}")
+                # why names a thread's comm, which its owner sets to anything (a newline too): one comment line
+                print(("applied: " if args.apply else "") + m.command() + f"   # {comment_text(m.why)}")
             if args.apply and moves:
                 print("recorded: `tuna-lab unpin --isolation` puts back what was changed")
     for line in failed:

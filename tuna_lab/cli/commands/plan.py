@@ -9,14 +9,16 @@ any registered policy (:func:`tuna_lab.placement.register`); only those that
 need the solver load it.
 """
 
+import sys
+
 from . import COMMANDS
+# The one table of formats, from the tiny names module (not placement/plan.py, which this start need not load).
+from ...placement.names import FORMATS
 from ..options import (add_front_cpus_option, add_size_options, add_strict_families_option, add_topology_options,
                       add_traffic_options, add_worker_options, front_cpus_of, plan_for, policies_help,
                       positive_float_arg, topology_of, traffic_of, worker_choice_of)
 
 __all__ = ["add_parser"]
-
-_FORMATS = ("json", "omp-places", "env", "onnxruntime", "taskset", "gunicorn")
 
 
 def add_parser(subparsers, command=None):
@@ -41,13 +43,17 @@ def add_parser(subparsers, command=None):
                "  tuna-lab plan -w 2 -t 4 --policy round-robin --format env           OMP_*/GOMP_*/KMP_* per slot\n"
                "  tuna-lab plan -w 2 -t 4 --policy round-robin --format onnxruntime   "
                "session.intra_op_thread_affinities\n"
+               "  tuna-lab plan -w 2 -t 4 --format gunicorn --worker-class gthread     a gunicorn.conf.py snippet\n"
                "  tuna-lab plan -w 2 -t 2 --policy round-robin --format taskset --pid MASTER\n"
                "  tuna-lab plan -w 2 -t 2 --format taskset --pid MASTER --url http://127.0.0.1:8000/predict "
                "--body req.json   pools found by their activity\n")
     add_size_options(p)
     p.add_argument("--policy", default="tuna-scatter", metavar="POLICY",
                    help=policies_help())
-    p.add_argument("--format", choices=_FORMATS, default="json", help="what to print")
+    p.add_argument("--format", choices=FORMATS, default="json", help="what to print")
+    p.add_argument("--worker-class", default=None, metavar="NAME",
+                   help="for --format gunicorn: the worker_class line to write (sync, gthread, module.Class); "
+                        "without it the snippet sets none and your config keeps its own")
     p.add_argument("--pid", type=int, default=None, metavar="MASTER",
                    help="for --format taskset: the running server whose TIDs to name (each worker's main thread "
                         "bound as `pin` binds it)")
@@ -73,6 +79,9 @@ def _cmd_plan(args):
                         f"{args.format} names no threads")
     if args.pid is None and args.url is not None:
         raise PlanError("--url sends requests to the running server of --pid, to find its pool threads: give --pid")
+    if args.worker_class is not None and args.format != "gunicorn":
+        raise PlanError(f"--worker-class is a Gunicorn setting for --format gunicorn; --format {args.format} "
+                        "has none")
     topology = topology_of(args)
     front = front_cpus_of(args, topology.cpus)
     if front is not None:
@@ -99,7 +108,19 @@ def _cmd_plan(args):
                  "exact_main": w["exact_main"], "main_note": t.get("note")}
                 for w in server_threads(args.pid, activity=activity, roles=roles)
                 for t in w["threads"] if t["role"] != "other"]
-    print(plan.render(args.format, tids=tids))
+    text = plan.render(args.format, tids=tids, worker_class=args.worker_class)
+    # Said on stderr too: a user who pipes the output into a file or a shell still reads what it cannot do.
+    for note in plan.export_notes(args.format, args.worker_class):
+        print(f"tuna-lab: note: {note}", file=sys.stderr)
+    if args.worker_class is not None:
+        from ...integrations.gunicorn import SUPPORTED_WORKER_CLASSES
+
+        if args.worker_class not in SUPPORTED_WORKER_CLASSES:
+            # Read from the hooks themselves, so that this stays true when they learn another class.
+            print(f"tuna-lab: warning: the hooks place {' and '.join(SUPPORTED_WORKER_CLASSES)} workers and classes "
+                  f"made from them; a {args.worker_class} worker that is neither is refused in one line when it "
+                  "starts (`tuna-lab pin --pid MASTER` binds a running server's threads)", file=sys.stderr)
+    print(text)
     if front is not None and args.pid is not None:
         from ..._checks import format_cpulist
 
