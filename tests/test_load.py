@@ -456,6 +456,18 @@ def test_connections_are_kept_alive(server, body):
     assert len(server.ports) == 2  # two connections carried the 20 requests
 
 
+def test_reuse_bounds_the_requests_a_connection_carries(server, body):
+    # Reconnecting is what lets a server whose workers share one listening socket hand the load to each.
+    frame = closed_loop(server.url + "/predict", body, requests=20, concurrency=2, reuse=4)
+    assert (frame["status"] == 200).all()
+    # At most 4 requests a connection: at least 5 of them, and a sixth where the two in flight ended unevenly.
+    assert 5 <= len(server.ports) <= 6
+    assert frame.attrs["reuse"] == 4
+    server.reset()
+    frame = open_loop(server.url + "/predict", body, rate=200, requests=12, max_in_flight=1, reuse=3)
+    assert (frame["status"] == 200).all() and len(server.ports) == 4      # one at a time: 3 each
+
+
 def test_chunked_responses_are_parsed(server, body):
     frame = closed_loop(server.url + "/chunked", body, requests=6, concurrency=2)
     assert (frame["status"] == 200).all() and (frame["error"] == "").all()

@@ -79,7 +79,8 @@ def test_a_corrupt_manifest_is_not_finished_and_every_reader_says_so_in_one_line
     for command in (["report", str(tmp_path / "sweep")],
                     ["advise", "--results", str(tmp_path / "sweep"), "-w", "1", "-t", "1", "--model", "small"]):
         p = main(*command)
-        assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        # 1: the cell is named as unreadable and left out of nothing (issue 46: report and advise exit non-zero)
+        assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr
         assert "Traceback" not in p.stderr and why in p.stderr
 
 
@@ -186,3 +187,58 @@ def test_a_sweep_over_a_corrupt_cell_redoes_it_and_says_so(tmp_path, small_model
     assert "0 of 1 cells already finished" in lines[0]
     assert any("is redone whole" in line and "valid_trials is 'abc'" in line for line in lines)
     assert is_finished(str(out / configs[0].key)) and len(load_results(str(out))[1]) == 1
+
+
+# -- one definition of a valid trial (issue 48), every worker measured (issue 47) ---------------------------
+
+def _every_kind():
+    """A trials table with one row of each kind of invalid trial, and two valid ones."""
+    return pd.DataFrame({
+        "policy": ["cfs", "cfs", "cfs", "cfs", "round-robin", "round-robin", "round-robin"],
+        "trial": [0, 1, 2, 3, 0, 1, 2],
+        "trial_status": ["ok", "failed", "ok", "ok", "ok", "ok", "ok"],
+        "reason": ["", "timeouts", "", "", "", "", ""],
+        "p50": 0.05, "p99": [0.1, None, 0.1, 0.1, None, 0.1, 0.1],
+        "workers_replaced": [0, 0, 1, 0, 0, 0, 0], "master_restarted": 0,
+        # 0.05: a worker left out of the load (written "ok" by hand here: the rule, not the status, decides)
+        "worker_share": [0.9, 0.9, 0.9, 0.05, 0.9, 1.0, float("nan")]})
+
+
+def test_every_reader_counts_the_same_valid_trials():
+    from tuna_lab.analysis.tables import valid_trials as analysis_valid
+    from tuna_lab.measure.store import valid_rows, valid_trials
+
+    table = _every_kind()
+    expected = [True, False, False, False, False, True, True]
+    assert valid_rows(table).tolist() == expected
+    assert analysis_valid(table).tolist() == expected
+    assert valid_trials(table, POLICIES) == {"cfs": 1, "round-robin": 2}
+
+
+def test_a_trial_that_left_a_worker_out_is_not_counted_and_is_counted_apart():
+    from tuna_lab.analysis.summary import summarize
+
+    table = _every_kind().iloc[[0, 3, 5]]
+    summary = summarize(None, table)
+    assert summary.summary.set_index("policy")["trials"].to_dict() == {"cfs": 1, "round-robin": 1}
+    assert any(line.startswith("note: 1 of 3 trials left a worker out of the load") for line in summary.notes)
+    # A cell whose only trials left a worker out has no valid trial: run and sweep exit 1 for it.
+    result = Result(pd.DataFrame({"status": [200]}), table.iloc[[1]],
+                    {"cell": "w2-t1-app", "policies": ["cfs"], "trials": 1})
+    assert no_valid_trial(result) == {"w2-t1-app": ["cfs"]}
+
+
+def test_worker_balance_reads_requests_where_the_server_names_the_worker_else_cpu():
+    from tuna_lab.measure.cpu import worker_balance
+
+    threads = pd.DataFrame({"pid": [10, 10, 11, 1], "role": ["main", "pool", "main", "master"],
+                            "cpu_seconds": [1.5, 0.5, 0.01, 3.0]})
+    anonymous = pd.DataFrame({"status": [200, 200], "pid": [-1, -1]})
+    assert worker_balance(threads, anonymous, [10, 11]) == (0.005, 11, "cpu")
+    # A worker with no row at all did none of the load; the master's CPU is no worker's.
+    assert worker_balance(threads, anonymous, [10, 11, 12]) == (0.0, 12, "cpu")
+    named = pd.DataFrame({"status": [200, 200, 200, 500], "pid": [10, 11, 11, 10]})
+    assert worker_balance(threads, named, [10, 11]) == (0.5, 10, "requests")
+    assert worker_balance(None, anonymous, [10]) == (1.0, 10, "requests")
+    share, least, by = worker_balance(None, anonymous, [10, 11])
+    assert least is None and by == "" and share != share          # not measured: NaN, judged by nothing

@@ -32,7 +32,8 @@ __all__ = ["TEXT_COLUMNS", "NUMBER_COLUMNS", "column_problem", "table_file_probl
 
 #: Per table, the columns that hold text (a name, a status, a reason); missing values allowed.
 TEXT_COLUMNS = {
-    "trials": ("cell", "policy", "model", "wait_policy", "trial_status", "latency", "machine"),
+    "trials": ("cell", "policy", "model", "wait_policy", "trial_status", "latency", "machine", "generator_cpus",
+               "server_cpus"),
     "requests": ("cell", "policy", "model", "wait_policy", "error", "load_mode", "latency"),
     "threads": ("cell", "policy", "role", "wait_policy"),
 }
@@ -40,7 +41,8 @@ TEXT_COLUMNS = {
 NUMBER_COLUMNS = {
     "trials": ("workers", "threads", "cpus", "batch", "spincount", "trial", "order", "n", "ok", "failed",
                "wall_seconds", "p50", "p95", "p99", "mean", "throughput", "rate", "round", "step",
-               *schema.CPU_COLUMNS, *schema.GENERATOR_COLUMNS, *schema.PHASE_COLUMNS, *schema.FAULT_COLUMNS),
+               *schema.CPU_COLUMNS, *(c for c in schema.GENERATOR_COLUMNS if not c.endswith("_cpus")),  # cpulists
+               *schema.PHASE_COLUMNS, *schema.FAULT_COLUMNS, *schema.BALANCE_COLUMNS),
     "requests": ("request", "status", "client_seconds", "server_seconds", "trial", "order", "workers", "threads",
                  "cpus", "batch", "spincount", "sent_at", "scheduled_at", "rate", "round", "step"),
     "threads": ("pid", "slot", "threads", "cpu_seconds", "max_thread_cpu_seconds", "busy_cpu_seconds",
