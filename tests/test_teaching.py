@@ -1,6 +1,7 @@
 """The lessons teach what they claim: the mode toggle shows or explains a difference, stored outputs hold no chatter."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 # banner, numpy's scalar reprs (numpy >= 2 prints np.int64(3) where a reader expects 3).
 CHATTER = ("waiting up to", "TUNA_LAB_CPU_LOCK_WAIT", "s left]", "Running HiGHS", "np.int64(", "np.float64(",
            "np.int32(", "np.float32(", "np.bool_(")
+COUNTDOWN = re.compile(r"~\d+ s left")
 
 
 # -- the mode toggle -----------------------------------------------------------------------
@@ -123,6 +125,8 @@ def test_stored_outputs_hold_no_tool_chatter(path):
     cells = json.loads(path.read_text())["cells"]
     found = [(i, pattern) for i, cell in enumerate(cells) for text in _outputs_text(cell)
              for pattern in CHATTER if pattern in text]
+    found += [(i, m.group()) for i, cell in enumerate(cells) for text in _outputs_text(cell)
+              for m in COUNTDOWN.finditer(text)]
     assert not found, f"{path.name}: tool chatter in stored outputs (cell, text): {found}"
 
 
