@@ -21,14 +21,17 @@ is read or predicted):
   :func:`max_rows_default` (memory); more gets 413;
 * **time**: under Gunicorn, the worker's ``timeout`` (``TUNA_LAB_TIMEOUT``,
   120 s by default) aborts a request that runs longer and replaces the worker;
-* **slow clients**: under :class:`~tuna_lab.server.wsgi.LabWorker`, a
-  connection has :data:`READ_TIMEOUT` seconds from the moment a worker takes
-  it to send its whole request; a body still missing then gets 408, headers
-  still missing a closed connection;
+* **parse**: before ``json.loads``, the body's shape (its lists, values and
+  bytes) must fit the rows the bounds allow; more gets 413, and a key other
+  than ``"rows"`` 400 (:meth:`InferenceApp._check_shape`);
+* **slow clients**: under :class:`~tuna_lab.server.worker.LabWorker`, a
+  connection has :data:`READ_TIMEOUT` seconds from its accept to send its
+  whole request, while it holds no worker; a body still missing then gets
+  408, headers still missing a closed connection;
 * **queue**: with ``max_wait`` set, a ``/predict`` that waited longer than
   ``max_wait`` seconds in the queue for a worker gets 503 with ``Retry-After``
   (load shedding; the wait as Linux reports it, see
-  :func:`~tuna_lab.server.wsgi.waited`);
+  :func:`~tuna_lab.server.worker.waited`);
 * **media type**: a ``/predict`` whose ``Content-Type`` is not
   ``application/json`` gets 415.
 
@@ -111,7 +114,7 @@ class InferenceApp:
         seconds for a worker (None: never).
     read_timeout : float
         Seconds a connection has to send its request (read by
-        :class:`~tuna_lab.server.wsgi.LabWorker`, which enforces it).
+        :class:`~tuna_lab.server.worker.LabWorker`, which enforces it).
     request_log : pathlib.Path or None
         Directory of ``requests-<pid>.jsonl``; one JSON line per request
         (``time``, ``pid``, ``method``, ``path``, ``status``, ``batch``,
@@ -529,10 +532,10 @@ def create_app(model="medium", threads=1, max_body_bytes=MAX_BODY_BYTES, request
     max_wait : float, optional
         Shed a ``/predict`` with 503 and ``Retry-After`` when it waited
         longer than this many seconds in the queue for a worker (as
-        :class:`~tuna_lab.server.wsgi.LabWorker` measures it); default: never.
+        :class:`~tuna_lab.server.worker.LabWorker` measures it); default: never.
     read_timeout : float
         Seconds a connection has to send its whole request under
-        :class:`~tuna_lab.server.wsgi.LabWorker` (a missing body then gets 408).
+        :class:`~tuna_lab.server.worker.LabWorker` (a missing body then gets 408).
     request_log : str or path-like, optional
         Directory for ``requests-<pid>.jsonl`` (created if missing).
 

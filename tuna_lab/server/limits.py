@@ -21,8 +21,9 @@ ROW_BUDGET_BYTES = 50 * 1024 * 1024
 #: (65,104 rows of small, 22,321 of medium; large's 8,359 rows are bounded by memory first): a
 #: 220,000-row request of small held a worker 14 s, most of it in SHAP, before this bound.
 MAX_WORK = 250_000_000
-#: Seconds a connection has, from the moment a worker takes it, to send its whole request (headers
-#: and body); each response write has as long. Loopback clients send a 50 MB body in well under it.
+#: Seconds a connection has, from the moment the server accepts it, to send its whole request (headers
+#: and body), while it holds no worker; each response write has as long. Loopback clients send a 50 MB
+#: body in well under it.
 READ_TIMEOUT = 5.0
 #: Seconds a client shed with 503 is told to wait (``Retry-After``) before it tries again.
 RETRY_AFTER = 1

@@ -319,6 +319,7 @@ class LabWorker(SyncWorker):
         for _ in range(_ACCEPTS_PER_TURN):
             if not self.alive:
                 return
+            self.notify()               # each request served here may take up to the work bound
             try:
                 client, addr = listener.accept()
             except OSError as exc:
