@@ -36,12 +36,10 @@ def github_path(pyproject=ROOT / "pyproject.toml"):
 
 
 def badge(path):
-    """The Markdown between the markers: the badge for ``path`` (``owner/name``), or why there is none."""
+    """The Markdown between the markers: the badge for ``path`` (``owner/name``), or a comment pointing to the to-do."""
     if path is None:
-        return ("*Binder: no badge yet.* A Binder link needs the repository's public GitHub path, and this "
-                "checkout has none (no `[project.urls]` in pyproject.toml, no git remote). Once the repository "
-                "is published, add `Repository = \"https://github.com/OWNER/NAME\"` under `[project.urls]` and "
-                "run `python binder/badge.py`: the badge appears here, opening `notebooks/` in JupyterLab.\n")
+        # A maintainer's to-do, not a reader's: said in docs/maintainers.md, invisible on the first screen.
+        return "<!-- no Binder badge yet: docs/maintainers.md says how to add one -->\n"
     return (f"[![Binder](https://mybinder.org/badge_logo.svg)]"
             f"(https://mybinder.org/v2/gh/{path}/HEAD?urlpath=lab/tree/notebooks)\n")
 
