@@ -138,3 +138,46 @@ def test_every_solution_cell_is_folded(path):
                                                      or "".join(cell["source"]).lstrip().startswith("# Solution"))]
     unfolded = [i for i, tags in solutions if "hide-input" not in tags or "solution" not in tags]
     assert not unfolded, f"{path.name}: solution cells not tagged solution + hide-input: {unfolded}"
+
+
+# -- the first screen ---------------------------------------------------------------------------
+
+README = Path(__file__).parent.parent / "README.md"
+NUMBERS = {9: "nine", 10: "ten", 11: "eleven", 12: "twelve", 13: "thirteen", 14: "fourteen"}
+
+
+def test_the_readme_is_a_first_screen():
+    text = README.read_text("utf-8")
+    lines = text.splitlines()
+    assert len(lines) <= 250
+    head = "\n".join(lines[:30])
+    # what it is, the article it follows (linked), and the two commands, before any detail
+    assert "https://layer6.ai/static-thread-mapping" in head
+    assert "make demo" in head and "make test" in head
+    assert "make lab" in text and "docs/getting-started.md" in text and "docs/maintainers.md" in text
+    # a maintainer's to-do is not a reader's first screen
+    assert "no badge yet" not in text.replace("<!-- no Binder badge yet", "")
+
+
+def test_the_readme_counts_the_notebooks_right():
+    text = " ".join(README.read_text("utf-8").split())
+    count = NUMBERS[len(NOTEBOOKS)]
+    wrong = [n for n, word in NUMBERS.items() if n != len(NOTEBOOKS) and f"{word} notebooks" in text]
+    assert f"{count} notebooks" in text and not wrong
+
+
+def test_the_readme_example_is_what_solve_prints():
+    import contextlib
+    import io
+
+    from tuna_lab.cli import main
+
+    text = README.read_text("utf-8")
+    block = re.search(r"```\n\$ tuna-lab (solve [^\n]+)\n(.*?)```", text, re.S)
+    assert block, "no `$ tuna-lab solve ...` example in the README"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(block[1].split()) in (0, None)
+    # the timings vary from run to run; everything else is printed as the README shows it
+    timing = re.compile(r"build [\d.]+s solve [\d.]+s")
+    assert timing.sub("", out.getvalue()).strip() == timing.sub("", block[2]).strip()
