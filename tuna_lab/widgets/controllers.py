@@ -205,7 +205,8 @@ class ModeExplorer(SizedController):
                           for m in (mode, MODES[1 - MODES.index(mode)]))
         self.topology, self.mode, self.physical = topology, mode, bool(physical)
         self.workers, self.threads = mapping.workers, mapping.threads   # ints, even from numpy
-        self.mapping, self.other, self._said = mapping, other, None
+        # What difference() and physical_effect() said, kept until the next change (they solve more).
+        self.mapping, self.other, self._said, self._physical_said = mapping, other, None, None
         self.scatter, self.compact = (mapping, other) if mode == "scatter" else (other, mapping)
 
     def _change(self, **changes):
@@ -248,7 +249,6 @@ class ModeExplorer(SizedController):
         scatter and compact differ: 12 of 16 threads sit on other cores; a worker spans 4 L3 domains in scatter, 1 in compact; f_mode +4800 vs -1200
         """
         if self._said is None:
-            # Kept until the next change: a "why same" line solves its remedy, which a redraw should not repeat.
             self._said = teaching.difference(self.scatter, self.compact, self.physical,
                                                          min(self.time_limit, 5.0))
         return self._said
@@ -293,12 +293,14 @@ class ModeExplorer(SizedController):
         return out
 
     def physical_effect(self):
-        """One line: what the physical-core analogues change in the current mode (solves the other setting)."""
-        fams = teaching.families(not self.physical)
-        flipped = solve(self.workers, self.threads, self.topology, self.mode, families=fams,
-                        time_limit=self.time_limit)
-        pair = (self.mapping, flipped) if self.physical else (flipped, self.mapping)
-        return teaching.physical_effect(*pair)
+        """One line: what the physical-core analogues change in the current mode (solves the other setting once)."""
+        if self._physical_said is None:
+            fams = teaching.families(not self.physical)
+            flipped = solve(self.workers, self.threads, self.topology, self.mode, families=fams,
+                            time_limit=self.time_limit)
+            pair = (self.mapping, flipped) if self.physical else (flipped, self.mapping)
+            self._physical_said = teaching.physical_effect(*pair)
+        return self._physical_said
 
     def grid(self):
         """The current mapping on the machine, one row per logical core (see :func:`core_grid`)."""
