@@ -503,6 +503,11 @@ class AppTarget(Target):
             server_conf = os.path.abspath(server_conf)
         self.app, self.server, self.server_conf = str(app), server, server_conf
         self.workers, self.threads = check_size(workers, threads, TargetError)
+        if server == "uvicorn" and self.workers == 1:
+            # uvicorn forks no worker at --workers 1: its one process serves, and there is no worker to find,
+            # place or measure as a worker (a wait for one would last until the start-up timeout).
+            raise TargetError("--server uvicorn at -w 1 forks no worker (its one process serves the requests); "
+                              "give -w 2 or more, or --server gunicorn, which forks one worker at -w 1")
         self.requests = requests or Requests(path="/", method="GET")
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.label = label or re.sub(r"[^A-Za-z0-9_.]+", "_", module.split(".")[-1])
@@ -600,7 +605,9 @@ class AppTarget(Target):
             plan = self._plan(policy)
             yield Live(self.url, proc.pid, plan, place_now=plan is not None, proc=proc)
         finally:
-            terminate(proc.pid, 15)
+            # 5 s for a graceful stop: nothing is in flight once a trial is done, but a worker stuck in a request
+            # (an app that hangs) would hold Gunicorn's graceful stop to its 30 s.
+            terminate(proc.pid, 5)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
             log.close()
@@ -1012,6 +1019,34 @@ def _tuna_lab_path(state):
     return folder
 
 
+def _run_probe(argv, env, cwd, keep=1 << 16):
+    """Run the import probe ``argv`` until it exits: a CompletedProcess with the last ``keep`` bytes it wrote.
+
+    Its output goes to files, not pipes, and the wait is for the probe
+    itself: a process the app starts as it is imported (a helper, a
+    background server) inherits the probe's output, and a pipe would reach
+    its end only when that process ended too. The probe runs in a session
+    of its own, and whatever it leaves running is stopped with it.
+    """
+    import signal
+
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                start_new_session=True)
+        try:
+            code = proc.wait(timeout=_IMPORT_TIMEOUT)
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+        def tail(fh):
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - keep))
+            return fh.read().decode(errors="replace")
+
+        return subprocess.CompletedProcess(argv, code, tail(out), tail(err))
+
+
 def _check_imports(target, env):
     """Import ``target``'s app in its interpreter (see :meth:`AppTarget.check`); Gunicorn's control socket flag."""
     module, _, attr = target.app.partition(":")
@@ -1019,8 +1054,7 @@ def _check_imports(target, env):
     argv = [target.python, "-c", _IMPORT_CHECK, module, attr, target.server,
             "1" if target.server == "gunicorn" else "0", oldest]
     try:
-        done = subprocess.run(argv, env=env, cwd=target.app_dir, capture_output=True, text=True, errors="replace",
-                              stdin=subprocess.DEVNULL, timeout=_IMPORT_TIMEOUT)
+        done = _run_probe(argv, env, target.app_dir)
     except subprocess.TimeoutExpired:
         raise TargetError(f"--app {target.app} did not import in {target.python} within "
                           f"{_IMPORT_TIMEOUT:g} s") from None
