@@ -45,6 +45,7 @@ from ..machine.sched import MIGRATIONS_NOTE
 from ..server.models import MODEL_FEATURES
 from ..server.openmp import LIBGOMP_DEFAULT_WAIT, wait_policy_env
 from . import schema
+from .claims import check_cell_name, check_claim
 from .cpulock import lock_cpus
 # Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
 from .schema import CPU_COLUMNS, cell_key
@@ -315,7 +316,9 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     Raises
     ------
     ExperimentError
-        Bad arguments or client CPUs; with ``strict``, a throttling quota; CPUs held by another run.
+        Bad arguments or client CPUs; with ``strict``, a throttling quota; CPUs held by another run;
+        a cell name too long for the file system, or an ``out`` whose folder another command's results
+        claim (:mod:`tuna_lab.measure.claims`): all before any server starts.
     StoreError
         A result could not be written; the runs written before stay in ``<out>.partial``.
     TargetError
@@ -354,6 +357,13 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         if isinstance(target, AttachedTarget):
             target.check()          # bad input refused here, before any mask is read or changed
         config = Config(target.workers, target.threads, target.label, 0, target=target.kind)
+    if out is not None:
+        # Before any server starts: a cell name the file system cannot hold, or a folder whose cells are
+        # another command's (a sweep's, a tune's, a live measurement's), would be found only after measuring.
+        check_cell_name(out)
+        check_claim(os.path.dirname(os.path.abspath(out.rstrip("/"))) or ".", "run",
+                    {"cell": os.path.basename(out.rstrip("/")), "policies": list(policies), "trials": trials,
+                     "requests": requests, "seed": seed, "concurrency": concurrency})
     check_throttling(config.workers * config.threads, strict=strict, error=ExperimentError)
     # A running server keeps its CPUs: plans are made for those its master may use, less --front-cpus.
     machine = target.machine() if isinstance(target, AttachedTarget) else None

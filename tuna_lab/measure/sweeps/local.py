@@ -26,7 +26,8 @@ from ..._checks import positive_number
 from ...errors import ExperimentError
 from ...machine.reserve import reserve_client_cpus
 from ..experiment import check_policies, check_resources, run
-from ..store import cell_state, check_out, finished_keys, lock_folder, read_sweep_file, write_sweep_file
+from ..claims import check_cell_name, check_claim
+from ..store import SWEEP_FILE, cell_state, check_out, finished_keys, lock_folder, read_sweep_file, write_sweep_file
 from ..target import LabTarget
 
 __all__ = ["sweep", "sweep_settings", "COMPARED_SETTINGS"]
@@ -82,6 +83,8 @@ def _check_identity(out, settings):
     old = read_sweep_file(out)
     if old is None:
         return
+    if old.get("kind", "sweep") != "sweep":
+        raise ExperimentError(f"{out} holds a {old.get('kind')} ({SWEEP_FILE}), not a sweep: give another folder")
     diff = _differences(old, settings)
     if diff:
         raise ExperimentError(f"{out} holds a sweep with other settings ({'; '.join(diff)}): resume it with its "
@@ -156,6 +159,10 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
                               run_options.get("concurrency"), budget, cuts, design)
     # Refused before the lock file or anything else is written, and again once the folder is held.
     _check_identity(out, settings)
+    # Nor inside another sweep, tune or cell; and every cell's name fits the file system, before any runs.
+    check_claim(out, "sweep")
+    for config in configs:
+        check_cell_name(os.path.join(out, config.key))
     # One sweep per folder: a second one would measure under this one's load and redo its cells.
     with lock_folder(out):
         _check_identity(out, settings)

@@ -62,8 +62,8 @@ import numpy as np
 from ..._checks import positive_int, positive_number
 from ...errors import TuneError
 
-__all__ = ["Candidate", "Step", "TuneResult", "START_GUESS", "parse_duration", "auto_configs", "rate_bounds", "race",
-           "format_seconds"]
+__all__ = ["Candidate", "Step", "TuneResult", "START_GUESS", "MIN_STEP_SECONDS", "parse_duration", "auto_configs",
+           "rate_bounds", "race", "format_seconds", "check_step_seconds"]
 
 # The share of requests a p99 target allows over it.
 _OVER = 0.01
@@ -74,6 +74,11 @@ START_GUESS = 5.0
 _GROWTH = 4.0
 # A step carries at least this many requests (its duration grows at low rates, up to 4 x the round's).
 _MIN_REQUESTS = 20
+#: The shortest step that measures a rate (seconds). The open loop's sends lag their Poisson schedule by up
+#: to about 5 ms (the p99 of ``send_lag`` in notebooks/data/tune-2cpu, 6.6 ms at most), and a request
+#: takes milliseconds: a step of ten times that is the shortest whose offered rate is the rate asked to
+#: within about 10%. Shorter ones (``--step-seconds 1e-9``) sent one request each and "met" every rate.
+MIN_STEP_SECONDS = 0.05
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
@@ -411,7 +416,7 @@ class _Entry:
 
 def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, steps=3, eta=4.0, tolerance=0.1,
          confidence=0.9, low=1.0, high=1e5, start_rate=10.0, timeout=None, exhaustive=False, clock=time.monotonic,
-         progress=None):
+         progress=None, prior=None):
     """Successive halving with a racing rule over ``candidates``, measured through ``evaluate``.
 
     Parameters
@@ -433,6 +438,9 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
         Every candidate runs every round (no racing): the baseline of ``bench tune``.
     clock, progress : callable
         Seconds, monotonic; called with one line per run (optional).
+    prior : dict, optional
+        ``{candidate name: [Step, ...]}`` measured before (a resumed tune): each candidate starts
+        from its steps, which count in its bracket and bounds as the race's own.
 
     Returns
     -------
@@ -455,8 +463,11 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
     """
     if not candidates:
         raise TuneError("no candidates to race")
+    check_step_seconds(step_seconds)
     timeout = 2.0 * sla_p99 + 0.5 if timeout is None else timeout
     entries = [_Entry(c) for c in candidates]
+    for entry in entries:
+        entry.steps = list((prior or {}).get(entry.candidate.name, ()))
     t0 = clock()
     deadline = t0 + budget
     overheads = []
@@ -542,6 +553,23 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
             entry.reason = (f"not measured: the {budget:g} s budget ran out in round {ran_out + 1} before its first "
                             "run; a larger budget (or fewer candidates) measures it")
     return _result(entries, history, sla_p99, budget, clock() - t0, confidence, ran_out)
+
+
+def check_step_seconds(seconds, error=TuneError):
+    """``seconds`` as a float, or ``error`` (one line, naming the minimum) for a step too short to measure.
+
+    Examples
+    --------
+    >>> check_step_seconds(1e-9)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.TuneError: a step of 1e-09 s is too short to measure a rate: the least is 0.05 s (the open loop's sends lag their schedule by up to ~5 ms)
+    """
+    seconds = positive_number("step_seconds", seconds, error)
+    if seconds < MIN_STEP_SECONDS:
+        raise error(f"a step of {seconds:g} s is too short to measure a rate: the least is {MIN_STEP_SECONDS:g} s "
+                    "(the open loop's sends lag their schedule by up to ~5 ms)")
+    return float(seconds)
 
 
 def _first_duration(entry, seconds, start_rate, leader):

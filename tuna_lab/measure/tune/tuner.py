@@ -27,16 +27,13 @@ Examples
 >>> result.table[["candidate", "rate", "rate_low", "rate_high", "reason"]]             # doctest: +SKIP
 """
 
-import math
 import os
-import time
-
-import numpy as np
 
 from ..._checks import positive_int
 from ...errors import ExperimentError, TuneError, UnmeetableTargetError
-from .race import (START_GUESS, Candidate, Step, TuneResult, auto_configs, format_seconds, parse_duration, race,
-                   rate_bounds)
+from .race import (START_GUESS, Candidate, Step, TuneResult, auto_configs, check_step_seconds, format_seconds,
+                   parse_duration, race, rate_bounds)
+from .records import step_of
 
 # The search's names are this module's too: `from tuna_lab.measure.tune.tuner import race` stays.
 __all__ = ["Candidate", "Step", "TuneResult", "parse_duration", "auto_configs", "rate_bounds", "race", "tune",
@@ -144,6 +141,7 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     for _, threads in pairs:
         split.check_threads(threads, TuneError)
     options = {"rounds": 4, "step_seconds": 2.0, **race_options}
+    check_step_seconds(options["step_seconds"])
     timeout = 2.0 * sla + 0.5
     smallest = START_GUESS + options["step_seconds"] + timeout
     if budget < smallest:
@@ -152,19 +150,28 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     if candidates is None:
         candidates = [Candidate(w, t, p, wait) for (w, t) in pairs for wait in waits for p in policies]
     lab = _Evaluator(sla, model, batch, target, split, seed, warmup, max_error_rate, timeout)
-    if progress:
-        progress(f"tune: {len(candidates)} candidates, p99 target {sla * 1e3:g} ms, budget {budget:g} s; "
-                 + split.describe())
-    # One measurement per CPU of this machine, as for run(): waited for before the budget starts.
+    import contextlib
+
     from ..cpulock import lock_cpus
 
-    with lock_cpus(set(split.server.cpus) | set(split.cpus), progress):
+    with contextlib.ExitStack() as held:
+        prior = {}
+        if out is not None:
+            # Held from before the first step to the last write; every step is on disk once measured.
+            prior = _open_records(held, lab, out, candidates, _settings(sla, model, batch, target, seed, warmup,
+                                                                          max_error_rate), progress)
+        if progress:
+            progress(f"tune: {len(candidates)} candidates, p99 target {sla * 1e3:g} ms, budget {budget:g} s; "
+                     + split.describe())
+        # One measurement per CPU of this machine, as for run(): waited for before the budget starts.
+        held.enter_context(lock_cpus(set(split.server.cpus) | set(split.cpus), progress))
         try:
-            result = race(candidates, lab.evaluate, sla, budget, timeout=timeout, progress=progress, **options)
+            result = race(candidates, lab.evaluate, sla, budget, timeout=timeout, progress=progress, prior=prior,
+                          **options)
         finally:
             lab.stop()
-    result.note = note
-    result.out = lab.write(out, result) if out else None
+        result.note = note
+        result.out = lab.write(out, result) if out else None
     if result.winner is None:
         _write_race(result)
         best = min((s for steps in result.steps.values() for s in steps if s.n), key=lambda s: s.p99, default=None)
@@ -174,6 +181,43 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     result.plan = lab.plan(win)
     _write_race(result)
     return result
+
+
+def _settings(sla, model, batch, target, seed, warmup, max_error_rate):
+    """The tune's settings file (``sweep.json``, ``kind`` ``"tune"``): a resume must share them but the budget."""
+    from ... import __version__
+
+    kind = "lab" if target is None else f"{getattr(target, 'kind', 'app')}:{getattr(target, 'label', '')}"
+    return {"kind": "tune", "sla_p99": float(sla), "model": model if target is None else None,
+            "batch": int(batch) if target is None else None, "target": kind, "seed": int(seed),
+            "warmup": int(warmup), "max_error_rate": float(max_error_rate), "version": __version__}
+
+
+def _open_records(held, lab, out, candidates, settings, progress):
+    """Check and hold ``out``, write its settings, and read the steps a resume keeps: the race's ``prior``."""
+    from ..claims import check_cell_name, check_claim
+    from ..store import check_out, lock_folder, write_sweep_file
+    from .records import TuneRecords
+
+    check_out(out, "--out")
+    try:
+        check_claim(out, "tune", settings)
+        keys = {}
+        for c in candidates:
+            config = lab.config_of(c)
+            keys[config.key] = config
+            check_cell_name(os.path.join(out, config.key))
+    except ExperimentError as exc:
+        raise TuneError(str(exc)) from None
+    held.enter_context(lock_folder(out))
+    write_sweep_file(out, settings)
+    lab.records = TuneRecords(out, lab.sla)
+    lab.out = out
+    prior = lab.records.load(keys)
+    if progress and prior:
+        steps = sum(len(v) for v in prior.values())
+        progress(f"tune: resumed {steps} steps of {len(prior)} candidates measured before in {out}")
+    return prior
 
 
 def _write_race(result):
@@ -224,30 +268,42 @@ class _Evaluator:
         self.split, self.seed, self.warmup = split, seed, warmup
         self.max_error_rate, self.timeout = max_error_rate, timeout
         self.targets = {}
-        self.records = {}
         self.counts = {}
+        # With --out: every measured step is written at once (records.TuneRecords).
+        self.records, self.out = None, None
+
+    def config_of(self, candidate):
+        """The cell :class:`~tuna_lab.measure.experiment.Config` of a candidate's W x T x wait (nothing started)."""
+        from ..experiment import Config
+        from ..target import AppTarget
+
+        user = self.user
+        if user is None:
+            return Config(candidate.workers, candidate.threads, self.model, self.batch,
+                          wait_policy=candidate.wait_policy)
+        if isinstance(user, AppTarget):
+            return Config(candidate.workers, candidate.threads, user.label, 0, wait_policy=candidate.wait_policy,
+                          target="app")
+        return Config(user.workers, user.threads, user.label, 0, target="attached")
 
     def _target(self, candidate):
         """The target and cell config of a candidate's W x T x wait, started once."""
         from ...server.openmp import wait_policy_env
-        from ..experiment import Config
         from ..target import AppTarget, LabTarget
 
         key = (candidate.workers, candidate.threads, candidate.wait_policy)
         if key not in self.targets:
             user = self.user
+            config = self.config_of(candidate)
             if user is None:
-                config = Config(*key[:2], self.model, self.batch, wait_policy=key[2])
                 target = LabTarget(config, seed=self.seed)
             elif isinstance(user, AppTarget):
                 env, _ = wait_policy_env(key[2])
                 target = AppTarget(user.app, key[0], key[1], server=user.server, app_dir=user.app_dir,
                                    server_conf=user.server_conf, requests=user.requests, env={**user.env, **env},
                                    label=user.label, python=user.python)
-                config = Config(*key[:2], target.label, 0, wait_policy=key[2], target="app")
             else:
                 target = user
-                config = Config(user.workers, user.threads, user.label, 0, target="attached")
             target.start(self.split.server)
             self.targets[key] = (target, config)
         return self.targets[key]
@@ -259,7 +315,8 @@ class _Evaluator:
         plan = TrialPlan(config, target, (), None, None, self.warmup, self.split.server.n_logical, self.split,
                          seed=self.seed, max_error_rate=self.max_error_rate, timeout=self.timeout)
         counter = (config.key, candidate.policy)
-        first = self.counts.get(counter, 0)
+        # After the trials of this policy's cell already on disk (a resume's), never over them.
+        first = self.records.next_trial(config, candidate.policy) if self.records else self.counts.get(counter, 0)
         # run_steps asks for each step with the last row; the race decides from a Step: converted in between.
         current = {"step": next_step(None)}
         if current["step"] is None:
@@ -272,23 +329,21 @@ class _Evaluator:
             frame = measured.requests
             if len(frame):
                 frame = frame.assign(rate=float(rate), round=rnd + 1, step=index)
-            self.records.setdefault(config.key, (config, []))[1].append((row, frame, measured.threads))
             self.counts[counter] = first + index + 1
-            current["step"] = next_step(self._step(row, frame, rate, duration, rnd))
+            if self.records is not None:
+                # On disk before the race hears of it: an interrupt from here on keeps this step.
+                self.records.add(config, row, frame, measured.threads, lambda: self._manifest(config, target))
+            current["step"] = next_step(step_of(row, frame, self.sla, rnd))
 
-    def _step(self, row, frame, rate, duration, rnd):
-        """The race's :class:`Step` of one measured step: requests over the target (failed ones count as over)."""
-        if not len(frame) or str(row.get("reason", "")).startswith("the server died"):
-            return Step(rate, duration, 0, 0, math.nan, round=rnd, seconds=float(row.get("wall_seconds") or 0),
-                        error=row.get("reason") or "no request was answered")
-        status = frame["status"].to_numpy()
-        ok = (status >= 200) & (status < 300) & (frame["error"].fillna("").to_numpy() == "")
-        latency = np.where(ok, frame["client_seconds"].to_numpy(float), np.inf)
-        latency = np.where(np.isnan(latency), np.inf, latency)
-        p99 = float(np.percentile(latency, 99, method="higher"))
-        return Step(rate, duration, int(len(latency)), int((latency > self.sla).sum()), p99,
-                    cpu_per_request=float(row.get("cpu_per_request", math.nan)), round=rnd,
-                    seconds=float(row.get("wall_seconds") or duration))
+    def _manifest(self, config, target):
+        """A cell's manifest as :func:`~tuna_lab.measure.experiment.manifest` makes it (its counts set per write)."""
+        from ..experiment import manifest
+
+        return manifest(config, [], 1, None, self.seed, {
+            "warmup": self.warmup, "max_error_rate": self.max_error_rate, "load_mode": "open",
+            "rate": None, "duration": None, "wait_policy": config.wait_policy, "spincount": None,
+            "client_cpus": self.split.to_dict(), "requests_sent": target.requests.describe(),
+            "target": target.describe()})
 
     def stop(self):
         for target, _ in self.targets.values():
@@ -305,28 +360,10 @@ class _Evaluator:
             return f"# no plan: {exc}"
 
     def write(self, out, result):
-        """Every step as a trial, one cell folder per W x T x wait policy (the schema of ``run`` and ``sweep``)."""
-        import pandas as pd
-
-        from ..experiment import Result, manifest
-        from ..store import write_cell
-
-        os.makedirs(out, exist_ok=True)
-        for key, (config, measured) in self.records.items():
-            rows = pd.DataFrame([row for row, _, _ in measured])
-            frames = [frame for _, frame, _ in measured if len(frame)]
-            threads = [t for _, _, t in measured if t is not None and len(t)]
-            target = next(t for t, c in self.targets.values() if c.key == key)
-            meta = manifest(config, sorted(set(rows["policy"])), len(rows), None, self.seed, {
-                "warmup": self.warmup, "max_error_rate": self.max_error_rate, "load_mode": "open",
-                "rate": None, "duration": None, "wait_policy": config.wait_policy, "spincount": None,
-                "client_cpus": self.split.to_dict(), "requests_sent": target.requests.describe(),
-                "target": target.describe(), "latency": sorted(set(rows["latency"])),
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "tune": {"sla_p99": result.sla_p99, "budget": result.budget, "elapsed": result.elapsed,
-                         "confidence": result.confidence, "winner": result.winner.name if result.winner else None,
-                         "sure": result.sure}})
-            res = Result(pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(), rows, meta,
-                         threads=pd.concat(threads, ignore_index=True) if threads else None)
-            write_cell(os.path.join(out, key), res)
+        """Every cell once more, its manifest saying how the race ended (each step is on disk already)."""
+        tune = {"sla_p99": result.sla_p99, "budget": result.budget, "elapsed": result.elapsed,
+                "confidence": result.confidence, "winner": result.winner.name if result.winner else None,
+                "sure": result.sure}
+        for key in list(self.records.cells):
+            self.records.write_cell(key, {"tune": tune})
         return out
