@@ -503,11 +503,6 @@ class AppTarget(Target):
             server_conf = os.path.abspath(server_conf)
         self.app, self.server, self.server_conf = str(app), server, server_conf
         self.workers, self.threads = check_size(workers, threads, TargetError)
-        if server == "uvicorn" and self.workers == 1:
-            # uvicorn forks no worker at --workers 1: its one process serves, and there is no worker to find,
-            # place or measure as a worker (a wait for one would last until the start-up timeout).
-            raise TargetError("--server uvicorn at -w 1 forks no worker (its one process serves the requests); "
-                              "give -w 2 or more, or --server gunicorn, which forks one worker at -w 1")
         self.requests = requests or Requests(path="/", method="GET")
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.label = label or re.sub(r"[^A-Za-z0-9_.]+", "_", module.split(".")[-1])
@@ -538,6 +533,11 @@ class AppTarget(Target):
         return self
 
     def start(self, topology):
+        if self.server == "uvicorn" and self.workers == 1:
+            # uvicorn forks no worker at --workers 1: its one process serves, and there is no worker to find,
+            # place or measure as a worker (a wait for one would last until the start-up timeout).
+            raise TargetError("--server uvicorn at -w 1 forks no worker (its one process serves the requests); "
+                              "give -w 2 or more, or --server gunicorn, which forks one worker at -w 1")
         super().start(topology)
         self.check()
         self._state = _state_folder()
