@@ -7,7 +7,7 @@ from ...errors import ExperimentError, TunaError, UnreadableCellsError
 from . import COMMANDS
 from ..options import print_json
 
-__all__ = ["add_parser", "unreadable_status", "say_left_out"]
+__all__ = ["add_parser"]
 
 
 def add_parser(subparsers, command=None):
