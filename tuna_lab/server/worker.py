@@ -36,7 +36,9 @@ the listening socket, where any free worker takes it. Each request's wait
 for a worker is told to the app (:func:`waited`) for load shedding.
 Gunicorn's arbiter is notified every turn of the loop (at least every half
 ``timeout``), and ``max_requests``, graceful stops and a dead parent end
-the loop as in the sync worker.
+the loop as in the sync worker; a worker that stops gracefully (or after
+``max_requests``) first answers the connections it took, each by its
+deadline, and takes no new one.
 """
 
 import errno
@@ -285,6 +287,7 @@ class LabWorker(SyncWorker):
                 listener.setblocking(False)
                 self._sel.register(listener, selectors.EVENT_READ, listener)
             self._loop()
+            self._finish()
         finally:
             for p in [*self._pending.values(), *self._paused.values()]:
                 self._close(p)
@@ -314,6 +317,31 @@ class LabWorker(SyncWorker):
             self._expire()
             if not self.is_parent_alive():
                 return
+
+    def _finish(self):
+        """After a graceful stop or ``max_requests``: serve the connections this worker took, until their deadlines.
+
+        The sync worker took no connection it would not serve; these were
+        accepted, so they are answered here rather than reset. No new ones are
+        taken: they wait in the listening socket for the other workers or the
+        replacement. At most ``read_timeout``, under Gunicorn's ``graceful_timeout``.
+        """
+        for listener in self.sockets:
+            self._sel.unregister(listener)
+        while self._pending or self._paused:
+            if not self.is_parent_alive():
+                return
+            self.notify()
+            left = min(p.deadline for p in (*self._pending.values(), *self._paused.values())) - time.monotonic()
+            for key, _ in self._sel.select(max(0.0, min(left, 1.0))):
+                if isinstance(key.data, _Pending) and key.data.sock.fileno() in self._pending:
+                    self._read(key.data)
+                elif key.data is None:
+                    try:
+                        os.read(self.PIPE[0], 64)
+                    except BlockingIOError:
+                        pass
+            self._expire()
 
     def _accept(self, listener):
         for _ in range(_ACCEPTS_PER_TURN):
