@@ -27,8 +27,9 @@ worker would call the app from another thread). Each connection is bounded:
 * in **number and memory**: at most :data:`MAX_PENDING` connections wait for
   their bytes in one worker (the oldest is closed to make room for a new
   one), and their buffers together hold at most :data:`BUFFER_BUDGET_BODIES`
-  bodies' worth; past that the worker stops reading them until room frees
-  (their deadlines still run).
+  bodies' worth; past that the worker reads only the first 64 KiB of each
+  (so that small requests still come in) until room frees (their deadlines
+  still run).
 
 A complete request is served as soon as it is complete, one at a time, so
 a worker takes no more work than the sync worker did: the queue stays in
@@ -47,6 +48,7 @@ import selectors
 import socket
 import struct
 import time
+from http import HTTPStatus
 
 from gunicorn import util
 from gunicorn.http.errors import NoMoreData
@@ -63,6 +65,8 @@ BUFFER_BUDGET_BODIES = 2
 #: Bytes asked of the kernel per read; a few reads per connection and turn, so one sender cannot starve the others.
 _RECV = 1 << 20
 _READS_PER_TURN = 4
+#: What a connection may still buffer when the buffers are full (MAX_PENDING x this at most, beyond the budget).
+_SMALL = 1 << 16
 #: Connections accepted per turn before the loop looks at the others again.
 _ACCEPTS_PER_TURN = 16
 #: How long, after its answer, a connection is drained before it is closed (Gunicorn lingers up to 2 s).
@@ -368,11 +372,15 @@ class LabWorker(SyncWorker):
 
     def _read(self, p):
         for _ in range(_READS_PER_TURN):
+            size = _RECV
             if self._buffered >= self._budget:
-                self._pause(p)
-                return
+                # Full: large bodies wait, but a request's first bytes (a /healthz, say) are still read.
+                size = _SMALL - len(p.buf)
+                if size <= 0:
+                    self._pause(p)
+                    return
             try:
-                data = p.sock.recv(_RECV)
+                data = p.sock.recv(size)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -397,7 +405,7 @@ class LabWorker(SyncWorker):
                     p.sock.send(_CONTINUE)
                 except OSError:
                     pass
-            if len(data) < _RECV:
+            if len(data) < size:
                 return
 
     def _expire(self):
@@ -438,7 +446,7 @@ class LabWorker(SyncWorker):
         """Answer a request the worker itself refuses (before the app could), and close."""
         self._forget(p)
         body = ('{"error": "%s"}' % reason).encode()
-        head = (f"HTTP/1.1 {status} Content Too Large\r\nContent-Type: application/json\r\n"
+        head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode()
         self.log.warning("refused the request of %s: %s", p.addr[0] if p.addr else "?", reason)
         try:
