@@ -23,7 +23,7 @@ is read or predicted):
   120 s by default) aborts a request that runs longer and replaces the worker;
 * **parse**: before ``json.loads``, the body's shape (its lists, values and
   bytes) must fit the rows the bounds allow; more gets 413, and a key other
-  than ``"rows"`` 400 (:meth:`InferenceApp._check_shape`);
+  than ``"rows"`` 400;
 * **slow clients**: under :class:`~tuna_lab.server.worker.LabWorker`, a
   connection has :data:`READ_TIMEOUT` seconds from its accept to send its
   whole request, while it holds no worker; a body still missing then gets
@@ -364,7 +364,7 @@ class InferenceApp:
         a worker 25 s at 1.36 GB), so the work bound counts it, by the body's
         shape: its lists (each ``[`` opens one; a body of rows has one per row
         and one around them), its values (each ``,`` separates two) and its
-        bytes (at most :data:`VALUE_BYTES` a value) must fit what the allowed
+        bytes (at most ``VALUE_BYTES`` a value) must fit what the allowed
         rows hold. Three passes of ``bytes.count`` over the body: milliseconds.
         """
         rows = body.count(b"[") - 1
