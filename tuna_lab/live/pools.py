@@ -16,6 +16,13 @@ Every part of tuna_lab that binds a worker finds its pool here:
   (ONNX Runtime's own pool), the CPU time each thread gained while the worker
   served requests tells the pool from helper threads (:func:`active_threads`).
 
+Under requests, what each thread did decides first (:func:`by_activity`): a
+worker whose model runs off its main thread (FastAPI's sync endpoints,
+Gunicorn's ``gthread``, BentoML) has *calling threads*, each with its
+runtime's team, and may hold idle leftovers (a team made while the model
+loaded), listed ``idle`` and never ranked above a thread that worked;
+:mod:`tuna_lab.live.threads` places such workers.
+
 :func:`main_rule` says whether a worker's main thread may be bound to a single
 CPU. This module imports nothing heavier than psutil: a Gunicorn worker loads it.
 
@@ -39,7 +46,8 @@ from .runtimes import BLAS, FRAMEWORK, OPENMP, RUNTIMES, helper_thread, places_c
 
 __all__ = ["ThreadRole", "classify_threads", "thread_cpu_times", "active_threads", "ACTIVE_FLOOR",
            "ACTIVE_SHARE", "RUNNING", "main_rule", "wake_openmp", "openmp_loaded", "new_pool_threads",
-           "pool_threads", "loaded_runtimes"]
+           "pool_threads", "loaded_runtimes", "roles_by_library", "by_activity", "MAIN_CALLS", "MAIN_IDLE",
+           "IDLE_FLOOR", "IDLE_SHARE"]
 
 # How a reason names the pool of a runtime found by library (placement/runtimes.py's kinds).
 _POOL_WORDS = {OPENMP: "OpenMP", BLAS: "BLAS"}
@@ -67,6 +75,16 @@ class ThreadRole:
     rank: object
     why: str
     evidence: str = ""
+    #: What the thread does (:mod:`tuna_lab.live.threads`): ``main``, ``caller`` (it ran the model off the
+    #: main thread), ``member`` (of a runtime's team), ``busy`` (worked: a caller or a runtime's own pool,
+    #: which /proc cannot tell apart), ``idle`` (a runtime's thread that did nothing under requests),
+    #: ``helper`` or ``other``; None where no requests were measured.
+    kind: str = None
+    #: The calling thread whose team it belongs to, where that is known.
+    team: int = None
+    #: ``"slot"``: placed on all of its slot's CPUs (the worker's whole thread set shares them); None: by
+    #: ``role`` and ``rank`` (:func:`tuna_lab.live.threads.planned_for`).
+    level: str = None
 
 
 
@@ -217,26 +235,45 @@ def classify_threads(pid, looks=5, interval=0.02, activity=None, requests=None):
         raise PinError(f"process {pid} is gone") from None
     except (psutil.AccessDenied, PermissionError):
         raise PinError(f"permission denied: cannot read the threads of process {pid}") from None
-    active = active_threads(activity, main=pid) if activity is not None else set()
-    during = f"during {requests} request{'' if requests == 1 else 's'}" if requests else "during the traffic"
-    main = [ThreadRole(pid, "main", 0, "its TID is the process's PID", "tid: the process's PID")]
-    by_library, by_activity, other = [], [], []
+    seen = []
     for tid in tids:
         if tid == pid:
             continue
         name = _comm(pid, tid)
         helper = helper_thread(name)
-        if helper:
+        lib = None
+        if not helper:
             # Named first: an io_uring kernel thread's syscall file names no user-space caller.
+            try:
+                lib = _waiting_in(pid, tid, maps, looks, interval)
+            except (FileNotFoundError, ProcessLookupError):
+                continue                               # exited while we looked
+            except PermissionError:
+                raise PinError(f"permission denied: cannot read thread {tid} of process {pid}") from None
+        seen.append((tid, name, helper, lib, pool_runtime(lib)))
+    if activity is not None:
+        # Under requests, what each thread did decides (one rule for every command; the module says how).
+        found = by_activity(pid, seen, activity, requests)
+        if found is not None:
+            return found
+    return roles_by_library(pid, seen, activity, requests)
+
+
+def roles_by_library(pid, seen, activity=None, requests=None):
+    """:func:`classify_threads` where the main thread is the one calling thread: pool by library, then activity.
+
+    ``seen`` holds ``(tid, name, helper, library, runtime)`` of every thread
+    but the main one (``helper`` the words of a known helper's name,
+    ``runtime`` the :func:`pool_runtime` of the library it waits in).
+    """
+    active = active_threads(activity, main=pid) if activity is not None else set()
+    during = f"during {requests} request{'' if requests == 1 else 's'}" if requests else "during the traffic"
+    main = [ThreadRole(pid, "main", 0, "its TID is the process's PID", "tid: the process's PID")]
+    by_library, by_activity, other = [], [], []
+    for tid, name, helper, lib, runtime in seen:
+        if helper:
             other.append(ThreadRole(tid, "other", None, f"named {name}: {helper}", f"name: {name}"))
             continue
-        try:
-            lib = _waiting_in(pid, tid, maps, looks, interval)
-        except (FileNotFoundError, ProcessLookupError):
-            continue                                   # exited while we looked
-        except PermissionError:
-            raise PinError(f"permission denied: cannot read thread {tid} of process {pid}") from None
-        runtime = pool_runtime(lib)
         gained = None if activity is None else activity.get(tid, 0.0)
         spent = "" if gained is None else f"{gained:.3f} s CPU {during}"
         if runtime:
@@ -259,6 +296,138 @@ def classify_threads(pid, looks=5, interval=0.02, activity=None, requests=None):
                                     "or other pool by its activity)", f"library: {lib}"))
     ranked = [ThreadRole(tid, "pool", k + 1, why, ev) for k, (tid, why, ev) in enumerate(by_library + by_activity)]
     return main + ranked + other
+
+
+#: The main thread calls the model when it gained at least this share of the busiest thread's CPU ...
+MAIN_CALLS = 0.5
+#: ... and, where no runtime team worked (a pool that waits in libc), when it gained at least this share.
+MAIN_IDLE = 0.1
+#: A runtime's thread (found by the library it waits in) worked when it gained at least this much (s) ...
+IDLE_FLOOR = 0.0005
+#: ... and this share of the busiest thread's CPU; else it is an idle leftover.
+IDLE_SHARE = 0.02
+
+
+def _spent(gained, requests):
+    during = f"during {requests} request{'' if requests == 1 else 's'}" if requests else "during the traffic"
+    return f"{gained:.3f} s CPU {during}"
+
+
+def by_activity(pid, seen, activity, requests=None):
+    """Every thread of worker ``pid`` as a :class:`ThreadRole`, told by what it did.
+
+    Parameters
+    ----------
+    pid : int
+        The worker (its main thread's TID).
+    seen : list of tuple
+        ``(tid, name, helper, library, runtime)`` of every other thread
+        (:func:`classify_threads` reads them).
+    activity : dict
+        ``{tid: cpu_seconds}`` each thread gained while the worker served requests.
+    requests : int, optional
+        How many requests that was (for the evidence).
+
+    Returns
+    -------
+    list of ThreadRole or None
+        None where the library rule holds unchanged (the main thread calls and
+        no runtime thread idled, or the worker served nothing).
+
+    Examples
+    --------
+    >>> seen = [(11, "w", None, "libc.so.6", None), (12, "w", None, "libgomp.so.1", object()),
+    ...         (13, "w", None, "libc.so.6", None), (14, "w", None, "libgomp.so.1", object())]
+    >>> rows = by_activity(10, seen, {10: 0.01, 11: 0.40, 12: 0.0, 13: 0.0, 14: 0.38})
+    >>> [(t.tid, t.role, t.rank, t.kind) for t in rows]
+    [(11, 'pool', 0, 'caller'), (14, 'pool', 1, 'member'), (10, 'main', None, 'main'), (12, 'other', None, 'idle'), (13, 'other', None, 'other')]
+    """
+    gains = {tid: max(0.0, activity.get(tid, 0.0)) for tid, *_ in seen}
+    main_gain = max(0.0, activity.get(pid, 0.0))
+    top = max([main_gain, *gains.values()])
+    if top < ACTIVE_FLOOR:
+        return None                                    # served nothing: nothing to tell by
+    worked = active_threads({pid: main_gain, **gains}, main=pid)
+    lib = [s for s in seen if s[4] is not None and not s[2]]
+    lib_worked = [s for s in lib if gains[s[0]] >= IDLE_FLOOR and gains[s[0]] >= IDLE_SHARE * top]
+    # A runtime's thread that did nothing is an idle leftover only where another one worked: with no team at
+    # work at all there is no evidence against any of them (the request was too small to wake it).
+    lib_idle = [s for s in lib if s not in lib_worked] if lib_worked else []
+    off_main = [s for s in seen if s[0] in worked and s[4] is None and not s[2]]
+    share = main_gain / top
+    calls_off = bool(off_main) and (share < MAIN_IDLE or (bool(lib_worked) and share < MAIN_CALLS))
+    idle = {s[0] for s in lib_idle}
+    if not calls_off:
+        if not idle:
+            return None
+        rows = roles_by_library(pid, [s for s in seen if s[0] not in idle], activity, requests)
+        return rows + [_idle(s, gains[s[0]], requests, None) for s in lib_idle]
+    return _threaded(pid, seen, gains, main_gain, requests, off_main, lib_worked, idle)
+
+
+def _idle(s, gained, requests, level):
+    tid, name, _, lib, _ = s
+    return ThreadRole(tid, "other", None, f"waiting in {lib}, idle while the worker served requests: a runtime "
+                      "team no calling thread uses (one made while the model loaded?); never ranked above a thread "
+                      "that worked", f"idle: {_spent(gained, requests)}", kind="idle", level=level)
+
+
+def _threaded(pid, seen, gains, main_gain, requests, callers, members, idle):
+    """The roles of a worker whose model runs off its main thread (see the module)."""
+    caller_ids = [s[0] for s in callers]
+    if members:
+        level = None if len(callers) == 1 else "slot"
+    else:
+        # No team found by library: one busy thread is the caller; more are callers and a runtime's own pool
+        # (ONNX Runtime's waits in libc, as a Python thread does), which only slot-level placement never confuses.
+        level = None if len(callers) == 1 else "slot"
+    busy_kind = "caller" if members or len(callers) == 1 else "busy"
+    names = {}
+    for s in callers:
+        names.setdefault(s[1], []).append(s[0])
+    out = []
+    if level is None:
+        c = callers[0]
+        out.append(ThreadRole(c[0], "pool", 0, f"the calling thread: it ran the model off the main thread "
+                              f"({'waiting in ' + c[3] if c[3] else RUNNING}); placed where a main thread is",
+                              f"caller: {_spent(gains[c[0]], requests)}", kind="caller"))
+        for rank, s in enumerate(sorted(members), start=1):
+            out.append(ThreadRole(s[0], "pool", rank, f"waiting in {s[3]}: of the calling thread {c[0]}'s team",
+                                  f"team of {c[0]}: {_spent(gains[s[0]], requests)}", kind="member", team=c[0]))
+    else:
+        for s in callers:
+            what = ("a calling thread: it ran the model off the main thread" if busy_kind == "caller" else
+                    "busy: a calling thread or the runtime's own pool (both wait in libc; /proc cannot tell them "
+                    "apart)")
+            out.append(ThreadRole(s[0], "pool", None, f"{what}; the worker's threads share its slot's CPUs",
+                                  f"{busy_kind}: {_spent(gains[s[0]], requests)}", kind=busy_kind, level="slot"))
+        for s in sorted(members):
+            # A member takes its caller's name: with callers of distinct names, the name says whose team it is.
+            own = names.get(s[1], [])
+            team = own[0] if len(own) == 1 and len(names) > 1 else None
+            whose = f"the calling thread {team}'s team" if team else f"the team of one of {len(callers)} callers"
+            out.append(ThreadRole(s[0], "pool", None, f"waiting in {s[3]}: of {whose}; the worker's threads share "
+                                  "its slot's CPUs", f"team{' of ' + str(team) if team else ''}: "
+                                  f"{_spent(gains[s[0]], requests)}", kind="member", team=team, level="slot"))
+    out.insert(0 if level == "slot" else len(out), ThreadRole(
+        pid, "main", None, f"the main thread: the model runs on {len(callers)} thread(s) off it; on all of its "
+        "slot's CPUs, so that a thread it starts stays in the slot", f"main: {_spent(main_gain, requests)}",
+        kind="main", level="slot"))
+    placed = {t.tid for t in out}
+    for s in seen:
+        if s[0] in placed:
+            continue
+        if s[0] in idle:
+            out.append(_idle(s, gains[s[0]], requests, "slot"))
+        elif s[2]:
+            out.append(ThreadRole(s[0], "other", None, f"named {s[1]}: {s[2]}", f"name: {s[1]}", kind="helper",
+                                  level="slot"))
+        else:
+            where = f"waiting in {s[3]}" if s[3] else RUNNING
+            out.append(ThreadRole(s[0], "other", None, f"{where}, (nearly) idle while the worker served requests; "
+                                  "kept in the slot with the threads that work", f"activity: "
+                                  f"{_spent(gains[s[0]], requests)}", kind="other", level="slot"))
+    return out
 
 
 # The runtimes whose pools a worker serves with (a BLAS library alone, which every NumPy process maps, is none).

@@ -218,6 +218,10 @@ def _status_of_pid(args):
     activity = traffic_of(args, args.pid)
     report = PinReport(args.pid, plan, server_threads(args.pid, plan, activity, roles=roles),
                        roles=roles).add_activity(activity)
+    from ...live.threads import threading_lines
+
+    # The model run off the main thread (FastAPI sync, gthread, BentoML): the oversubscription and its knob.
+    report.warnings += threading_lines(args.pid, report.workers, plan)
     drift = _drift(args.pid, plan, roles)
     if args.json:
         print(json.dumps({**report.to_dict(), "drift": [f.to_dict() for f in drift]}))
