@@ -227,6 +227,35 @@ def test_idle_sockets_hold_no_worker_and_are_closed_at_their_deadline(srv):
 
 
 @pytest.mark.alone          # it times /healthz
+def test_more_idle_sockets_than_the_workers_keep_close_the_oldest_and_hold_nothing(srv):
+    from tuna_lab.server.worker import MAX_PENDING
+    import resource
+    many = srv.workers * MAX_PENDING + 300
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < many + 200:
+        if hard != resource.RLIM_INFINITY and hard < many + 200:
+            pytest.skip(f"{many} sockets need more file descriptors than the hard limit {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (many + 200, hard))
+    log = os.path.join(srv.state_dir, "gunicorn.log")
+
+    def evicted():
+        with open(log) as fh:
+            return fh.read().count("too many connections waiting for their requests; closed the oldest")
+
+    before, held = evicted(), []
+    try:
+        for _ in range(many):
+            held.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+        assert max(healthz_latencies(srv.url, 0.5)) < 1
+        # The connections beyond what the workers keep were closed, the oldest first, not left to their deadlines.
+        assert evicted() - before >= many - srv.workers * MAX_PENDING
+    finally:
+        for conn in held:
+            conn.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.alone          # it times /healthz
 def test_slow_senders_hold_no_worker(srv):
     # Issue 46: 10 connections sending a request line, then a byte a second, kept /healthz waiting 20-23 s.
     held = [half_sent(srv.port, b"POST /predict HTTP/1.1\r\n") for _ in range(10)]
