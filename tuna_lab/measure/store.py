@@ -616,9 +616,14 @@ def _unreadable(path, bad, skip, left_out, none_left=False):
     if left_out is not None:
         left_out.update(bad)
     if not skip or none_left:
-        names = "; ".join(f"{os.path.relpath(c, path) if c != path else c}: {why}" for c, why in bad.items())
-        raise UnreadableCellsError(f"{len(bad)} cell(s) under {path} cannot be read, and leaving them out would "
-                                   f"change every average: {names}", bad)
+        names = {(os.path.relpath(c, path) if c != path else c): why for c, why in bad.items()}
+        if len(names) == 1:
+            (name, why), = names.items()
+            raise UnreadableCellsError(f"{name} under {path} is not a readable tuna-lab result ({why}), and "
+                                       "leaving it out would change every average", bad)
+        listed = "; ".join(f"{name} ({why})" for name, why in names.items())
+        raise UnreadableCellsError(f"{len(names)} cells under {path} are not readable tuna-lab results, and "
+                                   f"leaving them out would change every average: {listed}", bad)
 
 
 def no_valid_trial(source, keys=None):
