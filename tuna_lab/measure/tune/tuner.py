@@ -13,7 +13,9 @@ this module runs it on servers.
 Every step is a trial in the records, in the schema of ``run`` and ``sweep``
 (:mod:`tuna_lab.measure.schema`; one cell folder per W x T x wait policy,
 each step a trial with its ``rate``, ``round`` and ``step``), so ``tuna-lab
-report`` and ``advise`` read a tune as they read a sweep.
+report`` and ``advise`` read a tune as they read a sweep. Each step is on disk as soon as it is
+measured (:mod:`tuna_lab.measure.tune.records`): an interrupt keeps every step before it, and a tune
+given the same ``out`` and settings resumes from them.
 
 Examples
 --------
@@ -61,7 +63,8 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     budget : float or str
         Wall time of the whole search (``"15m"``); honoured to within 10%.
     out : str, optional
-        Folder for the records, one cell folder per W x T x wait policy.
+        Folder for the records, one cell folder per W x T x wait policy, each step written as it is
+        measured; a folder holding this tune's steps (same settings) is resumed from them.
     client_cpus, seed, warmup, max_error_rate
         As for :func:`~tuna_lab.measure.experiment.run`.
     progress, candidates : callable, list of Candidate, optional
@@ -76,7 +79,9 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     Raises
     ------
     TuneError
-        A target or budget that does not parse or is too small, a bad policy or wait policy.
+        A target or budget that does not parse or is too small, a bad policy or wait policy, a step
+        shorter than :data:`~tuna_lab.measure.tune.race.MIN_STEP_SECONDS`; an ``out`` that holds a
+        sweep, another command's cells or a tune with other settings (:mod:`tuna_lab.measure.claims`).
     UnmeetableTargetError
         No candidate met the target at any rate tried (``.result`` holds the evidence).
 
