@@ -263,3 +263,20 @@ def test_a_tune_resumes_only_its_own_folder(tmp_path):
     assert "tune" in line
     with pytest.raises(TuneError, match="too short"):
         race([Candidate(1, 1, "cfs")], simulated_race(1.0)[0], 0.05, 60, step_seconds=1e-9)
+
+
+@pytest.mark.parametrize("command", [
+    ["sweep", "--configs", "2x2", "--models", "small", "--batches", "100", "--policies", "cfs", "--trials", "1",
+     "--requests", "5", "--out", "{x}"],
+    ["run", "-w", "2", "-t", "2", "--model", "small", "--policies", "cfs", "--trials", "1", "--requests", "5",
+     "--out", "{x}"],
+])
+def test_a_results_folder_at_a_cells_name_is_never_replaced_by_that_cell(tmp_path, command):
+    """``run --out X/<cell>`` made X/<cell> a results folder: a sweep or run of X never writes that cell over it."""
+    x = tmp_path / "x"
+    shutil.copytree(SWEEP / CELL, x / CELL / CELL)
+    (x / CELL / ".tuna-lab.lock").write_text("")
+    before = _digest(x)
+    line = _refused(main(*[a.format(x=x) for a in command], timeout=60))
+    assert "holds other results" in line
+    assert _digest(x) == before

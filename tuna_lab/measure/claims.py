@@ -125,8 +125,9 @@ def check_claim(folder, kind, settings=None, error=ExperimentError):
     settings : dict, optional
         ``run``: ``cell``, ``policies``, ``trials``, ``requests``, ``seed``, ``concurrency`` (matched
         against a sweep's ``sweep.json``); ``tune``: the tune's settings file (matched as a whole but
-        for ``budget``, ``kind`` and ``version``). Unused for ``sweep``, whose own identity check
-        compares them.
+        for ``budget``, ``kind`` and ``version``); ``sweep``: ``cells``, the names of its cells (its
+        own identity check compares the rest). A folder at a cell's name that holds anything but a
+        cell is refused for every kind.
     """
     here = os.path.realpath(folder)
     for above in _ancestors(folder):
@@ -142,7 +143,17 @@ def check_claim(folder, kind, settings=None, error=ExperimentError):
         if _held_by_another(above):
             raise error(f"{above} is in use by another measurement, which holds every folder inside it; wait "
                         "for it, or give a folder outside it")
-    if kind == "sweep" or not os.path.isdir(folder):
+    if not os.path.isdir(folder):
+        return
+    cells = (settings or {}).get("cells") or ([settings["cell"]] if settings and "cell" in settings else [])
+    for name in cells:
+        # A cell is written whole or not at all (write_cell): a folder at its name without a manifest,
+        # holding something, is another measurement's results folder (run --out SWEEP/<cell>), never ours.
+        cell = os.path.join(folder, name)
+        if os.path.isdir(cell) and not os.path.lexists(os.path.join(cell, schema.MANIFEST)) and os.listdir(cell):
+            raise error(f"{cell} holds other results (a results folder, not a cell), and writing the cell "
+                        f"{name} would replace them: give another folder")
+    if kind == "sweep":
         return
     old = read_sweep_file(folder)
     if kind == "run":

@@ -160,7 +160,7 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
     # Refused before the lock file or anything else is written, and again once the folder is held.
     _check_identity(out, settings)
     # Nor inside another sweep, tune or cell; and every cell's name fits the file system, before any runs.
-    check_claim(out, "sweep")
+    check_claim(out, "sweep", {"cells": [c.key for c in configs]})
     for config in configs:
         check_cell_name(os.path.join(out, config.key))
     # One sweep per folder: a second one would measure under this one's load and redo its cells.
