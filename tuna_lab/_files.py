@@ -21,7 +21,13 @@ that never ends). So:
   its nesting;
 * **folders** (:func:`private_dir`, :func:`trusted_dir`): a state folder is
   used only if it is a real folder, owned by an expected user, that no one
-  else may write.
+  else may write;
+* **whole paths** (:func:`check_path`, :func:`safe_dir`, :func:`check_output`):
+  every results, cache and state folder and every output file a user names is
+  walked from ``/`` as the kernel resolves it, and refused if another user
+  could redirect it: a link that user planted (or could have), a folder on
+  the way that user owns or may write. A check of the last folder alone
+  misses ``mine/out -> /root/secret`` planted in a folder another user owns.
 
 Every refusal is an :class:`~tuna_lab.errors.UnsafeFileError` (a
 :class:`~tuna_lab.errors.TunaError` and an :class:`OSError`, so a caller that
@@ -52,7 +58,8 @@ import tempfile
 from .errors import UnsafeFileError
 
 __all__ = ["MAX_FILE_BYTES", "MAX_JSON_DEPTH", "read_bytes", "read_text", "read_json", "loads_json",
-           "write_atomic", "write_json", "open_new", "trusted_dir", "private_dir", "file_kind"]
+           "write_atomic", "write_json", "open_new", "trusted_dir", "private_dir", "file_kind", "check_path",
+           "safe_dir", "check_output"]
 
 #: Default cap on a file read whole (plans, manifests, hwloc XML, sysfs files): 64 MiB.
 MAX_FILE_BYTES = 64 << 20
@@ -322,4 +329,192 @@ def private_dir(path, error=UnsafeFileError):
     why = trusted_dir(path, {os.geteuid()})
     if why:
         raise error(f"refusing the folder {path}: it {why}")
+    return path
+
+
+#: Links followed on one path at most (the kernel's own limit, ``MAXSYMLINKS``).
+_MAX_LINKS = 40
+
+
+def _owners():
+    """Who may own a folder or link on a path we trust: root and this user."""
+    return {0, os.geteuid()}
+
+
+def _folder_problem(st, sticky=True):
+    """Why a folder cannot be trusted (None when it can).
+
+    Like sudo's and OpenSSH's rules for a secure path: its owner is root or
+    this user, and no one else may write it - a group-writable folder only
+    when its group is root's or ours. With ``sticky``, a sticky folder
+    (``/tmp``) is fine: others may add names to it, but not remove or rename
+    ours. Not so for a folder we make things in by names anyone can predict
+    (a cell, its ``.tmp-<pid>``, a lock): others could plant links first.
+    """
+    if st.st_uid not in _owners():
+        return f"belongs to another user (uid {st.st_uid})"
+    if sticky and st.st_mode & stat.S_ISVTX:
+        return None
+    if st.st_mode & stat.S_IWOTH:
+        return "may be written by other users"
+    if st.st_mode & stat.S_IWGRP and st.st_gid not in {0, os.getegid()}:
+        return f"may be written by group {st.st_gid}"
+    return None
+
+
+def check_path(path, what="path", error=UnsafeFileError, link=True, sticky=False):
+    """Refuse a path on which another user could redirect what we write or read; return what is there.
+
+    ``path`` is walked from ``/`` component by component as the kernel
+    resolves it, links followed (at most 40):
+
+    * a folder on the way must belong to root or this user and be writable
+      by no one else, a sticky folder such as ``/tmp`` excepted;
+    * a link on the way must belong to root or this user (it lies in a
+      folder that passed the rule above, so no one else put it there);
+    * the last component, when it is a folder, must be writable by no one
+      else, even sticky (unless ``sticky``): what we make in it has names
+      anyone can predict;
+    * ``link=False`` refuses a link as the last component (a file written or
+      read by that name: we never write through one).
+
+    The walk stops at the first component that is missing: we make the rest
+    (and :func:`safe_dir` checks again once it has made them).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    what : str
+        What the path is, for the message ("--out", "the model cache").
+    error : type
+        The exception class raised, with one line.
+    link : bool
+        Whether the last component may be a link (of root's or ours).
+    sticky : bool
+        Whether the last component may be a sticky folder others may write
+        (a folder we only make files in with :func:`write_atomic`).
+
+    Returns
+    -------
+    tuple
+        ``(real, st)``: the path with every link resolved, and the
+        ``os.lstat`` of what is there (None when nothing is).
+
+    Examples
+    --------
+    >>> check_path("/tmp", sticky=True)[0]
+    '/tmp'
+    >>> check_path("/tmp", "--out")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.UnsafeFileError: --out /tmp: the folder /tmp may be written by other users; give a folder only you may write
+    """
+    shown = os.fspath(path)
+    # Not abspath: it would drop "link/.." lexically, where the kernel goes to the parent of the link's target.
+    parts = os.path.join(os.getcwd(), shown).split("/")[::-1]      # a stack: the next component last
+    current, st, links = "/", os.lstat("/"), 0
+    while parts:
+        name = parts.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            # Its parent was checked on the way here (or is the root).
+            current = os.path.dirname(current)
+            st = os.lstat(current)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise error(f"{what} {shown}: {current} is not a folder ({file_kind(st.st_mode)})")
+        why = _folder_problem(st)
+        if why:
+            raise error(f"{what} {shown}: the folder {current} {why}; refusing to use a path through it")
+        step = os.path.join(current, name)
+        try:
+            st = os.lstat(step)
+        except FileNotFoundError:
+            parts.append(name)
+            rest = [p for p in reversed(parts) if p not in ("", ".")]
+            return os.path.normpath(os.path.join(current, *rest)), None
+        except OSError as exc:
+            raise error(f"{what} {shown}: {step} cannot be read ({exc.strerror or exc})") from None
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in _owners():
+                raise error(f"{what} {shown}: {step} is a symbolic link of another user (uid {st.st_uid}); "
+                            "refusing to follow it")
+            if not link and not any(p not in ("", ".") for p in parts):
+                raise error(f"{what} {shown} is a symbolic link; refusing to write or read through it")
+            links += 1
+            if links > _MAX_LINKS:
+                raise error(f"{what} {shown}: too many symbolic links")
+            target = os.readlink(step)
+            parts.extend(target.split("/")[::-1])
+            if target.startswith("/"):
+                current, st = "/", os.lstat("/")
+            else:
+                st = os.lstat(current)
+            continue
+        current = step
+    if stat.S_ISDIR(st.st_mode):
+        why = _folder_problem(st, sticky)
+        if why:
+            raise error(f"{what} {shown}: the folder {current} {why}; give a folder only you may write")
+    return current, st
+
+
+def safe_dir(path, what="folder", error=UnsafeFileError, mode=0o777, sticky=False):
+    """Make the folder ``path`` (and those above it) unless there, after and before :func:`check_path`; return it.
+
+    Checked again once made: another user who may add names on the way
+    could have put a link where we were about to make a folder. ``sticky``
+    as for :func:`check_path`.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> folder = os.path.join(tempfile.mkdtemp(), "a", "b")
+    >>> safe_dir(folder) == folder and os.path.isdir(folder)
+    True
+    """
+    real, st = check_path(path, what, error, sticky=sticky)
+    if st is None:
+        try:
+            os.makedirs(real, mode, exist_ok=True)
+        except OSError as exc:
+            raise error(f"{what} {os.fspath(path)}: cannot create {real}: {exc.strerror or exc}") from None
+        real, st = check_path(path, what, error, sticky=sticky)
+    if st is None or not stat.S_ISDIR(st.st_mode):
+        kind = "missing" if st is None else file_kind(st.st_mode)
+        raise error(f"{what} {os.fspath(path)} is not a folder ({kind})")
+    return path
+
+
+def check_output(path, what="output", error=UnsafeFileError):
+    """Refuse, before any work, a file we could not safely write at ``path``; return ``path``.
+
+    Its path passes :func:`check_path` without a link at the end; what is
+    there is nothing or a regular file (not a folder, a FIFO, a device); its
+    folder is made (:func:`safe_dir`) and a file is created and removed in it
+    - ``/proc`` and a read-only mount refuse here, not after an hour's work.
+    The file itself is written later with :func:`write_atomic`.
+
+    Examples
+    --------
+    >>> check_output("/proc/version", "--out")   # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.UnsafeFileError: --out /proc/version cannot be written: /proc takes no new file (...)
+    """
+    shown = os.fspath(path)
+    real, st = check_path(shown, what, error, link=False)
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise error(f"{what} {shown} is {file_kind(st.st_mode)}, not a regular file; refusing to write it")
+    folder = os.path.dirname(real)
+    # A file is made in it only by mkstemp and rename: a sticky folder (/tmp) is safe for that.
+    safe_dir(folder, what, error, sticky=True)
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(real)}.", suffix=".probe")
+    except OSError as exc:
+        raise error(f"{what} {shown} cannot be written: {folder} takes no new file ({exc.strerror or exc})") from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
     return path

@@ -40,6 +40,7 @@ import subprocess
 import tempfile
 import time
 
+from .. import _files
 from .._checks import positive_int, positive_number
 from ..errors import LoadError
 
@@ -416,9 +417,7 @@ def _write_doc(path, result, lines):
         "The open-loop line's *floor* is a thread that only wakes on the same schedule and sends nothing: "
         "when it is high, the machine's scheduler (other runnable threads on the same CPUs), not the "
         "generator, sets the send lag.\n")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        fh.write(text)
+    _files.write_atomic(path, text)           # never through a link, whole or not at all
 
 
 def run_load_bench(args):
@@ -456,8 +455,7 @@ def run_load_bench(args):
     lines = format_table(result)
     print("\n" + "\n".join(lines))
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        pd.DataFrame(result["rows"]).to_csv(args.out, index=False)
+        _files.write_atomic(args.out, pd.DataFrame(result["rows"]).to_csv(index=False))
         print(f"\nwrote {args.out}")
     if args.doc:
         _write_doc(args.doc, result, lines)

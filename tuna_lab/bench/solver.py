@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 
+from .. import _files
 from ..machine import host
 from ..machine.topology import Topology
 from ..model.tuna import TunaModel
@@ -474,8 +475,8 @@ def run_solver_bench(args):
     if not scale_only:
         _relaxed(rows, quick)
     df = pd.DataFrame(rows)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    df.to_csv(args.out, index=False)
+    # Never through a link, whole or not at all (`tuna-lab bench` checked the path before the work).
+    _files.write_atomic(args.out, df.to_csv(index=False))
     summary = _summary(df)
     goals, relaxed_goals = _goals(df), _relaxed_goals(df)
     print("\n".join(["", "## Summary"] + summary + ["", "## Goals: scale"] + goals
@@ -503,15 +504,24 @@ _RELAXED_END = "<!-- relaxed: end -->"
 
 def _replace_section(path, begin, end, section):
     """Put ``section`` (which starts with ``begin`` and ends with ``end``) in place of the report's own, else last."""
-    old = open(path).read() if os.path.exists(path) else "# Solver benchmark\n"
+    old = _old_doc(path)
     if begin in old and end in old:
         head, rest = old.split(begin, 1)
         text = head + section.rstrip("\n") + rest.split(end, 1)[1]
     else:
         text = old.rstrip("\n") + "\n\n" + section
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        fh.write(text)
+    _files.write_atomic(path, text)
+
+
+def _old_doc(path):
+    """The report at ``path`` as it is (a section of it is replaced), or a fresh one's title.
+
+    Read by the one file layer: never through a link, nor a FIFO, a device or a file of gigabytes.
+    """
+    try:
+        return _files.read_text(path, follow=False)
+    except FileNotFoundError:
+        return "# Solver benchmark\n"
 
 
 def _relaxed_table(df):
@@ -596,14 +606,7 @@ def _write_doc(path, df, summary, goals, scale_only=False):
 
     scale = _scale_section(df, goals)
     if scale_only:
-        old = open(path).read() if os.path.exists(path) else "# Solver benchmark\n"
-        if _SCALE_BEGIN in old and _SCALE_END in old:
-            head, rest = old.split(_SCALE_BEGIN, 1)
-            text = head + scale.rstrip("\n") + rest.split(_SCALE_END, 1)[1]
-        else:
-            text = old.rstrip("\n") + "\n\n" + scale
-        with open(path, "w") as fh:
-            fh.write(text)
+        _replace_section(path, _SCALE_BEGIN, _SCALE_END, scale)
         return
     grid = df[~df.part.isin(["scale", "cli"])]
     cols = ["part", "route", "workers", "threads", "mode", "encoding", "build_s", "solve_s", "wall_s",
@@ -618,6 +621,4 @@ def _write_doc(path, df, summary, goals, scale_only=False):
         f"machine: {host.describe()}; cvxpy {cvxpy.__version__}.\n\n"
         "## Summary\n\n" + "\n".join(summary) + "\n\n" + scale
         + "\n## Article grid, literal encoding and toggles: all rows\n\n" + header + body)
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as fh:
-        fh.write(text)
+    _files.write_atomic(path, text)

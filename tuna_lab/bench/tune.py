@@ -31,6 +31,8 @@ import time
 import numpy as np
 import pandas as pd
 
+from .. import _files
+
 __all__ = ["run_tune_bench", "single_latency"]
 
 # The bench's application, as the issue sets it.
@@ -125,12 +127,12 @@ def run_tune_bench(args):
     summary = (f"race winner {raced.winner.name}: {yardstick}; race {race_seconds:.0f} s, "
                f"exhaustive {full_seconds:.0f} s ({race_seconds / full_seconds:.0%}, {speed:.1f}x faster); "
                f"goal (>= 90% in <= 25% of the time) {'met' if met else 'NOT met'}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     parts = [raced.table.assign(search="race"), full.table.assign(search="exhaustive")]
     if head is not None:
         parts.append(head.table.assign(search="head-to-head"))
     both = pd.concat(parts, ignore_index=True)
-    both.assign(sla_p99=sla, race_seconds=race_seconds, exhaustive_seconds=full_seconds).to_csv(args.out, index=False)
+    table = both.assign(sla_p99=sla, race_seconds=race_seconds, exhaustive_seconds=full_seconds)
+    _files.write_atomic(args.out, table.to_csv(index=False))
     heads = "" if head is None else "\n\n== head to head\n" + head.to_text()
     print("== race\n" + raced.to_text() + "\n\n== exhaustive\n" + full.to_text() + heads + "\n\n" + summary)
     if args.doc:
@@ -191,5 +193,4 @@ many noisy estimates, biased upward, and the two searches ran minutes apart.
 {full.to_text()}
 ```
 {heads}"""
-    with open(path, "w") as fh:
-        fh.write(text)
+    _files.write_atomic(path, text)           # never through a link, whole or not at all

@@ -581,29 +581,39 @@ def _sidecar(pidfile):
 
 
 def _check_pidfile(pidfile):
-    """Refuse (ServerError) a pidfile that cannot be written, or that names a process that runs.
+    """Refuse (ServerError) a pidfile that cannot be written, that names a process that runs, or that holds data.
 
     Gunicorn would refuse the second too, but only once started - and the
     launcher's notes beside a running server's pidfile would be gone by then.
+    Gunicorn writes any other file there over, and removes it when it stops:
+    so a file that holds anything but a process id (a user's data, a typo
+    for another file) is refused, as is a path through a link or folder
+    another user could have planted (:func:`~tuna_lab._files.check_path`;
+    a sticky folder such as ``/tmp`` is fine: Gunicorn renames its file in).
     """
     folder = os.path.dirname(pidfile)
     if not os.path.isdir(folder):
         raise ServerError(f"cannot write the pidfile {pidfile}: {folder} is not a folder")
-    try:
-        mode = os.lstat(pidfile).st_mode
-    except FileNotFoundError:
+    _files.check_path(folder, "the pidfile's folder", ServerError, sticky=True)
+    _, st = _files.check_path(pidfile, "pidfile", ServerError, link=False)
+    if st is None:
         return
-    except OSError as exc:
-        raise ServerError(f"cannot use the pidfile {pidfile}: {exc.strerror}") from None
-    if not stat.S_ISREG(mode):
+    if not stat.S_ISREG(st.st_mode):
         # Gunicorn reads an existing pidfile first: a FIFO there would hang it.
-        raise ServerError(f"pidfile {pidfile} is {_files.file_kind(mode)}, not a regular file; choose another")
+        raise ServerError(f"pidfile {pidfile} is {_files.file_kind(st.st_mode)}, not a regular file; choose another")
+    if st.st_uid != os.geteuid():
+        raise ServerError(f"pidfile {pidfile} belongs to another user (uid {st.st_uid}); choose another")
+    if st.st_size == 0:
+        return                          # holds nothing: Gunicorn writes it
     try:
         master = _read_pid(pidfile)
-    except (FileNotFoundError, ServerError):
-        return                          # none yet, or not a PID: Gunicorn writes over it
+    except FileNotFoundError:
+        return                          # gone since
+    except ServerError:
+        raise ServerError(f"pidfile {pidfile} exists and holds something other than a process id; refusing to "
+                          "write over it (choose another pidfile, or remove the file)") from None
     if not _process(master):
-        return                          # stale
+        return                          # stale: a server's that is gone
     try:
         _, meta = _sidecar(pidfile)
     except ServerError:
@@ -739,4 +749,9 @@ def stop(pidfile, timeout=15):
         shutil.rmtree(meta["state_dir"], ignore_errors=True)
     with contextlib.suppress(OSError):
         os.remove(pidfile + ".tuna.json")
+    # Gunicorn removes its pidfile when it exits cleanly; after a SIGKILL it is left. Removed here only
+    # while it still names the master just stopped: a file written there since is someone else's.
+    with contextlib.suppress(OSError, ServerError):
+        if _read_pid(pidfile) == master:
+            os.remove(pidfile)
     return {"master": master, **{key: meta.get(key) for key in ("url", "policy", "model", "workers", "threads")}}

@@ -22,6 +22,7 @@ Examples
 import fcntl
 import hashlib
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import lazy_loader
 
+from .. import _files
 from .._checks import positive_int
 from ..errors import ServerError
 
@@ -188,24 +190,26 @@ def ensure_model(name, nthread=None):
     True
     """
     path = model_path(name)
-    if path.exists():
+    # Loading as well as training: a model in a folder another user owns or may write (or reached through
+    # their link) is theirs to choose, and a server - root's too - would serve it.
+    _files.safe_dir(path.parent, _CACHE, ServerError)
+    if _cached(path):
         return path
     if nthread is None:
         nthread = len(os.sched_getaffinity(0))
     nthread = positive_int("nthread", nthread, ServerError)
+    lock_path = path.with_suffix(".lock")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # The model is written there by name (XGBoost's save_model): in a folder another user owns, or
-        # that every user may write, they could swap the temporary file for a link to one of ours.
-        st = path.parent.stat()
-        if st.st_uid != os.geteuid() or st.st_mode & 0o002:
-            raise ServerError(f"cannot train into model cache {str(path.parent)!r}: it is not this user's own "
-                              "folder (another user's, or writable by all); set TUNA_LAB_CACHE to one that is")
-        # Never through a link, never truncating a file that is there.
-        lock = os.fdopen(os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 0o644), "r+")
+        # Never through a link, never truncating a file that is there; O_NONBLOCK: a FIFO opens at once.
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise ServerError(f"cannot use model cache {str(path.parent)!r}: {exc.strerror}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise ServerError(f"the model cache's lock {str(lock_path)!r} is {_files.file_kind(mode)}, not a regular "
+                          "file; remove it")
+    lock = os.fdopen(fd, "r+")
     # A first `tuna-lab run` would otherwise sit silent for seconds to minutes: say what
     # happens and that it happens once (stderr: stdout carries a command's results).
     home, shown = str(Path.home()), str(path.parent)
@@ -214,10 +218,31 @@ def ensure_model(name, nthread=None):
     t0 = time.monotonic()
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not path.exists():   # another process may have trained it while we waited
+        if not _cached(path):   # another process may have trained it while we waited
             _train_in_child(name, path, nthread)
     print(f"trained the {name} model in {time.monotonic() - t0:.1f} s", file=sys.stderr, flush=True)
     return path
+
+
+#: What the model cache is called in a refusal: the variable that names another one.
+_CACHE = "model cache ($TUNA_LAB_CACHE)"
+
+
+def _cached(path):
+    """Whether the model file ``path`` is there; :class:`ServerError` (one line) if it is not one we made.
+
+    A FIFO would block the worker that loads it, a link or another user's
+    file would be a model someone else chose: each refused at once.
+    """
+    _, st = _files.check_path(path, _CACHE, ServerError, link=False)
+    if st is None:
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        raise ServerError(f"cached model {str(path)!r} is {_files.file_kind(st.st_mode)}, not a regular file; "
+                          "remove it")
+    if st.st_uid not in {0, os.geteuid()}:
+        raise ServerError(f"cached model {str(path)!r} belongs to another user (uid {st.st_uid}); remove it")
+    return True
 
 
 def train_all(nthread=None):
@@ -256,8 +281,11 @@ def load_booster(name, nthread):
     omp = ThreadpoolController().select(user_api="openmp")
     default = max((lib["num_threads"] for lib in omp.info()), default=nthread)
     omp.limit(limits=nthread)
+    # Read by the one file layer (no link, no FIFO, a size cap), then parsed from memory: XGBoost would
+    # open the name again, and block on whatever is there by then.
+    data = bytearray(_files.read_bytes(path, follow=False, error=ServerError))
     try:
-        booster = xgboost.Booster(params={"nthread": nthread}, model_file=str(path))
+        booster = xgboost.Booster(params={"nthread": nthread}, model_file=data)
     except xgboost.core.XGBoostError as exc:
         first = (str(exc).strip().splitlines() or ["unknown error"])[0]
         raise ServerError(f"cannot load model {name!r} from {str(path)!r}: {first}") from None

@@ -84,8 +84,19 @@ def add_parser(subparsers, command=None):
 
 
 def _cmd_bench(args):
+    from ..._files import check_output
+
     if args.out is None:
         args.out = _DEFAULT_OUT[args.what]
+    # Before minutes of work, and as root too: never through a link someone planted, never into a FIFO,
+    # a device or /proc (the files are written whole at the end, by the one file layer).
+    check_output(args.out, "--out")
+    if args.doc:
+        if args.doc == args.out:
+            from ...errors import UnsafeFileError
+
+            raise UnsafeFileError(f"--doc and --out are the same file ({args.out}); give two")
+        check_output(args.doc, "--doc")
     if args.what == "tune":
         from ...bench.tune import run_tune_bench
 
