@@ -280,3 +280,16 @@ def test_a_results_folder_at_a_cells_name_is_never_replaced_by_that_cell(tmp_pat
     line = _refused(main(*[a.format(x=x) for a in command], timeout=60))
     assert "holds other results" in line
     assert _digest(x) == before
+
+
+@pytest.mark.parametrize("table", ["trials", "requests"])
+def test_write_report_checks_every_tables_column_types_in_one_line(table, tmp_path):
+    from tuna_lab.analysis.report import write_report
+    from tuna_lab.errors import AnalysisError
+
+    requests, trials, _ = load_results(str(SWEEP / CELL))
+    frames = {"trials": trials, "requests": requests}
+    frames[table] = frames[table].assign(policy=range(len(frames[table])))
+    with pytest.raises(AnalysisError, match=f"{table} table: column policy holds int64, not text") as info:
+        write_report(frames["requests"], frames["trials"], tmp_path / "r.html")
+    assert "\n" not in str(info.value) and not (tmp_path / "r.html").exists()

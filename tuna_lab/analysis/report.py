@@ -179,6 +179,13 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     if manifest is not None and not isinstance(manifest, Mapping):
         raise AnalysisError(f"manifest must be a mapping, not {type(manifest).__name__}")
     check_table(trials, "trials", ("policy", "trial", "trial_status"))
+    # Every table by the types its columns must hold (measure.readable): one line, not a traceback deep inside.
+    from ..measure.readable import column_problem
+
+    for frame, name in ((trials, "trials"), (requests, "requests"), (threads, "threads")):
+        why = column_problem(frame, name) if isinstance(frame, pd.DataFrame) else None
+        if why:
+            raise AnalysisError(f"{name} table: {why}")
     per_trial = trial_stats(requests, trials)
     scenarios = scenario_stats(per_trial)
     summary = speedup_summary(scenarios, baselines=_BASELINES)
