@@ -46,7 +46,7 @@ from .stats import (
     speedup_summary,
     trial_stats,
 )
-from .summary import ARTICLE_MIN_CPUS, fault_note, front_note, scale_note
+from .summary import ARTICLE_MIN_CPUS, balance_note, fault_note, front_note, scale_note
 from .tables import check_table, ordered, sort_table, valid_trials
 
 __all__ = ["write_report", "check_output"]
@@ -632,12 +632,17 @@ def _locality_table(requests, threads):
 def _failures(requests, trials):
     failed = trials[trials["trial_status"].ne("ok")]
     keep = [c for c in (MACHINE, "policy", "workers", "threads", "model", "batch", "trial", "n", "ok", "failed",
-                        "trial_status", "workers_replaced", "master_restarted", "reason") if c in failed.columns]
+                        "trial_status", "workers_replaced", "master_restarted", "worker_share", "reason")
+            if c in failed.columns]
     parts = [_table(sort_table(failed[keep], keep)) if not failed.empty
              else '<p class="note">No failed trials.</p>']
     note = fault_note(trials)
     if note:
         # Said apart from the table: such a trial's latencies include a replacement's start-up.
+        parts.insert(0, f'<p class="note">{html.escape(note)}</p>')
+    note = balance_note(trials)
+    if note:
+        # Counted apart too (issue 47): such a trial measured fewer workers than the server has.
         parts.insert(0, f'<p class="note">{html.escape(note)}</p>')
     bad = requests[~(requests["status"].ge(200) & requests["status"].lt(300))]
     if not bad.empty:
