@@ -49,7 +49,7 @@ from .stats import (
 from .summary import ARTICLE_MIN_CPUS, balance_note, fault_note, front_note, scale_note
 from .tables import check_table, ordered, sort_table, valid_trials
 
-__all__ = ["write_report", "check_output"]
+__all__ = ["write_report", "check_report_path"]
 
 # The mark of a report of ours, near its top: what lets a later report replace it, and nothing else.
 _GENERATOR = '<meta name="generator" content="tuna-lab report">'
@@ -166,7 +166,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     ------
     AnalysisError
         If a table is empty or misses a column, or ``manifest`` is not a mapping; or ``path`` is
-        a file that is no report of ours, or lies inside a cell folder (:func:`check_output`):
+        a file that is no report of ours, or lies inside a cell folder (:func:`check_report_path`):
         refused before anything is computed.
 
     Examples
@@ -175,7 +175,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     >>> write_report(requests, trials, "report.html", manifest={"commit": "ba0cf89"})  # doctest: +SKIP
     PosixPath('report.html')
     """
-    check_output(path)
+    check_report_path(path)
     if manifest is not None and not isinstance(manifest, Mapping):
         raise AnalysisError(f"manifest must be a mapping, not {type(manifest).__name__}")
     check_table(trials, "trials", ("policy", "trial", "trial_status"))
@@ -654,7 +654,7 @@ def _failures(requests, trials):
     return "\n".join(parts)
 
 
-def check_output(path):
+def check_report_path(path):
     """Refuse (:class:`AnalysisError`, one line) a report path that would replace something not a report of ours.
 
     ``report X -o X/<cell>/trials.parquet`` once replaced a measurement with
@@ -666,7 +666,7 @@ def check_output(path):
 
     Examples
     --------
-    >>> check_output("/etc/hostname")
+    >>> check_report_path("/etc/hostname")
     Traceback (most recent call last):
     ...
     tuna_lab.errors.AnalysisError: report path /etc/hostname is a file that is no tuna-lab report; refusing to replace it (give a new file name)

@@ -47,12 +47,12 @@ def add_parser(subparsers, command=None):
 
 
 def _cmd_report(args):
-    from ...analysis.report import check_output, write_report
+    from ...analysis.report import check_report_path, write_report
     from ...analysis.summary import summarize
     from ...measure.store import load_cells, read_sweep_file
 
     # Before the results are read: a path that would replace a measurement is refused at once.
-    check_output(args.output)
+    check_report_path(args.output)
     try:
         requests, trials, manifests, threads, left_out = load_cells(args.results, args.skip_unreadable)
     except UnreadableCellsError as exc:
