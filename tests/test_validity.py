@@ -242,3 +242,14 @@ def test_worker_balance_reads_requests_where_the_server_names_the_worker_else_cp
     assert worker_balance(None, anonymous, [10]) == (1.0, 10, "requests")
     share, least, by = worker_balance(None, anonymous, [10, 11])
     assert least is None and by == "" and share != share          # not measured: NaN, judged by nothing
+
+
+def test_the_report_counts_trials_that_left_a_worker_out_apart(tmp_path):
+    from tuna_lab.analysis.report import write_report
+
+    requests, trials, _ = load_results("notebooks/data/sweep-2cpu")
+    trials = trials.assign(worker_share=1.0)
+    first = trials.index[0]
+    trials.loc[first, ["trial_status", "reason", "worker_share"]] = ["failed", "a worker left out of the load", 0.05]
+    html = open(write_report(requests, trials, str(tmp_path / "r.html"), title="t")).read()
+    assert f"note: 1 of {len(trials)} trials left a worker out of the load" in html
