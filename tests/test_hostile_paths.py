@@ -89,10 +89,11 @@ def test_bench_refuses_to_write_through_a_link(tmp_path, victim, which):
 def test_bench_refuses_a_device_fifo_or_folder_as_doc_at_once(tmp_path, what, says):
     os.mkfifo(tmp_path / "fifo")
     doc = what.format(t=tmp_path)
-    p = _bench("--out", tmp_path / "a.csv", "--doc", doc)
+    p = _bench("--out", tmp_path / "new" / "a.csv", "--doc", doc)
     assert_refused(p)
     assert p.elapsed < 20 and says in p.err, p.err
-    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode) and not (tmp_path / "a.csv").exists()
+    # Nothing made: not the CSV, nor its folder.
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode) and not (tmp_path / "new").exists()
 
 
 @pytest.mark.parametrize("out", ["/proc/version", "/proc/self/new.csv", "/dev/null"])

@@ -212,7 +212,7 @@ def _fsync_dir(folder):
             os.close(fd)
 
 
-def write_atomic(path, data, mode=0o644, durable=True, error=UnsafeFileError):
+def write_atomic(path, data, mode=0o644, durable=True, error=UnsafeFileError, parents=False):
     """Write ``data`` (str or bytes) to ``path`` whole or not at all; never through a link; return ``path``.
 
     A new file of ``mkstemp``'s (``O_CREAT|O_EXCL``: never one someone else
@@ -220,7 +220,8 @@ def write_atomic(path, data, mode=0o644, durable=True, error=UnsafeFileError):
     renamed over ``path``; a link at ``path`` is replaced, not followed. With
     ``durable`` the folder's entries are flushed too. On any error the
     temporary file is removed and ``error`` raised with one line; what was at
-    ``path`` before is untouched.
+    ``path`` before is untouched. With ``parents``, a missing folder is made
+    first (:func:`safe_dir`, which checks its whole path).
 
     Examples
     --------
@@ -233,6 +234,8 @@ def write_atomic(path, data, mode=0o644, durable=True, error=UnsafeFileError):
     """
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
+    if parents and not os.path.isdir(folder):
+        safe_dir(folder, "cannot write into", error, sticky=True)
     if isinstance(data, str):
         data = data.encode("utf-8")
     try:
@@ -491,10 +494,12 @@ def check_output(path, what="output", error=UnsafeFileError):
     """Refuse, before any work, a file we could not safely write at ``path``; return ``path``.
 
     Its path passes :func:`check_path` without a link at the end; what is
-    there is nothing or a regular file (not a folder, a FIFO, a device); its
-    folder is made (:func:`safe_dir`) and a file is created and removed in it
-    - ``/proc`` and a read-only mount refuse here, not after an hour's work.
-    The file itself is written later with :func:`write_atomic`.
+    there is nothing or a regular file (not a folder, a FIFO, a device); a
+    file is created and removed in its folder (or, when that is still
+    missing, in the nearest folder above it, where it would be made) -
+    ``/proc`` and a read-only mount refuse here, not after an hour's work.
+    Nothing is left behind. The file itself is written later with
+    :func:`write_atomic` (``parents=True`` where its folder may be missing).
 
     Examples
     --------
@@ -508,8 +513,10 @@ def check_output(path, what="output", error=UnsafeFileError):
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise error(f"{what} {shown} is {file_kind(st.st_mode)}, not a regular file; refusing to write it")
     folder = os.path.dirname(real)
+    while not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
     # A file is made in it only by mkstemp and rename: a sticky folder (/tmp) is safe for that.
-    safe_dir(folder, what, error, sticky=True)
+    check_path(folder, what, error, sticky=True)
     try:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(real)}.", suffix=".probe")
     except OSError as exc:

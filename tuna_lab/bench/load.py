@@ -417,7 +417,7 @@ def _write_doc(path, result, lines):
         "The open-loop line's *floor* is a thread that only wakes on the same schedule and sends nothing: "
         "when it is high, the machine's scheduler (other runnable threads on the same CPUs), not the "
         "generator, sets the send lag.\n")
-    _files.write_atomic(path, text)           # never through a link, whole or not at all
+    _files.write_atomic(path, text, parents=True)           # never through a link, whole or not at all
 
 
 def run_load_bench(args):
@@ -455,7 +455,7 @@ def run_load_bench(args):
     lines = format_table(result)
     print("\n" + "\n".join(lines))
     if args.out:
-        _files.write_atomic(args.out, pd.DataFrame(result["rows"]).to_csv(index=False))
+        _files.write_atomic(args.out, pd.DataFrame(result["rows"]).to_csv(index=False), parents=True)
         print(f"\nwrote {args.out}")
     if args.doc:
         _write_doc(args.doc, result, lines)

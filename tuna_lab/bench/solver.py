@@ -476,7 +476,7 @@ def run_solver_bench(args):
         _relaxed(rows, quick)
     df = pd.DataFrame(rows)
     # Never through a link, whole or not at all (`tuna-lab bench` checked the path before the work).
-    _files.write_atomic(args.out, df.to_csv(index=False))
+    _files.write_atomic(args.out, df.to_csv(index=False), parents=True)
     summary = _summary(df)
     goals, relaxed_goals = _goals(df), _relaxed_goals(df)
     print("\n".join(["", "## Summary"] + summary + ["", "## Goals: scale"] + goals
@@ -510,7 +510,7 @@ def _replace_section(path, begin, end, section):
         text = head + section.rstrip("\n") + rest.split(end, 1)[1]
     else:
         text = old.rstrip("\n") + "\n\n" + section
-    _files.write_atomic(path, text)
+    _files.write_atomic(path, text, parents=True)
 
 
 def _old_doc(path):
@@ -621,4 +621,4 @@ def _write_doc(path, df, summary, goals, scale_only=False):
         f"machine: {host.describe()}; cvxpy {cvxpy.__version__}.\n\n"
         "## Summary\n\n" + "\n".join(summary) + "\n\n" + scale
         + "\n## Article grid, literal encoding and toggles: all rows\n\n" + header + body)
-    _files.write_atomic(path, text)
+    _files.write_atomic(path, text, parents=True)

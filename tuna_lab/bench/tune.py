@@ -132,7 +132,7 @@ def run_tune_bench(args):
         parts.append(head.table.assign(search="head-to-head"))
     both = pd.concat(parts, ignore_index=True)
     table = both.assign(sla_p99=sla, race_seconds=race_seconds, exhaustive_seconds=full_seconds)
-    _files.write_atomic(args.out, table.to_csv(index=False))
+    _files.write_atomic(args.out, table.to_csv(index=False), parents=True)
     heads = "" if head is None else "\n\n== head to head\n" + head.to_text()
     print("== race\n" + raced.to_text() + "\n\n== exhaustive\n" + full.to_text() + heads + "\n\n" + summary)
     if args.doc:
@@ -193,4 +193,4 @@ many noisy estimates, biased upward, and the two searches ran minutes apart.
 {full.to_text()}
 ```
 {heads}"""
-    _files.write_atomic(path, text)           # never through a link, whole or not at all
+    _files.write_atomic(path, text, parents=True)           # never through a link, whole or not at all
