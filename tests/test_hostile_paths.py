@@ -247,6 +247,18 @@ def test_a_model_another_user_planted_is_never_loaded(tmp_path, monkeypatch, how
     assert snapshot(tmp_path) == before                 # nothing trained over it, no lock file
 
 
+@as_root
+def test_run_with_another_users_model_cache_exits_2_before_any_trial(tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    os.chown(cache, OTHER, OTHER)
+    p = cli("run", "-w", "1", "-t", "1", "--model", "small", "--batch", "1", "--requests", "5", "--trials", "1",
+            "--policies", "cfs", "--out", tmp_path / "out", env={"TUNA_LAB_CACHE": str(cache)})
+    assert_refused(p)
+    assert "model cache ($TUNA_LAB_CACHE)" in p.err and "belongs to another user (uid 65534)" in p.err
+    assert not (tmp_path / "out").exists() and list(cache.iterdir()) == []
+
+
 def test_a_model_of_our_own_loads_through_the_file_layer(tmp_path, monkeypatch):
     from tuna_lab.server import models
 

@@ -194,7 +194,8 @@ def check_resources(target, requests, concurrency=None, rate=None):
     tuna_lab.errors.ExperimentError: a request body of ... bytes (batch 5000 of large) exceeds the server's ...
     """
     from ..server.app import MAX_BODY_BYTES
-    from ..server.models import cache_dir, model_path
+    from ..errors import ServerError
+    from ..server.models import cache_dir, check_model_cache, model_path
     from .loadgen.load import ensure_fds
     from .target import check_batch
 
@@ -222,6 +223,10 @@ def check_resources(target, requests, concurrency=None, rate=None):
         if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
             raise ExperimentError(f"model {config.model!r} is not cached and cannot be trained into {folder} "
                                   f"({parent} is not a writable folder); set TUNA_LAB_CACHE to one that is")
+    try:
+        check_model_cache(config.model)       # another user's folder or model: refused before any trial
+    except ServerError as exc:
+        raise ExperimentError(str(exc)) from None
 
 
 def _git_commit():

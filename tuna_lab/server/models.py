@@ -41,7 +41,7 @@ from ..errors import ServerError
 np = lazy_loader.load("numpy")
 
 __all__ = ["STAGES", "MODEL_FEATURES", "model_trees", "model_cost", "cache_dir", "model_path", "ensure_model",
-           "load_booster", "make_rows", "train_all", "import_xgboost"]
+           "load_booster", "make_rows", "train_all", "import_xgboost", "check_model_cache"]
 
 def import_xgboost():
     """The ``xgboost`` module, imported without scikit-learn when it is not loaded yet.
@@ -243,6 +243,22 @@ def _cached(path):
     if st.st_uid not in {0, os.geteuid()}:
         raise ServerError(f"cached model {str(path)!r} belongs to another user (uid {st.st_uid}); remove it")
     return True
+
+
+def check_model_cache(name):
+    """Refuse (:class:`ServerError`, one line) a model cache that :func:`ensure_model` would refuse; make nothing.
+
+    For a command to say so before it measures anything: its folder's whole
+    path, and the cached model ``name`` if there.
+
+    Examples
+    --------
+    >>> check_model_cache("small")
+    """
+    path = model_path(name)
+    _, st = _files.check_path(path.parent, _CACHE, ServerError)
+    if st is not None:
+        _cached(path)
 
 
 def train_all(nthread=None):
