@@ -85,9 +85,14 @@ def test_bench_refuses_to_write_through_a_link(tmp_path, victim, which):
 
 
 @pytest.mark.parametrize("what, says", [("/dev/zero", "is a character device"), ("{t}/fifo", "is a FIFO"),
-                                        ("{t}", "is a folder")])
+                                        ("{t}", "is a folder"), ("{t}/sparse", "is larger than"),
+                                        ("{t}/binary", "is not UTF-8 text")])
 def test_bench_refuses_a_device_fifo_or_folder_as_doc_at_once(tmp_path, what, says):
+    # The last two: a report whose section would be replaced, read before the work, not after it.
     os.mkfifo(tmp_path / "fifo")
+    with open(tmp_path / "sparse", "wb") as fh:                       # 8 GiB of nothing, on no disk
+        fh.truncate(8 << 30)
+    (tmp_path / "binary").write_bytes(b"\xff\xfe")
     doc = what.format(t=tmp_path)
     p = _bench("--out", tmp_path / "new" / "a.csv", "--doc", doc)
     assert_refused(p)

@@ -97,6 +97,15 @@ def _cmd_bench(args):
 
             raise UnsafeFileError(f"--doc and --out are the same file ({args.out}); give two")
         check_output(args.doc, "--doc")
+        if args.what == "solver":
+            import os
+
+            from ..._files import read_text
+
+            # The solver bench replaces a section of the report that is there: read it now (size cap, UTF-8),
+            # not after the work.
+            if os.path.lexists(args.doc):
+                read_text(args.doc, follow=False)
     if args.what == "tune":
         from ...bench.tune import run_tune_bench
 
