@@ -463,11 +463,13 @@ def check_path(path, what="path", error=UnsafeFileError, link=True, sticky=False
     return current, st
 
 
-def safe_dir(path, what="folder", error=UnsafeFileError, mode=0o777, sticky=False):
+def safe_dir(path, what="folder", error=UnsafeFileError, mode=0o775, sticky=False):
     """Make the folder ``path`` (and those above it) unless there, after and before :func:`check_path`; return it.
 
     Checked again once made: another user who may add names on the way
-    could have put a link where we were about to make a folder. ``sticky``
+    could have put a link where we were about to make a folder. Each folder
+    is made ``mode`` (less the umask): not 0777, which a umask of 0 would
+    leave for every user to write, and :func:`check_path` refuse. ``sticky``
     as for :func:`check_path`.
 
     Examples
@@ -479,10 +481,18 @@ def safe_dir(path, what="folder", error=UnsafeFileError, mode=0o777, sticky=Fals
     """
     real, st = check_path(path, what, error, sticky=sticky)
     if st is None:
-        try:
-            os.makedirs(real, mode, exist_ok=True)
-        except OSError as exc:
-            raise error(f"{what} {os.fspath(path)}: cannot create {real}: {exc.strerror or exc}") from None
+        missing = []
+        while not os.path.lexists(real):
+            real, name = os.path.split(real)
+            missing.append(name)
+        for name in reversed(missing):
+            real = os.path.join(real, name)
+            try:
+                os.mkdir(real, mode)
+            except FileExistsError:
+                pass                        # made meanwhile (by us, or it is checked below)
+            except OSError as exc:
+                raise error(f"{what} {os.fspath(path)}: cannot create {real}: {exc.strerror or exc}") from None
         real, st = check_path(path, what, error, sticky=sticky)
     if st is None or not stat.S_ISDIR(st.st_mode):
         kind = "missing" if st is None else file_kind(st.st_mode)
