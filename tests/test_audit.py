@@ -145,7 +145,7 @@ def test_a_busy_foreign_process_on_a_serving_cpu_is_named_and_isolate_moves_it_b
     done = cli("audit", "--pid", confined.master, "--interval", 0.5, "--isolate", "--apply")
     assert done.returncode == 1 and cpus_of(spinner.pid) == [CPUS[0]], (done.stdout, done.stderr)
     record = json.loads(Path(audit.isolation_record_path()).read_text())
-    moved = [m for m in record["moves"] if m["kind"] == "thread"]
+    moved = [m for m in record["entries"] if m["kind"] == "thread"]
     assert {m["pid"] for m in moved} >= {spinner.pid}
     done = cli("unpin", "--isolation")
     assert done.returncode == 0, done.stderr
@@ -318,9 +318,12 @@ def test_bad_input_is_one_line_and_status_2(tmp_path):
 
 @pytest.mark.parametrize("plant", ["link", "fifo", "deep"])
 def test_a_planted_isolation_record_is_refused_in_one_line(plant, tmp_path):
-    # The record lives in the shared temporary folder: what another user plants there is refused, not
-    # taken for "nothing recorded" (and never followed, read from a FIFO or parsed without bound).
-    folder = tmp_path / f"tuna_lab-isolation-{os.geteuid()}"
+    # The record lives in this user's state folder (tuna_lab-UID in the temporary folder): a folder planted
+    # at that name is passed over (never followed), and a record planted in it is refused, not taken for
+    # "nothing recorded" (and never read from a FIFO or parsed without bound).
+    folder = tmp_path / f"tuna_lab-{os.geteuid()}"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    env.pop("XDG_RUNTIME_DIR", None)
     if plant == "link":
         folder.symlink_to("/etc")
     else:
@@ -330,6 +333,10 @@ def test_a_planted_isolation_record_is_refused_in_one_line(plant, tmp_path):
             os.mkfifo(record)
         else:
             record.write_text("[" * 100_000)
-    done = helpers.cli("unpin", "--isolation", env={**os.environ, "TMPDIR": str(tmp_path)}, timeout=60)
+    done = helpers.cli("unpin", "--isolation", env=env, timeout=60)
+    if plant == "link":
+        assert done.returncode == 0 and "nothing to put back" in done.stdout, (done.stdout, done.stderr)
+        assert folder.is_symlink() and "Traceback" not in done.stderr
+        return
     assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
     assert len(done.stderr.strip().splitlines()) == 1 and "refused" in done.stderr, done.stderr

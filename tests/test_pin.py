@@ -34,6 +34,7 @@ import pytest
 from tuna_lab._checks import format_cpulist
 from tuna_lab.machine import topology_from
 from tuna_lab.placement import placement
+from tuna_lab.live.ledger import Record, pins_record
 from tuna_lab.placement.plan import Plan
 from tuna_lab.server.launch import free_port
 
@@ -487,9 +488,9 @@ def test_pin_then_unpin_a_running_server(plain):
                   "every pinned pool thread to run")
     assert affinities(workers) == pinned
 
-    # masks.json records, per thread tuna_lab bound, the mask it replaced and the one it set.
-    [saved] = Path(tempfile.gettempdir()).glob(f"tuna_lab-pin-{os.geteuid()}-{plain.master}-*/masks.json")
-    threads = json.loads(saved.read_text())["threads"]
+    # The ledger records, per thread tuna_lab bound, the mask it replaced and the one it set.
+    saved = Path(Record.load(pins_record(plain.master)).path)
+    threads = {e["target"]: e for e in json.loads(saved.read_text())["entries"] if e["kind"] == "thread"}
     assert threads[str(own_pool)]["before"] == master_cpus[-1:] and threads[str(own_main)]["before"] == master_cpus[:1]
     assert all(t["set"] == pinned[int(tid)] for tid, t in threads.items())
     # The user moves a pinned thread after the pin: it is theirs now, unpin leaves it.
@@ -503,7 +504,14 @@ def test_pin_then_unpin_a_running_server(plain):
     assert after.pop(own_pool) == master_cpus[-1:] and after.pop(own_main) == master_cpus[:1]
     assert after.pop(moved) == master_cpus[:1]
     assert after and all(cpus == master_cpus for cpus in after.values()), after
-    assert not saved.parent.exists()                # forgotten: a later pin saves the masks of its moment
+    # What could not be given back is kept in the record (only that thread), and said again by a later unpin...
+    kept = [e for e in json.loads(saved.read_text())["entries"] if e["kind"] == "thread"]
+    assert [int(e["target"]) for e in kept] == [moved]
+    # ... which gives it back once the thread is on tuna_lab's mask again; then the record is gone.
+    os.sched_setaffinity(moved, kept[0]["set"])
+    done = cli("unpin", "--pid", plain.master)
+    assert done.returncode == 0 and cpus_of(moved) == kept[0]["before"], done.stderr
+    assert not saved.exists()                       # forgotten: a later pin saves the masks of its moment
     for tid in (own_pool, own_main, moved):
         os.sched_setaffinity(tid, master_cpus)
 
@@ -772,7 +780,7 @@ def test_watch_pins_a_replacement_and_leaves_the_pins_when_stopped(places_server
         pinned = affinities(srv.workers())
     finally:
         if watch.poll() is None:
-            watch.send_signal(signal.SIGTERM)
+            watch.send_signal(signal.SIGINT)
         try:
             rc = watch.wait(15)
         finally:
@@ -882,30 +890,24 @@ def responds_at_all(srv):
 
 
 def test_pin_removes_the_state_of_servers_that_are_gone_and_only_ours(plain, gone_pid):
-    # `pin --pid` keeps the masks it found in /tmp/tuna_lab-pin-<euid>-<pid>-<start>; one of a server
-    # SIGKILLed since is removed at the next pin, one of another user's never.
+    # `pin --pid` keeps the masks it found in the ledger, pins-<pid>-<start>.json in this user's state folder;
+    # the record of a server SIGKILLed since is removed at the next first pin, another file never.
+    from tuna_lab.live.state import state_dir
+
     request_until(plain, lambda: every_worker_has_its_pool(plain), "every worker to start its OpenMP pool")
-    assert cli("unpin", "--pid", plain.master).returncode == 0       # no folder of this server's left
-    tmp = Path(tempfile.gettempdir())
-    dead, others = tmp / f"tuna_lab-pin-{os.geteuid()}-{gone_pid}-1", tmp / f"tuna_lab-pin-{os.geteuid()}-{gone_pid}-2"
+    assert cli("unpin", "--pid", plain.master).returncode == 0       # no record of this server's left
+    folder = Path(state_dir())
+    dead, other = folder / f"pins-{gone_pid}-1.json", folder / "notes.json"
     try:
-        for path in (dead, others):
-            path.mkdir(mode=0o700)
-            (path / "masks.json").write_text("{}")
-        if os.geteuid() == 0:
-            os.chown(others, 65534, 65534)
-        else:
-            others.chmod(0o777)
+        for path in (dead, other):
+            path.write_text("{}")
         done = cli("pin", "--pid", plain.master, "-t", T, "--policy", "round-robin")
         assert done.returncode == 0, done.stderr
-        assert not dead.exists() and (others / "masks.json").exists()
-        [ours] = tmp.glob(f"tuna_lab-pin-{os.geteuid()}-{plain.master}-*")
-        assert (ours / "masks.json").exists()
+        assert not dead.exists() and other.exists()
+        assert Path(Record.load(pins_record(plain.master)).path).parent == folder
     finally:
+        other.unlink()
         assert cli("unpin", "--pid", plain.master).returncode == 0
-        for path in (dead, others):
-            shutil.rmtree(path, ignore_errors=True)
-    assert not list(tmp.glob(f"tuna_lab-pin-{os.geteuid()}-{plain.master}-*"))
 
 
 # -- --watch keeps the plan true: a replacement pinned within 1 s of its pool, each thing said once ----------
@@ -922,8 +924,9 @@ def _watch(srv, *extra, errors):
 
 
 def _stop_watch(watch):
+    """Stop a watch as its user does, with Ctrl-C: the pins stay (SIGTERM or SIGHUP would give them back)."""
     if watch.poll() is None:
-        watch.send_signal(signal.SIGTERM)
+        watch.send_signal(signal.SIGINT)
     try:
         return watch.wait(15)
     finally:

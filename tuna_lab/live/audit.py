@@ -42,31 +42,28 @@ changed since is theirs and left alone.
 """
 
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
 import psutil
 
-from .. import _files
 from .._checks import format_cpulist, parse_cpulist
-from ..errors import BindingError, PinError, UnsafeFileError
+from ..errors import BindingError
 from ..machine import irqs as irq_reader
 from ..machine import sched
 from ..machine import procfs
 from ..machine.linuxfs import system_cpus
 from ..machine.procfs import start_ticks
+from .binding import bind
+from .state import state_dir, state_lock
 
 __all__ = ["Finding", "Snapshot", "snapshot", "findings", "Move", "isolation_moves", "apply_isolation",
-           "undo_isolation", "ISOLATION_FORMAT", "BUSY_SHARE", "IRQ_RATE", "isolation_record_path"]
+           "undo_isolation", "BUSY_SHARE", "IRQ_RATE", "isolation_record_path"]
 
 #: A thread counts as busy when it runs at least this share of one CPU over the interval.
 BUSY_SHARE = 0.2
 #: A device's interrupts on the serving CPUs matter from this many per second.
 IRQ_RATE = 5.0
-#: The ``format`` of the isolation record.
-ISOLATION_FORMAT = "tuna_lab.isolation/1"
-_RECORD_BYTES = 16 << 20
 
 
 @dataclass
@@ -112,6 +109,8 @@ class Snapshot:
     irqs: list = field(default_factory=list)
     throttling: dict = None
     pinned: list = field(default_factory=list)
+    #: Threaded workers (:func:`tuna_lab.live.threads.threading_summary`), read under the interval's traffic.
+    threading: dict = None
     migrations_note: str = None
 
     def to_dict(self):
@@ -249,7 +248,13 @@ def snapshot(master=None, plan=None, interval=1.0, choice=None, roles=None):
     irq_after = irq_reader.irq_table()
     throttle_after = sched.cgroup_throttling(master)
     everyone_after = _cpu_times()
-    workers = server_threads(master, plan, roles=roles)
+    from .threads import activity_between, threading_summary
+
+    # Traffic during the interval tells the threads by what they do, as `pin --url` does (one classifier); a
+    # glance (status's drift check) is too short to tell anything by.
+    activity = activity_between(first, second, set(roles.worker_pids)) if interval >= 0.5 else None
+    workers = server_threads(master, plan, activity, roles=roles)
+    snap.threading = threading_summary(master, workers, plan)
     by_tid = {t["tid"]: (w, t) for w in workers for t in w["threads"]}
     role_of = {p.pid: p.role for p in members}
     for tid, (pid, now) in sorted(second.items(), key=lambda kv: (kv[1][0], kv[0])):
@@ -430,6 +435,13 @@ def findings(snap, plan=None):
                                {"cpus": cpus}, "bring them online, or make the plan on the CPUs there are"
                                if kind == "offline" else "no load balancing there: threads stay where pinned; "
                                "plan on other CPUs, or pin every thread exactly"))
+    tw = snap.threading
+    if tw:
+        # Threaded workers: W x K x T threads on C CPUs, and the knob that removes the oversubscription.
+        out.append(Finding("threaded", tw["text"], tw, "fewer threads: " + (", ".join(tw["knobs"]) or "the "
+                           "framework's thread-pool size and the runtime's thread count") if tw["oversubscribed"]
+                           else "none needed: the threads fit the CPUs",
+                           "fault" if tw["oversubscribed"] else "note"))
     return out
 
 
@@ -546,121 +558,84 @@ def isolation_moves(snap, found=None):
 
 
 def isolation_record_path():
-    """This user's isolation record: ``tuna_lab-isolation-UID/isolation.json`` in the temporary folder.
+    """Where this user's isolation record is (or would be): ``isolation.json`` in the state folder
+    (:func:`~tuna_lab.live.state.state_dir`), a record of the ledger (:mod:`tuna_lab.live.ledger`).
 
-    Masks and IRQ affinities do not survive a reboot, nor does the record
-    (the record also names the boot it was made in).
+    Masks and IRQ affinities do not survive a reboot; the record names the
+    boot it was made in, and another boot's is not read.
     """
-    return os.path.join(tempfile.gettempdir(), f"tuna_lab-isolation-{os.geteuid()}", "isolation.json")
+    from .ledger import Record, isolation_record
 
-
-def _read_isolation():
-    """The moves recorded (a list of dicts); [] when none, another boot's, or not a record of ours.
-
-    A folder or file someone planted there (a link, a FIFO, another user's
-    folder, JSON too large or too deep) is refused with one line, not taken
-    for "nothing recorded".
-    """
-    path = isolation_record_path()
-    folder = os.path.dirname(path)
-    if not os.path.lexists(folder):
-        return []
-    problem = _files.trusted_dir(folder, {os.geteuid()})
-    if problem:
-        raise PinError(f"the isolation record's folder is refused: {problem}")
-    try:
-        saved = _files.read_json(path, limit=_RECORD_BYTES, follow=False)
-    except FileNotFoundError:
-        return []
-    except UnsafeFileError as exc:
-        raise PinError(f"the isolation record is refused: {exc}") from None
-    try:
-        if saved.get("format") != ISOLATION_FORMAT or saved.get("boot") != procfs.boot_id():
-            return []
-        return [{"kind": str(m["kind"]), "target": str(m["target"]), "pid": int(m["pid"]),
-                 "started": m.get("started"), "before": [int(c) for c in m["before"]],
-                 "after": [int(c) for c in m["after"]]} for m in saved["moves"]]
-    except (OSError, ValueError, TypeError, AttributeError, KeyError):
-        return []
-
-
-def _write_isolation(moves):
-    path = isolation_record_path()
-    _files.private_dir(os.path.dirname(path), error=PinError)
-    _files.write_json(path, {"format": ISOLATION_FORMAT, "boot": procfs.boot_id(), "moves": moves}, mode=0o600,
-                      durable=False, error=PinError)
+    found = Record.load(isolation_record()).path
+    return found or os.path.join(state_dir(), f"{isolation_record()}.json")
 
 
 def apply_isolation(moves):
-    """Make ``moves``, recording each (its mask before and the one set) before it is made; return what failed.
+    """Make ``moves``, recording each in the ledger before it is made; return what failed, one line each.
 
     A move is recorded first, so that an apply killed half-way can still be
     undone; a move that fails is dropped from the record. A thread or IRQ
-    moved already keeps its first ``before``.
-
-    Returns
-    -------
-    list of str
-        One line per move that could not be made.
+    moved already keeps its first ``before``. A signal (SIGINT, SIGTERM,
+    SIGHUP, SIGUSR1) in the middle gives back what this apply changed, then
+    ends it as a KeyboardInterrupt.
     """
-    recorded = _read_isolation()
-    first = {(m["kind"], m["target"]): m for m in recorded}
-    for mv in moves:
-        key = (mv.kind, mv.target)
-        started = start_ticks(mv.pid) if mv.kind == "thread" else None
-        before = first[key]["before"] if key in first else list(mv.before)
-        first[key] = {"kind": mv.kind, "target": mv.target, "pid": mv.pid, "started": started,
-                      "before": before, "after": list(mv.after)}
-    _write_isolation(list(first.values()))
-    failed, bad = [], set()
-    for mv in moves:
-        try:
+    from .ledger import Change, Record, isolation_record, signals_give_back
+
+    failed = []
+    with state_lock(isolation_record()):
+        record = Record.load(isolation_record())
+        keys = []
+        for mv in moves:
             if mv.kind == "thread":
-                os.sched_setaffinity(int(mv.target), mv.after)
+                tid = int(mv.target)
+                if not record.record_thread(mv.pid, tid, mv.before, mv.after):
+                    failed.append(f"{mv.why}: the thread ended")
+                    continue
+                keys.append(("thread", str(tid), start_ticks(tid)))
             else:
-                irq_reader.set_irq_affinity(mv.target, mv.after)
-        except (OSError, BindingError) as exc:
-            failed.append(f"{mv.why}: {getattr(exc, 'strerror', None) or exc}")
-            bad.add((mv.kind, mv.target))
-    if bad:
-        _write_isolation([m for k, m in first.items() if k not in bad or k in {(r["kind"], r["target"])
-                                                                                for r in recorded}])
+                key = ("irq", str(mv.target), None)
+                first = record.changes.get(key)
+                record.changes[key] = Change("irq", str(mv.target), before=first.before if first else
+                                             tuple(sorted(mv.before)), set=tuple(sorted(mv.after)))
+                keys.append(key)
+        record.save()
+        bad = []
+        try:
+            with signals_give_back():
+                for mv, key in zip([m for m in moves if _recorded(m, keys)], keys):
+                    try:
+                        if mv.kind == "thread":
+                            bind(int(mv.target), mv.after)
+                        else:
+                            irq_reader.set_irq_affinity(mv.target, mv.after)
+                    except (OSError, BindingError) as exc:
+                        failed.append(f"{mv.why}: {getattr(exc, 'strerror', None) or exc}")
+                        bad.append(key)
+        except KeyboardInterrupt:
+            record.forget(bad)
+            record.give_back()
+            raise
+        if bad:
+            record.forget(bad)
+            record.save()
     return failed
 
 
+def _recorded(move, keys):
+    return any(k[0] == move.kind and k[1] == str(move.target) for k in keys)
+
+
 def undo_isolation():
-    """Put back every mask and IRQ affinity ``apply_isolation`` set that is still the one it set.
+    """Give back every mask and IRQ affinity ``apply_isolation`` set, by the ledger's one rule.
 
     Returns
     -------
-    (list of str, list of str)
-        What was restored and what was left (someone changed it since, or it is gone), one line each. The
-        record is removed afterwards.
+    GiveBack
+        ``done``, ``left`` (kept in the record: someone changed it since, a
+        TID now another thread's) and ``malformed`` (kept, and nothing hidden
+        by them), one line each; ``path`` where the record is kept, if it is.
     """
-    done, left = [], []
-    for m in _read_isolation():
-        what = f"thread {m['target']} of process {m['pid']}" if m["kind"] == "thread" else f"IRQ {m['target']}"
-        try:
-            if m["kind"] == "thread":
-                if start_ticks(m["pid"]) != m["started"]:
-                    left.append(f"{what}: the process is gone")
-                    continue
-                now = sorted(os.sched_getaffinity(int(m["target"])))
-            else:
-                now = sorted(irq_reader.irq_affinity(m["target"]) or ())
-            if now != m["after"]:
-                left.append(f"{what}: on CPUs {format_cpulist(now) or '?'}, not the {format_cpulist(m['after'])} "
-                            "tuna_lab set: someone changed it since; left as it is")
-                continue
-            if m["kind"] == "thread":
-                os.sched_setaffinity(int(m["target"]), m["before"])
-            else:
-                irq_reader.set_irq_affinity(m["target"], m["before"])
-            done.append(f"{what}: back on CPUs {format_cpulist(m['before'])}")
-        except (OSError, BindingError) as exc:
-            left.append(f"{what}: {getattr(exc, 'strerror', None) or exc}")
-    path = isolation_record_path()
-    if os.path.lexists(path) and not _files.trusted_dir(os.path.dirname(path), {os.geteuid()}):
-        os.unlink(path)
-    return done, left
+    from .ledger import Record, isolation_record
 
+    with state_lock(isolation_record()):
+        return Record.load(isolation_record()).give_back()

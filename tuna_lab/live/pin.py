@@ -46,22 +46,19 @@ Examples
 import contextlib
 import dataclasses
 import os
-import shutil
 from dataclasses import dataclass, field
 
 import psutil
 
-from .. import _files
 from .._checks import format_cpulist
 from ..errors import BindingError, PinError
 from ..machine import procfs
-from ..machine.procfs import start_ticks
-from ..placement.plan import planned_cpus
-from .binding import affinity_of, bind, bind_worker, threads_of
-from .ledger import pin_dir, pin_records, record_pins
+from .binding import affinity_of, bind, threads_of
+from .ledger import open_pins, pin_records, record_pins
 from .pools import RUNNING, active_threads, classify_threads, loaded_runtimes, main_rule, thread_cpu_times
 from .roles import server_roles, worker_pids
 from .state import hooked_workers
+from .threads import bind_threads, planned_for, threading_lines
 from .traffic import Activity, activity_of
 
 __all__ = ["worker_slots", "server_threads", "pin_server", "check_front_cpus", "server_cpus", "unpin_server",
@@ -86,6 +83,9 @@ class PinReport:
     note: str = None
     fronts: list = field(default_factory=list)
     front: dict = None
+    record: str = None
+    failed: bool = False
+    repinned: str = None
 
     def to_dict(self):
         """JSON-able: ``master``, ``policy``, ``workers`` (slot, pid, why, threads), ``warnings``; with the
@@ -103,6 +103,8 @@ class PinReport:
             out["front_work"] = self.front
         if self.note:
             out["note"] = self.note
+        if self.record:
+            out["record"] = self.record
         return out
 
     def add_activity(self, activity, front_cpus=None):
@@ -206,16 +208,17 @@ def _thread_rows(pid, slot, plan, exact_main, activity=None):
         except BindingError:
             continue
         rows.append({"tid": th.tid, "role": th.role, "rank": th.rank, "why": th.why, "evidence": th.evidence,
-                     "cpus": cpus, "planned": _planned(plan, slot, th, exact_main),
-                     "note": _main_note(pid, exact_main, plan, slot) if th.role == "main" else None})
+                     "cpus": cpus, "planned": _planned(plan, slot, th, exact_main), "kind": th.kind,
+                     "team": th.team, "level": th.level,
+                     "note": _main_note(pid, exact_main, plan, slot) if th.role == "main" and th.level is None
+                     else None})
     return rows
 
 
 def _planned(plan, slot, th, exact_main):
-    """The CPUs the plan gives thread ``th`` of ``slot`` (None for threads left alone)."""
-    if plan is None or slot is None or slot >= plan.workers or th.role == "other":
-        return None
-    return list(planned_cpus(plan, slot, th.rank, exact_main))
+    """The CPUs the plan gives thread ``th`` of ``slot`` (None for threads left alone): live.threads' one rule."""
+    planned = planned_for(plan, slot, th, exact_main)
+    return None if planned is None else list(planned)
 
 
 def server_threads(master, plan=None, activity=None, choice=None, roles=None):
@@ -269,9 +272,10 @@ def _check_permission(pids):
             continue
 
 
-def _pin_worker(master, pid, slot, plan, report, dry_run, exact=None, activity=None, keep=()):
+def _pin_worker(record, pid, slot, plan, report, dry_run, exact=None, activity=None, keep=()):
     """Bind worker ``pid`` to ``slot`` of ``plan`` and add its rows to ``report``; threads in ``keep`` (masks
-    someone else set since tuna_lab's) are left as they are."""
+    someone else set since tuna_lab's) are left as they are. Every mask is recorded in ``record`` (the
+    ledger's record of the server) before it is set; None with ``dry_run``."""
     exact = main_rule(pid)[0] if exact is None else exact
     gains, requests = activity_of(activity, pid)
     threads = classify_threads(pid, activity=gains, requests=requests)
@@ -289,19 +293,16 @@ def _pin_worker(master, pid, slot, plan, report, dry_run, exact=None, activity=N
     # A worker the hooks placed beyond the plan's slots (another plan's) is only reported.
     bound = {}
     if slot < plan.workers:
-        tids = [t.tid for t in pool]
-        now = bind_worker(plan, slot, tids, pid, exact_main=exact, dry_run=True)
+        now = bind_threads(plan, slot, threads, exact, dry_run=True)
         if not dry_run:
             intent = {b.tid: (b.cpus, b.planned) for b in now if b.error is None}
             intent = {tid: masks for tid, masks in intent.items() if tid not in keep}
-            record_pins(master, pid, slot, intent)
+            record_pins(record, pid, slot, intent)
             if keep and any(b.tid in keep for b in now):
                 now = [b if b.tid in keep or b.error else _bound(b) for b in now]
             else:
-                now = bind_worker(plan, slot, tids, pid, exact_main=exact)
-            failed = {b.tid for b in now if b.error is not None}
-            if failed:
-                record_pins(master, pid, slot, {}, failed)
+                now = bind_threads(plan, slot, threads, exact)
+            _forget(record, {b.tid for b in now if b.error is not None})
         bound = {b.tid: b for b in now}
     rows = []
     for th in threads:
@@ -315,14 +316,22 @@ def _pin_worker(master, pid, slot, plan, report, dry_run, exact=None, activity=N
                 got = sorted(affinity_of(th.tid))
             except BindingError:
                 continue
-        note = _main_note(pid, exact, plan, slot) if th.role == "main" else None
+        note = _main_note(pid, exact, plan, slot) if th.role == "main" and th.level is None else None
         rows.append({"tid": th.tid, "role": th.role, "rank": th.rank, "why": th.why, "evidence": th.evidence,
+                     "kind": th.kind, "team": th.team, "level": th.level,
                      "cpus": list(b.cpus) if b is not None else got,
                      "planned": list(b.planned) if b is not None else None, "note": note})
     report.workers.append({"slot": slot, "pid": pid, "threads": rows})
 
 
-def _pin_front(master, roles, cpus, report, dry_run):
+def _forget(record, failed):
+    """Drop from ``record`` the threads whose binding failed (their mask is not tuna_lab's)."""
+    if failed:
+        record.forget([key for key, c in record.changes.items() if c.kind == "thread" and int(c.target) in failed])
+        record.save()
+
+
+def _pin_front(record, roles, cpus, report, dry_run):
     """Bind every thread of the master, the helpers and the front ends to ``cpus`` (``--front-cpus``).
 
     Recorded as the workers' masks are (slot None), so that :func:`unpin_server` gives back exactly these.
@@ -337,7 +346,7 @@ def _pin_front(master, roles, cpus, report, dry_run):
             for tid in tids:
                 with contextlib.suppress(BindingError):
                     intent[tid] = (sorted(affinity_of(tid)), cpus)
-            record_pins(master, proc.pid, None, intent)
+            record_pins(record, proc.pid, None, intent)
             failed = set()
             for tid in intent:
                 try:
@@ -346,8 +355,7 @@ def _pin_front(master, roles, cpus, report, dry_run):
                     failed.add(tid)
                     if procfs.thread_exists(proc.pid, tid):
                         report.warnings.append(f"{proc.role} {proc.pid}: {exc}")
-            if failed:
-                record_pins(master, proc.pid, None, {}, failed)
+            _forget(record, failed)
         report.fronts.append({"pid": proc.pid, "role": proc.role, "cpus": cpus, "threads": len(tids)})
 
 
@@ -437,84 +445,66 @@ def pin_server(master, plan, dry_run=False, activity=None, choice=None, front_cp
     report = PinReport(int(master), plan, roles=roles)
     why = {w.pid: w.why for w in roles.workers}
     skipped = []
-    for slot, pid, exact in worker_slots(master, workers):
-        try:
-            _pin_worker(master, pid, slot, plan, report, dry_run, exact, activity)
-            report.workers[-1]["why"] = why[pid]
-        except PinError as exc:
-            skipped.append(f"worker {pid} (slot {slot}): {exc}")
-            report.warnings.append(f"worker {pid} (slot {slot}) skipped: {exc}")
-    if skipped and not report.workers:
-        # Not one worker could be read or bound (ptrace rules, all exited): that is a failure, not a warning.
-        raise PinError(f"pinned nothing: {skipped[0]}" + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1
-                                                          else ""))
-    if front is not None:
-        _pin_front(master, roles, front, report, dry_run)
+    # Locked: two pins (or a pin and an unpin) of one server take turns, so that the record ends as the kernel.
+    with (contextlib.nullcontext(None) if dry_run else open_pins(master)) as record:
+        if record is not None and record.changes:
+            # A pin over a pin: every "before" stays the one recorded before the first, never a mask we set.
+            report.repinned = record.path
+            report.note = (f"server {master} was pinned by tuna_lab already (record {record.path}): each thread "
+                           "keeps, for unpin, its mask from before the first pin")
+        for slot, pid, exact in worker_slots(master, workers):
+            try:
+                _pin_worker(record, pid, slot, plan, report, dry_run, exact, activity)
+                report.workers[-1]["why"] = why[pid]
+            except PinError as exc:
+                skipped.append(f"worker {pid} (slot {slot}): {exc}")
+                report.warnings.append(f"worker {pid} (slot {slot}) skipped: {exc}")
+        if skipped and not report.workers:
+            # Not one worker could be read or bound (ptrace rules, all exited): that is a failure, not a warning.
+            raise PinError(f"pinned nothing: {skipped[0]}" + (f" (and {len(skipped) - 1} more)"
+                                                              if len(skipped) > 1 else ""))
+        if front is not None:
+            _pin_front(record, roles, front, report, dry_run)
+    # Threaded workers (the model runs off the main thread): how they are placed, in figures, and the knob.
+    report.warnings += threading_lines(master, report.workers, plan)
     return report.add_activity(activity if isinstance(activity, Activity) else None, front)
 
 
 def unpin_server(master):
-    """Give back, thread by thread, the masks ``pin --pid`` replaced - only where the mask is still tuna_lab's.
+    """Give back the masks ``pin --pid`` (or ``run --pid``) set on server ``master``, by the ledger's one rule.
 
-    Every thread tuna_lab bound (recorded with the mask it set and the one
-    that mask replaced, :func:`pin_server`) gets its mask from before the pin
-    back if its mask is still the one tuna_lab set. A thread whose mask
-    someone else changed since is left as it is, with a warning. A thread
-    born in a pinned worker since the pin, still on the mask tuna_lab set on
-    its main thread (it inherited it), gets the main thread's mask from before
-    the pin; any other thread is left alone. With nothing recorded nothing is
-    changed, and the report's ``note`` says so. The records are forgotten
-    afterwards: a later pin records the masks of that moment.
+    A mask goes back only to the same thread (PID, TID and both start times
+    match) whose mask is still the one tuna_lab set; a thread born since under
+    a mask tuna_lab set gets its process's mask from before the first pin
+    (:meth:`~tuna_lab.live.ledger.Record.give_back`). Anything else is said
+    in ``warnings`` and kept in the record; a malformed entry too, and
+    ``report.failed`` is then set (the CLI exits 1). With nothing recorded
+    nothing is changed, and the report's ``note`` says so.
     """
-    records = pin_records(master)
     report = PinReport(int(master), None)
-    if not records["threads"]:
-        report.note = (f"nothing to unpin: tuna_lab has no record of a pin of server {master} (never pinned by "
-                       "`pin --pid`, or unpinned already); no mask was changed")
-        return report
-    live = {pid: w for pid, w in records["workers"].items() if start_ticks(pid) == w["started"]}
-    _check_permission(sorted(live))
-    restored = 0
-    # The master, helpers and front ends --front-cpus bound (slot None) first, then the workers by slot: the
-    # reverse of pin_server's order, so that no worker thread is ever back on the front's CPUs while it is there.
-    for pid, worker in sorted(live.items(), key=lambda kv: (kv[1]["slot"] is not None, kv[1]["slot"] or 0, kv[0])):
-        mine = {tid: t for tid, t in records["threads"].items() if t["pid"] == pid}
-        main = mine.get(pid)
+    with open_pins(master) as record:
+        if not record.changes and not record.malformed:
+            report.note = (f"nothing to unpin: tuna_lab has no record of a pin of server {master} (never pinned by "
+                           "`pin --pid`, or unpinned already); no mask was changed")
+            return report
+        procs = {c.pid: c.slot for c in record.changes.values() if c.kind == "thread"}
+        _check_permission(sorted(pid for pid in procs if psutil.pid_exists(pid)))
+        given = record.give_back()
+    report.warnings += given.left + given.malformed
+    report.record = given.path
+    report.failed = not given.ok
+    for pid, slot in sorted(procs.items(), key=lambda kv: (kv[1] is not None, kv[1] or 0, kv[0])):
         rows = []
         for tid in threads_of(pid):
-            try:
-                now = sorted(affinity_of(tid))
-            except BindingError:
-                continue                               # ended while we looked
-            rec = mine.get(tid)
-            if rec is not None and now == rec["set"]:
-                target, why = rec["before"], "its mask from before the pin"
-            elif rec is not None:
-                report.warnings.append(f"worker {pid} thread {tid} is on CPUs {format_cpulist(now)}, not the "
-                                       f"{format_cpulist(rec['set'])} tuna_lab set: someone else changed its mask "
-                                       "since the pin; left as it is")
-                target, why = None, "its mask was changed by someone else since the pin: left as it is"
-            elif main is not None and tid not in worker["seen"] and now == main["set"]:
-                target, why = main["before"], ("born since the pin on the mask tuna_lab set on its main thread: "
-                                               "the main thread's mask from before the pin")
-            else:
-                target, why = None, "tuna_lab never set its mask: left as it is"
-            if target is not None:
-                try:
-                    now = sorted(bind(tid, target))
-                    restored += 1
-                except BindingError as exc:
-                    report.warnings.append(f"worker {pid}: {exc}")
-                    continue
-            rows.append({"tid": tid, "role": "main" if tid == pid else "thread", "rank": None, "why": why,
-                         "cpus": now, "planned": None, "note": why})
-        report.workers.append({"slot": worker["slot"], "pid": pid, "threads": rows})
-    if not restored:
+            with contextlib.suppress(BindingError):
+                rows.append({"tid": tid, "role": "main" if tid == pid else "thread", "rank": None, "why": "",
+                             "cpus": sorted(affinity_of(tid)), "planned": None, "note": None})
+        if rows:
+            report.workers.append({"slot": slot, "pid": pid, "threads": rows})
+    if not given.done:
         report.note = "no mask was changed: no thread tuna_lab pinned is still on the mask tuna_lab set"
-    with contextlib.suppress(OSError, psutil.Error):
-        folder = pin_dir(master)
-        if not _files.trusted_dir(folder, {os.geteuid()}):
-            shutil.rmtree(folder)
+    if given.path:
+        report.warnings.append(f"what could not be given back is kept in {given.path}")
     return report
 
 
@@ -633,8 +623,9 @@ def watch_server(master, plan, stop, interval=0.2, on_pin=None, activity=None, c
             use = gains if active else measured
             exact = hooked_workers(master).get(pid, (None, None))[1]
             try:
-                _pin_worker(master, pid, slot, plan, report, dry_run=False, exact=exact,
-                            activity=None if use is None else {pid: use}, keep=theirs)
+                with open_pins(master) as record:
+                    _pin_worker(record, pid, slot, plan, report, dry_run=False, exact=exact,
+                                activity=None if use is None else {pid: use}, keep=theirs)
             except PinError:
                 continue
             rows = report.workers[-1]["threads"]

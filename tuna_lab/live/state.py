@@ -4,8 +4,14 @@ The hooks (:mod:`tuna_lab.integrations.gunicorn`) keep, per master, a
 folder its master made and marked (:func:`hook_mark`); the workers write
 their slot records in its ``records`` subfolder; ``pin --pid`` and
 ``audit`` read them back (:func:`hooked_workers`, :func:`hook_records`).
+
+:func:`state_dir` is the one per-user state folder of everything else tuna_lab
+keeps about a running system (the ledger of the masks it changed): made by
+this user, checked as theirs, under a name another user cannot take first
+(one planted in the shared temporary folder is passed over).
 """
 
+import contextlib
 import glob
 import os
 import re
@@ -14,11 +20,13 @@ import tempfile
 import psutil
 
 from .. import _files
+from ..errors import PinError
 from ..machine import procfs
 from ..machine.procfs import remove_dead_folders, start_ticks
 
 __all__ = ["hook_dir", "hook_mark", "hook_records", "hook_dir_problem", "trusted_hook_dir", "write_hook_record",
-           "remove_dead_state", "hooked_workers", "started", "HOOK_MARK", "HOOK_RECORDS"]
+           "remove_dead_state", "hooked_workers", "started", "HOOK_MARK", "HOOK_RECORDS", "state_dir", "state_dirs",
+           "refused_state_dirs", "state_lock"]
 
 def hook_dir(master):
     """Where the Gunicorn hooks (:mod:`tuna_lab.integrations.gunicorn`) of server ``master`` keep their state.
@@ -149,3 +157,87 @@ def hooked_workers(master):
         except (OSError, ValueError, KeyError, TypeError):
             continue
     return out
+
+
+# -- the one per-user state folder ----------------------------------------------------------------
+
+def _state_candidates():
+    """Where this user's state folder may be, in order: ``$XDG_RUNTIME_DIR/tuna_lab`` (when that folder is
+    this user's and private), ``tuna_lab-UID`` in the temporary folder, ``~/.cache/tuna_lab/state``.
+
+    The second name is one anyone can predict: another user may make it
+    first. Then it is refused (never used, never followed) and the next one
+    is taken, in the home folder no one else may write.
+    """
+    uid = os.geteuid()
+    out = []
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    if run and os.path.isabs(run) and _files.trusted_dir(run, {uid}) is None:
+        out.append(os.path.join(run, "tuna_lab"))
+    out.append(os.path.join(tempfile.gettempdir(), f"tuna_lab-{uid}"))
+    try:
+        import pwd
+
+        home = pwd.getpwuid(uid).pw_dir       # not $HOME: sudo may keep another user's
+    except (KeyError, ImportError):
+        home = None
+    if home and os.path.isabs(home):
+        out.append(os.path.join(home, ".cache", "tuna_lab", "state"))
+    return out
+
+
+def state_dirs():
+    """This user's state folders that exist and are theirs and private (records are read from each)."""
+    return [p for p in _state_candidates() if os.path.lexists(p) and _files.trusted_dir(p, {os.geteuid()}) is None]
+
+
+def refused_state_dirs():
+    """``[(path, why)]``: the candidates (:func:`state_dir`) that exist but are not this user's own private folder."""
+    out = []
+    for path in _state_candidates():
+        if os.path.lexists(path):
+            why = _files.trusted_dir(path, {os.geteuid()})
+            if why:
+                out.append((path, why))
+    return out
+
+
+def state_dir(error=PinError):
+    """This user's private state folder, made now (0700) if need be: the one place tuna_lab keeps what it
+    changed on a running system (:mod:`tuna_lab.live.ledger`).
+
+    The first candidate that is this user's own private folder, or can be
+    made as one, is taken; one planted by someone else is passed over.
+
+    Raises
+    ------
+    PinError
+        No candidate can be used (each one's reason is named).
+    """
+    problems = []
+    for path in _state_candidates():
+        try:
+            if path.endswith(os.path.join(".cache", "tuna_lab", "state")):
+                for parent in (os.path.dirname(os.path.dirname(path)), os.path.dirname(path)):
+                    if not os.path.lexists(parent):
+                        os.mkdir(parent, 0o700)
+            return _files.private_dir(path, error=error)
+        except (error, OSError) as exc:
+            problems.append(str(exc))
+    raise error("no private state folder for tuna_lab's records: " + "; ".join(problems))
+
+
+@contextlib.contextmanager
+def state_lock(name):
+    """Hold an exclusive lock named ``name`` in the state folder (two commands that change masks of one server
+    take turns: each reads the record after the other wrote it)."""
+    import fcntl
+
+    path = os.path.join(state_dir(), f"{name}.lock")
+    # O_NOFOLLOW in our own private folder: no one else could have put anything there.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield path
+    finally:
+        os.close(fd)

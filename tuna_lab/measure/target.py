@@ -54,7 +54,7 @@ from .loadgen.requests import Requests, read_option_file
 
 # Requests lives in measure/loadgen/requests.py; it stays importable from here.
 __all__ = ["Requests", "Target", "Live", "LabTarget", "AppTarget", "AttachedTarget", "SERVERS",
-           "thread_masks", "restore_masks"]
+           "thread_masks"]
 
 #: The servers :class:`AppTarget` can start a user's app with.
 SERVERS = ("gunicorn", "uvicorn")
@@ -194,7 +194,7 @@ def _off(what, tid, want):
 def _off_masks(masks, master):
     """Every thread of the server ``master`` not on its mask from ``masks`` (None: the master's CPUs now).
 
-    A thread born since gets what :func:`restore_masks` would give it: its
+    A thread born since is expected on what it would have inherited: its
     process's main-thread mask from then, or the master's.
     """
     from ..live.binding import threads_of
@@ -626,12 +626,12 @@ class AttachedTarget(Target):
     mask it had at :meth:`start` (the kernel decides within the masks the
     server had, a mask the user set with taskset included). The pins are
     recorded as ``pin --pid`` records them, so that ``tuna-lab unpin`` can
-    undo them after a SIGKILL. :meth:`stop` undoes them and forgets the
-    records (:func:`~tuna_lab.live.pin.unpin_server`), then gives every
-    thread the CPU mask it had at :meth:`start` - also after an error, Ctrl-C
-    or SIGTERM (the runner calls it in a ``finally``); a thread born since (a
-    replacement worker, a pool started later) gets its process's mask from
-    then, or the master's.
+    undo them after a SIGKILL. :meth:`stop` gives them back by the ledger's
+    one rule (:func:`~tuna_lab.live.pin.unpin_server`: the same thread, still
+    on tuna_lab's mask; a thread born under it gets its process's mask from
+    before) - also after an error, Ctrl-C, SIGTERM, SIGHUP or SIGUSR1 (the
+    runner calls it in a ``finally``); what it cannot give back is said on
+    stderr with the record that keeps it.
 
     Parameters
     ----------
@@ -724,21 +724,37 @@ class AttachedTarget(Target):
         return Topology.from_sysfs(allowed=sorted(set(self.server_cpus()) - set(self.front_cpus or ())))
 
     def start(self, topology):
+        from ..live.ledger import signals_give_back
+
         super().start(topology)
         if self.workers is None:
             self.check()
         self.masks = thread_masks(self.master)
         self._runtimes = _runtimes(list(self.masks.processes))
+        # Until stop(): SIGHUP (a closed terminal) and SIGUSR1 end the run as Ctrl-C and SIGTERM do, through
+        # the runner's `finally`, which calls stop() - never with masks left on a live server.
+        self._signals = contextlib.ExitStack()
+        self._signals.enter_context(signals_give_back())
 
     def stop(self):
         from ..live.pin import unpin_server
 
         if self.masks is None:
             return
-        # First what tuna_lab set, from its records, which are then removed: nothing is left for `unpin`.
-        with contextlib.suppress(TunaError):
-            unpin_server(self.master)
-        restore_masks(self.masks)
+        try:
+            # What tuna_lab set, by the ledger's one rule: the same thread, still on tuna_lab's mask.
+            report = unpin_server(self.master)
+        except TunaError as exc:
+            print(f"tuna-lab: warning: the masks of server {self.master} were not given back: {one_line(exc)}",
+                  file=sys.stderr, flush=True)
+        else:
+            for line in report.warnings:
+                print(f"tuna-lab: warning: {line}", file=sys.stderr, flush=True)
+        finally:
+            self.masks = None
+            signals = getattr(self, "_signals", None)
+            if signals is not None:
+                signals.close()
 
     @contextlib.contextmanager
     def apply(self, policy):
@@ -800,33 +816,6 @@ def thread_masks(master):
                 found[tid] = tuple(sorted(affinity_of(tid)))
         masks.processes[proc.pid] = found
     return masks
-
-
-def restore_masks(masks):
-    """Give every thread of the server the mask :func:`thread_masks` read; returns the threads restored.
-
-    A thread that still exists gets its own mask back. A thread born since
-    gets its process's main-thread mask from then, and a process born since
-    (a replacement worker) the master's - what a fork would have given it.
-    Threads that are gone are skipped.
-    """
-    from ..live.binding import bind
-
-    restored = 0
-    try:
-        procs = [psutil.Process(masks.master), *psutil.Process(masks.master).children()]
-    except psutil.NoSuchProcess:
-        return 0
-    for proc in procs:
-        try:
-            tids = [t.id for t in proc.threads()]
-        except psutil.Error:
-            continue
-        for tid in tids:
-            with contextlib.suppress(TunaError):
-                bind(tid, masks.expected(proc.pid, tid))
-                restored += 1
-    return restored
 
 
 # -- helpers --------------------------------------------------------------------------------------

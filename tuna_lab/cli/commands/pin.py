@@ -137,50 +137,97 @@ def _cmd_pin(args):
     if not args.watch or args.dry_run:
         return 0
     print(f"watching server {args.pid}: replacement workers are pinned to their slot, pool threads found by "
-          "their activity under live traffic; Ctrl-C to stop", file=sys.stderr, flush=True)
+          "their activity under live traffic; Ctrl-C to stop (the pins stay); SIGTERM or SIGHUP (a closed "
+          "terminal) gives every mask back", file=sys.stderr, flush=True)
+    from ...live.ledger import Signalled, signals_give_back
+
     stop = threading.Event()
     try:
-        watch_server(args.pid, plan, stop, on_pin=lambda r: _show(r, args.json), activity=activity, choice=choice,
-                     enforce=args.enforce, pinned=report)
+        # Ctrl-C is the user's own end of the watch: the pins stay, as `pin` leaves them. A watch whose
+        # terminal or service is gone (SIGTERM, SIGHUP, SIGUSR1) has no one to unpin after it: it gives back.
+        with signals_give_back(("SIGTERM", "SIGHUP", "SIGUSR1")):
+            watch_server(args.pid, plan, stop, on_pin=lambda r: _show(r, args.json), activity=activity,
+                         choice=choice, enforce=args.enforce, pinned=report)
+    except Signalled as exc:
+        stop.set()
+        return _give_back_on(exc.signal, args.pid)
     except KeyboardInterrupt:
         stop.set()
     print("stopped watching; the pins stay in place", file=sys.stderr, flush=True)
     return 0
 
 
+def _give_back_on(name, master):
+    """After ``name`` ended a watch: every mask given back by the ledger's rule; 1 if some could not be."""
+    import signal
+
+    from ...live.ledger import FATAL_SIGNALS
+    from ...live.pin import unpin_server
+
+    # A second signal must not stop the give-back half-way: ignored until it is done.
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (getattr(signal, n) for n in FATAL_SIGNALS)}
+    try:
+        report = unpin_server(master)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for line in report.warnings:
+        print(f"tuna-lab: warning: {line}", file=sys.stderr, flush=True)
+    print(f"tuna-lab: {name}: stopped watching and gave the masks back", file=sys.stderr, flush=True)
+    return 1 if report.failed or report.record else 128 + _signum(name)
+
+
+def _signum(name):
+    import signal
+
+    return int(getattr(signal, name))
+
+
 def _cmd_unpin(args):
     from ...live.roles import check_server
     from ...live.pin import unpin_server
 
-    if args.isolation:
-        _undo_isolation(args.json)
-        if args.pid is None:
-            return 0
-    elif args.pid is None:
+    if args.pid is None and not args.isolation:
         from ...errors import PinError
 
         raise PinError("say what to unpin: --pid MASTER, or --isolation")
-    check_server(args.pid, force=args.force, choice=worker_choice_of(args))
-    _show(unpin_server(args.pid), args.json)
-    return 0
+    if args.pid is not None:
+        check_server(args.pid, force=args.force, choice=worker_choice_of(args))
+    given = _undo_isolation() if args.isolation else None
+    report = unpin_server(args.pid) if args.pid is not None else None
+    if args.json:
+        # One JSON object, whatever was asked: the pin report's fields, and "isolation" where it was asked for.
+        out = report.to_dict() if report is not None else {}
+        if given is not None:
+            out["isolation"] = {"restored": given.done, "left": given.left, "malformed": given.malformed,
+                                "record": given.path}
+        print(json.dumps(out), flush=True)
+    elif given is not None:
+        print("\n".join(given.done) if given.done else "nothing to put back: no isolation of tuna_lab's is "
+              "recorded, or none is still as it set it", flush=True)
+    if given is not None:
+        for line in given.left + given.malformed:
+            print(f"tuna-lab: warning: {line}", file=sys.stderr, flush=True)
+        if given.path:
+            print(f"tuna-lab: what could not be put back is kept in {given.path}", file=sys.stderr, flush=True)
+    if report is not None:
+        _show(report, args.json, printed=args.json)
+    # A malformed entry or a mask that could not be given back: said above, kept in the record, exit 1.
+    return 1 if (report is not None and report.failed) or (given is not None and not given.ok) else 0
 
 
-def _undo_isolation(as_json):
-    """``unpin --isolation``: what ``audit --isolate --apply`` changed, put back (:func:`~tuna_lab.live.audit.undo_isolation`)."""
+def _undo_isolation():
+    """``unpin --isolation``: what ``audit --isolate --apply`` changed, given back
+    (:func:`~tuna_lab.live.audit.undo_isolation`)."""
     from ...live.audit import undo_isolation
 
-    done, left = undo_isolation()
-    if as_json:
-        print(json.dumps({"isolation": {"restored": done, "left": left}}), flush=True)
-    else:
-        print("\n".join(done) if done else "nothing to put back: no isolation of tuna_lab's is recorded, or none "
-                                         "is still as it set it", flush=True)
-    for line in left:
-        print(f"tuna-lab: warning: {line}", file=sys.stderr, flush=True)
+    return undo_isolation()
 
 
-def _show(report, as_json):
-    if as_json:
+def _show(report, as_json, printed=False):
+    if printed:
+        pass                                   # the caller printed it, in its one JSON object
+    elif as_json:
         print(json.dumps(report.to_dict()), flush=True)
     else:
         print(report.describe(), flush=True)

@@ -1,0 +1,266 @@
+"""The ledger (``tuna_lab.live.ledger``): every mask tuna_lab changes on a running system, given back by one rule.
+
+The cases of issues 46 and 48, in the style of tests/test_hostile.py: a TID
+reused by an unrelated process is never moved; a malformed entry hides no good
+one; SIGHUP during ``pin --watch`` and ``run --pid`` leaves no mask behind; two
+pins at once leave the record as the kernel has it. Every mask is read back
+from /proc independently of tuna_lab (tests/procfs.py). The server is a few
+lines of Python (a master and 2 forked workers on its socket): no model, no
+Gunicorn, started once for the module.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tuna_lab.live import audit
+
+import helpers
+from procfs import cpus_of, tids_of
+
+CPUS = sorted(os.sched_getaffinity(0))
+pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="moving a thread between CPUs needs 2 of them")
+
+FAKE_SERVER = '''
+import http.server, os, signal, socket, sys, threading, time
+
+sock = socket.socket()
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", 0))
+sock.listen(64)
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        sum(i * i for i in range(20000))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+
+    def log_message(self, *args):
+        pass
+
+
+kids = []
+for _ in range(2):
+    pid = os.fork()
+    if pid == 0:
+        threading.Thread(target=time.sleep, args=(10 ** 6,), daemon=True).start()
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler, bind_and_activate=False)
+        server.socket = sock
+        server.serve_forever()
+        os._exit(0)
+    kids.append(pid)
+print(sock.getsockname()[1], flush=True)
+signal.signal(signal.SIGTERM, lambda *a: ([os.kill(k, signal.SIGKILL) for k in kids], os._exit(0)))
+while True:
+    time.sleep(1)
+'''
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch):
+    """A state folder of this test's own (TMPDIR), for this process and the commands it runs."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setenv("TMPDIR", str(folder))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(folder))
+    return folder
+
+
+def cli(*args, timeout=120):
+    return helpers.cli(*args, env=dict(os.environ), timeout=timeout)
+
+
+def sleeper():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+
+
+def record_file():
+    return Path(audit.isolation_record_path())
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    script = tmp_path_factory.mktemp("fake") / "server.py"
+    script.write_text(FAKE_SERVER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        port = int(proc.stdout.readline())
+        helpers.wait_until(lambda: len(_workers(proc.pid)) == 2, 30, "the fake server's 2 workers")
+        yield proc, port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _workers(master):
+    try:
+        return sorted(int(p) for p in Path(f"/proc/{master}/task/{master}/children").read_text().split())
+    except OSError:
+        return []
+
+
+def all_masks(master):
+    return {tid: cpus_of(tid) for pid in [master, *_workers(master)] for tid in tids_of(pid)}
+
+
+def test_a_reused_tid_is_never_moved_by_unpin_isolation(state):
+    # A thread of process P is moved, then ends; its TID is taken by an unrelated process Q that sits on the
+    # very mask tuna_lab set. The kernel cannot be made to reuse a TID on demand, so the record is given Q's
+    # number in place of the ended thread's, as reuse would leave it: P still runs, only the thread differs.
+    owner = subprocess.Popen([sys.executable, "-c", "import threading, time\n"
+                              "t = threading.Thread(target=time.sleep, args=(600,), daemon=True); t.start()\n"
+                              "print(t.native_id, flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    other = sleeper()
+    try:
+        tid = int(owner.stdout.readline())
+        move = audit.Move("thread", str(tid), owner.pid, tuple(CPUS), (CPUS[0],), "test move")
+        assert audit.apply_isolation([move]) == []
+        assert cpus_of(tid) == [CPUS[0]]
+        saved = json.loads(record_file().read_text())
+        [entry] = [e for e in saved["entries"] if e["kind"] == "thread"]
+        assert entry["pid"] == owner.pid and entry["tid_started"] and entry["pid_started"]
+        entry["target"] = str(other.pid)                   # the TID, now another process's thread
+        record_file().write_text(json.dumps(saved))
+        os.sched_setaffinity(other.pid, [CPUS[0]])         # on tuna_lab's mask: only the thread's identity differs
+        done = cli("unpin", "--isolation")
+        assert cpus_of(other.pid) == [CPUS[0]], done.stderr  # never touched
+        assert done.returncode == 0 and "thread ended" in done.stderr, (done.stdout, done.stderr)
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    finally:
+        owner.kill()
+        other.kill()
+
+
+def test_a_malformed_entry_hides_no_good_one(state):
+    procs = [sleeper(), sleeper()]
+    try:
+        moves = [audit.Move("thread", str(p.pid), p.pid, tuple(CPUS), (CPUS[-1],), "test move") for p in procs]
+        assert audit.apply_isolation(moves) == []
+        assert [cpus_of(p.pid) for p in procs] == [[CPUS[-1]]] * 2
+        saved = json.loads(record_file().read_text())
+        bad = [{"kind": "thread", "target": "12x", "before": "all"}, {"kind": "irq", "target": "5", "before": [],
+                                                                     "set": [0]}]
+        saved["entries"][1:1] = bad                         # among the good ones
+        record_file().write_text(json.dumps(saved))
+        done = cli("unpin", "--isolation", "--json")
+        # Both good entries given back; the malformed ones said (one line each), kept, and the exit is 1.
+        assert [cpus_of(p.pid) for p in procs] == [CPUS] * 2, done.stderr
+        assert done.returncode == 1, (done.stdout, done.stderr)
+        out = json.loads(done.stdout)
+        assert len(out["isolation"]["restored"]) == 2 and len(out["isolation"]["malformed"]) == 2
+        assert sum(" is malformed (" in line for line in done.stderr.splitlines()) == 2
+        assert "kept in" in done.stderr.splitlines()[-1]
+        assert "Traceback" not in done.stderr
+        kept = json.loads(record_file().read_text())["entries"]
+        assert kept == bad
+    finally:
+        for p in procs:
+            p.kill()
+
+
+def test_unpin_isolation_and_pid_print_one_json_object(state, server):
+    proc, _ = server
+    done = cli("unpin", "--isolation", "--pid", proc.pid, "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)                           # one document: json.loads refuses two
+    assert "isolation" in out and out["master"] == proc.pid
+
+
+def test_a_planted_state_folder_is_passed_over(state):
+    # Another user (or anyone) makes the predictable name first: it is never used, and the record goes to
+    # the next private folder (the home folder's cache), where unpin finds it again.
+    planted = state / f"tuna_lab-{os.geteuid()}"
+    planted.mkdir(mode=0o777)
+    planted.chmod(0o777)
+    p = sleeper()
+    try:
+        move = audit.Move("thread", str(p.pid), p.pid, tuple(CPUS), (CPUS[0],), "test move")
+        assert audit.apply_isolation([move]) == []
+        assert not any(planted.iterdir())
+        assert str(record_file()).startswith(os.path.expanduser("~"))
+        done = cli("unpin", "--isolation")
+        assert done.returncode == 0 and cpus_of(p.pid) == CPUS, done.stderr
+    finally:
+        p.kill()
+
+
+def test_two_pins_at_once_leave_the_record_as_the_kernel(state, server):
+    proc, _ = server
+    before = all_masks(proc.pid)
+    pins = [subprocess.Popen([sys.executable, "-m", "tuna_lab", "pin", "--pid", str(proc.pid), "-t", "1",
+                              "--policy", policy], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for policy in ("round-robin", "tuna-scatter", "round-robin")]
+    try:
+        assert [p.wait(timeout=120) for p in pins] == [0, 0, 0], [p.stderr.read() for p in pins]
+        [path] = (state / f"tuna_lab-{os.geteuid()}").glob(f"pins-{proc.pid}-*.json")
+        entries = [e for e in json.loads(path.read_text())["entries"] if e["kind"] == "thread"]
+        assert entries
+        for e in entries:
+            assert cpus_of(int(e["target"])) == e["set"], e          # the record is the kernel's
+            assert e["before"] == before[int(e["target"])], e       # "before" is never a mask tuna_lab set
+    finally:
+        done = cli("unpin", "--pid", proc.pid)
+    assert done.returncode == 0, done.stderr
+    assert all_masks(proc.pid) == before
+
+
+def _wait_pinned(master, state, timeout=60):
+    """The record of ``master``'s pins, once a thread in it is on the mask tuna_lab set."""
+    def pinned():
+        for path in (state / f"tuna_lab-{os.geteuid()}").glob(f"pins-{master}-*.json"):
+            try:
+                entries = json.loads(path.read_text())["entries"]
+            except (OSError, ValueError):
+                continue
+            if any(e["kind"] == "thread" and cpus_of(int(e["target"])) == e["set"] != CPUS for e in entries):
+                return path
+        return None
+    return helpers.wait_until(pinned, timeout, f"a pin of server {master}")
+
+
+@pytest.mark.parametrize("sig", ["SIGHUP", "SIGUSR1", "SIGTERM"])
+def test_a_signal_during_pin_watch_leaves_no_mask_behind(state, server, sig):
+    proc, _ = server
+    before = all_masks(proc.pid)
+    watch = subprocess.Popen([sys.executable, "-m", "tuna_lab", "pin", "--pid", str(proc.pid), "-t", "1",
+                              "--policy", "round-robin", "--watch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        _wait_pinned(proc.pid, state)
+        watch.send_signal(getattr(signal, sig))
+        _, err = watch.communicate(timeout=60)
+    finally:
+        watch.kill()
+    assert watch.returncode not in (0, None) and "gave the masks back" in err and "Traceback" not in err, err
+    assert all_masks(proc.pid) == before
+    assert not list((state / f"tuna_lab-{os.geteuid()}").glob("pins-*.json"))
+
+
+def test_sighup_during_run_pid_leaves_no_mask_behind(state, server, tmp_path):
+    proc, port = server
+    before = all_masks(proc.pid)
+    run = subprocess.Popen([sys.executable, "-m", "tuna_lab", "run", "--pid", str(proc.pid), "--url",
+                            f"http://127.0.0.1:{port}/", "-t", "1", "--policies", "round-robin,tuna-scatter",
+                            "--trials", "3", "--requests", "2000", "--out", str(tmp_path / "out")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_pinned(proc.pid, state, timeout=120)
+        run.send_signal(signal.SIGHUP)
+        _, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode != 0 and "Traceback" not in err, err
+    assert all_masks(proc.pid) == before, err
+    assert not list((state / f"tuna_lab-{os.geteuid()}").glob("pins-*.json"))
