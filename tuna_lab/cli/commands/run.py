@@ -287,4 +287,5 @@ def _cmd_demo(args):
     report = write_report(result.requests, result.trials, os.path.join(out, "report.html"),
                           title="tuna_lab demo", manifest=result.manifest)
     print(f"\nraw records: {result.path}\nreport: {report}")
-    return 0
+    # As run: a demo whose every trial of some policy failed ran, and says so with exit 1.
+    return no_valid_status_of(result)
