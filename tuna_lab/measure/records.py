@@ -25,8 +25,8 @@ from .._checks import shorten
 from .._files import loads_json
 from ..errors import UnsafeFileError
 from ..server.models import STAGES
-from .schema import REQUEST_COLUMNS as COLUMNS
-from .loadgen.server_timing import parse_server_timing
+from .schema import REQUEST_COLUMNS as COLUMNS, REQUEST_SCHED_COLUMNS
+from .loadgen.server_timing import parse_server_timing, server_timing_metrics
 
 __all__ = ["PENDING", "Records"]
 
@@ -34,6 +34,11 @@ __all__ = ["PENDING", "Records"]
 PENDING = -2
 # Longest error text kept in a request's row (and Server-Timing example in attrs).
 _ERROR_CHARS = 200
+# The lab server's per-request scheduler metrics (tuna_lab.server.app.SCHED_METRICS) -> (column, parameter,
+# factor to the column's unit); tests/test_anatomy.py checks the two agree.
+_SCHED_METRICS = {"rq": ("rq_wait", "dur", 1e-3), "rq-main": ("rq_wait_main", "dur", 1e-3),
+                  "nvcsw": ("switches_voluntary", "desc", 1), "nivcsw": ("switches_involuntary", "desc", 1),
+                  "mig": ("request_migrations", "desc", 1), "cpu-last": ("last_cpu", "desc", 1)}
 
 
 class Records:
@@ -59,6 +64,8 @@ class Records:
         self.raw = np.full(n, b"", dtype=object)
         # Raw Server-Timing header values (bytes, or None without one), written by drive().
         self.timing = np.full(n, None, dtype=object)
+        # When the trial's clock started (its sent/done times count from it), on CLOCK_MONOTONIC: set by drive().
+        self.origin = np.nan
 
     def cut(self, at):
         """Mark every unfinished request as cut by the trial's deadline at ``at`` seconds."""
@@ -85,9 +92,33 @@ class Records:
         data.update({"pid": self.pid, "sent_at": self.sent, "scheduled_at": self.scheduled,
                      "send_lag": self.sent - self.scheduled, "server_start": self.start,
                      "cpu_main": self.cpu[:, 0], "cpu_openmp": self.cpu[:, 1]})
+        data.update(self._sched(ok))
         frame = pd.DataFrame(data, columns=list(COLUMNS))
         frame.attrs.update(attrs)
         return frame
+
+    def _sched(self, ok):
+        """The per-request scheduler columns: from the ok rows' Server-Timing, and the backlog from the clocks."""
+        out = {c: np.full(len(self.status), np.nan) for c in REQUEST_SCHED_COLUMNS}
+        for i in ok:
+            value = self.timing[i]
+            if value is None:
+                continue
+            try:
+                metrics = server_timing_metrics(value)
+            except ValueError:
+                continue          # counted as unparsed by _server_timing
+            for name, (column, param, factor) in _SCHED_METRICS.items():
+                found = metrics.get(name, {}).get(param)
+                if found is not None:
+                    number = _number(found)
+                    out[column][i] = number * factor if number >= 0 else np.nan
+        # The server's start and the client's send on one clock (the generator loads only this machine);
+        # a negative gap beyond a millisecond means another clock (a server in another time namespace).
+        backlog = self.start - (self.origin + self.sent)
+        with np.errstate(invalid="ignore"):
+            out["backlog_seconds"] = np.where(backlog >= -1e-3, np.maximum(backlog, 0.0), np.nan)
+        return out
 
     def _server_timing(self, ok):
         """Server-Timing durations of the ok rows into ``server_seconds`` where the body gave none; the counts."""

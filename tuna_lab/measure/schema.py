@@ -91,7 +91,7 @@ import numpy as np
 from ..server.models import STAGES
 
 __all__ = ["PERCENTILES", "percentiles", "cell_key", "MANIFEST", "REQUESTS", "TRIALS", "THREADS",
-           "CSV_TABLES", "PARTIAL_SUFFIX", "REQUEST_COLUMNS", "LATE_REQUEST_COLUMNS", "CPU_COLUMNS",
+           "CSV_TABLES", "PARTIAL_SUFFIX", "REQUEST_COLUMNS", "REQUEST_SCHED_COLUMNS", "LATE_REQUEST_COLUMNS", "CPU_COLUMNS",
            "GENERATOR_COLUMNS", "PHASE_COLUMNS", "FAULT_COLUMNS", "BALANCE_COLUMNS", "EVIDENCE_COLUMNS",
            "THREAD_EVIDENCE_COLUMNS", "fair_share"]
 
@@ -163,12 +163,32 @@ def cell_key(workers, threads, model, batch, wait_policy="default", spincount=No
 #: * ``sent_at`` / ``scheduled_at`` - actual and planned send time since the trial's start;
 #: * ``send_lag`` - ``sent_at - scheduled_at``, how late the generator sent it;
 #: * ``server_start`` - when the worker began it, on the machine-wide ``CLOCK_MONOTONIC``;
-#: * ``cpu_main`` / ``cpu_openmp`` - CPU seconds the worker's main thread / OpenMP pool spent on it.
+#: * ``cpu_main`` / ``cpu_openmp`` - CPU seconds the worker's main thread / OpenMP pool spent on it;
+#:
+#: the scheduler's evidence of each request, as the server sends it in its ``Server-Timing`` header
+#: (the lab server does, :data:`tuna_lab.server.app.SCHED_METRICS`; NaN where a server does not), over the
+#: serving threads - the thread that called the app and the rest of its worker (its OpenMP team) - between
+#: the request's start and end in the worker (docs/anatomy.md):
+#:
+#: * ``rq_wait`` - seconds they waited on a run queue, runnable but not running (schedstat), summed;
+#: * ``rq_wait_main`` - the same of the calling thread alone;
+#: * ``switches_voluntary`` / ``switches_involuntary`` - their switches (slept or blocked / preempted);
+#: * ``request_migrations`` - their moves to another CPU (NaN where the kernel hides ``se.nr_migrations``);
+#: * ``last_cpu`` - the CPU the calling thread ran on last (NaN unknown);
+#: * ``backlog_seconds`` - from the client's send to the worker's start of the request, both on
+#:   ``CLOCK_MONOTONIC`` (the generator only loads this machine): the accept backlog, the transfer and the
+#:   worker's read of the request (NaN without ``server_start``).
 REQUEST_COLUMNS = ("request", "status", "error", "client_seconds", "server_seconds", *STAGES,
-                   "pid", "sent_at", "scheduled_at", "send_lag", "server_start", "cpu_main", "cpu_openmp")
+                   "pid", "sent_at", "scheduled_at", "send_lag", "server_start", "cpu_main", "cpu_openmp",
+                   "rq_wait", "rq_wait_main", "switches_voluntary", "switches_involuntary", "request_migrations",
+                   "last_cpu", "backlog_seconds")
+
+#: The per-request scheduler columns (issue 50), in :data:`REQUEST_COLUMNS`' order.
+REQUEST_SCHED_COLUMNS = ("rq_wait", "rq_wait_main", "switches_voluntary", "switches_involuntary",
+                         "request_migrations", "last_cpu", "backlog_seconds")
 
 #: Request columns added after the first releases: a frame written before them is still a load frame.
-LATE_REQUEST_COLUMNS = ("server_start", "cpu_main", "cpu_openmp")
+LATE_REQUEST_COLUMNS = ("server_start", "cpu_main", "cpu_openmp") + REQUEST_SCHED_COLUMNS
 
 #: CPU columns of a trial row (NaN when the trial could not be accounted):
 #:

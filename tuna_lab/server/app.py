@@ -64,13 +64,15 @@ from .._checks import positive_int, positive_number, shorten
 from ..errors import ServerError
 from ..live.binding import threads_of
 from ..live.pools import new_pool_threads
+from ..machine.sched import KeptCounters
 from .cpuclock import process_thread_cpu, request_cpu
 # STAGES is defined by the model catalogue; re-exported as this app's stages.
 from .limits import MAX_BODY_BYTES, MAX_WORK, READ_TIMEOUT, RETRY_AFTER, ROW_BUDGET_BYTES
 from .models import MODEL_FEATURES, STAGES, import_xgboost, load_booster, make_rows, model_cost
 
 __all__ = ["InferenceApp", "create_app", "app_from_env", "max_rows", "max_rows_default", "max_work", "STAGES",
-           "MAX_BODY_BYTES", "ROW_BUDGET_BYTES", "MAX_WORK", "READ_TIMEOUT", "RETRY_AFTER"]
+           "MAX_BODY_BYTES", "ROW_BUDGET_BYTES", "MAX_WORK", "READ_TIMEOUT", "RETRY_AFTER", "SCHED_METRICS",
+           "sched_delta", "sched_timing"]
 
 log = logging.getLogger("tuna_lab.server")
 
@@ -83,6 +85,21 @@ _CHUNK = 1 << 16
 VALUE_BYTES = 64
 # What a body holds beyond its values: braces, the "rows" key, white space.
 _SHAPE_SLACK = 4096
+
+#: The scheduler's evidence of one ``/predict`` in its ``Server-Timing`` header: metric -> (parameter, meaning).
+#: ``dur`` metrics are milliseconds, ``desc`` ones whole counts; the serving threads are the calling thread
+#: and every other thread of the worker (its OpenMP team), read at the request's start and end
+#: (:func:`sched_delta`). ``app`` is the request's ``server_seconds``.
+SCHED_METRICS = {
+    "app": ("dur", "the worker's time for the request"),
+    "cpu": ("dur", "on-CPU time of the serving threads (their CPU clocks)"),
+    "rq": ("dur", "run-queue wait of the serving threads: runnable, waiting for a CPU (schedstat)"),
+    "rq-main": ("dur", "run-queue wait of the calling thread alone"),
+    "nvcsw": ("desc", "voluntary switches of the serving threads (they slept or blocked)"),
+    "nivcsw": ("desc", "involuntary switches of the serving threads (preemptions)"),
+    "mig": ("desc", "migrations of the serving threads (absent where the kernel hides se.nr_migrations)"),
+    "cpu-last": ("desc", "the CPU the calling thread ran on last"),
+}
 
 
 class _HTTPError(Exception):
@@ -141,6 +158,8 @@ class InferenceApp:
         self._log_lock = threading.Lock()
         self._log_file = None
         self._log_pid = None
+        # Descriptors of the threads' scheduler files, opened in each worker on its first request.
+        self._counters = KeptCounters()
 
     def __repr__(self):
         return f"InferenceApp(model={self.model!r}, threads={self.threads}, ready={self._ready})"
@@ -216,6 +235,8 @@ class InferenceApp:
         headers = []
         try:
             status, body = self._route(method, path, environ, stages, info, t0)
+            if "timing" in info:
+                headers.append(("Server-Timing", info["timing"]))
         except _HTTPError as exc:
             status, body, headers = exc.status, {"error": exc.reason}, exc.headers
         except Exception as exc:   # never a traceback to the client; the log gets it
@@ -248,10 +269,16 @@ class InferenceApp:
         # trial) what the threads burn between requests.
         t_read = time.perf_counter()
         before = process_thread_cpu()
-        # The read itself is not the request's work: keep it out of server_seconds.
+        # The scheduler's counters of the same threads (the calling thread and its team): what they waited
+        # for a CPU, were switched and moved during this request, not per trial (issue 50).
+        sched_before = self._counters.read(before)
+        # The reads themselves are not the request's work: keep them out of server_seconds.
         t0 += time.perf_counter() - t_read
         status, body = self._predict(environ, stages, info, t0)
-        body["cpu"] = request_cpu(before, process_thread_cpu())
+        after = process_thread_cpu()
+        body["cpu"] = request_cpu(before, after)
+        delta = sched_delta(sched_before, self._counters.read(after), threading.get_native_id())
+        info["timing"] = sched_timing(body["server_seconds"], sum(body["cpu"].values()), delta)
         return status, body
 
     def _health(self):
@@ -441,6 +468,67 @@ class InferenceApp:
                 self._log_file.write(line)
         except OSError as exc:
             log.warning("request log not written: %s", exc)
+
+
+def sched_delta(before, after, caller):
+    """What the serving threads did between two :meth:`~tuna_lab.machine.sched.KeptCounters.read` readings.
+
+    A thread in ``after`` but not ``before`` was born in between and counts
+    from zero; one gone by ``after`` is left out.
+
+    Returns
+    -------
+    dict
+        ``wait`` (run-queue wait of every thread, s), ``wait_main`` (of
+        ``caller`` alone, s), ``voluntary``, ``involuntary`` (switches),
+        ``migrations`` (None where the kernel hides them) and ``last_cpu``
+        (``caller``'s, None if it was not read).
+
+    Examples
+    --------
+    >>> before = {1: (0, 1000, 5, 1, 0, 0), 2: (0, 0, 9, 0, 3, 1)}
+    >>> after = {1: (9, 3000, 6, 2, 1, 1), 2: (9, 500000, 9, 4, 3, 1), 3: (1, 0, 1, 0, 0, 0)}
+    >>> d = sched_delta(before, after, caller=1)
+    >>> d["wait"], d["wait_main"], d["voluntary"], d["involuntary"], d["migrations"], d["last_cpu"]
+    (0.000502, 2e-06, 2, 5, 1, 1)
+    """
+    zero = (0, 0, 0, 0, 0, 0)
+    wait = vol = invol = mig = 0
+    known = True
+    for tid, now in after.items():
+        was = before.get(tid, zero)
+        wait += now[1] - was[1]
+        vol += now[2] - was[2]
+        invol += now[3] - was[3]
+        if now[4] < 0:
+            known = False        # this kernel does not count migrations
+        else:
+            mig += now[4] - was[4]
+    main = after.get(caller)
+    wait_main = None if main is None else (main[1] - before.get(caller, zero)[1]) / 1e9
+    return {"wait": wait / 1e9, "wait_main": wait_main, "voluntary": vol, "involuntary": invol,
+            "migrations": mig if known and after else None, "last_cpu": None if main is None else main[5]}
+
+
+def sched_timing(server_seconds, cpu_seconds, delta):
+    """The ``Server-Timing`` value of one request's :data:`SCHED_METRICS`.
+
+    Examples
+    --------
+    >>> sched_timing(0.012, 0.02, {"wait": 0.001, "wait_main": 0.0, "voluntary": 3, "involuntary": 1,
+    ...                            "migrations": None, "last_cpu": 1})
+    'app;dur=12.000, cpu;dur=20.000, rq;dur=1.000, rq-main;dur=0.000, nvcsw;desc=3, nivcsw;desc=1, cpu-last;desc=1'
+    """
+    parts = [f"app;dur={server_seconds * 1e3:.3f}", f"cpu;dur={cpu_seconds * 1e3:.3f}",
+             f"rq;dur={delta['wait'] * 1e3:.3f}"]
+    if delta["wait_main"] is not None:
+        parts.append(f"rq-main;dur={delta['wait_main'] * 1e3:.3f}")
+    parts += [f"nvcsw;desc={delta['voluntary']}", f"nivcsw;desc={delta['involuntary']}"]
+    if delta["migrations"] is not None:
+        parts.append(f"mig;desc={delta['migrations']}")
+    if delta["last_cpu"] is not None:
+        parts.append(f"cpu-last;desc={delta['last_cpu']}")
+    return ", ".join(parts)
 
 
 def max_rows_default(model):

@@ -18,7 +18,7 @@ import re
 
 from ..._checks import shorten
 
-__all__ = ["METRIC_NAME", "parse_server_timing"]
+__all__ = ["METRIC_NAME", "parse_server_timing", "server_timing_metrics"]
 
 #: A metric name: a token of RFC 7230 (what ``server_timing=`` may name).
 METRIC_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -129,3 +129,28 @@ def parse_server_timing(value, metric=None):
         if found is None and (metric is None or name == metric):
             found = float(dur) / 1000.0
     return found
+
+
+def server_timing_metrics(value):
+    """Every metric of a ``Server-Timing`` value as ``{name: params}`` (the first of each name counts).
+
+    ``params`` maps each lower-cased parameter name to its value as text
+    (``dur`` in milliseconds, as sent). The lab server sends its scheduler
+    evidence per request this way (:data:`tuna_lab.server.app.SCHED_METRICS`).
+
+    Raises
+    ------
+    ValueError
+        A value that does not follow the grammar.
+
+    Examples
+    --------
+    >>> server_timing_metrics(b"app;dur=12.5, rq;dur=0.25, mig;desc=2, rq;dur=9")
+    {'app': {'dur': '12.5'}, 'rq': {'dur': '0.25'}, 'mig': {'desc': '2'}}
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value = bytes(value).decode("latin-1")
+    out = {}
+    for name, params in _server_timing_metrics(value):
+        out.setdefault(name, params)
+    return out

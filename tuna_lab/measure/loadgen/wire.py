@@ -726,6 +726,7 @@ class _Engine:
             rec = self.rec
             rec.sent[:], rec.done[:], rec.status[:] = self.sent, self.done, self.status
             rec.scheduled[:] = self.scheduled
+            rec.origin = self.t0   # the clock's start: a server's CLOCK_MONOTONIC times line up with the sends
             for i, (raw, error) in enumerate(zip(self.raw, self.error)):
                 rec.raw[i], rec.error[i] = raw, error
             if self.timing is not None:

@@ -1,0 +1,317 @@
+"""The anatomy of the tail: what the slowest requests waited on, per policy, from per-request scheduler evidence.
+
+The lab server reads its serving threads' scheduler counters at the start and
+end of every request and sends the deltas in its ``Server-Timing`` header;
+the load generator stores them per request (``rq_wait_main``,
+``backlog_seconds`` and the rest of
+:data:`~tuna_lab.measure.schema.REQUEST_SCHED_COLUMNS`). Here the latency a
+client saw (``client_seconds``) of a trial's slowest 1% of requests, and of
+its median requests, is split into four parts:
+
+* **waiting for a CPU** - the run-queue wait of the thread that served the
+  request (runnable, not running: ``rq_wait_main``);
+* **running** - that thread's on-CPU time (``cpu_main``);
+* **waiting in the backlog** - from the client's send to the worker's start
+  of the request (``backlog_seconds``: the accept queue, the transfer, the
+  worker's read);
+* **the rest** - everything else: the thread blocked or slept (waiting for
+  its OpenMP team at a barrier - the team's own run-queue wait is in
+  ``rq_wait`` - or for I/O), the answer's way back, the client's own delay.
+
+Each share is the part's sum over the group's requests divided by their
+summed latency, per trial; per policy it is the mean over the valid trials
+with the interval every p99 gets (:func:`~tuna_lab.analysis.stats.scenario_stats`:
+95%, on the log scale, none below :data:`~tuna_lab.analysis.stats.MIN_INTERVAL_TRIALS`
+trials) and is written the one way (:func:`~tuna_lab.analysis.stats.format_interval`).
+:func:`what_moves` says which share differs most between policies, and
+whether their intervals are apart. :func:`probe_cost` measures what the
+server's reads cost per request.
+
+Examples
+--------
+>>> import numpy as np, pandas as pd
+>>> rng = np.random.default_rng(1)
+>>> n = 400
+>>> def trials(policy, wait, run):
+...     lat = rng.uniform(0.01, 0.02, n)
+...     return pd.DataFrame({"policy": policy, "trial": np.arange(n) % 3, "status": 200,
+...                          "client_seconds": lat, "cpu_main": run * lat, "rq_wait_main": wait * lat,
+...                          "backlog_seconds": 0.1 * lat})
+>>> table = anatomy(pd.concat([trials("cfs", 0.3, 0.5), trials("tuna-scatter", 0.05, 0.6)]))
+>>> tail = table[(table["group"] == TAIL) & (table["part"] == "cpu_wait")]
+>>> [round(float(s), 2) for s in tail["share"]]
+[0.3, 0.05]
+>>> moved = what_moves(table).iloc[0]
+>>> moved["group"], moved["part"], bool(moved["apart"])
+('slowest 1%', 'cpu_wait', True)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pandas as pd
+
+from ..errors import AnalysisError
+from ..machine.sched import MIGRATIONS_NOTE, KeptCounters
+from ..placement import POLICIES
+from .stats import MACHINE, format_interval, scenario_stats
+from .tables import APPLICATION, sort_table, valid_trials
+
+__all__ = ["PARTS", "TAIL", "MEDIAN", "NOT_RECORDED", "anatomy", "what_moves", "anatomy_line", "probe_cost"]
+
+#: The parts of a request's latency: column -> label. ``rest`` is what the other three leave.
+PARTS = {"cpu_wait": "waiting for a CPU", "running": "running", "backlog": "waiting in the backlog",
+         "rest": "the rest"}
+#: The groups of requests, per trial: its slowest 1% (at or above its p99) and its median requests.
+TAIL, MEDIAN = "slowest 1%", "median"
+#: Why a share is missing: the requests carry no per-request scheduler evidence.
+NOT_RECORDED = ("not recorded: these requests carry no per-request scheduler evidence (results from before "
+                "issue 50, or a server that sends none in its Server-Timing header)")
+# The median requests: those between these quantiles of their trial's latency.
+_MEDIAN_BAND = (0.45, 0.55)
+_TAIL_Q = 0.99
+_SOURCES = {"cpu_wait": "rq_wait_main", "running": "cpu_main", "backlog": "backlog_seconds"}
+_COLUMNS = ["policy", "group", "part", "label", "trials", "requests", "share", "ci_low", "ci_high", "note"]
+
+
+def _keys(requests):
+    keys = [c for c in (MACHINE, *APPLICATION) if c in requests.columns]
+    return keys
+
+
+def _groups(trial):
+    """``{group: bool mask}`` of one trial's ok requests by latency."""
+    lat = trial["client_seconds"].to_numpy(float)
+    tail = lat >= np.quantile(lat, _TAIL_Q)
+    low, high = np.quantile(lat, _MEDIAN_BAND)
+    median = (lat >= low) & (lat <= high)
+    return {TAIL: tail, MEDIAN: median}
+
+
+def _trial_shares(requests, keys):
+    """One row per (keys, policy, trial, group, part): the part's share of the group's summed latency."""
+    rows = []
+    for key, trial in requests.groupby(keys + ["policy", "trial"], sort=False, observed=True):
+        for group, mask in _groups(trial).items():
+            chosen = trial[mask]
+            total = chosen["client_seconds"].sum()
+            shares, known = {}, 0.0
+            for part, column in _SOURCES.items():
+                values = chosen[column] if column in chosen.columns else pd.Series(np.nan, index=chosen.index)
+                # A part counts only where every request of the group has it: a partly sent header is no share.
+                shares[part] = values.sum() / total if values.notna().all() and total > 0 else np.nan
+                known += 0.0 if np.isnan(shares[part]) else shares[part]
+            recorded = not np.isnan(shares["cpu_wait"]) and not np.isnan(shares["running"])
+            # Clock granularity can make the parts overshoot a fast request by microseconds: the rest is >= 0.
+            shares["rest"] = max(0.0, 1.0 - known) if recorded else np.nan
+            for part, share in shares.items():
+                rows.append((*key, group, part, min(share, 1.0), int(mask.sum())))
+    return pd.DataFrame(rows, columns=keys + ["policy", "trial", "group", "part", "share", "requests"])
+
+
+def anatomy(requests, trials=None, confidence=0.95):
+    """Per application and policy, the shares of the slowest 1% and the median requests' latency.
+
+    Parameters
+    ----------
+    requests : pandas.DataFrame
+        The per-request table (``policy``, ``trial``, ``status``,
+        ``client_seconds``, ``cpu_main`` and the per-request scheduler columns
+        where recorded; the application's keys where present).
+    trials : pandas.DataFrame, optional
+        The trial table: only its valid trials count (as everywhere).
+    confidence : float, default 0.95
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per application, policy, group (:data:`TAIL`, :data:`MEDIAN`)
+        and part (:data:`PARTS`): ``label``, ``trials``, ``requests`` (per
+        trial, on average), ``share`` (mean over trials, 0-1), ``ci_low``,
+        ``ci_high`` (NaN with too few trials; ``[0, 0]`` when every trial had
+        0) and ``note`` (``""``, or why the share is missing: then ``share``
+        is NaN, never 0).
+
+    Raises
+    ------
+    AnalysisError
+        A table that is not a frame, or misses ``policy``, ``trial`` or
+        ``client_seconds``, or has no successful request.
+    """
+    if not isinstance(requests, pd.DataFrame):
+        raise AnalysisError(f"anatomy needs the request table (a DataFrame), not {type(requests).__name__}")
+    missing = [c for c in ("policy", "trial", "client_seconds") if c not in requests.columns]
+    if missing:
+        raise AnalysisError(f"the request table lacks the column(s) {', '.join(missing)}")
+    keys = _keys(requests)
+    ok = requests["client_seconds"].notna()
+    if "status" in requests.columns:
+        ok &= requests["status"].between(200, 299)
+    work = requests[ok]
+    if trials is not None and len(trials):
+        tk = [c for c in keys + ["policy", "trial"] if c in trials.columns]
+        valid = trials.loc[valid_trials(trials), tk].drop_duplicates()
+        work = work.merge(valid, on=tk, how="inner")
+    if not len(work):
+        raise AnalysisError("no successful request to take apart")
+    per = _trial_shares(work, keys)
+    # scenario_stats keys on the whole application: a hand-made table without some keys gets stand-ins
+    # (the wait factors get their defaults there).
+    filled = {k: "" if k == "model" else 0 for k in ("workers", "threads", "cpus", "model", "batch")
+              if k not in keys}
+    parts = []
+    for (group, part), sub in per.groupby(["group", "part"], sort=False):
+        scen = scenario_stats(sub.assign(**filled, p99=sub["share"]), confidence=confidence)
+        zero = scen["mean_p99"].eq(0) & scen["std_p99"].fillna(0).eq(0)
+        counts = sub.groupby(keys + ["policy"], observed=True)["requests"].mean().rename("requests").reset_index()
+        scen = scen.assign(ci_low=scen["ci_low"].mask(zero, 0.0), ci_high=scen["ci_high"].mask(zero, 0.0).clip(
+            upper=1.0)).merge(counts, on=keys + ["policy"], how="left")
+        parts.append(scen[keys + ["policy", "n_trials", "requests", "mean_p99", "ci_low", "ci_high"]].assign(
+            group=group, part=part))
+    out = pd.concat(parts, ignore_index=True).rename(columns={"n_trials": "trials", "mean_p99": "share"})
+    out["label"] = out["part"].map(PARTS)
+    out["note"] = np.where(out["share"].isna(), NOT_RECORDED, "")
+    # Backlog missing alone (no server start time): the rest then holds it, and says so.
+    out.loc[out["part"].eq("rest") & out["share"].notna(), "note"] = ""
+    out["_g"] = out["group"].map({TAIL: 0, MEDIAN: 1})
+    out["_p"] = out["part"].map({p: i for i, p in enumerate(PARTS)})
+    out = sort_table(out, keys + ["_g", "_p", "policy"])
+    return out[keys + _COLUMNS]
+
+
+def what_moves(table):
+    """Per application and group, the share that differs most between policies.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per application and group: ``part``, ``label``, ``low`` and
+        ``high`` (the policies with the smallest and largest share), their
+        shares and ``apart`` (their intervals do not overlap; False without
+        intervals). Empty when fewer than two policies have shares.
+    """
+    keys = [c for c in table.columns if c in (MACHINE, *APPLICATION)]
+    rows = []
+    recorded = table[table["share"].notna()]
+    for key, sub in recorded.groupby(keys + ["group"], sort=False, observed=True):
+        best = None
+        for part, one in sub.groupby("part", sort=False):
+            if one["policy"].nunique() < 2:
+                continue
+            lo, hi = one.loc[one["share"].idxmin()], one.loc[one["share"].idxmax()]
+            spread = hi["share"] - lo["share"]
+            if best is None or spread > best[0]:
+                best = (spread, part, lo, hi)
+        if best is None:
+            continue
+        spread, part, lo, hi = best
+        apart = bool(lo["ci_high"] < hi["ci_low"])
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append((*key, part, PARTS[part], lo["policy"], lo["share"], lo["ci_low"], lo["ci_high"],
+                     hi["policy"], hi["share"], hi["ci_low"], hi["ci_high"], apart))
+    columns = keys + ["group", "part", "label", "low", "low_share", "low_ci_low", "low_ci_high", "high",
+                      "high_share", "high_ci_low", "high_ci_high", "apart"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _pct(share, low, high):
+    interval = format_interval(low * 100, high * 100, digits=0)
+    return f"{share * 100:.0f}% {interval}"
+
+
+def anatomy_line(table):
+    """One line: what the slowest 1% of requests waited on under each policy, and which share moves.
+
+    Examples
+    --------
+    >>> t = pd.DataFrame({"policy": ["cfs", "tuna-scatter"] * 4, "group": TAIL,
+    ...     "part": np.repeat(list(PARTS), 2), "label": np.repeat(list(PARTS.values()), 2), "trials": 2,
+    ...     "requests": 3, "share": [0.4, 0.1, 0.3, 0.5, 0.1, 0.1, 0.2, 0.3], "ci_low": np.nan,
+    ...     "ci_high": np.nan, "note": ""})
+    >>> print(anatomy_line(t))   # doctest: +NORMALIZE_WHITESPACE
+    Anatomy of the slowest 1% (share of latency: waiting for a CPU / running / backlog / rest): cfs 40/30/10/20%,
+    tuna-scatter 10/50/10/30%; moves most between policies: waiting for a CPU (tuna-scatter 10% (too few trials
+    for an interval) vs cfs 40% (too few trials for an interval)).
+    """
+    tail = table[table["group"] == TAIL]
+    if not len(tail) or tail["share"].isna().all():
+        return f"Anatomy of the slowest 1%: {NOT_RECORDED}."
+    keys = [c for c in tail.columns if c in (MACHINE, *APPLICATION)]
+    more = ""
+    if keys:
+        first = tail[keys].drop_duplicates()
+        if len(first) > 1:
+            more = f" (the first of {len(first)} applications; the report has all)"
+        tail = tail.merge(first.iloc[:1], on=keys)
+    per = []
+    for policy in [p for p in POLICIES if p in set(tail["policy"])] + sorted(set(tail["policy"]) - set(POLICIES)):
+        one = tail[tail["policy"] == policy].set_index("part")["share"]
+        per.append(f"{policy} " + "/".join("-" if np.isnan(one.get(p, np.nan)) else f"{one[p] * 100:.0f}"
+                                            for p in PARTS) + "%")
+    line = (f"Anatomy of the slowest 1%{more} (share of latency: waiting for a CPU / running / backlog / rest): "
+            + ", ".join(per))
+    moved = what_moves(tail)
+    if len(moved):
+        m = moved.iloc[0]
+        line += (f"; moves most between policies: {m['label']} ({m['low']} "
+                 f"{_pct(m['low_share'], m['low_ci_low'], m['low_ci_high'])} vs {m['high']} "
+                 f"{_pct(m['high_share'], m['high_ci_low'], m['high_ci_high'])}"
+                 + (", intervals apart" if m["apart"] else "") + ")")
+    return line + "."
+
+
+def probe_cost(threads=2, requests=2000, server_cpu=None):
+    """What the lab server's per-request reads of its threads' scheduler counters cost, in CPU.
+
+    Runs, ``requests`` times, what a worker does per request: two readings
+    of ``threads`` threads (this one and ``threads - 1`` idle ones, as an
+    OpenMP team between requests) on kept descriptors, their delta and the
+    header's text.
+
+    Parameters
+    ----------
+    threads : int
+        The serving threads (the calling thread and its team).
+    requests : int
+    server_cpu : float, optional
+        The server's CPU seconds per request (say the median ``cpu_main +
+        cpu_openmp`` of a trial): the cost is then also given as its share.
+
+    Returns
+    -------
+    dict
+        ``seconds_per_request`` (CPU of this thread), ``threads``,
+        ``migrations`` (whether the kernel counts them), and ``share`` of
+        ``server_cpu`` where given.
+    """
+    from ..server.app import sched_delta, sched_timing   # the worker's own functions, timed as it runs them
+
+    if threads < 1 or requests < 1:
+        raise AnalysisError("probe_cost needs threads >= 1 and requests >= 1")
+    stop = threading.Event()
+    team = [threading.Thread(target=stop.wait, daemon=True) for _ in range(threads - 1)]
+    for t in team:
+        t.start()
+    kept = KeptCounters()
+    try:
+        tids = [threading.get_native_id(), *(t.native_id for t in team)]
+        me = tids[0]
+        kept.read(tids)     # the descriptors are opened once per worker, not per request
+        start = time.thread_time()
+        for _ in range(requests):
+            before = kept.read(tids)
+            delta = sched_delta(before, kept.read(tids), me)
+            sched_timing(0.01, 0.01, delta)
+        seconds = (time.thread_time() - start) / requests
+    finally:
+        stop.set()
+        kept.close()
+        for t in team:
+            t.join()
+    out = {"seconds_per_request": seconds, "threads": threads, "migrations": MIGRATIONS_NOTE is None}
+    if server_cpu:
+        out["share"] = seconds / server_cpu
+    return out
