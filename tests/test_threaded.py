@@ -73,6 +73,17 @@ def test_one_calling_thread_takes_the_main_threads_place_and_the_idle_team_never
     assert all(planned_for(plan, 0, rows[t], True) == (0, 1) for t in (MAIN, 99, 103))
 
 
+def test_a_busy_event_loop_does_not_hide_the_calling_thread_whose_team_worked():
+    # FastAPI's sync endpoint: the event loop parses and validates (busier than the caller); the anyio thread 101
+    # calls the model, and its team (102, made after it) did the work, while the main thread's team (99) idled.
+    seen = [gomp(99), libc(101), gomp(102)]
+    rows = by_tid(by_activity(MAIN, seen, {MAIN: 0.5, 99: 0.0, 101: 0.3, 102: 0.2}))
+    assert (rows[101].kind, rows[101].rank, rows[102].kind, rows[99].kind) == ("caller", 0, "member", "idle")
+    # The same activity with the working team made before that thread (the main thread's): the main one calls.
+    rows = by_tid(by_activity(MAIN, [gomp(99), libc(101), gomp(98)], {MAIN: 0.5, 99: 0.0, 101: 0.3, 98: 0.2}))
+    assert (rows[MAIN].rank, rows[98].rank, rows[101].kind) == (0, 1, None)
+
+
 def test_a_main_thread_that_calls_keeps_todays_plan_but_an_idle_runtime_thread_is_not_ranked():
     # A lab worker (the main thread calls) that also holds a leftover team of lower TID: activity outranks TID.
     seen = [gomp(99), gomp(102), libc(103)]

@@ -298,9 +298,10 @@ def roles_by_library(pid, seen, activity=None, requests=None):
     return main + ranked + other
 
 
-#: The main thread calls the model when it gained at least this share of the busiest thread's CPU ...
-MAIN_CALLS = 0.5
-#: ... and, where no runtime team worked (a pool that waits in libc), when it gained at least this share.
+#: Beside a runtime team, the main thread calls the model when it gained at least this share of the CPU of the
+#: busiest thread off it that waits in no runtime (a calling thread does the model's share and more) ...
+MAIN_CALLS = 1.0
+#: ... and, where no team is found by library (a pool that waits in libc), at least this share of the busiest's.
 MAIN_IDLE = 0.1
 #: A runtime's thread (found by the library it waits in) worked when it gained at least this much (s) ...
 IDLE_FLOOR = 0.0005
@@ -354,8 +355,22 @@ def by_activity(pid, seen, activity, requests=None):
     # work at all there is no evidence against any of them (the request was too small to wake it).
     lib_idle = [s for s in lib if s not in lib_worked] if lib_worked else []
     off_main = [s for s in seen if s[0] in worked and s[4] is None and not s[2]]
-    share = main_gain / top
-    calls_off = bool(off_main) and (share < MAIN_IDLE or (bool(lib_worked) and share < MAIN_CALLS))
+    busiest = max((gains[s[0]] for s in off_main), default=0.0)
+    # Teams are OpenMP's (a BLAS pool, which every NumPy process holds, idles beside any runtime).
+    if any(s[4].kind == OPENMP for s in lib):
+        # A runtime team beside threads off the main one that worked. libgomp makes a team per calling thread,
+        # after that thread started: a team member that worked and was made after a busy thread off the main one
+        # (a higher TID: Linux hands them out in increasing order) is that caller's, so the model ran off the
+        # main thread - whatever an event loop that parses the requests gained. Else the model runs where more
+        # work was done: a main thread that calls does more than any helper of its, one that only polls less.
+        first_off = min((s[0] for s in off_main), default=None)
+        made_by_callers = first_off is not None and any(s[0] > first_off for s in lib_worked
+                                                         if s[4].kind == OPENMP)
+        calls_off = bool(off_main) and (made_by_callers or main_gain < MAIN_CALLS * busiest)
+    else:
+        # No team found by library: ONNX Runtime's own pool waits in libc and spins, so it may outrun the main
+        # thread that calls it; only a main thread that barely ran leaves the model to another thread.
+        calls_off = bool(off_main) and main_gain < MAIN_IDLE * top
     idle = {s[0] for s in lib_idle}
     if not calls_off:
         if not idle:
