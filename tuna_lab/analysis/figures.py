@@ -6,7 +6,7 @@
 * :func:`stage_p99_bars` - average per-stage p99 of one configuration, one
   bar per policy;
 * :func:`speedup_bars` - average speedups of the policies over the baselines
-  within groups;
+  within groups, on a log axis with 1 marked;
 * :func:`paired_trials` - each trial's p99 under every policy, joined by a
   line per trial, so that a pair that crosses shows at once;
 * :func:`race_rounds` - a tune's race as it narrows: each candidate's rate
@@ -16,6 +16,12 @@
 
 Every figure takes the tables of :mod:`tuna_lab.analysis` and returns a
 :class:`plotly.graph_objects.Figure`; times are shown in milliseconds.
+Speedups and ratios are drawn on a log axis (1.25x faster and 1.25x slower
+lie as far from 1), and an error bar only where there is an interval (at
+least :data:`~tuna_lab.analysis.stats.MIN_INTERVAL_TRIALS` trials).
+:func:`verdict` and :func:`verdict_text` say in words what a figure of
+speedups shows: faster, slower, no difference shown, or too few trials;
+:func:`race_verdict` says it of a tune's race.
 Policies keep one colour across figures, and a hover writes an interval as
 :func:`~tuna_lab.analysis.stats.format_interval` does, as the report's tables
 and the terminal write it.
@@ -33,6 +39,8 @@ Examples
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -41,11 +49,15 @@ from plotly.colors import qualitative
 from ..errors import AnalysisError
 from ..placement import POLICIES
 from ..server.models import STAGES
-from .stats import format_interval, scenario_stats
-from .tables import MODELS, check_table, ordered, valid_trials, with_defaults
+from .stats import MIN_INTERVAL_TRIALS, TOO_FEW_TRIALS, format_interval, scenario_stats, speedup_summary
+from .tables import APPLICATION, MODELS, check_table, ordered, valid_trials, with_defaults
 
 __all__ = ["p99_by_configuration", "stage_p99_bars", "speedup_bars", "paired_trials", "race_rounds",
-           "mechanism_bars"]
+           "mechanism_bars", "FASTER", "SLOWER", "NO_DIFFERENCE", "verdict", "verdict_table", "verdict_text",
+           "race_verdict"]
+
+#: The words of a verdict on a speedup (baseline p99 / policy p99) with its interval.
+FASTER, SLOWER, NO_DIFFERENCE = "faster", "slower", "no difference shown"
 
 _MS = 1e3
 _PALETTE = qualitative.Plotly
@@ -265,19 +277,19 @@ def _error_bars(rows):
     """Plotly ``error_y`` for the rows' ``ci_low``/``ci_high``, and each interval as text for the hover.
 
     The text is :func:`~tuna_lab.analysis.stats.format_interval`'s. An
-    unbounded or missing interval draws no bar (plotly cannot draw infinity).
+    unbounded or missing interval (too few trials) draws no bar (plotly cannot draw infinity).
     """
     if "ci_low" not in rows.columns:
         return None, ["not computed"] * len(rows)
     low, high, mid = (rows[c].to_numpy(float) for c in ("ci_low", "ci_high", "speedup"))
     finite = np.isfinite(low) & np.isfinite(high)
-    text = [format_interval(lo, hi) or "none (fewer than two trials)" for lo, hi in zip(low, high, strict=True)]
+    text = [format_interval(lo, hi) for lo, hi in zip(low, high, strict=True)]
     return ({"type": "data", "symmetric": False, "array": np.where(finite, high - mid, np.nan),
              "arrayminus": np.where(finite, mid - low, np.nan), "color": "black", "thickness": 1}, text)
 
 
 def speedup_bars(summary, *, group=None, baseline=None):
-    """Average speedups of the policies over the baselines within groups, as grouped bars.
+    """Average speedups of the policies over the baselines within groups, on a log axis with 1 marked.
 
     Parameters
     ----------
@@ -292,10 +304,13 @@ def speedup_bars(summary, *, group=None, baseline=None):
     Returns
     -------
     plotly.graph_objects.Figure
-        One bar trace per ``policy vs baseline`` pair; x = the groups
-        (``"over / small / 100"``); a dashed line marks speedup 1. Error bars
+        One marker trace per ``policy vs baseline`` pair; x = the groups
+        (``"over / small / 100"``); y on a log axis (a speedup of 2 and one
+        of 1/2 lie as far from 1), a dashed line marks speedup 1. Error bars
         are the summary's 95% intervals (``ci_low``, ``ci_high``) where they
-        are finite; the hover says when one is unbounded.
+        are finite; the hover says when one is unbounded or there are too
+        few trials for one. Markers, not bars: a bar on a log axis has no
+        zero to stand on, and its length would mean nothing.
 
     Raises
     ------
@@ -337,22 +352,212 @@ def speedup_bars(summary, *, group=None, baseline=None):
     for b, policy in pairs.itertuples(index=False):
         sel = rows[rows["baseline"].eq(b) & rows["policy"].eq(policy)]
         error, interval = _error_bars(sel)
-        fig.add_trace(go.Bar(
+        fig.add_trace(go.Scatter(
             x=sel["_label"], y=sel["speedup"], name=f"{policy} vs {b}", customdata=list(zip(sel["n"], interval)),
-            error_y=error,
-            marker={"color": colors[policy], "pattern": {"shape": ["", "/", "x", "."][dashes[b] % 4]}},
+            error_y=error, mode="markers",
+            marker={"color": colors[policy], "size": 11,
+                    "symbol": ["circle", "diamond", "square", "triangle-up"][dashes[b] % 4]},
             hovertemplate=f"{policy} vs {b}<br>%{{x}}: %{{y:.2f}}x over %{{customdata[0]}} applications"
                           "<br>95% interval %{customdata[1]}<extra></extra>"))
-    fig.add_hline(y=1, line_dash="dash", line_color="grey")
+    fig.add_hline(y=1, line_dash="dash", line_color="grey",
+                  annotation_text="1: no difference", annotation_position="bottom right")
     fig.update_layout(
-        template=_TEMPLATE, barmode="group",
+        template=_TEMPLATE, scattermode="group",
         title=f"Average p99 speedup by {group.replace('+', ' x ')}"
               + (" (95% intervals from the trials)" if "ci_low" in rows.columns else ""),
         xaxis={"title": " / ".join(columns) if columns else ""},
-        yaxis={"title": "mean speedup (baseline p99 / policy p99)"},
+        yaxis={"title": "mean speedup (baseline p99 / policy p99), log scale", "type": "log"},
         legend={"title": "policy vs baseline"},
     )
     return fig
+
+
+def verdict(speedup, low, high):
+    """One speedup's verdict in words: :data:`FASTER`, :data:`SLOWER`, :data:`NO_DIFFERENCE` or too few trials.
+
+    Parameters
+    ----------
+    speedup, low, high : float
+        A speedup (baseline p99 / policy p99: above 1 the policy is
+        faster) and its interval; a NaN side means there is none.
+
+    Returns
+    -------
+    str
+        ``"faster"`` when the whole interval lies above 1, ``"slower"``
+        below 1, ``"no difference shown"`` when it holds 1, and
+        :data:`~tuna_lab.analysis.stats.TOO_FEW_TRIALS` without an interval:
+        never a verdict from the value alone.
+
+    Examples
+    --------
+    >>> verdict(1.4, 1.1, 1.8), verdict(0.7, 0.5, 0.9), verdict(1.2, 0.9, 1.6)
+    ('faster', 'slower', 'no difference shown')
+    >>> verdict(3.0, float("nan"), float("nan"))
+    'too few trials for an interval'
+    """
+    if not np.isfinite(speedup) or np.isnan(low) or np.isnan(high):
+        return TOO_FEW_TRIALS
+    return FASTER if low > 1 else SLOWER if high < 1 else NO_DIFFERENCE
+
+
+def verdict_table(scenarios, baseline="cfs"):
+    """Each application's speedup of every policy over ``baseline``, its interval and its :func:`verdict`.
+
+    Parameters
+    ----------
+    scenarios : pandas.DataFrame
+        :func:`~tuna_lab.analysis.stats.scenario_stats`' output (with ``std_p99`` and ``n_trials``).
+    baseline : str, default "cfs"
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per application and policy: the application's keys,
+        ``baseline``, ``policy``, ``n`` (1), ``speedup``, ``ci_low``,
+        ``ci_high`` (the interval ``compare_policies`` gives that one
+        application) and ``verdict``.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> scen = pd.DataFrame({"workers": 4, "threads": 4, "cpus": 32, "model": "medium", "batch": 100,
+    ...     "policy": ["cfs", "tuna-scatter"], "mean_p99": [0.2, 0.1], "std_p99": 0.01, "n_trials": 5})
+    >>> verdict_table(scen)[["policy", "speedup", "verdict"]].values.tolist()
+    [['tuna-scatter', 2.0, 'faster']]
+    """
+    scenarios = with_defaults(scenarios)
+    keys = tuple(c for c in ("machine",) if c in scenarios.columns) + APPLICATION
+    out = speedup_summary(scenarios, baselines=(baseline,), by=(keys,))
+    out = out[np.isfinite(out["speedup"])].reset_index(drop=True).drop(columns="group")
+    out["verdict"] = [verdict(*r) for r in out[["speedup", "ci_low", "ci_high"]].to_numpy(float)]
+    return out
+
+
+def _where(row, columns):
+    """``"2x2 small 100"``: an application (or a summary's group) in a few words."""
+    parts = [f"{row['workers']}x{row['threads']}"] if {"workers", "threads"} <= set(columns) else []
+    parts += [str(row[c]) for c in columns if c not in ("workers", "threads", "cpus", "wait_policy", "spincount")
+              and c in row and pd.notna(row[c])]
+    parts += [f"wait {row['wait_policy']}"] if row.get("wait_policy", "default") not in ("default", None) else []
+    return " ".join(parts) or "all"
+
+
+def verdict_text(table, baseline=None):
+    """What a table of speedups shows, in one or two sentences: the verdict under a figure of them.
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        :func:`verdict_table`'s output, or rows of
+        :func:`~tuna_lab.analysis.stats.speedup_summary` (``baseline``,
+        ``policy``, ``speedup``, ``ci_low``, ``ci_high``; the rows drawn).
+    baseline : str, optional
+        Keep only the speedups over this baseline.
+
+    Returns
+    -------
+    str
+        Which policy was faster or slower than which baseline where, with
+        its speedup and interval; how many showed no difference (their
+        interval holds 1) and how many had too few trials. When every
+        interval holds 1 it says that no policy differed. With many
+        comparisons it recalls that about 1 in 20 clears 1 by chance.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"baseline": "cfs", "policy": ["round-robin", "tuna-scatter"], "workers": 2,
+    ...     "threads": 2, "speedup": [1.1, 1.5], "ci_low": [0.8, 1.2], "ci_high": [1.5, 1.9]})
+    >>> verdict_text(t)
+    'tuna-scatter faster than cfs at 2x2: 1.50x [1.20, 1.90]. No difference shown in the other 1 of 2 (interval holds 1).'
+    >>> verdict_text(t.assign(ci_low=0.9))
+    'No policy differed from cfs: all 2 speedup intervals hold 1.'
+    """
+    check_table(table, "speedups", ("baseline", "policy", "speedup"), numeric=("speedup",))
+    if baseline is not None:
+        table = table[table["baseline"].eq(baseline)]
+    table = table[np.isfinite(table["speedup"].to_numpy(float))]
+    if table.empty:
+        return "No speedup to judge."
+    low = table["ci_low"] if "ci_low" in table.columns else pd.Series(np.nan, index=table.index)
+    high = table["ci_high"] if "ci_high" in table.columns else pd.Series(np.nan, index=table.index)
+    words = [verdict(s, lo, hi) for s, lo, hi in zip(table["speedup"], low, high, strict=True)]
+    table = table.assign(_verdict=words, _low=low, _high=high)
+    where_columns = [c for c in table.columns if c in APPLICATION + ("subscription", "machine")]
+    bases = " and ".join(map(str, pd.unique(table["baseline"])))
+    n = len(table)
+    counts = table["_verdict"].value_counts()
+    no_diff, few = int(counts.get(NO_DIFFERENCE, 0)), int(counts.get(TOO_FEW_TRIALS, 0))
+    if few == n:
+        return (f"No verdict: {TOO_FEW_TRIALS} (fewer than {MIN_INTERVAL_TRIALS} trials of a policy) "
+                f"in all {n}.")
+    if no_diff + few == n:
+        text = f"No policy differed from {bases}: " + (f"all {n} speedup intervals hold 1." if not few else
+                                                       f"{no_diff} of {n} speedup intervals hold 1, "
+                                                       f"and {few} had {TOO_FEW_TRIALS}.")
+        return text
+    said = []
+    for row in table[table["_verdict"].isin([FASTER, SLOWER])].to_dict("records"):
+        where = _where(row, where_columns)
+        said.append(f"{row['policy']} {row['_verdict']} than {row['baseline']}"
+                    + ("" if where == "all" else f" at {where}")
+                    + f": {row['speedup']:.2f}x {format_interval(row['_low'], row['_high'])}")
+    shown = "; ".join(said[:4]) + (f"; and {len(said) - 4} more" if len(said) > 4 else "") + "."
+    rest = []
+    if no_diff:
+        rest.append(f"No difference shown in the other {no_diff} of {n} (interval holds 1)")
+    if few:
+        rest.append(f"{few} had {TOO_FEW_TRIALS}")
+    text = shown + ((" " + "; ".join(rest) + ".") if rest else "")
+    if n >= 5:
+        # How often chance alone (every policy the same, each interval missing 1 with probability 5%)
+        # gives at least this many: a rough guard against reading the one interval in twenty that misses.
+        k = len(said)
+        chance = sum(math.comb(n, i) * 0.05**i * 0.95 ** (n - i) for i in range(k, n + 1))
+        text += (f" At 95% each, chance alone clears 1 about once in 20: {k} of {n} would happen by chance "
+                 f"{chance:.0%} of the time" + (", so read them with care." if chance > 0.05 else "."))
+    return text
+
+
+def race_verdict(table):
+    """Whether a tune's race separated its winner, in one sentence (the verdict under :func:`race_rounds`).
+
+    Parameters
+    ----------
+    table : pandas.DataFrame
+        ``TuneResult.table``: one row per candidate, best first, with ``candidate``, ``rate``,
+        ``rate_low`` and ``rate_high`` (requests/s).
+
+    Returns
+    -------
+    str
+        The winner is separated when its lower bound is at or above every
+        other candidate's upper bound; else the sentence names the rival
+        whose upper bound reaches highest.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> t = pd.DataFrame({"candidate": ["1x1 rr", "2x1 cfs"], "rate": [16.0, 8.0],
+    ...                   "rate_low": [0.0, 0.0], "rate_high": [17.0, float("inf")]})
+    >>> print(race_verdict(t))
+    Not separated: 2x1 cfs (8.0 requests/s [0.0, inf]) may be as fast as the winner 1x1 rr (16.0 requests/s [0.0, 17.0]): its upper bound reaches above the winner's lower bound.
+    """
+    check_table(table, "tune table", ("candidate", "rate", "rate_low", "rate_high"),
+                numeric=("rate", "rate_low", "rate_high"))
+    top = table.iloc[0]
+    said = f"{top['rate']:.1f} requests/s {format_interval(top['rate_low'], top['rate_high'], 1)}"
+    if len(table) == 1:
+        return f"One candidate, {top['candidate']}: {said}; nothing to separate it from."
+    others = table.iloc[1:]
+    rival = others.loc[others["rate_high"].idxmax()]
+    rival_said = f"{rival['rate']:.1f} requests/s {format_interval(rival['rate_low'], rival['rate_high'], 1)}"
+    if top["rate_low"] >= rival["rate_high"]:
+        return (f"Separated: the winner {top['candidate']} ({said}) is at least as fast as every other "
+                f"candidate's upper bound (the highest, {rival['candidate']}: {rival_said}).")
+    return (f"Not separated: {rival['candidate']} ({rival_said}) may be as fast as the winner "
+            f"{top['candidate']} ({said}): its upper bound reaches above the winner's lower bound.")
 
 
 def paired_trials(trials_stats, policies=None):
@@ -525,8 +730,7 @@ def mechanism_bars(table):
             sel = rows[rows["policy"].eq(policy)]
             mean, low, high = (sel[c].to_numpy(float) * evidence.scale for c in ("mean", "ci_low", "ci_high"))
             finite = np.isfinite(low) & np.isfinite(high)
-            text = [format_interval(lo, hi) or "none (fewer than two trials)"
-                    for lo, hi in zip(low, high, strict=True)]
+            text = [format_interval(lo, hi) for lo, hi in zip(low, high, strict=True)]
             fig.add_trace(go.Bar(
                 x=sel["_x"].tolist(), y=mean.round(9).tolist(), name=policy, legendgroup=policy, showlegend=col == 1,
                 marker={"color": colors[policy]}, customdata=text,

@@ -22,6 +22,12 @@ every trial: a kernel that hides migrations) is reported as *not recorded*
 with the reason, never as 0. :func:`mechanism_lines` writes both tables as
 the lines ``tuna-lab run`` prints.
 
+Where p99 cannot tell the policies apart, the mechanism often can:
+:func:`separation` asks, of p99 and of every quantity, which policy-vs-baseline
+comparisons its intervals separate (a p99 speedup's interval excludes 1; an
+evidence interval excludes the baseline's), and :func:`lead_sentence` says
+in words what separates them, with p99 beside it.
+
 A correlation across trials says that the two move together in these
 trials, not that one causes the other: trials of different policies differ
 in more than one way.
@@ -50,11 +56,12 @@ import numpy as np
 import pandas as pd
 
 from ..errors import AnalysisError
-from .stats import MACHINE, format_interval, scenario_stats
+from .stats import MACHINE, MIN_INTERVAL_TRIALS, TOO_FEW_TRIALS, compare_policies, format_interval, scenario_stats
 from .tables import APPLICATION, check_table, sort_table, valid_trials, with_defaults
 
 __all__ = ["Evidence", "MECHANISM", "MIN_CORRELATION_TRIALS", "NOT_RECORDED", "has_evidence", "evidence_notes",
-           "mechanism_table", "mechanism_correlations", "mechanism_lines", "format_evidence"]
+           "mechanism_table", "mechanism_correlations", "mechanism_lines", "format_evidence", "separation",
+           "lead_sentence"]
 
 
 class Evidence(NamedTuple):
@@ -205,7 +212,7 @@ def mechanism_table(trials, notes=None, confidence=0.95):
         (valid trials with a value), ``mean`` (in the column's unit),
         ``ci_low``, ``ci_high`` (the interval of
         :func:`~tuna_lab.analysis.stats.scenario_stats`: on the log scale,
-        NaN with fewer than two trials; ``[0, 0]`` when every trial
+        NaN with fewer than :data:`~tuna_lab.analysis.stats.MIN_INTERVAL_TRIALS` trials; ``[0, 0]`` when every trial
         measured 0; a share's stops at 1) and ``note``: ``""``, or why the quantity is not
         recorded (then ``mean`` is NaN, never 0).
 
@@ -218,7 +225,7 @@ def mechanism_table(trials, notes=None, confidence=0.95):
     --------
     >>> import pandas as pd
     >>> trials = pd.DataFrame({"workers": 1, "threads": 1, "cpus": 2, "model": "small", "batch": 10,
-    ...     "policy": "cfs", "trial": [0, 1], "p99": [0.02, 0.03], "migrations_per_request": [0.0, 0.0]})
+    ...     "policy": "cfs", "trial": [0, 1, 2], "p99": [0.02, 0.03, 0.02], "migrations_per_request": 0.0})
     >>> row = mechanism_table(trials).iloc[1]
     >>> row["evidence"], float(row["mean"]), format_interval(row["ci_low"], row["ci_high"])
     ('migrations_per_request', 0.0, '[0.00, 0.00]')
@@ -238,7 +245,7 @@ def mechanism_table(trials, notes=None, confidence=0.95):
         values = pd.to_numeric(valid[evidence.column], errors="coerce")
         # The quantity takes the p99's place, so its interval is the p99's, from the one machinery.
         per = scenario_stats(valid[scenario_keys + ["trial"]].assign(p99=values), confidence=confidence)
-        zero = per["mean_p99"].eq(0) & per["std_p99"].eq(0) & per["n_trials"].ge(2)
+        zero = per["mean_p99"].eq(0) & per["std_p99"].eq(0) & per["n_trials"].ge(MIN_INTERVAL_TRIALS)
         high = per["ci_high"].mask(zero, 0.0)
         per = per.assign(ci_low=per["ci_low"].mask(zero, 0.0),
                          ci_high=high if evidence.bound is None else high.clip(upper=evidence.bound))
@@ -344,7 +351,7 @@ def mechanism_correlations(trials, notes=None, confidence=0.95, resamples=_RESAM
 
 
 def format_evidence(value, low, high, evidence, unit=True):
-    """One estimate of ``evidence`` in its unit: ``"v [lo, hi] unit"``, or ``"v unit"`` without an interval.
+    """One estimate of ``evidence`` in its unit: ``"v [lo, hi] unit"``, or ``"v unit (too few trials ...)"``.
 
     The interval is :func:`~tuna_lab.analysis.stats.format_interval`'s, and
     the value follows its rule: two decimals, or two significant digits
@@ -356,11 +363,14 @@ def format_evidence(value, low, high, evidence, unit=True):
     '12.30 [10.00, 15.00] ms'
     >>> format_evidence(0.0011, 1.5e-05, 0.08, MECHANISM[1])
     '0.0011 [1.5e-05, 0.08]'
+    >>> format_evidence(0.0123, float("nan"), float("nan"), MECHANISM[0])
+    '12.30 ms (too few trials for an interval)'
     """
     value, scale = value * evidence.scale, evidence.scale
     interval = format_interval(low * scale, high * scale)
     text = f"{value:.2g}" if 0 < abs(value) < 0.005 else f"{value:.2f}"
-    return text + (f" {interval}" if interval else "") + (f" {evidence.unit}" if unit and evidence.unit else "")
+    unit = f" {evidence.unit}" if unit and evidence.unit else ""
+    return text + (f"{unit} {interval}" if np.isnan(low) or np.isnan(high) else f" {interval}{unit}")
 
 
 def mechanism_lines(table, correlations=None):
@@ -385,12 +395,12 @@ def mechanism_lines(table, correlations=None):
     --------
     >>> import pandas as pd
     >>> trials = pd.DataFrame({"workers": 1, "threads": 1, "cpus": 2, "model": "small", "batch": 10,
-    ...     "policy": ["cfs", "cfs", "tuna-scatter", "tuna-scatter"], "trial": [0, 1, 0, 1],
-    ...     "p99": [0.03, 0.031, 0.02, 0.021], "run_delay_per_request": [0.004, 0.005, 0.001, 0.0012]})
+    ...     "policy": ["cfs"] * 3 + ["tuna-scatter"] * 2, "trial": [0, 1, 2, 0, 1],
+    ...     "p99": [0.03, 0.031, 0.03, 0.02, 0.021], "run_delay_per_request": [0.004, 0.005, 0.0045, 0.001, 0.0012]})
     >>> print("\\n".join(mechanism_lines(mechanism_table(trials), mechanism_correlations(trials))[:3]))
     scheduler evidence per policy (mean over trials [95% interval]):
-      run-queue wait per request: cfs 4.50 [1.10, 18.47] ms; tuna-scatter 1.10 [0.35, 3.49] ms
-        vs p99: too few trials to tell: 4 with a value (a rank correlation needs 6)
+      run-queue wait per request: cfs 4.50 [3.41, 5.93] ms; tuna-scatter 1.10 ms (too few trials for an interval)
+        vs p99: too few trials to tell: 5 with a value (a rank correlation needs 6)
     """
     keys = [c for c in _keys(table) if c in table.columns]
     several = len(table[keys].drop_duplicates()) > 1
@@ -416,3 +426,179 @@ def mechanism_lines(table, correlations=None):
                 if len(match) and not match["sentence"].iloc[0].startswith("not recorded"):
                     lines.append(f"{indent}  vs p99: {match['sentence'].iloc[0]}")
     return lines
+
+
+# -- what separates the policies ------------------------------------------------------------
+
+_SEPARATION_COLUMNS = ["measure", "label", "baseline", "policy", "baseline_estimate", "policy_estimate", "state"]
+#: The states of one comparison in :func:`separation`.
+SEPARATED, OVERLAP = "separated", "intervals overlap"
+
+
+def _p99_rows(valid, app, baseline, confidence):
+    """One p99 comparison per policy of one application: the speedup's interval against 1."""
+    scenarios = scenario_stats(valid, confidence=confidence)
+    rows = []
+    for policy in sorted(set(valid["policy"]) - {baseline}):
+        c = compare_policies(scenarios, baseline, policy, confidence)
+        low, high = c["speedup_ci_low"], c["speedup_ci_high"]
+        state = (TOO_FEW_TRIALS if np.isnan(low) or np.isnan(high)
+                 else SEPARATED if low > 1 or high < 1 else OVERLAP)
+        said = f"p99 speedup {c['speedup']:.2f}x {format_interval(low, high)}"
+        rows.append((*app, "p99", "p99", baseline, policy, "", said, state))
+    return rows
+
+
+def separation(trials, baseline="cfs", notes=None, confidence=0.95):
+    """Which measure tells each policy apart from ``baseline``: p99, and each quantity of :data:`MECHANISM`.
+
+    Parameters
+    ----------
+    trials : pandas.DataFrame
+        The runner's trial table (see :func:`mechanism_table`).
+    baseline : str, default "cfs"
+    notes, confidence : optional
+        As :func:`mechanism_table` takes them.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per application, measure and policy: the application's
+        keys, ``measure`` (``"p99"`` or the evidence column), ``label``,
+        ``baseline``, ``policy``, ``baseline_estimate`` and
+        ``policy_estimate`` as text, and ``state``: ``"separated"`` (p99:
+        the speedup's interval excludes 1; a quantity: the policy's interval
+        and the baseline's do not overlap), ``"intervals overlap"``,
+        :data:`~tuna_lab.analysis.stats.TOO_FEW_TRIALS` or the reason it is
+        not recorded.
+
+    Raises
+    ------
+    AnalysisError
+        A malformed table, or ``baseline`` not among its policies.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> trials = pd.DataFrame({"workers": 2, "threads": 1, "cpus": 2, "model": "small", "batch": 10,
+    ...     "policy": ["cfs"] * 3 + ["tuna-scatter"] * 3, "trial": [0, 1, 2] * 2,
+    ...     "p99": [0.030, 0.020, 0.032, 0.022, 0.031, 0.021],
+    ...     "migrations_per_request": [0.1, 0.2, 0.15, 0.0, 0.0, 0.0]})
+    >>> sep = separation(trials)
+    >>> sep.loc[sep["measure"].isin(["p99", "migrations_per_request"]), ["measure", "state"]].values.tolist()
+    [['p99', 'intervals overlap'], ['migrations_per_request', 'separated']]
+    """
+    valid, keys = _valid(trials)
+    if not valid["policy"].eq(baseline).any():
+        raise AnalysisError(f"baseline {baseline!r} has no valid trial (have: "
+                            f"{', '.join(sorted(map(str, valid['policy'].unique())))})")
+    table = mechanism_table(trials, notes, confidence)
+    units = {e.column: e for e in MECHANISM}
+    rows = []
+    for app, group in valid.groupby(keys, sort=True, observed=True):
+        if not group["policy"].eq(baseline).any():
+            continue
+        rows += _p99_rows(group, app, baseline, confidence)
+        own = table.merge(pd.DataFrame([app], columns=keys), on=keys)
+        for evidence in MECHANISM:
+            part = own[own["evidence"].eq(evidence.column)].set_index("policy")
+            base = part.loc[baseline]
+            for policy, r in part.drop(index=baseline).iterrows():
+                if base["note"] or r["note"]:
+                    state = base["note"] or r["note"]
+                elif np.isnan([base["ci_low"], base["ci_high"], r["ci_low"], r["ci_high"]]).any():
+                    state = TOO_FEW_TRIALS
+                else:
+                    apart = r["ci_high"] < base["ci_low"] or r["ci_low"] > base["ci_high"]
+                    state = SEPARATED if apart else OVERLAP
+                est = [format_evidence(x["mean"], x["ci_low"], x["ci_high"], units[evidence.column])
+                       if not x["note"] else "not recorded" for x in (base, r)]
+                rows.append((*app, evidence.column, evidence.label, baseline, policy, *est, state))
+    return pd.DataFrame(rows, columns=keys + _SEPARATION_COLUMNS)
+
+
+def _rank(sep):
+    """Measures by how many comparisons they separate, most first; p99 first among equals."""
+    order = {"p99": -1, **{e.column: i for i, e in enumerate(MECHANISM)}}
+    counts = (sep.assign(_sep=sep["state"].eq(SEPARATED)).groupby(["measure", "label"], sort=False)
+              .agg(separated=("_sep", "sum"), compared=("_sep", "size")).reset_index())
+    counts["_o"] = counts["measure"].map(order)
+    return counts.sort_values(["separated", "_o"], ascending=[False, True]).drop(columns="_o")
+
+
+def _at(row, keys, several):
+    return f" at {row['workers']}x{row['threads']}" if several and {"workers", "threads"} <= set(keys) else ""
+
+
+def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
+    """The first thing to say about these trials: what separates the policies from ``baseline``, p99 beside it.
+
+    Parameters
+    ----------
+    trials : pandas.DataFrame
+        The runner's trial table.
+    baseline : str, default "cfs"
+    notes, confidence : optional
+        As :func:`mechanism_table` takes them.
+
+    Returns
+    -------
+    str
+        Led by p99 where p99 separates at least as many comparisons as any
+        quantity of the evidence; else by the quantity that separates most
+        (:func:`separation`), with p99's speedups and intervals after it; or
+        that nothing measured here separates them. Never more than the
+        intervals show.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> trials = pd.DataFrame({"workers": 2, "threads": 1, "cpus": 2, "model": "small", "batch": 10,
+    ...     "policy": ["cfs"] * 3 + ["tuna-scatter"] * 3, "trial": [0, 1, 2] * 2,
+    ...     "p99": [0.030, 0.020, 0.032, 0.022, 0.031, 0.021],
+    ...     "migrations_per_request": [0.1, 0.2, 0.15, 0.0, 0.0, 0.0]})
+    >>> print(lead_sentence(trials))
+    p99 does not separate the policies from cfs (its speedup intervals hold 1 in 1 of 1: tuna-scatter p99 speedup 1.11x [0.66, 1.86]); migrations per request does: tuna-scatter 0.00 [0.00, 0.00] against cfs 0.15 [0.07, 0.34].
+    """
+    sep = separation(trials, baseline, notes, confidence)
+    if sep.empty:
+        return f"No application has both {baseline} and another policy: nothing to compare."
+    keys = [c for c in _keys(sep) if c in sep.columns]
+    several = len(sep[keys].drop_duplicates()) > 1
+    ranked = _rank(sep)
+    p99 = sep[sep["measure"].eq("p99")]
+    p99_sep = int(p99["state"].eq(SEPARATED).sum())
+    best = ranked.iloc[0]
+    if p99["state"].eq(TOO_FEW_TRIALS).all() and best["separated"] == 0:
+        return (f"These trials cannot separate anything: {TOO_FEW_TRIALS} "
+                f"(fewer than {MIN_INTERVAL_TRIALS} valid trials of a policy).")
+
+    def listed(rows, with_base):
+        said = [f"{r['policy']}{_at(r, keys, several)} " + (f"{r['policy_estimate']} against {r['baseline']} "
+                                                           f"{r['baseline_estimate']}" if with_base
+                                                           else r["policy_estimate"])
+                for r in rows.to_dict("records")]
+        return "; ".join(said[:4]) + (f"; and {len(said) - 4} more" if len(said) > 4 else "")
+
+    p99_said = listed(p99, False)
+    if best["measure"] == "p99" and p99_sep:
+        text = (f"p99 separates {p99_sep} of {len(p99)} policy comparisons with {baseline}: "
+                + listed(p99[p99["state"].eq(SEPARATED)], False) + ".")
+        holds, few = int(p99["state"].eq(OVERLAP).sum()), int(p99["state"].eq(TOO_FEW_TRIALS).sum())
+        text += f" In {holds} more the interval holds 1." if holds else ""
+        text += f" {few} had {TOO_FEW_TRIALS}." if few else ""
+        mech = ranked[ranked["measure"].ne("p99") & ranked["separated"].gt(0)]
+        if len(mech):
+            text += f" Of the scheduler's evidence, {mech.iloc[0]['label']} separates {int(mech.iloc[0]['separated'])}."
+        elif not has_evidence(trials):
+            text += " The scheduler's evidence was not recorded in these results."
+        return text
+    if best["separated"] == 0:
+        return (f"Nothing measured here separates the policies from {baseline}: no p99 speedup interval excludes 1 "
+                f"({p99_said}), and no interval of the scheduler's evidence excludes {baseline}'s.")
+    holds = int(p99["state"].eq(OVERLAP).sum())
+    lead = (f"p99 does not separate the policies from {baseline} (its speedup intervals hold 1 in {holds} of "
+            f"{len(p99)}: {p99_said})" if not p99_sep else
+            f"p99 separates only {p99_sep} of {len(p99)} policy comparisons with {baseline} ({p99_said})")
+    shown = sep[sep["measure"].eq(best["measure"]) & sep["state"].eq(SEPARATED)]
+    return f"{lead}; {best['label']} does: {listed(shown, True)}."

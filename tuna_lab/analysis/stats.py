@@ -22,8 +22,10 @@ spread (the delta method) and ``t`` the Student quantile at the
 Welch-Satterthwaite degrees of freedom. It never goes below zero, is as
 wide in ratio above the value as below, and the interval of a speedup is
 exactly the reciprocal of the interval of its p99 ratio. With fewer than
-two trials there is none (NaN). :func:`format_interval` writes an interval,
-the one way every table, figure, terminal line and notebook shows it.
+:data:`MIN_INTERVAL_TRIALS` trials there is none (NaN): two trials give a t
+quantile of 12.7, an "interval" of a factor of thousands that says nothing.
+:func:`format_interval` writes an interval, the one way every table, figure,
+terminal line and notebook shows it, and says :data:`TOO_FEW_TRIALS` instead.
 
 An *application* is one ``(workers, threads, cpus, model, batch)``: a server
 configuration ``W x T`` on ``C`` usable logical cores serving one model with
@@ -70,6 +72,8 @@ __all__ = [
     "MACHINE",
     "UNBOUNDED",
     "INTERVALS",
+    "MIN_INTERVAL_TRIALS",
+    "TOO_FEW_TRIALS",
     "format_interval",
     "trial_stats",
     "quantile_rank_interval",
@@ -89,6 +93,10 @@ UNBOUNDED = "inf"
 INTERVALS = ("Every interval of a p99 or a speedup is a 95% interval taken on the log scale from the trials' "
              "spread, value */ factor: it never goes below zero, a speedup's interval is the reciprocal of its "
              f"p99 ratio's, and a side that nothing bounds is written {UNBOUNDED} (null in JSON).")
+#: The fewest trials (per policy) that give an interval: below, t's quantile (12.7 at 2) makes it meaningless.
+MIN_INTERVAL_TRIALS = 3
+#: What text writes where there is no interval (a NaN side: fewer than :data:`MIN_INTERVAL_TRIALS` trials).
+TOO_FEW_TRIALS = "too few trials for an interval"
 
 _SCENARIO = APPLICATION + ("policy",)
 _TRIAL = _SCENARIO + ("trial",)
@@ -161,8 +169,8 @@ def format_interval(low, high, digits=2):
     Returns
     -------
     str
-        ``"[low, high]"``; ``""`` when the interval was not computed (a NaN
-        side: fewer than two trials), so that a caller shows the value alone.
+        ``"[low, high]"``; ``"(too few trials for an interval)"`` when it was
+        not computed (a NaN side: fewer than :data:`MIN_INTERVAL_TRIALS` trials).
 
     Examples
     --------
@@ -175,7 +183,7 @@ def format_interval(low, high, digits=2):
     >>> format_interval(195, None, digits=0)
     '[195, inf]'
     >>> format_interval(float("nan"), float("nan"))
-    ''
+    '(too few trials for an interval)'
     """
     def side(value, unbounded):
         value = unbounded if value is None else value
@@ -184,8 +192,14 @@ def format_interval(low, high, digits=2):
         return f"{value:.2g}" if 0 < abs(value) < 0.5 * 10.0**-digits else f"{value:.{digits}f}"
 
     if any(v is not None and np.isnan(v) for v in (low, high)):
-        return ""
+        return f"({TOO_FEW_TRIALS})"
     return f"[{side(low, -np.inf)}, {side(high, np.inf)}]"
+
+
+def _dof(n):
+    """``n - 1`` degrees of freedom of a mean of ``n`` trials; NaN (no interval) below :data:`MIN_INTERVAL_TRIALS`."""
+    n = np.asarray(n, dtype=float)
+    return np.where(n >= MIN_INTERVAL_TRIALS, n - 1, np.nan)
 
 
 def _log_bounds(value, rel_var, dof, confidence):
@@ -362,7 +376,7 @@ def scenario_stats(trial_table, confidence=0.95):
         One row per ``(workers, threads, cpus, model, batch, policy)`` with
         ``subscription`` ("over" if ``workers * threads > cpus``), ``n_trials``,
         ``n_failed``, ``mean_p99``, ``std_p99`` (ddof 1), ``ci_low``, ``ci_high``
-        (NaN with fewer than two trials), and the trial averages
+        (NaN with fewer than :data:`MIN_INTERVAL_TRIALS` trials), and the trial averages
         ``mean_<stage>_p99`` and ``mean_throughput`` where those columns exist.
 
     Raises
@@ -399,7 +413,7 @@ def scenario_stats(trial_table, confidence=0.95):
     out["n_failed"] = out.pop("_size") - n
     with np.errstate(invalid="ignore", divide="ignore"):
         rel_var = out["std_p99"] ** 2 / (n * out["mean_p99"] ** 2)
-    out["ci_low"], out["ci_high"] = _log_bounds(out["mean_p99"], rel_var, n - 1, confidence)
+    out["ci_low"], out["ci_high"] = _log_bounds(out["mean_p99"], rel_var, _dof(n), confidence)
     out = out.reset_index()
     out.insert(len(by), "subscription", _subscription(out))
     columns = by + ["subscription", "n_trials", "n_failed", "mean_p99", "std_p99", "ci_low",
@@ -631,8 +645,11 @@ def _summary_intervals(scenarios, table, groupings, confidence=0.95):
                 row = g.iloc[0]
                 # The same call, with the same numbers, as compare_policies makes for one application.
                 lo, hi, _ = _ratio_interval(row["baseline_p99"], row["policy_p99"], row["_var_b"], row["_var_p"],
-                                            row["base_n"] - 1, row["n_trials"] - 1, confidence)
-            elif n > 1 and np.isfinite(g["_var"]).all() and (g[["n_trials", "base_n"]] >= 2).all(axis=None):
+                                            _dof(row["base_n"]), _dof(row["n_trials"]), confidence)
+                if min(row["base_n"], row["n_trials"]) < MIN_INTERVAL_TRIALS:
+                    lo = hi = np.nan     # a part without spread adds no dof: refuse by the count itself
+            elif (n > 1 and np.isfinite(g["_var"]).all()
+                  and (g[["n_trials", "base_n"]] >= MIN_INTERVAL_TRIALS).all(axis=None)):
                 mean, var = g["speedup"].mean(), g["_var"].sum() / n**2
                 dof = (g["_var"].sum() ** 2 / g["_wsd"].sum()) if g["_wsd"].sum() > 0 else np.inf
                 lo, hi = _log_bounds(mean, var / mean**2, dof, confidence)
@@ -732,7 +749,7 @@ def _average_variance(std, n, k):
     with np.errstate(divide="ignore", invalid="ignore"):
         parts = std.to_numpy(dtype=float) ** 2 / n / k**2
         var = float(parts.sum())
-        if not np.isfinite(var) or np.any(n < 2):
+        if not np.isfinite(var) or np.any(n < MIN_INTERVAL_TRIALS):
             return np.nan, np.nan
         if var == 0:
             return 0.0, np.inf

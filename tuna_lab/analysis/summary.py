@@ -519,4 +519,4 @@ def _speedup_line(s):
     :func:`~tuna_lab.analysis.stats.format_interval`."""
     interval = format_interval(s["ci_low"], s["ci_high"])
     return (f"{s['policy']} vs {s['baseline']}: p99 speedup {s['speedup']:.2f}x "
-            + (f"{interval} (95% interval)" if interval else "(no interval: fewer than two trials)"))
+            + (f"{interval} (95% interval)" if interval.startswith("[") else interval))
