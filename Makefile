@@ -180,7 +180,10 @@ $(FIELD_VENV)/%/.installed: $(FIELD_APPS)/requirements-%.txt
 	  test -s $(FIELD_VENV)/$*.install-failed || tail -n 1 $(FIELD_VENV)/$*.pip.log > $(FIELD_VENV)/$*.install-failed; \
 	  echo "warning: pip could not install $<; its test is skipped:"; cat $(FIELD_VENV)/$*.install-failed; fi
 
-field: $(STAMP) $(FIELD_VENV)/mlserver/.installed $(FIELD_VENV)/litserve/.installed
+# Threaded workers (issue 47): FastAPI's sync endpoints under uvicorn, Gunicorn gthread, BentoML's thread pool.
+FIELD_THREADED := $(FIELD_VENV)/gthread/.installed $(FIELD_VENV)/fastapi/.installed $(FIELD_VENV)/bentoml/.installed
+
+field: $(STAMP) $(FIELD_VENV)/mlserver/.installed $(FIELD_VENV)/litserve/.installed $(FIELD_THREADED)
 	$(PY) -m pytest -q -rs tests/field
 
 clean:
