@@ -360,3 +360,14 @@ def test_stop_removes_the_pidfile_that_names_the_server_it_stopped(tmp_path):
     finally:
         master.kill()
         master.wait()
+
+
+@as_root
+def test_a_request_log_folder_through_another_users_link_is_refused(tmp_path, victim):
+    from tuna_lab.server.launch import Server
+
+    logs = _plant(tmp_path, victim, "their folder")
+    before = snapshot(victim)
+    with pytest.raises(ServerError, match=r"--request-log .* belongs to another user \(uid 65534\)"):
+        Server(1, 1, model="small", request_log=str(logs))
+    assert snapshot(victim) == before

@@ -229,11 +229,9 @@ class Server:
         self.max_requests = int(max_requests)
         self.request_log = request_log
         if request_log:
-            try:
-                os.makedirs(request_log, exist_ok=True)
-            except OSError as exc:
-                raise ServerError(f"cannot create the request log folder {request_log}: "
-                                  f"{exc.strerror or exc}") from None
+            # The workers write requests-<pid>.jsonl in it, as root too: never in a folder another user
+            # could have redirected (a link they planted on the way, a folder of theirs).
+            _files.safe_dir(request_log, "--request-log", ServerError)
         self.max_body_bytes = max_body_bytes
         self.die_with_parent = bool(die_with_parent)
         self.proc = None
