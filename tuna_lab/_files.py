@@ -412,9 +412,15 @@ def check_path(path, what="path", error=UnsafeFileError, link=True, sticky=False
     ...
     tuna_lab.errors.UnsafeFileError: --out /tmp: the folder /tmp may be written by other users; give a folder only you may write
     """
-    shown = os.fspath(path)
-    # Not abspath: it would drop "link/.." lexically, where the kernel goes to the parent of the link's target.
-    parts = os.path.join(os.getcwd(), shown).split("/")[::-1]      # a stack: the next component last
+    shown = os.fsdecode(path)
+    if "\0" in shown:
+        raise error(f"{what} {shown!r} holds a NUL character")
+    try:
+        # Not abspath: it would drop "link/.." lexically, where the kernel goes to the link target's parent.
+        full = shown if os.path.isabs(shown) else os.path.join(os.getcwd(), shown)
+    except OSError as exc:
+        raise error(f"{what} {shown}: the working folder is gone ({exc.strerror or exc})") from None
+    parts = full.split("/")[::-1]      # a stack: the next component last
     current, st, links = "/", os.lstat("/"), 0
     while parts:
         name = parts.pop()
