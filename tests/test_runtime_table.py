@@ -16,7 +16,7 @@ import time
 import numpy  # noqa: F401  (maps NumPy's OpenBLAS into this process)
 import pytest
 
-from tuna_lab.measure.target import _runtimes
+from tuna_lab.measure.target import worker_runtimes
 from tuna_lab.live.pools import classify_threads, loaded_runtimes, main_rule
 from tuna_lab.live.runtimes import (BLAS, FRAMEWORK, OPENMP, RUNTIMES, helper_thread, places_counted,
                                          pool_runtime, runtime_of, single_thread_env)
@@ -51,7 +51,7 @@ def test_the_omp_proc_bind_false_rule():
 
 def test_the_manifest_and_the_main_rule_read_the_table_from_real_maps():
     # This process maps NumPy's OpenBLAS (a libscipy_openblas wheel, or a system libopenblas).
-    here = _runtimes([os.getpid()])
+    here = worker_runtimes([os.getpid()])
     assert "openblas" in here and os.path.basename(here["openblas"]["library"]).startswith(
         runtime_of(os.path.basename(here["openblas"]["library"])).libraries)
     assert "openblas" not in {r.lower() for r in loaded_runtimes(os.getpid())}     # BLAS alone: no runtime
@@ -61,7 +61,7 @@ def test_the_manifest_and_the_main_rule_read_the_table_from_real_maps():
                                                                      "OMP_PLACES": "threads"})
     try:
         assert child.stdout.readline() == "up\n"
-        found = _runtimes([child.pid])
+        found = worker_runtimes([child.pid])
         assert {"xgboost", "libgomp"} <= set(found)
         assert found["xgboost"]["version"]                          # read from its dist-info
         assert loaded_runtimes(child.pid) == {"XGBoost": True, "OpenMP": False}

@@ -319,7 +319,7 @@ def test_a_server_pinned_by_the_hooks_is_measured_and_keeps_its_pins(hooked_guni
 
 
 def test_live_widget_measures_a_running_server_and_gives_its_masks_back(uvicorn_server, model_env):
-    from tuna_lab.measure.target import AttachedTarget
+    from tuna_lab.measure.attached import AttachedTarget
     from tuna_lab.widgets.live import LiveExperiment
 
     proc, port = uvicorn_server

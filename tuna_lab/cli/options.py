@@ -20,6 +20,9 @@ import sys
 import warnings
 
 from ..errors import ThrottlingWarning, TopologyWarning, TunaError
+# The options of the commands that act on a running server live beside these; every command finds them here.
+from .server_options import (add_front_cpus_option, add_traffic_options, add_worker_options,  # noqa: F401
+                             front_cpus_of, traffic_of, worker_choice_of)
 
 __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_float_arg", "non_negative_int_arg",
            "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg",
@@ -525,7 +528,7 @@ def target_of(args, error, sweep=False):
     The one reading of the "your own server" options for ``run``, ``sweep``
     and ``tune``. Returns None without ``--app``/``--pid`` (and refuses the
     request options then); for ``--pid`` the checked
-    :class:`~tuna_lab.measure.target.AttachedTarget` (it needs ``--url`` and
+    :class:`~tuna_lab.measure.attached.AttachedTarget` (it needs ``--url`` and
     ``-t``, and keeps its workers); for ``--app`` a function ``(W, T) ->
     AppTarget``, checked once now (``--url`` refused: the app's requests go to ``--path``).
 
@@ -537,7 +540,8 @@ def target_of(args, error, sweep=False):
     sweep : bool
         A sweep: ``--pid`` is refused (a running server keeps its W and T).
     """
-    from ..measure.target import AppTarget, AttachedTarget, Requests
+    from ..measure.attached import AttachedTarget
+    from ..measure.target import AppTarget, Requests
 
     url = getattr(args, "url", None)
     if args.app is not None and args.pid is not None:
@@ -608,136 +612,6 @@ def no_valid_status(lacking):
     print(f"tuna-lab: error: no valid trial of {', '.join(policies)}{where}: every trial failed "
           "(the failed: lines and the records say why)", file=sys.stderr)
     return 1
-
-
-def add_front_cpus_option(parser, help=None):
-    """Add ``--front-cpus CPULIST``: the master, helpers and front ends on CPUs of their own, the workers on the rest.
-
-    ``help``: the command's own words for it (default: ``pin``'s and ``plan``'s).
-
-    Examples
-    --------
-    >>> import argparse
-    >>> p = argparse.ArgumentParser()
-    >>> add_front_cpus_option(p)
-    >>> p.parse_args(["--front-cpus", "0"]).front_cpus
-    '0'
-    """
-    parser.add_argument("--front-cpus", default=None, metavar="CPULIST",
-                        help=help or "CPUs (e.g. 0 or 0-1) for the master, the helpers and the front ends (all their "
-                             "threads, with `pin`): the workers' plan is made for the other CPUs, and a --plan "
-                             "that uses one of these is refused. For a master or API front end that parses "
-                             "requests itself (MLServer, LitServe); `unpin` gives their masks back too")
-
-
-def front_cpus_of(args, cpus):
-    """The CPUs ``--front-cpus`` names (a sorted tuple), each one of ``cpus`` and leaving some; None without it."""
-    from .._checks import format_cpulist, parse_cpulist
-    from ..errors import PlanError
-
-    text = getattr(args, "front_cpus", None)
-    if text is None:
-        return None
-    front = tuple(sorted(set(parse_cpulist(text, "--front-cpus", PlanError))))
-    if not front:
-        raise PlanError(f"--front-cpus names no CPU: {text!r}")
-    stray = sorted(set(front) - set(cpus))
-    if stray:
-        raise PlanError(f"--front-cpus: CPU {format_cpulist(stray)} is not one of the server's CPUs "
-                        f"{format_cpulist(sorted(cpus))}")
-    if set(cpus) <= set(front):
-        raise PlanError(f"--front-cpus {format_cpulist(front)} leaves no CPU for the workers (the server's CPUs "
-                        f"are {format_cpulist(sorted(cpus))})")
-    return front
-
-
-def add_worker_options(parser, flag="--workers"):
-    """Add ``--workers PID,PID`` and ``--worker-match REGEX``: name the workers instead of discovering them.
-
-    ``flag`` names the first option (``plan`` says ``--worker-pids``: its
-    ``-w/--workers`` is W, a count).
-
-    Examples
-    --------
-    >>> import argparse
-    >>> p = argparse.ArgumentParser()
-    >>> add_worker_options(p)
-    >>> a = p.parse_args(["--worker-match", "inference"])
-    >>> a.workers_pids, a.worker_match
-    (None, 'inference')
-    """
-    g = parser.add_argument_group(
-        "which processes are the workers",
-        "By default the workers are the master's children that run an inference runtime (XGBoost, ONNX Runtime, "
-        "PyTorch, LightGBM, OpenMP) - those that hold no socket when a front end passes requests to them - or, "
-        "with no runtime loaded, that hold the server's socket; the rest (a multiprocessing Manager, a front end, "
-        "a metrics exporter) are helpers, listed with the reason by `status --pid`, never pinned.")
-    which = g.add_mutually_exclusive_group()
-    which.add_argument(flag, dest="workers_pids", default=None, metavar="PID,PID",
-                       help="the worker processes (children or descendants of the master); slots go in their start order")
-    which.add_argument("--worker-match", default=None, metavar="REGEX",
-                       help="the workers are the processes under the master whose command line REGEX matches")
-
-
-def worker_choice_of(args):
-    """The :class:`~tuna_lab.live.roles.WorkerChoice` of ``--workers``/``--worker-match`` (None: discover)."""
-    from ..live.roles import WorkerChoice
-
-    choice = WorkerChoice.parse(getattr(args, "workers_pids", None), getattr(args, "worker_match", None))
-    return choice or None
-
-
-def add_traffic_options(parser):
-    """Add ``--url``, ``--method``, ``--header`` and ``--body``: the few requests that show which threads work.
-
-    Examples
-    --------
-    >>> import argparse
-    >>> p = argparse.ArgumentParser()
-    >>> add_traffic_options(p)
-    >>> a = p.parse_args(["--url", "http://127.0.0.1:8000/", "--header", "A: b", "--header", "C:d"])
-    >>> a.url, a.method, a.header
-    ('http://127.0.0.1:8000/', None, ['A: b', 'C:d'])
-    """
-    g = parser.add_argument_group(
-        "finding pool threads by their activity",
-        "A thread that waits in libc (ONNX Runtime's own pool, a PyTorch inter-op thread) is told from "
-        "helper threads by the CPU time it runs while its worker serves requests: --url sends a few "
-        "(at least 8, at most 64, within 15 s; as many at once as there are workers) and measures.")
-    g.add_argument("--url", default=None, help="a loopback URL of a request that runs the model, "
-                                                "e.g. http://127.0.0.1:8000/predict")
-    g.add_argument("--method", default=None, help="HTTP method (default: POST with --body, else GET)")
-    g.add_argument("--header", action="append", default=[], metavar="K:V", help="a request header; repeatable")
-    g.add_argument("--body", default=None, metavar="FILE", help="the request body, read from FILE ('-': stdin)")
-
-
-def traffic_of(args, master):
-    """The :class:`~tuna_lab.live.traffic.Activity` of ``--url`` requests to ``master``; None without ``--url``.
-
-    The requests are built as ``run`` builds its own
-    (:meth:`~tuna_lab.measure.loadgen.requests.Requests.from_options`): a body goes
-    as ``application/json`` unless a ``--header Content-Type:...`` says otherwise.
-
-    Raises
-    ------
-    PinError
-        Options without ``--url``, or a request that fails.
-    TargetError
-        A malformed header, or an unreadable body file.
-    """
-    from ..errors import PinError
-    from ..measure.loadgen.requests import Requests
-
-    if args.url is None:
-        if args.method or args.header or args.body:
-            raise PinError("--method, --header and --body describe the requests of --url: give --url too")
-        return None
-    # The one recipe of run and tune: --body - is read from stdin there too, and the headers are theirs.
-    requests = Requests.from_options(args.url, args.method, args.header, args.body)
-    from ..live.traffic import serve_requests
-
-    return serve_requests(master, args.url, method=requests.method, headers=requests.send_headers(),
-                          body=requests.bodies[0] if requests.bodies else None, choice=worker_choice_of(args))
 
 
 def plan_for(policy, workers, threads, topology, time_limit=None, on_infeasible="relax"):

@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 import psutil
 
 from .._checks import format_cpulist, parse_cpulist
-from ..errors import BindingError
+from ..errors import BindingError, PinError
 from ..machine import irqs as irq_reader
 from ..machine import sched
 from ..machine import procfs
@@ -58,8 +58,12 @@ from .binding import bind
 from .state import state_dir, state_lock
 
 __all__ = ["Finding", "Snapshot", "snapshot", "findings", "Move", "isolation_moves", "apply_isolation",
-           "undo_isolation", "BUSY_SHARE", "IRQ_RATE", "isolation_record_path"]
+           "undo_isolation", "BUSY_SHARE", "IRQ_RATE", "isolation_record_path", "MIN_INTERVAL", "SOUND_INTERVAL"]
 
+#: The shortest interval whose rates mean anything (s): CPU time is counted in clock ticks of 10 ms.
+MIN_INTERVAL = 0.1
+#: The shortest interval whose findings ``--isolate`` acts on (s): a tick more or less moves a rate by 2%.
+SOUND_INTERVAL = 0.5
 #: A thread counts as busy when it runs at least this share of one CPU over the interval.
 BUSY_SHARE = 0.2
 #: A device's interrupts on the serving CPUs matter from this many per second.
@@ -218,9 +222,11 @@ def snapshot(master=None, plan=None, interval=1.0, choice=None, roles=None):
     snap = Snapshot(master=None if master is None else int(master), interval=float(interval), online=online,
                     isolated=isolated, cores=cores, migrations_note=sched.MIGRATIONS_NOTE)
     if master is None:
+        start = time.monotonic()
         before = _cpu_times()
         time.sleep(interval)
-        snap.pinned = _pinned_processes(online, before, _cpu_times(), interval)
+        snap.interval = time.monotonic() - start      # rates over the time measured, not the time asked for
+        snap.pinned = _pinned_processes(online, before, _cpu_times(), snap.interval)
         return snap
     roles = roles or server_roles(master, choice)
     if plan is not None:
@@ -239,11 +245,15 @@ def snapshot(master=None, plan=None, interval=1.0, choice=None, roles=None):
     snap.plan = None if plan is None else plan.to_dict()
     members = [roles.master, *roles.helpers, *roles.workers]
     pids = [p.pid for p in members]
+    start = time.monotonic()
     everyone = _cpu_times()
     first = _sched_rows(pids)
     irq_before = {irq.name: irq for irq in irq_reader.irq_table()}
     throttle_before = sched.cgroup_throttling(master)
     time.sleep(interval)
+    # Rates are over the time really measured (from one reading's start to the next's), never the time asked
+    # for: a sleep of 1e-300 s still lasts the readings' own time, and divides nothing by 1e-300.
+    interval = snap.interval = time.monotonic() - start
     second = _sched_rows(pids)
     irq_after = irq_reader.irq_table()
     throttle_after = sched.cgroup_throttling(master)
@@ -537,8 +547,17 @@ class Move:
 
 
 def isolation_moves(snap, found=None):
-    """The moves that take the ``foreign`` and ``irq`` faults off the serving CPUs (pure)."""
+    """The moves that take the ``foreign`` and ``irq`` faults off the serving CPUs (pure).
+
+    Raises
+    ------
+    PinError
+        The snapshot's rates were measured over less than :data:`SOUND_INTERVAL`: too short to act on.
+    """
     snap = snap if isinstance(snap, Snapshot) else Snapshot(**snap)
+    if snap.interval < SOUND_INTERVAL:
+        raise PinError(f"rates measured over {snap.interval:.3g} s are too few clock ticks to act on: --isolate "
+                       f"needs an --interval of at least {SOUND_INTERVAL:g} s")
     found = findings(snap) if found is None else found
     serving = set(snap.serving)
     rest = tuple(sorted(set(snap.online) - serving))

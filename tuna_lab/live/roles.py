@@ -19,7 +19,8 @@ import psutil
 from ..errors import PinError
 from .pools import loaded_runtimes
 
-__all__ = ["WorkerChoice", "ProcessRole", "ServerRoles", "server_roles", "worker_pids", "check_server"]
+__all__ = ["WorkerChoice", "ProcessRole", "ServerRoles", "server_roles", "worker_pids", "check_server",
+           "listening_ports"]
 
 # Children of a master that are no workers, by their command line: uvicorn --workers and MLServer start their
 # workers with multiprocessing's spawn, which first starts a resource tracker (and forkserver, a fork server).
@@ -323,6 +324,32 @@ def _chosen(master, choice, descendants):
         raise PinError(f"--worker-match {choice.match.pattern!r} matches the command line of none of the "
                        f"{len(live)} processes under server {master}")
     return picked
+
+
+def listening_ports(master):
+    """The TCP ports server ``master`` or one of its descendants listens on (a URL of this server uses one).
+
+    Raises
+    ------
+    PinError
+        No such process, or its sockets may not be read.
+
+    Examples
+    --------
+    >>> isinstance(listening_ports(os.getpid()), frozenset)
+    True
+    """
+    try:
+        proc = psutil.Process(int(master))
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        raise PinError(f"no process with PID {master}") from None
+    ports = set()
+    for p in procs:
+        facts = _facts(p)
+        if facts is not None:
+            ports |= facts.listening
+    return frozenset(ports)
 
 
 def worker_pids(master, choice=None, force=False):

@@ -339,7 +339,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     >>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
     >>> result = run(Config(2, 2, "small", 20), ["cfs", "round-robin"], trials=2, requests=50)  # doctest: +SKIP
     """
-    from .target import AttachedTarget, LabTarget
+    from .attached import AttachedTarget
+    from .target import LabTarget
     from .trials import TrialPlan, run_trials
 
     policies = check_policies(policies)

@@ -39,22 +39,21 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import psutil
 
-from .._checks import check_size, format_cpulist, one_line, positive_int
+from .._checks import check_size, format_cpulist
 from .._files import write_atomic, write_json
 from ..errors import TargetError, TunaError
 from ..machine import procfs
 from .loadgen.requests import Requests, read_option_file
+from .probe import check_imports, check_python, state_folder, tuna_lab_path
 
 # Requests lives in measure/loadgen/requests.py; it stays importable from here.
-__all__ = ["Requests", "Target", "Live", "LabTarget", "AppTarget", "AttachedTarget", "SERVERS",
-           "thread_masks"]
+__all__ = ["Requests", "Target", "Live", "LabTarget", "AppTarget", "SERVERS", "check_connectable",
+           "worker_runtimes", "server_name"]
 
 #: The servers :class:`AppTarget` can start a user's app with.
 SERVERS = ("gunicorn", "uvicorn")
@@ -90,7 +89,7 @@ class Live:
         them back (the lab server, which binds itself).
     masks : optional
         A running server's masks from before the first trial
-        (:func:`thread_masks`): what ``cfs`` gives back and checks. None: the
+        (:func:`~tuna_lab.measure.attached.thread_masks`): what ``cfs`` checks. None: the
         master's own CPUs.
     front_cpus : tuple of int, optional
         With a plan, the CPUs every thread of the master, helpers and front
@@ -199,8 +198,7 @@ def _off_masks(masks, master):
     """
     from ..live.binding import threads_of
 
-    if masks is None:
-        masks = _Masks(int(master), tuple(sorted(os.sched_getaffinity(int(master)))))
+    expected = masks.expected if masks is not None else _master_mask(int(master))
     try:
         procs = [psutil.Process(int(master)), *psutil.Process(int(master)).children()]
     except psutil.NoSuchProcess:
@@ -213,8 +211,14 @@ def _off_masks(masks, master):
         except TunaError:
             continue                               # not readable: pin_server would have said so
         for tid in tids:
-            problems += _off(f"{role} {proc.pid} thread {tid}", tid, masks.expected(proc.pid, tid))
+            problems += _off(f"{role} {proc.pid} thread {tid}", tid, expected(proc.pid, tid))
     return problems
+
+
+def _master_mask(master):
+    """``expected(pid, tid)`` of a server with no masks read: every thread on the master's CPUs now."""
+    cpus = tuple(sorted(os.sched_getaffinity(master)))
+    return lambda pid, tid: cpus
 
 
 class _LabLive(Live):
@@ -274,7 +278,7 @@ class Target:
     def observe(self, live):
         """Called by the runner once a trial's server is warm: note the runtimes its workers mapped."""
         if not getattr(self, "_runtimes", None):
-            self._runtimes = _runtimes(live.worker_pids())
+            self._runtimes = worker_runtimes(live.worker_pids())
 
     def _placement(self, policy):
         """The placement of ``policy`` on the server's CPUs, made once per target (every trial runs the same).
@@ -506,7 +510,7 @@ class AppTarget(Target):
         self.requests = requests or Requests(path="/", method="GET")
         self.env = {str(k): str(v) for k, v in (env or {}).items()}
         self.label = label or re.sub(r"[^A-Za-z0-9_.]+", "_", module.split(".")[-1])
-        self.python = _check_python(python)
+        self.python = check_python(python)
         self.command = None
         self._state = None
         self._runtimes = None
@@ -522,9 +526,9 @@ class AppTarget(Target):
         """
         key = (self.python, self.app, self.app_dir, self.server)
         if key not in _CHECKED:
-            folder = _state_folder()
+            folder = state_folder()
             try:
-                _CHECKED[key] = _check_imports(self, self._base_env(folder))
+                _CHECKED[key] = check_imports(self, self._base_env(folder))
             finally:
                 import shutil
 
@@ -540,7 +544,7 @@ class AppTarget(Target):
                               "give -w 2 or more, or --server gunicorn, which forks one worker at -w 1")
         super().start(topology)
         self.check()
-        self._state = _state_folder()
+        self._state = state_folder()
 
     def stop(self):
         if self._state:
@@ -570,7 +574,7 @@ class AppTarget(Target):
         env.update({"OMP_NUM_THREADS": str(self.threads), "TUNA_LAB_THREADS": str(self.threads)})
         path = [self.app_dir]
         if self.python != sys.executable:
-            path.append(_tuna_lab_path(state))
+            path.append(tuna_lab_path(state))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (*path, env.get("PYTHONPATH")) if p)
         return env
 
@@ -618,209 +622,13 @@ class AppTarget(Target):
                 "runtimes": self._runtimes or {}}
 
 
-class AttachedTarget(Target):
-    """A pre-fork server that is already running, by its master's PID and a URL it serves.
-
-    Each trial's policy is applied live and read back from ``/proc``; the
-    server is never restarted. ``cfs`` pins nothing: every thread is on the
-    mask it had at :meth:`start` (the kernel decides within the masks the
-    server had, a mask the user set with taskset included). The pins are
-    recorded as ``pin --pid`` records them, so that ``tuna-lab unpin`` can
-    undo them after a SIGKILL. :meth:`stop` gives them back by the ledger's
-    one rule (:func:`~tuna_lab.live.pin.unpin_server`: the same thread, still
-    on tuna_lab's mask; a thread born under it gets its process's mask from
-    before) - also after an error, Ctrl-C, SIGTERM, SIGHUP or SIGUSR1 (the
-    runner calls it in a ``finally``); what it cannot give back is said on
-    stderr with the record that keeps it.
-
-    Parameters
-    ----------
-    pid : int
-        The master's PID.
-    url : str
-        A loopback URL the server answers (the requests' URL).
-    threads : int
-        T: pool threads per worker.
-    requests : Requests, optional
-        Default: ``GET url``.
-    label : str, optional
-        The cell's name for the server (default ``pid<PID>``).
-    force : bool
-        Measure ``pid``'s children though it is PID 1 or no recognised pre-fork
-        master (:func:`~tuna_lab.live.roles.check_server`).
-    front_cpus : iterable of int, optional
-        ``--front-cpus``: under every pinning policy, all threads of the
-        master, helpers and front ends are bound to these CPUs, and the plans
-        are made for the server's other CPUs
-        (:func:`~tuna_lab.live.pin.server_cpus`); ``cfs`` leaves them
-        as they were.
-    """
-
-    kind = "attached"
-    restarts = False
-
-    def __init__(self, pid, url, threads, requests=None, label=None, force=False, front_cpus=None):
-        from .loadgen.wire import check_url
-
-        try:
-            self.url = check_url(url)
-        except TunaError as exc:
-            raise TargetError(one_line(exc)) from None
-        self.master = int(pid)
-        self.threads = positive_int("threads", threads, TargetError)
-        self.requests = requests or Requests(path=self.url, method="GET")
-        if "://" not in self.requests.path:
-            self.requests = Requests(**{**self.requests.__dict__, "path": self.requests.url_on(self.url)})
-        self.label = label or f"pid{self.master}"
-        self.force = bool(force)
-        self.front_cpus = None if front_cpus is None else tuple(sorted({int(c) for c in front_cpus}))
-        self.masks = None
-        self.workers = None
-        self._runtimes = None
-
-    def check(self):
-        """Refuse (:class:`TargetError`) a PID that is no server's master (PID 1, a shell), one with no workers,
-        one pinned by ``pin --pid`` (its masks are not the server's own), front CPUs that are not the server's
-        or leave it none, or a URL that refuses connections; count W."""
-        from ..live.roles import check_server
-        from ..live.ledger import pin_records
-
-        try:
-            workers = check_server(self.master, force=self.force)
-        except TunaError as exc:
-            raise TargetError(one_line(exc)) from None
-        if pin_records(self.master)["threads"]:
-            # Measured from those masks, cfs would undo the pin and the run forget it: the user decides.
-            raise TargetError(f"server {self.master} is pinned by `tuna-lab pin --pid` (or a run that was killed): "
-                              f"`tuna-lab unpin --pid {self.master}` first; run measures every policy from the "
-                              "server's own masks and gives them back")
-        if self.front_cpus is not None:
-            cpus = self.server_cpus()
-            stray = sorted(set(self.front_cpus) - set(cpus))
-            if stray or not set(cpus) - set(self.front_cpus):
-                raise TargetError(f"--front-cpus {format_cpulist(self.front_cpus)}: "
-                                  + (f"CPU {format_cpulist(stray)} is not" if stray else "leaves none of")
-                                  + f" the server's CPUs {format_cpulist(cpus)}")
-        _connectable(self.url)
-        self.workers = len(workers)
-        return self
-
-    def server_cpus(self):
-        """The CPUs the server may use: its master's (:func:`~tuna_lab.live.pin.server_cpus`); TargetError if
-        it is gone."""
-        from ..live.pin import server_cpus
-
-        try:
-            return server_cpus(self.master)
-        except TunaError as exc:
-            raise TargetError(one_line(exc)) from None
-
-    def machine(self):
-        """The :class:`~tuna_lab.machine.topology.Topology` the plans are made for: the server's CPUs, less
-        ``front_cpus``; the load generator's CPUs are taken from these
-        (:func:`~tuna_lab.machine.reserve.reserve_client_cpus`)."""
-        from ..machine.topology import Topology
-
-        return Topology.from_sysfs(allowed=sorted(set(self.server_cpus()) - set(self.front_cpus or ())))
-
-    def start(self, topology):
-        from ..live.ledger import signals_give_back
-
-        super().start(topology)
-        if self.workers is None:
-            self.check()
-        self.masks = thread_masks(self.master)
-        self._runtimes = _runtimes(list(self.masks.processes))
-        # Until stop(): SIGHUP (a closed terminal) and SIGUSR1 end the run as Ctrl-C and SIGTERM do, through
-        # the runner's `finally`, which calls stop() - never with masks left on a live server.
-        self._signals = contextlib.ExitStack()
-        self._signals.enter_context(signals_give_back())
-
-    def stop(self):
-        from ..live.pin import unpin_server
-
-        if self.masks is None:
-            return
-        try:
-            # What tuna_lab set, by the ledger's one rule: the same thread, still on tuna_lab's mask.
-            report = unpin_server(self.master)
-        except TunaError as exc:
-            print(f"tuna-lab: warning: the masks of server {self.master} were not given back: {one_line(exc)}",
-                  file=sys.stderr, flush=True)
-        else:
-            for line in report.warnings:
-                print(f"tuna-lab: warning: {line}", file=sys.stderr, flush=True)
-        finally:
-            self.masks = None
-            signals = getattr(self, "_signals", None)
-            if signals is not None:
-                signals.close()
-
-    @contextlib.contextmanager
-    def apply(self, policy):
-        plan = self._plan(policy)
-        if plan is not None and not psutil.pid_exists(self.master):
-            raise TargetError(f"the server {self.master} is gone")
-        yield Live(self.url, self.master, plan, place_now=True, masks=self.masks,
-                   front_cpus=None if plan is None else self.front_cpus)
-
-    def describe(self):
-        try:
-            command = psutil.Process(self.master).cmdline()
-        except psutil.Error:
-            command = None
-        return {"kind": self.kind, "pid": self.master, "url": self.url, "server": _server_name(command),
-                "command": command, "runtimes": self._runtimes or {},
-                "front_cpus": None if self.front_cpus is None else list(self.front_cpus)}
-
-
-# -- masks of a running server -------------------------------------------------------------------
-
-@dataclass
-class _Masks:
-    """Every thread's CPU mask of a server at one moment: ``{tid: cpus}`` per process, and the master's."""
-
-    master: int
-    master_cpus: tuple
-    processes: dict = field(default_factory=dict)
-
-    def expected(self, pid, tid):
-        """The mask thread ``tid`` of process ``pid`` had then; one born since, what it would have inherited:
-        its process's main-thread mask from then, or - a process born since - the master's."""
-        known = self.processes.get(pid, {})
-        return known.get(tid, known.get(pid, self.master_cpus))
-
-
-def thread_masks(master):
-    """The CPU mask of every thread of ``master`` and its workers, read now (to give back later).
-
-    Examples
-    --------
-    >>> masks = thread_masks(os.getpid())
-    """
-    from ..live.binding import affinity_of
-
-    masks = _Masks(int(master), tuple(sorted(os.sched_getaffinity(int(master)))))
-    try:
-        procs = [psutil.Process(int(master)), *psutil.Process(int(master)).children()]
-    except psutil.NoSuchProcess:
-        raise TargetError(f"no process with PID {master}") from None
-    for proc in procs:
-        try:
-            tids = [t.id for t in proc.threads()]
-        except psutil.Error:
-            continue
-        found = {}
-        for tid in tids:
-            with contextlib.suppress(TunaError):
-                found[tid] = tuple(sorted(affinity_of(tid)))
-        masks.processes[proc.pid] = found
-    return masks
+# AppTarget.check's results in this process: {(python, app, app_dir, server): control socket option}.
+_CHECKED = {}
 
 
 # -- helpers --------------------------------------------------------------------------------------
 
-def _connectable(url):
+def check_connectable(url):
     """Refuse a URL nothing listens on, before any mask is touched."""
     parts = urlsplit(url)
     try:
@@ -888,7 +696,7 @@ def _gunicorn_conf(user_conf, hooks, workers, port):
     return "\n".join(lines) + "\n"
 
 
-def _runtimes(pids):
+def worker_runtimes(pids):
     """The runtime libraries mapped in the workers ``pids``: path, and version where its package says it.
 
     The runtimes are the records of :mod:`tuna_lab.live.runtimes`, keyed
@@ -924,152 +732,6 @@ def _version_beside(path, runtime):
     return None
 
 
-# -- the user's interpreter ------------------------------------------------------------------------
-
-# AppTarget.check's results in this process: {(python, app, app_dir, server): control socket option}.
-_CHECKED = {}
-# Seconds the user's interpreter may take to import the app (it may load a model).
-_IMPORT_TIMEOUT = 180.0
-# The oldest Python tuna_lab's own code (the Gunicorn hooks) runs on (pyproject's requires-python).
-_OLDEST_PYTHON = (3, 11)
-# Run by the user's interpreter, of any Python 3 version: the server, tuna_lab's hooks, then the app, imported
-# as the server will; the last line says how far it got (the app may print to stdout as it imports).
-_IMPORT_CHECK = r"""
-import importlib, json, os, sys, traceback
-module, attr, server, hooks, oldest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1", sys.argv[5]
-out = {"version": ".".join(map(str, sys.version_info[:3]))}
-def done(stage=None):
-    if stage:
-        lines = traceback.format_exc().strip().splitlines()
-        out.update(failed=stage, error=lines[-1] if lines else "")
-    sys.stdout.write("\ntuna-lab-check " + json.dumps(out) + "\n")
-    sys.stdout.flush()
-    os._exit(0)                     # not waiting for threads the app started
-try:
-    importlib.import_module(server)
-    if server == "gunicorn":
-        import gunicorn.config
-        out["control_socket"] = hasattr(gunicorn.config, "ControlSocketDisable")
-except BaseException:
-    done("server")
-if hooks:
-    if sys.version_info[:2] < tuple(map(int, oldest.split("."))):
-        out["failed"] = "version"
-        done()
-    try:
-        for name in ("tuna_lab.integrations.gunicorn", "tuna_lab.live.pin", "tuna_lab.live.binding",
-                     "tuna_lab.placement.plan", "tuna_lab.machine.topology"):
-            importlib.import_module(name)
-    except BaseException:
-        done("hooks")
-try:
-    getattr(importlib.import_module(module), attr)
-except BaseException:
-    done("app")
-done()
-"""
-
-
-def _check_python(python):
-    """The interpreter's path, as given (a venv's ``python`` is a link: never resolved); TargetError if none."""
-    if python is None:
-        return sys.executable
-    path = os.path.abspath(os.path.expanduser(str(python)))
-    if not os.path.isfile(path) or not os.access(path, os.X_OK):
-        raise TargetError(f"--python {python}: no executable file there")
-    return path
-
-
-def _state_folder():
-    """A private folder for one AppTarget, named after this process (PID and start time).
-
-    A folder a SIGKILLed run left is removed by the next run's.
-    """
-    from ..machine.procfs import remove_dead_folders, start_ticks
-
-    prefix = f"tuna-lab-app-{os.geteuid()}-"
-    remove_dead_folders(tempfile.gettempdir(), rf"{prefix}(\d+)-(\d+)\..*",
-                        lambda path, match: [(int(match[1]), int(match[2]))])
-    return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-{start_ticks(os.getpid())}.")
-
-
-def _tuna_lab_path(state):
-    """A folder in ``state`` holding only a link to this tuna_lab package: put on another interpreter's path.
-
-    Only tuna_lab, never the folder it is installed in: that may be this
-    environment's ``site-packages``, whose packages would shadow the user's.
-    """
-    import tuna_lab
-
-    folder = os.path.join(state, "python")
-    if not os.path.isdir(folder):
-        os.mkdir(folder, 0o700)
-        os.symlink(os.path.dirname(os.path.abspath(tuna_lab.__file__)), os.path.join(folder, "tuna_lab"))
-    return folder
-
-
-def _run_probe(argv, env, cwd, keep=1 << 16):
-    """Run the import probe ``argv`` until it exits: a CompletedProcess with the last ``keep`` bytes it wrote.
-
-    Its output goes to files, not pipes, and the wait is for the probe
-    itself: a process the app starts as it is imported (a helper, a
-    background server) inherits the probe's output, and a pipe would reach
-    its end only when that process ended too. The probe runs in a session
-    of its own, and whatever it leaves running is stopped with it.
-    """
-    import signal
-
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True)
-        try:
-            code = proc.wait(timeout=_IMPORT_TIMEOUT)
-        finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-        def tail(fh):
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - keep))
-            return fh.read().decode(errors="replace")
-
-        return subprocess.CompletedProcess(argv, code, tail(out), tail(err))
-
-
-def _check_imports(target, env):
-    """Import ``target``'s app in its interpreter (see :meth:`AppTarget.check`); Gunicorn's control socket flag."""
-    module, _, attr = target.app.partition(":")
-    oldest = ".".join(map(str, _OLDEST_PYTHON))
-    argv = [target.python, "-c", _IMPORT_CHECK, module, attr, target.server,
-            "1" if target.server == "gunicorn" else "0", oldest]
-    try:
-        done = _run_probe(argv, env, target.app_dir)
-    except subprocess.TimeoutExpired:
-        raise TargetError(f"--app {target.app} did not import in {target.python} within "
-                          f"{_IMPORT_TIMEOUT:g} s") from None
-    except OSError as exc:
-        raise TargetError(f"--python {target.python}: cannot run it ({exc.strerror or exc})") from None
-    last = done.stdout.rstrip().rpartition("\n")[2]
-    if not last.startswith("tuna-lab-check "):
-        said = done.stderr.strip().splitlines()
-        raise TargetError(f"--python {target.python} is no Python interpreter tuna_lab can use "
-                          f"(exit status {done.returncode}{': ' + said[-1] if said else ''})")
-    out = json.loads(last.partition(" ")[2])
-    failed, error = out.get("failed"), out.get("error", "")
-    if failed == "server":
-        raise TargetError(f"{target.python} cannot import {target.server} ({error}): install it in that "
-                          f"environment")
-    if failed == "version":
-        raise TargetError(f"{target.python} is Python {out['version']}: tuna_lab's Gunicorn hooks run in the app's "
-                          f"workers and need Python {oldest} or newer")
-    if failed == "hooks":
-        raise TargetError(f"{target.python} cannot run tuna_lab's Gunicorn hooks ({error}): install what they "
-                          "need (psutil, lazy_loader, numpy) in that environment")
-    if failed == "app":
-        raise TargetError(f"--app {target.app} does not import in {target.python}: {error}")
-    return bool(out.get("control_socket"))
-
-
-def _server_name(command):
+def server_name(command):
     text = " ".join(command or ())
     return next((s for s in SERVERS if s in text), None)

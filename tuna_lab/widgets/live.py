@@ -50,7 +50,7 @@ class LiveExperiment(Controller):
     target : Target, optional
         What to measure instead of the lab server: a user's app that tuna_lab
         starts (:class:`~tuna_lab.measure.target.AppTarget`) or a server
-        already running (:class:`~tuna_lab.measure.target.AttachedTarget`,
+        already running (:class:`~tuna_lab.measure.attached.AttachedTarget`,
         given back its masks when the run ends or is stopped).
 
     Attributes
@@ -74,7 +74,7 @@ class LiveExperiment(Controller):
     >>> live.start(); live.wait()                                   # doctest: +SKIP
     >>> live.results()[["policy", "trial", "p99"]]                  # doctest: +SKIP
     >>> # skipped: needs a server running as PID 1234
-    >>> from tuna_lab.measure.target import AttachedTarget         # doctest: +SKIP
+    >>> from tuna_lab.measure.attached import AttachedTarget         # doctest: +SKIP
     >>> live = LiveExperiment(None, None, policies=["cfs", "tuna-scatter"],
     ...                       target=AttachedTarget(1234, "http://127.0.0.1:8000/", 2))  # doctest: +SKIP
     """

@@ -74,6 +74,12 @@ def _cmd_audit(args):
         raise PinError("--plan, --isolate, --workers and --worker-match need a server: give --pid MASTER")
     if args.interval > 60:
         raise PinError(f"--interval {args.interval:g} is more than 60 s")
+    if args.interval < audit.MIN_INTERVAL:
+        # CPU time is counted in clock ticks: a rate over less time than a few of them is no figure.
+        raise PinError(f"--interval {args.interval:g} is too short to measure: at least {audit.MIN_INTERVAL:g} s")
+    if args.isolate and args.interval < audit.SOUND_INTERVAL:
+        raise PinError(f"--isolate acts on rates measured over at least {audit.SOUND_INTERVAL:g} s; --interval "
+                       f"{args.interval:g} is shorter")
     plan = Plan.read(args.plan) if args.plan else None
     snap = audit.snapshot(args.pid, plan, args.interval, worker_choice_of(args))
     found = audit.findings(snap)

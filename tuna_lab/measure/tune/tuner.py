@@ -98,7 +98,7 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     from ...machine.limits import Limits
     from ...machine.reserve import reserve_client_cpus
     from ..experiment import Config, check_policies
-    from ..target import AttachedTarget
+    from ..attached import AttachedTarget
 
     sla = parse_duration(sla_p99, "the p99 target")
     budget = parse_duration(budget, "the budget")
