@@ -26,6 +26,7 @@ Examples
 
 import os
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -97,7 +98,16 @@ def run_tune_bench(args):
         f"p99 target {sla * 1e3:.1f} ms")
     options = {"configs": pairs, "policies": policies, "model": _MODEL, "batch": _BATCH, "budget": 7200,
                "rounds": args.race_rounds, "step_seconds": args.step_seconds, "progress": say}
-    out = os.path.splitext(args.out)[0]
+    # Each bench run measures into a folder of its own, made here (mkdtemp: a name no one could take in
+    # advance): tune refuses a folder that holds a tune with other settings, and the p99 target above is
+    # measured anew each run, so reusing the last run's folders would be refused, and replacing them would
+    # drop what they hold.
+    stem = os.path.splitext(args.out)[0]
+    parent = os.path.dirname(stem) or "."
+    _files.safe_dir(parent)
+    runs = tempfile.mkdtemp(prefix=os.path.basename(stem) + "-" + time.strftime("%Y%m%d-%H%M%S-"), dir=parent)
+    out = os.path.join(runs, "tune")
+    say(f"bench tune: the searches' cells in {runs}")
     t0 = time.monotonic()
     raced = tune(sla, out=out + "-race", **options)
     race_seconds = time.monotonic() - t0
