@@ -271,3 +271,49 @@ def test_sighup_during_run_pid_leaves_no_mask_behind(state, server, tmp_path):
     assert run.returncode != 0 and "Traceback" not in err, err
     assert given_back(before, proc.pid), err
     assert not list((state / f"tuna_lab-{os.geteuid()}").glob("pins-*.json"))
+
+
+# -- the hostile cases of issue 46 that live/ owns ------------------------------------------------------
+
+def _one_line_refusal(done, words):
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert len(done.stderr.strip().splitlines()) == 1 and words in done.stderr, done.stderr
+
+
+def test_audit_refuses_an_interval_too_short_to_measure(server):
+    proc, _ = server
+    _one_line_refusal(cli("audit", "--pid", proc.pid, "--interval", "1e-300"), "at least 0.1 s")
+    _one_line_refusal(cli("audit", "--pid", proc.pid, "--interval", "0.2", "--isolate", "--apply"),
+                      "at least 0.5 s")
+    # Over a sound interval the rates are per second of the time measured: an idle server runs no CPU.
+    done = cli("audit", "--pid", proc.pid, "--interval", "0.3", "--json")
+    snap = json.loads(done.stdout)["snapshot"]
+    assert snap["interval"] >= 0.3
+    assert all(t["cpu_rate"] is None or t["cpu_rate"] <= len(CPUS) for t in snap["threads"])
+
+
+def test_a_worker_match_that_backtracks_without_end_is_refused_at_once(server):
+    proc, _ = server
+    start = time.monotonic()
+    done = cli("status", "--pid", proc.pid, "--worker-match", r"^(\S+\s?)*Z$", timeout=30)
+    _one_line_refusal(done, "nests a repeat in a repeat")
+    assert time.monotonic() - start < 20
+
+
+def test_run_pid_refuses_a_url_of_another_server_before_any_load(server, tmp_path):
+    import socket
+
+    proc, _ = server
+    other = socket.socket()
+    other.bind(("127.0.0.1", 0))
+    other.listen(8)
+    other.setblocking(False)
+    try:
+        port = other.getsockname()[1]
+        done = cli("run", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", "1", "--policies", "cfs",
+                   "--trials", "1", "--requests", "20", "--out", tmp_path / "out", timeout=60)
+        _one_line_refusal(done, "is not a listening socket of server")
+        with pytest.raises(BlockingIOError):
+            other.accept()                                  # not one connection reached the other server
+    finally:
+        other.close()

@@ -32,6 +32,45 @@ _HELPER_PROCESSES = (("multiprocessing.resource_tracker", "multiprocessing's res
 
 # -- finding workers and threads ---------------------------------------------------------------
 
+# The longest --worker-match pattern taken (a pattern names a worker's command, not a program).
+_MAX_PATTERN = 512
+
+
+def _nests_repeats(text):
+    r"""Whether pattern ``text`` has a repeat (``*``, ``+``, ``{n,}``) inside another repeat.
+
+    Examples
+    --------
+    >>> _nests_repeats(r"^(\S+\s?)*Z$"), _nests_repeats(r"inference_worker \d+"), _nests_repeats(r"(ab)+c")
+    (True, False, False)
+    """
+    from re import _constants as c
+    from re import _parser
+
+    repeats = {c.MAX_REPEAT, c.MIN_REPEAT, getattr(c, "POSSESSIVE_REPEAT", c.MAX_REPEAT)}
+
+    def walk(items, inside):
+        for op, av in items:
+            if op in repeats:
+                lo, hi, sub = av
+                if hi > 1 and inside:
+                    return True
+                if walk(sub, inside or hi > 1):
+                    return True
+            elif op is c.BRANCH:
+                if any(walk(branch, inside) for branch in av[1]):
+                    return True
+            elif op is c.SUBPATTERN:
+                if walk(av[-1], inside):
+                    return True
+            elif op in (c.ASSERT, c.ASSERT_NOT):
+                if walk(av[1], inside):
+                    return True
+        return False
+
+    return walk(_parser.parse(text), False)
+
+
 @dataclass(frozen=True)
 class WorkerChoice:
     """Which processes are the workers when the user says so, overriding :func:`server_roles`' discovery.
@@ -70,10 +109,17 @@ class WorkerChoice:
                 raise PinError(f"--workers takes PIDs separated by commas (e.g. 4121,4122), got {pids!r}")
         pattern = None
         if match is not None:
+            if len(str(match)) > _MAX_PATTERN:
+                raise PinError(f"--worker-match takes a pattern of at most {_MAX_PATTERN} characters")
             try:
                 pattern = re.compile(str(match))
             except re.error as exc:
                 raise PinError(f"--worker-match {match!r} is not a regular expression: {exc}") from None
+            if _nests_repeats(str(match)):
+                # Python's engine backtracks: a repeat inside a repeat ('(\S+\s?)*') can take exponential time
+                # on a command line it does not match. Refused at once, rather than run without end.
+                raise PinError(f"--worker-match {match!r} nests a repeat in a repeat, which can backtrack without "
+                               "end: write it without the nested quantifier (e.g. 'worker' or '\\S+ worker')")
         return cls(found, pattern)
 
     def __bool__(self):

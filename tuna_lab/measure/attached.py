@@ -107,8 +107,8 @@ class AttachedTarget(Target):
                 raise TargetError(f"--front-cpus {format_cpulist(self.front_cpus)}: "
                                   + (f"CPU {format_cpulist(stray)} is not" if stray else "leaves none of")
                                   + f" the server's CPUs {format_cpulist(cpus)}")
+        self._check_port()                         # first: not even a connection to another server
         check_connectable(self.url)
-        self._check_port()
         self.workers = len(workers)
         return self
 
