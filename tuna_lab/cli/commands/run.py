@@ -156,7 +156,7 @@ def _report_run(args, result, config, target, out):
     if args.json:
         print_json({"cell": config.key, "config": result.manifest.get("config"), "summary": summary["summary"],
                      "speedups": summary["speedups"], "latency": latency, "target": result.manifest.get("target"),
-                     "failed_trials": summary["failed"],
+                     "failed_trials": summary["failed"], "notes": summary["notes"],
                      "mechanism": summary["mechanism"], "mechanism_correlations": summary["correlations"],
                      "client_cpus": result.manifest.get("client_cpus"),
                      "generator": result.manifest.get("generator"), "path": result.path,
