@@ -317,3 +317,45 @@ def test_run_pid_refuses_a_url_of_another_server_before_any_load(server, tmp_pat
             other.accept()                                  # not one connection reached the other server
     finally:
         other.close()
+
+
+def test_a_pin_over_a_pin_keeps_the_first_before_and_a_thread_born_under_it_is_given_back(state):
+    # Issue 47: a thread born under the first pin inherits its narrowed mask; a second pin must record, as
+    # its "before", the process's mask from before the first pin - never the mask tuna_lab set.
+    from tuna_lab.live.ledger import Record, record_pins
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys, threading, time\n"
+                              "for line in sys.stdin:\n"
+                              "    t = threading.Thread(target=time.sleep, args=(600,), daemon=True); t.start()\n"
+                              "    print(t.native_id, flush=True)\n"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        pid, ours = child.pid, [CPUS[0]]
+        record = Record("pins-test")
+        record_pins(record, pid, 0, {pid: (CPUS, ours)})          # the first pin: the main thread
+        os.sched_setaffinity(pid, ours)
+        child.stdin.write("spawn\n")
+        child.stdin.flush()
+        born = int(child.stdout.readline())
+        assert cpus_of(born) == ours                              # born under tuna_lab's mask
+        again = Record.load("pins-test")
+        record_pins(again, pid, 0, {born: (ours, [CPUS[-1]])})   # the second pin binds the newcomer too
+        os.sched_setaffinity(born, [CPUS[-1]])
+        saved = Record.load("pins-test")
+        [entry] = [c for c in saved.changes.values() if c.target == str(born)]
+        assert list(entry.before) == CPUS, entry                   # the first "before", not tuna_lab's [0]
+        given = saved.give_back()
+        assert given.ok and not given.left, given
+        assert cpus_of(pid) == CPUS and cpus_of(born) == CPUS
+        # A thread born since under tuna_lab's mask and never bound is given back too.
+        again = Record.load("pins-test")
+        record_pins(again, pid, 0, {pid: (CPUS, ours)})
+        os.sched_setaffinity(pid, ours)
+        child.stdin.write("spawn\n")
+        child.stdin.flush()
+        late = int(child.stdout.readline())
+        given = Record.load("pins-test").give_back()
+        assert cpus_of(late) == CPUS and cpus_of(pid) == CPUS, given
+        assert Record.load("pins-test").path is None               # nothing kept
+    finally:
+        child.kill()

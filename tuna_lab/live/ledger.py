@@ -219,13 +219,12 @@ class Record:
                 return None
             if self.ours(pid, pid, main):
                 main = self.change_of(pid, pid).before
-            known = {"started": ticks, "slot": slot, "seen": {}, "before": main}
+            # The threads it has before tuna_lab's first change: any other is born since, under a mask
+            # tuna_lab set or not (never added later: a thread born under our pin would pass for its own).
+            seen = {tid: t0 for tid in threads_of(pid) if (t0 := start_ticks(tid)) is not None}
+            known = {"started": ticks, "slot": slot, "seen": seen, "before": main}
             self.processes[pid] = known
         known["slot"] = slot
-        for tid in threads_of(pid):
-            t0 = start_ticks(tid)
-            if t0 is not None:
-                known["seen"].setdefault(tid, t0)
         return known
 
     def change_of(self, pid, tid):
@@ -283,6 +282,10 @@ class Record:
         GiveBack
         """
         out = GiveBack(malformed=list(self.problems))
+        # Threads born under a mask tuna_lab set first, while every mask it set is still in the record.
+        for pid, proc in list(self.processes.items()):
+            if (pids is None or pid in pids) and start_ticks(pid) == proc["started"]:
+                out.done += self._born_under_ours(pid, proc)
         mine = [c for c in self.changes.values() if pids is None or c.pid in pids]
         # IRQs and the front (slot None) first, then the workers by slot: the reverse of a pin's order.
         mine.sort(key=lambda c: (c.kind != "irq", c.slot is not None, c.slot or 0, int(c.pid or 0), c.target))
@@ -299,12 +302,8 @@ class Record:
                 out.left.append(text)
                 if text.endswith("(gone)"):
                     self.changes.pop(change.key())
-        for pid, proc in list(self.processes.items()):
-            if pids is not None and pid not in pids:
-                continue
-            if start_ticks(pid) == proc["started"]:
-                out.done += self._born_under_ours(pid, proc)
-            if not any(c.pid == pid for c in self.changes.values()):
+        for pid in list(self.processes):
+            if (pids is None or pid in pids) and not any(c.pid == pid for c in self.changes.values()):
                 del self.processes[pid]
         out.path = self.save()
         return out
