@@ -146,8 +146,19 @@ def test_pin_places_the_threads_that_work_and_unpin_leaves_no_mask_behind(shaped
 def _unpin_leaves_nothing(srv):
     done = tuna_lab("unpin", "--pid", srv.master)
     assert done.returncode == 0, done.stderr
-    narrowed = {tid: cpus for tid, cpus in affinities(srv.tree()).items() if cpus != CPUS}
-    assert not narrowed, f"after unpin, threads still narrowed: {narrowed}"
+    narrowed = {tid: (cpus, _owner(tid)) for tid, cpus in affinities(srv.tree()).items() if cpus != CPUS}
+    assert not narrowed, f"after unpin, threads still narrowed (tid: mask, process): {narrowed}\n{done.stdout}"
+
+
+def _owner(tid):
+    """The process (its PID and command) thread ``tid`` belongs to."""
+    try:
+        with open(f"/proc/{tid}/status") as fh:
+            pid = int(next(line for line in fh if line.startswith("Tgid:")).split()[1])
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return pid, fh.read().replace(b"\0", b" ").decode(errors="replace")[:80]
+    except (OSError, StopIteration):
+        return None
 
 
 def test_a_pin_over_a_pin_stays_exact_and_unpin_leaves_no_mask_behind(shaped):
