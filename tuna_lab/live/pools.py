@@ -337,8 +337,9 @@ def by_activity(pid, seen, activity, requests=None):
 
     Examples
     --------
-    >>> seen = [(11, "w", None, "libc.so.6", None), (12, "w", None, "libgomp.so.1", object()),
-    ...         (13, "w", None, "libc.so.6", None), (14, "w", None, "libgomp.so.1", object())]
+    >>> gomp = pool_runtime("libgomp.so.1")
+    >>> seen = [(11, "w", None, "libc.so.6", None), (12, "w", None, "libgomp.so.1", gomp),
+    ...         (13, "w", None, "libc.so.6", None), (14, "w", None, "libgomp.so.1", gomp)]
     >>> rows = by_activity(10, seen, {10: 0.01, 11: 0.40, 12: 0.0, 13: 0.0, 14: 0.38})
     >>> [(t.tid, t.role, t.rank, t.kind) for t in rows]
     [(11, 'pool', 0, 'caller'), (14, 'pool', 1, 'member'), (10, 'main', None, 'main'), (12, 'other', None, 'idle'), (13, 'other', None, 'other')]
