@@ -269,3 +269,22 @@ def test_a_lab_server_trial_writes_plausible_per_request_evidence():
     assert ok["backlog_seconds"].between(0, 1).all() and (ok["backlog_seconds"] < ok["client_seconds"]).all()
     table = anatomy(ok.assign(policy="cfs", trial=0))
     assert table["share"].notna().all()
+
+
+def test_the_run_summary_and_the_report_say_it_in_one_line(tmp_path):
+    from tuna_lab.analysis.report import write_report
+    from tuna_lab.analysis.stats import trial_stats
+    from tuna_lab.analysis.summary import summarize
+
+    stages = {"server_seconds": 0.01, "sent_at": 0.0, "deserialize": 0.001, "convert": 0.001, "dmatrix": 0.001,
+              "predict": 0.002, "shap": 0.005}
+    requests = pd.concat([_requests("cfs", 0.3, 0.5, n=60), _requests("tuna-scatter", 0.05, 0.6, n=60, seed=1)])
+    requests = requests.assign(**stages)
+    trials = trial_stats(requests).assign(trial_status="ok")
+    lines = [n for n in summarize(requests, trials).notes if n.startswith("Anatomy of the slowest 1%")]
+    assert lines == [anatomy_line(anatomy(requests, trials))]
+    write_report(requests, trials, tmp_path / "report.html")
+    assert lines[0].split(";")[0] in (tmp_path / "report.html").read_text()
+    # Results without the evidence: no line at all.
+    old = requests.drop(columns=["rq_wait_main", "backlog_seconds"])
+    assert not [n for n in summarize(old, trials).notes if n.startswith("Anatomy")]

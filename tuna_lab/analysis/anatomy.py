@@ -60,7 +60,8 @@ from ..placement import POLICIES
 from .stats import MACHINE, format_interval, scenario_stats
 from .tables import APPLICATION, sort_table, valid_trials
 
-__all__ = ["PARTS", "TAIL", "MEDIAN", "NOT_RECORDED", "anatomy", "what_moves", "anatomy_line", "probe_cost"]
+__all__ = ["PARTS", "TAIL", "MEDIAN", "NOT_RECORDED", "anatomy", "what_moves", "anatomy_line", "anatomy_note",
+           "probe_cost"]
 
 #: The parts of a request's latency: column -> label. ``rest`` is what the other three leave.
 PARTS = {"cpu_wait": "waiting for a CPU", "running": "running", "backlog": "waiting in the backlog",
@@ -261,6 +262,26 @@ def anatomy_line(table):
                  f"{_pct(m['high_share'], m['high_ci_low'], m['high_ci_high'])}"
                  + (", intervals apart" if m["apart"] else "") + ")")
     return line + "."
+
+
+def anatomy_note(requests, trials=None):
+    """:func:`anatomy_line` of results whose requests carry the per-request evidence; ``""`` otherwise.
+
+    For the summaries (``run``'s, ``demo``'s) and the report: results from
+    before issue 50, or of a server that sends no evidence, get no line.
+
+    Examples
+    --------
+    >>> anatomy_note(pd.DataFrame({"policy": ["cfs"], "trial": [0], "client_seconds": [0.1]}))
+    ''
+    """
+    if not isinstance(requests, pd.DataFrame) or "rq_wait_main" not in requests.columns \
+            or not requests["rq_wait_main"].notna().any():
+        return ""
+    try:
+        return anatomy_line(anatomy(requests, trials))
+    except AnalysisError:
+        return ""
 
 
 def probe_cost(threads=2, requests=2000, server_cpu=None):

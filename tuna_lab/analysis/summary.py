@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ..errors import AnalysisError, TunaError
+from .anatomy import anatomy_note
 from .mechanism import evidence_notes, has_evidence, mechanism_correlations, mechanism_lines, mechanism_table
 from .stats import compare_policies, cpu_cost, format_interval, scenario_stats, speedup_summary, trial_stats
 from .tables import valid_trials
@@ -221,7 +222,8 @@ def summarize(requests, trials=None, plans=None):
                       headline=_headline(requests, trials) if have_requests else
                       pd.DataFrame(columns=_HEADLINE_COLUMNS),
                       cpu=_cpu_rows(trials), failed=_failed(trials),
-                      notes=tuple(line for line in (fault_note(trials), balance_note(trials), front_note(trials))
+                      notes=tuple(line for line in (fault_note(trials), balance_note(trials), front_note(trials),
+                                                    anatomy_note(requests if have_requests else None, trials))
                                   if line),
                       same_placement=_same_placement(plans, trials),
                       **_mechanism(trials, evidence_notes(manifest)))
