@@ -281,10 +281,13 @@ def test_the_run_summary_and_the_report_say_it_in_one_line(tmp_path):
     requests = pd.concat([_requests("cfs", 0.3, 0.5, n=60), _requests("tuna-scatter", 0.05, 0.6, n=60, seed=1)])
     requests = requests.assign(**stages)
     trials = trial_stats(requests).assign(trial_status="ok")
-    lines = [n for n in summarize(requests, trials).notes if n.startswith("Anatomy of the slowest 1%")]
-    assert lines == [anatomy_line(anatomy(requests, trials))]
+    summary = summarize(requests, trials)
+    # Printed with the scheduler evidence, after the speedups and the line on the machine's scale.
+    lines = [n for n in summary.mechanism_text().splitlines() if n.startswith("Anatomy of the slowest 1%")]
+    assert lines == [anatomy_line(anatomy(requests, trials))] == [summary.to_dict()["anatomy"]]
+    assert "Anatomy" not in summary.to_text()
     write_report(requests, trials, tmp_path / "report.html")
     assert lines[0].split(";")[0] in (tmp_path / "report.html").read_text()
     # Results without the evidence: no line at all.
     old = requests.drop(columns=["rq_wait_main", "backlog_seconds"])
-    assert not [n for n in summarize(old, trials).notes if n.startswith("Anatomy")]
+    assert summarize(old, trials).anatomy == "" and "Anatomy" not in summarize(old, trials).mechanism_text()

@@ -98,6 +98,10 @@ class RunSummary:
         How each quantity of the evidence relates to p99 across the trials
         (:func:`~tuna_lab.analysis.mechanism.mechanism_correlations`); empty
         as ``mechanism``.
+    anatomy : str
+        What the slowest 1% of requests waited on under each policy, in one
+        line (:func:`~tuna_lab.analysis.anatomy.anatomy_note`); ``""`` for
+        requests without per-request scheduler evidence.
     """
 
     summary: pd.DataFrame
@@ -109,6 +113,7 @@ class RunSummary:
     same_placement: dict = field(default_factory=dict)
     mechanism: pd.DataFrame = field(default_factory=pd.DataFrame)
     correlations: pd.DataFrame = field(default_factory=pd.DataFrame)
+    anatomy: str = ""
 
     def to_dict(self):
         """Every table as a list of plain rows (``tuna-lab run --json`` and ``report --json`` print them).
@@ -125,6 +130,7 @@ class RunSummary:
         out = {name: getattr(self, name).to_dict("records") for name in ("summary", "speedups", "cpu", "failed",
                                                                           "mechanism", "correlations")}
         out["notes"] = list(self.notes)
+        out["anatomy"] = self.anatomy
         out["same_placement"] = dict(self.same_placement)
         out["headline"] = [{k: v for k, v in row.items() if k != "machine" or isinstance(v, str)}
                            for row in self.headline.to_dict("records")]
@@ -154,7 +160,8 @@ class RunSummary:
     def mechanism_text(self):
         """The scheduler's evidence per policy and its relation to p99, as ``run`` and ``demo`` print it.
 
-        :func:`~tuna_lab.analysis.mechanism.mechanism_lines`; ``""`` for results
+        :func:`~tuna_lab.analysis.mechanism.mechanism_lines`, then the
+        anatomy of the tail in one line (:attr:`anatomy`); ``""`` for results
         recorded before the evidence was. The commands print it after the
         speedups and the line on the machine's scale.
 
@@ -165,7 +172,8 @@ class RunSummary:
         ...                               "p50": 0.01, "p99": 0.02})).mechanism_text()
         ''
         """
-        return "\n".join(mechanism_lines(self.mechanism, self.correlations)) if len(self.mechanism) else ""
+        lines = mechanism_lines(self.mechanism, self.correlations) if len(self.mechanism) else []
+        return "\n".join([*lines, *([self.anatomy] if self.anatomy else [])])
 
 
 def summarize(requests, trials=None, plans=None):
@@ -222,9 +230,9 @@ def summarize(requests, trials=None, plans=None):
                       headline=_headline(requests, trials) if have_requests else
                       pd.DataFrame(columns=_HEADLINE_COLUMNS),
                       cpu=_cpu_rows(trials), failed=_failed(trials),
-                      notes=tuple(line for line in (fault_note(trials), balance_note(trials), front_note(trials),
-                                                    anatomy_note(requests if have_requests else None, trials))
+                      notes=tuple(line for line in (fault_note(trials), balance_note(trials), front_note(trials))
                                   if line),
+                      anatomy=anatomy_note(requests if have_requests else None, trials),
                       same_placement=_same_placement(plans, trials),
                       **_mechanism(trials, evidence_notes(manifest)))
 
