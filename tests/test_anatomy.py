@@ -90,6 +90,8 @@ def test_sched_delta_counts_a_thread_born_during_the_request_from_zero_and_hides
 def test_every_sched_metric_the_server_sends_is_a_column_the_generator_reads():
     read = {name for name, (column, _, _) in records._SCHED_METRICS.items()}
     assert read == set(SCHED_METRICS) - {"app", "cpu"}
+    # Named apart from a user's own metrics, which the generator reads from any server.
+    assert all(name.startswith("tuna-") for name in read)
     assert {column for column, _, _ in records._SCHED_METRICS.values()} == set(REQUEST_SCHED_COLUMNS) - {
         "backlog_seconds"}
     assert set(REQUEST_SCHED_COLUMNS) <= set(REQUEST_COLUMNS)
@@ -129,7 +131,7 @@ def test_the_header_round_trips_into_the_request_columns():
 def test_a_kernel_without_migrations_and_a_bad_header_leave_nan():
     delta = {"wait": 0.001, "wait_main": 0.0, "voluntary": 0, "involuntary": 0, "migrations": None,
              "last_cpu": 0}
-    frame = _frame([sched_timing(0.01, 0.01, delta), "rq;dur=oops, ,;", "rq;dur=-5"])
+    frame = _frame([sched_timing(0.01, 0.01, delta), "tuna-rq;dur=oops, ,;", "tuna-rq;dur=-5"])
     assert np.isnan(frame.iloc[0]["request_migrations"]) and frame.iloc[0]["rq_wait"] == pytest.approx(0.001)
     assert frame.iloc[1][list(REQUEST_SCHED_COLUMNS)].isna().all()
     assert np.isnan(frame.iloc[2]["rq_wait"])          # a negative wait is no wait

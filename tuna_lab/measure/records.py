@@ -36,9 +36,10 @@ PENDING = -2
 _ERROR_CHARS = 200
 # The lab server's per-request scheduler metrics (tuna_lab.server.app.SCHED_METRICS) -> (column, parameter,
 # factor to the column's unit); tests/test_anatomy.py checks the two agree.
-_SCHED_METRICS = {"rq": ("rq_wait", "dur", 1e-3), "rq-main": ("rq_wait_main", "dur", 1e-3),
-                  "nvcsw": ("switches_voluntary", "desc", 1), "nivcsw": ("switches_involuntary", "desc", 1),
-                  "mig": ("request_migrations", "desc", 1), "cpu-last": ("last_cpu", "desc", 1)}
+# Prefixed: a user's own app may send an "rq" metric that means something else.
+_SCHED_METRICS = {"tuna-rq": ("rq_wait", "dur", 1e-3), "tuna-rq-main": ("rq_wait_main", "dur", 1e-3),
+                  "tuna-nvcsw": ("switches_voluntary", "desc", 1), "tuna-nivcsw": ("switches_involuntary", "desc", 1),
+                  "tuna-mig": ("request_migrations", "desc", 1), "tuna-cpu-last": ("last_cpu", "desc", 1)}
 
 
 class Records:

@@ -93,12 +93,12 @@ _SHAPE_SLACK = 4096
 SCHED_METRICS = {
     "app": ("dur", "the worker's time for the request"),
     "cpu": ("dur", "on-CPU time of the serving threads (their CPU clocks)"),
-    "rq": ("dur", "run-queue wait of the serving threads: runnable, waiting for a CPU (schedstat)"),
-    "rq-main": ("dur", "run-queue wait of the calling thread alone"),
-    "nvcsw": ("desc", "voluntary switches of the serving threads (they slept or blocked)"),
-    "nivcsw": ("desc", "involuntary switches of the serving threads (preemptions)"),
-    "mig": ("desc", "migrations of the serving threads (absent where the kernel hides se.nr_migrations)"),
-    "cpu-last": ("desc", "the CPU the calling thread ran on last"),
+    "tuna-rq": ("dur", "run-queue wait of the serving threads: runnable, waiting for a CPU (schedstat)"),
+    "tuna-rq-main": ("dur", "run-queue wait of the calling thread alone"),
+    "tuna-nvcsw": ("desc", "voluntary switches of the serving threads (they slept or blocked)"),
+    "tuna-nivcsw": ("desc", "involuntary switches of the serving threads (preemptions)"),
+    "tuna-mig": ("desc", "migrations of the serving threads (absent where the kernel hides se.nr_migrations)"),
+    "tuna-cpu-last": ("desc", "the CPU the calling thread ran on last"),
 }
 
 
@@ -515,19 +515,20 @@ def sched_timing(server_seconds, cpu_seconds, delta):
 
     Examples
     --------
-    >>> sched_timing(0.012, 0.02, {"wait": 0.001, "wait_main": 0.0, "voluntary": 3, "involuntary": 1,
-    ...                            "migrations": None, "last_cpu": 1})
-    'app;dur=12.000, cpu;dur=20.000, rq;dur=1.000, rq-main;dur=0.000, nvcsw;desc=3, nivcsw;desc=1, cpu-last;desc=1'
+    >>> print(sched_timing(0.012, 0.02, {"wait": 0.001, "wait_main": 0.0, "voluntary": 3, "involuntary": 1,
+    ...                                  "migrations": None, "last_cpu": 1}))   # doctest: +NORMALIZE_WHITESPACE
+    app;dur=12.000, cpu;dur=20.000, tuna-rq;dur=1.000, tuna-rq-main;dur=0.000, tuna-nvcsw;desc=3,
+    tuna-nivcsw;desc=1, tuna-cpu-last;desc=1
     """
     parts = [f"app;dur={server_seconds * 1e3:.3f}", f"cpu;dur={cpu_seconds * 1e3:.3f}",
-             f"rq;dur={delta['wait'] * 1e3:.3f}"]
+             f"tuna-rq;dur={delta['wait'] * 1e3:.3f}"]
     if delta["wait_main"] is not None:
-        parts.append(f"rq-main;dur={delta['wait_main'] * 1e3:.3f}")
-    parts += [f"nvcsw;desc={delta['voluntary']}", f"nivcsw;desc={delta['involuntary']}"]
+        parts.append(f"tuna-rq-main;dur={delta['wait_main'] * 1e3:.3f}")
+    parts += [f"tuna-nvcsw;desc={delta['voluntary']}", f"tuna-nivcsw;desc={delta['involuntary']}"]
     if delta["migrations"] is not None:
-        parts.append(f"mig;desc={delta['migrations']}")
+        parts.append(f"tuna-mig;desc={delta['migrations']}")
     if delta["last_cpu"] is not None:
-        parts.append(f"cpu-last;desc={delta['last_cpu']}")
+        parts.append(f"tuna-cpu-last;desc={delta['last_cpu']}")
     return ", ".join(parts)
 
 
