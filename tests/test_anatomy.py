@@ -268,7 +268,8 @@ def test_a_lab_server_trial_writes_plausible_per_request_evidence():
     assert ok["last_cpu"].isin(sorted(os.sched_getaffinity(0))).all()
     assert ok["request_migrations"].isna().all() == (MIGRATIONS_NOTE is not None)
     # Two requests in flight on one worker: the second waits for the first, in the backlog.
-    assert ok["backlog_seconds"].between(0, 1).all() and (ok["backlog_seconds"] < ok["client_seconds"]).all()
+    assert (ok["backlog_seconds"] >= 0).all() and (ok["backlog_seconds"] < ok["client_seconds"]).all()
+    assert ok["backlog_seconds"].median() > 0.2 * ok["server_seconds"].median()
     table = anatomy(ok.assign(policy="cfs", trial=0))
     assert table["share"].notna().all()
 
