@@ -359,14 +359,13 @@ def speedup_bars(summary, *, group=None, baseline=None):
                     "symbol": ["circle", "diamond", "square", "triangle-up"][dashes[b] % 4]},
             hovertemplate=f"{policy} vs {b}<br>%{{x}}: %{{y:.2f}}x over %{{customdata[0]}} applications"
                           "<br>95% interval %{customdata[1]}<extra></extra>"))
-    fig.add_hline(y=1, line_dash="dash", line_color="grey",
-                  annotation_text="1: no difference", annotation_position="bottom right")
+    fig.add_hline(y=1, line_dash="dash", line_color="grey")
     fig.update_layout(
         template=_TEMPLATE, scattermode="group",
         title=f"Average p99 speedup by {group.replace('+', ' x ')}"
               + (" (95% intervals from the trials)" if "ci_low" in rows.columns else ""),
         xaxis={"title": " / ".join(columns) if columns else ""},
-        yaxis={"title": "mean speedup (baseline p99 / policy p99), log scale", "type": "log"},
+        yaxis={"title": "mean speedup (baseline p99 / policy p99), log scale; dashed: 1", "type": "log"},
         legend={"title": "policy vs baseline"},
     )
     return fig
