@@ -73,6 +73,23 @@ def test_kept_counters_drop_a_thread_that_exited_and_a_tid_that_never_was():
     assert kept._fds == {}
 
 
+def test_a_kernel_without_proc_sched_reads_the_switches_from_status(monkeypatch):
+    # The real files of this kernel, read the way a kernel without CONFIG_SCHED_DEBUG is read.
+    from tuna_lab.machine import sched
+
+    monkeypatch.setattr(sched, "MIGRATIONS_NOTE", "no /proc/PID/sched on this kernel")
+    kept = KeptCounters()
+    me = threading.get_native_id()
+    try:
+        run, wait, vol, invol, mig, cpu = kept.read([me])[me]
+        checked = thread_sched(os.getpid(), me)
+    finally:
+        kept.close()
+    assert mig == -1 and checked.migrations is None
+    assert 0 <= vol <= checked.voluntary_switches and 0 <= invol <= checked.involuntary_switches
+    assert sched_delta({me: (0, 0, 0, 0, -1, 0)}, {me: (run, wait, vol, invol, mig, cpu)}, me)["migrations"] is None
+
+
 def test_sched_delta_counts_a_thread_born_during_the_request_from_zero_and_hides_unknown_migrations():
     before = {1: (0, 1_000_000, 1, 1, -1, 0)}
     after = {1: (5, 3_000_000, 2, 4, -1, 1), 7: (1, 500_000, 3, 0, -1, 0)}
