@@ -158,6 +158,14 @@ def test_pin_binds_only_the_inference_workers_and_unpin_gives_back_exactly_what_
         assert {t: c for t, c in after.items() if t in want} == want
         assert after[user_before] == CPUS[-1:]
 
+        # The ledger keeps what it could not give back, and says it again; once that thread is on the mask
+        # tuna_lab set, it is given back (to its mask from before the pin) and nothing is recorded any more.
+        done = cli("unpin", "--pid", shape.master)
+        assert done.returncode == 0 and "left as it is" in done.stderr, (done.stdout, done.stderr)
+        assert cpus_of(user_after) == CPUS[:1]
+        os.sched_setaffinity(user_after, pinned[user_after])
+        done = cli("unpin", "--pid", shape.master)
+        assert done.returncode == 0 and cpus_of(user_after) == before[user_after], done.stderr
         # Nothing recorded now: unpin changes nothing, and says so.
         os.sched_setaffinity(user_after, CPUS[-1:])
         done = cli("unpin", "--pid", shape.master)
