@@ -192,3 +192,30 @@ def test_audit_under_load_names_the_threaded_workers_and_the_knob(shaped):
     out = json.loads(result["done"].stdout)
     found = [f for f in out["findings"] if f["kind"] == "threaded"]
     assert found and knob in found[0]["what"] + found[0]["advice"], out["findings"]
+
+
+def test_run_measures_every_worker_in_every_valid_trial_and_gives_back_every_mask(shaped, tmp_path):
+    name, srv, _ = shaped
+    if name != "gthread":
+        pytest.skip("run --pid is the same on every shape and waits for the machine's CPU lock: gthread's is enough")
+    pd = pytest.importorskip("pandas")
+    tuna_lab("unpin", "--pid", srv.master)
+    out = tmp_path / "out"
+    done = tuna_lab("run", "--pid", srv.master, "--url", srv.url, "--body", srv.body, "-t", T, "--policies",
+                    "cfs,tuna-scatter", "--trials", 1, "--requests", 60, "--out", out, "--json", timeout=1800)
+    # Exit 1 is right when the kernel gave one worker (next to) all of a trial's load: that trial is not valid.
+    assert done.returncode in (0, 1), done.stderr
+    [cell] = [p for p in out.iterdir() if p.is_dir()]
+    trials = pd.read_parquet(cell / "trials.parquet")
+    threads = pd.read_parquet(cell / "threads.parquet").dropna(subset=["slot"])
+    valid = trials[(trials["trial_status"] == "ok") & (trials["worker_share"] >= 0.25)]
+    for _, trial in trials.drop(valid.index).iterrows():
+        assert "worker" in str(trial["reason"]), (trial["policy"], trial["reason"])   # each one left out says why
+    assert done.returncode == (0 if set(valid["policy"]) == {"cfs", "tuna-scatter"} else 1), done.stderr
+    for _, trial in valid.iterrows():
+        # The workers' own CPU in that trial, every thread of each: the least loaded did a fair part (pin's 25%).
+        rows = threads[(threads["policy"] == trial["policy"]) & (threads["trial"] == trial["trial"])]
+        cpu = rows.groupby("pid")["cpu_seconds"].sum()
+        assert len(cpu) == W and cpu.min() >= 0.25 * cpu.max(), (trial["policy"], cpu.to_dict())
+    narrowed = {tid: cpus for tid, cpus in affinities(srv.tree()).items() if cpus != CPUS}
+    assert not narrowed, f"after run --pid, threads still narrowed: {narrowed}"
