@@ -69,7 +69,8 @@ def test_the_probe_sees_a_command_module_and_the_server_when_they_are_used():
     assert p.returncode == 2 and "no running tuna-lab server" in p.stderr
     assert "tuna_lab.cli.commands.serve" in modules and "tuna_lab.server.launch" in modules
     assert under(modules, "tuna_lab.cli") == ["tuna_lab.cli", "tuna_lab.cli.commands",
-                                              "tuna_lab.cli.commands.serve", "tuna_lab.cli.options"]
+                                              "tuna_lab.cli.commands.serve", "tuna_lab.cli.options",
+                                              "tuna_lab.cli.server_options"]
 
 
 @pytest.mark.parametrize("args, status", [(("--help",), 0), (("--version",), 0), (("frobnicate",), 2), ((), 2)])

@@ -20,9 +20,6 @@ import sys
 import warnings
 
 from ..errors import ThrottlingWarning, TopologyWarning, TunaError
-# The options of the commands that act on a running server live beside these; every command finds them here.
-from .server_options import (add_front_cpus_option, add_traffic_options, add_worker_options,  # noqa: F401
-                             front_cpus_of, traffic_of, worker_choice_of)
 
 __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_float_arg", "non_negative_int_arg",
            "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg",
@@ -31,6 +28,20 @@ __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_
            "TOPOLOGY_BOUND_HELP", "add_front_cpus_option", "front_cpus_of", "add_worker_options", "worker_choice_of",
            "add_traffic_options", "traffic_of", "plan_for", "add_target_options", "MEASURE_HELP", "no_valid_status_of",
            "progress", "print_json"]
+
+# The options of the commands that act on a running server live beside these (cli/server_options.py);
+# every command finds them here, loaded on first use: `tuna-lab topology` imports no more than it did.
+_SERVER_OPTIONS = ("add_front_cpus_option", "front_cpus_of", "add_worker_options", "worker_choice_of",
+                   "add_traffic_options", "traffic_of")
+
+
+def __getattr__(name):
+    if name in _SERVER_OPTIONS:
+        from . import server_options
+
+        return getattr(server_options, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: What the help says of the bounds in :mod:`tuna_lab._checks`, in words (tests/test_cli_inputs.py checks
 #: that they agree).
@@ -567,6 +578,7 @@ def target_of(args, error, sweep=False):
         front = None
         if getattr(args, "front_cpus", None) is not None:
             from ..live.pin import server_cpus
+            from .server_options import front_cpus_of
 
             # As `pin --front-cpus` reads it: CPUs of the server's own (from before any pin of tuna_lab's).
             front = front_cpus_of(args, server_cpus(args.pid))
@@ -645,6 +657,8 @@ def add_target_options(parser, running=True):
                    help="a server already running: its master's PID (with --url and -t); never restarted"
                    if running else "not for a sweep: a running server keeps its W and T (use `run --pid`)")
     if running:
+        from .server_options import add_front_cpus_option
+
         t.add_argument("--url", default=None, help="where the requests go (a loopback URL); with --pid")
         t.add_argument("--force", action="store_true",
                        help="with --pid: measure the children of PID 1 or of a process that is no recognised "
