@@ -132,20 +132,23 @@ def _cmd_pin(args):
     plan, front = _plan_of(args, check_server(args.pid, force=args.force, choice=choice))
     # Measured before anything is bound: a request that fails leaves every mask as it was.
     activity = traffic_of(args, args.pid)
-    report = pin_server(args.pid, plan, dry_run=args.dry_run, activity=activity, choice=choice, front_cpus=front)
-    _show(report, args.json)
     if not args.watch or args.dry_run:
+        _show(pin_server(args.pid, plan, dry_run=args.dry_run, activity=activity, choice=choice, front_cpus=front),
+              args.json)
         return 0
-    print(f"watching server {args.pid}: replacement workers are pinned to their slot, pool threads found by "
-          "their activity under live traffic; Ctrl-C to stop (the pins stay); SIGTERM or SIGHUP (a closed "
-          "terminal) gives every mask back", file=sys.stderr, flush=True)
     from ...live.ledger import Signalled, signals_give_back
 
     stop = threading.Event()
     try:
         # Ctrl-C is the user's own end of the watch: the pins stay, as `pin` leaves them. A watch whose
-        # terminal or service is gone (SIGTERM, SIGHUP, SIGUSR1) has no one to unpin after it: it gives back.
+        # terminal or service is gone (SIGTERM, SIGHUP, SIGUSR1) has no one to unpin after it: it gives back -
+        # from before its first pin on, so that no such signal finds a mask set and no one to give it back.
         with signals_give_back(("SIGTERM", "SIGHUP", "SIGUSR1")):
+            report = pin_server(args.pid, plan, activity=activity, choice=choice, front_cpus=front)
+            _show(report, args.json)
+            print(f"watching server {args.pid}: replacement workers are pinned to their slot, pool threads found "
+                  "by their activity under live traffic; Ctrl-C to stop (the pins stay); SIGTERM or SIGHUP (a "
+                  "closed terminal) gives every mask back", file=sys.stderr, flush=True)
             watch_server(args.pid, plan, stop, on_pin=lambda r: _show(r, args.json), activity=activity,
                          choice=choice, enforce=args.enforce, pinned=report)
     except Signalled as exc:
