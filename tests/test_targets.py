@@ -329,16 +329,16 @@ def test_live_widget_measures_a_running_server_and_gives_its_masks_back(uvicorn_
     assert live.start()
     assert live.wait(timeout=180)
     assert live.state == "finished", (live.state, live.error)
-    assert sorted(live.results["policy"]) == ["cfs", "cfs", "round-robin", "round-robin"]
+    assert sorted(live.results()["policy"]) == ["cfs", "cfs", "round-robin", "round-robin"]
     assert live.result.manifest["target"]["kind"] == "attached"
     given_back(before, masks(proc.pid), proc.pid)
     # Stopped between trials: the server is given its masks back too.
     live = LiveExperiment(None, None, policies=["round-robin", "tuna-scatter"], trials=3, requests=20,
                           target=AttachedTarget(proc.pid, f"http://127.0.0.1:{port}/", 2))
-    live.subscribe(lambda *_: live.stop(wait=False) if len(live.results) else None)
+    live.subscribe(lambda *_: live.stop(wait=False) if len(live.results()) else None)
     live.start()
     assert live.wait(timeout=180)
-    assert live.state == "stopped" and 1 <= len(live.results) < 6
+    assert live.state == "stopped" and 1 <= len(live.results()) < 6
     given_back(before, masks(proc.pid), proc.pid)
 
 
