@@ -705,7 +705,9 @@ def test_summarize_a_stored_cell_gives_what_run_prints():
     assert sp[["ci_low", "ci_high"]].isna().all(axis=None)         # 2 trials per policy: too few for one
     lines = s.to_text().splitlines()
     assert lines[-1].endswith("p99 speedup 3.89x (too few trials for an interval)")
-    assert lines[0].split()[:3] == ["policy", "p50", "ms"] and len(lines) == 1 + 3 + 2
+    # The header, a row per policy, the CPU columns said in words once, a line per speedup.
+    assert lines[0].split()[:3] == ["policy", "p50", "ms"] and len(lines) == 1 + 3 + 1 + 2
+    assert lines[4].startswith("(CPU ms/req: CPU time per request - server: the workers' threads")
     assert lines[-1].startswith("tuna-scatter vs cfs: p99 speedup ")
     assert s.to_dict()["summary"][0]["policy"] == "cfs"
 

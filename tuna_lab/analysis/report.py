@@ -34,6 +34,7 @@ from .mechanism import (
     evidence_notes,
     format_evidence,
     has_evidence,
+    lead_sentence,
     mechanism_correlations,
     mechanism_table,
 )
@@ -48,7 +49,7 @@ from .stats import (
     trial_stats,
 )
 from .summary import ARTICLE_MIN_CPUS, balance_note, fault_note, front_note, scale_note
-from .tables import check_table, ordered, sort_table, valid_trials
+from .tables import APPLICATION, check_table, ordered, shown_defaults, sort_table, valid_trials
 
 __all__ = ["write_report", "check_report_path"]
 
@@ -214,7 +215,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     # The article's section says it at length; any other report of a small machine says it in one line.
     small = scale_note(int(per_trial["cpus"].max())) if article is None else ""
     parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), *_left_out(left_out),
-             _overview(requests, per_trial, scenarios),
+             _overview(requests, per_trial, scenarios), *_verdict(requests, trials, scenarios),
              *([f"<p><strong>{_esc(small)}</strong></p>"] if small else []), *_render(sections)]
     document = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                 f"{_GENERATOR}\n<title>{_esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
@@ -252,7 +253,8 @@ def _fmt(values, digits=2):
 
 
 def _table(frame, note=None):
-    body = frame.to_html(index=False, na_rep="-", border=0, escape=True)
+    # Every unset setting reads "default" in every table (spincount is stored as -1: tables.with_defaults).
+    body = shown_defaults(frame).to_html(index=False, na_rep="-", border=0, escape=True)
     return body + (f'<p class="note">{_esc(note)}</p>' if note else "")
 
 
@@ -282,11 +284,47 @@ def _overview(requests, per_trial, scenarios):
     cpus = ", ".join(map(str, sorted(per_trial["cpus"].unique())))
     counts = scenarios["n_trials"]
     machines = (f" on {per_trial[MACHINE].nunique()} machines" if MACHINE in per_trial.columns else "")
-    return (f'<p class="note">{len(requests)} requests ({ok} ok) in {len(per_trial)} trials; '
-            f"{scenarios['policy'].nunique()} policies; "
-            f"{len(scenarios[['workers', 'threads', 'cpus', 'model', 'batch']].drop_duplicates())} "
-            f"applications on {cpus} logical cores{machines}; {counts.min()}-{counts.max()} valid trials "
-            f"per scenario. {_esc(INTERVALS)}</p>")
+    # An application as every table counts it: the wait factors and the machine are among its keys.
+    apps = len(scenarios[[c for c in (MACHINE, *APPLICATION) if c in scenarios.columns]].drop_duplicates())
+    valid = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}-{counts.max()}"
+    return (f'<p class="note">{_n(len(requests), "request")} ({ok} ok) in {_n(len(per_trial), "trial")}; '
+            f"{_n(scenarios['policy'].nunique(), 'policy', 'policies')}; {_n(apps, 'application')} on {cpus} "
+            f"logical cores{machines}; {valid} valid trial{'' if counts.max() == 1 else 's'} per policy and "
+            f"application. {_esc(INTERVALS)}</p>")
+
+
+def _n(count, word, plural=None):
+    """``"1 application"``, ``"2 applications"``."""
+    return f"{count} {word if count == 1 else plural or word + 's'}"
+
+
+def _verdict(requests, trials, scenarios):
+    """The report's first words: what these trials can tell, and the verdict on every policy against cfs.
+
+    Said from each application's speedups over cfs (:func:`~tuna_lab.analysis.figures.verdict_table`):
+    what the trials resolve (:func:`~tuna_lab.analysis.summary.scope_sentence`), the speedups in words
+    (:func:`~tuna_lab.analysis.figures.verdict_text`: where every interval holds 1 it says that no policy
+    differed), and, with the scheduler's evidence, what separates the policies
+    (:func:`~tuna_lab.analysis.mechanism.lead_sentence`). A part that cannot be said is left out.
+    """
+    from ..errors import TunaError
+    from .summary import scope_sentence
+
+    try:
+        # Each application's own speedups, not their average: what the trials resolve is read off these.
+        table = viz.verdict_table(scenarios)
+    except TunaError:
+        return []
+    said = []
+    for say in (lambda: scope_sentence(trials, table), lambda: viz.verdict_text(table, "cfs"),
+                lambda: lead_sentence(trials) if has_evidence(trials) else ""):
+        try:
+            text = say()
+        except TunaError:
+            continue
+        if text:
+            said.append(text)
+    return [f"<p><strong>What these results can tell.</strong> {_esc(' '.join(said))}</p>"] if said else []
 
 
 # -- the article's experiment --------------------------------------------------------------
@@ -346,6 +384,8 @@ def _article_speedups(scenarios):
         return '<p class="note">No policy ran beside cfs or round-robin: nothing to set beside the article.</p>'
     summary = speedup_summary(scenarios, baselines=baselines, by=(None, "subscription", "model", "batch"))
     rows = []
+    label = summary[[c for c in ("subscription", "model", "batch") if c in summary.columns]].astype("string")
+    summary = _one_row_per_cell(summary, label.fillna("").agg(" / ".join, axis=1))[0]
     for r in summary[summary["speedup"].notna()].itertuples(index=False):
         if r.baseline == "round-robin" and r.policy == "cfs":
             continue                                    # cfs against round-robin is shown once, the other way
@@ -530,6 +570,7 @@ def _speedup_table(summary, baseline):
                 "it did not run alongside another policy.</p>")
     columns = [c for c in ("subscription", "model", "batch") if c in rows.columns]
     label = rows[columns].astype("string").fillna("").agg(" / ".join, axis=1).str.strip(" /")
+    rows, label = _one_row_per_cell(rows, label)
     cell = _interval(rows["speedup"], rows["ci_low"], rows["ci_high"]) + " (n=" + rows["n"].astype(str) + ")"
     table = rows.assign(grouping=rows["group"], group_value=label.replace("", "all"), cell=cell.to_numpy())
     wide = table.pivot_table(index=["grouping", "group_value"], columns="policy", values="cell",
@@ -537,7 +578,19 @@ def _speedup_table(summary, baseline):
     wide = wide[ordered(wide.columns, POLICIES)].reset_index().rename(columns={"group_value": "group"})
     wide.columns.name = None
     return _table(wide, f"Mean over applications of ({baseline} mean p99) / (policy mean p99) [95% interval]; "
-                        "above 1 the policy is faster; n = applications averaged.")
+                        "above 1 the policy is faster; n = applications averaged. A grouping whose applications "
+                        "all share one value is not shown: its row is the row 'all'.")
+
+
+def _one_row_per_cell(rows, label):
+    """``rows`` (and their labels) less the groupings with one value: each would repeat the row "all".
+
+    With one subscription, model or batch, grouping by it averages the very applications "all" averages;
+    a run of one cell would otherwise show its one speedup in five rows.
+    """
+    values = label.groupby(rows["group"]).transform("nunique")
+    keep = rows["group"].eq("all") | values.gt(1)
+    return rows[keep], label[keep]
 
 
 def _cpu_table(trials):
@@ -548,8 +601,8 @@ def _cpu_table(trials):
     label = cost["workers"].astype(str) + "x" + cost["threads"].astype(str)
     table = pd.DataFrame({
         **({"machine": cost[MACHINE]} if MACHINE in cost.columns else {}),
-        "model": cost["model"], "batch": cost["batch"], "configuration": label, "wait policy": cost["wait_policy"],
-        "spincount": cost["spincount"].astype(int).astype(str).replace("-1", "default"),
+        "model": cost["model"], "batch": cost["batch"], "configuration": label, "wait_policy": cost["wait_policy"],
+        "spincount": cost["spincount"],
         "policy": cost["policy"], "p99 ms": _fmt(cost["p99"] * 1e3, 1),
         "server CPU ms/req": _fmt(cost["cpu_per_request"] * 1e3, 2),
         # The master's, helpers' and front ends', where the trials recorded it (newer results).

@@ -22,15 +22,18 @@ Examples
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 
 from ..errors import AnalysisError, TunaError
 from .anatomy import anatomy_note
 from .mechanism import evidence_notes, has_evidence, mechanism_correlations, mechanism_lines, mechanism_table
-from .stats import compare_policies, cpu_cost, format_interval, scenario_stats, speedup_summary, trial_stats
-from .tables import valid_trials
+from .stats import (MIN_INTERVAL_TRIALS, compare_policies, cpu_cost, format_interval, scenario_stats, speedup_summary,
+                    trial_stats)
+from .tables import APPLICATION, valid_trials
 
-__all__ = ["RunSummary", "summarize", "fault_note", "balance_note", "front_note", "scale_note", "ARTICLE_MIN_CPUS"]
+__all__ = ["RunSummary", "summarize", "scope_sentence", "fault_note", "balance_note", "front_note", "scale_note",
+           "ARTICLE_MIN_CPUS"]
 
 #: Below this many usable CPUs a run cannot show the article's effect (the article measured 32 logical CPUs).
 ARTICLE_MIN_CPUS = 16
@@ -102,6 +105,13 @@ class RunSummary:
         What the slowest 1% of requests waited on under each policy, in one
         line (:func:`~tuna_lab.analysis.anatomy.anatomy_note`); ``""`` for
         requests without per-request scheduler evidence.
+    scope : str
+        What these trials can and cannot tell, in one sentence
+        (:func:`scope_sentence`): the first thing ``run`` and ``demo`` say.
+    verdict : str
+        The speedups' verdict in words
+        (:func:`~tuna_lab.analysis.figures.verdict_text`): which policy was
+        faster or slower than cfs, or that none differed; ``""`` without speedups.
     """
 
     summary: pd.DataFrame
@@ -114,6 +124,8 @@ class RunSummary:
     mechanism: pd.DataFrame = field(default_factory=pd.DataFrame)
     correlations: pd.DataFrame = field(default_factory=pd.DataFrame)
     anatomy: str = ""
+    scope: str = ""
+    verdict: str = ""
 
     def to_dict(self):
         """Every table as a list of plain rows (``tuna-lab run --json`` and ``report --json`` print them).
@@ -131,6 +143,7 @@ class RunSummary:
                                                                           "mechanism", "correlations")}
         out["notes"] = list(self.notes)
         out["anatomy"] = self.anatomy
+        out["scope"], out["verdict"] = self.scope, self.verdict
         out["same_placement"] = dict(self.same_placement)
         out["headline"] = [{k: v for k, v in row.items() if k != "machine" or isinstance(v, str)}
                            for row in self.headline.to_dict("records")]
@@ -224,9 +237,10 @@ def summarize(requests, trials=None, plans=None):
     if len(trials) and not {"policy", "trial_status"} <= set(trials.columns):
         raise AnalysisError("the trial table needs the columns policy and trial_status")
     have_requests = isinstance(requests, pd.DataFrame) and len(requests)
+    speedups = (_speedups(requests, trials, _BASELINE) if have_requests else
+                pd.DataFrame(columns=_SPEEDUP_COLUMNS))
     return RunSummary(summary=_policy_rows(trials, _BASELINE),
-                      speedups=_speedups(requests, trials, _BASELINE) if have_requests else
-                      pd.DataFrame(columns=_SPEEDUP_COLUMNS),
+                      speedups=speedups, scope=scope_sentence(trials, speedups), verdict=_verdict(speedups),
                       headline=_headline(requests, trials) if have_requests else
                       pd.DataFrame(columns=_HEADLINE_COLUMNS),
                       cpu=_cpu_rows(trials), failed=_failed(trials),
@@ -270,6 +284,126 @@ def _same_placement(plans, trials):
         else:
             first[digest] = policy
     return same
+
+
+def _counted(n, word):
+    """``"1 trial"``, ``"3 trials"``; a range of counts as ``"2-3 trials"`` (``n`` a (low, high) pair)."""
+    low, high = (n, n) if isinstance(n, int) else n
+    amount = f"{low}" if low == high else f"{low}-{high}"
+    return f"{amount} {word}{'' if high == 1 else 's'}"
+
+
+def _span(values):
+    """``(low, high)`` of integer ``values``; ``None`` when there are none."""
+    values = pd.to_numeric(pd.Series(values), errors="coerce").dropna()
+    return (int(values.min()), int(values.max())) if len(values) else None
+
+
+def _separated_evidence(trials, baseline):
+    """``(label, separated, compared)`` of the scheduler's quantity that separates most comparisons, or None."""
+    from .mechanism import SEPARATED, separation
+
+    if not has_evidence(trials):
+        return None
+    try:
+        sep = separation(trials, baseline)
+    except TunaError:
+        return None
+    sep = sep[sep["measure"].ne("p99")]
+    if sep.empty:
+        return None
+    counts = sep.assign(_s=sep["state"].eq(SEPARATED)).groupby("label", sort=False)["_s"].agg(["sum", "size"])
+    best = counts["sum"].idxmax()
+    return (best, int(counts.loc[best, "sum"]), int(counts.loc[best, "size"])) if counts["sum"].max() else None
+
+
+def scope_sentence(trials, speedups, baseline=_BASELINE):
+    """What these trials can and cannot tell, in one sentence, from the data: how many, and what they resolve.
+
+    Parameters
+    ----------
+    trials : pandas.DataFrame
+        The trial table (its valid trials are counted).
+    speedups : pandas.DataFrame
+        :attr:`RunSummary.speedups`: ``speedup``, ``ci_low``, ``ci_high``.
+    baseline : str, default "cfs"
+
+    Returns
+    -------
+    str
+        How many valid trials of how many requests per policy, on how many
+        CPUs; then what they are enough for (a quantity of the scheduler's
+        evidence whose intervals separate a policy from ``baseline``'s, or
+        p99) and what they are too few for: p99s closer than the narrowest
+        speedup interval's half-width (an interval is ``value */ factor``,
+        so a speedup nearer 1 than ``factor`` cannot exclude 1). Below
+        :data:`~tuna_lab.analysis.stats.MIN_INTERVAL_TRIALS` trials it says
+        that there is no interval. ``""`` without valid trials or speedups.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> trials = pd.DataFrame({"workers": 2, "threads": 2, "cpus": 2, "model": "medium", "batch": 100,
+    ...     "policy": ["cfs"] * 3 + ["tuna-scatter"] * 3, "trial": [0, 1, 2] * 2, "trial_status": "ok",
+    ...     "n": 50, "p99": [0.03, 0.02, 0.032, 0.022, 0.031, 0.021]})
+    >>> sp = pd.DataFrame({"policy": ["tuna-scatter"], "baseline": "cfs", "speedup": [1.1],
+    ...                    "ci_low": [0.8], "ci_high": [1.5]})
+    >>> print(scope_sentence(trials, sp))  # doctest: +NORMALIZE_WHITESPACE
+    3 trials x 50 requests per policy on 2 CPUs: too few to separate p99s closer than 37%
+    (the narrowest p99 speedup interval is [0.80, 1.50]).
+    >>> few = sp.assign(ci_low=float("nan"), ci_high=float("nan"))
+    >>> print(scope_sentence(trials[trials["trial"] < 2], few))  # doctest: +NORMALIZE_WHITESPACE
+    2 trials x 50 requests per policy on 2 CPUs: too few for an interval (it takes 3 trials of a policy),
+    so they cannot tell whether any policy differed from cfs.
+    """
+    if not len(trials) or not len(speedups) or "policy" not in trials.columns:
+        return ""
+    valid = trials[valid_trials(trials)]
+    if valid.empty:
+        return ""
+    keys = [c for c in ("machine", *APPLICATION) if c in valid.columns]
+    counts = valid.groupby([*keys, "policy"], dropna=False, observed=True).size()
+    apps = len(valid[keys].drop_duplicates()) if keys else 1
+    per = "per policy" + (f" and application ({apps} applications)" if apps > 1 else "")
+    size = _span(valid["n"]) if "n" in valid.columns else None
+    cpus = _span(valid["cpus"]) if "cpus" in valid.columns else None
+    head = (_counted(_span(counts), "trial") + (f" x {_counted(size, 'request')}" if size else "") + f" {per}"
+            + (f" on {_counted(cpus, 'CPU')}" if cpus else ""))
+    low, high = (pd.to_numeric(speedups[c], errors="coerce").to_numpy(float) for c in ("ci_low", "ci_high"))
+    bounded = np.isfinite(low) & np.isfinite(high) & (low > 0)
+    if not bounded.any():
+        return (f"{head}: too few for an interval (it takes {MIN_INTERVAL_TRIALS} trials of a policy), so they "
+                f"cannot tell whether any policy differed from {baseline}.")
+    enough = []
+    evidence = _separated_evidence(trials, baseline)
+    if evidence:
+        label, k, m = evidence
+        enough.append(f"enough to separate {label} from {baseline}'s ({k} of {m} policies)" if apps == 1 else
+                      f"enough to separate {label} from {baseline}'s ({k} of {m} comparisons)")
+    apart = int(((low > 1) | (high < 1))[bounded].sum())
+    if apart:
+        enough.append(f"enough to separate p99 in {apart} of {int(bounded.sum())} comparisons")
+    # An interval is value */ factor (stats.INTERVALS): a speedup within the factor of 1 cannot exclude 1.
+    factor = np.sqrt(high[bounded] / low[bounded])
+    i = int(np.argmin(factor))
+    f = float(factor[i])
+    closer = f"{f - 1:.0%}" if f < 2 else f"a factor of {f:.1f}"
+    row = speedups[bounded].iloc[i]
+    said = (f"too few to separate p99s closer than {closer} (the narrowest p99 speedup interval is "
+            f"{format_interval(row['ci_low'], row['ci_high'])})")
+    return f"{head}: " + "; ".join([*enough, said]) + "."
+
+
+def _verdict(speedups):
+    """:func:`~tuna_lab.analysis.figures.verdict_text` of the speedups over cfs, ``""`` without any."""
+    if not len(speedups):
+        return ""
+    from .figures import verdict_text       # plotly: imported when there is something to judge
+
+    try:
+        return verdict_text(speedups, _BASELINE)
+    except TunaError:
+        return ""
 
 
 def scale_note(cpus):
@@ -521,6 +655,12 @@ def _summary_table(summary, same=None):
         if gen:
             line += f"{row['generator_cpu_per_request'] * 1e3:>22.2f}"
         lines.append(line)
+    if cpu:
+        # Each CPU column in words, once, under the table: its header is too short to say whose CPU it is.
+        lines.append("(CPU ms/req: CPU time per request - server: the workers' threads"
+                     + ("; front: the master's, its helpers' and front ends'" if front else "")
+                     + "; OpenMP idle: the share of the OpenMP threads' CPU spent with no request in flight"
+                     + ("; generator: the load generator's own" if gen else "") + ")")
     return "\n".join(lines)
 
 

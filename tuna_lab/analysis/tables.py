@@ -21,8 +21,8 @@ from ..errors import AnalysisError
 from ..placement import POLICIES
 from ..server.models import MODEL_FEATURES
 
-__all__ = ["MODELS", "WAIT_FACTORS", "APPLICATION", "with_defaults", "check_table", "valid_trials", "ordered",
-           "sort_table"]
+__all__ = ["MODELS", "WAIT_FACTORS", "APPLICATION", "with_defaults", "shown_defaults", "check_table", "valid_trials",
+           "ordered", "sort_table"]
 
 #: Model sizes in the article's order (used to sort tables and figures).
 MODELS = tuple(MODEL_FEATURES)
@@ -63,6 +63,37 @@ def with_defaults(table):
     wait = table["wait_policy"].fillna("default") if "wait_policy" in table.columns else "default"
     spin = table["spincount"].fillna(-1).astype(np.int64) if "spincount" in table.columns else -1
     return table.assign(wait_policy=wait, spincount=spin)
+
+
+def shown_defaults(table):
+    """``table`` as a reader sees it: every unset wait factor written "default", and "wait policy" in words.
+
+    :func:`with_defaults` stores the runtime's own spin count as -1 (a
+    number, so that the column sorts and compares); a table shown to a
+    reader says "default" for it, as it does for the wait policy.
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> shown_defaults(pd.DataFrame({"wait_policy": ["passive", None], "spincount": [1000, -1]})).values.tolist()
+    [['passive', '1000'], ['default', 'default']]
+    """
+    out = table.copy()
+    if "spincount" in out.columns:
+        out["spincount"] = out["spincount"].astype(object).map(_spin_shown)
+    if "wait_policy" in out.columns:
+        out["wait_policy"] = out["wait_policy"].astype(object).where(out["wait_policy"].notna(), "default")
+    return out.rename(columns={"wait_policy": "wait policy"})
+
+
+def _spin_shown(value):
+    """One spin count as a reader reads it: "default" for the runtime's own (-1 or unset), else the number."""
+    if pd.isna(value):
+        return "default"
+    number = pd.to_numeric(value, errors="coerce")
+    if pd.isna(number):
+        return str(value)
+    return "default" if number == -1 else str(int(number))
 
 
 def check_table(table, name, columns, numeric=(), keys=()):

@@ -163,11 +163,7 @@ def _report_run(args, result, config, target, out):
                      "files": sorted(os.path.join(result.path, f) for f in os.listdir(result.path))
                      if result.path else []})
         return no_valid_status_of(result)
-    print(run_summary.to_text())
-    # Right under the speedups, as the demo says it: on a small machine they are not the article's.
-    note = scale_note(Limits.read().effective_cpus)
-    if note:
-        print(note)
+    _print_summary(run_summary, scale_note(Limits.read().effective_cpus))
     print(f"latency: {latency}")
     if run_summary.mechanism_text():
         print(run_summary.mechanism_text())
@@ -243,6 +239,76 @@ def _noted(note):
     return noted
 
 
+def _print_summary(run_summary, note):
+    """What a run can tell first, then its table and speedups, the machine's scale, and the verdict in words."""
+    if run_summary.scope:
+        print(f"What this run can tell: {run_summary.scope}")
+    print(run_summary.to_text())
+    # Right under the speedups: on a small machine they are not the article's, and the reader must know why.
+    if note:
+        print(note)
+    if run_summary.verdict:
+        print(f"verdict: {run_summary.verdict}")
+
+
+# What each mode asks of a worker's threads, in words (docs/model.md): its f_mode term counts their distance
+# for it (scatter) or against it (compact).
+_MODE_WORDS = {"scatter": "each worker's threads spread apart", "compact": "each worker's threads packed together"}
+_MODE_SIGN = {"scatter": "scatter rewards it", "compact": "compact counts it against"}
+
+
+def _topology_words(topo):
+    """``"2 logical CPUs on 2 physical cores, 1 package, 1 last-level cache"``: a topology without its repr."""
+    def n(k, word):
+        return f"{k} {word}{'' if k == 1 else 's'}"
+    caches = int(topo.caches["L3"].max()) + 1 if "L3" in topo.caches else 0
+    return (f"{n(topo.n_logical, 'logical CPU')} on {n(topo.n_physical, 'physical core')}, "
+            f"{n(int(topo.package.max()) + 1, 'package')}" + (f", {n(caches, 'L3 cache')}" if caches else ""))
+
+
+def _mapping_words(mapping, violations):
+    """A mapping in plain words: the layout, each worker's CPUs, the score and whether it is proven the best.
+
+    ``Mapping.describe()`` speaks the article's notation (L, U, r, scenario 2, the certificate's lattice step);
+    the demo's reader meets the mapping first, so it is said in words, and ``tuna-lab solve`` has the rest.
+    """
+    inst = mapping.instance
+    wt = inst.W * inst.T
+    spread = ("fewer threads than CPUs" if wt < inst.C else
+              f"{inst.U} thread{'' if inst.U == 1 else 's'} on every CPU" if inst.r == 0
+              else f"{inst.L} or {inst.U} threads per CPU")
+    lines = [f"{inst.mode} ({_MODE_WORDS.get(inst.mode, inst.mode)}): {inst.W} workers x {inst.T} threads on "
+             f"{inst.C} CPUs, {spread}"]
+    width = len(str(max(int(c) for row in mapping.assignment for c in row)))
+    for w, row in enumerate(mapping.assignment):
+        lines.append(f"  worker {w}: main thread on CPU {int(row[0]):>{width}}, its threads on CPUs "
+                     + " ".join(f"{int(c):>{width}}" for c in row))
+    proven = ("proven the best possible (a bound equals it)" if mapping.proven_optimal else
+              "the best found within the time limit" + (f", at most {mapping.gap:.1%} from the best"
+                                                          if mapping.gap is not None else ""))
+    sign = "-" if mapping.f_mode < 0 else "+"
+    lines.append(f"  score {mapping.objective:g} = {mapping.f_main:g} for main threads far apart {sign} "
+                 f"{abs(mapping.f_mode):g} for the distance between each worker's threads "
+                 f"({_MODE_SIGN.get(inst.mode, inst.mode)}); {proven}")
+    lines += [f"  relaxed: {r}" for r in mapping.relaxed] + [f"  note: {note}" for note in mapping.notes]
+    lines.append("  every constraint of the model, checked on this mapping: "
+                 + ("holds" if not violations else f"{len(violations)} violated"))
+    return "\n".join(lines)
+
+
+def _next_steps(report, out):
+    """The demo's last lines: where to go next (the report, the notebooks), with the commands."""
+    lines = ["" if report is not None else None, "Where to go next:"]
+    if report is not None:
+        lines.append(f"  the report:    open {report} in a browser; `tuna-lab report {out} -o {report}` "
+                     "writes it again from the records")
+    lines += ["  the lessons:   `make lab` opens the notebooks in JupyterLab; start with notebook 01 "
+              "(notebooks/01_topology_and_distances.ipynb: topology and cache distances)",
+              "  your machine:  `tuna-lab run -w W -t T --out results/` measures another size; "
+              "docs/getting-started.md says more"]
+    return "\n".join(line for line in lines if line is not None)
+
+
 def _cmd_demo(args):
     from ...analysis.report import write_report
     from ...analysis.summary import scale_note, summarize
@@ -261,13 +327,12 @@ def _cmd_demo(args):
     for title, topo, w, t in ((f"This machine ({C} CPUs)", here, W, T),
                               ("The article's machine, Azure D32ds_v4 (xeon-8272cl)",
                                topology_from("xeon-8272cl"), 4, 8)):
-        print(f"-- {title}: {topo!r}")
+        print(f"-- {title}: {_topology_words(topo)}")
         for mode in ("scatter", "compact"):
             mapping = solve(w, t, topo, mode, time_limit=60)
-            print(mapping.describe())
-            bad = mapping.verify()
-            print(f"  every family's check: {'passed' if not bad else f'{len(bad)} violations'}\n")
+            print(_mapping_words(mapping, mapping.verify()) + "\n")
     if args.offline:
+        print(_next_steps(None, None))
         return 0
     print(f"== 2. The online phase: pin and measure ({W} workers x {T} threads, medium model, batch 100, "
           f"{args.trials} trials x {args.requests} concurrent requests)\n", flush=True)
@@ -277,15 +342,12 @@ def _cmd_demo(args):
                  out=os.path.join(out, config.key), progress=lambda line: progress("  " + line))
     print()
     run_summary = summarize(result)
-    print(run_summary.to_text())
-    # Right under the speedups: on a small machine they are not the article's, and the reader must know why.
-    note = scale_note(usable)
-    if note:
-        print(note)
+    _print_summary(run_summary, scale_note(usable))
     if run_summary.mechanism_text():
         print(run_summary.mechanism_text())
     report = write_report(result.requests, result.trials, os.path.join(out, "report.html"),
                           title="tuna_lab demo", manifest=result.manifest)
     print(f"\nraw records: {result.path}\nreport: {report}")
+    print(_next_steps(report, out))
     # As run: a demo whose every trial of some policy failed ran, and says so with exit 1.
     return no_valid_status_of(result)
