@@ -50,13 +50,14 @@ def test_the_comparison_runs_end_to_end_on_a_real_server(tmp_path, capsys):
                    "--out", str(out), "--doc", str(doc)])
     assert status == 0
     text = capsys.readouterr().out
-    table = [line.split() for line in text.splitlines() if line.split()[:2] in (["wrk", "1"], ["tuna_lab", "1"])]
-    assert sorted(row[0] for row in table) == ["tuna_lab", "wrk"]
+    table = [line.split() for line in text.splitlines()
+             if line.split()[:2] in (["wrk", "1"], ["tuna_lab", "1"], ["tuna_open", "1"])]
+    assert sorted(row[0] for row in table) == ["tuna_lab", "tuna_open", "wrk"]
     for row in table:
         rps, p50, p99, cpu, requests = (float(x) for x in row[2:7])
         assert rps > 0 and 0 < p50 <= p99 and cpu > 0 and requests > 0
-    assert "CPU per request" in text and "send lag" in text
-    assert out.read_text().count("\n") == 3  # header + one row per tool
+    assert "CPU per request" in text and "send lag" in text and "tuna_open (open loop" in text
+    assert out.read_text().count("\n") == 4  # header + one row per tool
     report = doc.read_text()
     assert "wrk" in report and "usable" in report and "Python" in report and "tuna_lab" in report
 
@@ -64,12 +65,18 @@ def test_the_comparison_runs_end_to_end_on_a_real_server(tmp_path, capsys):
 @needs_wrk
 def test_compare_with_wrk_returns_both_tools_and_the_checks():
     result = compare_with_wrk(duration=1.0, rounds=1, connections=4, open_duration=0.5, wrk=WRK)
-    assert sorted(result["medians"]) == ["tuna_lab", "wrk"]
+    assert sorted(result["medians"]) == ["tuna_lab", "tuna_open", "wrk"]
     for m in result["medians"].values():
         assert m["rps"] > 0 and m["p50"] > 0 and m["cpu_per_request"] > 0
-    assert set(result["checks"]) == {"cpu_per_request", "rps", "p50", "open_lag_p99"}
+    assert set(result["checks"]) == {"cpu_per_request", "rps", "p50", "open_cpu_per_request", "open_rps",
+                                     "open_lag_p99"}
     assert all(isinstance(v, bool) for v in result["checks"].values())
-    assert all(math.isfinite(v) and v > 0 for v in result["ratios"].values())
+    for ratios in (result["ratios"], result["open_ratios"]):
+        assert all(math.isfinite(v) and v > 0 for v in ratios.values())
+    # The open loop offered wrk's throughput (measured in the same round, wrk ran first).
+    wrk_row, = (r for r in result["rows"] if r["tool"] == "wrk")
+    open_row, = (r for r in result["rows"] if r["tool"] == "tuna_open")
+    assert open_row["offered"] == wrk_row["rps"] and open_row["errors"] == 0
     assert result["open"]["open_failed"] == 0 and result["open"]["open_requests"] > 0
     json.dumps(result)  # plain data throughout
     lines = format_table(result)

@@ -295,7 +295,8 @@ def _server_timing(raw, head, at):
 
 
 def _parse_response(buf, eof, no_body, timing):
-    """:func:`parse_response` plus, when ``timing``, the raw Server-Timing value (or None) as a 5th item."""
+    """:func:`parse_response` plus, when ``timing``, the raw Server-Timing value (or None) as a 5th item,
+    and where the body starts as a 6th (the engine keeps it while a ``Content-Length`` body arrives)."""
     start = 0
     while True:
         head_end = buf.find(b"\r\n\r\n", start)
@@ -314,13 +315,24 @@ def _parse_response(buf, eof, no_body, timing):
         status = int(status_line[9:12])
         raw = head
         head = head.lower()
-        length = _header(head, b"\r\ncontent-length:")
-        if length is not None:
+        # The three headers framing needs, found inline: a function call each costs more than the find.
+        at = head.find(b"\r\ncontent-length:")
+        if at < 0:
+            length = None
+        else:
+            end = head.find(b"\r\n", at + 17)
+            length = (head[at + 17:] if end < 0 else head[at + 17:end]).strip()
             if not length.isdigit():
                 raise ValueError("bad Content-Length")
             length = int(length)
-        chunked = (_header(head, b"\r\ntransfer-encoding:") or b"").endswith(b"chunked")
-        connection = _header(head, b"\r\nconnection:") or b""
+        chunked = b"\r\ntransfer-encoding:" in head and \
+            (_header(head, b"\r\ntransfer-encoding:") or b"").endswith(b"chunked")
+        at = head.find(b"\r\nconnection:")
+        if at < 0:
+            connection = b""
+        else:
+            end = head.find(b"\r\n", at + 13)
+            connection = head[at + 13:] if end < 0 else head[at + 13:end]
         body_start = head_end + 4
         if 100 <= status < 200 and status != 101:
             start = body_start  # an interim response: the real one follows
@@ -333,22 +345,29 @@ def _parse_response(buf, eof, no_body, timing):
         if timing:
             at = head.find(b"\r\nserver-timing:")
             if at >= 0:
-                st = _server_timing(raw, head, at)
+                # One such header (the usual case) inline; several are joined by _server_timing.
+                end = head.find(b"\r\n", at + 16)
+                if end < 0:
+                    st = raw[at + 16:].strip()
+                elif head.find(b"\r\nserver-timing:", end) < 0:
+                    st = raw[at + 16:end].strip()
+                else:
+                    st = _server_timing(raw, head, at)
         if no_body or status in (204, 304):
-            return status, b"", body_start, keep, st
+            return status, b"", body_start, keep, st, body_start
         if chunked:
-            return (*_dechunk(buf, body_start, status, keep, eof), st)
+            return (*_dechunk(buf, body_start, status, keep, eof), st, body_start)
         if length is not None:
             end = body_start + length
             if len(buf) < end:
                 if eof:
                     raise ValueError("connection closed in the middle of the response")
-                return status, None, end, keep, st
-            return status, bytes(buf[body_start:end]), end, keep, st
+                return status, None, end, keep, st, body_start
+            return status, bytes(buf[body_start:end]), end, keep, st, body_start
         # No length: the body runs to the connection's close.
         if not eof:
-            return status, None, -1, False, st
-        return status, bytes(buf[body_start:]), len(buf), False, st
+            return status, None, -1, False, st, body_start
+        return status, bytes(buf[body_start:]), len(buf), False, st, body_start
 
 
 def _header(head, key):
@@ -436,12 +455,16 @@ def _is_literal(host):
 class _Conn:
     """One connection and the request it carries (``i`` = -1 when idle)."""
 
-    __slots__ = ("sock", "fd", "i", "buf", "out", "need", "reused", "mask", "served")
+    __slots__ = ("sock", "fd", "i", "buf", "out", "need", "reused", "mask", "served", "head")
 
     def __init__(self, sock):
         self.sock, self.fd = sock, sock.fileno()
         self.i, self.buf, self.out, self.need, self.reused, self.mask = -1, b"", None, 0, False, 0
         self.served = 0                     # responses read on this connection
+        # (status, body start, keep-alive, Server-Timing) of a response whose headers are read and whose
+        # Content-Length body is still arriving: Gunicorn sends the headers and the body in two writes,
+        # and the second read then only slices the body instead of parsing the headers again.
+        self.head = None
 
 
 def drive(rec, address, request, concurrency, timeout, deadline, schedule=None, reuse=None):
@@ -560,7 +583,20 @@ class _Engine:
         if err == 0 or err == errno.EINPROGRESS:
             # On loopback the handshake has usually completed by now: send at
             # once, and wait for writability only if the socket is not ready.
-            self._send(conn, connecting=True)
+            # The usual case (all of it sent) inline: _send and _watch are two
+            # calls per request otherwise.
+            out = self.request if self.cycle is None else self.cycle[i % len(self.cycle)]
+            try:
+                sent = sock.send(out)
+            except OSError:
+                sent = -1     # _send tries again and tells the errors apart
+            if sent == len(out):
+                self.ep.register(conn.fd, _IN)
+                conn.mask = _IN
+            else:
+                if sent > 0:
+                    conn.out = memoryview(out)[sent:]
+                self._send(conn, connecting=True)
         else:
             self._fail(conn, i, f"connect: {os.strerror(err)}")
 
@@ -634,9 +670,33 @@ class _Engine:
             buf += self.view[:got]
         else:
             buf = conn.buf = self.view[:got].tobytes()
-        if conn.need and len(buf) < conn.need:
-            return  # a long body still arriving: no need to parse the headers again
-        self._parse(conn, buf, eof=False)
+        need = conn.need
+        if need:
+            if len(buf) < need:
+                return  # a long body still arriving: no need to parse the headers again
+            head = conn.head
+            if head is not None:
+                status, start, keep, st = head
+                conn.head = None
+                self._answered(conn, buf, status, bytes(buf[start:need]), need, keep, st, False)
+                return
+        # _parse(conn, buf, eof=False), inline: once or twice per request.
+        heads = self.heads
+        try:
+            parsed = _parse_response(buf, False, heads is not None and heads[i % len(heads)], self.timing is not None)
+        except ValueError as exc:
+            self._fail(conn, i, f"bad response: {exc}")
+            return
+        if parsed is None:
+            return
+        status, body, end, keep, st, start = parsed
+        if body is None:
+            if end > 0:
+                conn.need, conn.head = end, (status, start, keep, st)
+            else:
+                conn.need = 0
+            return
+        self._answered(conn, buf, status, body, end, keep, st, False)
 
     def _parse(self, conn, buf, eof):
         heads, timing = self.heads, self.timing
@@ -647,23 +707,35 @@ class _Engine:
             return
         if parsed is None:
             return
-        status, body, end, keep, st = parsed
+        status, body, end, keep, st, start = parsed
         if body is None:
-            conn.need = end if end > 0 else 0
+            if end > 0:
+                conn.need, conn.head = end, (status, start, keep, st)
+            else:
+                conn.need = 0
             return
+        self._answered(conn, buf, status, body, end, keep, st, eof)
+
+    def _answered(self, conn, buf, status, body, end, keep, st, eof):
+        """Response ``status``, ``body`` (ending at ``end`` of ``buf``) has arrived on ``conn``: its row."""
+        timing = self.timing
         i = conn.i
         self.done[i] = self.clock() - self.t0
         self.status[i] = status
         self.raw[i] = body
         if timing is not None:
             timing[i] = st
-        self._finished(i)
+        self.in_flight[i] = 0               # _finished(i), inline: once per request
+        self.busy -= 1
         conn.served += 1
         if keep and end == len(buf) and not eof and (self.reuse is None or conn.served < self.reuse):
-            conn.i, conn.buf, conn.need, conn.out = -1, b"", 0, None
+            conn.i, conn.buf, conn.need, conn.out, conn.head = -1, b"", 0, None, None
             self.idle.append(conn)
         else:
-            self._close(conn)
+            # _close(conn), inline: once per request against a server that closes.
+            self.conns.pop(conn.fd, None)
+            conn.i = -1
+            conn.sock.close()
 
     def _broken(self, conn, why):
         """The connection failed: resend once on a new one if it was a kept-alive one the server
@@ -733,7 +805,7 @@ class _Engine:
                 rec.timing[:] = self.timing  # one C loop; an object array keeps the bytes as they are
 
     def _loop(self, timer):
-        clock, conns, schedule = self.clock, self.conns, self.schedule
+        clock, conns, schedule, expiry = self.clock, self.conns, self.schedule, self.expiry
         poll = self.ep.poll
         n, slots = self.n, self.slots
         self.t0 = t0 = clock()
@@ -755,7 +827,14 @@ class _Engine:
                 return now - t0
             if now >= stop:
                 return now - t0
-            due = self._expire(now)
+            # The oldest send's timeout bounds the wait; the scan for finished or timed-out requests runs
+            # only once it is due (a wake for one that already finished is harmless): not every turn.
+            if expiry:
+                due = expiry[0][0]
+                if due <= now:
+                    due = self._expire(now)
+            else:
+                due = None
             wake = stop if due is None or due > stop else due
             if schedule is not None and nxt < n and self.busy < slots:
                 due = t0 + schedule[nxt]
