@@ -354,3 +354,43 @@ def test_parse_server_timing(value, metric, expected):
 def test_parse_server_timing_refuses_garbage(value):
     with pytest.raises(ValueError, match="Server-Timing"):
         parse_server_timing(value, "app")
+
+
+def _closing_server(answers):
+    """A server that answers each connection once, headers and body in two writes 20 ms apart, and closes.
+
+    ``answers`` is a list of (extra header bytes, body bytes), one per connection in turn.
+    """
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        for extra, body in answers:
+            conn, _ = listener.accept()
+            with conn:
+                got = b""
+                while b"\r\n\r\n" not in got:
+                    got += conn.recv(65536)
+                head, _, rest = got.partition(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                while len(rest) < length:
+                    rest += conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\n" + extra
+                             + b"Content-Length: %d\r\n\r\n" % len(body))
+                threading.Event().wait(0.02)
+                conn.sendall(body)
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}/"
+
+
+def test_answers_in_two_writes_from_a_closing_server_are_read_whole_even_when_shorter_than_before():
+    # The first answers teach drive() a receive low-water mark past their long header block; the later ones
+    # are shorter than that mark: the server's close must still wake the loop (no wait for the timeout).
+    answers = [(b"X-Pad: " + b"p" * 300 + b"\r\n", b'{"a": 1}')] * 3 + [(b"", b"")] * 3
+    url = _closing_server(answers)
+    frame = closed_loop(url, b"{}", requests=len(answers), concurrency=1, response="any", **BOUNDS)
+    assert frame["status"].tolist() == [200] * len(answers)
+    latency = frame["client_seconds"].to_numpy()
+    assert (latency >= 0.02).all()            # read only once the body, written 20 ms after the headers, came
+    assert (latency < 1.0).all()              # the short answers were not left to the 5 s timeout

@@ -534,6 +534,13 @@ class _Engine:
         # A request in one segment (loopback's MSS is ~64 kB) goes out at once,
         # Nagle or not (nothing unacknowledged precedes it): spare the syscall.
         self.nodelay = max(len(r) for r in requests) > _ONE_SEGMENT
+        # SO_RCVLOWAT for new connections (0: not set; -1: never). A server that closes every
+        # connection after its answer (Gunicorn's sync workers) writes the headers and the body in two
+        # sends; a low-water mark one byte past the shortest header block seen keeps epoll from waking
+        # the loop for the headers alone (a wake, a recv and a parse saved per request). It is safe
+        # only there: should an answer be shorter, the server's close still wakes the loop. One
+        # answer kept alive turns it off for the trial.
+        self.lowat = 0 if self.heads is None else -1    # a HEAD's answer is its headers alone
         self.slots = concurrency
         self.timeout = timeout
         self.deadline = deadline
@@ -576,6 +583,8 @@ class _Engine:
         if self.nodelay:
             # A request of several segments must not wait for an ACK (Nagle).
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.lowat > 0:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, self.lowat)
         err = sock.connect_ex(self.sockaddr)
         conn = _Conn(sock)
         conn.i = i
@@ -678,7 +687,7 @@ class _Engine:
             if head is not None:
                 status, start, keep, st = head
                 conn.head = None
-                self._answered(conn, buf, status, bytes(buf[start:need]), need, keep, st, False)
+                self._answered(conn, buf, status, bytes(buf[start:need]), need, keep, st, False, start)
                 return
         # _parse(conn, buf, eof=False), inline: once or twice per request.
         heads = self.heads
@@ -696,7 +705,7 @@ class _Engine:
             else:
                 conn.need = 0
             return
-        self._answered(conn, buf, status, body, end, keep, st, False)
+        self._answered(conn, buf, status, body, end, keep, st, False, start)
 
     def _parse(self, conn, buf, eof):
         heads, timing = self.heads, self.timing
@@ -714,11 +723,17 @@ class _Engine:
             else:
                 conn.need = 0
             return
-        self._answered(conn, buf, status, body, end, keep, st, eof)
+        self._answered(conn, buf, status, body, end, keep, st, eof, start)
 
-    def _answered(self, conn, buf, status, body, end, keep, st, eof):
-        """Response ``status``, ``body`` (ending at ``end`` of ``buf``) has arrived on ``conn``: its row."""
+    def _answered(self, conn, buf, status, body, end, keep, st, eof, start=0):
+        """Response ``status``, ``body`` (from ``start`` to ``end`` of ``buf``) has arrived on ``conn``: its row."""
         timing = self.timing
+        lowat = self.lowat
+        if lowat >= 0:
+            if keep:
+                self.lowat = -1
+            elif end > start and (lowat == 0 or start < lowat - 1):
+                self.lowat = start + 1
         i = conn.i
         self.done[i] = self.clock() - self.t0
         self.status[i] = status
