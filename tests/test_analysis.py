@@ -815,6 +815,7 @@ def test_readme_notebook_06_and_the_report_say_one_thing_about_intervals():
     # The report's sentence is checked where the report is written (test_write_report_is_one_self_contained_file).
 
 
+@pytest.mark.server
 def test_demo_says_under_its_speedups_what_this_machine_can_show(tmp_path):
     """``tuna-lab demo`` live and cut short: its speedups, each interval positive, then the scale line.
 
@@ -841,6 +842,15 @@ def test_demo_says_under_its_speedups_what_this_machine_can_show(tmp_path):
     else:
         assert "usable CPUs (fewer than" not in p.stdout
     assert (tmp_path / "demo" / "report.html").is_file()
+    # Issue 49: what 3 trials can tell comes first, the verdict in words after the scale line, the next steps last.
+    first = next(i for i, line in enumerate(lines) if line.startswith("What this run can tell: "))
+    assert lines[first].startswith("What this run can tell: 3 trials x 10 requests per policy on ") and \
+        lines[first + 1].split()[:2] == ["policy", "p50"]
+    verdict = next(line for line in lines if line.startswith("verdict: "))
+    assert lines.index(verdict) > speedups[-1] and "cfs" in verdict
+    assert lines[-4] == "Where to go next:" and "`tuna-lab report " in lines[-3]
+    assert "`make lab`" in lines[-2] and "notebook 01" in lines[-2]
+    assert "step=" not in p.stdout and "scenario 2" not in p.stdout
 
 
 def test_the_race_chart_writes_each_rate_interval_as_the_tables_do():
