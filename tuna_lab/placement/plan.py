@@ -468,10 +468,19 @@ class Plan:
         # Pool threads found per slot: a pool that waits in libc (ONNX Runtime's) is found only by its
         # activity, which these lines do not measure; a comment says it is left unbound.
         found = Counter(th.get("slot") for th in tids if th.get("rank"))
+        said = set()
         for th in tids:
             slot, rank = th.get("slot"), th.get("rank")
             if slot is not None and not 0 <= slot < self.workers:
                 raise PlanError(f"thread {th['tid']!r} is of slot {slot}, but the plan has {self.workers} slots")
+            if th.get("level") == "slot" and th.get("planned") is not None:
+                # A threaded worker placed by slot: every thread that works on the slot's CPUs, as `pin` does.
+                if slot not in said:
+                    said.add(slot)
+                    lines.append(comment_text(f"# worker {th.get('pid')} (slot {slot}): several calling threads, "
+                                              f"each with its own team: its threads share the slot's CPUs"))
+                lines.append(f"taskset -p -c {format_cpulist(th['planned'])} {shlex.quote(str(th['tid']))}")
+                continue
             if rank is None or rank >= self.threads or slot is None:
                 continue
             exact = bool(th.get("exact_main")) if rank == 0 else True

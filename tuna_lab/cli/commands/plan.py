@@ -104,10 +104,14 @@ def _cmd_plan(args):
                             f"give -w {count}; left out as no workers: {roles.left_out()}")
         # Each worker's main thread is bound as `pin` binds it (pin.main_rule): never to fewer CPUs than
         # its pool where its runtime sizes the pool from the main thread's CPUs.
+        # A threaded worker's threads placed by slot (live.threads: several calling threads, each with a
+        # team) are named with the slot's CPUs, as `pin` binds them; they are no pool ranks of the plan.
         tids = [{"slot": w["slot"], "rank": t["rank"], "tid": t["tid"], "pid": w["pid"],
-                 "exact_main": w["exact_main"], "main_note": t.get("note")}
-                for w in server_threads(args.pid, activity=activity, roles=roles)
-                for t in w["threads"] if t["role"] != "other"]
+                 "exact_main": w["exact_main"], "main_note": t.get("note"), "level": t.get("level"),
+                 "planned": t.get("planned")}
+                for w in server_threads(args.pid, plan=plan, activity=activity, roles=roles)
+                for t in w["threads"]
+                if t["role"] != "other" or (t.get("level") == "slot" and t.get("planned") is not None)]
     text = plan.render(args.format, tids=tids, worker_class=args.worker_class)
     # Said on stderr too: a user who pipes the output into a file or a shell still reads what it cannot do.
     for note in plan.export_notes(args.format, args.worker_class):
