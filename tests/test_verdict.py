@@ -99,6 +99,7 @@ def test_run_says_in_words_that_no_policy_differed_when_every_interval_holds_1(c
     assert ((s.speedups["ci_low"] < 1) & (s.speedups["ci_high"] > 1)).all()
     assert s.verdict == "No policy differed from cfs: all 2 speedup intervals hold 1."
     assert s.verdict == verdict_text(s.speedups, "cfs")              # the one helper, not a second wording
+    assert s.to_dict()["verdict"] == s.verdict                          # run --json has it too
 
 
 def test_a_policy_whose_interval_clears_1_is_named_faster(cell):
@@ -206,3 +207,14 @@ def test_runs_cpu_columns_are_said_in_words(cell):
     legend = lines[4]
     assert legend.startswith("(CPU ms/req: CPU time per request - server: the workers' threads; front: the "
                              "master's, its helpers' and front ends'")
+
+
+def test_a_report_of_trials_that_all_failed_says_so_instead_of_failing(cell, tmp_path):
+    """A loaded machine's demo (every trial over its error budget) once ended 'mechanism table table is empty'."""
+    requests, trials = cell
+    failed = trials.assign(trial_status="failed", reason="2 of 50 requests failed (4.0%, more than the 1.0% allowed)")
+    page = _text(write_report(requests, failed, tmp_path / "r.html"))
+    assert "<strong>What these results can tell.</strong> Nothing: no trial is valid" in page
+    assert "0 valid trials per policy and application" in page
+    assert "No valid trial, so no scheduler evidence to show" in page
+    assert page.count("more than the 1.0% allowed") == len(trials)        # each failed trial, with its reason

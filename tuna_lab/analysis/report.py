@@ -310,6 +310,9 @@ def _verdict(requests, trials, scenarios):
     from ..errors import TunaError
     from .summary import scope_sentence
 
+    if not valid_trials(trials).any():
+        return ["<p><strong>What these results can tell.</strong> Nothing: no trial is valid (the failed trials "
+                "below say why).</p>"]
     try:
         # Each application's own speedups, not their average: what the trials resolve is read off these.
         table = viz.verdict_table(scenarios)
@@ -633,6 +636,10 @@ def _mechanism_items(trials, manifest):
     if not has_evidence(trials):
         return [f'<p class="note">Scheduler evidence {_esc(NOT_RECORDED["missing"])}.</p>']
     table = mechanism_table(trials, notes)
+    if table.empty:
+        # Every trial failed (a loaded machine's demo): no mean to show, and the failed trials say why.
+        return ['<p class="note">No valid trial, so no scheduler evidence to show: the failed trials below say '
+                "why.</p>"]
     keys = [c for c in (MACHINE, "workers", "threads", "cpus", "model", "batch", "wait_policy", "spincount")
             if c in table.columns]
     units = {e.column: e for e in MECHANISM}

@@ -154,7 +154,8 @@ def _report_run(args, result, config, target, out):
     summary = run_summary.to_dict()
     latency = _latency_words(result.trials)
     if args.json:
-        print_json({"cell": config.key, "config": result.manifest.get("config"), "summary": summary["summary"],
+        print_json({"cell": config.key, "config": result.manifest.get("config"), "scope": summary["scope"],
+                     "verdict": summary["verdict"], "summary": summary["summary"],
                      "speedups": summary["speedups"], "latency": latency, "target": result.manifest.get("target"),
                      "failed_trials": summary["failed"], "notes": summary["notes"],
                      "mechanism": summary["mechanism"], "mechanism_correlations": summary["correlations"],
@@ -345,6 +346,9 @@ def _cmd_demo(args):
     _print_summary(run_summary, scale_note(usable))
     if run_summary.mechanism_text():
         print(run_summary.mechanism_text())
+    # As run prints them: on a loaded machine a trial may fail, and the table alone would not say why.
+    for failure in run_summary.failed.itertuples(index=False):
+        print(f"failed: {failure.policy} trial {failure.trial + 1}: {failure.reason}")
     report = write_report(result.requests, result.trials, os.path.join(out, "report.html"),
                           title="tuna_lab demo", manifest=result.manifest)
     print(f"\nraw records: {result.path}\nreport: {report}")
