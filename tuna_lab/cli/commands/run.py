@@ -259,7 +259,7 @@ _MODE_SIGN = {"scatter": "scatter rewards it", "compact": "compact counts it aga
 
 
 def _topology_words(topo):
-    """``"2 logical CPUs on 2 physical cores, 1 package, 1 last-level cache"``: a topology without its repr."""
+    """``"2 logical CPUs on 2 physical cores, 1 package, 1 L3 cache"``: a topology in words, not its repr."""
     def n(k, word):
         return f"{k} {word}{'' if k == 1 else 's'}"
     caches = int(topo.caches["L3"].max()) + 1 if "L3" in topo.caches else 0
