@@ -51,15 +51,18 @@ sysdeps:
 demo: $(BASE_STAMP)
 	$(VENV)/bin/tuna-lab demo
 
-# The fast lane: the model, the readers, the CLI's refusals and the analysis, without the tests that
-# start servers, measure, or run the notebooks (those are `make test`'s). A few minutes on 2 cores.
+# The fast lane: the model, the readers, the CLI's refusals and the analysis, with no server: the tests
+# marked `server` are left out, and under TUNA_LAB_FAST_LANE=1 a test that starts one all the same fails
+# and says so (conftest.py), so that a new test cannot slow the lane unseen. SLOW_TESTS are files left out
+# whole (they measure, plant faults, start clusters or run the notebooks). About 3 minutes on 2 idle cores.
 SLOW_TESTS := test_faults test_cluster test_targets test_tune test_runtimes test_server test_server_limits \
               test_pin test_roles test_hooks_root test_experiment test_validity test_load test_load_bench \
               test_client_cpus test_widgets test_hostile test_notebooks test_bounds \
               test_audit test_evidence test_python_option test_runtime_table test_custom_policy \
               test_exports test_field_measure
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -x $(XDIST) $(foreach t,$(SLOW_TESTS),--ignore=tests/$(t).py)
+	TUNA_LAB_FAST_LANE=1 $(PY) -m pytest -q -x $(XDIST) -m "not server" --durations=10 \
+	  $(foreach t,$(SLOW_TESTS),--ignore=tests/$(t).py)
 
 test: $(STAMP) sysdeps
 	@# The package is installed editable, so pip compiled none of it; where PYTHONDONTWRITEBYTECODE

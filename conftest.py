@@ -31,6 +31,8 @@ _MACHINE_LOCK = "TUNA_LAB_TEST_MACHINE_LOCK"
 def pytest_configure(config):
     config.addinivalue_line("markers", "alone: runs with no other test running (it measures time or CPU, "
                                        "or asserts the absence of foreign load)")
+    config.addinivalue_line("markers", "server: starts a server process (Gunicorn, Uvicorn, any process that "
+                                       "listens on a TCP port); `make test-fast` leaves it out")
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker is None:
         if getattr(config.option, "numprocesses", None):
@@ -60,3 +62,141 @@ def pytest_runtest_protocol(item, nextitem):
     with open(path) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX if item.get_closest_marker("alone") else fcntl.LOCK_SH)
         yield
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The fast lane (`make test-fast`, which sets TUNA_LAB_FAST_LANE=1 and deselects `-m "not server"`) starts
+# no server: a server's start (a model loaded in every worker, a readiness wait) is what made the lane slow,
+# and a hand-kept list of files to leave out drifted as soon as a new file started one. So the rule is
+# checked, not kept: in the lane, a test that starts a server process fails, whoever starts it.
+# * In this process, an audit hook sees every subprocess launch (helpers.ProcessGroup, Server.start,
+#   the measure targets, the trivial endpoint) and refuses a server's command line before it is forked.
+# * Further down (a `tuna-lab` process the test runs, which starts Gunicorn), a watcher looks at this
+#   process's descendants while each test runs: one running a server program or listening on a TCP socket
+#   fails the test. A listening socket is what makes a server, whatever its command line.
+_FAST_LANE = "TUNA_LAB_FAST_LANE"
+SERVER_REFUSAL = "this test starts a server: mark it `server` or move it out of the fast lane"
+#: The server programs, as a command (argv[0]'s name) or as ``python -m NAME``.
+SERVER_PROGRAMS = frozenset({"gunicorn", "uvicorn", "hypercorn", "granian", "daphne", "waitress-serve",
+                             "mlserver", "litserve", "bentoml"})
+#: What a ``python -c CODE`` server says in its code (the trivial endpoint, an http.server).
+_SERVER_CODE = ("serve_trivial", "serve_forever", "uvicorn.run")
+_WATCH_INTERVAL = 0.2
+_current = {"item": None}
+
+
+class ServerStarted(BaseException):
+    """A server started in the fast lane (a BaseException: no ``except Exception`` in the code under test hides it)."""
+
+
+def server_command(argv):
+    """What in ``argv`` makes it a server's command line (a short description), else None.
+
+    Examples
+    --------
+    >>> server_command(["/venv/bin/python", "-m", "gunicorn", "app:app"])
+    'python -m gunicorn'
+    >>> server_command(["python", "-m", "tuna_lab", "plan", "--format", "gunicorn"]) is None
+    True
+    """
+    if isinstance(argv, (str, bytes, os.PathLike)):
+        argv = [argv]
+    words = [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else str(a) for a in argv]
+    if not words:
+        return None
+    program = os.path.basename(words[0]).removesuffix(".py")
+    if program in SERVER_PROGRAMS:
+        return program
+    for flag, value in zip(words, words[1:]):
+        if flag == "-m" and value.split(".")[0] in SERVER_PROGRAMS:
+            return f"python -m {value}"
+        if flag == "-c" and any(mark in value for mark in _SERVER_CODE):
+            return f"python -c '{next(m for m in _SERVER_CODE if m in value)}...'"
+    return None
+
+
+def _refuse_servers(event, args):
+    """The audit hook: a server's launch from this process raises :class:`ServerStarted` (and is recorded)."""
+    if event == "subprocess.Popen":
+        argv = args[1]
+        if isinstance(argv, (str, bytes)):        # shell=True, or one program without arguments
+            argv = argv.split() if isinstance(argv, str) else [argv]
+    elif event == "os.posix_spawn":
+        argv = args[1]
+    else:
+        return
+    what = server_command(argv)
+    if what is None:
+        return
+    message = f"{SERVER_REFUSAL} (it ran {what})"
+    item = _current["item"]
+    if item is not None:
+        item._tuna_lab_servers.append(message)
+    raise ServerStarted(message)
+
+
+def _listening(proc):
+    """Whether ``proc`` holds a listening TCP socket (False where it is gone or not ours to read)."""
+    try:
+        return any(c.status == "LISTEN" for c in proc.net_connections(kind="tcp"))
+    except Exception:          # psutil's NoSuchProcess/AccessDenied, or a process that ended mid-read
+        return False
+
+
+def _watch(stop, found):
+    """Until ``stop`` is set, add to ``found`` each descendant of this process that is a server."""
+    import psutil
+
+    me, seen = psutil.Process(), set()
+    while not stop.wait(_WATCH_INTERVAL):
+        try:
+            kids = me.children(recursive=True)
+        except psutil.Error:
+            continue
+        for kid in kids:
+            if kid.pid in seen:
+                continue
+            try:
+                argv = kid.cmdline()
+            except psutil.Error:
+                continue
+            what = server_command(argv) or ("a process listening on a TCP port" if _listening(kid) else None)
+            if what:
+                seen.add(kid.pid)
+                found.append(f"{SERVER_REFUSAL} (PID {kid.pid}, {what}: {' '.join(argv)[:200]})")
+
+
+if os.environ.get(_FAST_LANE) == "1":
+    import sys
+    import threading
+
+    sys.addaudithook(_refuse_servers)
+
+    # Named apart from the machine lock's pytest_runtest_protocol above (both wrap each test); pytest reads
+    # only names that begin with pytest_.
+    @pytest.hookimpl(hookwrapper=True, specname="pytest_runtest_protocol")
+    def pytest_runtest_protocol_fast_lane(item, nextitem):
+        item._tuna_lab_servers, item._tuna_lab_reported = [], 0
+        stop = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(stop, item._tuna_lab_servers), daemon=True)
+        _current["item"] = item
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
+            _current["item"] = None
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(item, call):
+        report = (yield).get_result()
+        found = getattr(item, "_tuna_lab_servers", None)
+        if found is None or (call.when == "setup" and report.passed):
+            return                 # a server a fixture started is said with the call's report
+        new = found[item._tuna_lab_reported:]
+        item._tuna_lab_reported = len(found)
+        if new and not report.failed:
+            # Also where the code under test swallowed the refusal, or the server was a grandchild.
+            report.outcome = "failed"
+            report.longrepr = "\n".join(dict.fromkeys(new))

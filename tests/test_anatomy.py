@@ -269,6 +269,7 @@ def test_the_readers_cost_is_bounded():
 # -- one real trial -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.server
 def test_a_lab_server_trial_writes_plausible_per_request_evidence():
     from tuna_lab.measure.loadgen.load import closed_loop, payload
     from tuna_lab.server.launch import Server

@@ -237,6 +237,7 @@ def measured(tmp_path_factory):
     return out, keys, r, s
 
 
+@pytest.mark.server
 def test_run_json_has_the_summary_and_the_files(measured):
     out, keys, p, _ = measured
     assert p.returncode == 0, p.stderr
@@ -256,6 +257,7 @@ def test_run_json_has_the_summary_and_the_files(measured):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) >= 8, reason="the default keeps a core from 8 CPUs")
+@pytest.mark.server
 def test_run_says_once_that_the_generator_shares_the_servers_cpus(measured):
     _, _, p, s = measured
     said = [line for line in p.stderr.splitlines() if "load generator" in line]
@@ -266,6 +268,7 @@ def test_run_says_once_that_the_generator_shares_the_servers_cpus(measured):
     assert sum("load generator" in line for line in s.stderr.splitlines()) == 1      # a sweep says it once too
 
 
+@pytest.mark.server
 def test_sweep_json_tells_done_from_skipped(measured):
     out, keys, _, p = measured
     assert p.returncode == 0, p.stderr
@@ -275,6 +278,7 @@ def test_sweep_json_tells_done_from_skipped(measured):
     assert obj["configurations"] == 2 and obj["out"] == str(out)
 
 
+@pytest.mark.server
 def test_the_sweep_records_its_settings_in_a_folder_of_an_older_sweep(measured):
     out, keys, _, p = measured
     assert p.returncode == 0, p.stderr
@@ -307,6 +311,7 @@ def test_a_resume_with_other_settings_is_refused_and_writes_nothing(tmp_path):
     assert (sorted(os.listdir(out)), (out / "sweep.json").read_text()) == before
 
 
+@pytest.mark.server
 def test_report_json_has_the_path_and_headline_speedups(measured, tmp_path):
     out, _, _, _ = measured
     html = tmp_path / "r.html"

@@ -144,6 +144,7 @@ def test_a_sweep_that_runs_nothing_exits_1(tmp_path):
     assert "no cell ran" in line and "--budget" in line
 
 
+@pytest.mark.server
 def test_a_run_whose_every_trial_fails_exits_1(tmp_path):
     # An app that starts and answers every request with an error: each trial fails on its error rate.
     (tmp_path / "broken.py").write_text(

@@ -18,7 +18,7 @@ from tuna_lab.server.openmp import wait_policy_env
 from tuna_lab.measure.experiment import Config, load_results, load_thread_cpu, run
 
 # alone: it measures CPU time (tests/conftest.py)
-pytestmark = pytest.mark.alone
+pytestmark = [pytest.mark.alone, pytest.mark.server]
 
 CPUS = len(os.sched_getaffinity(0))
 T = min(2, CPUS)

@@ -25,6 +25,8 @@ import pytest
 
 from helpers import main
 
+pytestmark = pytest.mark.server
+
 TIMEOUT = 60
 
 HANG = '''

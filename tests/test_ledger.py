@@ -25,7 +25,8 @@ import helpers
 from procfs import cpus_of, tids_of
 
 CPUS = sorted(os.sched_getaffinity(0))
-pytestmark = pytest.mark.skipif(len(CPUS) < 2, reason="moving a thread between CPUs needs 2 of them")
+pytestmark = [pytest.mark.server,
+              pytest.mark.skipif(len(CPUS) < 2, reason="moving a thread between CPUs needs 2 of them")]
 
 FAKE_SERVER = '''
 import http.server, os, signal, socket, sys, threading, time
