@@ -493,7 +493,8 @@ def verdict_text(table, baseline=None):
                 f"in all {n}.")
     if no_diff + few == n:
         text = f"No policy differed from {bases}: " + (f"all {n} speedup intervals hold 1." if not few else
-                                                       f"{no_diff} of {n} speedup intervals hold 1, "
+                                                       f"{no_diff} of {n} speedup intervals "
+                                                       f"{'holds' if no_diff == 1 else 'hold'} 1, "
                                                        f"and {few} had {TOO_FEW_TRIALS}.")
         return text
     said = []
