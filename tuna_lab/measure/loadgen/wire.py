@@ -325,7 +325,9 @@ def _parse_response(buf, eof, no_body, timing):
             if not length.isdigit():
                 raise ValueError("bad Content-Length")
             length = int(length)
-        chunked = b"\r\ntransfer-encoding:" in head and \
+        # find(), not `in`: bytes.__contains__ first tries its argument as an int and formats a
+        # TypeError it then drops (thousands of instructions, callgrind shows), on every response.
+        chunked = head.find(b"\r\ntransfer-encoding:") >= 0 and \
             (_header(head, b"\r\ntransfer-encoding:") or b"").endswith(b"chunked")
         at = head.find(b"\r\nconnection:")
         if at < 0:
@@ -338,9 +340,9 @@ def _parse_response(buf, eof, no_body, timing):
             start = body_start  # an interim response: the real one follows
             continue
         if status_line[7:8] == b"1":
-            keep = b"close" not in connection
+            keep = connection.find(b"close") < 0
         else:
-            keep = b"keep-alive" in connection
+            keep = connection.find(b"keep-alive") >= 0
         st = None
         if timing:
             at = head.find(b"\r\nserver-timing:")
@@ -814,8 +816,8 @@ class _Engine:
             rec.sent[:], rec.done[:], rec.status[:] = self.sent, self.done, self.status
             rec.scheduled[:] = self.scheduled
             rec.origin = self.t0   # the clock's start: a server's CLOCK_MONOTONIC times line up with the sends
-            for i, (raw, error) in enumerate(zip(self.raw, self.error)):
-                rec.raw[i], rec.error[i] = raw, error
+            # One C loop each: an object array's slice takes the list's bytes and str as they are.
+            rec.raw[:], rec.error[:] = self.raw, self.error
             if self.timing is not None:
                 rec.timing[:] = self.timing  # one C loop; an object array keeps the bytes as they are
 
