@@ -432,6 +432,43 @@ def format_table(result):
     return lines
 
 
+# Where the generator's microseconds went (issue 50), profiled before it was changed: static text, not
+# measured by this bench; the figures and commands are those of that profile.
+_PROFILE = """
+## Where the microseconds went (issue 50's profile, 2026-11-28)
+
+Profiled against the same lab server (W=2, T=1, small model, batch 10, 8 connections), on the 2-CPU machine
+while other work ran on it (load average 4-12), before anything was changed:
+
+- **System calls.** `strace -c`: the generator makes about 7.6 calls a request (socket, connect, sendto,
+  epoll_ctl, 1.3 epoll_wait, 1.3 recvfrom, close); wrk makes about 17 (it also calls fcntl twice,
+  setsockopt, and epoll_ctl six times). Its system time per request is no higher than wrk's (70-110 us
+  against wrk's 80-100 us): the gap was all user time, 115-180 us against wrk's 35-40 us.
+- **User time: the interpreter, per wake.** cProfile of `drive` over 4,000 requests: 75 Python-level calls a
+  request, 6,271 reads and parses for 4,000 responses (the lab server's Gunicorn writes the headers and the
+  body in two sends; a read of the headers alone was parsed in full, then parsed again with the body), a
+  timeout scan every turn of the loop. `valgrind --tool=callgrind` (user-space instructions of a 500-request
+  run minus a 100-request run, PYTHONHASHSEED=0): 88.5k instructions a request, of which bytes `in`
+  (`b"close" in connection`) cost about 7k: `bytes.__contains__` first tries its argument as an integer and
+  formats a TypeError it then drops; argument parsing of the socket calls about 3.7k; the end of a trial's
+  copy into numpy object arrays, an element at a time, 2k.
+- **Contention multiplies it.** Against a trivial endpoint at 10,000 requests/s the same code costs 22 us
+  of user time a request, against the lab server at 150-250 requests/s 100-180 us: at a low rate every
+  response is a wake of its own into cold caches (wrk's user time grows the same way, 3.5 to 35 us).
+  Fewer instructions and fewer wakes a request is what pays.
+
+What changed (`tuna_lab.measure.loadgen.wire`): a response whose body is still arriving keeps its parsed
+header fields and the next read only slices the body; the usual paths (connect and send, the read and parse,
+the close) are inline, 49 calls a request instead of 75; the timeout scan runs only when the oldest timeout
+is due; `find` instead of `in`; one slice copy of the bodies at the end; and against a server that closes
+every connection after its answer, new connections get `SO_RCVLOWAT` one byte past the shortest header
+block seen, so epoll no longer wakes the loop for the header write alone (1.09 reads a request, was 1.57).
+callgrind: 69.1k instructions a request (-22 %). The same A/B of the old and new engine in one process
+against one server (6 alternating trials of 1,500 requests each) was inside the machine's noise on some
+runs: the rows above, measured here side by side with wrk, are the figures that count.
+"""
+
+
 def _write_doc(path, result, lines):
     m, c = result["machine"], result["config"]
     before, after = result["load_average"]
@@ -467,7 +504,7 @@ def _write_doc(path, result, lines):
         "its row: scheduled send time, actual send time, latency from the scheduled time in open loop.\n\n"
         "The open-loop line's *floor* is a thread that only wakes on the same schedule and sends nothing: "
         "when it is high, the machine's scheduler (other runnable threads on the same CPUs), not the "
-        "generator, sets the send lag.\n")
+        "generator, sets the send lag.\n" + _PROFILE)
     _files.write_atomic(path, text, parents=True)           # never through a link, whole or not at all
 
 
