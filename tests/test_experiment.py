@@ -82,10 +82,11 @@ def test_a_write_error_stops_the_run_with_one_line_and_keeps_the_runs_written(tm
 
 @pytest.fixture
 def small_disk(tmp_path):
-    """A 1 MiB tmpfs of its own, unmounted after the test (mounting needs root, as in CI)."""
+    """A 1 MiB tmpfs of its own (0755: a tmpfs is 1777 by default, which the results folder check refuses),
+    unmounted after the test (mounting needs root, as in CI)."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0755", "tmpfs", str(disk)],
                                            capture_output=True).returncode != 0:
         pytest.skip("mounting a small tmpfs needs root")
     yield disk

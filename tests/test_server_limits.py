@@ -339,6 +339,7 @@ def test_a_request_that_waited_past_the_bound_is_shed_with_503_and_retry_after(s
     assert post(srv.url, payload("small", 2))[0] == 200          # not waiting: served
 
 
+@pytest.mark.alone        # it times the served requests (under 3 s): not beside another test's load
 def test_under_a_bounded_overload_the_queue_is_shed_and_the_records_show_it(srv):
     before = sum(r["status"] == 503 for r in logged(srv))
     # 64 connections, each sending again at once, on 2 workers: requests would wait 32 services of
@@ -357,7 +358,13 @@ def test_under_a_bounded_overload_the_queue_is_shed_and_the_records_show_it(srv)
     # The server's own records: every 503 the generator saw, and perhaps those it stopped waiting for.
     logged_shed = sum(r["status"] == 503 for r in logged(srv)) - before
     assert len(shed) <= logged_shed <= len(shed) + (frame["status"] == -1).sum()
-    assert healthz(srv.url) == 200 and post(srv.url, payload("small", 2))[0] == 200
+    assert healthz(srv.url) == 200
+    # Served again once the overload's queue has drained (the generator's abandoned requests are still in it for a
+    # moment, and on a loaded machine a moment can be a few seconds): within the read timeout's bound, not never.
+    deadline = time.monotonic() + 15
+    while (status := post(srv.url, payload("small", 2))[0]) != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert status == 200
 
 
 # -- the control socket -------------------------------------------------------------------
