@@ -112,6 +112,19 @@ def test_race_honours_its_budget_and_says_how_sure_it_is(budget):
     assert "budget ran out" in result.sure
 
 
+def test_a_budget_that_runs_out_in_round_1_leaves_pairings_unmeasured_not_a_configuration():
+    # Two runs' worth of budget over 2 pairs x 2 policies: in the order given (every policy of 1x1 first) the
+    # two runs measured 1x1 alone, and a tune's report had one cell; covering first, both pairs and both
+    # policies have a measured run.
+    candidates = [Candidate(w, 1, p) for w in (1, 2) for p in ("cfs", "round-robin")]
+    sim = Simulated({c.name: 20.0 for c in candidates}, seed=0, overhead=4.0)
+    result = race(candidates, sim.evaluate, SLA, 20, clock=sim.clock, rounds=2, step_seconds=1.0)
+    measured = result.table[result.table["steps"] > 0]
+    assert len(measured) < len(candidates), "the budget must run out in round 1 for this test to say anything"
+    assert set(measured["workers"]) == {1, 2} and set(measured["policy"]) == {"cfs", "round-robin"}
+    assert list(sim.runs)[:2] == ["1x1 cfs", "2x1 round-robin"]
+
+
 def test_a_candidate_that_cannot_meet_the_target_is_dropped_as_such():
     # Raced first, with no leader to compare with: it is searched down to the lowest rate.
     candidates = [Candidate(1, 2, "cfs"), Candidate(1, 1, "cfs")]

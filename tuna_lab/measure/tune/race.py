@@ -40,6 +40,9 @@ here (:func:`race`) is successive halving with a racing rule:
   drain, and a server start estimated from the runs so far) fits in what is
   left; when the budget runs out the best so far is returned, with a line
   saying whether its interval separates it from every other candidate.
+  Round 1 takes first the runs that add a W x T x wait policy or a placement
+  policy not yet measured (:func:`_covering_order`): a budget that runs out
+  there leaves pairings unmeasured, not a whole configuration or policy.
 
 :func:`race` is the algorithm alone: it asks ``evaluate`` to measure each
 candidate's steps, so it runs as well on made-up measurements as on servers.
@@ -486,6 +489,8 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
         alive = [e for e in entries if e.status == "in race"]
         if not alive:
             break
+        if rnd == 0:
+            alive = _covering_order(alive)
         seconds = step_seconds * 2 ** rnd
         for entry in alive:
             first = _first_duration(entry, seconds, start_rate, leader_rate())
@@ -553,6 +558,37 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
             entry.reason = (f"not measured: the {budget:g} s budget ran out in round {ran_out + 1} before its first "
                             "run; a larger budget (or fewer candidates) measures it")
     return _result(entries, history, sla_p99, budget, clock() - t0, confidence, ran_out)
+
+
+def _covering_order(entries):
+    """Round 1's order: each next run the one adding the most W x T x wait cells and policies not yet measured.
+
+    A budget that runs out in round 1 leaves the last candidates unmeasured. In the order given
+    (every policy of ``1x1``, then of ``2x1``) that is whole configurations, and a race that ran
+    out after two runs had measured one W x T; taken so as to cover, the first runs measure every
+    configuration and every policy they can (``1x1 cfs``, ``2x1 round-robin``, then the rest in
+    their order), so what is left unmeasured is a pairing, not a whole row of the answer. Steps
+    of a resume count as measured. Ties keep the order given.
+
+    Examples
+    --------
+    >>> entries = [_Entry(Candidate(w, 1, p)) for w in (1, 2) for p in ("cfs", "round-robin")]
+    >>> [e.candidate.name for e in _covering_order(entries)]
+    ['1x1 cfs', '2x1 round-robin', '1x1 round-robin', '2x1 cfs']
+    """
+    def cell(entry):
+        return entry.candidate.workers, entry.candidate.threads, entry.candidate.wait_policy
+
+    cells = {cell(e) for e in entries if e.steps}
+    policies = {e.candidate.policy for e in entries if e.steps}
+    left, order = list(entries), []
+    while left:
+        best = max(left, key=lambda e: (cell(e) not in cells) + (e.candidate.policy not in policies))
+        left.remove(best)
+        order.append(best)
+        cells.add(cell(best))
+        policies.add(best.candidate.policy)
+    return order
 
 
 def check_step_seconds(seconds, error=TuneError):
