@@ -252,6 +252,17 @@ def test_a_kill_at_a_random_point_loses_nothing_and_mixes_nothing(seed, tmp_path
           f"{'hit' if killed else 'nothing left to hit'}; {len(struck)} cells finished then")
 
 
+def _all_ready(master):
+    """Whether every worker of ``master`` has finished its own start-up (warmed and pinned): the trial begins then."""
+    from tuna_lab.errors import TunaError
+    from tuna_lab.server.launch import status
+    with contextlib.suppress(psutil.Error, TunaError, OSError, ValueError, KeyError):
+        argv = master.cmdline()
+        info = status(argv[argv.index("--pid") + 1])
+        return len(info["workers"]) == info["workers_expected"] and all(w["ready"] for w in info["workers"])
+    return False
+
+
 def _worker_cpu(master):
     """CPU seconds the master's live workers have spent so far: it grows with the requests they serve."""
     total = 0.0
@@ -284,8 +295,11 @@ def test_a_kill_mid_trial_is_recorded_and_the_resume_redoes_only_that_run(kind, 
         assert master is not None, "no server started"
         # Its workers up, then well past the warm-up's 20 requests (0.5 s of the workers' CPU is some 200 of the
         # small model's at batch 10, 2 ms each here), far from the load's 800: mid-trial.
-        while len(master.children()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # Counted from when every worker is ready: a worker's own start-up (imports, the model, its warm-up)
+        # costs some 0.4-0.5 s of CPU here, so a count from its fork killed during the server's start-up,
+        # before the trial (the start fails, or a replaced worker is warm before the trial's warm-up).
+        while not _all_ready(master) and master.is_running() and time.monotonic() < deadline:
+            time.sleep(0.02)
         start = _worker_cpu(master)
         while _worker_cpu(master) < start + 0.5 and master.is_running() and time.monotonic() < deadline:
             time.sleep(0.01)
