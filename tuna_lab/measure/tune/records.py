@@ -65,8 +65,13 @@ def step_of(row, frame, sla, rnd):
     over = int((latency > sla).sum())
     p99 = float(np.percentile(latency, 99, method="higher"))
     # The rate over the time really measured: what the step asked for, over the longer of its schedule and
-    # the time it took. Fewer requests than half of that, beyond three Poisson deviations, is no such rate.
-    expected = rate * max(duration, seconds)
+    # the time the generator took to send it (its send times, where recorded; else the step's wall time,
+    # which also holds the drain after the last send). Fewer requests than half of that, beyond three
+    # Poisson deviations, is no such rate.
+    sent = frame["sent_at"].to_numpy(float) if "sent_at" in frame else np.array([])
+    sent = sent[np.isfinite(sent)]
+    took = float(sent.max()) if len(sent) else seconds
+    expected = rate * max(duration, took)
     if n < 0.5 * expected - 3.0 * math.sqrt(expected):
         over, p99 = n, math.inf
     return Step(rate, duration, n, over, p99, cpu_per_request=float(row.get("cpu_per_request", math.nan)),
