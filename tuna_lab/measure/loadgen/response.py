@@ -49,7 +49,7 @@ def parse_response(buf, eof=False, head=False):
     >>> parse_response(b"HTTP/1.1 200 OK\\r\\nContent-Length: 5\\r\\n\\r\\n", head=True)
     (200, b'', 38, True)
     """
-    parsed = _parse_response(buf, eof, head, False)
+    parsed = parse_buffer(buf, eof, head, False)
     return None if parsed is None else parsed[:4]
 
 
@@ -65,7 +65,7 @@ def _server_timing(raw, head, at):
     return values[0] if len(values) == 1 else b", ".join(values)
 
 
-def _parse_response(buf, eof, no_body, timing):
+def parse_buffer(buf, eof, no_body, timing):
     """:func:`parse_response` plus, when ``timing``, the raw Server-Timing value (or None) as a 5th item,
     and where the body starts as a 6th (the engine keeps it while a ``Content-Length`` body arrives)."""
     start = 0

@@ -54,7 +54,7 @@ from _socket import socket as _RawSocket
 from ..._checks import shorten
 from ...errors import LoadError
 from .clock import MAX_WAIT, TimerFd, wake_lag
-from .response import _parse_response, _server_timing, parse_response  # noqa: F401 - importable from here
+from .response import parse_buffer, parse_response  # noqa: F401 - parse_response importable from here
 from .trivial import serve_trivial, trivial_endpoint
 
 # The last three live in clock.py and trivial.py; they stay importable from here.
@@ -521,7 +521,7 @@ class _Engine:
         # _parse(conn, buf, eof=False), inline: once or twice per request.
         heads = self.heads
         try:
-            parsed = _parse_response(buf, False, heads is not None and heads[i % len(heads)], self.timing is not None)
+            parsed = parse_buffer(buf, False, heads is not None and heads[i % len(heads)], self.timing is not None)
         except ValueError as exc:
             self._fail(conn, i, f"bad response: {exc}")
             return
@@ -539,7 +539,7 @@ class _Engine:
     def _parse(self, conn, buf, eof):
         heads, timing = self.heads, self.timing
         try:
-            parsed = _parse_response(buf, eof, heads is not None and heads[conn.i % len(heads)], timing is not None)
+            parsed = parse_buffer(buf, eof, heads is not None and heads[conn.i % len(heads)], timing is not None)
         except ValueError as exc:
             self._fail(conn, conn.i, f"bad response: {exc}")
             return
