@@ -95,7 +95,7 @@ class AttachedTarget(Target):
             workers = check_server(self.master, force=self.force)
         except TunaError as exc:
             raise TargetError(one_line(exc)) from None
-        if pin_records(self.master)["threads"]:
+        if _still_pinned(pin_records(self.master)["threads"]):
             # Measured from those masks, cfs would undo the pin and the run forget it: the user decides.
             raise TargetError(f"server {self.master} is pinned by `tuna-lab pin --pid` (or a run that was killed): "
                               f"`tuna-lab unpin --pid {self.master}` first; run measures every policy from the "
@@ -238,3 +238,22 @@ def thread_masks(master):
                 found[tid] = tuple(sorted(affinity_of(tid)))
         masks.processes[proc.pid] = found
     return masks
+
+
+def _still_pinned(threads):
+    """Whether a thread of a pin record is still on the mask tuna_lab set (a pin in effect, not a kept entry).
+
+    The ledger keeps an entry it could not give back - a mask someone else changed since - and says so at each
+    ``unpin``; such a thread is no longer on a mask of ours, so it does not make the server pinned.
+    """
+    from ..errors import BindingError
+    from ..live.binding import affinity_of
+
+    for tid, entry in threads.items():
+        try:
+            if sorted(affinity_of(int(tid))) == sorted(entry["set"]):
+                return True
+        except BindingError:
+            continue                        # the thread ended
+    return False
+
