@@ -34,7 +34,9 @@ READ_STATE = """
   if (plot) {
     for (const p of plot.querySelectorAll('.cartesianlayer .scatterlayer path.point')) {
       const m = /translate\\(\\s*([-\\d.e]+)[ ,]+([-\\d.e]+)\\s*\\)/.exec(p.getAttribute('transform') || '');
-      if (m) points.push([Math.round(+m[1]), Math.round(+m[2]), getComputedStyle(p).fill]);
+      // The rings round the threads the toggle moved are hollow markers (fill none): not threads.
+      const fill = getComputedStyle(p).fill;
+      if (m && fill !== 'none') points.push([Math.round(+m[1]), Math.round(+m[2]), fill]);
     }
   }
   return {active: active ? active.innerText.trim() : null, status,
