@@ -111,8 +111,8 @@ def test_a_big_restricted_program_solves_alike_in_a_child(monkeypatch):
     A = rng.integers(0, 4, (6, n)).astype(float)
     lb, ub = np.zeros(6), np.full(6, 40.0)
     monkeypatch.setattr(_highs, "_CHILD_COLUMNS", 10 * n)
-    here = _highs.integer_program(c, A, lb, ub, 3, time_limit=30)
+    here = _highs.integer_program(c, A, lb, ub, 3, time_limit=120)
     monkeypatch.setattr(_highs, "_CHILD_COLUMNS", n)
-    there = _highs.integer_program(c, A, lb, ub, 3, time_limit=30)
+    there = _highs.integer_program(c, A, lb, ub, 3, time_limit=120)
     assert here.status == there.status == "optimal"
     assert there.value == here.value == float(c @ there.x) and np.all(A @ there.x <= ub)
