@@ -66,6 +66,11 @@ def test_kept_counters_drop_a_thread_that_exited_and_a_tid_that_never_was():
         assert set(kept.read([tid, threading.get_native_id()])) == {tid, threading.get_native_id()}
         done.set()
         t.join()
+        # join() returns when Python's thread state is released, a moment before the
+        # kernel reaps the task: wait (bounded) until its /proc entry is gone.
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert tid not in kept.read([tid]) and kept.read([2 ** 22 + 1]) == {}
         assert tid not in kept._fds        # its descriptors are closed, not leaked
     finally:
