@@ -18,7 +18,8 @@ class Controller:
     itself returns False and sets ``.error``); what the controller computes
     from them is an attribute nobody but the controller assigns
     (``mapping``, ``distance`` ...), and anything worked out on request is a
-    method (``grid()``, ``table()``, ``violated()`` ...).
+    method (``grid()``, ``table()``, ``violated()`` ...). Assigning a name the
+    controller does not have (``dv.cpus = ...``) is refused, not stored unread.
     """
 
     #: input name -> the method that sets it (assigning the attribute calls it)
@@ -50,8 +51,14 @@ class Controller:
             how = (f"assign one of its inputs ({', '.join(self._inputs)})" if self._inputs else
                    self._fixed or f"build a new {cls}")
             raise AttributeError(f"{cls}.{name} is read-only: {how}")
-        else:
+        elif name.startswith("_") or name in self.__dict__:
             object.__setattr__(self, name, value)
+        else:
+            # A new public name is a typo or a guess (dv.cpus = [0, 1] for highlighted): kept, it would be
+            # silently ignored, which is exactly what a setter must not do.
+            cls = type(self).__name__
+            inputs = f"its inputs are {', '.join(self._inputs)}" if self._inputs else self._fixed
+            raise AttributeError(f"{cls} has no member {name!r} to assign: {inputs or 'it takes no inputs'}")
 
     def subscribe(self, callback):
         """Call ``callback(controller)`` after every change, accepted or refused; returns ``callback``."""

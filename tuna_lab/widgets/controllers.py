@@ -480,7 +480,7 @@ class DistanceView(Controller):
             return figures.distance_figure(self.distance, self.level, f"{self.topology.name}: cache distance d(c, c')")
         if kind == "tree":
             return figures.tree_figure(self.nodes(), self.edges(), title=self.topology.name)
-        raise ValueError(f"kind must be 'matrix' or 'tree', got {kind!r}")
+        raise ModelError(f"kind must be 'matrix' or 'tree', got {kind!r}")
 
     def _repr_state(self):
         return [f"topology={self.topology.name!r}", f"highlighted={sorted(self.highlighted)}",
