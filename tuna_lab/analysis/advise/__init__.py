@@ -15,7 +15,9 @@ is a ``tuna-lab sweep``:
   machine's shape (cpus, physical cores, SMT ways, L3 domains, NUMA nodes),
   the median stage times of the configuration's requests under ``cfs`` and,
   when the results have them, the ``cfs`` trials' CPU and NUMA-locality
-  columns, and the policy (one-hot);
+  columns and the tail's shares of the ``cfs`` requests (waiting for a CPU,
+  running, backlog, rest; of the slowest 1% and of the median requests:
+  :mod:`~tuna_lab.analysis.anatomy`), and the policy (one-hot);
 * **target** the policy's p99 speedup over ``cfs`` in the same configuration,
   as :func:`tuna_lab.analysis.speedups` computes it (the article's
   definition, the one ``tuna-lab report`` shows): the mean over trials of

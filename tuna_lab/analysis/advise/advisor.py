@@ -6,6 +6,12 @@ grouped folds (:func:`~tuna_lab.analysis.advise.grouped_folds`), then fits
 them on every row. :meth:`Advisor.recommend` answers one question with a
 :class:`~tuna_lab.analysis.advise.Recommendation`.
 
+Where the results' requests carry the per-request scheduler evidence, the
+tail's shares of the ``cfs`` requests (:data:`~tuna_lab.analysis.advise.features.ANATOMY_COLUMNS`)
+are features too, and the cross-validation runs twice, with and without them,
+on the same folds: :attr:`Advisor.tail_note` says in one line whether they
+lowered the held-out error, against the constant baseline's.
+
 Examples
 --------
 >>> # skipped: needs a sweep's results (tuna-lab sweep --out results/sweep)
@@ -30,12 +36,14 @@ from ...server.openmp import WAIT_POLICIES
 from ..stats import MACHINE
 from . import DEFAULT_RESULTS
 from .features import (
+    ANATOMY_COLUMNS,
     CONFIGURATION,
     ID_COLUMNS,
     STAGE_COLUMNS,
     TOPOLOGY_COLUMNS,
     feature_columns,
     feature_table,
+    has_anatomy,
     model_size,
     topology_shape,
 )
@@ -43,10 +51,14 @@ from .folds import grouped_folds
 from .recommendation import Recommendation
 from .regressors import regressors
 
-__all__ = ["Advisor", "train", "check_question", "MIN_CONFIGURATIONS"]
+__all__ = ["Advisor", "train", "check_question", "tail_note", "MIN_CONFIGURATIONS", "NO_TAIL_FEATURES"]
 
 #: Fewest configurations (with cfs and another policy) to train on and still hold some out.
 MIN_CONFIGURATIONS = 4
+#: :attr:`Advisor.tail_note` of results whose requests carry no per-request scheduler evidence.
+NO_TAIL_FEATURES = ("the tail's shares are not features here: the results' requests carry no per-request "
+                    "scheduler columns (rq_wait_main, backlog_seconds: recorded since issue 50), so the advisor "
+                    "learns from the features it had before")
 
 
 def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1, skip_unreadable=False, left_out=None):
@@ -183,6 +195,38 @@ def _held_out(table, features, n_splits, seed, nthread):
     return predictions, evaluation
 
 
+def tail_note(evaluation, without=None):
+    """One line: the held-out MAE with and without the tail's shares, beside the constant's, and what it means.
+
+    Parameters
+    ----------
+    evaluation : pandas.DataFrame
+        :attr:`Advisor.evaluation` (with the shares, where the results have them).
+    without : pandas.DataFrame, optional
+        The same evaluation without the shares; None: the results have none (:data:`NO_TAIL_FEATURES`).
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> e = pd.DataFrame({"model": ["xgboost", "constant"], "mae": [0.81, 0.75]})
+    >>> tail_note(e, e.assign(mae=[0.89, 0.75]))
+    "held-out MAE (xgboost) 0.810 with the tail's shares, 0.890 without, constant 0.750: the tail's shares \
+lower the error, but neither beats the constant: nothing is learnt on these data"
+    """
+    if without is None:
+        return NO_TAIL_FEATURES
+    e, w = evaluation.set_index("model")["mae"], without.set_index("model")["mae"]
+    have, lack, constant = float(e["xgboost"]), float(w["xgboost"]), float(e["constant"])
+    line = (f"held-out MAE (xgboost) {have:.3f} with the tail's shares, {lack:.3f} without, "
+            f"constant {constant:.3f}: ")
+    if not have < lack:
+        return line + "the tail's shares do not help on these data"
+    if not have < constant:
+        return line + "the tail's shares lower the error, but neither beats the constant: nothing is learnt on " \
+                      "these data"
+    return line + "the tail's shares help on these data"
+
+
 class Advisor:
     """Predicts the p99 speedup over cfs of every pinning policy the results measured.
 
@@ -210,7 +254,8 @@ class Advisor:
         unset), ``physical_cores,
         smt_ways, l3_domains, numa_nodes`` (with ``cpus``), the cfs medians
         ``cfs_<stage>_ms`` and ``cfs_server_seconds_ms`` (and ``cfs_<cpu
-        column>`` when present), ``policy_<name>``.
+        column>`` when present), the cfs requests' tail shares ``cfs_tail_<part>`` and
+        ``cfs_median_<part>`` when the requests carry them, ``policy_<name>``.
     policies : list of str
         The pinning policies it can predict (cfs is the baseline, 1.0).
     machines : list of str
@@ -226,15 +271,25 @@ class Advisor:
         The held-out predictions behind ``evaluation``: the table's
         identification columns, ``speedup`` (measured), ``xgboost``,
         ``linear``, ``constant`` and ``fold``.
+    without_tail : pandas.DataFrame or None
+        ``evaluation`` of the same regressors on the same folds without the
+        tail's shares (:data:`~tuna_lab.analysis.advise.features.ANATOMY_COLUMNS`);
+        None where the results have no shares, and then ``evaluation`` is without them.
+    tail_note : str
+        One line: the held-out MAE with and without the tail's shares beside
+        the constant's, and whether they helped (:func:`tail_note`); or why
+        there are none.
     """
 
-    def __init__(self, table, fitted, evaluation, predictions):
+    def __init__(self, table, fitted, evaluation, predictions, without_tail=None):
         self.table = table
         self.features = feature_columns(table)
         self.policies = sorted(table["policy"].unique())
         self.machines = sorted(table[MACHINE].unique()) if MACHINE in table.columns else []
         self.evaluation = evaluation
         self.predictions = predictions
+        self.without_tail = without_tail
+        self.tail_note = tail_note(evaluation, without_tail)
         self._fitted = fitted
 
     @classmethod
@@ -266,9 +321,15 @@ class Advisor:
         table = table.reset_index(drop=True)
         features = feature_columns(table)
         predictions, evaluation = _held_out(table, features, n_splits, seed, nthread)
+        without = None
+        if has_anatomy(table):
+            # The same regressors on the same folds (same groups, same seed), less the tail's shares: the
+            # difference in held-out error is theirs alone.
+            without = _held_out(table, [c for c in features if c not in ANATOMY_COLUMNS], n_splits, seed,
+                                nthread)[1]
         X, y = table[features].to_numpy(float), np.log(table["speedup"].to_numpy(float))
         fitted = {name: reg.fit(X, y) for name, reg in regressors(nthread, seed).items()}
-        return cls(table, fitted, evaluation, predictions)
+        return cls(table, fitted, evaluation, predictions, without)
 
     def __repr__(self):
         e = self.evaluation.set_index("model")
@@ -409,6 +470,7 @@ class Advisor:
                          f"below was measured on {', '.join(shown)}")
         e = self.evaluation.set_index("model")
         learnt = bool(e.loc["xgboost", "mae"] < e.loc["constant", "mae"])
+        notes.append(self.tail_note)
         measured = None
         if not learnt:
             notes.append(f"XGBoost did no better than a constant (the training speedups' geometric mean) on held-out "

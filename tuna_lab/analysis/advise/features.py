@@ -6,7 +6,8 @@ pinning: ``W``, ``T``, ``W*T/cpus``, the model's size (input features,
 trees), batch, OpenMP wait policy and spin count, the machine's shape (cpus,
 physical cores, SMT ways, L3 domains, NUMA nodes), the median stage times of
 its requests under ``cfs`` and, when the results have them, the ``cfs``
-trials' CPU and NUMA-locality columns, and the policy (one-hot). Its
+trials' CPU and NUMA-locality columns and the anatomy of the ``cfs``
+requests' latency (:data:`ANATOMY_COLUMNS`), and the policy (one-hot). Its
 **target** is the policy's p99 speedup over ``cfs``, as
 :func:`tuna_lab.analysis.speedups` computes it.
 
@@ -28,15 +29,16 @@ Examples
 import numpy as np
 import pandas as pd
 
-from ...errors import AdviseError
+from ...errors import AdviseError, AnalysisError
 from ...measure import cell_key
 from ...server.models import MODEL_FEATURES, STAGES, model_trees
 from ...server.openmp import WAIT_POLICIES
+from ..anatomy import MEDIAN, PARTS, TAIL, anatomy
 from ..stats import MACHINE, scenario_stats, speedup_summary, speedups
 from ..tables import APPLICATION, WAIT_FACTORS, with_defaults
 
 __all__ = ["feature_table", "feature_columns", "model_size", "topology_shape", "CONFIGURATION", "ID_COLUMNS",
-           "TOPOLOGY_COLUMNS", "STAGE_COLUMNS"]
+           "TOPOLOGY_COLUMNS", "STAGE_COLUMNS", "ANATOMY_COLUMNS", "has_anatomy"]
 
 #: The columns that make one configuration (the parts of its cell key): never split between train and test.
 CONFIGURATION = ("workers", "threads", "model", "batch") + WAIT_FACTORS
@@ -46,6 +48,13 @@ ID_COLUMNS = ("cell", "policy", "workers", "threads", "cpus", "model", "batch") 
 TOPOLOGY_COLUMNS = ("cpus", "physical_cores", "smt_ways", "l3_domains", "numa_nodes")
 #: The request times whose cfs medians are features (``cfs_<name>_ms``).
 STAGE_COLUMNS = tuple(STAGES) + ("server_seconds",)
+# The groups of requests the anatomy splits, by their short names in a feature's name.
+_ANATOMY_GROUPS = {"tail": TAIL, "median": MEDIAN}
+#: The tail's shares as features: ``cfs_<group>_<part>``, the share of the ``cfs`` requests' latency
+#: (slowest 1%: ``tail``; median requests: ``median``) spent waiting for a CPU, running, in the backlog and
+#: the rest (:func:`tuna_lab.analysis.anatomy.anatomy`). Present only where the requests carry the
+#: per-request scheduler evidence (results since issue 50).
+ANATOMY_COLUMNS = tuple(f"cfs_{g}_{p}" for g in _ANATOMY_GROUPS for p in PARTS)
 
 # The target, what it is computed from, and its interval over the trials (never a feature: they are measured
 # after pinning).
@@ -114,6 +123,9 @@ def feature_table(requests, trials, manifests=None):
     units = _machine(trials) + ["cell"]
     table = table.merge(_topology_features(trials, manifests), on=units, how="left")
     table = table.merge(_cfs_measurements(requests, trials), on=units, how="left")
+    shares = _cfs_anatomy(requests, trials)
+    if shares is not None:
+        table = table.merge(shares, on=units, how="left")
     for policy in sorted(table["policy"].unique()):
         table[f"policy_{policy}"] = table["policy"].eq(policy).astype(float)
     ids, values = ["cell", *_machine(trials), *ID_COLUMNS[1:]], list(_TARGET)
@@ -289,3 +301,48 @@ def _cfs_measurements(requests, trials):
                 out[f"cfs_{column}"] = (values.reindex(pd.MultiIndex.from_frame(out[units])).to_numpy(float)
                                         if len(units) > 1 else out["cell"].map(values).astype(float))
     return out
+
+
+def has_anatomy(table):
+    """Whether a :func:`feature_table` has the tail's shares as features (some value of one recorded).
+
+    Examples
+    --------
+    >>> import pandas as pd
+    >>> has_anatomy(pd.DataFrame({"cfs_tail_cpu_wait": [float("nan")]})), has_anatomy(pd.DataFrame({"w": [1]}))
+    (False, False)
+    """
+    columns = [c for c in ANATOMY_COLUMNS if c in table.columns]
+    return bool(columns) and bool(table[columns].notna().to_numpy().any())
+
+
+def _cfs_anatomy(requests, trials):
+    """Per cell (and machine): the anatomy's shares of the cfs requests' latency; None where none is recorded.
+
+    Measured under cfs, as the stage medians are: known before pinning, so
+    they can stand for a configuration whatever policy is asked about. A
+    policy's own shares are measured under that policy, like its p99: they
+    would hand the target to the model.
+    """
+    if not isinstance(requests, pd.DataFrame) or "rq_wait_main" not in requests.columns \
+            or "policy" not in requests.columns or not requests["rq_wait_main"].notna().any():
+        return None
+    units = _machine(trials) + ["cell"]
+    app = _machine(trials) + list(APPLICATION)
+    req = requests if "cell" in requests.columns else _with_cell(requests)
+    req = with_defaults(req[req["policy"].eq("cfs")])
+    if not set(app) <= set(req.columns):
+        return None
+    try:
+        # Only the cfs trials that count (valid_trials) count here too, as for the speedup.
+        table = anatomy(req.drop(columns="cell"), trials[trials["policy"].eq("cfs")])
+    except AnalysisError:
+        return None                      # no successful cfs request: nothing to take apart
+    table = table.assign(feature="cfs_" + table["group"].map({v: k for k, v in _ANATOMY_GROUPS.items()})
+                         + "_" + table["part"])
+    wide = table.pivot_table(index=app, columns="feature", values="share", aggfunc="first", dropna=False)
+    wide = wide.reindex(columns=list(ANATOMY_COLUMNS)).reset_index()
+    cells = trials.drop_duplicates(app)[app + ["cell"]]
+    wide[app] = wide[app].astype(cells[app].dtypes.to_dict())
+    out = cells.merge(wide, on=app, how="left")[units + list(ANATOMY_COLUMNS)]
+    return out if out[list(ANATOMY_COLUMNS)].notna().to_numpy().any() else None
