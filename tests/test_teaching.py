@@ -14,8 +14,9 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 # What a tool prints for its operator, not for the lesson: a CPU-lock wait, a countdown, a solver's
 # banner, numpy's scalar reprs (numpy >= 2 prints np.int64(3) where a reader expects 3).
-CHATTER = ("waiting up to", "TUNA_LAB_CPU_LOCK_WAIT", "s left]", "Running HiGHS", "np.int64(", "np.float64(",
-           "np.int32(", "np.float32(", "np.bool_(")
+CHATTER = ("waiting up to", "TUNA_LAB_CPU_LOCK_WAIT", "in use by process", "s left]", "Running HiGHS",
+           "HiGHS under MIT licence", "Presolving model", "np.int64(", "np.float64(", "np.int32(", "np.float32(",
+           "np.bool_(")
 COUNTDOWN = re.compile(r"~\d+ s left")
 
 
@@ -128,6 +129,47 @@ def test_stored_outputs_hold_no_tool_chatter(path):
     found += [(i, m.group()) for i, cell in enumerate(cells) for text in _outputs_text(cell)
               for m in COUNTDOWN.finditer(text)]
     assert not found, f"{path.name}: tool chatter in stored outputs (cell, text): {found}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_a_measurement_prints_its_progress_for_the_lesson_not_the_operator(path):
+    # progress=print stores the countdown and lock waits the stored outputs were once cleaned of by hand
+    cells = json.loads(path.read_text())["cells"]
+    raw = [i for i, cell in enumerate(cells) if cell["cell_type"] == "code"
+           and re.search(r"progress\s*=\s*print\b", "".join(cell["source"]))]
+    assert not raw, f"{path.name}: cells {raw} pass progress=print; use tuna_lab.notebook.lesson_progress"
+
+
+def test_lesson_progress_drops_the_countdown_and_the_lock_wait(capsys):
+    from tuna_lab.notebook import lesson_progress
+
+    lesson_progress("w2-t2-small-b100 trial 1/2 cfs  p99  160.8 ms  ok  [~547 s left]  CPU/req: server 54.73 ms")
+    lesson_progress("waiting up to 3600 s (TUNA_LAB_CPU_LOCK_WAIT): CPUs 0-1 in use by process 4242 on this machine")
+    lesson_progress("sweep: 2 cells done; ~30 s left")
+    out = capsys.readouterr().out
+    assert out == "w2-t2-small-b100 trial 1/2 cfs  p99  160.8 ms  ok  CPU/req: server 54.73 ms\nsweep: 2 cells done\n"
+
+
+# A decimal in a lesson's prose that only an output nbval ignores holds: the next run prints another number
+# under a sentence that still quotes the old one.
+DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_prose_quotes_a_number_only_an_ignored_output_holds(path):
+    cells = json.loads(path.read_text())["cells"]
+    code = [(cell, "nbval-ignore-output" in cell["metadata"].get("tags", [])) for cell in cells
+            if cell["cell_type"] == "code"]
+    ignored = "\n".join(text for cell, ign in code if ign for text in _outputs_text(cell))
+    compared = "\n".join(text for cell, ign in code if not ign for text in _outputs_text(cell))
+
+    def holds(text, number):
+        return re.search(rf"(?<![\w.]){re.escape(number)}(?![\w.])", text) is not None
+
+    quoted = [(i, m.group()) for i, cell in enumerate(cells) if cell["cell_type"] == "markdown"
+              for m in DECIMAL.finditer("".join(cell["source"]))
+              if holds(ignored, m.group()) and not holds(compared, m.group())]
+    assert not quoted, f"{path.name}: prose quotes numbers only an ignored output holds (cell, number): {quoted}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

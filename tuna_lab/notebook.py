@@ -23,12 +23,13 @@ tuna    1   0.0250     NaN    NaN
 """
 
 import logging
+import re
 
 import numpy as np
 
 from .errors import AnalysisError
 
-__all__ = ["setup", "milliseconds", "log_interval", "RENDERER"]
+__all__ = ["setup", "milliseconds", "log_interval", "lesson_progress", "RENDERER"]
 
 #: The plotly renderer :func:`setup` makes the default: the interactive figure and its still PNG.
 RENDERER = "plotly_mimetype+tuna_lab_static"
@@ -75,6 +76,33 @@ def setup(static_images=True):
     logging.getLogger("choreographer").setLevel(logging.CRITICAL)
     pio.renderers["tuna_lab_static"] = StaticRenderer()
     pio.renderers.default = RENDERER if static_images else "plotly_mimetype"
+
+
+# The operator's parts of a progress line: the countdown, and a wait for another measurement's CPUs.
+_COUNTDOWN = re.compile(r"\s*\[~\d+ s left\]|; ~\d+ s left")
+_LOCK_WAIT = "waiting up to "
+
+
+def lesson_progress(line):
+    """Print a measurement's progress line for a lesson: without the operator's countdown or CPU-lock wait.
+
+    ``run(..., progress=print)`` stores in the notebook what the command line
+    tells its operator - ``[~547 s left]`` beside a lesson's "about a
+    minute", ``waiting up to 3600 s (TUNA_LAB_CPU_LOCK_WAIT) ...`` - numbers
+    that say how busy the machine was the day the notebook was run. The wait
+    goes to the ``tuna_lab`` logger instead (not stored unless the reader
+    asks for it); the rest of the line is printed as it came.
+
+    Examples
+    --------
+    >>> lesson_progress("w2-t2 trial 1/2 cfs  p99 160.8 ms  ok  [~547 s left]  CPU/req: server 54.73 ms")
+    w2-t2 trial 1/2 cfs  p99 160.8 ms  ok  CPU/req: server 54.73 ms
+    >>> lesson_progress("waiting up to 3600 s (TUNA_LAB_CPU_LOCK_WAIT): CPUs 0-1 in use by process 42")
+    """
+    if line.startswith(_LOCK_WAIT):
+        logging.getLogger("tuna_lab").info(line)
+        return
+    print(_COUNTDOWN.sub("", line))
 
 
 def milliseconds(frame, columns):
