@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tuna_lab.live import audit
+from tuna_lab.measure.loadgen.server_timing import server_timing_metrics
 
 import helpers
 from procfs import cpus_of, tids_of
@@ -360,3 +361,154 @@ def test_a_pin_over_a_pin_keeps_the_first_before_and_a_thread_born_under_it_is_g
         assert Record.load("pins-test").path is None               # nothing kept
     finally:
         child.kill()
+
+
+# -- the Gunicorn hooks' and the lab server's masks (issue 48: one ledger) -------------------------------------
+# A child process plays a worker of this test process (its master): it runs the hooks' own post_fork and
+# post_worker_init (or the lab server's pin_worker) on its own real threads, with Gunicorn's real Config;
+# the Arbiter and the Worker are small namespaces with the attributes the hooks read. No server is started.
+
+WORKER = '''
+import json, logging, os, sys
+from types import SimpleNamespace
+
+from gunicorn.config import Config
+
+from tuna_lab.integrations import gunicorn as hooks
+
+def app(environ, start_response):
+    sum(i * i for i in range(20000))
+    start_response("200 OK", [("Content-Length", "2")])
+    return [b"ok"]
+
+cfg = Config()
+cfg.set("workers", 1)
+log = logging.getLogger("worker")
+server = SimpleNamespace(pid=os.getppid(), cfg=cfg, log=log)
+worker = SimpleNamespace(pid=os.getpid(), ppid=os.getppid(), log=log, wsgi=app)
+hooks.post_fork(server, worker)
+if sys.argv[1] == "lab":
+    from tuna_lab.server.pinning import pin_worker
+
+    class LabApp:
+        def warm_up(self):
+            return []
+
+        def mark_ready(self):
+            pass
+
+    slot, plan = hooks.worker_slot()
+    pin_worker(LabApp(), slot, plan, sys.argv[2])
+    timing = None
+else:
+    hooks.post_worker_init(worker)
+    headers = {}
+    worker.wsgi({"REQUEST_METHOD": "GET", "PATH_INFO": "/"}, lambda s, h, e=None: headers.update(h))
+    timing = headers.get("Server-Timing")
+print(json.dumps({"timing": timing}), flush=True)
+sys.stdin.readline()
+if sys.argv[1] == "exit":
+    hooks.worker_exit(server, worker)
+print("done", flush=True)
+sys.stdin.readline()
+'''
+
+
+def _hooked_worker(tmp_path, mode):
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "TUNA_LAB_POLICY": "round-robin", "TUNA_LAB_THREADS": "1"}
+    env.pop("OMP_PLACES", None)
+    child = subprocess.Popen([sys.executable, str(script), mode, str(tmp_path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    line = child.stdout.readline()
+    assert line, child.stderr.read()
+    return child, json.loads(line)
+
+
+def _master():
+    """This process as the Gunicorn master the hooks' master-side functions see (a real Config)."""
+    import logging
+    from types import SimpleNamespace
+
+    from gunicorn.config import Config
+
+    return SimpleNamespace(pid=os.getpid(), cfg=Config(), log=logging.getLogger("master"), LISTENERS=[],
+                           WORKERS={}, num_workers=1)
+
+
+def _hooks_entries(state):
+    from tuna_lab.machine.procfs import start_ticks
+
+    path = state / f"tuna_lab-{os.geteuid()}" / f"hooks-{os.getpid()}-{start_ticks(os.getpid())}.json"
+    return path, (json.loads(path.read_text())["entries"] if path.exists() else None)
+
+
+def _gone(child):
+    child.kill()
+    child.wait(timeout=30)
+    from types import SimpleNamespace
+
+    return SimpleNamespace(pid=child.pid)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "lab"])
+def test_the_hooks_and_the_lab_server_record_each_mask_and_a_gone_worker_leaves_the_ledger(state, tmp_path, mode):
+    from tuna_lab.integrations import gunicorn as hooks
+    from tuna_lab.live.ledger import pin_records
+
+    child, said = _hooked_worker(tmp_path, mode)
+    try:
+        if mode == "hooks":
+            # post_worker_init wrapped the app: its response carries the request's scheduler evidence (issue 50).
+            assert {"app", "cpu", "tuna-rq", "tuna-nivcsw", "tuna-cpu-last"} <= set(
+                server_timing_metrics(said["timing"])), said
+        path, entries = _hooks_entries(state)
+        assert entries, f"no record {path}: {child.stderr.read() if child.poll() is not None else ''}"
+        [thread] = [e for e in entries if e["kind"] == "thread"]
+        [proc] = [e for e in entries if e["kind"] == "process"]
+        # The one format: the process and the thread by PID/TID and start times, the mask before and the one set.
+        assert thread["target"] == str(child.pid) and thread["pid"] == child.pid and thread["slot"] == 0
+        assert thread["pid_started"] and thread["tid_started"] and proc["pid"] == child.pid
+        assert thread["before"] == CPUS and cpus_of(child.pid) == thread["set"] != CPUS
+        # Apart from pin --pid's record: to pin, unpin and run --pid the hooks' masks are the server's own.
+        assert pin_records(os.getpid()) == {"workers": {}, "threads": {}}
+        if mode == "lab":
+            assert json.loads((tmp_path / "worker-0.json").read_text())["ready"] is True
+    finally:
+        worker = _gone(child)
+    master = _master()
+    hooks.child_exit(master, worker)                  # the worker is gone: nothing to give back, its entries go
+    assert not path.exists()
+    hooks.on_exit(master)
+
+
+def test_a_worker_exit_gives_its_masks_back_and_on_exit_keeps_a_mask_changed_since(state, tmp_path):
+    from tuna_lab.integrations import gunicorn as hooks
+
+    child, _ = _hooked_worker(tmp_path, "exit")
+    try:
+        path, entries = _hooks_entries(state)
+        assert entries and cpus_of(child.pid) != CPUS
+        child.stdin.write("exit\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "done", child.stderr.read()
+        assert cpus_of(child.pid) == CPUS and not path.exists()          # given back by the rule, record gone
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    child, _ = _hooked_worker(tmp_path, "stay")
+    try:
+        path, entries = _hooks_entries(state)
+        [thread] = [e for e in entries if e["kind"] == "thread"]
+        theirs = [c for c in CPUS if [c] != thread["set"]][:1]
+        os.sched_setaffinity(child.pid, theirs)                          # someone else's mask since
+        master = _master()
+        hooks.on_exit(master)
+        assert cpus_of(child.pid) == theirs                              # never taken back
+        _, kept = _hooks_entries(state)
+        assert [e["target"] for e in kept if e["kind"] == "thread"] == [str(child.pid)]
+    finally:
+        worker = _gone(child)
+    hooks.child_exit(master, worker)
+    assert not path.exists()

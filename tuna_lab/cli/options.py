@@ -50,12 +50,12 @@ TOPOLOGY_BOUND_HELP = "at most 4096 logical CPUs, ids up to 65535"
 
 #: Help of the options that several measuring commands (``run``, ``sweep``, ``demo``) share.
 MEASURE_HELP = {
-    "model": "the XGBoost model served: small, medium or large (29, 155, 784 features); trained once on "
-             "first use",
+    "model": "the model: small, medium or large",
     "batch": "rows per request",
     "trials": "trials; in each, every policy runs once, in a random order, on a fresh server",
-    "requests": "concurrent requests per policy and trial",
-    "seed": "seed of the random policy order and of the request payloads",
+    "requests": "requests per policy and trial",
+    "seed": "seed of the policy order and the payloads",
+    "errors": "a trial with a larger share of failed requests (non-2xx, timeouts) is marked failed",
 }
 
 
@@ -72,7 +72,9 @@ def add_topology_options(parser):
     >>> parser.parse_args(["--preset", "epyc-7313p"]).preset
     'epyc-7313p'
     """
-    g = parser.add_mutually_exclusive_group()
+    g = parser.add_argument_group(
+        "the machine", f"One of these, else this machine (the CPUs this process may use); any: {TOPOLOGY_BOUND_HELP}.")
+    g = g.add_mutually_exclusive_group()
     g.add_argument("--preset", metavar="NAME",
                    # written out rather than read from machine.synthetic.PRESETS, which imports numpy;
                    # tests/test_cli.py checks that the two agree
@@ -82,9 +84,7 @@ def add_topology_options(parser):
     g.add_argument("--synthetic", metavar="SPEC",
                    help='a machine from an hwloc synthetic spec, e.g. "pack:2 l3:2 core:4 pu:2"')
     g.add_argument("--fsroot", metavar="DIR",
-                   help="a Linux filesystem root copied from a machine (DIR/sys, DIR/proc), read as "
-                        "`lstopo --input DIR` reads it (none of these four: this machine, the CPUs this "
-                        f"process may use); every machine: {TOPOLOGY_BOUND_HELP}")
+                   help="a Linux filesystem root copied from a machine (DIR/sys, DIR/proc), as `lstopo --input`")
 
 
 def add_size_options(parser, required=True):
@@ -99,10 +99,10 @@ def add_size_options(parser, required=True):
     >>> args.workers, args.threads
     (4, 2)
     """
-    parser.add_argument("-w", "--workers", type=int, required=required,
-                        help=f"W: the server's worker processes ({SIZE_BOUND_HELP})")
-    parser.add_argument("-t", "--threads", type=int, required=required,
-                        help=f"T: OpenMP threads per worker (its main thread + pool; {SIZE_BOUND_HELP})")
+    parser.add_argument("-w", "--workers", type=int, required=required, metavar="W",
+                        help=f"worker processes, a count ({SIZE_BOUND_HELP})")
+    parser.add_argument("-t", "--threads", type=int, required=required, metavar="T",
+                        help="OpenMP threads per worker: its main thread + pool")
 
 
 def topology_of(args):
@@ -211,12 +211,11 @@ def add_wait_options(parser):
     """
     from ..server.openmp import WAIT_POLICIES
 
-    parser.add_argument("--wait-policy", choices=WAIT_POLICIES, default="default",
-                        help="OMP_WAIT_POLICY of the workers (default: the OpenMP runtime's own, spin then "
-                             "sleep)")
-    parser.add_argument("--spincount", type=non_negative_int_arg, default=None,
-                        help="GOMP_SPINCOUNT: spins before an idle OpenMP thread sleeps (default: the "
-                             "runtime's own)")
+    parser.add_argument("--wait-policy", choices=WAIT_POLICIES, default="default", metavar="POLICY",
+                        help=f"OMP_WAIT_POLICY of the workers: {', '.join(WAIT_POLICIES)} (default: the "
+                             "runtime's own, spin then sleep)")
+    parser.add_argument("--spincount", type=non_negative_int_arg, default=None, metavar="N",
+                        help="GOMP_SPINCOUNT, spins before an idle thread sleeps (default: the runtime's)")
 
 
 def add_strict_option(parser):
@@ -231,8 +230,7 @@ def add_strict_option(parser):
     True
     """
     parser.add_argument("--strict", action="store_true",
-                        help="refuse (exit 2) instead of warning when this process's CPU quota is below the "
-                             "CPUs the threads will run on")
+                        help="refuse (exit 2), not warn, when the CPU quota is below the CPUs the threads run on")
 
 
 def add_client_cpus_option(parser):
@@ -249,9 +247,8 @@ def add_client_cpus_option(parser):
     ('6-7', None)
     """
     parser.add_argument("--client-cpus", metavar="LIST", default=None,
-                        help="CPUs for the load generator (a cpulist such as 1 or 6-7), kept free of every "
-                             "policy's server placement: the server places on the CPUs left; 'none' keeps none "
-                             "(default: none below 8 usable CPUs, one physical core from 8 up, said on stderr)")
+                        help="CPUs kept for the load generator, e.g. 6-7 or none (default: none below 8 CPUs, "
+                             "else one core)")
 
 
 def client_cpus_of(args, error=TunaError, threads=(), topology=None):
@@ -458,8 +455,8 @@ def add_strict_families_option(parser):
     """
     parser.add_argument("--strict-families", dest="on_infeasible", action="store_const", const="raise",
                         default="relax",
-                        help="when the Tuna families admit no mapping, fail with the conflicting families and "
-                             "why, instead of using the nearest (relaxed) mapping")
+                        help="fail with the conflicting families where they admit no mapping (default: relax "
+                             "to the nearest mapping)")
 
 
 
@@ -641,45 +638,37 @@ def add_target_options(parser, running=True):
 
     :func:`target_of` reads them.
     """
-    t = parser.add_argument_group("your own server (docs/measure-your-server.md)")
+    t = parser.add_argument_group("your own server (see docs/measure-your-server.md)")
     t.add_argument("--app", default=None, metavar="MODULE:APP",
-                   help="your WSGI/ASGI app, started by tuna_lab once per policy and trial (with -w and -t)"
-                   if running else "your WSGI/ASGI app, started by tuna_lab for every cell, policy and trial")
+                   help="your WSGI/ASGI app, started per policy and trial (with -w, -t)"
+                   if running else "your WSGI/ASGI app, started per cell, policy and trial")
     t.add_argument("--app-dir", default=None, metavar="DIR", help="the folder --app's module is in (default: here)")
-    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn",
-                   help="what serves --app (default gunicorn)")
+    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn", metavar="NAME",
+                   help="gunicorn or uvicorn, serving --app (default: gunicorn)")
     t.add_argument("--server-conf", default=None, metavar="FILE",
-                   help="your gunicorn.conf.py: every setting kept, tuna_lab's bind, -w and hooks added")
+                   help="your gunicorn.conf.py (tuna_lab adds bind, -w, hooks)")
     t.add_argument("--python", default=None, metavar="PATH",
-                   help="with --app: the interpreter to run your server with (your venv's python; default "
-                        "tuna-lab's own); the app is imported there first")
+                   help="with --app: the interpreter (default: tuna-lab's own)")
     t.add_argument("--pid", type=int, default=None, metavar="MASTER",
                    help="a server already running: its master's PID (with --url and -t); never restarted"
                    if running else "not for a sweep: a running server keeps its W and T (use `run --pid`)")
     if running:
         from .server_options import add_front_cpus_option
 
-        t.add_argument("--url", default=None, help="where the requests go (a loopback URL); with --pid")
+        t.add_argument("--url", default=None, help="with --pid: where the requests go (a loopback URL)")
         t.add_argument("--force", action="store_true",
-                       help="with --pid: measure the children of PID 1 or of a process that is no recognised "
-                            "pre-fork master (refused otherwise)")
-        add_front_cpus_option(t, help="with --pid: CPUs (e.g. 0) for every thread of the master, the helpers and "
-                                      "the front ends under each pinning policy; the workers are placed on the "
-                                      "server's other CPUs, and cfs leaves every mask as it was. For a master or "
-                                      "API front end that parses requests itself (MLServer, LitServe)")
-    t.add_argument("--path", default="/", help="with --app: the path the requests go to (default /)")
-    t.add_argument("--method", default=None,
-                   help="the requests' HTTP method (default POST with a body, GET without)")
-    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE",
-                   help="a request header (repeatable)")
+                       help="with --pid: measure the children of PID 1 or of no recognised pre-fork master")
+        add_front_cpus_option(t, help="with --pid: CPUs (e.g. 0) for the master, helpers and front ends; the "
+                                      "workers get the rest (docs/cli.md)")
+    t.add_argument("--path", default="/", help="with --app: the path the requests go to (default: /)")
+    t.add_argument("--method", default=None, help="HTTP method (default: POST with a body, else GET)")
+    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header; repeatable")
     t.add_argument("--body", default=None, metavar="FILE", help="the body of every request")
-    t.add_argument("--bodies", default=None, metavar="FILE.jsonl",
-                   help="bodies, one JSON document per line, sent in turn")
-    t.add_argument("--server-timing", default=None, metavar="METRIC",
-                   help="the Server-Timing metric taken as the server-side runtime (default: the first with a "
-                        "duration); without the header, latency is the client's")
-    t.add_argument("--label", default=None, help="the name of your server in the results (default: the module, "
-                                                 "or pid<MASTER>)")
+    t.add_argument("--bodies", default=None, metavar="FILE.jsonl", help="bodies, one JSON document a line, in turn")
+    t.add_argument("--server-timing", default=None, metavar="NAME",
+                   help="the Server-Timing metric taken as the server's time (default: the first with a "
+                        "duration)")
+    t.add_argument("--label", default=None, help="name in the results (default: module, pid<MASTER>)")
 
 
 def no_valid_status_of(source, keys=None):

@@ -1,9 +1,9 @@
-"""Pin your own Gunicorn server: four hooks for an existing ``gunicorn.conf.py``.
+"""Pin your own Gunicorn server: four hooks (and an optional fifth) for an existing ``gunicorn.conf.py``.
 
 Add to the config of any pre-fork WSGI app (Flask, Django, plain WSGI) whose
 workers run XGBoost or another OpenMP library::
 
-    from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit, on_exit
+    from tuna_lab.integrations.gunicorn import post_fork, post_worker_init, child_exit, on_exit, worker_exit
 
 and say what to apply, in the environment or in the config before that line:
 
@@ -29,10 +29,22 @@ What each worker does:
    takes the TIDs that appear as the pool (ranked by creation), and binds the
    main thread and each pool thread by TID to the slot's CPUs, reading each
    binding back. If the app already started its pool, the pool threads are
-   found as ``tuna-lab pin --pid`` finds them.
-3. ``child_exit`` (master): when a worker died and is replaced, logs that
-   its slot goes to the replacement (nothing on a normal shutdown).
-4. ``on_exit`` (master, Gunicorn stops): removes the hooks' state folder.
+   found as ``tuna-lab pin --pid`` finds them. Every mask is written in
+   tuna_lab's ledger before it is set (:func:`~tuna_lab.live.ledger.bind_recorded`:
+   the record ``hooks-MASTER-START`` of the worker's user). And it wraps the
+   worker's app in :class:`~tuna_lab.integrations.timing.SchedTiming`: each
+   response carries the request's scheduler evidence (``tuna-*`` metrics in
+   ``Server-Timing``), which ``tuna-lab run`` stores per request, as for the
+   lab server (``TUNA_LAB_SERVER_TIMING=0`` leaves the app unwrapped).
+3. ``child_exit`` (master): gives back the exited worker's masks by the
+   ledger's one rule (it is gone: its entries go); when it is replaced, logs
+   that its slot goes to the replacement (nothing on a normal shutdown).
+4. ``on_exit`` (master, Gunicorn stops): gives back what the ledger still
+   holds of this server, and removes the hooks' state folder.
+5. ``worker_exit`` (worker, optional): a worker that stops gives its own
+   masks back by the same rule - what ``child_exit`` cannot do under
+   Gunicorn's ``user =``, where the ledger is the workers' user's and the
+   master (root) leaves it alone.
 
 The master is never pinned. Only Gunicorn's ``sync`` worker class (or a
 class made from it) is supported; any other is refused when the first
@@ -63,8 +75,8 @@ import os
 import subprocess
 import sys
 
-__all__ = ["post_fork", "post_worker_init", "child_exit", "on_exit", "configure", "worker_slot", "record_slot",
-           "SUPPORTED_WORKER_CLASSES"]
+__all__ = ["post_fork", "post_worker_init", "child_exit", "on_exit", "worker_exit", "configure", "worker_slot",
+           "record_slot", "time_requests", "SUPPORTED_WORKER_CLASSES"]
 
 #: Worker classes whose workers serve one request at a time on their main thread (and their subclasses).
 SUPPORTED_WORKER_CLASSES = ("sync",)
@@ -313,15 +325,32 @@ def post_fork(server, worker):
     worker.tuna_slot = slot
 
 
+def time_requests(worker):
+    """Wrap ``worker``'s app in :class:`~tuna_lab.integrations.timing.SchedTiming` (once), unless
+    ``TUNA_LAB_SERVER_TIMING=0``: each response then carries its request's ``tuna-*`` Server-Timing metrics.
+
+    :func:`post_worker_init` calls it; a config of its own that pins nothing may call it from its
+    ``post_worker_init`` to send the same evidence.
+    """
+    from .timing import SchedTiming
+
+    app = getattr(worker, "wsgi", None)
+    if os.environ.get("TUNA_LAB_SERVER_TIMING", "1") == "0" or app is None or isinstance(app, SchedTiming):
+        return
+    worker.wsgi = SchedTiming(app)
+
+
 def post_worker_init(worker):
-    """Gunicorn hook (worker, app loaded): wake the OpenMP pool, bind main and pool threads by TID."""
+    """Gunicorn hook (worker, app loaded): time each request's threads, wake the OpenMP pool, bind main and
+    pool threads by TID (each mask in the ledger first)."""
     import psutil
 
-    from ..live.binding import bind_worker
+    from ..live.ledger import bind_recorded
     from ..placement.plan import PinnedBy
     from ..live.pools import pool_threads, wake_openmp
 
     log = worker.log
+    time_requests(worker)
     plan, slot = _worker["plan"], _worker["slot"]
     pid = os.getpid()
     if plan is None or slot is None:
@@ -341,7 +370,10 @@ def post_worker_init(worker):
     # then, from the main thread's CPUs at that moment: a single CPU would leave no pool.
     exact = plan.threads == 1 or (_worker["exact_main"] and bool(libs))
     record_slot(exact)
-    bound = bind_worker(plan, slot, pool, pid, exact_main=exact)
+    bound, problem = bind_recorded(_master(worker), plan, slot, pool, exact_main=exact)
+    if problem:
+        log.warning("tuna_lab: worker %s slot %s: %s; pinned all the same (its threads end with it)", pid, slot,
+                    problem)
     for b in bound:
         if b.error:
             log.error("tuna_lab: worker %s slot %s: %s (the worker keeps serving)", pid, slot, b.error)
@@ -352,17 +384,63 @@ def post_worker_init(worker):
              ", ".join(f"{b.role} {b.tid} -> {','.join(map(str, b.cpus))}" for b in bound if not b.error))
 
 
-def child_exit(server, worker):
-    """Gunicorn hook (master, a worker exited): its slot's lock is free for the replacement, if one comes.
+def _master(worker):
+    """The PID of ``worker``'s master (Gunicorn's ``ppid``)."""
+    return int(getattr(worker, "ppid", None) or os.getppid())
 
-    Said only when the master will start a replacement: not while it stops
-    (Gunicorn closes its listeners first), nor when it runs fewer workers now
-    (``TTOU``, or the old workers of a reload).
+
+def _give_back(server, master, pids=None):
+    """Give back by the ledger's one rule what server ``master``'s hooks set (of ``pids``); never raises.
+
+    Each line it could not give back goes to Gunicorn's log, with where the record keeps it.
+    """
+    from .._checks import one_line
+    from ..errors import TunaError
+    from ..live.ledger import give_back_hooks
+
+    try:
+        given = give_back_hooks(master, pids)
+    except (TunaError, OSError) as exc:
+        server.log.warning("tuna_lab: the masks of server %s were not given back: %s", master, one_line(exc))
+        return
+    if given is None:
+        return
+    for line in given.left + given.malformed:
+        if not line.endswith("(gone)"):
+            server.log.warning("tuna_lab: %s", line)
+    if given.path and not given.ok:
+        server.log.warning("tuna_lab: what could not be given back is kept in %s", given.path)
+
+
+def worker_exit(server, worker):
+    """Gunicorn hook (worker, it stops): give this worker's masks back by the ledger's one rule (optional).
+
+    The worker's threads are still there: each on the mask the hooks set gets
+    its mask from before. Under Gunicorn's ``user =`` this is the only give-back
+    of a worker that stops in order (the master, root, leaves the workers'
+    user's ledger alone); the entries of one that was killed go when its
+    replacement records its own, or with the server's record at the next
+    server's first pin.
+    """
+    _give_back(server, _master(worker), {os.getpid()})
+
+
+def child_exit(server, worker):
+    """Gunicorn hook (master, a worker exited): give back its masks, its slot's lock is free for the replacement.
+
+    The worker is gone, so nothing is given back: its entries leave the ledger
+    (by the one rule). Skipped under Gunicorn's ``user =``: the ledger is then
+    the workers' user's, which the master (root) does not touch. That the slot
+    goes to a replacement is said only when the master will start one: not
+    while it stops (Gunicorn closes its listeners first), nor when it runs
+    fewer workers now (``TTOU``, or the old workers of a reload).
     """
     import psutil
 
     from ..live.state import hook_dir, hook_dir_problem
 
+    if _owner(server) is None:
+        _give_back(server, server.pid, {worker.pid})
     if not _replaced(server):
         return
     try:
@@ -381,10 +459,13 @@ def _replaced(server):
 
 
 def on_exit(server):
-    """Gunicorn hook (master, the server stops): remove the hooks' state folder, if this server made it.
+    """Gunicorn hook (master, the server stops): give back what the ledger still holds of this server's hooks
+    (by its one rule; not under ``user =``, see :func:`child_exit`), and remove the hooks' state folder, if
+    this server made it.
 
     A folder left by a killed master is removed by the next server of the
-    same user that starts (:func:`~tuna_lab.live.state.remove_dead_state`).
+    same user that starts (:func:`~tuna_lab.live.state.remove_dead_state`);
+    its ledger record at the next server's first pin.
     """
     import shutil
 
@@ -392,6 +473,8 @@ def on_exit(server):
 
     from ..live.state import hook_dir, hook_dir_problem
 
+    if _owner(server) is None:
+        _give_back(server, server.pid)
     try:
         path = hook_dir(server.pid)
         if hook_dir_problem(path, server.pid, os.geteuid()) is None:

@@ -4,7 +4,11 @@ Thread masks (``pin --pid``, ``run --pid``, ``--front-cpus``) and the moves of
 ``audit --isolate --apply`` (threads and IRQ affinities) are written here
 *before* they are made, through :mod:`tuna_lab._files`, into this user's state
 folder (:func:`~tuna_lab.live.state.state_dir`): one record per server
-(``pins-MASTER-START.json``) and one for isolation (``isolation.json``). Each
+(``pins-MASTER-START.json``) and one for isolation (``isolation.json``); the
+masks a server's own Gunicorn hooks (and the lab server's workers) set on
+their own threads go to ``hooks-MASTER-START.json`` (:func:`bind_recorded`),
+apart from ``pin --pid``'s: to ``pin``, ``unpin`` and ``run --pid`` they are
+the server's own masks. Each
 entry names the process (PID and start time), the thread (TID and its own
 start time), the mask before tuna_lab's *first* change, and the mask set.
 
@@ -39,7 +43,8 @@ from .binding import affinity_of, bind, threads_of
 from .state import state_dir, state_dirs, state_lock
 
 __all__ = ["LEDGER_FORMAT", "Change", "Record", "GiveBack", "pins_record", "isolation_record", "pin_records",
-           "record_pins", "signals_give_back", "Signalled", "FATAL_SIGNALS"]
+           "record_pins", "signals_give_back", "Signalled", "FATAL_SIGNALS", "still_pinned", "hooks_record",
+           "bind_recorded", "give_back_hooks"]
 
 #: The ``format`` of every record file.
 LEDGER_FORMAT = "tuna_lab.ledger/1"
@@ -356,8 +361,9 @@ class Record:
 
 
 def _remove_dead(folder):
-    """Remove ``pins-PID-START.json`` (and its lock) of servers that are gone from this user's ``folder``."""
-    pattern = re.compile(r"pins-(\d+)-(\d+)\.(json|lock)")
+    """Remove ``pins-PID-START.json`` and ``hooks-PID-START.json`` (and their locks) of servers that are gone
+    from this user's ``folder``."""
+    pattern = re.compile(r"(?:pins|hooks)-(\d+)-(\d+)\.(json|lock)")
     with contextlib.suppress(OSError):
         for name in os.listdir(folder):
             match = pattern.fullmatch(name)
@@ -374,6 +380,19 @@ def pins_record(master):
     if ticks is None:
         raise PinError(f"no process with PID {master}")
     return f"pins-{int(master)}-{ticks}"
+
+
+def hooks_record(master):
+    """The name of the record of the masks server ``master``'s own hooks set (its PID and start time).
+
+    Apart from :func:`pins_record`: ``pin --pid``, ``unpin --pid`` and
+    ``run --pid`` take the hooks' masks as the server's own (what it was
+    deployed with), and give back to them, never past them.
+    """
+    ticks = start_ticks(master)
+    if ticks is None:
+        raise PinError(f"no process with PID {master}")
+    return f"hooks-{int(master)}-{ticks}"
 
 
 def isolation_record():
@@ -422,6 +441,98 @@ def record_pins(record, pid, slot, intent):
     for tid, (now, wanted) in intent.items():
         record.record_thread(pid, tid, now, wanted, slot)
     record.save()
+
+
+def still_pinned(threads):
+    """Whether a thread of a pin record (:func:`pin_records`' ``threads``) is still on the mask tuna_lab set.
+
+    A pin in effect, not a kept entry: the ledger keeps an entry it could not
+    give back - a mask someone else changed since - and says so at each
+    ``unpin``; such a thread is no longer on a mask of ours, so it does not
+    make the server pinned. A thread that ended does not either.
+
+    Examples
+    --------
+    >>> still_pinned({os.getpid(): {"set": sorted(os.sched_getaffinity(0))}}), still_pinned({})
+    (True, False)
+    """
+    for tid, entry in threads.items():
+        try:
+            if sorted(affinity_of(int(tid))) == sorted(entry["set"]):
+                return True
+        except BindingError:
+            continue                        # the thread ended
+    return False
+
+
+def bind_recorded(master, plan, slot, pool, *, exact_main=True):
+    """Bind this worker's main thread and ``pool`` to ``slot`` of ``plan``, each mask in the ledger first.
+
+    What the Gunicorn hooks' ``post_worker_init`` and the lab server's
+    worker (:func:`tuna_lab.server.pinning.pin_worker`) call: the binding is
+    :func:`~tuna_lab.live.binding.bind_worker`'s, the record
+    :func:`hooks_record` of ``master``, written (locked, in this user's state
+    folder: under Gunicorn's ``user =``, the workers' user's) before any
+    mask changes. Entries of workers that are gone (a replacement takes
+    their slot) are dropped from it at the same time. A thread whose binding
+    failed is not kept: its mask is not one tuna_lab set.
+
+    Returns
+    -------
+    (list of ThreadBinding, str or None)
+        The bindings, and None - or one line saying why the masks are not in
+        the ledger (no private state folder, a record refused): they are
+        bound all the same, being the worker's own threads, which end with it.
+    """
+    from .binding import bind_worker
+
+    pid = os.getpid()
+    dry = bind_worker(plan, slot, pool, pid, exact_main=exact_main, dry_run=True)
+    intent = {b.tid: (b.cpus, b.planned) for b in dry if b.error is None}
+    try:
+        name = hooks_record(master)
+        with state_lock(name):
+            record = Record.load(name)
+            gone = {c.pid for c in record.changes.values()
+                    if c.kind == "thread" and c.pid != pid and start_ticks(c.pid) != c.pid_started}
+            gone |= {p for p, known in record.processes.items() if p != pid and start_ticks(p) != known["started"]}
+            if gone:
+                record.give_back(gone)      # nothing to give back: their entries go
+            record_pins(record, pid, slot, intent)
+            bound = bind_worker(plan, slot, pool, pid, exact_main=exact_main)
+            failed = {b.tid for b in bound if b.error is not None}
+            if failed:
+                record.forget([k for k, c in record.changes.items() if c.kind == "thread" and c.pid == pid
+                               and int(c.target) in failed])
+                record.save()
+            return bound, None
+    except (PinError, OSError) as exc:
+        problem = f"the masks of worker {pid} are not recorded in tuna_lab's ledger ({exc})"
+    return bind_worker(plan, slot, pool, pid, exact_main=exact_main), problem
+
+
+def give_back_hooks(master, pids=None):
+    """Give back, by the one rule, the masks server ``master``'s hooks set (of workers ``pids`` only, if given).
+
+    Called by the hooks when a worker exits (``worker_exit`` in the worker,
+    ``child_exit`` in the master) and when the server stops (``on_exit``):
+    a worker that is gone has nothing to give back, and its entries go; a
+    live one gets its masks back where they are still the ones set. Touches
+    nothing - not even the state folder - when this user has no such record.
+
+    Returns
+    -------
+    GiveBack or None
+        None: no record (or ``master`` is gone).
+    """
+    try:
+        name = hooks_record(master)
+    except PinError:
+        return None
+    if not any(os.path.lexists(os.path.join(folder, f"{name}.json")) for folder in state_dirs()):
+        return None
+    with state_lock(name):
+        return Record.load(name).give_back(None if pids is None else set(pids))
 
 
 # -- signals --------------------------------------------------------------------------------------

@@ -5,6 +5,11 @@ read back from ``/proc``; the server is never restarted. Every mask set goes
 through the ledger (:mod:`tuna_lab.live.ledger`) and is given back by its one
 rule when the run ends, however it ends. :func:`thread_masks` reads every
 thread's mask at the start: what ``cfs`` checks the server is on.
+
+Such a server sends no per-request scheduler evidence: during each load its
+workers' threads are sampled at a fixed rate instead
+(:class:`~tuna_lab.measure.sampled.SchedSampler`, ``--sample-hz``), and the
+manifest and each trial's row say so (``sched_evidence``).
 """
 
 import contextlib
@@ -17,6 +22,7 @@ import psutil
 
 from .._checks import format_cpulist, one_line, positive_int
 from ..errors import TargetError, TunaError
+from ..live.ledger import still_pinned as _still_pinned
 from .loadgen.requests import Requests
 from .target import Live, Target, check_connectable, server_name, worker_runtimes
 
@@ -59,13 +65,19 @@ class AttachedTarget(Target):
         are made for the server's other CPUs
         (:func:`~tuna_lab.live.pin.server_cpus`); ``cfs`` leaves them
         as they were.
+    sample_hz : float, optional
+        How often the workers' scheduler counters are read during a load, to
+        attribute to the requests in flight (default
+        :data:`~tuna_lab.measure.sampled.DEFAULT_HZ`; at most
+        :data:`~tuna_lab.measure.sampled.MAX_HZ`).
     """
 
     kind = "attached"
     restarts = False
 
-    def __init__(self, pid, url, threads, requests=None, label=None, force=False, front_cpus=None):
+    def __init__(self, pid, url, threads, requests=None, label=None, force=False, front_cpus=None, sample_hz=None):
         from .loadgen.wire import check_url
+        from .sampled import DEFAULT_HZ, check_hz
 
         try:
             self.url = check_url(url)
@@ -79,6 +91,7 @@ class AttachedTarget(Target):
         self.label = label or f"pid{self.master}"
         self.force = bool(force)
         self.front_cpus = None if front_cpus is None else tuple(sorted({int(c) for c in front_cpus}))
+        self.sample_hz = check_hz(DEFAULT_HZ if sample_hz is None else sample_hz)
         self.masks = None
         self.workers = None
         self._runtimes = None
@@ -178,6 +191,22 @@ class AttachedTarget(Target):
             if signals is not None:
                 signals.close()
 
+    def sampled_at(self, hz=None):
+        """This target, its workers' scheduler counters sampled at ``hz`` (None: as it was); TargetError
+        for a rate :func:`~tuna_lab.measure.sampled.check_hz` refuses."""
+        from .sampled import check_hz
+
+        if hz is not None:
+            self.sample_hz = check_hz(hz)
+        return self
+
+    def sched_sampler(self, threads):
+        """The workers' ``threads`` sampled at :attr:`sample_hz` over a load: the server has no hook to send
+        its scheduler counters per request."""
+        from .sampled import SchedSampler
+
+        return SchedSampler(threads, self.sample_hz)
+
     @contextlib.contextmanager
     def apply(self, policy):
         plan = self._plan(policy)
@@ -187,13 +216,17 @@ class AttachedTarget(Target):
                    front_cpus=None if plan is None else self.front_cpus)
 
     def describe(self):
+        from .sampled import sampled_words
+
         try:
             command = psutil.Process(self.master).cmdline()
         except psutil.Error:
             command = None
         return {"kind": self.kind, "pid": self.master, "url": self.url, "server": server_name(command),
                 "command": command, "runtimes": self._runtimes or {},
-                "front_cpus": None if self.front_cpus is None else list(self.front_cpus)}
+                "front_cpus": None if self.front_cpus is None else list(self.front_cpus),
+                # Each trial's row says what its requests carry (the server's own, where it sends them).
+                "sched_evidence": sampled_words(self.sample_hz), "sample_hz": self.sample_hz}
 
 
 # -- masks of a running server -------------------------------------------------------------------
@@ -238,22 +271,3 @@ def thread_masks(master):
                 found[tid] = tuple(sorted(affinity_of(tid)))
         masks.processes[proc.pid] = found
     return masks
-
-
-def _still_pinned(threads):
-    """Whether a thread of a pin record is still on the mask tuna_lab set (a pin in effect, not a kept entry).
-
-    The ledger keeps an entry it could not give back - a mask someone else changed since - and says so at each
-    ``unpin``; such a thread is no longer on a mask of ours, so it does not make the server pinned.
-    """
-    from ..errors import BindingError
-    from ..live.binding import affinity_of
-
-    for tid, entry in threads.items():
-        try:
-            if sorted(affinity_of(int(tid))) == sorted(entry["set"]):
-                return True
-        except BindingError:
-            continue                        # the thread ended
-    return False
-

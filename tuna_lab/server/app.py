@@ -62,6 +62,9 @@ import numpy as np
 
 from .._checks import positive_int, positive_number, shorten
 from ..errors import ServerError
+# The per-request scheduler evidence is shared with a user's app under the Gunicorn hooks (issue 50): defined
+# once, below this layer; SCHED_METRICS, sched_delta and sched_timing stay importable from here.
+from ..integrations.timing import SCHED_METRICS, sched_delta, sched_timing
 from ..live.binding import threads_of
 from ..live.pools import new_pool_threads
 from ..machine.sched import KeptCounters
@@ -85,22 +88,6 @@ _CHUNK = 1 << 16
 VALUE_BYTES = 64
 # What a body holds beyond its values: braces, the "rows" key, white space.
 _SHAPE_SLACK = 4096
-
-#: The scheduler's evidence of one ``/predict`` in its ``Server-Timing`` header: metric -> (parameter, meaning).
-#: ``dur`` metrics are milliseconds, ``desc`` ones whole counts; the serving threads are the calling thread
-#: and every other thread of the worker (its OpenMP team), read at the request's start and end
-#: (:func:`sched_delta`). ``app`` is the request's ``server_seconds``.
-SCHED_METRICS = {
-    "app": ("dur", "the worker's time for the request"),
-    "cpu": ("dur", "on-CPU time of the serving threads (their CPU clocks)"),
-    "tuna-rq": ("dur", "run-queue wait of the serving threads: runnable, waiting for a CPU (schedstat)"),
-    "tuna-rq-main": ("dur", "run-queue wait of the calling thread alone"),
-    "tuna-nvcsw": ("desc", "voluntary switches of the serving threads (they slept or blocked)"),
-    "tuna-nivcsw": ("desc", "involuntary switches of the serving threads (preemptions)"),
-    "tuna-mig": ("desc", "migrations of the serving threads (absent where the kernel hides se.nr_migrations)"),
-    "tuna-cpu-last": ("desc", "the CPU the calling thread ran on last"),
-}
-
 
 class _HTTPError(Exception):
     """A request the app refuses: ``status`` and a one-line ``reason`` for the client."""
@@ -468,68 +455,6 @@ class InferenceApp:
                 self._log_file.write(line)
         except OSError as exc:
             log.warning("request log not written: %s", exc)
-
-
-def sched_delta(before, after, caller):
-    """What the serving threads did between two :meth:`~tuna_lab.machine.sched.KeptCounters.read` readings.
-
-    A thread in ``after`` but not ``before`` was born in between and counts
-    from zero; one gone by ``after`` is left out.
-
-    Returns
-    -------
-    dict
-        ``wait`` (run-queue wait of every thread, s), ``wait_main`` (of
-        ``caller`` alone, s), ``voluntary``, ``involuntary`` (switches),
-        ``migrations`` (None where the kernel hides them) and ``last_cpu``
-        (``caller``'s, None if it was not read).
-
-    Examples
-    --------
-    >>> before = {1: (0, 1000, 5, 1, 0, 0), 2: (0, 0, 9, 0, 3, 1)}
-    >>> after = {1: (9, 3000, 6, 2, 1, 1), 2: (9, 500000, 9, 4, 3, 1), 3: (1, 0, 1, 0, 0, 0)}
-    >>> d = sched_delta(before, after, caller=1)
-    >>> d["wait"], d["wait_main"], d["voluntary"], d["involuntary"], d["migrations"], d["last_cpu"]
-    (0.000502, 2e-06, 2, 5, 1, 1)
-    """
-    zero = (0, 0, 0, 0, 0, 0)
-    wait = vol = invol = mig = 0
-    known = True
-    for tid, now in after.items():
-        was = before.get(tid, zero)
-        wait += now[1] - was[1]
-        vol += now[2] - was[2]
-        invol += now[3] - was[3]
-        if now[4] < 0:
-            known = False        # this kernel does not count migrations
-        else:
-            mig += now[4] - was[4]
-    main = after.get(caller)
-    wait_main = None if main is None else (main[1] - before.get(caller, zero)[1]) / 1e9
-    return {"wait": wait / 1e9, "wait_main": wait_main, "voluntary": vol, "involuntary": invol,
-            "migrations": mig if known and after else None, "last_cpu": None if main is None else main[5]}
-
-
-def sched_timing(server_seconds, cpu_seconds, delta):
-    """The ``Server-Timing`` value of one request's :data:`SCHED_METRICS`.
-
-    Examples
-    --------
-    >>> print(sched_timing(0.012, 0.02, {"wait": 0.001, "wait_main": 0.0, "voluntary": 3, "involuntary": 1,
-    ...                                  "migrations": None, "last_cpu": 1}))   # doctest: +NORMALIZE_WHITESPACE
-    app;dur=12.000, cpu;dur=20.000, tuna-rq;dur=1.000, tuna-rq-main;dur=0.000, tuna-nvcsw;desc=3,
-    tuna-nivcsw;desc=1, tuna-cpu-last;desc=1
-    """
-    parts = [f"app;dur={server_seconds * 1e3:.3f}", f"cpu;dur={cpu_seconds * 1e3:.3f}",
-             f"tuna-rq;dur={delta['wait'] * 1e3:.3f}"]
-    if delta["wait_main"] is not None:
-        parts.append(f"tuna-rq-main;dur={delta['wait_main'] * 1e3:.3f}")
-    parts += [f"tuna-nvcsw;desc={delta['voluntary']}", f"tuna-nivcsw;desc={delta['involuntary']}"]
-    if delta["migrations"] is not None:
-        parts.append(f"tuna-mig;desc={delta['migrations']}")
-    if delta["last_cpu"] is not None:
-        parts.append(f"tuna-cpu-last;desc={delta['last_cpu']}")
-    return ", ".join(parts)
 
 
 def max_rows_default(model):

@@ -10,6 +10,14 @@ A worker's *slot* (0..W-1) is the one it took in the integration's
 file held for its life); a replacement worker takes the slot its
 predecessor freed, so it is re-pinned to the same cores as soon as it is warm -
 the first caveat of the article's closing remarks.
+
+Every mask a worker sets is written first in tuna_lab's ledger
+(:func:`~tuna_lab.live.ledger.bind_recorded`: the record ``hooks-MASTER-START``
+in this user's state folder, the Gunicorn hooks' own), and given back by its one
+rule when the worker exits or the server stops (the hooks' ``child_exit`` and
+``on_exit``, which the lab server's config takes). ``worker-SLOT.json`` in the
+server's state folder is the launcher's report of the binding (roles, read-back,
+readiness), not a record to give masks back by.
 """
 
 import logging
@@ -20,6 +28,7 @@ import time
 from .._files import write_json
 from ..errors import BindingError
 from ..live.binding import affinity_of, bind_worker, threads_of
+from ..live.ledger import bind_recorded
 from ..placement.plan import PinnedBy, Plan
 
 __all__ = ["pin_worker", "drop_record", "read_plan", "record_path", "PLAN_FILE"]
@@ -101,11 +110,17 @@ def pin_worker(app, slot, plan, state_dir):
     warm = time.time()
     # Only tuna_lab's placements are bound here; the OpenMP runtime binds its own, and cfs nothing.
     dry = plan.pinned_by != PinnedBy.TUNA_LAB
-    bound = bind_worker(plan, slot, pool, pid, dry_run=dry)
+    master = os.getppid()                   # the Gunicorn master: the ledger's record is its
+    if dry:
+        bound = bind_worker(plan, slot, pool, pid, dry_run=True)
+    else:
+        bound, problem = bind_recorded(master, plan, slot, pool)
+        if problem:
+            log.warning("worker %s (slot %s): %s; pinned all the same (its threads end with it)", pid, slot, problem)
     if not dry and any(b.error for b in bound):
         # A pool thread may have been replaced: bind the live ones once more.
         live = set(threads_of(pid))
-        bound = bind_worker(plan, slot, [t for t in pool if t in live], pid)
+        bound, _ = bind_recorded(master, plan, slot, [t for t in pool if t in live])
         failed = [b.error for b in bound if b.error]
         if failed:
             _fail(state_dir, slot, pid, f"binding failed: {failed[0]}")

@@ -43,10 +43,9 @@ def add_parser(subparsers, command=None):
 def _add_run(subparsers):
     r = subparsers.add_parser(
         "run", help=COMMANDS["run"].help,
-        description="Measure a server once per policy and trial, with its threads pinned by the policy, and record "
-                    "every request; prints p50/p99 per policy and the p99 speedups over cfs (the article's method). "
-                    "The server is tuna_lab's own Gunicorn + XGBoost server (the default), your app started by "
-                    "tuna_lab (--app), or a server already running (--pid with --url), pinned live and given back "
+        description="Measure a server under each policy, once per trial, its threads pinned by the policy: p50 "
+                    "and p99 per policy and the p99 speedups over cfs, the article's way. The server is tuna_lab's "
+                    "own (the default), your app (--app), or one already running (--pid with --url), given back "
                     "its CPU masks at the end.",
         epilog="examples:\n"
                "  tuna-lab run -w 2 -t 2 --model small --trials 3 --requests 200\n"
@@ -58,30 +57,27 @@ def _add_run(subparsers):
                "--policies cfs,round-robin,tuna-scatter\n")
     add_size_options(r, required=False)
     r.add_argument("--model", default="medium", help=MEASURE_HELP["model"])
-    r.add_argument("--batch", type=int, default=100, help=MEASURE_HELP["batch"])
+    r.add_argument("--batch", type=int, default=100, metavar="ROWS", help=MEASURE_HELP["batch"])
     r.add_argument("--policies", default="cfs,round-robin,tuna-scatter",
                    help=policies_help("comma-separated placement policies"))
-    r.add_argument("--trials", type=int, default=5, help=MEASURE_HELP["trials"])
-    r.add_argument("--requests", type=int, default=None,
-                   help="requests per policy and trial (default 1000; with --rate: as many as --duration holds)")
-    r.add_argument("--concurrency", type=int, default=None,
-                   help="in flight (default: all, as the article; with --pid: %d per worker - a running server is "
-                        "a live service, and %d per worker keeps each worker busy with one more waiting, where "
-                        "all at once would measure the queue rather than the serving)" % (_PID_CONCURRENCY,
-                                                                                          _PID_CONCURRENCY))
+    r.add_argument("--trials", type=int, default=5, metavar="N", help=MEASURE_HELP["trials"])
+    r.add_argument("--requests", type=int, default=None, metavar="N",
+                   help="requests per policy and trial (default: 1000; with --rate: what --duration holds)")
+    # With --pid, a live service: two per worker keep each busy with one more waiting; all at once would
+    # measure the queue rather than the serving.
+    r.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help="requests in flight (default: all, as the article; with --pid: %d per worker)"
+                        % _PID_CONCURRENCY)
     r.add_argument("--rate", type=positive_float_arg, default=None, metavar="PER_S",
-                   help="open loop: Poisson arrivals at this many requests per second (with --duration)")
+                   help="open loop: Poisson arrivals a second (with --duration)")
     r.add_argument("--duration", type=positive_float_arg, default=None, metavar="S",
                    help="open loop: seconds of arrivals per trial")
-    r.add_argument("--max-error-rate", type=float, default=0.01, metavar="SHARE",
-                   help="a trial with a larger share of failed requests (non-2xx, timeouts) is marked failed "
-                        "(default 0.01)")
-    r.add_argument("--seed", type=int, default=0, help=MEASURE_HELP["seed"])
-    r.add_argument("--out", default=None,
-                   help="results folder (a cell folder is written inside; default: nothing is written)")
+    r.add_argument("--max-error-rate", type=float, default=0.01, metavar="R", help=MEASURE_HELP["errors"])
+    r.add_argument("--seed", type=int, default=0, metavar="N", help=MEASURE_HELP["seed"])
+    r.add_argument("--out", default=None, metavar="DIR",
+                   help="results folder, a cell folder inside (default: none)")
     r.add_argument("--csv", action="store_true", help="also write CSV copies of the tables")
-    r.add_argument("--json", action="store_true",
-                   help="print one JSON object: the summary rows, the speedups and the files written")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
     add_wait_options(r)
     add_strict_option(r)
     add_client_cpus_option(r)
@@ -99,9 +95,9 @@ def _add_demo(subparsers):
         epilog="examples:\n"
                "  tuna-lab demo\n"
                "  tuna-lab demo --offline                    only the mappings, in seconds\n")
-    d.add_argument("--out", default="results", help="results folder; the demo writes OUT/demo")
-    d.add_argument("--trials", type=int, default=3, help=MEASURE_HELP["trials"])
-    d.add_argument("--requests", type=int, default=200, help=MEASURE_HELP["requests"])
+    d.add_argument("--out", default="results", metavar="DIR", help="results folder; the demo writes DIR/demo")
+    d.add_argument("--trials", type=int, default=3, metavar="N", help=MEASURE_HELP["trials"])
+    d.add_argument("--requests", type=int, default=200, metavar="N", help=MEASURE_HELP["requests"])
     d.add_argument("--offline", action="store_true", help="only the mappings, no server")
     d.set_defaults(func=_cmd_demo)
     return d
