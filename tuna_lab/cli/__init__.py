@@ -42,24 +42,48 @@ def _module(command):
 
 
 class _HelpFormatter(argparse.HelpFormatter):
-    """argparse's formatter, showing an option's default when it has a meaningful one.
+    """argparse's formatter, in one style for every command.
 
-    ``argparse.ArgumentDefaultsHelpFormatter`` would add "(default: None)" to
-    every option without one and "(default: False)" to every flag; here a
-    default is shown only when it is not None, False or empty, and not when the
-    help already says it. Description and epilog paragraphs are wrapped as
-    usual, but indented lines (the examples) are kept as written, as
-    ``RawDescriptionHelpFormatter`` would keep them.
+    * A default is written one way, ``(default: X)`` at the end of the help:
+      added here when the option has a meaningful one (not None, False or
+      empty; ``argparse.ArgumentDefaultsHelpFormatter`` would add "(default:
+      None)" to every option without one), and not when the help says it
+      already, in those words (tests/test_cli_names.py holds every help to it).
+    * An option is shown as ``-w, --workers W``, not ``-w W, --workers W``.
+    * The usage line names the required options and the positionals, then
+      ``[options]``: the options are listed below it, each once.
+    * Description and epilog paragraphs are wrapped as usual, but indented
+      lines (the examples) are kept as written, as ``RawDescriptionHelpFormatter``
+      would keep them.
     """
 
     def _get_help_string(self, action):
         help = action.help or ""
         default = action.default
-        shown = (default is not None and default is not False and default != "" and default is not argparse.SUPPRESS
+        shown = (default is not None and default is not False and default is not argparse.SUPPRESS
+                 and not (isinstance(default, (str, list, tuple)) and not default)
                  and "(default" not in help and "%(default)" not in help)
         if shown and (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)):
             help += " (default: %(default)s)"
         return help
+
+    def _format_action_invocation(self, action):
+        if not action.option_strings or action.nargs == 0:
+            return super()._format_action_invocation(action)
+        value = self._format_args(action, self._get_default_metavar_for_optional(action))
+        return f"{', '.join(action.option_strings)} {value}"
+
+    def add_usage(self, usage, actions, groups, prefix=None):
+        if usage is None and actions:
+            actions = list(actions)
+            required = {a for g in groups if getattr(g, "required", False) for a in g._group_actions}
+            shown = [a for a in actions if a.required or not a.option_strings or a in required]
+            if any(a not in shown and a.help is not argparse.SUPPRESS and a.dest not in ("help", "version")
+                   for a in actions):
+                # A positional that stands for the rest: argparse writes an optional one as "[options]".
+                shown.append(argparse.Action([], "options", nargs=argparse.OPTIONAL))
+            actions = shown
+        super().add_usage(usage, actions, groups, prefix)
 
     def _split_lines(self, text, width):
         # Not at hyphens: "tuna-scatter" and "--time-limit" stay whole.

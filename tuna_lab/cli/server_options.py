@@ -1,12 +1,21 @@
 """Options of the commands that act on a running server (``pin``, ``unpin``, ``status``, ``plan --pid``,
-``audit``, ``run --pid``): its workers (``--workers``/``--worker-match``), its front's CPUs
+``audit``, ``run --pid``): its workers (``--worker-pids``/``--worker-match``), its front's CPUs
 (``--front-cpus``) and the traffic that tells its threads by what they do (``--url``).
 
 Only the standard library is imported here at module level (:mod:`tuna_lab.cli.options` re-exports them).
 """
 
+import argparse
+
 __all__ = ["add_front_cpus_option", "front_cpus_of", "add_worker_options", "worker_choice_of",
            "add_traffic_options", "traffic_of"]
+
+#: Where the help of these options points for what they do in full (said once, there).
+CLI_DOCS = "docs/cli.md"
+
+#: The release that gave a list of worker PIDs its one name, ``--worker-pids`` (``--workers`` is a count).
+RENAMED_IN = "0.1.0"
+
 
 
 def add_front_cpus_option(parser, help=None):
@@ -23,10 +32,8 @@ def add_front_cpus_option(parser, help=None):
     '0'
     """
     parser.add_argument("--front-cpus", default=None, metavar="CPULIST",
-                        help=help or "CPUs (e.g. 0 or 0-1) for the master, the helpers and the front ends (all their "
-                             "threads, with `pin`): the workers' plan is made for the other CPUs, and a --plan "
-                             "that uses one of these is refused. For a master or API front end that parses "
-                             "requests itself (MLServer, LitServe); `unpin` gives their masks back too")
+                        help=help or "CPUs (e.g. 0) for all threads of the master, helpers and front ends; the "
+                                     f"workers get the rest ({CLI_DOCS})")
 
 
 def front_cpus_of(args, cpus):
@@ -50,11 +57,25 @@ def front_cpus_of(args, cpus):
     return front
 
 
-def add_worker_options(parser, flag="--workers"):
-    """Add ``--workers PID,PID`` and ``--worker-match REGEX``: name the workers instead of discovering them.
+class _Renamed(argparse.Action):
+    """``--workers`` where it used to be a list of worker PIDs: refused in one line (exit 2), pointing to
+    ``--worker-pids``, for one release; then it is an unknown option like any other."""
 
-    ``flag`` names the first option (``plan`` says ``--worker-pids``: its
-    ``-w/--workers`` is W, a count).
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=argparse.OPTIONAL, default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error(f"{option_string} is a worker count; a list of worker PIDs is --worker-pids "
+                     f"(renamed in {RENAMED_IN})")
+
+
+def add_worker_options(parser, renamed=True):
+    """Add ``--worker-pids PID,PID`` and ``--worker-match REGEX``: name the workers instead of discovering them.
+
+    ``renamed``: refuse ``--workers``, these commands' old name of ``--worker-pids``
+    (``pin``, ``unpin``, ``status``, ``audit``); ``plan`` passes False: its
+    ``-w/--workers`` is W, a count, as everywhere.
 
     Examples
     --------
@@ -62,27 +83,24 @@ def add_worker_options(parser, flag="--workers"):
     >>> p = argparse.ArgumentParser()
     >>> add_worker_options(p)
     >>> a = p.parse_args(["--worker-match", "inference"])
-    >>> a.workers_pids, a.worker_match
+    >>> a.worker_pids, a.worker_match
     (None, 'inference')
     """
-    g = parser.add_argument_group(
-        "which processes are the workers",
-        "By default the workers are the master's children that run an inference runtime (XGBoost, ONNX Runtime, "
-        "PyTorch, LightGBM, OpenMP) - those that hold no socket when a front end passes requests to them - or, "
-        "with no runtime loaded, that hold the server's socket; the rest (a multiprocessing Manager, a front end, "
-        "a metrics exporter) are helpers, listed with the reason by `status --pid`, never pinned.")
+    g = parser.add_argument_group(f"which processes are the workers (discovered unless named; see {CLI_DOCS})")
     which = g.add_mutually_exclusive_group()
-    which.add_argument(flag, dest="workers_pids", default=None, metavar="PID,PID",
-                       help="the worker processes (children or descendants of the master); slots go in their start order")
+    which.add_argument("--worker-pids", default=None, metavar="PIDS",
+                       help="the workers' PIDs, comma-separated (under the master); slots go in their start order")
     which.add_argument("--worker-match", default=None, metavar="REGEX",
-                       help="the workers are the processes under the master whose command line REGEX matches")
+                       help="the workers: the processes under the master whose command line REGEX matches")
+    if renamed:
+        parser.add_argument("--workers", action=_Renamed)
 
 
 def worker_choice_of(args):
-    """The :class:`~tuna_lab.live.roles.WorkerChoice` of ``--workers``/``--worker-match`` (None: discover)."""
+    """The :class:`~tuna_lab.live.roles.WorkerChoice` of ``--worker-pids``/``--worker-match`` (None: discover)."""
     from ..live.roles import WorkerChoice
 
-    choice = WorkerChoice.parse(getattr(args, "workers_pids", None), getattr(args, "worker_match", None))
+    choice = WorkerChoice.parse(getattr(args, "worker_pids", None), getattr(args, "worker_match", None))
     return choice or None
 
 
@@ -98,14 +116,9 @@ def add_traffic_options(parser):
     >>> a.url, a.method, a.header
     ('http://127.0.0.1:8000/', None, ['A: b', 'C:d'])
     """
-    g = parser.add_argument_group(
-        "finding pool threads by their activity",
-        "A thread that waits in libc (ONNX Runtime's own pool, a PyTorch inter-op thread) is told from "
-        "helper threads by the CPU time it runs while its worker serves requests: --url sends a few "
-        "(at least 8, at most 64, within 15 s; as many at once as there are workers) and measures.")
-    g.add_argument("--url", default=None, help="a loopback URL of a request that runs the model, "
-                                                "e.g. http://127.0.0.1:8000/predict")
-    g.add_argument("--method", default=None, help="HTTP method (default: POST with --body, else GET)")
+    g = parser.add_argument_group(f"finding pool threads by their activity (see {CLI_DOCS})")
+    g.add_argument("--url", default=None, help="a loopback URL that runs the model, e.g. http://127.0.0.1:8000/predict")
+    g.add_argument("--method", default=None, help="the HTTP method (default: POST with --body, else GET)")
     g.add_argument("--header", action="append", default=[], metavar="K:V", help="a request header; repeatable")
     g.add_argument("--body", default=None, metavar="FILE", help="the request body, read from FILE ('-': stdin)")
 

@@ -53,14 +53,14 @@ def add_parser(subparsers, command=None):
     a.add_argument("--model", required=True,
                    help="small, medium or large; or your app's label in the results (`sweep --app`)")
     a.add_argument("--batch", type=int, default=None,
-                   help="rows per request (default 100; none for your app, whose requests are its own)")
+                   help="rows per request; none for your app, whose requests are its own (default: 100)")
     add_wait_options(a)
     a.add_argument("--results", default=DEFAULT_RESULTS, metavar="DIR",
                    help=f"sweep results to learn from (default: {DEFAULT_RESULTS})")
     a.add_argument("--json", action="store_true", help="print one JSON object")
     a.add_argument("--skip-unreadable", action="store_true",
-                   help="learn without the cells that cannot be read, still naming each on stderr; without it "
-                        "they are named and the status is 1")
+                   help="learn without the cells that cannot be read, naming each on stderr (without it: "
+                        "exit 1)")
     a.set_defaults(func=_cmd_advise)
     return a
 

@@ -34,6 +34,11 @@ def add_parser(subparsers, command=None):
     """
     a = subparsers.add_parser(
         "audit", help=COMMANDS["audit"].help,
+        description="A running server's placement as the kernel shows it: each thread's role, CPU mask, last "
+                    "CPU, run-queue wait and migrations per second, beside its plan; then what is wrong (drift, "
+                    "replaced workers, overlapping pools, foreign load, IRQs, throttling), each with its "
+                    "evidence and what to do. Without --pid: which processes are pinned where. Changes nothing "
+                    "unless --isolate --apply.",
         epilog="examples:\n"
                "  tuna-lab audit --pid MASTER                        the server, its threads and the findings\n"
                "  tuna-lab audit --pid MASTER --plan plan.json --json\n"
@@ -47,14 +52,13 @@ def add_parser(subparsers, command=None):
     a.add_argument("--pid", type=int, default=None, metavar="MASTER",
                    help="the server's master process (default: the machine-wide view)")
     a.add_argument("--plan", default=None, metavar="FILE",
-                   help="the plan the server should follow (default: the Gunicorn hooks' plan, or the masks "
-                        "`pin --pid` set)")
+                   help="the plan the server should follow (default: the hooks' plan, or the masks `pin` set)")
     a.add_argument("--interval", type=positive_float_arg, default=1.0, metavar="S",
-                   help="seconds over which rates (CPU, run-queue wait, migrations, IRQs) are measured")
+                   help="seconds over which the rates (CPU, run-queue wait, migrations, IRQs) are measured")
     a.add_argument("--json", action="store_true", help="print one JSON object: the snapshot and the findings")
     a.add_argument("--isolate", action="store_true",
-                   help="print the commands that move other processes' busy threads confined to the serving CPUs, "
-                        "and movable IRQs, off them")
+                   help="print the commands that move other processes' busy threads and movable IRQs off the "
+                        "serving CPUs")
     a.add_argument("--apply", action="store_true", help="with --isolate: make those moves, and record them")
     add_worker_options(a)
     a.set_defaults(func=_cmd_audit)
@@ -70,8 +74,8 @@ def _cmd_audit(args):
 
     if args.apply and not args.isolate:
         raise PinError("--apply makes the moves of --isolate: give --isolate too")
-    if args.pid is None and (args.plan or args.isolate or args.workers_pids or args.worker_match):
-        raise PinError("--plan, --isolate, --workers and --worker-match need a server: give --pid MASTER")
+    if args.pid is None and (args.plan or args.isolate or args.worker_pids or args.worker_match):
+        raise PinError("--plan, --isolate, --worker-pids and --worker-match need a server: give --pid MASTER")
     if args.interval > 60:
         raise PinError(f"--interval {args.interval:g} is more than 60 s")
     if args.interval < audit.MIN_INTERVAL:

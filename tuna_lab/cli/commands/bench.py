@@ -34,53 +34,82 @@ def add_parser(subparsers, command=None):
     """
     b = subparsers.add_parser(
         "bench", help=COMMANDS["bench"].help,
-        description="solver: the article's 72-model grid and the 384-core cases, solve times and model sizes "
-                    "per encoding, into a CSV. tune: `tune` against an exhaustive search of the same candidates at the same trial lengths (the lab server, medium model, batch 100, p99 target twice the best single-request latency). load: tuna_lab's load generator side by side with Debian's wrk "
-                    "(installed if missing and root) against one real server: requests/s, p50, p99 and "
-                    "generator CPU per request, in alternating rounds, and an open loop's send lag at 1,000/s.",
+        description="Three benchmarks, each with its own options (`tuna-lab bench NAME --help`): the solver's "
+                    "times and model sizes, `tune` against an exhaustive search, and tuna_lab's load generator "
+                    "beside Debian's wrk. Each writes a CSV, and with --doc a Markdown report.",
         epilog="examples:\n"
                "  tuna-lab bench solver --quick                a smoke run of a small subset\n"
-               "  tuna-lab bench solver --pairwise-limit 60 --doc docs/solver-bench.md\n"
                "  tuna-lab bench load --doc docs/load-bench.md  tuna_lab's generator vs wrk\n"
-               "  tuna-lab bench load --duration 2 --rounds 1   a short run\n"
                "  tuna-lab bench tune --doc docs/tune-bench.md  tune vs an exhaustive search (medium, batch 100)\n")
-    b.add_argument("what", choices=("solver", "load", "tune"), help="the benchmark to run")
-    b.add_argument("--out", default=None,
-                   help=f"CSV to write (default: {_DEFAULT_OUT['solver']} or {_DEFAULT_OUT['load']})")
-    b.add_argument("--doc", default=None, metavar="FILE", help="also write a Markdown report")
-    solver = b.add_argument_group("solver")
+    which = b.add_subparsers(title="benchmarks", dest="what", required=True, metavar="NAME",
+                             help="the benchmark to run", parser_class=type(b))
+    for name, add in (("solver", _add_solver), ("load", _add_load), ("tune", _add_tune)):
+        sub = add(which)
+        sub.add_argument("--out", default=None, metavar="FILE", help=f"the CSV to write (default: {_DEFAULT_OUT[name]})")
+        sub.add_argument("--doc", default=None, metavar="FILE", help="also write a Markdown report")
+        sub.set_defaults(func=_cmd_bench)
+    return b
+
+
+def _add_solver(which):
+    solver = which.add_parser(
+        "solver", help="solve times and model sizes per encoding",
+        description="The solver benchmark: the article's 72-model grid and the 384- and 768-core cases, solve "
+                    "times and model sizes per encoding, and the relaxed placements where the families conflict, "
+                    "into a CSV (docs/solver-bench.md).",
+        epilog="examples:\n"
+               "  tuna-lab bench solver --quick                a smoke run of a small subset\n"
+               "  tuna-lab bench solver --pairwise-limit 60 --doc docs/solver-bench.md\n")
     solver.add_argument("--quick", action="store_true", help="a small subset (smoke run)")
     solver.add_argument("--pairwise-limit", type=float, default=0.0, metavar="S",
-                        help="also run the literal encoding on small models with this time limit (0: skip)")
+                        help="also the literal encoding on small models, with this time limit (0: skip)")
     solver.add_argument("--scale-only", "--scale", dest="scale_only", action="store_true",
-                        help="only the scale cases (384 and 768 cores, time limits, certificates); with --doc, "
-                             "replace only their section of the report")
+                        help="only the scale cases; with --doc, replace only their section")
     solver.add_argument("--relaxed-only", action="store_true",
-                        help="only the relaxed part: the article machine's 283 configurations (1 s each) and the "
-                             "epyc-9654-2s shapes whose families conflict (10 s); with --doc, replace only its section "
-                             "of the report")
-    load = b.add_argument_group("load")
-    load.add_argument("-w", "--workers", type=int, default=2, help="the server's Gunicorn workers")
-    load.add_argument("-t", "--threads", type=int, default=1, help="OpenMP threads per worker")
-    load.add_argument("--model", default="small", choices=("small", "medium", "large"), help="the server's model")
-    load.add_argument("--batch", type=int, default=10, help="rows per request")
+                        help="only the relaxed placements; with --doc, replace only their section")
+    return solver
+
+
+def _add_load(which):
+    load = which.add_parser(
+        "load", help="tuna_lab's load generator beside Debian's wrk",
+        description="tuna_lab's load generator side by side with Debian's wrk (installed if missing and root) "
+                    "against one real server: requests/s, p50, p99 and generator CPU per request, in alternating "
+                    "rounds, and an open loop's send lag at 1,000 requests/s (docs/load-bench.md).",
+        epilog="examples:\n"
+               "  tuna-lab bench load --doc docs/load-bench.md  tuna_lab's generator vs wrk\n"
+               "  tuna-lab bench load --duration 2 --rounds 1   a short run\n")
+    load.add_argument("-w", "--workers", type=int, default=2, metavar="W", help="the server's worker processes")
+    load.add_argument("-t", "--threads", type=int, default=1, metavar="T", help="OpenMP threads per worker")
+    load.add_argument("--model", default="small", choices=("small", "medium", "large"), metavar="MODEL",
+                      help="the server's model: small, medium or large")
+    load.add_argument("--batch", type=int, default=10, metavar="ROWS", help="rows per request")
     load.add_argument("--policy", default="cfs", help="the server's placement policy")
-    load.add_argument("--connections", type=int, default=8, help="requests in flight, for both tools")
+    load.add_argument("--connections", type=int, default=8, metavar="N", help="requests in flight, for both tools")
     load.add_argument("--duration", type=float, default=5.0, metavar="S",
-                      help="seconds of each wrk run (tuna_lab's runs send what the last rate gives in that time)")
+                      help="seconds of each wrk run; tuna_lab's runs send what the last rate gives in that time")
     load.add_argument("--requests", type=int, default=None, metavar="N",
                       help="a fixed number of requests for tuna_lab's runs instead")
-    load.add_argument("--rounds", type=int, default=5, help="rounds of both tools, in alternating order")
+    load.add_argument("--rounds", type=int, default=5, metavar="N", help="rounds of both tools, in alternating order")
     load.add_argument("--open-duration", type=float, default=3.0, metavar="S",
                       help="seconds of the open loop at 1,000 requests/s against a trivial endpoint")
     load.add_argument("--no-install", action="store_true", help="do not apt-get install wrk if it is missing")
-    tune = b.add_argument_group("tune (tune against an exhaustive search of the same candidates)")
-    tune.add_argument("--race-rounds", type=int, default=4, help="rounds of both searches")
+    return load
+
+
+def _add_tune(which):
+    tune = which.add_parser(
+        "tune", help="`tune` against an exhaustive search of the same candidates",
+        description="`tune` against an exhaustive search of the same candidates at the same trial lengths: the "
+                    "lab server, medium model, batch 100, a p99 target twice the best single-request latency "
+                    "(docs/tune-bench.md).",
+        epilog="example:\n  tuna-lab bench tune --doc docs/tune-bench.md\n")
+    tune.add_argument("--race-rounds", type=int, default=4, metavar="N", help="rounds of both searches")
     tune.add_argument("--step-seconds", type=float, default=1.0, metavar="S", help="the first round's step length")
-    tune.add_argument("--configs", default="auto", metavar="auto|WxT,...", help="the candidates' W x T pairs")
-    tune.add_argument("--policies", default="cfs,round-robin,tuna-scatter", help="the candidates' policies")
-    b.set_defaults(func=_cmd_bench)
-    return b
+    tune.add_argument("--configs", default="auto", metavar="WxT,...", help="the candidates' W x T pairs, or auto")
+    tune.add_argument("--policies", default="cfs,round-robin,tuna-scatter", metavar="LIST",
+                      help="the candidates' policies")
+    return tune
 
 
 def _cmd_bench(args):

@@ -6,7 +6,7 @@ few requests first, to find pool threads that wait in libc by the CPU time
 they run, ``--watch`` keeps replacements pinned, and ``unpin`` gives the
 threads it bound back the masks they had before the pin, where their mask is
 still the one it set. Only the server's workers are pinned
-(``--workers``/``--worker-match`` name them where the discovery cannot).
+(``--worker-pids``/``--worker-match`` name them where the discovery cannot).
 ``status --pid`` (in :mod:`tuna_lab.cli.commands.serve`) shows what is bound.
 """
 
@@ -43,6 +43,10 @@ def add_parser(subparsers, command=None):
 def _add_pin(subparsers):
     n = subparsers.add_parser(
         "pin", help=COMMANDS["pin"].help,
+        description="Bind every worker thread of a running pre-fork server (Gunicorn, uvicorn, MLServer, ...) "
+                    "to a plan, by its master's PID: the plan from --plan (`tuna-lab plan`) or made here from "
+                    "--policy and -t for the server's CPUs. Only the workers are pinned; the masks from before "
+                    "are recorded, so that `unpin` gives them back. --watch keeps replacement workers pinned.",
         epilog="examples:\n"
                "  tuna-lab pin --pid MASTER -t 4 --policy tuna-scatter --dry-run\n"
                "  tuna-lab pin --pid MASTER --plan plan.json --watch   re-pin replacement workers until Ctrl-C\n"
@@ -51,18 +55,16 @@ def _add_pin(subparsers):
                "      finds pool threads that wait in libc (ONNX Runtime's) by the CPU time they run during "
                "a few requests\n")
     n.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
-    n.add_argument("-t", "--threads", type=int, default=None,
+    n.add_argument("-t", "--threads", type=int, default=None, metavar="T",
                    help="OpenMP threads per worker (with --policy; the workers are counted)")
     n.add_argument("--policy", default=None, metavar="POLICY", help=policies_help())
-    n.add_argument("--plan", default=None, metavar="FILE", help="a plan from `tuna-lab plan` instead of "
-                                                                "--policy/-t")
+    n.add_argument("--plan", default=None, metavar="FILE", help="a plan from `tuna-lab plan` instead of --policy/-t")
     n.add_argument("--force", action="store_true",
-                   help="apply a plan made on another machine, or pin the children of a process that is not "
-                        "recognised as a pre-fork server's master (PID 1, or one whose children run another "
-                        "program than it)")
+                   help="apply a plan made on another machine, or pin under a process that is no recognised "
+                        "pre-fork master (PID 1)")
     n.add_argument("--watch", action="store_true",
-                   help="stay in the foreground and re-pin replacement workers until Ctrl-C/SIGTERM; a mask "
-                        "someone else changed on a pinned thread is reported once and left as it is")
+                   help="stay and re-pin replacement workers until Ctrl-C; a mask someone else changed is "
+                        "reported once and left")
     n.add_argument("--enforce", action="store_true",
                    help="with --watch: put back a mask someone else changed on a thread tuna_lab pinned")
     n.add_argument("--dry-run", action="store_true", help="show what would be bound; bind nothing")
@@ -76,11 +78,16 @@ def _add_pin(subparsers):
 
 
 def _add_unpin(subparsers):
-    u = subparsers.add_parser("unpin", help=COMMANDS["unpin"].help, epilog="example:\n  tuna-lab unpin --pid MASTER\n")
+    u = subparsers.add_parser(
+        "unpin", help=COMMANDS["unpin"].help,
+        description="Give the threads `pin --pid` bound the CPU masks they had before the pin, where a mask is "
+                    "still the one tuna_lab set (one someone changed since is left, and said); with --isolation, "
+                    "also put back what `audit --isolate --apply` moved. Nothing else is touched.",
+        epilog="examples:\n  tuna-lab unpin --pid MASTER\n  tuna-lab unpin --isolation\n")
     u.add_argument("--pid", type=int, default=None, metavar="MASTER", help="the server's master process")
     u.add_argument("--isolation", action="store_true",
-                   help="put back the masks and IRQ affinities `audit --isolate --apply` changed (those still as it "
-                        "set them); with --pid, unpin that server too")
+                   help="put back the masks and IRQ affinities `audit --isolate --apply` changed (those still as "
+                        "it set them)")
     u.add_argument("--force", action="store_true",
                    help="unpin the children of a process that is not recognised as a pre-fork server's master")
     u.add_argument("--json", action="store_true", help="print the report as JSON")

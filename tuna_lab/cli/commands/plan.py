@@ -38,6 +38,10 @@ def add_parser(subparsers, command=None):
     """
     p = subparsers.add_parser(
         "plan", help=COMMANDS["plan"].help,
+        description="A placement plan for W workers x T threads under one policy, printed to take away: JSON "
+                    "for `pin --plan`, OMP_PLACES, the OpenMP environment per slot, ONNX Runtime's thread "
+                    "affinities, a Gunicorn config snippet, or taskset lines - with --pid, naming a running "
+                    "server's threads. Nothing is bound; `pin` applies a plan.",
         epilog="examples:\n"
                "  tuna-lab plan -w 4 -t 4 --policy tuna-scatter > plan.json\n"
                "  tuna-lab plan -w 2 -t 4 --policy round-robin --format env           OMP_*/GOMP_*/KMP_* per slot\n"
@@ -50,19 +54,19 @@ def add_parser(subparsers, command=None):
     add_size_options(p)
     p.add_argument("--policy", default="tuna-scatter", metavar="POLICY",
                    help=policies_help())
-    p.add_argument("--format", choices=FORMATS, default="json", help="what to print")
+    p.add_argument("--format", choices=FORMATS, default="json", metavar="FORMAT",
+                   help=f"what to print: {', '.join(FORMATS)}")
     p.add_argument("--worker-class", default=None, metavar="NAME",
-                   help="for --format gunicorn: the worker_class line to write (sync, gthread, module.Class); "
-                        "without it the snippet sets none and your config keeps its own")
+                   help="for --format gunicorn: the worker_class to write, e.g. gthread (default: none, your "
+                        "config's)")
     p.add_argument("--pid", type=int, default=None, metavar="MASTER",
-                   help="for --format taskset: the running server whose TIDs to name (each worker's main thread "
-                        "bound as `pin` binds it)")
-    add_worker_options(p, flag="--worker-pids")
+                   help="for --format taskset: the running server whose threads (TIDs) to name")
+    add_worker_options(p, renamed=False)
     add_front_cpus_option(p)
     # With --pid, pools that wait in libc (ONNX Runtime's) are found by their activity, as `pin` finds them.
     add_traffic_options(p)
     p.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S",
-                   help="solver time limit for the policies that need the solver (tuna-*)")
+                   help="the solver's time limit, for the policies that need it (tuna-*)")
     add_strict_families_option(p)
     add_topology_options(p)
     p.set_defaults(func=_cmd_plan)
@@ -72,8 +76,8 @@ def add_parser(subparsers, command=None):
 def _cmd_plan(args):
     from ...errors import PlanError
 
-    if args.pid is None and (args.workers_pids or args.worker_match):
-        raise PlanError("--workers and --worker-match name the workers of --pid MASTER: give --pid too")
+    if args.pid is None and (args.worker_pids or args.worker_match):
+        raise PlanError("--worker-pids and --worker-match name the workers of --pid MASTER: give --pid too")
     if args.pid is not None and args.format != "taskset":
         raise PlanError(f"--pid names the threads of a running server for --format taskset; --format "
                         f"{args.format} names no threads")

@@ -34,14 +34,13 @@ def add_parser(subparsers, command=None):
                "  tuna-lab report results/sweep -o report.html\n"
                "  tuna-lab report results/ --json\n")
     rp.add_argument("results", help="a results folder written by `run --out` or `sweep --out`")
-    rp.add_argument("-o", "--output", default="report.html", help="the HTML file to write")
+    rp.add_argument("-o", "--output", default="report.html", metavar="FILE", help="the HTML file to write")
     rp.add_argument("--json", action="store_true",
                     help="print one JSON object: the report's path and the average speedups over cfs and "
                          "round-robin")
     rp.add_argument("--skip-unreadable", action="store_true",
-                    help="go on without the cells that cannot be read (a table missing, empty, not a file, of the "
-                         "wrong types), still naming each on stderr and in the report; without it they are named "
-                         "and the status is 1")
+                    help="go on without the cells that cannot be read, naming each on stderr and in the "
+                         "report (without it: exit 1)")
     rp.set_defaults(func=_cmd_report)
     return rp
 

@@ -42,12 +42,16 @@ def add_parser(subparsers, command=None):
 
 
 def _add_serve(subparsers):
-    # The model costs and bounds of --max-work's help: imported for `serve` only (status and stop stay light).
+    # The bounds in the help: imported for `serve` only (status and stop stay light). The models' costs that
+    # --max-work counts in are in docs/server.md.
     from ...server.limits import MAX_WORK, READ_TIMEOUT
-    from ...server.models import MODEL_FEATURES, model_cost
 
     v = subparsers.add_parser(
         "serve", help=COMMANDS["serve"].help,
+        description="Start tuna_lab's own server - Gunicorn workers serving an XGBoost model on 127.0.0.1 - "
+                    "with every worker's threads pinned by a placement policy from the moment they start; in "
+                    "the foreground until Ctrl-C, or --detach and end it with `tuna-lab stop`. What `run` "
+                    "measures, for your own load generator.",
         epilog="examples:\n"
                "  tuna-lab serve -w 2 -t 2 --policy tuna-scatter            in the foreground until Ctrl-C\n"
                "  tuna-lab serve -w 2 -t 2 --model small --pidfile /tmp/t.pid --detach\n"
@@ -55,31 +59,25 @@ def _add_serve(subparsers):
                "generator there\n")
     add_size_options(v)
     v.add_argument("--model", choices=("small", "medium", "large"), default="medium",
-                   help="the XGBoost model served: 29, 155 or 784 features, as the article's three; "
-                        "trained once on first use")
+                   help="the XGBoost model served: 29, 155 or 784 features; trained once on first use")
     v.add_argument("--policy", default="tuna-scatter", metavar="POLICY",
                    help=policies_help())
     v.add_argument("--places", choices=("cores", "threads"), default="cores", help="OMP_PLACES for omp-*")
     v.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1; 0 picks a free one")
-    v.add_argument("--pidfile", default=None,
-                   help="where to write the master's PID, for `status` and `stop` (default: in a fresh "
-                        "temporary folder; the path is printed)")
-    v.add_argument("--max-requests", type=int, default=0, help="recycle workers after N requests; 0 never does")
+    v.add_argument("--pidfile", default=None, metavar="FILE",
+                   help="the master's PID, for `status` and `stop` (default: in a fresh temporary folder, printed)")
+    v.add_argument("--max-requests", type=int, default=0, metavar="N",
+                   help="recycle workers after N requests; 0 never does")
     v.add_argument("--request-log", default=None, metavar="DIR", help="per-request JSON lines")
     v.add_argument("--max-work", type=int, default=None, metavar="N",
-                   help="work bound of one request: its rows x the model's cost (trees x leaves per tree x depth: "
-                        f"{', '.join(f'{model_cost(m)} {m}' for m in MODEL_FEATURES)}); more gets 413 before "
-                        "anything is predicted "
-                        f"(default TUNA_LAB_MAX_WORK, else {MAX_WORK:,}: about 3 s of one CPU)")
+                   help="rows x model cost a request may ask; more gets 413 "
+                        f"(default: TUNA_LAB_MAX_WORK, else {MAX_WORK:,})")
     v.add_argument("--max-wait", type=positive_float_arg, default=DEFAULT_MAX_WAIT, metavar="S",
-                   help="the queue bound: a /predict that waited longer than S seconds for a worker gets 503 with "
-                        f"Retry-After, so that the queue stops growing under overload (default {DEFAULT_MAX_WAIT:g})")
+                   help="the queue bound: a request that waited longer for a worker gets 503")
     v.add_argument("--read-timeout", type=positive_float_arg, default=READ_TIMEOUT, metavar="S",
-                   help="seconds a connection has to send its whole request once a worker takes it; a slower "
-                        f"client is dropped, with 408 if its body is missing (default {READ_TIMEOUT:g})")
+                   help="seconds a connection has to send its whole request once a worker takes it; then 408")
     v.add_argument("--timeout", type=positive_float_arg, default=None, metavar="S",
-                   help="time bound of a request: one running longer is aborted and its worker replaced "
-                        "(Gunicorn's worker timeout, whole seconds; it bounds a worker's warm-up too; default "
+                   help="a request running longer is aborted, its worker replaced (default: "
                         "TUNA_LAB_TIMEOUT, else 120)")
     v.add_argument("--ready-timeout", type=positive_float_arg, default=180.0, metavar="S",
                    help="give up when the workers are not ready after S seconds")
@@ -94,12 +92,16 @@ def _add_serve(subparsers):
 def _add_status(subparsers):
     st = subparsers.add_parser(
         "status", help=COMMANDS["status"].help,
+        description="A running server as tuna_lab sees it: its master, helpers and workers (each with the "
+                    "reason it was taken for one), and per worker thread its role, TID and allowed CPUs, beside "
+                    "the plan's; then any drift since the pin. --pidfile for a server `serve` started, --pid for "
+                    "any pre-fork server. Changes nothing.",
         epilog="examples:\n"
                "  tuna-lab status --pidfile /tmp/t.pid\n"
                "  tuna-lab status --pid MASTER --plan plan.json --json\n"
                "  tuna-lab status --pid MASTER --url http://127.0.0.1:8000/   evidence from a few requests\n")
     which = st.add_mutually_exclusive_group(required=True)
-    which.add_argument("--pidfile", help="a server started by `tuna-lab serve`")
+    which.add_argument("--pidfile", metavar="FILE", help="a server started by `tuna-lab serve`")
     which.add_argument("--pid", type=int, metavar="MASTER", help="any pre-fork server, by its master's PID")
     st.add_argument("--plan", default=None, metavar="FILE", help="with --pid: show the plan's CPUs beside")
     st.add_argument("--json", action="store_true", help="print one JSON object")
@@ -111,8 +113,11 @@ def _add_status(subparsers):
 
 def _add_stop(subparsers):
     sp = subparsers.add_parser("stop", help=COMMANDS["stop"].help,
+                               description="Stop a server that `tuna-lab serve --detach` started, by its pidfile: "
+                                           "its master and workers end, the pidfile is removed while it still "
+                                           "names that server, and its CPUs are free again.",
                                epilog="example:\n  tuna-lab stop --pidfile /tmp/t.pid\n")
-    sp.add_argument("--pidfile", required=True, help="the pidfile the server was started with")
+    sp.add_argument("--pidfile", required=True, metavar="FILE", help="the pidfile the server was started with")
     sp.set_defaults(func=_cmd_stop)
     return sp
 
@@ -181,10 +186,10 @@ def _cmd_status(args):
 
     if args.pid is not None:
         return _status_of_pid(args)
-    if args.url is not None or args.workers_pids or args.worker_match:
+    if args.url is not None or args.worker_pids or args.worker_match:
         from ...errors import PinError
 
-        raise PinError("--url, --workers and --worker-match work with --pid (a server found by its master), not "
+        raise PinError("--url, --worker-pids and --worker-match work with --pid (a server found by its master), not "
                        "with --pidfile")
     from ...server.launch import status
 

@@ -33,18 +33,17 @@ def add_parser(subparsers, command=None):
                "  tuna-lab solve -w 2 -t 2                   this machine (the CPUs this process may use)\n"
                "  tuna-lab solve -w 24 -t 2 --preset xeon-8272cl --strict-families   fail if the families conflict\n")
     add_size_options(s)
-    s.add_argument("--mode", choices=("scatter", "compact"), default="scatter",
+    s.add_argument("--mode", choices=("scatter", "compact"), default="scatter", metavar="MODE",
                    help="scatter spreads each worker's threads over distant cores, compact packs them close")
     add_topology_options(s)
-    s.add_argument("--encoding", choices=("auto", "counts", "pairwise"), default="auto",
-                   help="the ILP's encoding: counts (fast, exact), pairwise (our reading of the article's literal "
-                        "encoding, slow), auto (counts whenever the caches nest)")
+    s.add_argument("--encoding", choices=("auto", "counts", "pairwise"), default="auto", metavar="NAME",
+                   help="counts (fast, exact), pairwise (the article's, slow), auto: counts where the caches nest")
     s.add_argument("--without", metavar="FAMILIES", default="",
                    help="comma-separated families to drop, e.g. 11-12,8p")
     s.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S",
-                   help="answer within S seconds of the command's start (imports included) with the best "
-                        "mapping found and its certified gap (default: no limit)")
-    s.add_argument("--gap", type=float, default=None, help="relative MIP gap (HiGHS default 1e-4)")
+                   help="answer within S seconds (imports included) with the best mapping found and its gap "
+                        "(default: no limit)")
+    s.add_argument("--gap", type=float, default=None, help="relative MIP gap (default: HiGHS's, 1e-4)")
     s.add_argument("--json", action="store_true",
                    help="print one JSON object (workers, threads, assignment, f_main, f_mode, objective, ...)")
     add_strict_families_option(s)

@@ -44,37 +44,32 @@ def add_parser(subparsers, command=None):
                "  tuna-lab sweep --grid article --budget 10m --out results/article   the article's experiment, cut "
                "to 10 minutes\n"
                "  tuna-lab sweep --app myapp:app --app-dir src --configs 1x2,2x1 --body req.json --out results/myapp\n")
-    sw.add_argument("--grid", choices=("machine", "article"), default="machine",
-                    help="machine: the article's 36 W x T pairs scaled to this machine's CPUs, keeping their "
-                         "over/undersubscription; article: the article's whole experiment on this machine - those "
-                         "pairs, models small,medium,large, batches 100,500,1000, policies cfs,round-robin,"
-                         "tuna-scatter, 5 trials x 1,000 requests - cut to --budget (options given explicitly win; "
-                         "the article's 36 unscaled pairs are --configs article)")
+    sw.add_argument("--grid", choices=("machine", "article"), default="machine", metavar="GRID",
+                    help="machine: the article's pairs, scaled; article: its whole experiment, cut to --budget "
+                         "(default: machine)")
     sw.add_argument("--configs", default=None, metavar="WxT,...",
-                    help="explicit workers x threads pairs instead of --grid, e.g. 1x2,2x2,4x1; 'article': the "
-                         "article's 36 pairs as they are, unscaled")
+                    help="W x T pairs instead of --grid, e.g. 1x2,2x2,4x1; article: the article's 36, unscaled")
     sw.add_argument("--budget", default=None, metavar="DURATION",
-                    help="wall time the sweep may take (90s, 10m, 2h): with --grid article the design is cut to "
-                         "fit, in a fixed order (docs/experiment.md); a cell whose estimate does not fit is not "
-                         "started (a re-run resumes with it)")
-    sw.add_argument("--models", default=None, help="comma-separated models: small, medium, large (default medium)")
-    sw.add_argument("--batches", default=None,
-                    help="comma-separated batch sizes (rows per request; default 100)")
-    sw.add_argument("--policies", default=None, help=policies_help("comma-separated placement policies")
-                    + " (default cfs,round-robin,tuna-scatter)")
-    sw.add_argument("--trials", type=int, default=None, help=MEASURE_HELP["trials"] + " (default 5)")
-    sw.add_argument("--requests", type=int, default=None, help=MEASURE_HELP["requests"] + " (default 1000)")
-    sw.add_argument("--seed", type=int, default=0, help=MEASURE_HELP["seed"])
-    sw.add_argument("--concurrency", type=int, default=None, help="in flight (default: all, as the article)")
-    sw.add_argument("--max-error-rate", type=float, default=0.01, metavar="SHARE",
-                    help="a trial with a larger share of failed requests (non-2xx, timeouts) is marked failed "
-                         "(default 0.01)")
-    sw.add_argument("--out", required=True, help="the sweep's folder: one cell folder per configuration")
-    sw.add_argument("--json", action="store_true",
-                    help="print one JSON object: the cells run now and those skipped, with their folders")
-    sw.add_argument("--wait-policies", default="default",
-                    help="comma-separated OMP_WAIT_POLICY values to sweep: default,passive,active")
-    sw.add_argument("--spincount", type=non_negative_int_arg, default=None,
+                    help="wall time the sweep may take (90s, 10m, 2h); a cell that does not fit is left for a re-run")
+    sw.add_argument("--models", default=None, metavar="LIST",
+                    help="comma-separated models: small, medium, large (default: medium)")
+    sw.add_argument("--batches", default=None, metavar="LIST",
+                    help="comma-separated rows per request (default: 100)")
+    sw.add_argument("--policies", default=None, metavar="LIST", help=policies_help("comma-separated policies")
+                    + " (default: cfs,round-robin,tuna-scatter)")
+    sw.add_argument("--trials", type=int, default=None, metavar="N", help=MEASURE_HELP["trials"] + " (default: 5)")
+    sw.add_argument("--requests", type=int, default=None, metavar="N",
+                    help=MEASURE_HELP["requests"] + " (default: 1000)")
+    sw.add_argument("--seed", type=int, default=0, metavar="N", help=MEASURE_HELP["seed"])
+    sw.add_argument("--concurrency", type=int, default=None, metavar="N",
+                    help="requests in flight (default: all, as the article)")
+    sw.add_argument("--max-error-rate", type=float, default=0.01, metavar="R", help=MEASURE_HELP["errors"])
+    sw.add_argument("--out", required=True, metavar="DIR", help="the sweep's folder: a cell folder per configuration")
+    sw.add_argument("--json", action="store_true", help="print one JSON object: the cells run, skipped, not run")
+    sw.add_argument("--wait-policies", default="default", metavar="LIST",
+                    help="comma-separated OMP_WAIT_POLICY values to sweep: default, passive, active "
+                         "(default: default)")
+    sw.add_argument("--spincount", type=non_negative_int_arg, default=None, metavar="N",
                     help="GOMP_SPINCOUNT for every cell")
     add_strict_option(sw)
     add_client_cpus_option(sw)
@@ -86,20 +81,18 @@ def add_parser(subparsers, command=None):
 
 def _add_cluster_options(parser):
     """``--cluster`` and how a sweep spreads over the cluster's machines (see docs/cluster.md)."""
-    g = parser.add_argument_group("on a Dask cluster (pip install 'tuna_lab[cluster]')")
+    g = parser.add_argument_group("on a Dask cluster (pip install 'tuna_lab[cluster]'; see docs/cluster.md)")
     g.add_argument("--cluster", metavar="ADDRESS", default=None,
-                   help="run the cells on the machines of a Dask scheduler (tcp://host:8786), one cell per machine "
-                        "at a time, or 'local' for a LocalCluster; each machine runs `dask worker ADDRESS "
-                        "--nthreads 1 --nworkers 1 --resources machine=1`; cells go to OUT/<machine>/<cell>")
+                   help="run the cells on a Dask scheduler's machines (tcp://host:8786, or local), into "
+                        "OUT/<machine>/<cell>")
     spread = g.add_mutually_exclusive_group()
     spread.add_argument("--per-machine", action="store_true", help="every machine runs every cell")
     spread.add_argument("--spread", action="store_true",
-                        help="each cell runs once, on a machine of the first machine's topology (the default)")
+                        help="each cell runs once, on a machine of the first one's topology (as without either)")
     g.add_argument("--any-machine", action="store_true",
                    help="with --spread: on any machine, whatever its topology")
-    g.add_argument("--wait-for-workers", type=positive_float_arg, default=60.0, metavar="SECONDS",
-                   help="how long to wait for a first machine (and for one to return) before giving up "
-                        "(default: 60)")
+    g.add_argument("--wait-for-workers", type=positive_float_arg, default=60.0, metavar="S",
+                   help="seconds to wait for a first machine (or one to return) before giving up")
 
 
 def _cmd_sweep(args):

@@ -35,12 +35,9 @@ def add_parser(subparsers, command=None):
         "tune", help=COMMANDS["tune"].help,
         description="Race workers x threads x policy candidates on open-loop (Poisson) rate: for each, the "
                     "highest rate whose client p99 stays within --sla-p99. Short trials first; a candidate is "
-                    "dropped once its upper bound on the rate is below the best lower bound, or halved out; "
-                    "the budget goes to the close ones. Every step starts on a drained server (what the last step "
-                    "left queued served, or the server restarted); a candidate the budget leaves unmeasured is "
-                    "named, with why. Prints each candidate's rate with its interval, CPU per "
-                    "request and why it was dropped, then the winner and its plan (plan --format gunicorn). "
-                    "Every step is kept as a trial in --out, which `report` and `advise` read as a sweep.",
+                    "dropped once its upper bound on the rate is below the best lower bound, and the budget goes "
+                    "to the close ones (docs/tune.md). Prints each candidate's rate with its interval, CPU per "
+                    "request and why it was dropped, then the winner and its plan; every step is kept in --out.",
         epilog="examples:\n"
                "  tuna-lab tune --sla-p99 50ms --budget 15m --out results/tune\n"
                "  tuna-lab tune --sla-p99 200ms --model small --batch 10 --configs 1x1,2x1 --budget 2m --json\n"
@@ -49,44 +46,44 @@ def add_parser(subparsers, command=None):
                "policies only\n")
     p.add_argument("--sla-p99", required=True, metavar="DURATION",
                    help="the p99 target of the client's latency: 50ms, 0.2s")
-    p.add_argument("--configs", default="auto", metavar="auto|WxT,...",
-                   help="W x T pairs; auto: under- and oversubscribed pairs for the effective CPUs")
-    p.add_argument("--policies", default="cfs,round-robin,tuna-scatter",
-                   help=policies_help("comma-separated placement policies"))
-    p.add_argument("--wait-policies", default="default",
-                   help="comma-separated OMP_WAIT_POLICY values: default,passive,active")
+    p.add_argument("--configs", default="auto", metavar="WxT,...",
+                   help="W x T pairs; auto: under- and oversubscribed pairs for the effective CPUs (default: auto)")
+    p.add_argument("--policies", default="cfs,round-robin,tuna-scatter", metavar="LIST",
+                   help=policies_help("comma-separated policies"))
+    p.add_argument("--wait-policies", default="default", metavar="LIST",
+                   help="comma-separated OMP_WAIT_POLICY values: default, passive, active (default: default)")
     p.add_argument("--budget", default="15m", metavar="DURATION", help="wall time of the search: 90s, 15m")
     p.add_argument("--model", default="medium", help="the lab server's model: small, medium, large")
-    p.add_argument("--batch", type=int, default=100, help="the lab server's rows per request")
-    p.add_argument("--out", default=None, help="folder for the records (one cell folder per W x T)")
+    p.add_argument("--batch", type=int, default=100, metavar="ROWS", help="the lab server's rows per request")
+    p.add_argument("--out", default=None, metavar="DIR", help="folder for the records (a cell folder per W x T)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--seed", type=int, default=0, help="seed of the arrivals and payloads")
-    p.add_argument("--rounds", type=int, default=4, help="most rounds; round k's steps last STEP x 2^k")
-    p.add_argument("--step-seconds", type=positive_float_arg, default=2.0, metavar="S",
-                   help="the first round's step length")
-    p.add_argument("--confidence", type=float, default=0.9, help="one-sided confidence of the rate bounds")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the arrivals and payloads")
+    p.add_argument("--rounds", type=int, default=4, metavar="N", help="most rounds; round k's steps last STEP x 2^k")
+    p.add_argument("--step-seconds", type=positive_float_arg, default=2.0, metavar="STEP",
+                   help="the first round's step length, in seconds")
+    p.add_argument("--confidence", type=float, default=0.9, metavar="P",
+                   help="one-sided confidence of the rate bounds")
     add_client_cpus_option(p)
-    t = p.add_argument_group("your own server (as for run: docs/measure-your-server.md)")
+    t = p.add_argument_group("your own server (as for run; see docs/measure-your-server.md)")
     t.add_argument("--app", default=None, metavar="MODULE:APP", help="your WSGI/ASGI app, started per candidate run")
     t.add_argument("--app-dir", default=None, metavar="DIR", help="the folder --app's module is in")
-    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn", help="what serves --app")
+    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn", metavar="NAME",
+                   help="gunicorn or uvicorn, serving --app (default: gunicorn)")
     t.add_argument("--server-conf", default=None, metavar="FILE", help="your gunicorn.conf.py")
     t.add_argument("--python", default=None, metavar="PATH",
-                   help="with --app: the interpreter to run your server with (your venv's python; default "
-                        "tuna-lab's own); the app is imported there first")
+                   help="with --app: the interpreter (default: tuna-lab's own)")
     t.add_argument("--pid", type=int, default=None, metavar="MASTER",
                    help="a server already running (with --url and -t): only the policies are searched")
     t.add_argument("--url", default=None, help="with --pid: where the requests go (a loopback URL)")
     t.add_argument("--force", action="store_true",
-                   help="with --pid: search the children of PID 1 or of a process that is no recognised pre-fork "
-                        "master (refused otherwise)")
-    t.add_argument("-t", "--threads", type=int, default=None, help="with --pid: pool threads per worker")
+                   help="with --pid: search the children of PID 1 or of no recognised pre-fork master")
+    t.add_argument("-t", "--threads", type=int, default=None, metavar="T", help="with --pid: pool threads per worker")
     t.add_argument("--path", default="/", help="with --app: the requests' path")
-    t.add_argument("--method", default=None, help="the requests' HTTP method")
-    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header")
+    t.add_argument("--method", default=None, help="HTTP method (default: POST with a body, else GET)")
+    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header; repeatable")
     t.add_argument("--body", default=None, metavar="FILE", help="the body of every request")
     t.add_argument("--bodies", default=None, metavar="FILE.jsonl", help="bodies, one per line, sent in turn")
-    t.add_argument("--server-timing", default=None, metavar="METRIC", help="the Server-Timing metric to read")
+    t.add_argument("--server-timing", default=None, metavar="NAME", help="the Server-Timing metric to read")
     t.add_argument("--label", default=None, help="the name of your server in the records")
     p.set_defaults(func=_cmd_tune)
     return p
