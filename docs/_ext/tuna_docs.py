@@ -258,10 +258,16 @@ def cli_help_texts():
 
     parser = cli.build_parser()
     out = [("tuna-lab --help", parser.format_help())]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                out.append((f"tuna-lab {name} --help", sub.format_help()))
+
+    def walk(prefix, parser):
+        # Sub-commands' own too (`tuna-lab bench load --help`).
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    out.append((f"{prefix} {name} --help", sub.format_help()))
+                    walk(f"{prefix} {name}", sub)
+
+    walk("tuna-lab", parser)
     return out
 
 
@@ -288,7 +294,7 @@ class CliDirective(SphinxDirective):
                 os.environ["COLUMNS"] = old
         result = []
         for command, text in texts:
-            name = command.split()[1] if command.count(" ") > 1 else "tuna-lab"
+            name = "-".join(command.split()[1:-1]) or "tuna-lab"
             section = nodes.section(ids=[nodes.make_id(f"cli-{name}")], names=[nodes.fully_normalize_name(command)])
             section += nodes.title(text=command.replace(" --help", ""))
             block = nodes.literal_block(text, text)
