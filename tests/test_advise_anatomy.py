@@ -129,3 +129,10 @@ def test_the_note_says_only_what_the_errors_show(with_, without, constant, end):
     note = tail_note(e, e.assign(mae=[without, 1.0, constant]))
     assert note.endswith(end)
     assert f"{with_:.3f} with the tail's shares, {without:.3f} without, constant {constant:.3f}" in note
+
+
+def test_no_successful_cfs_request_gives_no_shares_and_no_crash(frames):
+    # Evidence recorded, but every cfs request failed: nothing to take apart, and no share of 0 made up.
+    requests, trials, _ = frames
+    table = feature_table(requests.assign(status=503), trials)
+    assert not set(ANATOMY_COLUMNS) & set(table.columns)
