@@ -160,3 +160,21 @@ def test_a_busy_foreign_process_on_a_serving_cpu_is_foreign_cpu(quiet, tmp_path)
     assert busy["foreign_cpu_seconds"] >= 0.8 * spun - 0.05
     assert busy["foreign_cpu_seconds"] / busy["load_seconds"] > calm["foreign_cpu_seconds"] / calm["load_seconds"]
     assert math.isfinite(busy["foreign_cpu_share"]) and busy["foreign_cpu_share"] > 0.2
+
+
+def test_the_manifest_records_the_serving_cpus_clocks_and_the_runtimes_wait_knobs(quiet):
+    # Issue 50's extras, on the real cell's manifest.json (tests/test_evidence_extras.py tests the readers;
+    # tests/test_experiment.py's report test, the report's header rows).
+    from tuna_lab.machine.cpufreq import NOT_EXPOSED
+
+    _, out = quiet
+    _, _, (manifest,) = load_results(str(out))
+    freq = manifest["cpu_frequency"]
+    assert freq["cpus"] == manifest["client_cpus"]["server_cpus"]
+    for reading in (freq["start"], freq["end"]):
+        assert set(reading["cpus"]) == {str(c) for c in freq["cpus"]}
+        if not any(os.path.isdir(f"/sys/devices/system/cpu/cpu{c}/cpufreq") for c in freq["cpus"]):
+            assert reading["note"] == NOT_EXPOSED and all(v["khz"] is None for v in reading["cpus"].values())
+    assert manifest["wait_knobs"] == {"OMP_WAIT_POLICY": "default", "GOMP_SPINCOUNT": "default",
+                                      "KMP_BLOCKTIME": os.environ.get("KMP_BLOCKTIME", "default"),
+                                      "session.intra_op.allow_spinning": "default"}

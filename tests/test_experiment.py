@@ -161,6 +161,8 @@ def test_report_is_written_from_saved_results(tiny, tmp_path):
     assert "round-robin" in text and "<html" in text.lower()
     # the generator's CPU per request beside the server's, and where it ran
     assert "generator CPU ms/req" in text and "server CPU ms/req" in text and "<dt>load generator</dt>" in text
+    # issue 50: the serving CPUs' clocks (or why there are none) and the runtimes' wait settings
+    assert "<dt>CPU frequency</dt>" in text and "KMP_BLOCKTIME=" in text and "allow_spinning=default" in text
 
 
 def test_every_trial_records_the_generator_cost(tiny):

@@ -25,6 +25,7 @@ import plotly.graph_objects as go
 
 from .._files import write_atomic
 from ..errors import AnalysisError
+from ..measure.evidence import evidence_rows
 from ..placement import POLICIES
 from . import figures as viz
 from .anatomy import anatomy_note
@@ -270,6 +271,8 @@ def _header(manifest):
         if isinstance(value, (list, tuple)):
             value = shlex.join(map(str, value))
         rows.append(f"<dt>{_esc(label)}</dt><dd>{_esc(value)}</dd>")
+    # The serving CPUs' clocks, the runtimes' wait settings (KMP_BLOCKTIME, ONNX Runtime's spinning).
+    rows += [f"<dt>{_esc(label)}</dt><dd>{_esc(text)}</dd>" for label, text in evidence_rows(manifest)]
     client = manifest.get("client_cpus")
     if isinstance(client, dict) and client.get("note"):
         # Where the load generator ran: on CPUs of its own, or sharing the server's.

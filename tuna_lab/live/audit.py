@@ -58,7 +58,8 @@ from .binding import bind
 from .state import state_dir, state_lock
 
 __all__ = ["Finding", "Snapshot", "snapshot", "findings", "Move", "isolation_moves", "apply_isolation",
-           "undo_isolation", "BUSY_SHARE", "IRQ_RATE", "isolation_record_path", "MIN_INTERVAL", "SOUND_INTERVAL"]
+           "undo_isolation", "isolation_warnings", "BUSY_SHARE", "IRQ_RATE", "isolation_record_path", "MIN_INTERVAL",
+           "SOUND_INTERVAL"]
 
 #: The shortest interval whose rates mean anything (s): CPU time is counted in clock ticks of 10 ms.
 MIN_INTERVAL = 0.1
@@ -574,6 +575,27 @@ def isolation_moves(snap, found=None):
             moves.append(Move("irq", f.evidence["name"], 0, tuple(f.evidence["affinity"]), after,
                               f"IRQ {f.evidence['name']} ({f.evidence['label']}) off the serving CPUs"))
     return moves
+
+
+def isolation_warnings(serving=()):
+    """What may undo ``--isolate``'s moves, one line each: an irqbalance daemon that is running.
+
+    irqbalance rewrites every IRQ's ``smp_affinity`` on its own schedule (every
+    10 s), so an IRQ moved off the serving CPUs may be put back on them. Found
+    by its process name (``/proc/PID/comm``, :func:`~tuna_lab.machine.procfs.processes_named`).
+
+    Examples
+    --------
+    >>> isolation_warnings([2, 3]) == [] or "irqbalance" in isolation_warnings([2, 3])[0]
+    True
+    """
+    found = procfs.processes_named("irqbalance")
+    if not found:
+        return []
+    pids = ", ".join(map(str, found))
+    ban = f" or ban CPUs {format_cpulist(serving)} in its IRQBALANCE_BANNED_CPULIST" if serving else ""
+    return [f"irqbalance is running (pid {pids}): it re-spreads IRQs on its own and undoes the IRQ moves of "
+            f"--isolate; stop it (`systemctl stop irqbalance`){ban}"]
 
 
 def isolation_record_path():

@@ -15,7 +15,8 @@ rely on. :mod:`tuna_lab.machine.numa` reads a process's NUMA locality, and
 :mod:`~tuna_lab.machine.procfs` when a process started and whether it still runs.
 :mod:`~tuna_lab.machine.sched` reads what the scheduler did to each thread and CPU
 (run-queue wait, migrations, switches, busy time, pressure, cgroup throttling), and
-:mod:`~tuna_lab.machine.irqs` the interrupts each CPU serves and where each IRQ may go.
+:mod:`~tuna_lab.machine.irqs` the interrupts each CPU serves and where each IRQ may go;
+:mod:`~tuna_lab.machine.cpufreq` each CPU's clock and governor, where cpufreq exposes them.
 """
 
 import lazy_loader as _lazy
@@ -24,7 +25,7 @@ __all__ = ["Topology", "PRESETS", "DEFAULT_COSTS", "THIS_MACHINE", "topology_fro
 
 __getattr__, __dir__, _ = _lazy.attach(
     __name__,
-    submodules=["numa", "readers", "linuxfs", "limits", "procfs", "sched", "irqs"],
+    submodules=["numa", "readers", "linuxfs", "limits", "procfs", "sched", "irqs", "cpufreq"],
     submod_attrs={
         "topology": ["Topology", "DEFAULT_COSTS"],
         "readers.synthetic": ["PRESETS"],

@@ -33,7 +33,8 @@ import shutil
 from .. import _files
 
 __all__ = ["start_ticks", "alive", "process_age", "remove_dead_folders", "pids", "thread_ids", "thread_exists",
-           "thread_cpu_seconds", "thread_cpu", "thread_name", "thread_syscall", "status_fields", "mappings",
+           "thread_cpu_seconds", "thread_cpu", "thread_name", "processes_named", "thread_syscall", "status_fields",
+           "mappings",
            "environ", "boot_id", "schedstat_available", "tcp_sockets", "lock_holders"]
 
 _STAT_LIMIT = 4096
@@ -253,6 +254,29 @@ def thread_name(pid, tid):
         return _read(f"/proc/{int(pid)}/task/{int(tid)}/comm", 256).decode(errors="replace").strip()
     except (OSError, ValueError):
         return None
+
+
+def processes_named(name):
+    """The PIDs of the processes whose name (``/proc/PID/comm``) is ``name``, ascending.
+
+    ``comm`` is the kernel's name of the process: its program's file name
+    (cut to 15 bytes), not an ``argv[0]`` a process can rewrite. Processes
+    that exit meanwhile, or may not be read, are left out.
+
+    Examples
+    --------
+    >>> processes_named(thread_name(os.getpid(), os.getpid())) != []
+    True
+    """
+    found = []
+    for pid in pids():
+        try:
+            comm = _read(f"/proc/{pid}/comm", 256).decode(errors="replace").rstrip("\n")
+        except OSError:
+            continue
+        if comm == name:
+            found.append(pid)
+    return found
 
 
 def thread_syscall(pid, tid):

@@ -41,6 +41,7 @@ from ..errors import CpuAccountingError, ExperimentError
 from ..machine import host, procfs
 from ..machine.limits import Limits, check_throttling
 from ..machine.reserve import reserve_client_cpus
+from ..machine.cpufreq import cpu_frequency
 from ..machine.sched import MIGRATIONS_NOTE
 from ..server.models import MODEL_FEATURES
 from ..server.openmp import LIBGOMP_DEFAULT_WAIT, wait_policy_env
@@ -255,7 +256,7 @@ def _versions():
     return out
 
 
-def manifest(config, policies, trials, requests, seed, extra=None):
+def manifest(config, policies, trials, requests, seed, extra=None, target=None):
     """Everything needed to interpret (or repeat) a cell, as a JSON-able dict.
 
     ``"limits"`` records what the process could really use (affinity, cgroup
@@ -264,7 +265,10 @@ def manifest(config, policies, trials, requests, seed, extra=None):
     threads ran on means the latencies measured throttling. ``"hostname"``
     and ``"fingerprint"`` (:func:`~tuna_lab.machine.fingerprint.fingerprint`
     of the CPUs this process may use) name the machine it ran on.
+    ``"cpu_frequency"`` (of the serving CPUs ``extra["client_cpus"]`` names) and
+    ``"wait_knobs"`` (of ``target``'s server) are :mod:`~tuna_lab.measure.evidence`'s.
     """
+    from .evidence import server_evidence
     from ..machine.fingerprint import fingerprint
     from ..machine.topology import Topology
 
@@ -277,7 +281,9 @@ def manifest(config, policies, trials, requests, seed, extra=None):
         "topology": {k: v for k, v in topo.to_dict().items() if k != "distance"},
         "limits": Limits.read().to_dict(),
         "versions": _versions(), "git_commit": _git_commit(), "command": sys.argv,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **(extra or {}),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **server_evidence(config, (extra or {}).get("client_cpus", {}).get("server_cpus") or topo.cpus, target),
+        **(extra or {}),
     }
 
 
@@ -390,7 +396,7 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         "wait_policy_default": LIBGOMP_DEFAULT_WAIT if config.wait_policy == "default" else None,
         "cpu_accounting": "schedstat" if procfs.schedstat_available() else "stat utime+stime",
         "migrations_note": MIGRATIONS_NOTE,
-        "client_cpus": resolved.to_dict(), "requests_sent": target.requests.describe()})
+        "client_cpus": resolved.to_dict(), "requests_sent": target.requests.describe()}, target=target)
     # Each finished run is on disk here at once: a SIGKILL loses at most the run in progress.
     partial = None if out is None else out.rstrip("/") + schema.PARTIAL_SUFFIX
     t_start = time.monotonic()
@@ -439,6 +445,8 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
                     generator=_generator_total(done), target=target.describe(), placements=target.placements(),
                     plans=target.plans(), latency=sorted({m.row["latency"] for m in done}),
                     time=_time_spent(done[kept:], t_start))
+        # The clocks again, just after the load: a governor that scales with load shows it here.
+        meta["cpu_frequency"]["end"] = cpu_frequency(meta["cpu_frequency"]["cpus"])
         result = _result(done, meta)
         if out is not None:
             result.path = write_cell(out, result, csv)

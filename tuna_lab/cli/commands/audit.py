@@ -110,7 +110,8 @@ def _cmd_audit(args):
                 print(("applied: " if args.apply else "") + m.command() + f"   # {comment_text(m.why)}")
             if args.apply and moves:
                 print("recorded: `tuna-lab unpin --isolation` puts back what was changed")
-    for line in failed:
+    # irqbalance undoes IRQ moves: said whether or not --apply made any (a later apply would be undone too).
+    for line in failed + (audit.isolation_warnings(snap.serving) if args.isolate else []):
         print(f"tuna-lab: warning: {line}", file=sys.stderr)
     return 1 if faults else 0
 

@@ -348,7 +348,7 @@ class _Evaluator:
             "warmup": self.warmup, "max_error_rate": self.max_error_rate, "load_mode": "open",
             "rate": None, "duration": None, "wait_policy": config.wait_policy, "spincount": None,
             "client_cpus": self.split.to_dict(), "requests_sent": target.requests.describe(),
-            "target": target.describe()})
+            "target": target.describe()}, target=target)
 
     def stop(self):
         for target, _ in self.targets.values():
