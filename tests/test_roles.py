@@ -202,11 +202,11 @@ def test_taskset_export_binds_main_threads_as_pin_does(shape):
 
 def test_the_user_names_the_workers(shape):
     front = shape.others()[0]                             # a helper or front end, taken as a worker on request
-    done = cli("status", "--pid", shape.master, "--workers", f"{front},{shape.workers()[0]}", "--json")
+    done = cli("status", "--pid", shape.master, "--worker-pids", f"{front},{shape.workers()[0]}", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert {w["pid"] for w in report["workers"]} == {front, shape.workers()[0]}
-    assert all(w["why"] == "named by --workers" for w in report["workers"])
+    assert all(w["why"] == "named by --worker-pids" for w in report["workers"])
     assert shape.workers()[1] in {p["pid"] for p in report["processes"]}
     done = cli("status", "--pid", shape.master, "--worker-match", "no such command line")
     assert done.returncode == 2 and "matches the command line of none" in done.stderr, done.stderr

@@ -404,7 +404,7 @@ def findings(snap, plan=None):
                 {"pid": t["pid"], "tid": t["tid"], "process": t["process"], "role": t["role"],
                  "cpus": t["cpus"], "cpu_rate": t["cpu_rate"]},
                 "keep it off the workers' CPUs (a front end's CPUs), or name its process a worker "
-                "(--workers/--worker-match) if it runs the model", "fault" if plan or snap.recorded_workers else "note"))
+                "(--worker-pids/--worker-match) if it runs the model", "fault" if plan or snap.recorded_workers else "note"))
     serving = set(snap.serving)
     rest = sorted(set(snap.online) - serving)
     for f in snap.foreign:

@@ -5,7 +5,7 @@ requests: :func:`server_roles` tells the **workers** (the processes that run
 an inference runtime, or accept on the server's socket) from **front ends**
 (an API process that answers HTTP and passes requests on over a queue) and
 **helpers** (a multiprocessing Manager or resource tracker, a metrics
-exporter), each with the reason; only workers get a slot. ``--workers`` and
+exporter), each with the reason; only workers get a slot. ``--worker-pids`` and
 ``--worker-match`` (:class:`WorkerChoice`) name them where the discovery
 cannot. :func:`pin_server` gives each worker a *slot* of a
 :class:`~tuna_lab.placement.plan.Plan` (workers in start order), finds its
@@ -439,7 +439,7 @@ def pin_server(master, plan, dry_run=False, activity=None, choice=None, front_cp
     if len(workers) != plan.workers:
         raise PinError(f"server {master} has {len(workers)} worker{'' if len(workers) == 1 else 's'} "
                        f"({', '.join(map(str, workers))}) but the plan has {plan.workers} slots: make the plan "
-                       f"with -w {len(workers)}; left out as no workers: {roles.left_out()} (--workers PID,PID or "
+                       f"with -w {len(workers)}; left out as no workers: {roles.left_out()} (--worker-pids PID,PID or "
                        "--worker-match REGEX names them yourself)")
     _check_permission(workers if front is None else [*workers, roles.master.pid, *(h.pid for h in roles.helpers)])
     report = PinReport(int(master), plan, roles=roles)

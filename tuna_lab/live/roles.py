@@ -5,7 +5,7 @@ requests: :func:`server_roles` tells the **workers** (the processes that run
 an inference runtime, or accept on the server's socket) from **front ends**
 (an API process that answers HTTP and passes requests on over a queue) and
 **helpers** (a multiprocessing Manager or resource tracker, a metrics
-exporter), each with the reason; only workers get a slot. ``--workers`` and
+exporter), each with the reason; only workers get a slot. ``--worker-pids`` and
 ``--worker-match`` (:class:`WorkerChoice`) name them where the discovery
 cannot.
 """
@@ -75,7 +75,7 @@ def _nests_repeats(text):
 class WorkerChoice:
     """Which processes are the workers when the user says so, overriding :func:`server_roles`' discovery.
 
-    ``pids``: the worker PIDs (``--workers PID,PID``), each a descendant of
+    ``pids``: the worker PIDs (``--worker-pids PID,PID``), each a descendant of
     the master; ``match``: a regular expression searched for in every
     descendant's command line (``--worker-match REGEX``). Empty: discover.
 
@@ -88,7 +88,7 @@ class WorkerChoice:
     >>> WorkerChoice.parse("12,x", None)
     Traceback (most recent call last):
     ...
-    tuna_lab.errors.PinError: --workers takes PIDs separated by commas (e.g. 4121,4122), got '12,x'
+    tuna_lab.errors.PinError: --worker-pids takes PIDs separated by commas (e.g. 4121,4122), got '12,x'
     """
 
     pids: tuple = ()
@@ -98,7 +98,7 @@ class WorkerChoice:
     def parse(cls, pids=None, match=None):
         """From the options' text: ``pids`` ``"PID,PID"`` and ``match`` a regular expression; PinError if bad."""
         if pids is not None and match is not None:
-            raise PinError("give either --workers or --worker-match, not both")
+            raise PinError("give either --worker-pids or --worker-match, not both")
         found = ()
         if pids is not None:
             try:
@@ -106,7 +106,7 @@ class WorkerChoice:
             except ValueError:
                 found = ()
             if not found or any(p <= 0 for p in found) or len(set(found)) != len(found):
-                raise PinError(f"--workers takes PIDs separated by commas (e.g. 4121,4122), got {pids!r}")
+                raise PinError(f"--worker-pids takes PIDs separated by commas (e.g. 4121,4122), got {pids!r}")
         pattern = None
         if match is not None:
             if len(str(match)) > _MAX_PATTERN:
@@ -309,7 +309,7 @@ def server_roles(master, choice=None, force=False):
         extra = [f for f in map(_facts, [d for d in descendants if d.pid in picked and d.pid not in by_pid])
                  if f is not None]
         by_pid.update({f.pid: f for f in extra})
-        how = "--workers" if choice.pids else f"--worker-match {choice.match.pattern!r}"
+        how = "--worker-pids" if choice.pids else f"--worker-match {choice.match.pattern!r}"
         workers = [ProcessRole(p, "worker", f"named by {how}", by_pid[p].command) for p in picked if p in by_pid]
         helpers = [ProcessRole(f.pid, roles[f.pid][0] if roles[f.pid][0] != "worker" else "helper",
                                f"not named by {how}" + ("" if roles[f.pid][0] == "worker" else
@@ -330,7 +330,7 @@ def server_roles(master, choice=None, force=False):
         name = os.path.basename(master_facts.command.split(" ")[0]) if master_facts.command else "?"
         raise PinError(f"PID {master} ({name}) is not a recognised pre-fork server: none of its "
                        f"{len(facts)} child process{'' if len(facts) == 1 else 'es'} serves requests (holds a TCP "
-                       f"socket or runs an inference runtime): {out.left_out()}; name the workers with --workers "
+                       f"socket or runs an inference runtime): {out.left_out()}; name the workers with --worker-pids "
                        "PID,PID or --worker-match REGEX, or give --force to take every child")
     return out
 
@@ -362,7 +362,7 @@ def _chosen(master, choice, descendants):
     if choice.pids:
         strangers = [p for p in choice.pids if p not in live]
         if strangers:
-            raise PinError(f"--workers: process {strangers[0]} is not a live child (or descendant) of server "
+            raise PinError(f"--worker-pids: process {strangers[0]} is not a live child (or descendant) of server "
                            f"{master}")
         return list(choice.pids)
     picked = [pid for pid, command in live.items() if choice.match.search(command)]
