@@ -172,3 +172,178 @@ def test_docstrings_name_modules_that_exist():
                                       ("tuna_lab.live.pin.no_such_name", "tuna_lab.live.pin.no_such_name")])
 def test_the_docstring_check_can_fail(ref, bad):
     assert _broken(ref.removeprefix("tuna_lab")) == bad
+
+
+# -- the CLI parses and prints: it reads no /proc and no pin record ----------------------------------
+
+#: What the CLI must not import: the one reader of /proc and the ledger's records and state folder.
+#: Building a target from the options is measure's (tuna_lab.measure.target_spec.build_target).
+CLI_MUST_NOT_IMPORT = ("tuna_lab.machine.procfs", "tuna_lab.live.ledger", "tuna_lab.live.state", "tuna_lab.live.pools")
+# TODO (issue 48): where main's cli/ still imports one of them, with what; each may only shrink.
+CLI_IMPORTS_ALLOWED = {
+    # pin --watch's signal handling (signals_give_back, Signalled, FATAL_SIGNALS); it reads no record itself
+    "tuna_lab/cli/commands/pin.py": {"tuna_lab.live.ledger"},
+    # the command's own age, taken from its --time-limit (/proc/self)
+    "tuna_lab/cli/commands/solve.py": {"tuna_lab.machine.procfs"},
+}
+
+
+def _module_of(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path, text=None):
+    """Every module ``path`` imports, function-local imports included: ``from X import y`` gives X and X.y."""
+    tree = ast.parse(path.read_text() if text is None else text)
+    package = _module_of(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else [])) \
+                if node.level else node.module
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def _forbidden(modules):
+    return {m for m in CLI_MUST_NOT_IMPORT for i in modules if i == m or i.startswith(m + ".")}
+
+
+def test_the_cli_reads_no_proc_and_no_pin_record():
+    found = {rel(p): _forbidden(imported_modules(p)) for p in sorted((PACKAGE / "cli").rglob("*.py"))}
+    found = {p: f for p, f in found.items() if f}
+    new = {p: sorted(f - CLI_IMPORTS_ALLOWED.get(p, set())) for p, f in found.items()
+           if f - CLI_IMPORTS_ALLOWED.get(p, set())}
+    assert not new, f"cli/ modules that import what reads /proc or the pin records (ask measure or live): {new}"
+    fixed = {p: sorted(a - found.get(p, set())) for p, a in CLI_IMPORTS_ALLOWED.items() if a - found.get(p, set())}
+    assert not fixed, f"no longer imported: remove from CLI_IMPORTS_ALLOWED: {fixed}"
+
+
+@pytest.mark.parametrize("source, bad", [
+    ("from ..live.pin import server_cpus\n", set()),
+    ("def f():\n    from ..machine.procfs import process_age\n", {"tuna_lab.machine.procfs"}),
+    ("from ..live import ledger\n", {"tuna_lab.live.ledger"}),
+    ("import tuna_lab.live.state as s\n", {"tuna_lab.live.state"}),
+])
+def test_the_cli_import_check_can_fail(source, bad):
+    assert _forbidden(imported_modules(PACKAGE / "cli" / "options.py", source)) == bad
+
+
+# -- no policy decided by its name ---------------------------------------------------------------------
+
+def _builtin_policies():
+    """``BUILTIN_POLICIES`` of placement/names.py, read from its source."""
+    for node in ast.parse((PACKAGE / "placement" / "names.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "BUILTIN_POLICIES" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("placement/names.py defines no BUILTIN_POLICIES")
+
+
+def _prefixes(node):
+    """The strings of ``node`` (a constant, or a tuple of them) that begin a policy's name and are not one."""
+    values = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    names = _builtin_policies()
+    # Three characters at least: "n" in a table's columns is no policy's name.
+    return [v.value for v in values if isinstance(v, ast.Constant) and isinstance(v.value, str)
+            and len(v.value) >= 3 and any(n.startswith(v.value) and n != v.value for n in names)]
+
+
+def policy_name_tests(text):
+    """``[(line, what)]``: where ``text`` decides by a policy name's beginning (``startswith("tuna")``,
+    ``name[:4] == "tuna"``, ``"tuna" in name``, ``name.split("-")[0] == "omp"``)."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and node.func.attr in ("startswith", "removeprefix") and node.args and _prefixes(node.args[0]):
+            out.append((node.lineno, f".{node.func.attr}({_prefixes(node.args[0])[0]!r})"))
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            consts = [s for s in sides if _prefixes(s)]
+            cut = [s for s in sides if isinstance(s, ast.Subscript)]
+            if consts and (cut or any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+                           and consts[0] is node.left):
+                out.append((node.lineno, f"compares {_prefixes(consts[0])[0]!r} with a part of a name"))
+    return out
+
+
+def test_no_policy_is_decided_by_its_name():
+    # A policy is what its registry entry says (pinned_by, needs_solver), never what its name begins with:
+    # a registered "tuna-mine" is no Tuna, and "omp-spread" renamed would change nothing it does.
+    found = [f"{rel(p)}:{line}: {what}" for p in SOURCES for line, what in policy_name_tests(p.read_text())]
+    assert not found, "policies decided by their name's beginning (ask the registry):\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source, found", [
+    ('if policy.startswith("tuna"): pass', 1),
+    ('if name[:4] == "tuna": pass', 1),
+    ('ok = "omp" in policy', 1),
+    ('ok = policy.split("-")[0] == "omp"', 1),
+    ('ok = policy.startswith(("cfs", "tuna-"))', 1),
+    ('ok = policy == "tuna-scatter" or wait == "default"', 0),
+    ('ok = line.startswith("tuna-lab-check ")', 0),
+])
+def test_the_policy_name_check_can_fail(source, found):
+    assert len(policy_name_tests(source)) == found
+
+
+# -- one table of export formats -----------------------------------------------------------------------
+
+def _formats():
+    for node in ast.parse((PACKAGE / "placement" / "names.py").read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "FORMATS" for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise AssertionError("placement/names.py defines no FORMATS")
+
+
+def test_one_table_of_plan_formats():
+    # The table is placement/names.FORMATS; placement/plan renders it and `plan --format` offers it: the
+    # same object, so that a format added there is offered and rendered everywhere, and no copy drifts.
+    from tuna_lab.cli.commands import plan as plan_command
+    from tuna_lab.placement import names, plan
+
+    assert plan.FORMATS is names.FORMATS and plan_command.FORMATS is names.FORMATS
+    parser = __import__("argparse").ArgumentParser()
+    sub = parser.add_subparsers()
+    plan_command.add_parser(sub)
+    (choices,) = [a.choices for a in sub.choices["plan"]._actions if "--format" in a.option_strings]
+    assert choices is names.FORMATS
+    formats = set(_formats())
+    copies = [f"{rel(p)}:{node.lineno}" for p in SOURCES if p != PACKAGE / "placement" / "names.py"
+              for node in ast.walk(ast.parse(p.read_text()))
+              if isinstance(node, (ast.Tuple, ast.List, ast.Set))
+              # every format, or all but the newest: a copy (a test of a few, `kind in ("env", ...)`, is not)
+              and len({e.value for e in node.elts if isinstance(e, ast.Constant)} & formats) >= len(formats) - 1]
+    assert not copies, f"copies of placement/names.FORMATS (import it): {copies}"
+
+
+# -- one definition of a valid trial -------------------------------------------------------------------
+
+def _definitions(name):
+    return [f"{rel(p)}:{scope + '.' if scope else ''}{node.name}" for p in SOURCES
+            for scope, node in _functions(ast.parse(p.read_text())) if node.name == name]
+
+
+def _calls(path, function, callee):
+    """Whether ``function`` of module ``path`` calls ``callee`` (by name or attribute)."""
+    for scope, node in _functions(ast.parse(path.read_text())):
+        if node.name == function:
+            return any(isinstance(c, ast.Call)
+                       and callee in (getattr(c.func, "id", None), getattr(c.func, "attr", None))
+                       for c in ast.walk(node))
+    return False
+
+
+def test_one_definition_of_a_valid_trial():
+    # measure/store.valid_rows is the rule; everything else that says which trials are valid asks it.
+    assert _definitions("valid_rows") == ["tuna_lab/measure/store.py:valid_rows"]
+    defined = _definitions("valid_trials")
+    assert len(defined) <= 1, f"more than one valid_trials (one name, one meaning): {defined}"
+    for where in defined:
+        path, function = where.split(":")
+        assert _calls(ROOT / path, function, "valid_rows"), f"{where} does not ask valid_rows"

@@ -206,13 +206,13 @@ def _every_kind():
 
 def test_every_reader_counts_the_same_valid_trials():
     from tuna_lab.analysis.tables import valid_trials as analysis_valid
-    from tuna_lab.measure.store import valid_rows, valid_trials
+    from tuna_lab.measure.store import valid_by_policy, valid_rows
 
     table = _every_kind()
     expected = [True, False, False, False, False, True, True]
     assert valid_rows(table).tolist() == expected
     assert analysis_valid(table).tolist() == expected
-    assert valid_trials(table, POLICIES) == {"cfs": 1, "round-robin": 2}
+    assert valid_by_policy(table, POLICIES) == {"cfs": 1, "round-robin": 2}
 
 
 def test_a_trial_that_left_a_worker_out_is_not_counted_and_is_counted_apart():

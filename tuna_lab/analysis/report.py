@@ -396,8 +396,8 @@ def _article_speedups(scenarios):
         if r.baseline == "round-robin" and r.policy == "cfs":
             continue                                    # cfs against round-robin is shown once, the other way
         column = {"all": None}.get(r.group, r.group)
-        if not str(r.policy).startswith("tuna"):
-            finding = "-"                               # the article's numbers and findings are Tuna's
+        if str(r.policy) not in ("tuna-scatter", "tuna-compact"):
+            finding = "-"                               # the article's numbers and findings are its two Tuna modes'
         elif r.group == "all":
             finding = _ARTICLE_FINDINGS["all"].format(speedup=_ARTICLE_SPEEDUP[r.baseline], baseline=r.baseline)
         else:

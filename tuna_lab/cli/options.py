@@ -24,10 +24,10 @@ from ..errors import ThrottlingWarning, TopologyWarning, TunaError
 __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_float_arg", "non_negative_int_arg",
            "add_wait_options", "add_strict_option", "check_cpu_quota", "configs_arg", "policies_arg",
            "policy_choices", "policies_help", "add_client_cpus_option", "client_cpus_of",
-           "add_strict_families_option", "check_measure_options", "target_of", "no_valid_status", "SIZE_BOUND_HELP",
-           "TOPOLOGY_BOUND_HELP", "add_front_cpus_option", "front_cpus_of", "add_worker_options", "worker_choice_of",
-           "add_traffic_options", "traffic_of", "plan_for", "add_target_options", "MEASURE_HELP", "no_valid_status_of",
-           "progress", "print_json"]
+           "add_strict_families_option", "check_measure_options", "target_of", "target_spec_of", "no_valid_status",
+           "SIZE_BOUND_HELP", "TOPOLOGY_BOUND_HELP", "add_front_cpus_option", "front_cpus_of", "add_worker_options",
+           "worker_choice_of", "add_traffic_options", "traffic_of", "plan_for", "add_target_options", "MEASURE_HELP",
+           "no_valid_status_of", "progress", "print_json"]
 
 # The options of the commands that act on a running server live beside these (cli/server_options.py);
 # every command finds them here, loaded on first use: `tuna-lab topology` imports no more than it did.
@@ -531,14 +531,25 @@ def _check_batches(args, error):
 
 
 def target_of(args, error, sweep=False):
-    """The user's server that the options name, checked: None (the lab server), a running one, or an app.
+    """The user's server that the options name, built by measure: None (the lab server), a running one, or an app.
 
-    The one reading of the "your own server" options for ``run``, ``sweep``
-    and ``tune``. Returns None without ``--app``/``--pid`` (and refuses the
-    request options then); for ``--pid`` the checked
-    :class:`~tuna_lab.measure.attached.AttachedTarget` (it needs ``--url`` and
-    ``-t``, and keeps its workers); for ``--app`` a function ``(W, T) ->
-    AppTarget``, checked once now (``--url`` refused: the app's requests go to ``--path``).
+    :func:`target_spec_of` reads the options; :func:`~tuna_lab.measure.target_spec.build_target`
+    builds and checks the target (the CLI reads no process and no pin record). For ``--pid``
+    the checked :class:`~tuna_lab.measure.attached.AttachedTarget` (it keeps its workers); for
+    ``--app`` a function ``(W, T) -> AppTarget``, checked once now.
+    """
+    from ..measure.target_spec import build_target
+
+    return build_target(target_spec_of(args, error, sweep))
+
+
+def target_spec_of(args, error, sweep=False):
+    """The :class:`~tuna_lab.measure.target_spec.TargetSpec` the "your own server" options name, checked together.
+
+    The one reading of those options for ``run``, ``sweep`` and ``tune``:
+    ``--app`` or ``--pid``, not both; ``--pid`` needs ``--url`` and ``-t``
+    and refuses ``-w`` and ``--python``; ``--app`` refuses ``--url`` and
+    ``--front-cpus``; without either the request options are refused.
 
     Parameters
     ----------
@@ -547,9 +558,15 @@ def target_of(args, error, sweep=False):
         The calling command's exception.
     sweep : bool
         A sweep: ``--pid`` is refused (a running server keeps its W and T).
+
+    Examples
+    --------
+    >>> from argparse import Namespace
+    >>> target_spec_of(Namespace(app=None, pid=None, header=[], path="/"), TunaError).kind
+    'lab'
     """
-    from ..measure.attached import AttachedTarget
-    from ..measure.target import AppTarget, Requests
+    from .._checks import parse_cpulist
+    from ..measure.target_spec import TargetSpec
 
     url = getattr(args, "url", None)
     if args.app is not None and args.pid is not None:
@@ -563,7 +580,9 @@ def target_of(args, error, sweep=False):
             + (["path"] if args.path != "/" else [])
         if given:
             raise error(f"--{given[0].replace('_', '-')} is for your own server: give --app or --pid too")
-        return None
+        return TargetSpec()
+    requests = {"method": args.method, "headers": tuple(args.header or ()), "body": args.body,
+                "bodies": args.bodies, "server_timing": args.server_timing, "label": args.label}
     if args.pid is not None:
         if getattr(args, "python", None):
             raise error("--python is for --app (a server tuna_lab starts); a running server keeps its interpreter")
@@ -571,30 +590,20 @@ def target_of(args, error, sweep=False):
             raise error("--pid needs --url (where the running server answers) and -t (its pool threads per worker)")
         if getattr(args, "workers", None) is not None:
             raise error("a running server keeps its workers: leave out -w (they are counted)")
-        requests = Requests.from_options(url, args.method, args.header, args.body, args.bodies, args.server_timing)
-        front = None
-        if getattr(args, "front_cpus", None) is not None:
-            from ..live.pin import server_cpus
-            from .server_options import front_cpus_of
-
-            # As `pin --front-cpus` reads it: CPUs of the server's own (from before any pin of tuna_lab's).
-            front = front_cpus_of(args, server_cpus(args.pid))
-        return AttachedTarget(args.pid, url, args.threads, requests, label=args.label,
-                              force=getattr(args, "force", False), front_cpus=front).check()
+        front = getattr(args, "front_cpus", None)
+        if front is not None:
+            # Parsed here; that they are the server's own CPUs (and leave it some) is measure's to check.
+            front = parse_cpulist(front, "--front-cpus", error)
+            if not front:
+                raise error(f"--front-cpus names no CPU: {args.front_cpus!r}")
+        return TargetSpec(pid=args.pid, url=url, threads=args.threads, force=getattr(args, "force", False),
+                          front_cpus=front, **requests)
     if url is not None:
         raise error("--url is for a running server (--pid); with --app give --path")
     if getattr(args, "front_cpus", None) is not None:
         raise error("--front-cpus is for a running server (--pid)")
-    requests = Requests.from_options(args.path, args.method, args.header, args.body, args.bodies, args.server_timing)
-
-    def target(workers, threads):
-        return AppTarget(args.app, workers, threads, server=args.server, app_dir=args.app_dir,
-                         server_conf=args.server_conf, requests=requests, label=args.label,
-                         python=getattr(args, "python", None))
-
-    # The app, its folder and config are checked before anything runs, and the app imported in its interpreter.
-    target(1, 1).check()
-    return target
+    return TargetSpec(app=args.app, path=args.path, server=args.server, app_dir=args.app_dir,
+                      server_conf=args.server_conf, python=getattr(args, "python", None), **requests)
 
 
 def no_valid_status(lacking):

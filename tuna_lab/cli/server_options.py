@@ -128,7 +128,8 @@ def traffic_of(args, master):
 
     The requests are built as ``run`` builds its own
     (:meth:`~tuna_lab.measure.loadgen.requests.Requests.from_options`): a body goes
-    as ``application/json`` unless a ``--header Content-Type:...`` says otherwise.
+    as ``application/json`` unless a ``--header Content-Type:...`` says otherwise;
+    and sent by the load generator (:func:`~tuna_lab.measure.loadgen.rounds.round_sender`).
 
     Raises
     ------
@@ -139,6 +140,7 @@ def traffic_of(args, master):
     """
     from ..errors import PinError
     from ..measure.loadgen.requests import Requests
+    from ..measure.loadgen.rounds import round_sender
 
     if args.url is None:
         if args.method or args.header or args.body:
@@ -146,7 +148,7 @@ def traffic_of(args, master):
         return None
     # The one recipe of run and tune: --body - is read from stdin there too, and the headers are theirs.
     requests = Requests.from_options(args.url, args.method, args.header, args.body)
+    send = round_sender(requests, error=PinError)
     from ..live.traffic import serve_requests
 
-    return serve_requests(master, args.url, method=requests.method, headers=requests.send_headers(),
-                          body=requests.bodies[0] if requests.bodies else None, choice=worker_choice_of(args))
+    return serve_requests(master, send, choice=worker_choice_of(args))

@@ -1,11 +1,12 @@
-"""Requests sent to a running server to tell its threads by what they do: :func:`serve_requests`.
+"""What a running server's threads do under a few requests: :func:`serve_requests`.
 
 The CPU time each worker thread gains while the server serves a few
 requests (:class:`Activity`) tells pool threads that wait in libc from
 helper threads, and the master's and front ends' share of the work
-(:func:`front_work`). This is a small sender of its own, not
-:mod:`tuna_lab.measure.loadgen`: ``live/`` lies below ``measure/`` in the
-layers (measure's targets use live's pin), so it may not import it.
+(:func:`front_work`). The requests are sent by the one load generator
+(:func:`tuna_lab.measure.loadgen.rounds.round_sender`), handed in by the
+caller: ``live/`` lies below ``measure/`` in the layers (measure's targets
+use live's pin), so it takes the sender and does not import it.
 """
 
 import contextlib
@@ -90,55 +91,21 @@ def front_work(roles, before, after, requests=None):
     return {"processes": fronts, "front_cpu_s": round(front, 4), "workers_cpu_s": round(workers, 4),
             "requests": requests, "real_work": front >= FRONT_FLOOR and front >= FRONT_SHARE * workers,
             "text": text}
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
-def _check_loopback(url):
-    from urllib.parse import urlsplit
-    import ipaddress
-
-    try:
-        parts = urlsplit(url)
-        host = parts.hostname or ""
-        loopback = host in _LOOPBACK_NAMES or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if parts.scheme not in ("http", "https") or not loopback:
-        raise PinError(f"--url must be an http:// URL on this machine's loopback (127.0.0.1, localhost, ::1), "
-                       f"got {url!r}")
-
-
-def _send(opener, url, method, headers, body, timeout):
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers))
-    try:
-        with opener.open(req, timeout=timeout) as resp:
-            resp.read()
-    except urllib.error.HTTPError as exc:
-        # Say what was sent: a 415 or 422 is most often a content type the server does not take.
-        ctype = {k.lower(): v for k, v in headers}.get("content-type", "none")
-        raise PinError(f"{method} {url} answered {exc.code} {exc.reason} to Content-Type {ctype}, a "
-                       f"{len(body or b'')}-byte body: give the URL (and --method, --header, --body) of a "
-                       "request that runs the model") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", None) or exc
-        raise PinError(f"cannot send {method} {url}: {getattr(reason, 'strerror', None) or reason}") from None
-
-
-def serve_requests(master, url, method=None, headers=(), body=None, requests=8, max_requests=64,
-                   max_seconds=15.0, timeout=10.0, choice=None):
-    """Send a few requests to the running server ``master`` and measure what each worker thread ran meanwhile.
+def serve_requests(master, send, requests=8, max_requests=64, max_seconds=15.0, choice=None):
+    """Have the running server ``master`` serve a few requests and measure what each worker thread ran meanwhile.
 
     Parameters
     ----------
-    master, url : int, str
-        The server's master PID; a loopback URL of a request that runs the model.
-    method, headers, body : str, iterable of (str, str), bytes, optional
-        Default ``POST`` with a ``body``, else ``GET``; request headers; the body of every request.
-    requests, max_requests, max_seconds, timeout : int, int, float, float
-        Requests sent at least, at most; seconds at most; seconds per request.
+    master : int
+        The server's master PID.
+    send : callable
+        ``send(n)`` sends ``n`` requests at once and returns when each is
+        answered, raising on one that fails: the load generator's
+        (:func:`tuna_lab.measure.loadgen.rounds.round_sender`).
+    requests, max_requests, max_seconds : int, int, float
+        Requests sent at least, at most; seconds at most.
     choice : WorkerChoice, optional
         The workers, when the user names them (:func:`server_roles`).
 
@@ -150,7 +117,7 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
     Raises
     ------
     PinError
-        Not a loopback URL, a request that fails, or no such server. Nothing is bound.
+        No such server. What ``send`` raises, before anything is bound.
 
     Notes
     -----
@@ -158,46 +125,38 @@ def serve_requests(master, url, method=None, headers=(), body=None, requests=8, 
 
     Examples
     --------
-    >>> serve_requests(1, "http://example.com/")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    tuna_lab.errors.PinError: --url must be an http:// URL on this machine's loopback ...
+    >>> # skipped: needs a running server (its master's PID and a URL of a request that runs the model)
+    >>> from tuna_lab.measure.loadgen.requests import Requests
+    >>> from tuna_lab.measure.loadgen.rounds import round_sender
+    >>> serve_requests(master, round_sender(Requests(path=url, method="GET")))  # doctest: +SKIP
     """
-    import urllib.request
-    from concurrent.futures import ThreadPoolExecutor
-
-    _check_loopback(url)
-    method = (method or ("POST" if body is not None else "GET")).upper()
-    headers = list(headers or ())
     roles = server_roles(master, choice)
     workers = roles.worker_pids
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     start, sent = time.monotonic(), 0
     gains = {}
-    with ThreadPoolExecutor(len(workers)) as pool:
-        # One round first, not measured: a server's first requests make its runtime teams (libgomp makes one
-        # per calling thread on first use) and start its calling threads, and a team born during the
-        # measurement would be told by its birth, not by what it does under requests.
-        list(pool.map(lambda _: _send(opener, url, method, headers, body, timeout), range(len(workers))))
-        before = {pid: thread_cpu_times(pid) for pid in workers}
-        processes = role_cpu_times(roles)
-        while True:
-            list(pool.map(lambda _: _send(opener, url, method, headers, body, timeout), range(len(workers))))
-            sent += len(workers)
-            gains = {}
-            for pid in workers:
-                try:
-                    now = thread_cpu_times(pid)
-                except PinError:
-                    continue                           # the worker exited meanwhile
-                gains[pid] = {tid: now[tid] - before[pid].get(tid, 0.0) for tid in now}
-            spent = {pid: sum(gains.get(pid, {}).values()) for pid in workers}
-            idle = tuple(pid for pid in workers if spent[pid] < _SERVED)
-            fair = min(spent.values(), default=0.0) >= FAIR_SHARE * max(spent.values(), default=0.0)
-            elapsed = time.monotonic() - start
-            if (sent >= requests and not idle and fair) or sent >= max_requests or elapsed >= max_seconds:
-                front = front_work(roles, processes, role_cpu_times(roles), sent)
-                return Activity(gains, sent, elapsed, idle, front)
+    # One round first, not measured: a server's first requests make its runtime teams (libgomp makes one
+    # per calling thread on first use) and start its calling threads, and a team born during the
+    # measurement would be told by its birth, not by what it does under requests.
+    send(len(workers))
+    before = {pid: thread_cpu_times(pid) for pid in workers}
+    processes = role_cpu_times(roles)
+    while True:
+        send(len(workers))
+        sent += len(workers)
+        gains = {}
+        for pid in workers:
+            try:
+                now = thread_cpu_times(pid)
+            except PinError:
+                continue                           # the worker exited meanwhile
+            gains[pid] = {tid: now[tid] - before[pid].get(tid, 0.0) for tid in now}
+        spent = {pid: sum(gains.get(pid, {}).values()) for pid in workers}
+        idle = tuple(pid for pid in workers if spent[pid] < _SERVED)
+        fair = min(spent.values(), default=0.0) >= FAIR_SHARE * max(spent.values(), default=0.0)
+        elapsed = time.monotonic() - start
+        if (sent >= requests and not idle and fair) or sent >= max_requests or elapsed >= max_seconds:
+            front = front_work(roles, processes, role_cpu_times(roles), sent)
+            return Activity(gains, sent, elapsed, idle, front)
 
 
 def activity_of(activity, pid):
@@ -207,7 +166,3 @@ def activity_of(activity, pid):
     if isinstance(activity, Activity):
         return activity.threads.get(pid), activity.requests
     return activity.get(pid), None
-
-
-
-

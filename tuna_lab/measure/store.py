@@ -7,7 +7,7 @@ this cell done?" that a resume and a cluster sweep use (:func:`is_finished`),
 and of "may it be read?" that a reader uses - never sees half a cell. A cell
 is finished when every policy it promised has its valid trials (a trial is
 valid when ``ok`` and no worker was replaced nor the master restarted
-during it: :func:`valid_trials`); :func:`no_valid_trial` names the policies
+during it: :func:`valid_rows`); :func:`no_valid_trial` names the policies
 that have none. :func:`load_results` and :func:`load_thread_cpu` read a cell, a
 sweep (``<path>/<cell>``) or a cluster sweep (``<path>/<machine>/<cell>``):
 every cell with a valid trial, and a corrupt manifest is refused with one line.
@@ -37,7 +37,7 @@ from ..errors import ExperimentError, StoreError, UnreadableCellsError
 from . import schema
 from .readable import read_table
 
-__all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "cell_state", "CellState", "valid_trials",
+__all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "cell_state", "CellState", "valid_by_policy",
            "valid_rows", "no_valid_trial", "finished_keys", "finished_cells", "load_results", "load_thread_cpu",
            "load_cells", "held_here", "LOCK_NAME",
            "machine_name", "SWEEP_FILE", "write_sweep_file", "read_sweep_file", "read_manifest", "write_json"]
@@ -243,7 +243,7 @@ def _write_cell(out, tmp, old, result, csv):
         for table, name in schema.CSV_TABLES.items():
             getattr(result, table).to_csv(os.path.join(tmp, name), index=False)
     # The manifest says how many trials are valid, in all and per policy: what is_finished reads.
-    valid = valid_trials(result.trials, result.manifest.get("policies") or ())
+    valid = valid_by_policy(result.trials, result.manifest.get("policies") or ())
     manifest = {**result.manifest, "valid_trials": sum(valid.values()), "valid_by_policy": valid}
     write_json(os.path.join(tmp, schema.MANIFEST), manifest, durable=False, error=StoreError, default=str)
     # Durable before it counts: every file, then the folder, reach the disk before the rename.
@@ -378,7 +378,7 @@ def valid_rows(trials):
     return ok
 
 
-def valid_trials(trials, policies=()):
+def valid_by_policy(trials, policies=()):
     """``{policy: valid trials}`` of a trials table, every one of ``policies`` included (0 when it has none).
 
     Valid as :func:`valid_rows` says.
@@ -387,7 +387,7 @@ def valid_trials(trials, policies=()):
     --------
     >>> t = pd.DataFrame({"policy": ["cfs", "cfs", "round-robin"], "trial_status": ["ok", "failed", "ok"],
     ...                   "workers_replaced": [0, 0, 1], "master_restarted": 0})
-    >>> valid_trials(t, ["cfs", "round-robin", "tuna-scatter"])
+    >>> valid_by_policy(t, ["cfs", "round-robin", "tuna-scatter"])
     {'cfs': 1, 'round-robin': 0, 'tuna-scatter': 0}
     """
     counts = dict.fromkeys(policies, 0)
@@ -520,7 +520,7 @@ def cell_state(path):
         table, why = read_table(os.path.join(path, schema.TRIALS), "trials")
         if why:
             return CellState(path, "corrupt", f"{path}: its trials cannot be read ({why})")
-        by_policy = valid_trials(table, promised)
+        by_policy = valid_by_policy(table, promised)
     if by_policy is None or promised is None or trials is None:
         valid = manifest.get("valid_trials", 1)
         if valid > 0:
@@ -658,7 +658,7 @@ def no_valid_trial(source, keys=None):
     """
     if not isinstance(source, (str, os.PathLike)):
         manifest = source.manifest or {}
-        valid = valid_trials(source.trials, manifest.get("policies") or ())
+        valid = valid_by_policy(source.trials, manifest.get("policies") or ())
         lacking = [p for p, n in valid.items() if n == 0]
         return {manifest.get("cell") or source.path or "": lacking} if lacking else {}
     path = os.fspath(source)
