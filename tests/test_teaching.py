@@ -150,6 +150,21 @@ def test_lesson_progress_drops_the_countdown_and_the_lock_wait(capsys):
     assert out == "w2-t2-small-b100 trial 1/2 cfs  p99  160.8 ms  ok  CPU/req: server 54.73 ms\nsweep: 2 cells done\n"
 
 
+def test_setup_spends_the_solver_banner_so_a_raw_cvxpy_solve_prints_none():
+    import subprocess
+    import sys
+
+    # 02a solves with raw cvxpy; HiGHS prints "Running HiGHS ... Copyright" at the first solver a process makes
+    code = ("from tuna_lab.notebook import setup; setup(static_images=False)\n"
+            "import cvxpy as cp\n"
+            "x = cp.Variable(2, boolean=True)\n"
+            "p = cp.Problem(cp.Maximize(cp.sum(x)), [cp.sum(x) <= 1]); p.solve(solver=cp.HIGHS)\n"
+            "print('value', round(p.value))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "value 1\n"
+
+
 # A decimal in a lesson's prose that only an output nbval ignores holds: the next run prints another number
 # under a sentence that still quotes the old one.
 DECIMAL = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.])")

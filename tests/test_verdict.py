@@ -129,10 +129,14 @@ def test_the_report_of_one_cell_says_its_verdict_and_shows_each_speedup_once(cel
     assert said.startswith(scope) and "No policy differed from cfs: all 2 speedup intervals hold 1." in said
     # The verdict comes before the first table.
     assert page.index("What these results can tell.") < page.index("<table")
-    for baseline in ("cfs", "round-robin"):
-        rows = _section_rows(page, f"Average speedup over {baseline}")
-        assert [r[:2] for r in rows] == [["all", "all"]], rows        # not five rows of one cell "(n=1)"
-        assert all(c.endswith("(n=1)") for c in rows[0][2:])
+    # One cell's speedup once: not five rows "(n=1)", nor a table of averages repeating the comparisons' speedups
+    assert "Average speedup over" not in page and "(n=1)" not in page
+    assert "With one application, these speedups are also the averages over applications" in page
+    compared = _section_rows(page, "Policy comparisons")
+    assert [r[:3] for r in compared] == [["round-robin", "cfs", "1"], ["tuna-scatter", "cfs", "1"],
+                                         ["tuna-scatter", "round-robin", "1"]]
+    # The first words after the header are what the trials can tell, before the counts of what ran.
+    assert page.index("What these results can tell.") < page.index("1 application on 2 logical cores")
     # Every table says "default" for an unset spin count: none says -1.
     heads = re.findall(r"<thead>(.*?)</thead>\s*<tbody>(.*?)</tbody>", page, flags=re.DOTALL)
     spins = 0
@@ -146,6 +150,17 @@ def test_the_report_of_one_cell_says_its_verdict_and_shows_each_speedup_once(cel
                 spins += 1
         assert "wait_policy" not in names                               # one spelling: "wait policy"
     assert spins >= 4                                                   # scenarios, CPU, evidence, relations
+
+
+def test_the_locality_table_names_each_worker_by_its_number_and_the_master_by_its_role(cell, tmp_path):
+    from tuna_lab.measure.store import load_thread_cpu
+
+    requests, trials = cell
+    page = _text(write_report(requests, trials, tmp_path / "r.html", threads=load_thread_cpu(CELL)))
+    rows = _section_rows(page, "NUMA locality per worker")
+    # before: slots "0.0", "1.0" and "-" (the gunicorn master, which has none)
+    assert sorted({r[2] for r in rows}) == ["0", "1", "master"], rows
+    assert all(r[5] == "-" for r in rows if r[2] == "master")        # the master serves no request: no p99
 
 
 def test_a_grouping_with_several_values_keeps_its_rows_and_counts_read_as_ranges(tmp_path):

@@ -49,7 +49,8 @@ def setup(static_images=True):
     stored: it would load plotly.js from a CDN and hide the PNG from the
     viewers that cannot run it. The log of kaleido's browser driver is
     quieted (it logs recovered pipe reads as tracebacks, which the
-    notebook would store).
+    notebook would store), and so is the banner HiGHS prints at the first
+    solver a process makes (a raw cvxpy solve would store it).
 
     Parameters
     ----------
@@ -76,6 +77,21 @@ def setup(static_images=True):
     logging.getLogger("choreographer").setLevel(logging.CRITICAL)
     pio.renderers["tuna_lab_static"] = StaticRenderer()
     pio.renderers.default = RENDERER if static_images else "plotly_mimetype"
+    _spend_the_solver_banner()
+
+
+def _spend_the_solver_banner():
+    """Make this process's first HiGHS solver quietly: HiGHS prints its banner once, at the first one made.
+
+    A notebook that solves with raw cvxpy (02a) would otherwise store
+    "Running HiGHS 1.16.0 ... Copyright" under its first solve.
+    """
+    try:
+        from .model.highs.programs import new_highs
+
+        new_highs(quiet=True)
+    except ImportError:         # no highspy (the measuring side's slim install): no banner either
+        pass
 
 
 # The operator's parts of a progress line: the countdown, and a wait for another measurement's CPUs.

@@ -194,11 +194,13 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     summary = speedup_summary(scenarios, baselines=_BASELINES)
 
     finest = summary[summary["group"].eq("subscription+model+batch") & summary["speedup"].notna()]
+    single = _applications(scenarios) == 1
     sections = [
         ("Scenarios: mean p99 server time (ms)", [_scenario_table(scenarios)]),
         *(_machine_sections(per_trial, scenarios, machines) if MACHINE in per_trial.columns else []),
-        ("Policy comparisons", [_comparisons(scenarios)]),
-        *[(f"Average speedup over {b}", [_speedup_table(summary, b)]) for b in _BASELINES],
+        ("Policy comparisons", [_comparisons(scenarios, single)]),
+        # One application: its average speedup is the comparison's speedup, the same number a second time.
+        *([] if single else [(f"Average speedup over {b}", [_speedup_table(summary, b)]) for b in _BASELINES]),
         ("Speedup by subscription, model and batch", [viz.speedup_bars(finest)] if not finest.empty else []),
         *[section for on, rows in _machine_parts(per_trial) for section in _figure_sections(rows, on)],
         ("Latency and CPU cost", [_cpu_table(trials)]),
@@ -215,8 +217,9 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         sections = _article_sections(per_trial, scenarios, article) + sections
     # The article's section says it at length; any other report of a small machine says it in one line.
     small = scale_note(int(per_trial["cpus"].max())) if article is None else ""
+    # What the trials can tell first, then what they were (issue 49: the first sentence is the verdict's).
     parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), *_left_out(left_out),
-             _overview(requests, per_trial, scenarios), *_verdict(requests, trials, scenarios),
+             *_verdict(requests, trials, scenarios), _overview(requests, per_trial, scenarios),
              *([f"<p><strong>{_esc(small)}</strong></p>"] if small else []), *_render(sections)]
     document = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                 f"{_GENERATOR}\n<title>{_esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
@@ -287,13 +290,18 @@ def _overview(requests, per_trial, scenarios):
     cpus = ", ".join(map(str, sorted(per_trial["cpus"].unique())))
     counts = scenarios["n_trials"]
     machines = (f" on {per_trial[MACHINE].nunique()} machines" if MACHINE in per_trial.columns else "")
-    # An application as every table counts it: the wait factors and the machine are among its keys.
-    apps = len(scenarios[[c for c in (MACHINE, *APPLICATION) if c in scenarios.columns]].drop_duplicates())
+    apps = _applications(scenarios)
     valid = f"{counts.min()}" if counts.min() == counts.max() else f"{counts.min()}-{counts.max()}"
     return (f'<p class="note">{_n(len(requests), "request")} ({ok} ok) in {_n(len(per_trial), "trial")}; '
             f"{_n(scenarios['policy'].nunique(), 'policy', 'policies')}; {_n(apps, 'application')} on {cpus} "
             f"logical cores{machines}; {valid} valid trial{'' if counts.max() == 1 else 's'} per policy and "
             f"application. {_esc(INTERVALS)}</p>")
+
+
+def _applications(scenarios):
+    """How many applications the results hold, as every table counts them (the wait factors and the machine
+    are among an application's keys)."""
+    return len(scenarios[[c for c in (MACHINE, *APPLICATION) if c in scenarios.columns]].drop_duplicates())
 
 
 def _n(count, word, plural=None):
@@ -527,8 +535,11 @@ def _scenario_table(scenarios):
                         "[95% interval, on the log scale: never below zero]; '-' where a policy was not run.")
 
 
-def _comparisons(scenarios):
-    """Every policy against each baseline present: p99 ratio and speedup with Fieller intervals."""
+def _comparisons(scenarios, single=False):
+    """Every policy against each baseline present: p99 ratio and speedup with their log-scale intervals.
+
+    ``single``: the results hold one application, so these speedups are also its averages (said in the note).
+    """
     present = ordered(scenarios["policy"].unique(), POLICIES)
     rows = []
     for baseline in (b for b in _BASELINES if b in present):
@@ -552,7 +563,9 @@ def _comparisons(scenarios):
     })
     return _table(out, "Ratio of the policy's to the baseline's mean p99, averaged over the applications "
                        "both ran, and the speedup (its reciprocal); [95% interval from the trials' spread, on the "
-                       "log scale: the speedup's is the reciprocal of the ratio's].")
+                       "log scale: the speedup's is the reciprocal of the ratio's]."
+                       + (" With one application, these speedups are also the averages over applications, "
+                          "so no table of averages follows." if single else ""))
 
 
 def _estimate(value, low, high, digits=2):
@@ -689,10 +702,18 @@ def _locality_table(requests, threads):
     table = (workers.groupby(machine + ["cell", "policy", "slot"], dropna=False, observed=True)
              .agg(node=("numa_node", "first"), locality=("numa_locality", "mean"),
                   worker_p99=("worker_p99", "mean"), trials=("trial", "nunique")).reset_index())
-    table = table.assign(locality=_fmt(table["locality"], 3), worker_p99=_fmt(table["worker_p99"] * 1e3, 1))
-    return _table(table.rename(columns={"worker_p99": "worker p99 ms"}),
+    table = table.assign(locality=_fmt(table["locality"], 3), worker_p99=_fmt(table["worker_p99"] * 1e3, 1),
+                         slot=_slot_names(table["slot"], workers))
+    return _table(table.rename(columns={"slot": "worker", "worker_p99": "worker p99 ms"}),
                   "Locality: share of a worker's resident pages (/proc/PID/numa_maps) on the NUMA node its "
                   "main thread runs on, read after the load; 1 on a single-node machine.")
+
+
+def _slot_names(slots, workers):
+    """A worker by its slot number (``0``, not ``0.0``); a process of no slot (the master) by its role."""
+    roles = workers.loc[workers["slot"].isna(), "role"].dropna().unique() if "role" in workers.columns else []
+    other = "/".join(map(str, roles)) or "not a worker"
+    return slots.map(lambda v: str(int(v)) if pd.notna(v) else other)
 
 
 def _failures(requests, trials):
