@@ -212,11 +212,21 @@ def test_attached_server_is_measured_live_and_ends_with_its_masks(uvicorn_server
     out = tmp_path / "results"
     r = cli("run", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2,
             "--policies", "cfs,round-robin", "--trials", 1, "--requests", 30, "--concurrency", 2,
-            "--out", out, "--json", env=model_env)
+            "--sample-hz", 200, "--out", out, "--json", env=model_env)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert {row["policy"] for row in doc["summary"]} == {"cfs", "round-robin"}
     assert doc["target"]["kind"] == "attached" and doc["target"]["server"] == "uvicorn"
+    # No hook sends its scheduler counters per request: they are sampled (issue 50), and the results say so.
+    assert doc["target"]["sched_evidence"] == "sampled at 200 Hz" and doc["target"]["sample_hz"] == 200
+    requests = pd.read_parquet(Path(doc["path"]) / "requests.parquet")
+    trials = pd.read_parquet(Path(doc["path"]) / "trials.parquet")
+    ok = requests[requests["status"] == 200]
+    assert len(ok) and ok[["rq_wait", "rq_wait_main", "cpu_main", "switches_voluntary"]].notna().all().all()
+    assert set(trials["sched_evidence"]) == {"sampled at 200 Hz"} and (trials["sched_sampler_cpu_seconds"] > 0).all()
+    from tuna_lab.analysis.anatomy import anatomy_note
+
+    assert "sampled at 200 Hz" in anatomy_note(requests, trials)
     assert "client-side" in doc["latency"]
     assert proc.poll() is None, "the server was never to be stopped"
     given_back(before, masks(proc.pid), proc.pid)

@@ -48,6 +48,7 @@ Examples
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -279,9 +280,32 @@ def anatomy_note(requests, trials=None):
             or not requests["rq_wait_main"].notna().any():
         return ""
     try:
-        return anatomy_line(anatomy(requests, trials))
+        line = anatomy_line(anatomy(requests, trials))
     except AnalysisError:
         return ""
+    sampled = _sampled(trials)
+    if sampled and not line.endswith(f"{NOT_RECORDED}."):
+        # A server with no hook (run --pid): its evidence is an estimate, and the line must say how it was got.
+        line = (f"{line[:-1]}; the scheduler's counters {sampled} and split among the requests in flight "
+                "(a server with no per-request hook).")
+    return line
+
+
+def _sampled(trials):
+    """``"sampled at N Hz"`` (the rates, joined) where a trial's requests got sampled evidence; ``""`` otherwise.
+
+    Examples
+    --------
+    >>> _sampled(pd.DataFrame({"sched_evidence": ["sampled at 100 Hz", "", "sampled at 100 Hz"]}))
+    'sampled at 100 Hz'
+    >>> _sampled(None), _sampled(pd.DataFrame({"policy": ["cfs"]}))
+    ('', '')
+    """
+    if not isinstance(trials, pd.DataFrame) or "sched_evidence" not in trials.columns:
+        return ""
+    found = sorted({m for text in trials["sched_evidence"].dropna().astype(str)
+                    for m in re.findall(r"sampled at [0-9.e+]+ Hz", text)})
+    return " and ".join(found)
 
 
 def probe_cost(threads=2, requests=2000, server_cpu=None):

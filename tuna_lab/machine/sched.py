@@ -310,7 +310,9 @@ class KeptCounters:
     (switches; migrations then -1, :data:`MIGRATIONS_NOTE` says why).
 
     Descriptors opened before a ``fork`` belong to the parent's threads: the
-    first reading in a new process drops them.
+    first reading in a new process drops them. With ``pid``, the threads are
+    another process's (a running server sampled from outside, issue 50): the
+    paths are built from that PID and the TIDs given, still never from text.
 
     Examples
     --------
@@ -325,9 +327,10 @@ class KeptCounters:
     >>> kept.close()
     """
 
-    def __init__(self):
+    def __init__(self, pid=None):
         self._pid = None
         self._fds = {}
+        self._owner = None if pid is None else int(pid)
 
     def read(self, tids):
         """``{tid: (on_cpu_ns, run_queue_ns, voluntary, involuntary, migrations, last_cpu)}`` of threads ``tids``.
@@ -335,7 +338,7 @@ class KeptCounters:
         ``migrations`` is -1 where the kernel does not expose it. A thread that
         is gone (or whose files cannot be read) is left out.
         """
-        pid = os.getpid()
+        pid = os.getpid() if self._owner is None else self._owner
         if pid != self._pid:
             self.close()
             self._pid = pid

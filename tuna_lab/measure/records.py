@@ -84,6 +84,8 @@ class Records:
                 if self.status[i] != 204:  # No Content: nothing to read
                     _parse_ok(self, i, self.raw[i])
         attrs["server_timing"] = self._server_timing(ok)
+        # CLOCK_MONOTONIC at the trial's time 0: a sampled server's counters are laid on the requests by it.
+        attrs["clock_origin"] = float(self.origin)
         for i in np.flatnonzero((self.status > 0) & ((self.status < 200) | (self.status >= 300))):
             self.error[i] = _error_text(self.raw[i], self.status[i])
         n = len(self.status)

@@ -280,6 +280,14 @@ class Target:
         if not getattr(self, "_runtimes", None):
             self._runtimes = worker_runtimes(live.worker_pids())
 
+    def sched_sampler(self, threads):
+        """What samples the scheduler counters of ``threads`` over a load, for a server that sends them per
+        request through no hook (:class:`~tuna_lab.measure.sampled.SchedSampler`); here nothing: the lab
+        server and the hooked apps send theirs."""
+        from .sampled import NoSampler
+
+        return NoSampler()
+
     def _placement(self, policy):
         """The placement of ``policy`` on the server's CPUs, made once per target (every trial runs the same).
 

@@ -494,12 +494,15 @@ def _loaded(plan, labels, topo, live, url, body, options, pin, server):
     workers = live.worker_pids()
     # The scheduler's evidence is read just outside the CPU sampling, so that its cost is not in the load.
     evidence = SchedEvidence(live.master_pid(), threads).start()
-    with CpuSampler(threads, period=0.1) as sampler:
+    # Issue 50: a server with no per-request hook (run --pid) has its threads' counters sampled instead.
+    sched = plan.target.sched_sampler(threads)
+    with CpuSampler(threads, period=0.1) as sampler, sched:
         t0 = time.monotonic()
         frame = _load(plan, url, body, options, pin)
         wall = time.monotonic() - t0
     # Read before the server stops: where its threads ran, and what the scheduler did to them.
     evidence.stop()
+    frame = sched.fill(frame)
     # frame.attrs does not survive every pandas operation: keep what the load said now.
     generator = dict(frame.attrs.get("generator") or {})
     timing = dict(frame.attrs.get("server_timing") or {})
@@ -527,6 +530,7 @@ def _loaded(plan, labels, topo, live, url, body, options, pin, server):
                                              for pid, role in zip(per_thread["pid"], per_thread["role"])])
     measured = _measured(plan, labels, frame, wall, status, reason, cpu, generator, per_thread, timing)
     measured.row.update(faults)
+    measured.row.update(sched.columns())
     measured.row["worker_share"] = share
     return measured, after
 

@@ -82,6 +82,10 @@ def _add_run(subparsers):
     add_strict_option(r)
     add_client_cpus_option(r)
     add_target_options(r)
+    r.add_argument("--sample-hz", type=positive_float_arg, default=None, metavar="HZ",
+                   help="with --pid: how often the workers' scheduler counters are read during a load and split "
+                        "among the requests in flight (default 100, at most 1000; such a server sends none per "
+                        "request, docs/anatomy.md)")
     r.set_defaults(func=_cmd_run)
     return r
 
@@ -201,13 +205,16 @@ def _front_advice(trials, front_cpus=None):
 
 def _run_target(args):
     """``run``'s target (None: the lab server), from the options every measuring command reads alike."""
+    if args.sample_hz is not None and args.pid is None:
+        raise ExperimentError("--sample-hz is for a running server (--pid): tuna_lab's server and --app's hooks "
+                              "send their scheduler counters per request")
     target = target_of(args, ExperimentError)
     if target is None:
         if args.workers is None or args.threads is None:
             raise ExperimentError("give -w and -t (the lab server's size)")
         return None
     if args.pid is not None:
-        return target
+        return target.sampled_at(args.sample_hz)
     if args.workers is None or args.threads is None:
         raise ExperimentError("--app needs -w and -t")
     return target(args.workers, args.threads)
