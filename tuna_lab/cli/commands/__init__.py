@@ -41,6 +41,7 @@ COMMANDS = {
     "report": Command("report", "analyse results into a self-contained HTML report"),
     "demo": Command("run", "the Tuna mapping, then a short live pin-and-measure experiment"),
     "tune": Command("tune", "size to a latency target: the W x T x policy serving the most requests within a p99"),
-    "bench": Command("bench", "benchmarks"),
+    "bench": Command("bench", "benchmarks: the solver, tune against an exhaustive search, the load generator "
+                              "against wrk"),
     "advise": Command("advise", "should I pin? predict each policy's p99 speedup over cfs from sweep results"),
 }
