@@ -12,6 +12,7 @@ is pinned.
 """
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
@@ -153,6 +154,13 @@ def test_nobody_cannot_make_root_write_through_a_link(python_nobody_can_read, si
         top, records = os.lstat(state), os.lstat(os.path.join(state, "records"))
         assert top.st_uid == 0 and not top.st_mode & 0o022
         assert records.st_uid == NOBODY and records.st_mode & 0o777 == 0o700
+        # The masks the workers set are in the ledger of the user who set them (nobody's own private state
+        # folder), never in root's: root neither writes nor reads a folder nobody controls.
+        ledger = _hooks_ledger(srv.master)
+        assert ledger is not None and os.lstat(ledger).st_uid == NOBODY, ledger
+        assert os.lstat(os.path.dirname(ledger)).st_uid == NOBODY
+        assert {e["pid"] for e in json.loads(Path(ledger).read_text())["entries"]} >= set(srv.workers())
+        assert not list(Path(tempfile.gettempdir()).glob(f"tuna_lab-0/hooks-{srv.master}-*.json"))
         assert "Traceback" not in srv.text()
     finally:
         srv.stop()
@@ -201,6 +209,15 @@ def test_a_state_folder_nobody_creates_first_is_refused(python_nobody_can_read, 
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _hooks_ledger(master):
+    """The ledger record of ``master``'s hooks in nobody's state folder (the workers' temporary folder), or None."""
+    for folder in {tempfile.gettempdir(), "/tmp"}:
+        found = sorted(Path(folder).glob(f"tuna_lab-{NOBODY}/hooks-{master}-*.json"))
+        if found:
+            return str(found[0])
+    return None
 
 
 def _free_port():
