@@ -512,3 +512,18 @@ def test_a_worker_exit_gives_its_masks_back_and_on_exit_keeps_a_mask_changed_sin
         worker = _gone(child)
     hooks.child_exit(master, worker)
     assert not path.exists()
+
+
+def test_still_pinned_is_the_ledgers_same_thread_test_and_run_pid_uses_it():
+    # run --pid refuses a server pinned by pin --pid only while a thread of the record is the same thread (its
+    # start time) and still on the mask set: a kept entry (mask changed since) or a reused TID does not count.
+    from tuna_lab.live.ledger import still_pinned
+    from tuna_lab.machine.procfs import start_ticks
+    from tuna_lab.measure import attached
+
+    me = os.getpid()
+    entry = {"pid": me, "set": cpus_of(me), "before": CPUS, "tid_started": start_ticks(me)}
+    assert still_pinned({me: entry})
+    assert not still_pinned({me: {**entry, "tid_started": start_ticks(me) + 1}})     # another thread, same TID
+    assert not still_pinned({me: {**entry, "set": [c for c in CPUS if [c] != cpus_of(me)][:1]}})
+    assert attached._still_pinned is still_pinned                                     # one function, not two

@@ -411,8 +411,8 @@ def open_pins(master):
 def pin_records(master):
     """A view of what ``pin --pid`` (or ``run --pid``) recorded of server ``master``; empty when none.
 
-    ``{"workers": {pid: {"started", "slot", "seen"}}, "threads": {tid: {"pid", "before", "set"}}}`` of the
-    well-formed entries (a master that is gone has none).
+    ``{"workers": {pid: {"started", "slot", "seen"}}, "threads": {tid: {"pid", "before", "set",
+    "tid_started"}}}`` of the well-formed entries (a master that is gone has none).
 
     Examples
     --------
@@ -425,7 +425,8 @@ def pin_records(master):
         return {"workers": {}, "threads": {}}
     workers = {pid: {"started": p["started"], "slot": p["slot"], "seen": sorted(p["seen"])}
                for pid, p in rec.processes.items()}
-    threads = {int(c.target): {"pid": c.pid, "before": list(c.before), "set": list(c.set)}
+    threads = {int(c.target): {"pid": c.pid, "before": list(c.before), "set": list(c.set),
+                               "tid_started": c.tid_started}
                for c in rec.changes.values() if c.kind == "thread"}
     return {"workers": workers, "threads": threads}
 
@@ -449,15 +450,21 @@ def still_pinned(threads):
     A pin in effect, not a kept entry: the ledger keeps an entry it could not
     give back - a mask someone else changed since - and says so at each
     ``unpin``; such a thread is no longer on a mask of ours, so it does not
-    make the server pinned. A thread that ended does not either.
+    make the server pinned. A thread that ended does not either, nor another
+    thread that took its TID since (its start time, where the entry has it,
+    is not the recorded one): the ledger's "same thread" test.
 
     Examples
     --------
-    >>> still_pinned({os.getpid(): {"set": sorted(os.sched_getaffinity(0))}}), still_pinned({})
-    (True, False)
+    >>> me = {"set": sorted(os.sched_getaffinity(0)), "tid_started": start_ticks(os.getpid())}
+    >>> still_pinned({os.getpid(): me}), still_pinned({os.getpid(): {**me, "tid_started": -1}}), still_pinned({})
+    (True, False, False)
     """
     for tid, entry in threads.items():
         try:
+            started = entry.get("tid_started")
+            if started is not None and start_ticks(int(tid)) != started:
+                continue                    # another thread on a reused TID: not the one tuna_lab pinned
             if sorted(affinity_of(int(tid))) == sorted(entry["set"]):
                 return True
         except BindingError:
