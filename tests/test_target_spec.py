@@ -6,6 +6,7 @@ runs), and the sender talks to a small HTTP server on a thread of this process.
 
 import http.server
 import re
+import socket
 import threading
 from argparse import Namespace
 
@@ -122,3 +123,12 @@ def test_a_refused_round_says_what_it_sent_in_one_line(answering):
 def test_a_url_off_this_machine_is_refused_before_any_socket(url):
     with pytest.raises(LoadError, match="loopback"):
         round_sender(Requests(path=url, method="GET"))
+
+
+def test_a_round_to_a_port_nothing_listens_on_says_refused():
+    # The wire sends before it knows the connection failed (a "Broken pipe"): the user is told why it did.
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    with pytest.raises(PinError, match="cannot send GET .*: Connection refused"):
+        round_sender(Requests(path=f"http://127.0.0.1:{port}/", method="GET"), error=PinError)(1)

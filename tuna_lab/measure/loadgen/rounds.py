@@ -78,7 +78,7 @@ def round_sender(requests, timeout=10.0, error=LoadError):
         i = failed[0]
         status, why = int(statuses[i]), str(frame["error"].iloc[i])
         if status < 0:
-            raise error(f"cannot send {requests.method} {url}: {why or 'no answer'}")
+            raise error(f"cannot send {requests.method} {url}: {_reason(url, why) or 'no answer'}")
         try:
             phrase = f" {HTTPStatus(status).phrase}"
         except ValueError:
@@ -87,3 +87,26 @@ def round_sender(requests, timeout=10.0, error=LoadError):
                     "--method, --header, --body) of a request that runs the model")
 
     return send
+
+
+def _reason(url, why):
+    """The wire's reason for a request that got no answer; for a failed connection, the OS's own.
+
+    The wire connects without waiting and sends at once, so a refused
+    connection reads as the send's error there (``Broken pipe``): one
+    blocking connection says what the user can act on (``Connection refused``).
+    """
+    import socket
+
+    from .wire import resolve
+
+    if not why.startswith("connect:"):
+        return why
+    family, address = resolve(url)
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5.0)
+            sock.connect(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return why
