@@ -44,9 +44,9 @@ def _add_run(subparsers):
     r = subparsers.add_parser(
         "run", help=COMMANDS["run"].help,
         description="Measure a server under each policy, once per trial, its threads pinned by the policy: p50 "
-                    "and p99 per policy and the p99 speedups over cfs, the article's way. The server is tuna_lab's "
-                    "own (the default), your app (--app), or one already running (--pid with --url), given back "
-                    "its CPU masks at the end.",
+                    "and p99 per policy and the p99 speedups over cfs, the article's way. The server is your app "
+                    "with --app, one already running with --pid and --url (given back its CPU masks at the end), "
+                    "else tuna_lab's own.",
         epilog="examples:\n"
                "  tuna-lab run -w 2 -t 2 --model small --trials 3 --requests 200\n"
                "  tuna-lab run -w 2 -t 2 --policies cfs,tuna-scatter --out results/ --json > run.json\n"
@@ -83,9 +83,8 @@ def _add_run(subparsers):
     add_client_cpus_option(r)
     add_target_options(r)
     r.add_argument("--sample-hz", type=positive_float_arg, default=None, metavar="HZ",
-                   help="with --pid: how often the workers' scheduler counters are read during a load and split "
-                        "among the requests in flight (default 100, at most 1000; such a server sends none per "
-                        "request, docs/anatomy.md)")
+                   help="with --pid: how often the workers' counters are sampled, at most 1000 (docs/anatomy.md) "
+                        "(default: 100)")
     r.set_defaults(func=_cmd_run)
     return r
 
@@ -315,7 +314,7 @@ def _next_steps(report, out):
 
 def _cmd_demo(args):
     from ...analysis.report import write_report
-    from ...analysis.summary import scale_note, summarize
+    from ...analysis.summary import demo_opening, scale_note, summarize
     from ...machine import Limits, topology_from
     from ...measure.experiment import Config, run
     from ...model import solve
@@ -327,6 +326,8 @@ def _cmd_demo(args):
     # oversubscribed regime where placement matters.
     usable = Limits.read().effective_cpus
     W, T = max(2, usable), min(2, usable)
+    # The first sentence says what the run can and cannot tell, before minutes of output (issue 49).
+    print(demo_opening(usable, *((None, None) if args.offline else (args.trials, args.requests))) + "\n")
     print("== 1. The offline phase: the Tuna mapping\n")
     for title, topo, w, t in ((f"This machine ({C} CPUs)", here, W, T),
                               ("The article's machine, Azure D32ds_v4 (xeon-8272cl)",
