@@ -199,10 +199,24 @@ def test_the_demo_says_its_mappings_in_words_and_where_to_go_next():
     assert re.search(r"score -?\d+ = \d+ for main threads far apart [+-] \d+ for the distance between each "
                      r"worker's threads \((scatter rewards it|compact counts it against)\)", p.stdout)
     assert "every constraint of the model, checked on this mapping: holds" in p.stdout
+    # What it can tell comes first, before any mapping
+    assert p.stdout.splitlines()[0] == ("What this demo can tell: the Tuna mapping of this machine and of the "
+                                        "article's (--offline: nothing is measured).")
     tail = p.stdout.rstrip().splitlines()[-3:]
     assert tail[0] == "Where to go next:"
     assert "`make lab`" in tail[1] and "notebooks/01_topology_and_distances.ipynb" in tail[1]
     assert (Path(__file__).resolve().parent.parent / "notebooks" / "01_topology_and_distances.ipynb").is_file()
+
+
+def test_the_demos_first_sentence_says_what_its_size_can_tell():
+    from tuna_lab.analysis.summary import demo_opening
+
+    three = demo_opening(2, 3, 200)
+    assert "3 trials x 200 requests each - enough for an interval" in three
+    assert "On 2 CPUs it cannot show the article's speedups" in three
+    two = demo_opening(32, 2, 1)
+    assert "2 trials x 1 request each - too few trials for an interval (it takes 3), so no verdict" in two
+    assert "article's speedups" not in two                          # 32 CPUs: the article's scale
 
 
 def test_the_demo_names_the_report_and_the_command_that_writes_it_again():

@@ -33,7 +33,7 @@ from .stats import (MIN_INTERVAL_TRIALS, compare_policies, cpu_cost, format_inte
 from .tables import APPLICATION, valid_trials
 
 __all__ = ["RunSummary", "summarize", "scope_sentence", "fault_note", "balance_note", "front_note", "scale_note",
-           "ARTICLE_MIN_CPUS"]
+           "demo_opening", "ARTICLE_MIN_CPUS"]
 
 #: Below this many usable CPUs a run cannot show the article's effect (the article measured 32 logical CPUs).
 ARTICLE_MIN_CPUS = 16
@@ -404,6 +404,40 @@ def _verdict(speedups):
         return verdict_text(speedups, _BASELINE)
     except TunaError:
         return ""
+
+
+def demo_opening(cpus, trials=None, requests=None):
+    """The demo's first sentence: what it runs and what that can and cannot tell, before it runs anything.
+
+    Parameters
+    ----------
+    cpus : int
+        The CPUs the demo may use.
+    trials, requests : int, optional
+        Its measurement's size; ``None`` for ``--offline`` (the mappings only).
+
+    Examples
+    --------
+    >>> print(demo_opening(2, 3, 200))  # doctest: +NORMALIZE_WHITESPACE
+    What this demo can tell: the Tuna mapping of this machine and of the article's; then cfs,
+    round-robin and tuna-scatter measured here, 3 trials x 200 requests each - enough for an interval, which says
+    whether a policy differed from cfs on this machine. On 2 CPUs it cannot show the article's speedups
+    (32 logical CPUs): it shows the method at work.
+    >>> print(demo_opening(2))
+    What this demo can tell: the Tuna mapping of this machine and of the article's (--offline: nothing is measured).
+    """
+    head = "What this demo can tell: the Tuna mapping of this machine and of the article's"
+    if trials is None:
+        return head + " (--offline: nothing is measured)."
+    size = f"{trials} trial{'' if trials == 1 else 's'} x {requests} request{'' if requests == 1 else 's'} each"
+    tell = ("enough for an interval, which says whether a policy differed from cfs on this machine"
+            if trials >= MIN_INTERVAL_TRIALS else
+            f"too few trials for an interval (it takes {MIN_INTERVAL_TRIALS}), so no verdict on any policy")
+    text = f"{head}; then cfs, round-robin and tuna-scatter measured here, {size} - {tell}."
+    if cpus < ARTICLE_MIN_CPUS:
+        text += (f" On {cpus} CPU{'' if cpus == 1 else 's'} it cannot show the article's speedups (32 logical CPUs): "
+                 "it shows the method at work.")
+    return text
 
 
 def scale_note(cpus):

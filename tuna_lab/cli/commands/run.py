@@ -314,7 +314,7 @@ def _next_steps(report, out):
 
 def _cmd_demo(args):
     from ...analysis.report import write_report
-    from ...analysis.summary import scale_note, summarize
+    from ...analysis.summary import demo_opening, scale_note, summarize
     from ...machine import Limits, topology_from
     from ...measure.experiment import Config, run
     from ...model import solve
@@ -326,6 +326,8 @@ def _cmd_demo(args):
     # oversubscribed regime where placement matters.
     usable = Limits.read().effective_cpus
     W, T = max(2, usable), min(2, usable)
+    # The first sentence says what the run can and cannot tell, before minutes of output (issue 49).
+    print(demo_opening(usable, *((None, None) if args.offline else (args.trials, args.requests))) + "\n")
     print("== 1. The offline phase: the Tuna mapping\n")
     for title, topo, w, t in ((f"This machine ({C} CPUs)", here, W, T),
                               ("The article's machine, Azure D32ds_v4 (xeon-8272cl)",
