@@ -5,8 +5,8 @@ the lab server's payload, or a user's own requests as ``run --app`` and
 ``run --pid`` read them from ``--path``, ``--method``, ``--header``,
 ``--body`` and ``--bodies``. :meth:`Requests.from_options` is the one
 reading of those options: ``pin``, ``status``, ``run`` and ``tune`` send the
-same method, body, ``Content-Type`` and headers (:meth:`Requests.send_headers`),
-and a refused request says what was sent (:func:`describe_sent`).
+same method, body, ``Content-Type`` and headers, all through the load generator
+(:meth:`load_options`), and a refused request says what was sent (:func:`describe_sent`).
 
 Examples
 --------
@@ -127,8 +127,8 @@ class Requests:
     def send_headers(self):
         """Every header a request with a body carries, ``Content-Type`` included: for a client of its own.
 
-        What ``pin --url`` and ``status --url`` send through urllib, so that
-        their requests are those of ``run`` and ``tune``.
+        What another client (urllib, httpx) sends to make the requests tuna_lab's generator
+        sends (``pin --url`` and ``status --url`` send through the generator itself).
 
         Examples
         --------
