@@ -6,7 +6,7 @@ the lab server's payload, or a user's own requests as ``run --app`` and
 ``--body`` and ``--bodies``. :meth:`Requests.from_options` is the one
 reading of those options: ``pin``, ``status``, ``run`` and ``tune`` send the
 same method, body, ``Content-Type`` and headers, all through the load generator
-(:meth:`load_options`), and a refused request says what was sent (:func:`describe_sent`).
+(:meth:`Requests.load_options`), and a refused request says what was sent (:func:`describe_sent`).
 
 Examples
 --------
