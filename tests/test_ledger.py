@@ -481,6 +481,7 @@ def test_the_hooks_and_the_lab_server_record_each_mask_and_a_gone_worker_leaves_
     hooks.child_exit(master, worker)                  # the worker is gone: nothing to give back, its entries go
     assert not path.exists()
     hooks.on_exit(master)
+    assert not path.with_suffix(".lock").exists()     # the server stopped: nothing of it is left in the folder
 
 
 def test_a_worker_exit_gives_its_masks_back_and_on_exit_keeps_a_mask_changed_since(state, tmp_path):

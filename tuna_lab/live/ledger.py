@@ -524,8 +524,9 @@ def give_back_hooks(master, pids=None):
     Called by the hooks when a worker exits (``worker_exit`` in the worker,
     ``child_exit`` in the master) and when the server stops (``on_exit``):
     a worker that is gone has nothing to give back, and its entries go; a
-    live one gets its masks back where they are still the ones set. Touches
-    nothing - not even the state folder - when this user has no such record.
+    live one gets its masks back where they are still the ones set. Makes
+    nothing in the state folder when this user has no such record; when the
+    server stops (``pids`` None) and nothing is kept, its lock goes too.
 
     Returns
     -------
@@ -536,10 +537,17 @@ def give_back_hooks(master, pids=None):
         name = hooks_record(master)
     except PinError:
         return None
-    if not any(os.path.lexists(os.path.join(folder, f"{name}.json")) for folder in state_dirs()):
-        return None
-    with state_lock(name):
-        return Record.load(name).give_back(None if pids is None else set(pids))
+    given = None
+    if any(os.path.lexists(os.path.join(folder, f"{name}.json")) for folder in state_dirs()):
+        with state_lock(name):
+            given = Record.load(name).give_back(None if pids is None else set(pids))
+    if pids is None and (given is None or given.path is None):
+        # The server stops and its workers are gone: no one takes this lock again (it would otherwise wait
+        # for the next server's first pin to be swept away).
+        for folder in state_dirs():
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, f"{name}.lock"))
+    return given
 
 
 # -- signals --------------------------------------------------------------------------------------
