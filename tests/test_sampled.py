@@ -9,6 +9,8 @@ on the running server that module starts already (no server of its own here).
 """
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -96,7 +98,7 @@ def test_the_sampler_fills_the_request_columns_and_says_it_sampled():
     # (not all: it waits for the GIL while the sampler holds it; and the edge intervals smear: what the thread
     # did just before the first request and after the last is given to them, the only ones in flight).
     spent = out.loc[ok, ["cpu_main", "rq_wait_main"]].to_numpy().sum()
-    assert 0.5 < spent / out.loc[ok, "client_seconds"].sum() < 1.5, out
+    assert 0.3 < spent / out.loc[ok, "client_seconds"].sum() < 1.5, out
     assert out.loc[~ok].drop(columns=["status", "sent_at", "scheduled_at", "client_seconds", "pid"]).isna().all().all()
     assert (out.loc[ok, "last_cpu"].isin(sorted(os.sched_getaffinity(0)))).all()   # one worker: its main thread's
     assert sampler.note == sampled_words(200.0) == "sampled at 200 Hz"
@@ -106,7 +108,8 @@ def test_the_sampler_fills_the_request_columns_and_says_it_sampled():
 def test_the_servers_own_evidence_is_kept_and_the_note_says_hooked():
     me = [{"pid": os.getpid(), "tid": threading.get_native_id(), "role": "main"}]
     origin = time.monotonic()
-    with SchedSampler(me, hz=500) as sampler:
+    notes = set()
+    with SchedSampler(me, hz=500, notes=notes) as sampler:
         time.sleep(0.02)
     frame = pd.DataFrame({"status": [200], "sent_at": [0.001], "scheduled_at": [0.001], "client_seconds": [0.01],
                           "pid": [-1], "rq_wait": [0.25], "rq_wait_main": [0.125],
@@ -116,8 +119,41 @@ def test_the_servers_own_evidence_is_kept_and_the_note_says_hooked():
     out = sampler.fill(frame)
     assert out["rq_wait"].tolist() == [0.25] and out["rq_wait_main"].tolist() == [0.125]
     assert sampler.note == HOOKED
+    assert notes == {HOOKED}               # what the target's manifest then says
     # The targets that send theirs get no sampler, and their trial rows no new column.
     assert NoSampler().fill(frame) is frame and NoSampler().columns() == {}
+
+
+def test_a_workers_counters_go_to_the_requests_it_served_when_the_server_says_which():
+    """Two workers: this process works, a child sleeps; each request names its worker (``pid``)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('asleep', flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "asleep\n"        # its start-up's own CPU is over
+        threads = [{"pid": os.getpid(), "tid": threading.get_native_id(), "role": "main"},
+                   {"pid": child.pid, "tid": child.pid, "role": "main"}]
+        origin = time.monotonic()
+        with SchedSampler(threads, hz=200) as sampler:
+            t0 = time.monotonic() - origin
+            _ = sum(range(1_000_000))
+            t1 = time.monotonic() - origin
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+    frame = pd.DataFrame({"status": [200, 200], "sent_at": [t0, t0], "scheduled_at": [t0, t0],
+                          "client_seconds": [t1 - t0] * 2, "pid": [os.getpid(), child.pid],
+                          **{c: np.nan for c in ("rq_wait", "rq_wait_main", "switches_voluntary",
+                                                 "switches_involuntary", "request_migrations", "last_cpu",
+                                                 "cpu_main", "cpu_openmp")}})
+    frame.attrs["clock_origin"] = origin
+    out = sampler.fill(frame)
+    # Pooled, the two would share this process's work evenly; by worker, the sleeping one's request gets none.
+    # (The working thread ran or waited for a CPU for much of the request: not all, on a shared machine, where
+    # it also waits for the GIL while a preempted sampler thread holds it.)
+    busy = out[["cpu_main", "rq_wait_main"]].sum(axis=1)
+    assert busy.iloc[0] > 0.2 * (t1 - t0) and busy.iloc[1] < 0.05 * busy.iloc[0], (busy.tolist(), t1 - t0)
+    assert out["last_cpu"].notna().all()
 
 
 @pytest.mark.parametrize("hz", [0, -5, MAX_HZ * 2, float("nan"), "fast"])

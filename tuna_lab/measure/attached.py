@@ -92,6 +92,7 @@ class AttachedTarget(Target):
         self.force = bool(force)
         self.front_cpus = None if front_cpus is None else tuple(sorted({int(c) for c in front_cpus}))
         self.sample_hz = check_hz(DEFAULT_HZ if sample_hz is None else sample_hz)
+        self._sched_notes = set()        # what each trial's requests carried (SchedSampler.fill)
         self.masks = None
         self.workers = None
         self._runtimes = None
@@ -205,7 +206,7 @@ class AttachedTarget(Target):
         its scheduler counters per request."""
         from .sampled import SchedSampler
 
-        return SchedSampler(threads, self.sample_hz)
+        return SchedSampler(threads, self.sample_hz, notes=self._sched_notes)
 
     @contextlib.contextmanager
     def apply(self, policy):
@@ -225,8 +226,10 @@ class AttachedTarget(Target):
         return {"kind": self.kind, "pid": self.master, "url": self.url, "server": server_name(command),
                 "command": command, "runtimes": self._runtimes or {},
                 "front_cpus": None if self.front_cpus is None else list(self.front_cpus),
-                # Each trial's row says what its requests carry (the server's own, where it sends them).
-                "sched_evidence": sampled_words(self.sample_hz), "sample_hz": self.sample_hz}
+                # What the trials' requests carried: sampled, or the server's own where it sends them (a
+                # server run with tuna_lab's hooks); before any trial, what they will carry without a hook.
+                "sched_evidence": "; ".join(sorted(self._sched_notes)) or sampled_words(self.sample_hz),
+                "sample_hz": self.sample_hz}
 
 
 # -- masks of a running server -------------------------------------------------------------------

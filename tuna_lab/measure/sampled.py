@@ -191,6 +191,8 @@ class SchedSampler:
         A thread born after the start is not sampled.
     hz : float
         Samples per second (:func:`check_hz`).
+    notes : set, optional
+        Where :meth:`fill` adds its :attr:`note` (a target's notes over its trials, for its manifest).
 
     Attributes
     ----------
@@ -212,8 +214,9 @@ class SchedSampler:
     True
     """
 
-    def __init__(self, threads, hz=DEFAULT_HZ):
+    def __init__(self, threads, hz=DEFAULT_HZ, notes=None):
         self.hz = check_hz(hz)
+        self._notes = notes
         self.threads = [dict(t) for t in threads]
         self.cpu_seconds = 0.0
         self.note = ""
@@ -368,6 +371,8 @@ class SchedSampler:
         words = sampled_words(self.hz)
         self.note = (f"{HOOKED} where the server sent it, else {words}" if hooked.any() and sampled.any()
                      else HOOKED if hooked.any() else words if sampled.any() else "")
+        if self._notes is not None and self.note:
+            self._notes.add(self.note)
         return frame
 
     def columns(self):
