@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tuna_lab.errors import TargetError
+from tuna_lab.errors import CpuAccountingError, TargetError
 from tuna_lab.measure.sampled import (HOOKED, MAX_HZ, NoSampler, SchedSampler, attribute, check_hz,
                                       sampled_words)
 
@@ -59,6 +59,8 @@ def test_what_the_requests_are_given_is_what_the_intervals_they_covered_counted(
 def test_a_request_outside_the_sampled_time_gets_nothing_rather_than_a_guess():
     got = attribute([1.0, 2.0], [[5.0]], [0.5, 1.2, np.nan, 1.5], [1.5, 1.8, 1.9, 2.5])
     assert np.isnan(got[[0, 2, 3], 0]).all() and got[1, 0] == pytest.approx(5.0)
+    with pytest.raises(CpuAccountingError, match="at least two samples"):
+        attribute([1.0], [], [1.0], [1.0])
 
 
 # -- the sampler on this process's own threads ----------------------------------------------------

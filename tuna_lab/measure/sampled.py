@@ -43,7 +43,7 @@ import time
 import numpy as np
 
 from .._checks import positive_number
-from ..errors import TargetError
+from ..errors import CpuAccountingError, TargetError
 from ..machine.sched import MIGRATIONS_NOTE, KeptCounters
 
 __all__ = ["DEFAULT_HZ", "MAX_HZ", "HOOKED", "sampled_words", "check_hz", "attribute", "SchedSampler",
@@ -126,17 +126,24 @@ def attribute(times, deltas, starts, ends):
         ``[times[0], times[-1]]`` (its time outside was not sampled) or with
         no finite times. An interval with no request in flight gives nothing.
 
+    Raises
+    ------
+    CpuAccountingError
+        Fewer than two sample times.
+
     Examples
     --------
     >>> attribute([0.0, 1.0], [[3.0]], [0.5, 2.0], [1.0, 3.0])[:, 0].tolist()
     [3.0, nan]
     """
     times = np.asarray(times, dtype=float)
+    if len(times) < 2:
+        raise CpuAccountingError(f"attributing sampled counters needs at least two samples, got {len(times)}")
     deltas = np.asarray(deltas, dtype=float).reshape(len(times) - 1, -1)
     starts, ends = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
     out = np.full((len(starts), deltas.shape[1]), np.nan)
     inside = np.isfinite(starts) & np.isfinite(ends) & (starts >= times[0]) & (ends <= times[-1]) & (ends >= starts)
-    if len(times) < 2 or not inside.any():
+    if not inside.any():
         return out
     s, e = starts[inside], ends[inside]
     k = len(times) - 1
