@@ -175,6 +175,15 @@ def test_a_grouping_with_several_values_keeps_its_rows_and_counts_read_as_ranges
     assert "8 applications on 16 logical cores; 2-3 valid trials per policy and application." in page
 
 
+def test_the_evidence_of_several_applications_heads_each_with_default_not_minus_one():
+    from tuna_lab.analysis.mechanism import mechanism_lines, mechanism_table
+
+    trials = pd.concat([load_results(DATA / "sched-2cpu" / cell)[1] for cell in ("w2-t1-medium-b100", CELL.name)])
+    heads = [line for line in mechanism_lines(mechanism_table(trials)) if line.startswith("  workers=")]
+    # before: "..., wait_policy=default, spincount=-1:" beside tables that say "default"
+    assert len(heads) == 2 and all(h.endswith("wait_policy=default, spincount=default:") for h in heads), heads
+
+
 def test_shown_defaults_writes_default_for_every_unset_wait_setting():
     table = pd.DataFrame({"wait_policy": ["passive", None, "default"], "spincount": [1000, -1, np.nan]})
     shown = shown_defaults(table)

@@ -57,7 +57,7 @@ import pandas as pd
 
 from ..errors import AnalysisError
 from .stats import MACHINE, MIN_INTERVAL_TRIALS, TOO_FEW_TRIALS, compare_policies, format_interval, scenario_stats
-from .tables import APPLICATION, check_table, sort_table, valid_trials, with_defaults
+from .tables import APPLICATION, check_table, shown_defaults, sort_table, valid_trials, with_defaults
 
 __all__ = ["Evidence", "MECHANISM", "MIN_CORRELATION_TRIALS", "NOT_RECORDED", "has_evidence", "evidence_notes",
            "mechanism_table", "mechanism_correlations", "mechanism_lines", "format_evidence", "separation",
@@ -408,7 +408,9 @@ def mechanism_lines(table, correlations=None):
     for app, rows in table.groupby(keys, sort=False, observed=True):
         indent = "  "
         if several:
-            lines.append("  " + ", ".join(f"{k}={v}" for k, v in zip(keys, app, strict=True)) + ":")
+            # As every table shows an application: an unset spin count is "default", not its stored -1.
+            shown = shown_defaults(pd.DataFrame([app], columns=keys)).iloc[0].tolist()
+            lines.append("  " + ", ".join(f"{k}={v}" for k, v in zip(keys, shown, strict=True)) + ":")
             indent = "    "
         for evidence in MECHANISM:
             own = rows[rows["evidence"].eq(evidence.column)]
