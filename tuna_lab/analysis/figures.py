@@ -472,6 +472,8 @@ def verdict_text(table, baseline=None):
     'tuna-scatter faster than cfs at 2x2: 1.50x [1.20, 1.90]. No difference shown in the other 1 of 2 (interval holds 1).'
     >>> verdict_text(t.assign(ci_low=0.9))
     'No policy differed from cfs: all 2 speedup intervals hold 1.'
+    >>> verdict_text(t.assign(ci_low=0.9).head(1))
+    'No policy differed from cfs: its one speedup interval holds 1.'
     """
     check_table(table, "speedups", ("baseline", "policy", "speedup"), numeric=("speedup",))
     if baseline is not None:
@@ -490,9 +492,10 @@ def verdict_text(table, baseline=None):
     no_diff, few = int(counts.get(NO_DIFFERENCE, 0)), int(counts.get(TOO_FEW_TRIALS, 0))
     if few == n:
         return (f"No verdict: {TOO_FEW_TRIALS} (fewer than {MIN_INTERVAL_TRIALS} trials of a policy) "
-                f"in all {n}.")
+                + ("in the one speedup." if n == 1 else f"in all {n} speedups."))
     if no_diff + few == n:
-        text = f"No policy differed from {bases}: " + (f"all {n} speedup intervals hold 1." if not few else
+        held = "its one speedup interval holds 1." if n == 1 else f"all {n} speedup intervals hold 1."
+        text = f"No policy differed from {bases}: " + (held if not few else
                                                        f"{no_diff} of {n} speedup intervals "
                                                        f"{'holds' if no_diff == 1 else 'hold'} 1, "
                                                        f"and {few} had {TOO_FEW_TRIALS}.")
