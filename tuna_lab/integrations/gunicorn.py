@@ -58,7 +58,9 @@ record) in ``$TMPDIR/tuna_lab-gunicorn-UID-MASTER-START``, made whole by the
 first worker's ``post_fork`` as the master's user and refused if anyone else
 made it. Under Gunicorn's ``user =`` it stays the master's user's (root's):
 only its ``records`` subfolder is handed to the workers' user, so that user
-can plant no link where ``post_fork`` writes as root.
+can plant no link where ``post_fork`` writes as root. The masks the workers
+set are not kept there but in the ledger of the user they run as
+(:func:`~tuna_lab.live.state.state_dir`), which root never reads or writes.
 
 If your config already defines one of these hooks, call ours from yours::
 

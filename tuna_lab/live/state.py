@@ -6,7 +6,8 @@ their slot records in its ``records`` subfolder; ``pin --pid`` and
 ``audit`` read them back (:func:`hooked_workers`, :func:`hook_records`).
 
 :func:`state_dir` is the one per-user state folder of everything else tuna_lab
-keeps about a running system (the ledger of the masks it changed): made by
+keeps about a running system (the ledger of the masks it changed, the
+hooks' and the lab server's workers' included: ``hooks-MASTER-START``): made by
 this user, checked as theirs, under a name another user cannot take first
 (one planted in the shared temporary folder is passed over).
 """
