@@ -187,7 +187,8 @@ def test_the_evidence_of_several_applications_heads_each_with_default_not_minus_
 def test_the_verdict_counts_in_words_one_speedup_or_many():
     one = pd.DataFrame({"baseline": "cfs", "policy": ["tuna-scatter"], "speedup": [1.1], "ci_low": [0.8],
                         "ci_high": [1.5]})
-    assert verdict_text(one) == "No policy differed from cfs: its one speedup interval holds 1."   # not "all 1 ... hold"
+    # not "all 1 speedup intervals hold 1"
+    assert verdict_text(one) == "No policy differed from cfs: its one speedup interval holds 1."
     few = one.assign(ci_low=np.nan, ci_high=np.nan)
     assert verdict_text(few).endswith("(fewer than 3 trials of a policy) in the one speedup.")
     assert verdict_text(pd.concat([few] * 3)).endswith("in all 3 speedups.")                # was "in all 3."

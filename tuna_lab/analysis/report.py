@@ -217,7 +217,7 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         sections = _article_sections(per_trial, scenarios, article) + sections
     # The article's section says it at length; any other report of a small machine says it in one line.
     small = scale_note(int(per_trial["cpus"].max())) if article is None else ""
-    # What the trials can tell first, then what they were (issue 49: the first sentence is the verdict's).
+    # What the trials can tell first (issue 49), then what they were.
     parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), *_left_out(left_out),
              *_verdict(requests, trials, scenarios), _overview(requests, per_trial, scenarios),
              *([f"<p><strong>{_esc(small)}</strong></p>"] if small else []), *_render(sections)]
@@ -299,8 +299,7 @@ def _overview(requests, per_trial, scenarios):
 
 
 def _applications(scenarios):
-    """How many applications the results hold, as every table counts them (the wait factors and the machine
-    are among an application's keys)."""
+    """Applications as every table counts them: the wait factors and the machine are among their keys."""
     return len(scenarios[[c for c in (MACHINE, *APPLICATION) if c in scenarios.columns]].drop_duplicates())
 
 
@@ -312,10 +311,9 @@ def _n(count, word, plural=None):
 def _verdict(requests, trials, scenarios):
     """The report's first words: what these trials can tell, and the verdict on every policy against cfs.
 
-    Said from each application's speedups over cfs (:func:`~tuna_lab.analysis.figures.verdict_table`):
-    what the trials resolve (:func:`~tuna_lab.analysis.summary.scope_sentence`), the speedups in words
-    (:func:`~tuna_lab.analysis.figures.verdict_text`: where every interval holds 1 it says that no policy
-    differed), and, with the scheduler's evidence, what separates the policies
+    From each application's speedups over cfs (:func:`~tuna_lab.analysis.figures.verdict_table`): what
+    the trials resolve (:func:`~tuna_lab.analysis.summary.scope_sentence`), the speedups in words
+    (:func:`~tuna_lab.analysis.figures.verdict_text`), and what separates the policies
     (:func:`~tuna_lab.analysis.mechanism.lead_sentence`). A part that cannot be said is left out.
     """
     from ..errors import TunaError
@@ -536,10 +534,7 @@ def _scenario_table(scenarios):
 
 
 def _comparisons(scenarios, single=False):
-    """Every policy against each baseline present: p99 ratio and speedup with their log-scale intervals.
-
-    ``single``: the results hold one application, so these speedups are also its averages (said in the note).
-    """
+    """Every policy against each baseline present: p99 ratio and speedup (``single``: of one application)."""
     present = ordered(scenarios["policy"].unique(), POLICIES)
     rows = []
     for baseline in (b for b in _BASELINES if b in present):
@@ -602,11 +597,7 @@ def _speedup_table(summary, baseline):
 
 
 def _one_row_per_cell(rows, label):
-    """``rows`` (and their labels) less the groupings with one value: each would repeat the row "all".
-
-    With one subscription, model or batch, grouping by it averages the very applications "all" averages;
-    a run of one cell would otherwise show its one speedup in five rows.
-    """
+    """``rows`` (and labels) less the groupings of one value: each averages what "all" does, the same row again."""
     values = label.groupby(rows["group"]).transform("nunique")
     keep = rows["group"].eq("all") | values.gt(1)
     return rows[keep], label[keep]
@@ -712,8 +703,7 @@ def _locality_table(requests, threads):
 def _slot_names(slots, workers):
     """A worker by its slot number (``0``, not ``0.0``); a process of no slot (the master) by its role."""
     roles = workers.loc[workers["slot"].isna(), "role"].dropna().unique() if "role" in workers.columns else []
-    other = "/".join(map(str, roles)) or "not a worker"
-    return slots.map(lambda v: str(int(v)) if pd.notna(v) else other)
+    return slots.map(lambda v: str(int(v)) if pd.notna(v) else "/".join(map(str, roles)) or "not a worker")
 
 
 def _failures(requests, trials):
