@@ -173,6 +173,8 @@ def test_a_grouping_with_several_values_keeps_its_rows_and_counts_read_as_ranges
     assert groupings.count("all") == 1 and groupings.count("model") == 2 and groupings.count("subscription") == 2
     assert len({tuple(r[:2]) for r in rows}) == len(rows)                # no row twice
     assert "8 applications on 16 logical cores; 2-3 valid trials per policy and application." in page
+    # two averages of one speedup, said apart: the ratio of average p99s, and the article's average of speedups
+    assert "the two may differ, even in direction" in page.split("<h2>Policy comparisons</h2>", 1)[1]
 
 
 def test_the_evidence_of_several_applications_heads_each_with_default_not_minus_one():

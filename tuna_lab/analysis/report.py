@@ -199,7 +199,6 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         ("Scenarios: mean p99 server time (ms)", [_scenario_table(scenarios)]),
         *(_machine_sections(per_trial, scenarios, machines) if MACHINE in per_trial.columns else []),
         ("Policy comparisons", [_comparisons(scenarios, single)]),
-        # One application: its average speedup is the comparison's speedup, the same number a second time.
         *([] if single else [(f"Average speedup over {b}", [_speedup_table(summary, b)]) for b in _BASELINES]),
         ("Speedup by subscription, model and batch", [viz.speedup_bars(finest)] if not finest.empty else []),
         *[section for on, rows in _machine_parts(per_trial) for section in _figure_sections(rows, on)],
@@ -556,11 +555,12 @@ def _comparisons(scenarios, single=False):
                                                    table["ratio high"]),
         "speedup": _interval(table["speedup"], table["speedup low"], table["speedup high"]),
     })
-    return _table(out, "Ratio of the policy's to the baseline's mean p99, averaged over the applications "
-                       "both ran, and the speedup (its reciprocal); [95% interval from the trials' spread, on the "
-                       "log scale: the speedup's is the reciprocal of the ratio's]."
-                       + (" With one application, these speedups are also the averages over applications, "
-                          "so no table of averages follows." if single else ""))
+    return _table(out, "Ratio of the policy's mean p99 to the baseline's, each averaged over the applications both "
+                       "ran (the slowest weigh most), and the speedup (its reciprocal); [95% interval from the "
+                       "trials' spread, on the log scale: the speedup's is the reciprocal of the ratio's]."
+                       + (" With one application, these speedups are also the averages over applications, so no "
+                          "table of averages follows." if single else " The averages below take each "
+                          "application's speedup first, as the article does: the two may differ, even in direction."))
 
 
 def _estimate(value, low, high, digits=2):
