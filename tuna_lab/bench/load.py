@@ -466,6 +466,72 @@ block seen, so epoll no longer wakes the loop for the header write alone (1.09 r
 callgrind: 69.1k instructions a request (-22 %). The same A/B of the old and new engine in one process
 against one server (6 alternating trials of 1,500 requests each) was inside the machine's noise on some
 runs: the rows above, measured here side by side with wrk, are the figures that count.
+
+## The second pass (issue 50, 2026-11-29)
+
+Profiled again against the same lab server before this pass's changes, the machine shared with other work
+(load average 5-13):
+
+- **Kernel against interpreter.** `perf record -e cpu-clock -g` of the generator thread alone (closed loop,
+  1,500 requests): 48 % of its samples in the kernel (connect 15 %, close 14 %, epoll_wait 6 %, socket 4 %,
+  sendto 4 %, recvfrom 2 %), 43 % in libpython, 6 % in libc (malloc, the GIL's mutex), 3 % in the socket
+  and select modules. The kernel's share is what wrk pays too (wrk makes more system calls a request, and
+  waits once more, for the connect); the gap is the interpreter's.
+- **Where the interpreter goes.** `py-spy record` (line samples): `parse_buffer` was 39 % of the
+  generator's Python time, the loop 17 %, the read 14 %, connect 12 %, the response's row 10 %. Counted
+  with `sys.settrace` opcodes: 710 bytecodes a request, 253 of them in `parse_buffer`. callgrind (user-space
+  instructions a request, a 1,200-request run minus a 200-request one, against the trivial endpoint
+  closing every connection): 59.0k, of which `bytes.find` 10-11k (ten searches a response; each is a
+  METH_VARARGS call whose argument parsing costs more than the search), `bytes()` copies of slices that were
+  bytes already 1.9k (`bytes.__bytes__` is looked up and called), the end-of-trial list-to-array copies
+  2.8k (numpy inspects every item as a possible sequence), the GIL's release and retake around the eight
+  system calls 3.3k, socket argument parsing 3-4k.
+
+What changed (`tuna_lab.measure.loadgen.wire` and `.response`): the send (`_start`) and the response's row
+(`_answered`) are inline in the loop and the read; closed connections' `_Conn` objects are reused (a new
+connection per request against Gunicorn's sync workers); timeouts are read from the send times (requests go
+out in index order with one timeout, so the oldest in flight is the next due: no queue of tuples); the
+status line is read in place (no search for its end) and a bytes buffer is sliced without a `bytes()` copy;
+the end-of-trial copies go through `np.fromiter`. callgrind: 49.7k instructions a request (-16 %), 628
+bytecodes (was 710). The same A/B of the old and new engine in one process against one lab server,
+alternating, CPU per request of the generator thread: closed loop 126.9 to 109.7 us (new/old 0.86, all six
+pairs 0.79-0.92), open loop at 120 requests/s 287.8 to 260.9 us (0.91, all four pairs 0.79-0.99).
+
+`make bench`'s load part (`tuna-lab bench load --doc docs/load-bench.md`), four runs after the change, the
+load average (1 min) before each; the table above is the last:
+
+```text
+run  load  closed CPU  closed req/s  open CPU  open req/s   (ratios to wrk in the same run)
+1    12.2    1.30x        0.82x        1.81x      0.88x
+2     8.0    1.33x        1.27x        1.69x      0.87x
+3     7.4    1.24x        1.10x        1.60x      0.94x
+4     2.4    1.42x        1.11x        1.69x      0.81x
+med          1.32x        1.11x        1.69x      0.88x     before this pass: 1.30x, 1.00x, 1.76x, 0.92x
+```
+
+The bench's ratios move more between runs (1.24x to 1.42x) than this pass's 14 % saving; on the quietest run
+(load 2.4, 450-780 requests/s) the closed loop was at 1.42x. **The target (1.25x, both loops) is not met.**
+What is left, and why:
+
+- **The interpreter per request.** About 50k user-space instructions and 630 bytecodes a request remain,
+  and at a lab server's rate every response is a wake of its own into caches the server's model has just
+  used, which multiplies their cost (the first profile: 22 us of user time a request at 10,000 requests/s
+  against a trivial endpoint, 100 us and more against the lab server, where wrk's was 35-40 us). The
+  searches of the header block (`Content-Length`, `Transfer-Encoding`, `Connection`, `Server-Timing`) are
+  each a C call dearer than its search; a regular expression doing all of them in one call was 5x slower
+  here. Closing the gap needs the loop in C (an
+  extension module, which the project does not build) or a C client the project can call.
+- **The open loop's second wake.** Against a server that is not saturated, every open-loop request is two
+  wakes (the timerfd at its send time, then its response) and a `timerfd_settime` through ctypes, where the
+  closed loop sends on the response's wake: why the open loop costs more than the closed one (1.6-1.8x
+  wrk's against 1.2-1.4x). epoll's own timeout is whole milliseconds (Python 3.11 has no `os.timerfd_*`
+  and `epoll_pwait2` is not exposed), so the timer stays.
+- **The open loop's requests/s** (0.81-0.94x) is its schedule, not its cost: Poisson arrivals at wrk's last
+  throughput, with at most as many in flight as wrk's connections, queue behind a saturated server, and the
+  trial's wall time includes that queue's drain.
+- Considered and left out: `SO_LINGER` 0 (a reset instead of a FIN on close) would spare the server's
+  TIME_WAIT processing, which loopback charges to the generator, but it is not what wrk or a browser does and
+  can reset a worker that has not closed yet.
 """
 
 
