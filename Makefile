@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 BASE_STAMP := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench faults field setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check
+.PHONY: demo test test-e2e test-fast bench faults field setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check
 
 # The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
 # compares every output except those of cells tagged nbval-ignore-output.
@@ -70,12 +70,20 @@ test: $(STAMP) sysdeps
 	$(PY) -m compileall -q tuna_lab
 	@# Two phases. The tests that measure time or CPU (marked `alone`) run last, one at a time: in the same
 	@# xdist run they would hold the other worker idle for as long as they run, and an exclusive lock
-	@# waits behind every shared one. Everything else, the notebooks included, fills both workers first.
-	@date +"make test: the tests and notebooks from %T"
-	$(PY) -m pytest -q $(XDIST) -m "not alone" --nbval --nbval-current-env tests notebooks --durations=25
+	@# waits behind every shared one. Everything else fills both workers first. Left out, to keep this
+	@# within 10 minutes on 2 cores: the whole-experiment tests (`make test-e2e`, conftest.E2E_FILES) and
+	@# the notebooks (`make notebooks`; `make binder-check` runs them as a Binder user would). CI runs all three.
+	@date +"make test: the tests from %T"
+	$(PY) -m pytest -q $(XDIST) -m "not alone and not e2e" tests --durations=15
 	@date +"make test: the tests that run alone from %T"
-	$(PY) -m pytest -q -m alone --durations=10
+	$(PY) -m pytest -q -m "alone and not e2e" tests --durations=10
 	@date +"make test: done at %T"
+
+# The whole-experiment tests `make test` leaves out (conftest.py says which and why), in the same two phases.
+test-e2e: $(STAMP) sysdeps
+	$(PY) -m compileall -q tuna_lab
+	$(PY) -m pytest -q $(XDIST) -m "e2e and not alone" tests --durations=15
+	$(PY) -m pytest -q -m "e2e and alone" tests --durations=10
 
 # The notebooks alone, as `make test` runs them.
 notebooks: $(STAMP)

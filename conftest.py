@@ -28,7 +28,45 @@ collect_ignore = ["tuna_lab/server/gunicorn_conf.py"]
 _MACHINE_LOCK = "TUNA_LAB_TEST_MACHINE_LOCK"
 
 
+# ---------------------------------------------------------------------------------------------------------
+# The whole-experiment lane (`make test-e2e`; CI runs it after `make test`, which leaves it out to stay within
+# ten minutes on 2 cores). These tests each run a whole experiment against real servers - a run, sweep, tune or
+# the demo end to end, a fault planted mid-trial, a Dask cluster, every export applied to a running server of
+# each runtime, the load generator's race with wrk - for 10-100 s each; `make test` keeps at least one server
+# test of every kind (start, pin, status, audit, a short trial), so a break there still shows in minutes.
+# A table rather than a decorator on each test: the lane's whole content is read here, in one place.
+E2E_FILES = frozenset({
+    "tests/test_exports.py", "tests/test_faults.py", "tests/test_cluster.py", "tests/test_targets.py",
+    "tests/test_tune.py", "tests/test_python_option.py", "tests/test_field_measure.py",
+    "tests/test_client_cpus.py", "tests/test_load_bench.py",
+})
+E2E_TESTS = frozenset({
+    "tests/test_analysis.py::test_demo_says_under_its_speedups_what_this_machine_can_show",
+    "tests/test_experiment.py::test_each_run_is_on_disk_as_it_finishes_and_the_partial_cell_goes_once_the_cell_is_written",
+    "tests/test_experiment.py::test_run_records_a_relaxed_tuna_mapping_once_per_cell",
+    "tests/test_widgets.py::test_static_draws_the_figure_as_a_png_of_its_own_size",
+    "tests/test_widgets.py::test_live_experiment_collects_trial_rows",
+    "tests/test_hostile_results.py::test_report_replaces_its_own_report",
+    "tests/test_hostile_results.py::test_skip_unreadable_goes_on_and_says_which_cells_were_left_out",
+    "tests/test_hostile.py::test_a_sweep_resumed_over_a_corrupt_cell_redoes_it_or_refuses",
+    "tests/test_cli.py::test_run_json_has_the_summary_and_the_files",
+    "tests/test_cli.py::test_report_json_has_the_path_and_headline_speedups",
+    "tests/test_pin.py::test_hooks_under_gunicorns_user_setting_hand_their_state_folder_to_that_user",
+    "tests/test_pin.py::test_watch_pins_a_replacement_within_1s_of_its_pool_and_says_each_thing_once",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    e2e = pytest.mark.e2e
+    for item in items:
+        path, _, name = item.nodeid.partition("::")
+        if path in E2E_FILES or f"{path}::{name.split('[')[0]}" in E2E_TESTS:
+            item.add_marker(e2e)
+
+
 def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: runs a whole experiment against real servers; `make test-e2e` runs "
+                                       "it, `make test` leaves it out (conftest.E2E_FILES, E2E_TESTS)")
     config.addinivalue_line("markers", "alone: runs with no other test running (it measures time or CPU, "
                                        "or asserts the absence of foreign load)")
     config.addinivalue_line("markers", "server: starts a server process (Gunicorn, Uvicorn, any process that "

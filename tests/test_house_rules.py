@@ -355,3 +355,18 @@ def test_one_definition_of_a_valid_trial():
     for where in defined:
         path, function = where.split(":")
         assert _calls(ROOT / path, function, "valid_rows"), f"{where} does not ask valid_rows"
+
+
+def test_every_entry_of_the_whole_experiment_lane_names_a_test_that_exists():
+    # A misspelt entry would leave a slow test in `make test` unseen: each must name a file and a function.
+    # Read, not imported: importing the root conftest again would install its fast-lane hooks twice.
+    root = Path(__file__).resolve().parents[1]
+    tables = {node.targets[0].id: ast.literal_eval(node.value.args[0])
+              for node in ast.parse((root / "conftest.py").read_text()).body
+              if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") in ("E2E_FILES", "E2E_TESTS")}
+    assert tables["E2E_FILES"] and tables["E2E_TESTS"]
+    for path in tables["E2E_FILES"]:
+        assert (root / path).is_file(), path
+    for entry in tables["E2E_TESTS"]:
+        path, _, name = entry.partition("::")
+        assert re.search(rf"^def {re.escape(name)}\(", (root / path).read_text(), re.M), entry
