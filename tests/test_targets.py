@@ -144,6 +144,10 @@ def test_run_app_records_cfs_and_tuna_with_server_timing_that_report_reads(model
     # The header's milliseconds, as seconds, and never more than the client saw.
     assert ok["server_seconds"].notna().all()
     assert (ok["server_seconds"] <= ok["client_seconds"]).all()
+    # Each request's scheduler evidence, under cfs (no hooks: the timing alone) as under the pinned policy.
+    for policy in ("cfs", "tuna-scatter"):
+        waits = ok.loc[ok["policy"] == policy, "rq_wait"]
+        assert len(waits) and waits.notna().all(), policy
     rep = cli("report", out, "-o", tmp_path / "report.html", "--json", env=model_env)
     assert rep.returncode == 0, rep.stderr
     assert (tmp_path / "report.html").stat().st_size > 1000

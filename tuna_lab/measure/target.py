@@ -682,7 +682,8 @@ def _gunicorn_conf(user_conf, hooks, workers, port):
     """A Gunicorn config: the user's own (every setting kept), then the bind, W and tuna_lab's hooks.
 
     A hook the user's config defines is called after ours; one that is ours
-    already (the three-line integration) is not called twice.
+    already (the three-line integration) is not called twice. Without hooks
+    (a policy that pins nothing) only the per-request timing is added.
     """
     lines = ["# Written by tuna-lab run --app: the user's config, then the bind, W and tuna_lab's hooks.",
              "import runpy as _runpy"]
@@ -701,6 +702,15 @@ def _gunicorn_conf(user_conf, hooks, workers, port):
                       f"    _tuna.{hook}({args})",
                       f"    if callable(_user_{hook}) and _user_{hook} is not _tuna.{hook}:",
                       f"        _user_{hook}({args})"]
+    else:
+        # A policy that pins nothing (cfs) still sends each request's scheduler evidence: without it the
+        # cfs rows, the baseline every anatomy compares with, would hold none.
+        lines += ["from tuna_lab.integrations import gunicorn as _tuna",
+                  "_user_post_worker_init = _user.get('post_worker_init')",
+                  "def post_worker_init(worker):",
+                  "    _tuna.time_requests(worker)",
+                  "    if callable(_user_post_worker_init):",
+                  "        _user_post_worker_init(worker)"]
     return "\n".join(lines) + "\n"
 
 
