@@ -111,7 +111,9 @@ def parse_buffer(buf, eof, no_body, timing):
         chunked = head.find(b"\r\ntransfer-encoding:") >= 0 and \
             (_header(head, b"\r\ntransfer-encoding:") or b"").endswith(b"chunked")
         at = head.find(b"\r\nconnection:")
-        if raw[7:8] == b"1":
+        if at >= 0 and head.startswith(b"\r\nconnection: close\r\n", at):
+            keep = False    # what Gunicorn's sync workers say: one call instead of a search, a slice and a search
+        elif raw[7:8] == b"1":
             # HTTP/1.1: kept alive unless the server says close.
             keep = at < 0 or (head[at + 13:] if (end := head.find(b"\r\n", at + 13)) < 0
                               else head[at + 13:end]).find(b"close") < 0
