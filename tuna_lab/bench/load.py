@@ -481,7 +481,7 @@ Profiled again against the same lab server before this pass's changes, the machi
   generator's Python time, the loop 17 %, the read 14 %, connect 12 %, the response's row 10 %. Counted
   with `sys.settrace` opcodes: 710 bytecodes a request, 253 of them in `parse_buffer`. callgrind (user-space
   instructions a request, a 1,200-request run minus a 200-request one, against the trivial endpoint
-  closing every connection): 59.0k, of which `bytes.find` 10-11k (ten searches a response; each is a
+  closing every connection, eight connections): 59.0k, of which `bytes.find` 10-11k (ten searches a response; each is a
   METH_VARARGS call whose argument parsing costs more than the search), `bytes()` copies of slices that were
   bytes already 1.9k (`bytes.__bytes__` is looked up and called), the end-of-trial list-to-array copies
   2.8k (numpy inspects every item as a possible sequence), the GIL's release and retake around the eight
@@ -491,26 +491,43 @@ What changed (`tuna_lab.measure.loadgen.wire` and `.response`): the send (`_star
 (`_answered`) are inline in the loop and the read; closed connections' `_Conn` objects are reused (a new
 connection per request against Gunicorn's sync workers); timeouts are read from the send times (requests go
 out in index order with one timeout, so the oldest in flight is the next due: no queue of tuples); the
-status line is read in place (no search for its end) and a bytes buffer is sliced without a `bytes()` copy;
-the end-of-trial copies go through `np.fromiter`. callgrind: 49.7k instructions a request (-16 %), 628
-bytecodes (was 710). The same A/B of the old and new engine in one process against one lab server,
-alternating, CPU per request of the generator thread: closed loop 126.9 to 109.7 us (new/old 0.86, all six
-pairs 0.79-0.92), open loop at 120 requests/s 287.8 to 260.9 us (0.91, all four pairs 0.79-0.99).
+status line is read in place (no search for its end), a bytes buffer is sliced without a `bytes()` copy,
+and `Connection: close` as Gunicorn writes it is recognised with one `startswith`; the end-of-trial copies
+go through `np.fromiter`. callgrind with one connection (so that no two responses share a wake, which makes
+the count repeatable; with eight it moves with how responses batch): 50.4k instructions a request, was 58.7k
+(-14 %); 628 bytecodes a request (was 710), 242 of them to parse a response like Gunicorn's (was 277).
 
-`make bench`'s load part (`tuna-lab bench load --doc docs/load-bench.md`), four runs after the change, the
-load average (1 min) before each; the table above is the last:
+CPU per request of the generator thread, the old and new engine in one process against one lab server,
+alternating trials (a throwaway script that loads the old `wire.py` beside the new one):
 
 ```text
-run  load  closed CPU  closed req/s  open CPU  open req/s   (ratios to wrk in the same run)
+load  trials               closed loop new/old          open loop (120/s) new/old
+9-12  6 x 600 requests     0.86 (126.9 -> 109.7 us)     0.91 (287.8 -> 260.9 us), 4 x 500
+2-4   10 x 1,500 requests  0.94 (121.2 -> 114.3 us)     -
+```
+
+Eight of those ten pairs were below 1 (0.90-1.05): a saving of 5-14 %, larger when the machine is busy.
+
+`make bench`'s load part (`tuna-lab bench load --doc docs/load-bench.md`), ratios to wrk in the same run,
+with the load average (1 min) before each run. Runs 1-4 are of the first commit of this pass (all of it but
+the `Connection: close` shortcut), 5-7 of the last; the table above is run 7:
+
+```text
+run  load  closed CPU  closed req/s  open CPU  open req/s
 1    12.2    1.30x        0.82x        1.81x      0.88x
 2     8.0    1.33x        1.27x        1.69x      0.87x
 3     7.4    1.24x        1.10x        1.60x      0.94x
 4     2.4    1.42x        1.11x        1.69x      0.81x
-med          1.32x        1.11x        1.69x      0.88x     before this pass: 1.30x, 1.00x, 1.76x, 0.92x
+5     3.8    1.28x        1.03x        1.55x      0.90x
+6     3.2    1.36x        1.05x        1.38x      0.96x
+7     3.9    1.31x        0.99x        1.45x      0.93x
+median of 5-7: closed 1.31x at 1.03x its requests/s, open 1.45x at 0.93x
+before this pass (2026-11-28, one run, load 6.5): closed 1.30x at 1.00x, open 1.76x at 0.92x
 ```
 
-The bench's ratios move more between runs (1.24x to 1.42x) than this pass's 14 % saving; on the quietest run
-(load 2.4, 450-780 requests/s) the closed loop was at 1.42x. **The target (1.25x, both loops) is not met.**
+The bench's ratios move more between runs (1.24x to 1.42x for the same code) than this pass's saving, so
+the runs before and after do not show it; the paired A/B does. **The target (at most 1.25x wrk's CPU a
+request, both loops) is not met:** the closed loop is at about 1.3x and the open loop at about 1.5x.
 What is left, and why:
 
 - **The interpreter per request.** About 50k user-space instructions and 630 bytecodes a request remain,
@@ -519,14 +536,14 @@ What is left, and why:
   against a trivial endpoint, 100 us and more against the lab server, where wrk's was 35-40 us). The
   searches of the header block (`Content-Length`, `Transfer-Encoding`, `Connection`, `Server-Timing`) are
   each a C call dearer than its search; a regular expression doing all of them in one call was 5x slower
-  here. Closing the gap needs the loop in C (an
-  extension module, which the project does not build) or a C client the project can call.
+  here. Closing the gap needs the loop in C (an extension module, which the project does not build) or a
+  C client the project can call.
 - **The open loop's second wake.** Against a server that is not saturated, every open-loop request is two
   wakes (the timerfd at its send time, then its response) and a `timerfd_settime` through ctypes, where the
-  closed loop sends on the response's wake: why the open loop costs more than the closed one (1.6-1.8x
+  closed loop sends on the response's wake: why the open loop costs more than the closed one (1.4-1.8x
   wrk's against 1.2-1.4x). epoll's own timeout is whole milliseconds (Python 3.11 has no `os.timerfd_*`
   and `epoll_pwait2` is not exposed), so the timer stays.
-- **The open loop's requests/s** (0.81-0.94x) is its schedule, not its cost: Poisson arrivals at wrk's last
+- **The open loop's requests/s** (0.81-0.96x) is its schedule, not its cost: Poisson arrivals at wrk's last
   throughput, with at most as many in flight as wrk's connections, queue behind a saturated server, and the
   trial's wall time includes that queue's drain.
 - Considered and left out: `SO_LINGER` 0 (a reset instead of a FIN on close) would spare the server's
