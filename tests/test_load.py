@@ -493,6 +493,14 @@ def test_a_large_body_is_sent_whole(server):
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nab", False, (200, None, -1, True)),
     (b"HTTP/1.1 200 OK\r\n\r\nto the end", False, (200, None, -1, False)),
     (b"HTTP/1.1 200 OK\r\n\r\nto the end", True, (200, b"to the end", 29, False)),
+    # Connection read in place (Gunicorn's spelling), in other cases and spellings, and last in the block.
+    (b"HTTP/1.1 200 OK\r\nCONNECTION: Close\r\nContent-Length: 2\r\n\r\nok", False, (200, b"ok", 59, False)),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok", False, (200, b"ok", 59, False)),
+    (b"HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\n\r\n", True, (200, b"", 50, False)),
+    (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok", False, (200, b"ok", 64, True)),
+    # The status line read by position (no reason phrase); a bytearray buffer still gives a bytes body.
+    (b"HTTP/1.1 201\r\nContent-Length: 0\r\n\r\n", False, (201, b"", 35, True)),
+    (bytearray(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), False, (200, b"ok", 40, True)),
 ])
 def test_parse_response(raw, eof, expected):
     assert wire.parse_response(raw, eof) == expected
@@ -500,6 +508,15 @@ def test_parse_response(raw, eof, expected):
     if expected and expected[1] is not None and not eof:
         partial = wire.parse_response(raw[:-1])
         assert partial is None or partial[1] is None
+    if expected and expected[1] is not None:
+        assert type(wire.parse_response(raw, eof)[1]) is bytes
+
+
+@pytest.mark.parametrize("raw", [b"HTTP/2 200 OK\r\n\r\n", b"HTTP/1.1 20 OK\r\n\r\n", b"HTTP/1.1 2000\r\n\r\n",
+                                 b"ICY 200 OK\r\n\r\n", b"HTTP/1.1 200\nX: y\r\n\r\n", b"HTTP/1.1  200 OK\r\n\r\n"])
+def test_a_malformed_status_line_is_refused(raw):
+    with pytest.raises(ValueError, match="not an HTTP/1.x status line"):
+        wire.parse_response(raw)
 
 
 @pytest.mark.parametrize("raw", [
