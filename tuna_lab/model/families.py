@@ -41,6 +41,7 @@ from functools import wraps
 import numpy as np
 
 from ..errors import ModelError
+from .counts import loads, main_counts, pair_sums, rank_counts, worker_counts
 
 __all__ = [
     "Family",
@@ -71,50 +72,11 @@ class Violation:
     message: str
 
 
-# -- plain-numpy counts of an assignment ------------------------------------
+# -- plain-numpy checks of an assignment (its counts: tuna_lab.model.counts) ----
 
 def _valid(assign, C):
     assign = np.asarray(assign)
     return (assign >= 0) & (assign < C)
-
-
-def _grouped_counts(groups, cores, n_groups, C):
-    """counts[g, c] = number of (group, core) pairs, dropping unassigned entries."""
-    ok = (cores >= 0) & (cores < C)
-    flat = groups[ok] * C + cores[ok]
-    return np.bincount(flat, minlength=n_groups * C).reshape(n_groups, C)
-
-
-def main_counts(assign, C):
-    """``A_c``: main threads per core, shape (C,)."""
-    return _grouped_counts(np.zeros(len(assign), int), np.asarray(assign)[:, 0], 1, C)[0]
-
-
-def worker_counts(assign, C):
-    """``B_wc``: threads of worker ``w`` on core ``c``, shape (W, C)."""
-    assign = np.asarray(assign)
-    W, T = assign.shape
-    return _grouped_counts(np.repeat(np.arange(W), T), assign.ravel(), W, C)
-
-
-def rank_counts(assign, C):
-    """Threads of rank ``t`` on core ``c`` over all workers, shape (T, C)."""
-    assign = np.asarray(assign)
-    W, T = assign.shape
-    return _grouped_counts(np.tile(np.arange(T), W), assign.ravel(), T, C)
-
-
-def loads(assign, C):
-    """``N_c``: threads per logical core, shape (C,)."""
-    return worker_counts(assign, C).sum(axis=0)
-
-
-def pair_sums(counts, distance):
-    """``sum_{c<c'} X_c X_c' d(c,c')`` for each row of ``counts`` (k, C)."""
-    counts = np.atleast_2d(np.asarray(counts, dtype=float))
-    full = np.einsum("kc,cd,kd->k", counts, distance, counts)
-    diag = (counts ** 2) @ np.diag(distance)
-    return (full - diag) / 2
 
 
 def _excess(values, cap):

@@ -12,7 +12,8 @@ itself. The cell runs :func:`tuna_lab.measure.experiment.run` there, with
 that machine's topology, limits and CPUs; its tables come back as Parquet
 bytes with its manifest, and the client writes them under
 ``<out>/<machine>/<cell>/`` (:func:`~tuna_lab.measure.experiment.machine_name`:
-hostname and topology fingerprint). Nothing needs a shared filesystem.
+hostname and topology fingerprint; :mod:`~tuna_lab.measure.sweeps.machines`
+names and describes each machine). Nothing needs a shared filesystem.
 
 Two ways to spread the grid: every machine runs every cell (``per_machine``,
 to compare machine types), or each cell runs once (the default) on a machine
@@ -46,14 +47,11 @@ Examples
 """
 
 import contextlib
-import hashlib
 import inspect
 import io
 import json
 import os
-import platform
 import queue
-import re
 import time
 import uuid
 from collections import deque
@@ -67,7 +65,8 @@ from ...errors import ExperimentError
 from ...machine.reserve import reserve_client_cpus
 from .. import schema
 from ..experiment import Result, check_policies, run
-from ..store import finished_keys, machine_name, read_manifest, write_cell
+from ..store import finished_keys, read_manifest, write_cell
+from .machines import describe_machine, machine_folder
 
 __all__ = ["MACHINE_RESOURCE", "WORKER_COMMAND", "connect", "describe_machine", "machine_folder", "sweep_on"]
 
@@ -81,35 +80,6 @@ WORKER_COMMAND = "dask worker {address} --nthreads 1 --nworkers 1 --resources ma
 # LocalCluster's machine, which measures too).
 _TICK = 1.0
 _LOOK = 2.0
-# A machine's folder name: these characters only, at most this long (a hostname is at most 64).
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
-_FOLDER_CHARS = 64
-
-
-def machine_folder(name):
-    """The folder of a machine that a worker reports as ``name``: one safe path component, always.
-
-    The one rule for every place a machine name becomes a path. A worker
-    says what it likes: a name that is not made of letters, digits, ``_``,
-    ``.`` and ``-`` (``"../../x"``, ``"a/b"``), that starts with a dot or a
-    dash, is empty or longer than 64 characters is cut to those characters
-    and given a digest of the whole name, so that two names never share a folder.
-
-    Examples
-    --------
-    >>> machine_folder("node7-3fb3535c")
-    'node7-3fb3535c'
-    >>> machine_folder("../../x")
-    'x-9cdf6a50'
-    >>> "/" in machine_folder("a/b"), len(machine_folder("x" * 300)) <= 64
-    (False, True)
-    """
-    text = "" if name is None else str(name)
-    safe = _UNSAFE.sub("_", text).lstrip(".-_")
-    if safe and safe == text and len(safe) <= _FOLDER_CHARS:
-        return safe
-    digest = hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:8]
-    return f"{safe[:_FOLDER_CHARS - 9] or 'machine'}-{digest}"
 
 
 @contextlib.contextmanager
@@ -214,42 +184,6 @@ def _refused_at_once(address):
         raise
     except OSError:
         return
-
-
-def describe_machine():
-    """The machine this process runs on, as a cluster sweep names and records it (run on each worker).
-
-    Returns
-    -------
-    dict
-        ``machine`` (its folder name), ``hostname``, ``fingerprint`` (of
-        the CPUs this process may use), ``shape`` (the same without the CPU
-        ids, with the CPU model, cache sizes and CPU quota:
-        :func:`~tuna_lab.machine.fingerprint.shape`), ``cpu_model``,
-        ``caches``, ``kernel``, ``cpus``,
-        ``limits`` (:meth:`Limits.to_dict <tuna_lab.machine.limits.Limits.to_dict>`),
-        ``python`` and ``tuna_lab`` (versions).
-
-    Examples
-    --------
-    >>> info = describe_machine()
-    >>> info["machine"] == f"{info['hostname']}-{info['fingerprint'][:8]}"
-    True
-    """
-    from ...machine.fingerprint import fingerprint, shape
-    from ...machine.host import cache_sizes, cpu_model
-    from ...machine.limits import Limits
-    from ...machine.topology import Topology
-
-    topo = Topology.from_sysfs()
-    limits = Limits.read()
-    model, caches = cpu_model(), cache_sizes(topo.cpus)
-    # What makes two machines interchangeable for a cell: everything but the CPU ids.
-    same = {"cpu_model": model, "caches": caches, "quota": limits.quota, "effective_cpus": limits.effective_cpus}
-    info = {"hostname": platform.node(), "fingerprint": fingerprint(topo), "shape": shape(topo, same),
-            "cpu_model": model, "caches": caches, "kernel": platform.release(), "cpus": [int(c) for c in topo.cpus],
-            "limits": limits.to_dict(), "python": platform.python_version(), "tuna_lab": metadata.version("tuna_lab")}
-    return {"machine": machine_name(info), **info}
 
 
 # -- on the worker -------------------------------------------------------------------------
