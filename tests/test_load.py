@@ -280,6 +280,23 @@ def test_deadline_cuts_requests_never_sent(server, body):
     assert unsent.sum() == 4 and frame.loc[unsent, "client_seconds"].isna().all()
 
 
+def test_the_collector_is_off_during_a_trial_and_as_it_was_after(server, body):
+    # A full collection in a large process held the GIL for tens of ms mid-trial: the generator pauses it.
+    import gc
+    seen = []
+    timer = threading.Timer(0.06, lambda: seen.append(gc.isenabled()))   # mid-trial: 3 x 50 ms, one at a time
+    timer.start()
+    closed_loop(server.url + "/slow", body, requests=3, concurrency=3)
+    timer.join()
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        closed_loop(server.url + "/predict", body, requests=2)
+        assert not gc.isenabled()   # off before the trial: left off
+    finally:
+        gc.enable()
+
+
 def test_request_timeout(server, body):
     frame = closed_loop(server.url + "/hang", body, requests=2, timeout=0.2, deadline=10.0)
     assert (frame["status"] == -1).all() and (frame["error"] == "timeout").all()

@@ -38,11 +38,13 @@ b'POST /predict HTTP/1.1'
 """
 
 import errno
+import gc
 import ipaddress
 import os
 import re
 import select
 import socket
+import threading
 import time
 from urllib.parse import urlsplit
 
@@ -340,7 +342,36 @@ def drive(rec, address, request, concurrency, timeout, deadline, schedule=None, 
     >>> # skipped: needs a recorder and a server's URL
     >>> end = drive(rec, resolve(url), request_bytes(url, body), 8, 30.0, 60.0)   # doctest: +SKIP
     """
-    return _Engine(rec, address, request, concurrency, timeout, deadline, schedule, reuse).run()
+    engine = _Engine(rec, address, request, concurrency, timeout, deadline, schedule, reuse)
+    _pause_gc()
+    try:
+        return engine.run()
+    finally:
+        _resume_gc()
+
+
+# The cyclic garbage collector is off while any trial runs (as timeit does): a full collection walks
+# every object of the process, and in a large one (pandas, a test session) it held the GIL for tens of
+# ms in the middle of a trial, stalling the sends and charging the walk to the generator's thread.
+# The trial itself makes next to no cyclic garbage. Trials may overlap (several generator threads):
+# the collector comes back when the last ends, and only if it was on when the first began.
+_gc_lock = threading.Lock()
+_gc_state = {"trials": 0, "was_enabled": False}
+
+
+def _pause_gc():
+    with _gc_lock:
+        if _gc_state["trials"] == 0:
+            _gc_state["was_enabled"] = gc.isenabled()
+            gc.disable()
+        _gc_state["trials"] += 1
+
+
+def _resume_gc():
+    with _gc_lock:
+        _gc_state["trials"] -= 1
+        if _gc_state["trials"] == 0 and _gc_state["was_enabled"]:
+            gc.enable()
 
 
 class _Engine:
