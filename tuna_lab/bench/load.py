@@ -496,6 +496,10 @@ and `Connection: close` as Gunicorn writes it is recognised with one `startswith
 go through `np.fromiter`. callgrind with one connection (so that no two responses share a wake, which makes
 the count repeatable; with eight it moves with how responses batch): 50.4k instructions a request, was 58.7k
 (-14 %); 628 bytecodes a request (was 710), 242 of them to parse a response like Gunicorn's (was 277).
+After the runs below, the cyclic garbage collector is paused while a trial runs (as `timeit` does): a full
+collection walks every object of the process, and in a large one it held the GIL for tens of ms in the
+middle of a trial (a 12-request burst in the tests), charged to the generator's thread. The bench rows
+below were measured before that change.
 
 CPU per request of the generator thread, the old and new engine in one process against one lab server,
 alternating trials (a throwaway script that loads the old `wire.py` beside the new one):
