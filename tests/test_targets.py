@@ -215,8 +215,11 @@ def test_attached_server_is_measured_live_and_ends_with_its_masks(uvicorn_server
     before = masks(proc.pid)
     out = tmp_path / "results"
     r = cli("run", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2,
-            "--policies", "cfs,round-robin", "--trials", 1, "--requests", 30, "--concurrency", 2,
+            "--policies", "cfs,round-robin", "--trials", 2, "--requests", 40,
             "--sample-hz", 200, "--out", out, "--json", env=model_env)
+    # --pid's default concurrency (2 per worker) and two trials: the workers share one socket, and a trial the
+    # kernel gave one worker nearly every connection of is refused as not measuring every worker (issue 47);
+    # with 2 connections and 1 trial that failed a CI run once.
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert {row["policy"] for row in doc["summary"]} == {"cfs", "round-robin"}
