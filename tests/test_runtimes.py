@@ -100,19 +100,29 @@ def burst(srv, seconds=1.5, max_requests=400, concurrency=W):
     return gains, wall
 
 
-def pools_by_activity(srv, tries=5):
+def pools_by_activity(srv, tries=5, size=None):
     """``{pid: [tid, ...]}``: the worker threads (not the main one) that run about as much as the main
-    thread while the worker serves requests - its pool, found without tuna_lab."""
+    thread while the worker serves requests - its pool, found without tuna_lab.
+
+    With ``size``, a burst in which some worker's pool did not show ``size`` threads is tried again (on 2
+    shared CPUs one burst's pool threads were once starved below the 30% mark in one worker); the last
+    burst's pools are returned either way, for the caller to assert on.
+    """
+    pools = None
     for _ in range(tries):
         gains, _ = burst(srv, seconds=1.0)
-        pools = {}
+        found = {}
         for pid, threads in gains.items():
             if threads[pid] < 0.02:
                 break                                  # this worker served (almost) nothing: again
-            pools[pid] = sorted(t for t, s in threads.items() if t != pid and s >= 0.3 * threads[pid])
+            found[pid] = sorted(t for t, s in threads.items() if t != pid and s >= 0.3 * threads[pid])
         else:
-            return pools
-    raise AssertionError(f"some worker served no requests in {tries} bursts: {gains}")
+            pools = found
+            if size is None or all(len(p) == size for p in pools.values()):
+                return pools
+    if pools is None:
+        raise AssertionError(f"some worker served no requests in {tries} bursts: {gains}")
+    return pools
 
 
 # -- the servers ------------------------------------------------------------------------------------
@@ -214,7 +224,7 @@ EVIDENCE = {"ort": "activity: ", "lgb": "library: libgomp", "torch": "library: l
 def test_pin_by_url_binds_every_pool_thread_status_says_why_and_unpin_restores(runtime, request):
     srv = request.getfixturevalue(f"{runtime}_server")
     workers = srv.workers()
-    pools = pools_by_activity(srv)
+    pools = pools_by_activity(srv, size=T - 1)
     assert all(len(p) == T - 1 for p in pools.values()), pools
     master_cpus = sorted(os.sched_getaffinity(srv.master))
     plan = placement("round-robin", W, T, topology_from(None)).plan()
