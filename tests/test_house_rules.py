@@ -39,7 +39,6 @@ MANY_PARAMETERS = {
     "tuna_lab/measure/loadgen/load.py:open_loop": 16,
     "tuna_lab/measure/loadgen/load.py:aopen_loop": 16,
     "tuna_lab/measure/loadgen/load.py:_open_plan": 15,
-    "tuna_lab/model/relax.py:_relaxed_mapping": 13,
     "tuna_lab/measure/loadgen/load.py:closed_loop": 13,
     "tuna_lab/measure/loadgen/load.py:aclosed_loop": 13,
 }

@@ -18,6 +18,7 @@ Examples
 """
 
 import time
+from dataclasses import dataclass
 
 import lazy_loader
 import numpy as np
@@ -105,8 +106,9 @@ def _relaxed(model, rest, base, conflicts, options, clock):
     lower = float(sum(known)) if all(k is not None for k in known) else None
     if options.prove != "solver" and lower is not None and v_base <= lower + 1e-9:
         stage1 = {"violation": v_base, "lower_bound": lower, "proof": "counting", "proven": True}
-        return _relaxed_mapping(model, base.positions, yielded, conflicts, stage1, base.proven_optimal,
-                                base.bound, base.gap, base.encoding, base.build_seconds, base.solve_seconds,
+        stage2 = _Stage2(base.proven_optimal, base.bound, base.gap, base.encoding, base.build_seconds,
+                         base.solve_seconds)
+        return _relaxed_mapping(model, base.positions, yielded, conflicts, stage1, stage2,
                                 dict(base.certificate), base.notes)
     return _relaxed_by_highs(model, rest, base, yielded, conflicts, lower, v_base, options, clock)
 
@@ -187,12 +189,29 @@ def _relaxed_by_highs(model, rest, base, yielded, conflicts, lower, v_base, opti
                    "proven": bool(proven2), "objective": float(value),
                    "bound": None if bound is None else float(bound), "gap": gap,
                    "step": float(rest.granularity()), "dual_bound": None, "combinatorial": None}
-    return _relaxed_mapping(model, best, yielded, conflicts, stage1, proven2, bound, gap, f"relaxed:{enc.name}",
-                            base.build_seconds + build, base.solve_seconds + seconds, certificate, base.notes)
+    stage2 = _Stage2(proven2, bound, gap, f"relaxed:{enc.name}", base.build_seconds + build,
+                     base.solve_seconds + seconds)
+    return _relaxed_mapping(model, best, yielded, conflicts, stage1, stage2, certificate, base.notes)
 
 
-def _relaxed_mapping(model, positions, yielded, conflicts, stage1, proven2, bound, gap, route, build_s, solve_s,
-                     certificate, notes):
+@dataclass(frozen=True)
+class _Stage2:
+    """What the second stage (the greatest objective at the least slack) ends with, and what the run cost.
+
+    Its fields travel together from :func:`_relaxed` or :func:`_relaxed_by_highs`
+    into the :class:`Mapping`: whether stage two is proven, its bound and gap,
+    the route that found it, and the build and solve seconds of both stages.
+    """
+
+    proven: bool
+    bound: float | None
+    gap: float | None
+    route: str
+    build_seconds: float
+    solve_seconds: float
+
+
+def _relaxed_mapping(model, positions, yielded, conflicts, stage1, stage2, certificate, notes):
     """The relaxed :class:`Mapping` of ``positions``: what yielded and by how much, and both stages' proofs."""
     from .mapping import Relaxed
 
@@ -203,6 +222,7 @@ def _relaxed_mapping(model, positions, yielded, conflicts, stage1, proven2, boun
         if amount > 0:
             why = "; ".join(v.message for v in fam.violations(positions, inst))
             relaxed.append(Relaxed(fam.key, amount, why))
+    proven2 = stage2.proven
     proven = bool(stage1["proven"] and proven2)
     lines = [f"the families {c.describe()}" for c in conflicts]
     # what yielded and by how much is Mapping.relaxed (its own lines): the note says only why that is the answer
@@ -212,5 +232,6 @@ def _relaxed_mapping(model, positions, yielded, conflicts, stage1, proven2, boun
     certificate["relaxation"] = {"families": [f.key for f in yielded], "conflicts": [c.as_dict() for c in conflicts],
                                  "stage1": json_plain(stage1), "stage2_proven": bool(proven2)}
     return Mapping(inst, inst.cpus[positions], model.families, status="relaxed", proven_optimal=proven,
-                   gap=gap, bound=bound, build_seconds=build_s, solve_seconds=solve_s, encoding=route,
+                   gap=stage2.gap, bound=stage2.bound, build_seconds=stage2.build_seconds,
+                   solve_seconds=stage2.solve_seconds, encoding=stage2.route,
                    notes=tuple(notes) + tuple(lines), certificate=certificate, relaxed=tuple(relaxed))
