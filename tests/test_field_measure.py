@@ -30,7 +30,7 @@ import pytest
 
 from helpers import USERAPP, main, simulated_race
 from tuna_lab.measure import trials as trials_module
-from tuna_lab.measure.loadgen.requests import Requests
+from tuna_lab.measure.loadgen.requests import Requests, Send
 from tuna_lab.server.launch import free_port
 
 
@@ -112,8 +112,8 @@ def _answers(url):
     from tuna_lab.measure.loadgen.load import closed_loop
 
     try:
-        return bool((closed_loop(url, b"", requests=2, method="GET", response="any", timeout=5)["status"]
-                     == 200).all())
+        frame = closed_loop(url, b"", requests=2, send=Send(method="GET", response="any"), timeout=5)
+        return bool((frame["status"] == 200).all())
     except LoadError:
         return False
 
@@ -137,7 +137,8 @@ def test_drain_waits_out_the_backlog_an_overload_left(model_env, tmp_path):
         url = f"http://127.0.0.1:{port}/"
         live = Live(url, proc.pid, place_now=False, proc=proc)
         # Far more than one worker serves in the time the client waits: the rest is left queued at the port.
-        frame = open_loop(url, b"", 400.0, duration=1.0, timeout=0.3, deadline=1.3, method="GET", response="any")
+        frame = open_loop(url, b"", 400.0, duration=1.0, timeout=0.3, deadline=1.3,
+                          send=Send(method="GET", response="any"))
         assert (frame["status"] != 200).sum() > 100
         left = backlog(port)
         assert left > 0, "the overload left nothing queued"
@@ -147,7 +148,8 @@ def test_drain_waits_out_the_backlog_an_overload_left(model_env, tmp_path):
         assert time.monotonic() - t0 > 0.3
         assert backlog(port) == 0
         # A drained server answers at once, as a fresh one does.
-        after = closed_loop(url, b"", requests=20, concurrency=1, method="GET", response="any", timeout=5)
+        after = closed_loop(url, b"", requests=20, concurrency=1, send=Send(method="GET", response="any"),
+                            timeout=5)
         assert (after["status"] == 200).all()
         assert after["client_seconds"].median() < 1.0
     finally:
@@ -304,7 +306,7 @@ def test_run_pid_sends_two_requests_per_worker_at_a_time_by_default(model_env, t
         url = f"http://127.0.0.1:{port}/"
         # Two trials: a short trial whose connections the kernel gave mostly to one worker is refused (issue 47).
         r = main("run", "--pid", proc.pid, "--url", url, "-t", 1, "--policies", "cfs", "--trials", 2,
-                 "--requests", 40, "--out", tmp_path / "out", "--json", env=model_env)
+                 "--requests", 80, "--out", tmp_path / "out", "--json", env=model_env)
         assert r.returncode == 0, r.stderr
         manifest = json.loads((Path(json.loads(r.stdout)["path"]) / "manifest.json").read_text())
         assert manifest["concurrency"] == 4

@@ -36,11 +36,6 @@ MANY_PARAMETERS = {
     "tuna_lab/measure/experiment.py:run": 17,
     "tuna_lab/measure/tune/tuner.py:tune": 16,
     "tuna_lab/measure/sweeps/local.py:sweep": 16,
-    "tuna_lab/measure/loadgen/load.py:open_loop": 16,
-    "tuna_lab/measure/loadgen/load.py:aopen_loop": 16,
-    "tuna_lab/measure/loadgen/load.py:_open_plan": 15,
-    "tuna_lab/measure/loadgen/load.py:closed_loop": 13,
-    "tuna_lab/measure/loadgen/load.py:aclosed_loop": 13,
 }
 
 

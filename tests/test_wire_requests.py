@@ -19,7 +19,7 @@ import pytest
 
 from tuna_lab.errors import LoadError, TunaError
 from tuna_lab.measure.loadgen import wire
-from tuna_lab.measure.loadgen.load import (aclosed_loop, aopen_loop, closed_loop, open_loop,
+from tuna_lab.measure.loadgen.load import (Send, aclosed_loop, aopen_loop, closed_loop, open_loop,
                                    parse_server_timing, summary)
 
 BOUNDS = {"timeout": 5.0, "deadline": 10.0}
@@ -108,8 +108,9 @@ def _closed_port():
 # -- what is sent ------------------------------------------------------------------------
 
 def test_method_and_headers_reach_the_server_as_sent(server):
-    frame = closed_loop(server.url + "/v1/score?x=1", b'{"a": 1}', requests=3, concurrency=1, method="PUT",
-                        headers=[("X-Tenant", "blue team"), ("Authorization", "Bearer t0k3n")], **BOUNDS)
+    frame = closed_loop(server.url + "/v1/score?x=1", b'{"a": 1}', requests=3, concurrency=1,
+                        send=Send(method="PUT", headers=[("X-Tenant", "blue team"),
+                                                         ("Authorization", "Bearer t0k3n")]), **BOUNDS)
     assert (frame["status"] == 200).all() and summary(frame)["failed"] == 0
     assert len(server.seen) == 3
     for req in server.seen:
@@ -123,8 +124,9 @@ def test_method_and_headers_reach_the_server_as_sent(server):
 
 
 def test_a_user_content_type_and_user_agent_replace_the_defaults(server):
-    closed_loop(server.url + "/p", b"a=1", requests=1, headers={"content-type": "text/plain", "User-Agent": "me"},
-                content_type="application/x-ignored", response="any", **BOUNDS)
+    closed_loop(server.url + "/p", b"a=1", requests=1,
+                send=Send(headers={"content-type": "text/plain", "User-Agent": "me"},
+                          content_type="application/x-ignored", response="any"), **BOUNDS)
     headers = server.seen[0]["headers"]
     assert [v for k, v in headers if k.lower() == "content-type"] == ["text/plain"]
     assert [v for k, v in headers if k.lower() == "user-agent"] == ["me"]
@@ -132,10 +134,10 @@ def test_a_user_content_type_and_user_agent_replace_the_defaults(server):
 
 def test_get_and_head_without_a_body_send_no_content_headers(server):
     reply = json.dumps({"timing": ["app;dur=4"]})
-    get = closed_loop(server.url + "/health", b"", requests=2, concurrency=1, method="GET",
-                      headers={"X-Reply": reply}, response="any", **BOUNDS)
-    head = open_loop(server.url + "/health", b"", rate=200.0, requests=2, method="HEAD", response="any",
-                     headers={"X-Reply": reply}, **BOUNDS)
+    get = closed_loop(server.url + "/health", b"", requests=2, concurrency=1,
+                      send=Send(method="GET", headers={"X-Reply": reply}, response="any"), **BOUNDS)
+    head = open_loop(server.url + "/health", b"", rate=200.0, requests=2,
+                     send=Send(method="HEAD", response="any", headers={"X-Reply": reply}), **BOUNDS)
     for frame in (get, head):
         assert (frame["status"] == 200).all() and (frame["error"] == "").all()
         assert frame["server_seconds"].tolist() == [0.004, 0.004]
@@ -145,20 +147,20 @@ def test_get_and_head_without_a_body_send_no_content_headers(server):
         assert "content-type" not in names and "content-length" not in names
     assert head.attrs["method"] == "HEAD" and head.attrs["mode"] == "open"
     # The answer to a HEAD has no body: "lab" does not ask it for the lab server's JSON.
-    lab_head = closed_loop(server.url + "/health", b"", requests=2, method="HEAD", headers={"X-Reply": reply},
-                           **BOUNDS)
+    lab_head = closed_loop(server.url + "/health", b"", requests=2,
+                           send=Send(method="HEAD", headers={"X-Reply": reply}), **BOUNDS)
     assert summary(lab_head)["ok"] == 2 and lab_head.attrs["response"] == "lab"
 
 
 def test_bodies_are_cycled_in_order(server):
     bodies = [b"first", b"second", b"third"]
-    frame = closed_loop(server.url + "/p", bodies, requests=7, concurrency=1, response="any", **BOUNDS)
+    frame = closed_loop(server.url + "/p", bodies, requests=7, concurrency=1, send=Send(response="any"), **BOUNDS)
     assert [r["body"] for r in server.seen] == bodies * 2 + bodies[:1]
     assert frame.attrs["bodies"] == 3 and summary(frame)["ok"] == 7
     server.seen.clear()
     # A repeated body is sent where it stands in the cycle but counted once; an open loop cycles by schedule.
     frame = open_loop(server.url + "/p", (b"a", b"a", b"b"), rate=500.0, requests=6, max_in_flight=1,
-                      response="any", **BOUNDS)
+                      send=Send(response="any"), **BOUNDS)
     assert [r["body"] for r in server.seen] == [b"a", b"a", b"b"] * 2
     assert frame.attrs["bodies"] == 2 and summary(frame)["ok"] == 6
 
@@ -194,9 +196,9 @@ def test_drive_cycles_requests_and_keeps_raw_server_timing_only_when_asked(serve
 def test_server_timing_milliseconds_become_server_seconds(server):
     url = server.url + "/p"
     body = _spec(timing=['cache;desc="hit; warm, fast", db;dur=2.5', "app;dur=12.5"])
-    first = closed_loop(url, body, requests=3, response="any", **BOUNDS)
-    named = closed_loop(url, body, requests=3, response="any", server_timing="app", **BOUNDS)
-    absent = closed_loop(url, body, requests=3, response="any", server_timing="gpu", **BOUNDS)
+    first = closed_loop(url, body, requests=3, send=Send(response="any"), **BOUNDS)
+    named = closed_loop(url, body, requests=3, send=Send(response="any", server_timing="app"), **BOUNDS)
+    absent = closed_loop(url, body, requests=3, send=Send(response="any", server_timing="gpu"), **BOUNDS)
     assert first["server_seconds"].tolist() == [0.0025] * 3
     assert named["server_seconds"].tolist() == [0.0125] * 3
     assert absent["server_seconds"].isna().all() and summary(absent)["failed"] == 0
@@ -215,18 +217,18 @@ def test_lab_bodies_win_over_server_timing_and_any_reads_no_body(server):
     lab = closed_loop(url, [stated, silent], requests=4, concurrency=1, **BOUNDS)
     assert lab["server_seconds"].tolist() == [0.5, 0.007] * 2 and lab["pid"].tolist() == [42, 43] * 2
     assert lab.attrs["response"] == "lab" and lab.attrs["server_timing"]["parsed"] == 4
-    mine = closed_loop(url, [stated, silent], requests=4, concurrency=1, response="any", **BOUNDS)
+    mine = closed_loop(url, [stated, silent], requests=4, concurrency=1, send=Send(response="any"), **BOUNDS)
     assert mine["server_seconds"].tolist() == [0.007] * 4 and (mine["pid"] == -1).all()
     assert mine.attrs["response"] == "any"
     # "lab" wants the lab server's JSON; "any" reads no body at all.
     text = _spec(reply="not an object")
     assert (closed_loop(url, text, requests=1, **BOUNDS)["error"] == "response is not a JSON object").all()
-    assert (closed_loop(url, text, requests=1, response="any", **BOUNDS)["error"] == "").all()
+    assert (closed_loop(url, text, requests=1, send=Send(response="any"), **BOUNDS)["error"] == "").all()
 
 
 def test_an_unparseable_server_timing_is_ignored_and_counted(server):
     bodies = [_spec(timing=["app;dur=3"]), _spec(timing=["app;dur=abc"]), _spec(), _spec(timing=["?!"])]
-    frame = closed_loop(server.url + "/p", bodies, requests=8, concurrency=1, response="any", **BOUNDS)
+    frame = closed_loop(server.url + "/p", bodies, requests=8, concurrency=1, send=Send(response="any"), **BOUNDS)
     assert summary(frame)["ok"] == 8
     assert frame["server_seconds"].tolist()[:4] == [0.003] + [pytest.approx(math.nan, nan_ok=True)] * 3
     assert frame.attrs["server_timing"] == {"metric": None, "responses": 6, "parsed": 2, "unparsed": 4,
@@ -237,7 +239,8 @@ def test_2xx_are_ok_and_other_statuses_fail_with_their_text(server):
     bodies = [_spec(status=s, reply={"error": f"nope {s}"} if s >= 400 else {"done": s}, timing=["app;dur=1"])
               for s in (200, 201, 202, 204, 404, 500)]
     for response in ("lab", "any"):
-        frame = closed_loop(server.url + "/p", bodies, requests=6, concurrency=1, response=response, **BOUNDS)
+        frame = closed_loop(server.url + "/p", bodies, requests=6, concurrency=1, send=Send(response=response),
+                            **BOUNDS)
         assert frame["status"].tolist() == [200, 201, 202, 204, 404, 500]
         # A 4xx (the server refused the request) says what was sent; a 5xx only what the server said.
         sent = f"POST, Content-Type application/json, a {len(bodies[4])}-byte body"
@@ -249,15 +252,15 @@ def test_2xx_are_ok_and_other_statuses_fail_with_their_text(server):
         assert frame["server_seconds"].notna().tolist() == [True] * 4 + [False] * 2
 
 
-def test_async_variants_take_the_new_keywords(server):
+def test_async_variants_take_what_is_sent(server):
     url = server.url + "/p"
     body = _spec(status=201, timing=["app;dur=2"])
 
     async def both():
-        closed = await aclosed_loop(url, [body, body], requests=3, method="PATCH", response="any",
-                                    server_timing="app", **BOUNDS)
-        opened = await aopen_loop(url, body, rate=200.0, requests=3, method="PATCH", headers={"X-A": "1"},
-                                  response="any", **BOUNDS)
+        closed = await aclosed_loop(url, [body, body], requests=3,
+                                    send=Send(method="PATCH", response="any", server_timing="app"), **BOUNDS)
+        opened = await aopen_loop(url, body, rate=200.0, requests=3,
+                                  send=Send(method="PATCH", headers={"X-A": "1"}, response="any"), **BOUNDS)
         return closed, opened
 
     closed, opened = asyncio.run(both())
@@ -295,13 +298,14 @@ def test_bad_requests_raise_one_line(kwargs, match):
     assert isinstance(info.value, TunaError) and "\n" not in str(info.value)
     # The load functions refuse the same before any socket is opened.
     with pytest.raises(LoadError, match=match):
-        closed_loop(url, b"{}", requests=1, **kwargs)
+        closed_loop(url, b"{}", requests=1, send=Send(**kwargs))
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"response": "json"}, "response must be"),
-    ({"server_timing": "two words"}, "server_timing"),
-    ({"server_timing": 3}, "server_timing"),
+    ({"send": Send(response="json")}, "response must be"),
+    ({"send": Send(server_timing="two words")}, "server_timing"),
+    ({"send": Send(server_timing=3)}, "server_timing"),
+    ({"send": {"response": "any"}}, "send must be a Send"),
     ({"body": []}, "empty"),
     ({"body": [b"a", 3]}, "body"),
 ])
@@ -389,7 +393,8 @@ def test_answers_in_two_writes_from_a_closing_server_are_read_whole_even_when_sh
     # are shorter than that mark: the server's close must still wake the loop (no wait for the timeout).
     answers = [(b"X-Pad: " + b"p" * 300 + b"\r\n", b'{"a": 1}')] * 3 + [(b"", b"")] * 3
     url = _closing_server(answers)
-    frame = closed_loop(url, b"{}", requests=len(answers), concurrency=1, response="any", **BOUNDS)
+    frame = closed_loop(url, b"{}", requests=len(answers), concurrency=1, send=Send(response="any"),
+                        **BOUNDS)
     assert frame["status"].tolist() == [200] * len(answers)
     latency = frame["client_seconds"].to_numpy()
     assert (latency >= 0.02).all()            # read only once the body, written 20 ms after the headers, came

@@ -28,7 +28,7 @@ Examples
 --------
 >>> from tuna_lab.measure.target import Requests
 >>> r = Requests(path="/score", method="PUT", headers=(("X-Key", "1"),), bodies=(b"{}", b"[]"))
->>> r.describe()["bodies"], r.load_options()["method"]
+>>> r.describe()["bodies"], r.load_options()["send"].method
 (2, 'PUT')
 """
 

@@ -16,15 +16,17 @@ QPS" method of measuring service throughput at bounded latency:
 :func:`measure_generator` measures the generator itself against a trivial
 endpoint in another process.
 
-Every request is the user's own: any ``method``, extra ``headers``, a
-``content_type``, and one ``body`` or several sent in turn (request ``i``
-carries ``body[i % len(body)]``). ``response="lab"`` (the default) reads the
-lab server's JSON answer (``server_seconds``, the stages, ``pid``, CPU);
-``response="any"`` measures a user's own app and reads no body. Either way
-the W3C ``Server-Timing`` header is read (:func:`.parse_server_timing`): a 2xx
-response's duration there (the first metric with a ``dur``, or the one named
-``server_timing=``) is its ``server_seconds`` when the body gave none, and
-``frame.attrs["server_timing"]`` counts what was found.
+Every request is the user's own: one ``body`` or several sent in turn
+(request ``i`` carries ``body[i % len(body)]``), and ``send=``, a
+:class:`~tuna_lab.measure.loadgen.requests.Send`, holds the rest: any
+``method``, extra ``headers``, a ``content_type``, and how answers are read.
+Its ``response="lab"`` (the default) reads the lab server's JSON answer
+(``server_seconds``, the stages, ``pid``, CPU); ``response="any"`` measures a
+user's own app and reads no body. Either way the W3C ``Server-Timing`` header
+is read (:func:`.parse_server_timing`): a 2xx response's duration there (the
+first metric with a ``dur``, or the one ``Send.server_timing`` names) is its
+``server_seconds`` when the body gave none, and ``frame.attrs["server_timing"]``
+counts what was found.
 
 Every trial returns one row per request (:data:`COLUMNS`, the same tuple as
 :data:`tuna_lab.measure.schema.REQUEST_COLUMNS`); a request is ok when its
@@ -57,8 +59,9 @@ A user's own app, with two bodies in turn, a header and the app's
 ``Server-Timing: app;dur=...`` as ``server_seconds``:
 
 >>> # skipped: needs a server on port 8080
+>>> send = Send(headers={"X-Tenant": "lab"}, response="any", server_timing="app")
 >>> frame = closed_loop("http://127.0.0.1:8080/score", [b'{"x": 1}', b'{"x": 2}'], requests=200,
-...                     headers={"X-Tenant": "lab"}, response="any", server_timing="app")   # doctest: +SKIP
+...                     send=send)   # doctest: +SKIP
 >>> frame.attrs["server_timing"]["parsed"]   # doctest: +SKIP
 200
 >>> parse_server_timing('db;dur=2.5, app;dur=12.5;desc="model"', "app")
@@ -82,7 +85,7 @@ from .schedule import payload, poisson_schedule
 from ..schema import LATE_REQUEST_COLUMNS, percentiles
 from .server_timing import METRIC_NAME, parse_server_timing
 from .trivial import trivial_endpoint
-from .requests import describe_sent
+from .requests import Send, describe_sent
 from .wire import check_url, drive, request_bytes, resolve, sent_header
 # The columns of a trial's frame (one row per request, documented in
 # tuna_lab.measure.schema), under the name this module has always given them.
@@ -91,6 +94,7 @@ from ..schema import REQUEST_COLUMNS as COLUMNS
 __all__ = [
     "COLUMNS",
     "GENERATOR_KEYS",
+    "Send",
     "payload",
     "parse_server_timing",
     "poisson_schedule",
@@ -134,8 +138,10 @@ def _bodies(body):
     return (_body_bytes(body),)
 
 
-def _requests(url, body, method, headers, content_type, response, server_timing):
+def _requests(url, body, send):
     """Check what a trial sends and how it reads the answers: ``(url, request, attrs)``.
+
+    ``send`` is a :class:`~tuna_lab.measure.loadgen.requests.Send`, or None for its defaults.
 
     ``request`` is the bytes of the one request, or a tuple of them (one per
     body, in turn) for :func:`~tuna_lab.measure.loadgen.wire.drive`; ``attrs`` the
@@ -144,6 +150,12 @@ def _requests(url, body, method, headers, content_type, response, server_timing)
     (``sent[i % len(sent)]``, :func:`~tuna_lab.measure.loadgen.requests.describe_sent`).
     """
     url, bodies = check_url(url), _bodies(body)
+    if send is None:
+        send = Send()
+    elif not isinstance(send, Send):
+        raise LoadError(f"send must be a Send (tuna_lab.measure.loadgen.requests), got {type(send).__name__}")
+    method, headers, content_type = send.method, send.headers, send.content_type
+    response, server_timing = send.response, send.server_timing
     if not isinstance(response, str) or response not in _RESPONSES:
         raise LoadError(f"response must be 'lab' (the lab server's JSON) or 'any' (no body read), got {response!r}")
     if server_timing is not None and (not isinstance(server_timing, str) or not METRIC_NAME.fullmatch(server_timing)):
@@ -287,10 +299,9 @@ def _frame(rec, attrs):
 
 # -- closed loop -------------------------------------------------------------------------
 
-def _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
-                 server_timing, reuse=None):
+def _closed_plan(url, body, requests, concurrency, timeout, deadline, send, reuse=None):
     """Check a closed loop's arguments; the job that runs it in the generator thread."""
-    url, request, what = _requests(url, body, method, headers, content_type, response, server_timing)
+    url, request, what = _requests(url, body, send)
     n = positive_int("requests", requests, LoadError)
     workers = n if concurrency is None else min(n, positive_int("concurrency", concurrency, LoadError))
     timeout = positive_number("timeout", timeout, LoadError)
@@ -311,8 +322,7 @@ def _closed_plan(url, body, requests, concurrency, timeout, deadline, method, he
 
 
 async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None, cpus=None, *,
-                       method="POST", headers=None, content_type="application/json", response="lab",
-                       server_timing=None, reuse=None):
+                       send=None, reuse=None):
     """Async variant of :func:`closed_loop`, for callers already in an event loop.
 
     Examples
@@ -320,14 +330,12 @@ async def aclosed_loop(url, body, requests=1000, concurrency=None, timeout=120.0
     >>> # skipped: needs a running server and an event loop
     >>> frame = await aclosed_loop(url, body, requests=100)   # doctest: +SKIP
     """
-    job = _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
-                       server_timing, reuse)
+    job = _closed_plan(url, body, requests, concurrency, timeout, deadline, send, reuse)
     return await _run_async(job, _cpu_set(cpus))
 
 
 def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadline=None, cpus=None, *,
-                method="POST", headers=None, content_type="application/json", response="lab", server_timing=None,
-                reuse=None):
+                send=None, reuse=None):
     """Send ``requests`` requests with ``concurrency`` in flight; one row per request.
 
     Parameters
@@ -338,8 +346,12 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
         Requests to send; requests in flight (default ``requests``: all at once).
     timeout, deadline : float
         Seconds a request may take; seconds the whole trial may take (default ``2 * timeout``).
-    cpus, method, headers, content_type, response, server_timing
-        The generator's CPUs (ids or a cpulist); what is sent and how answers are read, as in ``Requests``.
+    cpus : iterable of int or str, optional
+        The generator's CPUs (ids or a cpulist); default: wherever this process may run.
+    send : Send, optional
+        What is sent beside the body (method, headers, ``Content-Type``) and how answers are read
+        (``response``, ``server_timing``): :class:`~tuna_lab.measure.loadgen.requests.Send`; default ``Send()``,
+        a ``POST`` of JSON to the lab server.
     reuse : int, optional
         Requests one keep-alive connection carries at most, then a new one is opened (default: no limit):
         reconnecting lets the kernel hand connections to every worker of a server (see ``drive``).
@@ -362,18 +374,17 @@ def closed_loop(url, body, requests=1000, concurrency=None, timeout=120.0, deadl
     --------
     >>> # skipped: needs a running server (srv)
     >>> frame = closed_loop(srv.url + "/predict", payload("small", 100), requests=1000)   # doctest: +SKIP
+    >>> frame = closed_loop(url, b"", requests=100, send=Send(method="GET", response="any"))   # doctest: +SKIP
     """
-    job = _closed_plan(url, body, requests, concurrency, timeout, deadline, method, headers, content_type, response,
-                       server_timing, reuse)
+    job = _closed_plan(url, body, requests, concurrency, timeout, deadline, send, reuse)
     return _run_blocking(job, _cpu_set(cpus))
 
 
 # -- open loop ---------------------------------------------------------------------------
 
-def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
-               content_type, response, server_timing, reuse=None):
+def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, send, reuse=None):
     """Check an open loop's arguments; the job that runs it in the generator thread."""
-    url, request, what = _requests(url, body, method, headers, content_type, response, server_timing)
+    url, request, what = _requests(url, body, send)
     at = poisson_schedule(rate, requests, duration, seed)
     timeout = positive_number("timeout", timeout, LoadError)
     slots = positive_int("max_in_flight", max_in_flight, LoadError)
@@ -399,8 +410,7 @@ def _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight
 
 
 async def aopen_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.0,
-                     max_in_flight=1000, deadline=None, cpus=None, *, method="POST", headers=None,
-                     content_type="application/json", response="lab", server_timing=None, reuse=None):
+                     max_in_flight=1000, deadline=None, cpus=None, *, send=None, reuse=None):
     """Async variant of :func:`open_loop`, for callers already in an event loop.
 
     Examples
@@ -408,14 +418,12 @@ async def aopen_loop(url, body, rate, requests=None, duration=None, seed=0, time
     >>> # skipped: needs a running server and an event loop
     >>> frame = await aopen_loop(url, body, rate=50, duration=2.0)   # doctest: +SKIP
     """
-    job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
-                     content_type, response, server_timing, reuse)
+    job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, send, reuse)
     return await _run_async(job, _cpu_set(cpus))
 
 
 def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.0, max_in_flight=1000,
-              deadline=None, cpus=None, *, method="POST", headers=None, content_type="application/json",
-              response="lab", server_timing=None, reuse=None):
+              deadline=None, cpus=None, *, send=None, reuse=None):
     """Send requests at ``rate`` per second with Poisson arrivals; latency from each *scheduled* time.
 
     Parameters
@@ -430,7 +438,7 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
         Seconds a request may take once sent; of the trial (default: last arrival + ``timeout``).
     max_in_flight : int
         Most requests in flight; later arrivals wait for a slot, which shows as ``send_lag``.
-    url, body, cpus, method, headers, content_type, response, server_timing, reuse
+    url, body, cpus, send, reuse
         As for :func:`closed_loop`.
 
     Returns
@@ -447,8 +455,7 @@ def open_loop(url, body, rate, requests=None, duration=None, seed=0, timeout=30.
     >>> # skipped: needs a running server (srv)
     >>> frame = open_loop(srv.url + "/predict", body, rate=50, duration=5.0)   # doctest: +SKIP
     """
-    job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, method, headers,
-                     content_type, response, server_timing, reuse)
+    job = _open_plan(url, body, rate, requests, duration, seed, timeout, max_in_flight, deadline, send, reuse)
     return _run_blocking(job, _cpu_set(cpus))
 
 

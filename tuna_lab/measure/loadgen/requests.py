@@ -6,12 +6,13 @@ the lab server's payload, or a user's own requests as ``run --app`` and
 ``--body`` and ``--bodies``. :meth:`Requests.from_options` is the one
 reading of those options: ``pin``, ``status``, ``run`` and ``tune`` send the
 same method, body, ``Content-Type`` and headers, all through the load generator
-(:meth:`Requests.load_options`), and a refused request says what was sent (:func:`describe_sent`).
+(:meth:`Requests.load_options`, a :class:`Send`), and a refused request says what was sent
+(:func:`describe_sent`).
 
 Examples
 --------
 >>> r = Requests(path="/score", method="PUT", headers=(("X-Key", "1"),), bodies=(b"{}", b"[]"))
->>> r.describe()["bodies"], r.load_options()["method"]
+>>> r.describe()["bodies"], r.load_options()["send"].method
 (2, 'PUT')
 """
 
@@ -22,10 +23,47 @@ from dataclasses import dataclass
 from ..._files import loads_json
 from ...errors import TargetError
 
-__all__ = ["Requests", "read_option_file", "describe_sent", "body_content_type"]
+__all__ = ["Requests", "Send", "read_option_file", "describe_sent", "body_content_type"]
 
 # The request methods a user may name (RFC 7231's token, upper case by convention).
 _METHOD = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+
+@dataclass(frozen=True)
+class Send:
+    """How a load loop sends every request and reads every answer: the ``send=`` of the loops.
+
+    What :func:`~tuna_lab.measure.loadgen.load.closed_loop` and
+    :func:`~tuna_lab.measure.loadgen.load.open_loop` send beside the URL and
+    the body; :meth:`Requests.load_options` makes one from a :class:`Requests`.
+    The loops check it (a one-line ``LoadError``) before any socket is opened.
+
+    Parameters
+    ----------
+    method : str
+        Any HTTP method (a token), sent as given.
+    headers : dict or sequence of (str, str), optional
+        More headers, in order; ``Content-Type`` or ``User-Agent`` here replaces the default.
+    content_type : str or None
+        The ``Content-Type`` of a request with a body (None: none).
+    response : {"lab", "any"}
+        ``"lab"``: a 2xx body is the lab server's JSON; ``"any"``: a user's
+        app, whose bodies are not read.
+    server_timing : str, optional
+        The ``Server-Timing`` metric whose ``dur`` is ``server_seconds`` when
+        the body gives none (default: the first metric with a ``dur``).
+
+    Examples
+    --------
+    >>> Send(method="GET", response="any")
+    Send(method='GET', headers=None, content_type='application/json', response='any', server_timing=None)
+    """
+
+    method: str = "POST"
+    headers: object = None
+    content_type: str | None = "application/json"
+    response: str = "lab"
+    server_timing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,10 +153,16 @@ class Requests:
         return self.path if "://" in self.path else base.rstrip("/") + "/" + self.path.lstrip("/")
 
     def load_options(self):
-        """The keyword arguments of :func:`~tuna_lab.measure.loadgen.load.closed_loop` that send these requests."""
+        """The keyword arguments of :func:`~tuna_lab.measure.loadgen.load.closed_loop` that send these requests.
+
+        Returns
+        -------
+        dict
+            ``{"send": Send(...)}``: the method, headers, ``Content-Type``, response and Server-Timing metric.
+        """
         headers = tuple((k, v) for k, v in self.headers if k.lower() != "content-type")
-        return {"method": self.method, "headers": headers, "content_type": self._content_type(),
-                "response": self.response, "server_timing": self.server_timing}
+        return {"send": Send(method=self.method, headers=headers, content_type=self._content_type(),
+                             response=self.response, server_timing=self.server_timing)}
 
     def _content_type(self):
         """The ``Content-Type`` sent with a body: a header named so, else :attr:`content_type`."""
@@ -137,7 +181,7 @@ class Requests:
         >>> Requests(path="/p", bodies=(b"{}",)).send_headers()
         [('Content-Type', 'application/json')]
         """
-        headers = list(self.load_options()["headers"])
+        headers = list(self.load_options()["send"].headers)
         if self._content_type() and (self.bodies or self.method not in ("GET", "HEAD")):
             headers.insert(0, ("Content-Type", self._content_type()))
         return headers
