@@ -56,6 +56,7 @@ from _socket import socket as _RawSocket
 
 from ..._checks import shorten
 from ...errors import LoadError
+from . import native
 from .clock import MAX_WAIT, TimerFd, wake_lag
 from .response import parse_buffer, parse_response  # noqa: F401 - parse_response importable from here
 from .trivial import serve_trivial, trivial_endpoint
@@ -307,7 +308,7 @@ class _Conn:
         self.head = None
 
 
-def drive(rec, address, request, concurrency, timeout, deadline, schedule=None, reuse=None):
+def drive(rec, address, request, concurrency, timeout, deadline, schedule=None, reuse=None, engine=None):
     """Run one trial: send one request per row of ``rec``, in this thread; return when done.
 
     Closed loop without ``schedule``; open loop (request ``i`` due at ``schedule[i]``) with it.
@@ -327,6 +328,9 @@ def drive(rec, address, request, concurrency, timeout, deadline, schedule=None, 
         one (None: as many as the server allows). A server whose workers share one listening socket
         gets a connection to whichever worker accepts it; a few long-lived connections may all land on
         one worker, and reconnecting lets the kernel hand them to the others.
+    engine : {None, "c", "python"}
+        The loop (:mod:`~tuna_lab.measure.loadgen.native`): None runs the C one when it is built. Which
+        ran, and why when not the C one, is kept as ``rec.engine``.
 
     Returns
     -------
@@ -342,12 +346,29 @@ def drive(rec, address, request, concurrency, timeout, deadline, schedule=None, 
     >>> # skipped: needs a recorder and a server's URL
     >>> end = drive(rec, resolve(url), request_bytes(url, body), 8, 30.0, 60.0)   # doctest: +SKIP
     """
-    engine = _Engine(rec, address, request, concurrency, timeout, deadline, schedule, reuse)
+    name, why = native.choose(engine)
+    requests = _request_tuple(request)
+    rec.engine = {"engine": name, "engine_why": why}
     _pause_gc()
     try:
-        return engine.run()
+        if name == "c":
+            return native.run(rec, address, requests, concurrency, timeout, deadline, schedule, reuse)
+        return _Engine(rec, address, requests, concurrency, timeout, deadline, schedule, reuse).run()
     finally:
         _resume_gc()
+
+
+def _request_tuple(request):
+    """``request`` (bytes, or a non-empty sequence of them) as a tuple of bytes; else LoadError."""
+    if isinstance(request, (bytes, bytearray, memoryview)):
+        return (bytes(request),)
+    try:
+        requests = tuple(bytes(r) for r in request)
+    except TypeError:
+        raise LoadError("request must be bytes or a sequence of bytes (see request_bytes())") from None
+    if not requests:
+        raise LoadError("request must not be an empty sequence")
+    return requests
 
 
 # The cyclic garbage collector is off while any trial runs (as timeit does): a full collection walks
@@ -384,15 +405,7 @@ class _Engine:
         self.status, self.raw, self.error = rec.status.tolist(), list(rec.raw), list(rec.error)
         self.scheduled = rec.scheduled.tolist()
         self.family, self.sockaddr = address
-        if isinstance(request, (bytes, bytearray, memoryview)):
-            requests = (bytes(request),)
-        else:
-            try:
-                requests = tuple(bytes(r) for r in request)
-            except TypeError:
-                raise LoadError("request must be bytes or a sequence of bytes (see request_bytes())") from None
-            if not requests:
-                raise LoadError("request must not be an empty sequence")
+        requests = _request_tuple(request)
         # One request: sent as is every time; several: request i is cycle[i % len(cycle)].
         self.request = requests[0]
         self.cycle = requests if len(requests) > 1 else None
@@ -744,7 +757,8 @@ class _Engine:
             if oldest < nxt:
                 due = sent[oldest] + t0 + timeout
                 if due <= now:
-                    due = self._expire(now)
+                    self._expire(now)
+                    continue  # the slots it freed: send, or end the trial, before any wait (was up to 1 s)
             else:
                 due = None
             wake = stop if due is None or due > stop else due
