@@ -174,7 +174,7 @@ def test_a_server_timing_that_does_not_parse_is_ignored_with_one_warning(model_e
 def test_sweep_app_runs_each_cell_resumes_and_report_and_advise_read_it(model_env, body, tmp_path):
     out = tmp_path / "sweep"
     argv = ["sweep", "--app", "timed_app:application", "--app-dir", USERAPP, "--configs", "1x1,1x2,2x1,3x1",
-            "--policies", "cfs,tuna-scatter", "--trials", 1, "--requests", 20, "--concurrency", 2, "--body", body,
+            "--policies", "cfs,tuna-scatter", "--trials", 1, "--requests", 40, "--concurrency", 4, "--body", body,
             "--out", out, "--json"]
     r = cli(*argv, env=model_env)
     assert r.returncode == 0, r.stderr
@@ -215,7 +215,7 @@ def test_attached_server_is_measured_live_and_ends_with_its_masks(uvicorn_server
     before = masks(proc.pid)
     out = tmp_path / "results"
     r = cli("run", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2,
-            "--policies", "cfs,round-robin", "--trials", 2, "--requests", 40,
+            "--policies", "cfs,round-robin", "--trials", 2, "--requests", 80,
             "--sample-hz", 200, "--out", out, "--json", env=model_env)
     # --pid's default concurrency (2 per worker) and two trials: the workers share one socket, and a trial the
     # kernel gave one worker nearly every connection of is refused as not measuring every worker (issue 47);
@@ -308,7 +308,7 @@ def test_attached_server_keeps_the_masks_the_user_set_and_leaves_no_pin_records(
     os.sched_setaffinity(user, last)                          # the user's mask on a worker's main thread
     before = masks(proc.pid)
     r = cli("run", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2,
-            "--policies", "cfs,round-robin", "--trials", 2, "--requests", 40, "--json", env=model_env)
+            "--policies", "cfs,round-robin", "--trials", 2, "--requests", 80, "--json", env=model_env)
     assert r.returncode == 0, r.stderr
     assert {row["policy"] for row in json.loads(r.stdout)["summary"]} == {"cfs", "round-robin"}
     after = masks(proc.pid)
@@ -325,7 +325,7 @@ def test_a_server_pinned_by_the_hooks_is_measured_and_keeps_its_pins(hooked_guni
     before = masks(proc.pid)
     assert any("-" not in cpus for cpus in before.values()), "the hooks pinned nothing"
     r = cli("run", "--pid", proc.pid, "--url", f"http://127.0.0.1:{port}/", "-t", 2, "--policies", "cfs,round-robin",
-            "--trials", 2, "--requests", 40, "--json", env=model_env)
+            "--trials", 2, "--requests", 80, "--json", env=model_env)
     assert r.returncode == 0, r.stderr
     # cfs measured the server as it was deployed (the hooks' pins are its own masks: no run of tuna_lab set
     # them); round-robin pinned it live, and the hooks' pins are back afterwards, with nothing left recorded.

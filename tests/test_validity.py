@@ -253,3 +253,33 @@ def test_the_report_counts_trials_that_left_a_worker_out_apart(tmp_path):
     trials.loc[first, ["trial_status", "reason", "worker_share"]] = ["failed", "a worker left out of the load", 0.05]
     html = open(write_report(requests, trials, str(tmp_path / "r.html"), title="t")).read()
     assert f"note: 1 of {len(trials)} trials left a worker out of the load" in html
+
+
+@pytest.mark.parametrize("row, again", [
+    ({"trial_status": "failed", "worker_share": 0.1, "workers_replaced": 0, "master_restarted": 0}, True),
+    ({"trial_status": "ok", "worker_share": 0.9, "workers_replaced": 0, "master_restarted": 0}, False),
+    # a worker replaced, or the master restarted, is a fault of the server: never sent again
+    ({"trial_status": "failed", "worker_share": 0.1, "workers_replaced": 1, "master_restarted": 0}, False),
+    ({"trial_status": "failed", "worker_share": 0.1, "workers_replaced": 0, "master_restarted": 1}, False),
+    # failed otherwise (errors), every worker reached: not the connections' draw
+    ({"trial_status": "failed", "worker_share": 0.8, "workers_replaced": 0, "master_restarted": 0}, False),
+    ({"trial_status": "failed", "worker_share": float("nan"), "workers_replaced": 0, "master_restarted": 0}, False),
+])
+def test_only_a_load_that_left_a_worker_out_is_sent_again(row, again):
+    from tuna_lab.measure.trials import _left_out
+
+    assert _left_out(row) is again
+
+
+def test_a_load_sent_again_is_said_in_the_progress_line():
+    import time
+
+    from tuna_lab.measure.experiment import _progress_line
+
+    row = {"cell": "w2-t1-app", "trial": 0, "policy": "cfs", "p50": 0.01, "p99": 0.02, "trial_status": "ok",
+           "reason": "", "cpu_per_request": float("nan"), "generator_cpu_per_request": float("nan"),
+           "reloads": 1, "reload_reason": "a worker left out of the load: worker 7 did 3%"}
+    plan = type("Plan", (), {"orders": [("cfs",)]})()
+    line = _progress_line(plan, row, 1, 1, time.monotonic())
+    assert "ok (its load was sent again 1x on fresh connections; the first: a worker left out" in line
+    assert "sent again" not in _progress_line(plan, {**row, "reloads": 0}, 1, 1, time.monotonic())

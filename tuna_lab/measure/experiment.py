@@ -570,9 +570,13 @@ def _progress_line(plan, row, done, todo, t_start):
     # Last, after the time left: readers of these lines (the live widget) parse up to it.
     cost = "" if np.isnan(server) and np.isnan(client) else \
         f"  CPU/req: server {server * 1e3:.2f} ms, generator {client * 1e3:.2f} ms"
+    reloads = row.get("reloads")
+    # A load refused for leaving a worker out, and sent again: said, never dropped silently.
+    again = (f" (its load was sent again {int(reloads)}x on fresh connections; the first: {row['reload_reason']})"
+             if isinstance(reloads, (int, float)) and reloads > 0 else "")
     return (f"{row['cell']} trial {row['trial'] + 1}/{len(plan.orders)} {row['policy']:<13} "
             f"p50 {row['p50'] * 1e3:7.1f} ms p99 {row['p99'] * 1e3:7.1f} ms  "
-            f"{row['trial_status']}{(': ' + reason) if reason else ''}  [~{left:.0f} s left]{cost}")
+            f"{row['trial_status']}{(': ' + reason) if reason else ''}{again}  [~{left:.0f} s left]{cost}")
 
 
 def _time_spent(done, t_start):

@@ -257,12 +257,16 @@ FAULT_COLUMNS = ("workers_replaced", "master_restarted")
 #:   (:func:`tuna_lab.measure.cpu.worker_balance`): its requests where the server says which worker
 #:   served each (the lab server), else its threads' CPU seconds over the load; 1.0 with one worker.
 #:
+#: * ``reloads`` - loads of the trial refused before the one measured because they left a worker out (the
+#:   load is sent again on fresh connections, at most twice; 0 when the first load reached every worker);
+#:   the first refused load's reason is in ``reload_reason`` ("" when none).
+#:
 #: A trial whose ``worker_share`` is below the fair share ``pin`` also asks of every worker (a quarter of
 #: the busiest's) measured fewer workers than the configuration has - the kernel gave the load
 #: generator's connections to the others - and is never valid: its ``trial_status`` is ``"failed"``, its
 #: ``reason`` names the worker, and the summary and the report count such trials apart
 #: (:func:`tuna_lab.measure.store.valid_rows` is the one definition of a valid trial).
-BALANCE_COLUMNS = ("worker_share",)
+BALANCE_COLUMNS = ("worker_share", "reloads")
 
 
 def fair_share():
