@@ -289,3 +289,21 @@ def test_serve_rejects_bad_input_with_one_line():
         p = main("serve", *args)
         assert p.returncode == 2, (args, p.stderr)
         assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_a_worker_that_failed_to_boot_is_said_with_its_cause_not_only_gunicorns_last_lines(tmp_path):
+    s = Server(1, 1, "small", "cfs")
+    s.state_dir = str(tmp_path)
+    (tmp_path / "gunicorn.log").write_text(
+        "[2026-11-29 03:25:18 +0000] [6214] [ERROR] Exception in worker process\n"
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in post_fork\n'
+        "    raise PlanError('refusing the state folder')\n"
+        "tuna_lab.errors.PlanError: refusing the state folder /tmp/x: not this server's\n"
+        "[2026-11-29 03:25:19 +0000] [6213] [ERROR] Worker (pid:6214) exited with code 3.\n"
+        "[2026-11-29 03:25:29 +0000] [6213] [ERROR] Shutting down: Master\n"
+        "[2026-11-29 03:25:29 +0000] [6213] [ERROR] Reason: Worker failed to boot.\n")
+    said = s._tail()
+    assert said.startswith("tuna_lab.errors.PlanError: refusing the state folder /tmp/x") and "failed to boot" in said
+    (tmp_path / "gunicorn.log").write_text("[x] [1] [INFO] Booting worker\n[x] [1] [INFO] ready\n")
+    assert s._tail() == "[x] [1] [INFO] Booting worker | [x] [1] [INFO] ready"

@@ -352,9 +352,18 @@ class Server:
         try:
             with open(os.path.join(self.state_dir, "gunicorn.log"), "rb") as fh:
                 text = fh.read().decode(errors="replace").strip().splitlines()
-            return " | ".join(text[-lines:])
         except OSError:
             return ""
+        tail = text[-lines:]
+        # Gunicorn's last lines after a worker failed to boot are generic ("Worker failed to boot"): the
+        # cause is above them - a worker's own error line, or the last line of its traceback.
+        causes = [line for line in text if "[ERROR]" in line and not any(
+            generic in line for generic in ("Worker (pid:", "Shutting down", "Reason:", "Exception in worker"))]
+        for at, line in enumerate(text):
+            if line.startswith("Traceback"):
+                causes += [next((x for x in text[at + 1:] if x and not x[0].isspace()), "")]
+        cause = next((c for c in reversed(causes) if c and c not in tail), None)
+        return " | ".join(([cause] if cause else []) + tail)
 
     def worker_records(self):
         """The binding records of the live workers, one per slot (none before the start or after the stop)."""
