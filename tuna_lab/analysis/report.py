@@ -102,7 +102,7 @@ p.note { color: #555; font-size: 0.9em; }
 
 
 def write_report(requests, trials, path, title="tuna_lab experiment", manifest=None, threads=None, machines=None,
-                 article=None, left_out=None):
+                 article=None, left_out=None, no_valid=None):
     """Write a self-contained HTML report of an experiment.
 
     The report holds, in order: a header from ``manifest``; the scenario
@@ -159,6 +159,8 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     left_out : mapping, optional
         ``{cell: why}`` of the cells that could not be read and were left out
         (``report --skip-unreadable``): said first, since every average lacks them.
+    no_valid : mapping, optional
+        ``{cell: why}`` of the cells with no valid trial (``report`` finds them): said first, as ``left_out``.
 
     Returns
     -------
@@ -217,13 +219,15 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     # The article's section says it at length; any other report of a small machine says it in one line.
     small = scale_note(int(per_trial["cpus"].max())) if article is None else ""
     # What the trials can tell first (issue 49), then what they were.
-    parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), *_left_out(left_out),
+    parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), *_left_out(left_out), *_left_out(no_valid, False),
              *_verdict(requests, trials, scenarios), _overview(requests, per_trial, scenarios),
              *([f"<p><strong>{_esc(small)}</strong></p>"] if small else []), *_render(sections)]
     document = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                 f"{_GENERATOR}\n<title>{_esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
                 + "\n".join(parts) + "\n</body>\n</html>\n")
-    return _write_atomic(Path(path), document)
+    # Whole or not at all, never through a link (:func:`tuna_lab._files.write_atomic`).
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return Path(write_atomic(Path(path), document))
 
 
 # -- pieces ---------------------------------------------------------------------------------
@@ -784,16 +788,11 @@ def check_report_path(path):
                             "(give a new file name)")
 
 
-def _left_out(left_out):
-    """The report's first words when cells were left out: which, and why."""
+def _left_out(left_out, unreadable=True):
+    """The report's first words when cells were left out (unreadable, or with no valid trial): which, and why."""
     if not left_out:
         return []
     items = "".join(f"<li><code>{_esc(cell)}</code>: {_esc(why)}</li>" for cell, why in sorted(left_out.items()))
-    return [f"<p><strong>{len(left_out)} cell(s) could not be read and are left out of every figure and "
-            f"average below (--skip-unreadable):</strong></p><ul>{items}</ul>"]
-
-
-def _write_atomic(path, text):
-    """Write the report whole or not at all, never through a link (:func:`tuna_lab._files.write_atomic`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(write_atomic(path, text))
+    what = "could not be read" if unreadable else "have no valid trial"
+    return [f"<p><strong>{len(left_out)} cell(s) {what} and are left out of every figure and "
+            f"average below{' (--skip-unreadable)' * unreadable}:</strong></p><ul>{items}</ul>"]

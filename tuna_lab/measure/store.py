@@ -38,8 +38,8 @@ from . import schema
 from .readable import read_table
 
 __all__ = ["check_out", "lock_folder", "write_cell", "is_finished", "cell_state", "CellState", "valid_by_policy",
-           "valid_rows", "no_valid_trial", "finished_keys", "finished_cells", "load_results", "load_thread_cpu",
-           "load_cells", "held_here", "LOCK_NAME",
+           "valid_rows", "no_valid_trial", "passed_over", "finished_keys", "finished_cells", "load_results",
+           "load_thread_cpu", "load_cells", "held_here", "LOCK_NAME",
            "machine_name", "SWEEP_FILE", "write_sweep_file", "read_sweep_file", "read_manifest", "write_json"]
 
 #: The name of a sweep's settings file, written in its folder before the first cell.
@@ -674,6 +674,15 @@ def no_valid_trial(source, keys=None):
         if state.without_valid:
             out[cell] = state.without_valid
     return out
+
+
+def passed_over(path):
+    """The cells under the folder ``path`` that readers pass over: a sound manifest, not one valid trial.
+
+    :func:`finished_cells` reads none of them; ``report`` names each, so that none is dropped in silence.
+    """
+    states = [cell_state(cell) for cell, _ in _cells_under(path)]
+    return [s.path for s in states if s.status == "incomplete" and not s.readable]
 
 
 def load_results(path, skip_unreadable=False, left_out=None):

@@ -46,8 +46,10 @@ def add_parser(subparsers, command=None):
 
 
 def _cmd_report(args):
+    from ...analysis._no_valid import cells_without_valid_trial
     from ...analysis.report import check_report_path, write_report
     from ...analysis.summary import summarize
+    from ...analysis.tables import valid_trials
     from ...measure.store import load_cells, read_sweep_file
 
     # Before the results are read: a path that would replace a measurement is refused at once.
@@ -56,7 +58,17 @@ def _cmd_report(args):
         requests, trials, manifests, threads, left_out = load_cells(args.results, args.skip_unreadable)
     except UnreadableCellsError as exc:
         return unreadable_status(exc)
+    except ExperimentError:
+        # Nothing read, but cells whose every trial failed are there: said as that (issue 46), not as "no results".
+        if os.path.isdir(args.results) and (no_valid := cells_without_valid_trial(args.results)):
+            return _no_valid_status(no_valid, args.results)
+        raise
     say_left_out(left_out, args.results)
+    no_valid = cells_without_valid_trial(args.results, trials)
+    if not valid_trials(trials).any():
+        return _no_valid_status(no_valid, args.results)
+    for cell, why in no_valid.items():      # one line each: every average below lacks the cell
+        print(f"tuna-lab: warning: {cell} has no valid trial and is left out of the report: {why}", file=sys.stderr)
     # A sweep on a cluster: one description per machine; the header names the machines, not the first one's CPU.
     machines = {m["machine"]: m for m in manifests} if "machine" in trials.columns else None
     header = manifests[0] if len(manifests) == 1 else {"cells": len(manifests), **manifests[0]}
@@ -68,7 +80,7 @@ def _cmd_report(args):
     try:
         path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
                             threads=threads if len(threads) else None, manifest=header, machines=machines,
-                            article=(settings or {}).get("design"), left_out=left_out)
+                            article=(settings or {}).get("design"), left_out=left_out, no_valid=no_valid)
     except OSError as exc:      # a folder, /proc, no such parent: what _files.write_atomic refused, one line
         raise ExperimentError(f"-o {args.output}: {exc.strerror or exc}" if not isinstance(exc, TunaError)
                               else str(exc)) from None
@@ -76,6 +88,7 @@ def _cmd_report(args):
         summary = summarize(requests, trials).to_dict()
         print_json({"report": os.fspath(path), "results": args.results, "cells": len(manifests),
                     "left_out": {os.path.relpath(c, args.results): why for c, why in left_out.items()},
+                    "no_valid_trial": no_valid,
                      "speedups": summary["headline"], "cpu": summary["cpu"],
                      "mechanism": summary["mechanism"], "mechanism_correlations": summary["correlations"]})
         return 0
@@ -86,6 +99,14 @@ def _cmd_report(args):
 def unreadable_status(exc):
     """Exit status 1, with one line naming every cell that cannot be read (``report`` and ``advise`` alike)."""
     print(f"tuna-lab: error: {exc}; --skip-unreadable reads the others and names these", file=sys.stderr)
+    return 1
+
+
+def _no_valid_status(no_valid, results):
+    """Exit status 1 (measurements that ran and failed), one line: not one cell has a valid trial to report."""
+    listed = "; ".join(f"{cell} ({why})" for cell, why in no_valid.items()) or "every trial failed"
+    print(f"tuna-lab: error: no cell under {results} has a valid trial, so there is nothing to report: {listed}",
+          file=sys.stderr)
     return 1
 
 

@@ -1,0 +1,68 @@
+"""``report`` names every cell it leaves out for having no valid trial (issue 46: nothing dropped without a word).
+
+Built from stored data, no server: notebooks/data/tune-2cpu holds a real cell,
+w1-t2-medium-b100, whose 6 trials all failed (too many requests timed out);
+its manifest counts no valid trial, so the readers pass over it. Another
+cell's trials are marked failed by hand (a manifest that still counts them
+valid): the report finds that one in the trials it read.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers import main
+
+TUNE = Path(__file__).parent.parent / "notebooks" / "data" / "tune-2cpu"
+FAILED = "w1-t2-medium-b100"
+FIRST = "11 of 28 requests failed (39.3%, more than the 1.0% allowed): timeout"
+
+
+@pytest.fixture
+def results(tmp_path):
+    folder = tmp_path / "tune"
+    shutil.copytree(TUNE, folder)
+    return folder
+
+
+def _fail(cell, reason):
+    """Mark every trial of ``cell`` failed with ``reason``, as a run whose every trial failed writes them."""
+    trials = pd.read_parquet(cell / "trials.parquet")
+    trials.assign(trial_status="failed", reason=reason, p99=float("nan")).to_parquet(cell / "trials.parquet")
+
+
+def test_report_names_each_cell_without_a_valid_trial_on_stderr_in_json_and_in_the_report(results, tmp_path):
+    _fail(results / "w2-t1-medium-b100", "server did not start: port in use")
+    out = tmp_path / "r.html"
+    p = main("report", results, "-o", out, "--json", timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert lines == [
+        f"tuna-lab: warning: {FAILED} has no valid trial and is left out of the report: all 6 trials failed; "
+        f"the first: {FIRST}",
+        "tuna-lab: warning: w2-t1-medium-b100 has no valid trial and is left out of the report: all 7 trials "
+        "failed; the first: server did not start: port in use"], p.stderr
+    assert set(json.loads(p.stdout)["no_valid_trial"]) == {FAILED, "w2-t1-medium-b100"}
+    html = out.read_text()
+    assert "2 cell(s) have no valid trial and are left out of every figure" in html
+    assert f"<code>{FAILED}</code>: all 6 trials failed; the first: {FIRST}" in html
+
+
+@pytest.mark.parametrize("where", ["sweep", "cell", "read"])
+def test_report_without_one_valid_trial_exits_1_in_one_line_and_writes_nothing(results, tmp_path, where):
+    only = tmp_path / "only"
+    only.mkdir()
+    if where == "read":     # read (its manifest counts valid trials), but its trials say otherwise
+        shutil.copytree(results / "w2-t1-medium-b100", only / "w2-t1-medium-b100")
+        _fail(only / "w2-t1-medium-b100", "server did not start: port in use")
+    else:
+        shutil.copytree(results / FAILED, only / FAILED)
+    target = only / FAILED if where == "cell" else only
+    p = main("report", target, "-o", tmp_path / "r.html", timeout=120)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 1 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert lines[0].startswith(f"tuna-lab: error: no cell under {target} has a valid trial")
+    assert (FIRST if where != "read" else "port in use") in lines[0]
+    assert not (tmp_path / "r.html").exists()
