@@ -45,6 +45,7 @@ def test_report_names_each_cell_without_a_valid_trial_on_stderr_in_json_and_in_t
         "tuna-lab: warning: w2-t1-medium-b100 has no valid trial and is left out of the report: all 7 trials "
         "failed; the first: server did not start: port in use"], p.stderr
     assert set(json.loads(p.stdout)["no_valid_trial"]) == {FAILED, "w2-t1-medium-b100"}
+    assert "anatomy" in json.loads(p.stdout)        # docs/anatomy.md and docs/cli.md name it
     html = out.read_text()
     assert "2 cell(s) have no valid trial and are left out of every figure" in html
     assert f"<code>{FAILED}</code>: all 6 trials failed; the first: {FIRST}" in html

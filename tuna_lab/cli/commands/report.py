@@ -90,7 +90,8 @@ def _cmd_report(args):
                     "left_out": {os.path.relpath(c, args.results): why for c, why in left_out.items()},
                     "no_valid_trial": no_valid,
                      "speedups": summary["headline"], "cpu": summary["cpu"],
-                     "mechanism": summary["mechanism"], "mechanism_correlations": summary["correlations"]})
+                     "mechanism": summary["mechanism"], "mechanism_correlations": summary["correlations"],
+                     "anatomy": summary["anatomy"]})
         return 0
     print(f"wrote {path}")
     return 0
