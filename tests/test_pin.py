@@ -33,6 +33,7 @@ import pytest
 
 from tuna_lab._checks import format_cpulist
 from tuna_lab.machine import topology_from
+from tuna_lab.machine.procfs import remove_dead_folders
 from tuna_lab.placement import placement
 from tuna_lab.live.ledger import Record, pins_record
 from tuna_lab.placement.plan import Plan
@@ -190,14 +191,18 @@ def scatter_plan(tmp_path_factory):
 @pytest.fixture(scope="module", autouse=True)
 def _no_process_left_behind():
     before = {c.pid for c in psutil.Process().children(recursive=True)}
-    state = set(Path(tempfile.gettempdir()).glob("tuna_lab-gunicorn-*"))
+    state = {p.name for p in Path(tempfile.gettempdir()).glob("tuna_lab-gunicorn-*")}
     yield
     time.sleep(0.2)
     left = [c.pid for c in psutil.Process().children(recursive=True)
             if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE]
-    # The hooks' state of the servers these tests ran (a later server would sweep it away too).
-    for path in set(Path(tempfile.gettempdir()).glob("tuna_lab-gunicorn-*")) - state:
-        shutil.rmtree(path, ignore_errors=True)
+    # The hooks' state of the servers these tests ran, and only that: a folder that appeared while they ran and
+    # whose master (the PID and start time in its name) is gone. Another session's folders - there before, or
+    # of a server still running - are not this module's to delete (the library's own sweep, remove_dead_folders,
+    # checks the owner, the mode and the process).
+    new = {p.name for p in Path(tempfile.gettempdir()).glob("tuna_lab-gunicorn-*")} - state
+    remove_dead_folders(tempfile.gettempdir(), rf"tuna_lab-gunicorn-{os.getuid()}-(\d+)-(\d+)(?:\..*)?",
+                        lambda path, m: [(int(m[1]), int(m[2]))] if os.path.basename(path) in new else [])
     assert not left, f"processes left running: {left}"
 
 
