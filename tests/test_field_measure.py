@@ -280,18 +280,18 @@ def test_policies_with_one_plan_are_reported_as_same_placement(tmp_path):
 # -- every tune candidate measured, or said why not -------------------------------------------------
 
 def test_the_default_budget_measures_every_candidate_and_a_short_one_says_which_it_did_not():
-    from tuna_lab.measure.tune.race import Candidate, auto_configs, race
+    from tuna_lab.measure.tune.race import Candidate, RaceRules, auto_configs, race
 
     candidates = [Candidate(w, t, p) for w, t in auto_configs(2) for p in ("cfs", "round-robin", "tuna-scatter")]
     assert len(candidates) == 15
     # tune's defaults (15 min, 4 rounds of 2 s steps), a slow 10 s start and a 5 s drain after every step.
     evaluate, clock = simulated_race(10.0, 5.0)
-    result = race(candidates, evaluate, 0.05, 900, rounds=4, step_seconds=2.0, clock=clock)
+    result = race(candidates, evaluate, 0.05, 900, rules=RaceRules(rounds=4, step_seconds=2.0), clock=clock)
     assert (result.table["steps"] > 0).all(), result.table[["candidate", "steps", "reason"]]
     assert "not measured" not in result.to_text()
     # 90 s cannot hold 15 runs: the ones left out are named, with why.
     evaluate, clock = simulated_race(10.0, 5.0)
-    short = race(candidates, evaluate, 0.05, 90, rounds=4, step_seconds=2.0, clock=clock)
+    short = race(candidates, evaluate, 0.05, 90, rules=RaceRules(rounds=4, step_seconds=2.0), clock=clock)
     missing = short.table[short.table["steps"] == 0]
     assert len(missing) and missing["reason"].str.startswith("not measured: the 90 s budget ran out").all()
     line = next(x for x in short.to_text().splitlines() if x.startswith("not measured ("))

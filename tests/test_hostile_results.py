@@ -21,7 +21,7 @@ from helpers import main, simulated_race
 from tuna_lab.errors import ExperimentError, TuneError
 from tuna_lab.measure.claims import check_claim
 from tuna_lab.measure.store import SWEEP_FILE, load_results, write_sweep_file
-from tuna_lab.measure.tune.race import MIN_STEP_SECONDS, Candidate, race
+from tuna_lab.measure.tune.race import MIN_STEP_SECONDS, Candidate, RaceRules, race
 from tuna_lab.measure.tune.records import TuneRecords, step_of
 
 SWEEP = Path(__file__).parent.parent / "notebooks" / "data" / "sweep-2cpu"
@@ -238,7 +238,7 @@ def test_tune_writes_each_step_as_it_goes_and_a_resume_starts_from_them(tmp_path
         evaluate(candidate, rnd, keep)
 
     with pytest.raises(KeyboardInterrupt):
-        race([cfs], recorded, 0.05, 600, clock=clock, step_seconds=1.0)
+        race([cfs], recorded, 0.05, 600, clock=clock, rules=RaceRules(step_seconds=1.0))
     requests, trials, _ = load_results(out)
     assert len(trials) == 3 and sorted(trials["rate"]) == sorted(s.rate for s in written)
     prior = TuneRecords(out, 0.05).load({config.key: config})
@@ -247,7 +247,7 @@ def test_tune_writes_each_step_as_it_goes_and_a_resume_starts_from_them(tmp_path
 
     assert seen(prior[cfs.name]) == seen(written)
     again, clock = simulated_race(2.0)
-    resumed = race([cfs], again, 0.05, 600, clock=clock, step_seconds=1.0, prior=prior)
+    resumed = race([cfs], again, 0.05, 600, clock=clock, rules=RaceRules(step_seconds=1.0), prior=prior)
     assert seen(resumed.steps[cfs.name][:3]) == seen(written)
 
 
@@ -262,7 +262,7 @@ def test_a_tune_resumes_only_its_own_folder(tmp_path):
     line = _refused(main("run", "-w", "1", "-t", "1", "--model", "small", "--batch", "10", "--out", out))
     assert "tune" in line
     with pytest.raises(TuneError, match="too short"):
-        race([Candidate(1, 1, "cfs")], simulated_race(1.0)[0], 0.05, 60, step_seconds=1e-9)
+        race([Candidate(1, 1, "cfs")], simulated_race(1.0)[0], 0.05, 60, rules=RaceRules(step_seconds=1e-9))
 
 
 @pytest.mark.parametrize("command", [

@@ -12,7 +12,8 @@ from helpers import USERAPP, main, simulated_race
 from hypothesis import HealthCheck, given, settings
 from strategies import race_problems
 from tuna_lab.errors import TuneError
-from tuna_lab.measure.tune.tuner import Candidate, Step, auto_configs, parse_duration, race, rate_bounds, read_tune, tune
+from tuna_lab.measure.tune.tuner import (Candidate, RaceRules, Step, auto_configs, parse_duration, race, rate_bounds,
+                                         read_tune, tune)
 
 SLA = 0.05
 
@@ -70,7 +71,7 @@ def _candidates():
 def test_race_finds_the_true_best_and_drops_the_clearly_worse_early(seed):
     candidates, rates = _candidates()
     sim = Simulated(rates, seed=seed)
-    result = race(candidates, sim.evaluate, SLA, 3600, clock=sim.clock, rounds=4, step_seconds=1.0)
+    result = race(candidates, sim.evaluate, SLA, 3600, clock=sim.clock, rules=RaceRules(rounds=4, step_seconds=1.0))
     best = max(rates.values())
     assert rates[result.winner.name] >= 0.9 * best
     # Less than half the best's rate: out after the first round, and the budget went to the close ones.
@@ -93,8 +94,9 @@ def test_race_finds_the_true_best_and_drops_the_clearly_worse_early(seed):
 def test_race_costs_a_fraction_of_the_exhaustive_search():
     candidates, rates = _candidates()
     raced, full = Simulated(rates, seed=4), Simulated(rates, seed=4)
-    fast = race(candidates, raced.evaluate, SLA, 3600, clock=raced.clock, rounds=4, step_seconds=1.0)
-    slow = race(candidates, full.evaluate, SLA, 3600, clock=full.clock, rounds=4, step_seconds=1.0, exhaustive=True)
+    fast = race(candidates, raced.evaluate, SLA, 3600, clock=raced.clock, rules=RaceRules(rounds=4, step_seconds=1.0))
+    slow = race(candidates, full.evaluate, SLA, 3600, clock=full.clock, rules=RaceRules(rounds=4, step_seconds=1.0),
+                exhaustive=True)
     assert all(runs == [0, 1, 2, 3] for runs in full.runs.values())
     assert (slow.table["status"] != "dropped").all()
     assert fast.elapsed <= 0.3 * slow.elapsed
@@ -106,7 +108,7 @@ def test_race_costs_a_fraction_of_the_exhaustive_search():
 def test_race_honours_its_budget_and_says_how_sure_it_is(budget):
     candidates, rates = _candidates()
     sim = Simulated(rates, seed=5)
-    result = race(candidates, sim.evaluate, SLA, budget, clock=sim.clock, rounds=4, step_seconds=1.0)
+    result = race(candidates, sim.evaluate, SLA, budget, clock=sim.clock, rules=RaceRules(rounds=4, step_seconds=1.0))
     assert sim.now <= 1.1 * budget
     assert result.winner is not None and result.sure.startswith(("sure", "not sure"))
     assert "budget ran out" in result.sure
@@ -118,7 +120,7 @@ def test_a_budget_that_runs_out_in_round_1_leaves_pairings_unmeasured_not_a_conf
     # policies have a measured run.
     candidates = [Candidate(w, 1, p) for w in (1, 2) for p in ("cfs", "round-robin")]
     sim = Simulated({c.name: 20.0 for c in candidates}, seed=0, overhead=4.0)
-    result = race(candidates, sim.evaluate, SLA, 20, clock=sim.clock, rounds=2, step_seconds=1.0)
+    result = race(candidates, sim.evaluate, SLA, 20, clock=sim.clock, rules=RaceRules(rounds=2, step_seconds=1.0))
     measured = result.table[result.table["steps"] > 0]
     assert len(measured) < len(candidates), "the budget must run out in round 1 for this test to say anything"
     assert set(measured["workers"]) == {1, 2} and set(measured["policy"]) == {"cfs", "round-robin"}
@@ -129,7 +131,7 @@ def test_a_candidate_that_cannot_meet_the_target_is_dropped_as_such():
     # Raced first, with no leader to compare with: it is searched down to the lowest rate.
     candidates = [Candidate(1, 2, "cfs"), Candidate(1, 1, "cfs")]
     sim = Simulated({"1x1 cfs": 20.0, "1x2 cfs": 1e-3}, seed=0)
-    result = race(candidates, sim.evaluate, SLA, 600, clock=sim.clock, rounds=2, step_seconds=1.0)
+    result = race(candidates, sim.evaluate, SLA, 600, clock=sim.clock, rules=RaceRules(rounds=2, step_seconds=1.0))
     row = result.table.set_index("candidate").loc["1x2 cfs"]
     assert row["status"] == "dropped" and row["reason"].startswith("cannot meet the target")
     assert result.winner.name == "1x1 cfs"
@@ -138,13 +140,14 @@ def test_a_candidate_that_cannot_meet_the_target_is_dropped_as_such():
 def test_a_candidate_far_below_the_leader_is_not_searched_down():
     candidates = [Candidate(1, 1, "cfs"), Candidate(1, 2, "cfs")]
     sim = Simulated({"1x1 cfs": 20.0, "1x2 cfs": 1e-3}, seed=0)
-    result = race(candidates, sim.evaluate, SLA, 600, clock=sim.clock, rounds=2, step_seconds=1.0)
+    result = race(candidates, sim.evaluate, SLA, 600, clock=sim.clock, rules=RaceRules(rounds=2, step_seconds=1.0))
     row = result.table.set_index("candidate").loc["1x2 cfs"]
     assert row["status"] == "dropped" and "a quarter or less of the leader's" in row["reason"]
     assert row["steps"] <= 2 and result.winner.name == "1x1 cfs"
     # An exhaustive search measures it down to the lowest rate instead.
     full = Simulated({"1x1 cfs": 20.0, "1x2 cfs": 1e-3}, seed=0)
-    slow = race(candidates, full.evaluate, SLA, 600, clock=full.clock, rounds=2, step_seconds=1.0, exhaustive=True)
+    slow = race(candidates, full.evaluate, SLA, 600, clock=full.clock, rules=RaceRules(rounds=2, step_seconds=1.0),
+                exhaustive=True)
     assert slow.table.set_index("candidate").loc["1x2 cfs", "reason"].startswith("cannot meet the target")
 
 
@@ -153,9 +156,9 @@ def test_a_candidate_far_below_the_leader_is_not_searched_down():
 def _race(problem, exact, exhaustive=False):
     candidates = [Candidate(w, t, p) for (w, t) in problem["pairs"] for p in problem["policies"]]
     sim = Simulated(problem["rates"], overhead=problem["overhead"], seed=problem["seed"], exact=exact)
-    result = race(candidates, sim.evaluate, SLA, problem["budget"], clock=sim.clock, rounds=problem["rounds"],
-                  eta=problem["eta"], steps=problem["steps"], step_seconds=problem["step_seconds"],
-                  exhaustive=exhaustive)
+    rules = RaceRules(rounds=problem["rounds"], eta=problem["eta"], steps=problem["steps"],
+                      step_seconds=problem["step_seconds"])
+    result = race(candidates, sim.evaluate, SLA, problem["budget"], clock=sim.clock, rules=rules, exhaustive=exhaustive)
     return sim, result
 
 
@@ -373,8 +376,8 @@ def test_a_policy_the_budget_never_reached_is_not_called_failed(fails, says, cap
     from tuna_lab.cli.commands import tune as command
 
     evaluate, clock = simulated_race(25.0, fails=fails)
-    result = race([Candidate(1, 1, "cfs"), Candidate(1, 1, "round-robin")], evaluate, 0.05, 30, rounds=1,
-                  step_seconds=0.5, clock=clock)
+    result = race([Candidate(1, 1, "cfs"), Candidate(1, 1, "round-robin")], evaluate, 0.05, 30,
+                  rules=RaceRules(rounds=1, step_seconds=0.5), clock=clock)
     assert command._unmeasured_status(result) == 1
     err = capsys.readouterr().err
     assert says in err, err

@@ -65,8 +65,8 @@ import numpy as np
 from ..._checks import positive_int, positive_number
 from ...errors import TuneError
 
-__all__ = ["Candidate", "Step", "TuneResult", "START_GUESS", "MIN_STEP_SECONDS", "parse_duration", "auto_configs",
-           "rate_bounds", "race", "format_seconds", "check_step_seconds"]
+__all__ = ["Candidate", "Step", "TuneResult", "RaceRules", "START_GUESS", "MIN_STEP_SECONDS", "parse_duration",
+           "auto_configs", "rate_bounds", "race", "format_seconds", "check_step_seconds"]
 
 # The share of requests a p99 target allows over it.
 _OVER = 0.01
@@ -417,8 +417,32 @@ class _Entry:
                 "steps": len(self.steps), "seconds": self.seconds, "status": self.status, "reason": self.reason}
 
 
-def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, steps=3, eta=4.0, tolerance=0.1,
-         confidence=0.9, low=1.0, high=1e5, start_rate=10.0, timeout=None, exhaustive=False, clock=time.monotonic,
+@dataclass(frozen=True)
+class RaceRules:
+    """How :func:`race` searches: its rounds and steps, the halving, and the rates it tries.
+
+    Parameters
+    ----------
+    rounds, steps : int
+        At most this many rounds (round ``k``'s steps last ``step_seconds * 2**k``); steps per run.
+    step_seconds, eta, tolerance, confidence : float
+        First round's step length; ``1/eta`` kept per round; a resolved bracket; the bounds' confidence.
+    low, high, start_rate : float
+        Lowest and highest rate tried, and the first step's rate (requests per second).
+    """
+
+    rounds: int = 4
+    step_seconds: float = 2.0
+    steps: int = 3
+    eta: float = 4.0
+    tolerance: float = 0.1
+    confidence: float = 0.9
+    low: float = 1.0
+    high: float = 1e5
+    start_rate: float = 10.0
+
+
+def race(candidates, evaluate, sla_p99, budget, *, rules=None, timeout=None, exhaustive=False, clock=time.monotonic,
          progress=None, prior=None):
     """Successive halving with a racing rule over ``candidates``, measured through ``evaluate``.
 
@@ -429,12 +453,8 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
         ``evaluate(candidate, round, next_step)`` runs one run, asking ``next_step`` for each step.
     sla_p99, budget : float
         The target, seconds (for the message only); seconds the whole race may take (by ``clock``).
-    rounds, steps : int
-        At most this many rounds (round ``k``'s steps last ``step_seconds * 2**k``); steps per run.
-    step_seconds, eta, tolerance, confidence : float
-        First round's step length; ``1/eta`` kept per round; a resolved bracket; the bounds' confidence.
-    low, high, start_rate : float
-        Lowest and highest rate tried, and the first step's rate (requests per second).
+    rules : RaceRules, optional
+        Rounds, steps, halving and rates (default ``RaceRules()``).
     timeout : float, optional
         Drain of a step after its last arrival (default ``2 * sla_p99 + 0.5``).
     exhaustive : bool
@@ -461,11 +481,17 @@ def race(candidates, evaluate, sla_p99, budget, *, rounds=4, step_seconds=2.0, s
     ...     while step is not None:
     ...         rate, duration = step
     ...         step = next_step(Step(rate, duration, n=int(rate * duration), over=0, p99=0.01))
-    >>> race([Candidate(1, 1, "cfs")], evaluate, 0.05, 60).winner
+    >>> race([Candidate(1, 1, "cfs")], evaluate, 0.05, 60, rules=RaceRules(rounds=2)).winner
     Candidate(workers=1, threads=1, policy='cfs', wait_policy='default')
     """
     if not candidates:
         raise TuneError("no candidates to race")
+    rules = RaceRules() if rules is None else rules
+    if not isinstance(rules, RaceRules):
+        raise TuneError(f"rules must be a RaceRules, got {type(rules).__name__}")
+    rounds, step_seconds, steps, eta = rules.rounds, rules.step_seconds, rules.steps, rules.eta
+    tolerance, confidence, low, high, start_rate = (rules.tolerance, rules.confidence, rules.low, rules.high,
+                                                    rules.start_rate)
     check_step_seconds(step_seconds)
     timeout = 2.0 * sla_p99 + 0.5 if timeout is None else timeout
     entries = [_Entry(c) for c in candidates]

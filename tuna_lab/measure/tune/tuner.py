@@ -30,16 +30,17 @@ Examples
 """
 
 import os
+from dataclasses import fields
 
 from ..._checks import positive_int
 from ...errors import ExperimentError, TuneError, UnmeetableTargetError
-from .race import (START_GUESS, Candidate, Step, TuneResult, auto_configs, check_step_seconds, format_seconds,
-                   parse_duration, race, rate_bounds)
+from .race import (START_GUESS, Candidate, RaceRules, Step, TuneResult, auto_configs, check_step_seconds,
+                   format_seconds, parse_duration, race, rate_bounds)
 from .records import step_of
 
 # The search's names are this module's too: `from tuna_lab.measure.tune.tuner import race` stays.
-__all__ = ["Candidate", "Step", "TuneResult", "parse_duration", "auto_configs", "rate_bounds", "race", "tune",
-           "read_tune", "TUNE_FILE"]
+__all__ = ["Candidate", "Step", "TuneResult", "RaceRules", "parse_duration", "auto_configs", "rate_bounds", "race",
+           "tune", "read_tune", "TUNE_FILE"]
 
 #: The race itself (the table, the winner and every round), written beside the records: what `read_tune` reads.
 TUNE_FILE = "tune.json"
@@ -70,7 +71,8 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     progress, candidates : callable, list of Candidate, optional
         Called with one line per run; race exactly these candidates (not for a running server).
     **race_options
-        ``rounds``, ``step_seconds``, ``steps``, ``eta``, ``tolerance``, ...: see :func:`.race`.
+        ``rounds``, ``step_seconds``, ``steps``, ``eta``, ``tolerance``, ... (the fields of
+        :class:`~tuna_lab.measure.tune.race.RaceRules`), ``exhaustive``: see :func:`.race`.
 
     Returns
     -------
@@ -171,8 +173,11 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
         # One measurement per CPU of this machine, as for run(): waited for before the budget starts.
         held.enter_context(lock_cpus(set(split.server.cpus) | set(split.cpus), progress))
         try:
+            # The search's rules travel as one RaceRules; the rest (exhaustive, clock) as race's own keywords.
+            rules = {f.name for f in fields(RaceRules)}
             result = race(candidates, lab.evaluate, sla, budget, timeout=timeout, progress=progress, prior=prior,
-                          **options)
+                          rules=RaceRules(**{k: v for k, v in options.items() if k in rules}),
+                          **{k: v for k, v in options.items() if k not in rules})
         finally:
             lab.stop()
         result.note = note
