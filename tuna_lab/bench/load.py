@@ -370,7 +370,15 @@ def compare_with_wrk(workers=2, threads=1, model="small", batch=10, policy="cfs"
             "config": {"workers": workers, "threads": threads, "model": model, "batch": batch, "policy": policy,
                        "connections": connections, "duration": duration, "requests": requests, "rounds": rounds},
             "machine": _machine(), "wrk_version": _wrk_version(wrk) if wrk else None,
-            "load_average": [load_before, os.getloadavg()]}
+            "engine": _engine(), "load_average": [load_before, os.getloadavg()]}
+
+
+def _engine():
+    """The loop tuna_lab's trials ran on (wire.drive's default), and why when it is not the C one."""
+    from ..measure.loadgen.native import choose
+
+    name, why = choose()
+    return {"engine": name, "engine_why": why}
 
 
 def _verdict(ok):
@@ -415,6 +423,8 @@ def format_table(result):
                   f"       {_verdict(checks['open_rps'])}"]
     else:
         lines += ["", "no wrk: tuna_lab's side only, no ratios"]
+    engine = result.get("engine") or {"engine": "?", "engine_why": ""}
+    lines += ["", f"tuna_lab's loop: {engine['engine']}" + (f" ({engine['engine_why']})" if engine["engine_why"] else "")]
     o = result["open"]
     lines += ["", f"open loop, {o['rate']:.0f} requests/s for {o['duration']:.1f} s against a trivial endpoint "
                   f"(another process): {o['open_requests']} requests, {o['open_failed']} failed, "
@@ -556,6 +566,14 @@ What is left, and why:
 """
 
 
+def _engine_words(engine):
+    if not engine:
+        return "not recorded"
+    if engine["engine"] == "c":
+        return "C (`tuna_lab.measure.loadgen._engine`, built by `pip install`)"
+    return f"Python ({engine['engine_why']})"
+
+
 def _write_doc(path, result, lines):
     m, c = result["machine"], result["config"]
     before, after = result["load_average"]
@@ -569,6 +587,7 @@ def _write_doc(path, result, lines):
         f"- machine: {m['cpu_model']}, {m['cpus']} CPUs ({m['usable_cpus']} usable), {m['kernel']}, "
         f"Python {m['python']}\n"
         f"- wrk: {result['wrk_version'] or 'not installed'}\n"
+        f"- tuna_lab's loop: {_engine_words(result.get('engine'))}\n"
         f"- server: W={c['workers']}, T={c['threads']}, model {c['model']}, batch {c['batch']}, policy "
         f"{c['policy']}; {c['connections']} connections; {c['rounds']} rounds of {c['duration']:g} s\n"
         f"- load average before / after: {' '.join(f'{x:.2f}' for x in before)} / "
@@ -582,7 +601,9 @@ def _write_doc(path, result, lines):
         "```text\n" + "\n".join(lines) + "\n```\n\n"
         "## How the generator keeps its cost down\n\n"
         "`tuna_lab.measure.loadgen.wire` sends every trial from one thread of its own (pinned with `cpus=` / "
-        "`--client-cpus`, gone when the trial ends), on one `epoll`, with no event-loop framework: the request "
+        "`--client-cpus`, gone when the trial ends), on one `epoll`, with no event-loop framework, in C "
+        "(`_engine`, compiled by `pip install`; the Python loop where it could not be, which the line above "
+        "and the trial's `rec.engine` say): the request "
         "is built once and sent with one `send` (a new connection per request against Gunicorn's sync "
         "workers, which close after each answer, as wrk's connections see too; kept alive where the server "
         "allows), responses are read into one buffer and parsed only as far as `Content-Length` or chunked "

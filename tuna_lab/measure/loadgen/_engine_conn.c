@@ -29,6 +29,8 @@ fail(Engine *e, Conn *c, Py_ssize_t i, const char *what, const char *why)
     char text[256];
     if (c != NULL)
         conn_close(e, c);
+    if (i < 0 || i >= e->n)
+        return;   /* never: only a connection carrying a request fails one; kept from writing outside the rows */
     snprintf(text, sizeof text, "%s%s", what, why);
     e->done[i] = now_mono() - e->t0;
     e->status[i] = -1;
