@@ -26,7 +26,7 @@ import pytest
 distributed = pytest.importorskip("distributed")
 
 from tuna_lab.measure.experiment import Config, load_results  # noqa: E402
-from tuna_lab.measure.sweeps.local import sweep  # noqa: E402
+from tuna_lab.measure.sweeps.local import ClusterSpec, sweep  # noqa: E402
 from tuna_lab.server.models import ensure_model  # noqa: E402
 from daskcluster import DASK, Cluster, scheduler, stop  # noqa: E402
 from helpers import main  # noqa: E402
@@ -115,7 +115,7 @@ def test_per_machine_runs_every_cell_on_both_and_resumes(cluster, spread, tmp_pa
     configs = [Config(1, 1, "small", b) for b in (10, 20)]
     with distributed.Client(cluster.address, timeout=10) as client:
         sweep(configs, ["cfs", "round-robin"], str(out), trials=1, requests=20, progress=lines.append,
-              client=client, per_machine=True)
+              cluster=ClusterSpec(client, per_machine=True))
     where, _ = _cells(out)
     assert all(sorted(machines) == sorted(where["w1-t1-small-b10"]) and len(machines) == 2
                for machines in where.values())
@@ -280,8 +280,8 @@ def test_a_worker_without_tuna_lab_is_reported_at_once(tmp_path):
     try:
         # In this process (the CLI turns the error into one line and exit 2 like any other): no CLI start-up.
         with connect(address) as client, pytest.raises(ExperimentError) as info:
-            sweep([Config(1, 1, "small", 10)], ["cfs"], str(tmp_path / "out"), trials=1, requests=5, client=client,
-                  worker_wait=60)
+            sweep([Config(1, 1, "small", 10)], ["cfs"], str(tmp_path / "out"), trials=1, requests=5,
+                  cluster=ClusterSpec(client, worker_wait=60))
     finally:
         stop(worker)
         stop(boss)

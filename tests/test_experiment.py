@@ -17,7 +17,7 @@ from helpers import main
 from tuna_lab._checks import format_cpulist
 from tuna_lab.errors import ExperimentError
 from tuna_lab.measure.experiment import Config, grid, load_results, load_thread_cpu, machine_name, run
-from tuna_lab.measure.sweeps.local import sweep
+from tuna_lab.measure.sweeps.local import ClusterSpec, sweep
 
 CPUS = len(os.sched_getaffinity(0))
 T = min(2, CPUS)
@@ -229,7 +229,7 @@ def test_sweep_resumes_without_redoing_finished_cells(tmp_path):
     with pytest.raises(ExperimentError, match="trials 1 there, 2 now"):
         sweep(configs, ["cfs"], str(out), trials=2, requests=20)
     with pytest.raises(ExperimentError, match=r"policies \['cfs'\] there, \['cfs', 'round-robin'\] now"):
-        sweep(configs, ["cfs", "round-robin"], str(out), trials=1, requests=20, client=object())
+        sweep(configs, ["cfs", "round-robin"], str(out), trials=1, requests=20, cluster=ClusterSpec(object()))
 
 
 def test_a_server_that_cannot_start_marks_the_trial_failed(tmp_path):
@@ -293,7 +293,29 @@ def test_results_of_several_machines_load_with_the_machine_as_a_column(tiny, tmp
 
 def test_machine_options_need_a_client(tmp_path):
     with pytest.raises(ExperimentError, match="client"):
+        sweep([Config(1, 1, "small", 10)], ["cfs"], str(tmp_path), cluster=ClusterSpec(None, per_machine=True))
+    # The names sweep() took before ClusterSpec are refused at once, saying where they went.
+    with pytest.raises(ExperimentError, match=r"per_machine as cluster=ClusterSpec\(client, per_machine=True\)"):
         sweep([Config(1, 1, "small", 10)], ["cfs"], str(tmp_path), per_machine=True)
+
+
+def test_an_article_design_and_its_cuts_reach_sweep_json(tmp_path):
+    # No server: a 1 s budget with cells estimated at 100 s each runs none, but sweep.json is written first.
+    from tuna_lab.measure.sweeps.article import article_design
+
+    design = article_design(2, budget=600)
+    lines = []
+    sweep(design.configs[:2], ["cfs"], str(tmp_path / "s"), trials=1, requests=10, budget=1,
+          estimate=lambda config: 100.0, design=design, progress=lines.append)
+    settings = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert settings["cuts"] == [str(c) for c in design.cuts] and settings["cuts"]
+    assert settings["design"]["summary"] == design.describe()
+    assert any(line == f"sweep: {design.describe()}" for line in lines)
+    assert not any((tmp_path / "s" / c.key).exists() for c in design.configs[:2])
+    with pytest.raises(ExperimentError, match="design must be an ArticleDesign"):
+        sweep(design.configs[:1], ["cfs"], str(tmp_path / "t"), design=design.to_dict())
+    with pytest.raises(ExperimentError, match="cluster must be a ClusterSpec"):
+        sweep(design.configs[:1], ["cfs"], str(tmp_path / "t"), cluster="tcp://127.0.0.1:1")
 
 
 def test_a_cell_with_no_valid_trial_is_written_but_not_finished_and_a_rewrite_replaces_it_whole(tmp_path):

@@ -34,7 +34,6 @@ MANY_PARAMETERS = {
     "tuna_lab/server/launch.py:Server.__init__": 20,
     "tuna_lab/measure/experiment.py:run": 17,
     "tuna_lab/measure/tune/tuner.py:tune": 16,
-    "tuna_lab/measure/sweeps/local.py:sweep": 16,
 }
 
 

@@ -143,7 +143,7 @@ def _cmd_sweep(args):
           progress=progress, seed=args.seed, client_cpus=client, concurrency=args.concurrency,
           max_error_rate=args.max_error_rate,
           target=None if target is None else (lambda c: target(c.workers, c.threads)), budget=budget,
-          cuts=design.cuts if design else (), design=design.to_dict() if design else None)
+          design=design)
     return _sweep_done(args, configs, before,
                        f"sweep results in {args.out}; `tuna-lab report {args.out} -o report.html` analyses them",
                        design)
@@ -264,7 +264,7 @@ def _sweep_on_cluster(args, configs, design=None):
     """
     from ..._checks import parse_cpulist
     from ...measure.sweeps.cluster import connect
-    from ...measure.sweeps.local import sweep
+    from ...measure.sweeps.local import ClusterSpec, sweep
 
     before = _finished_cells(args.out)
     if args.client_cpus is not None and args.client_cpus.strip().lower() != "none":
@@ -273,9 +273,10 @@ def _sweep_on_cluster(args, configs, design=None):
     trials, requests, policies = _sweep_sizes(args, design)
     with connect(args.cluster) as client:
         sweep(configs, policies, args.out, trials=trials, requests=requests,
-              progress=progress, seed=args.seed, client=client, client_cpus=args.client_cpus,
+              progress=progress, seed=args.seed, client_cpus=args.client_cpus,
               concurrency=args.concurrency, max_error_rate=args.max_error_rate,
-              per_machine=args.per_machine, any_machine=args.any_machine, worker_wait=args.wait_for_workers,
-              cuts=design.cuts if design else (), design=design.to_dict() if design else None)
+              cluster=ClusterSpec(client, per_machine=args.per_machine, any_machine=args.any_machine,
+                                  worker_wait=args.wait_for_workers),
+              design=design)
     return _sweep_done(args, configs, before, f"sweep results in {args.out} (one folder per machine); "
                                               f"`tuna-lab report {args.out} -o report.html` compares them", design)

@@ -20,6 +20,7 @@ Examples
 
 import os
 import time
+from dataclasses import dataclass
 
 from ... import __version__
 from ..._checks import positive_number
@@ -30,7 +31,7 @@ from ..claims import check_cell_name, check_claim
 from ..store import SWEEP_FILE, cell_state, check_out, finished_keys, lock_folder, read_sweep_file, write_sweep_file
 from ..target import LabTarget
 
-__all__ = ["sweep", "sweep_settings", "COMPARED_SETTINGS"]
+__all__ = ["sweep", "sweep_settings", "ClusterSpec", "COMPARED_SETTINGS"]
 
 #: The settings a resume must share with the sweep already in its folder; the rest of sweep.json is a record.
 COMPARED_SETTINGS = ("configs", "policies", "trials", "requests", "seed", "concurrency", "wait_policies", "target")
@@ -91,9 +92,40 @@ def _check_identity(out, settings):
                               "own settings (sweep.json) or give another folder")
 
 
-def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client=None, per_machine=False,
-          any_machine=False, worker_wait=60, target=None, budget=None, cuts=(), design=None, estimate=None,
-          **run_options):
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Where a sweep's cells run when not here: a Dask cluster's client and how cells go to its machines.
+
+    Parameters
+    ----------
+    client : distributed.Client
+        A client of a scheduler whose workers offer ``machine=1``
+        (:data:`~tuna_lab.measure.sweeps.cluster.WORKER_COMMAND`).
+    per_machine, any_machine : bool
+        Every cell on every machine; any machine, not only the first one's shape.
+    worker_wait : float
+        Seconds to wait for a first machine, and for one to run the cells left.
+
+    Examples
+    --------
+    >>> ClusterSpec(client=None, per_machine=True).worker_wait
+    60
+    """
+
+    client: object
+    per_machine: bool = False
+    any_machine: bool = False
+    worker_wait: float = 60
+
+
+# What sweep() took before ClusterSpec and ArticleDesign carried them: refused at once, not by run() mid-sweep.
+_MOVED = {"client": "cluster=ClusterSpec(client, ...)", "per_machine": "cluster=ClusterSpec(client, per_machine=True)",
+          "any_machine": "cluster=ClusterSpec(client, any_machine=True)",
+          "worker_wait": "cluster=ClusterSpec(client, worker_wait=...)", "cuts": "design=ArticleDesign(...)"}
+
+
+def sweep(configs, policies, out, trials=5, requests=1000, progress=None, cluster=None, target=None, budget=None,
+          design=None, estimate=None, **run_options):
     """Run every config not already finished under ``out``; each cell is written as soon as it is done.
 
     Parameters
@@ -106,16 +138,15 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
         As for :func:`~tuna_lab.measure.experiment.run`.
     progress : callable, optional
         Called with one line of text at a time.
-    client : distributed.Client, optional
+    cluster : ClusterSpec, optional
         Run the cells on this Dask cluster (:func:`tuna_lab.measure.sweeps.cluster.sweep_on`).
-    per_machine, any_machine, worker_wait
-        Passed to :func:`~tuna_lab.measure.sweeps.cluster.sweep_on` with ``client``.
     target : callable, optional
-        ``target(config) -> Target`` for a user's own app; default the lab server. Not with ``client``.
+        ``target(config) -> Target`` for a user's own app; default the lab server. Not with ``cluster``.
     budget, estimate : float, callable, optional
-        Seconds this call may take (not with ``client``); ``estimate(config) -> seconds`` of a cell.
-    cuts, design
-        How the design was cut to the budget, recorded in ``sweep.json`` (:func:`sweep_settings`).
+        Seconds this call may take (not with ``cluster``); ``estimate(config) -> seconds`` of a cell.
+    design : ArticleDesign, optional
+        The design the configs come from (:func:`~tuna_lab.measure.sweeps.article.article_design`): it and
+        how it was cut to the budget are recorded in ``sweep.json`` (:func:`sweep_settings`).
     **run_options
         ``concurrency``, ``seed``, ``warmup``, ``csv``, ``client_cpus``: as for
         :func:`~tuna_lab.measure.experiment.run`.
@@ -141,20 +172,29 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
     ...       "results/sweep", trials=3, requests=200)                        # doctest: +SKIP
     'results/sweep'
     """
+    moved = sorted(set(run_options) & set(_MOVED))
+    if moved:
+        raise ExperimentError(f"sweep() takes {moved[0]} as {_MOVED[moved[0]]}")
     policies = check_policies(policies)
     check_out(out)
     configs = list(configs)
     if not configs:
         raise ExperimentError("the sweep has no configurations")
+    if cluster is not None and not isinstance(cluster, ClusterSpec):
+        raise ExperimentError(f"cluster must be a ClusterSpec, got {type(cluster).__name__}")
+    client = None if cluster is None else cluster.client
     if target is not None and client is not None:
         raise ExperimentError("a user's app is measured on this machine: sweep it without a cluster")
-    if client is None and (per_machine or any_machine):
+    if cluster is not None and client is None and (cluster.per_machine or cluster.any_machine):
         raise ExperimentError("per_machine and any_machine spread a sweep over a cluster's machines: "
                               "give a Dask client too")
     if budget is not None:
         budget = positive_number("budget", budget, ExperimentError)
         if client is not None:
             raise ExperimentError("a budget is kept on this machine: sweep on a cluster without one")
+    cuts, design = (), _design(design)
+    if design is not None:
+        cuts, design = design.cuts, design.to_dict()
     settings = sweep_settings(configs, policies, trials, requests, run_options.get("seed", 0),
                               run_options.get("concurrency"), budget, cuts, design)
     # Refused before the lock file or anything else is written, and again once the folder is held.
@@ -176,7 +216,8 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
                                       "chooses its own CPUs")
             write_sweep_file(out, settings)
             return sweep_on(client, configs, policies, out, trials=trials, requests=requests, progress=progress,
-                            per_machine=per_machine, any_machine=any_machine, worker_wait=worker_wait, **run_options)
+                            per_machine=cluster.per_machine, any_machine=cluster.any_machine,
+                            worker_wait=cluster.worker_wait, **run_options)
         os.makedirs(out, exist_ok=True)
         # Here the client CPUs are chosen, checked against every cell and said once, before any cell runs.
         given = run_options.get("client_cpus")
@@ -237,3 +278,12 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, client
             progress(f"sweep: budget {budget:.0f} s: {len(skipped)} cells not run "
                      f"({', '.join(c.key for c in skipped)}); run the same command again to resume with them")
         return out
+
+
+def _design(design):
+    """``design`` checked: None or an :class:`~tuna_lab.measure.sweeps.article.ArticleDesign`."""
+    from .article import ArticleDesign
+
+    if design is not None and not isinstance(design, ArticleDesign):
+        raise ExperimentError(f"design must be an ArticleDesign (article_design()), got {type(design).__name__}")
+    return design
