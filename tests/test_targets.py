@@ -20,6 +20,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from tuna_lab._checks import format_cpulist
 from tuna_lab.server.launch import free_port
 
 from helpers import main as cli
@@ -126,12 +127,48 @@ def hooked_gunicorn_server(model_env, tmp_path):
 
 # -- a user's app that tuna_lab starts --------------------------------------------------------------
 
+def _watch_worker_masks(seen, stop):
+    """Until ``stop``: every Cpus_allowed_list the workers of this process's Gunicorn servers have, by policy.
+
+    Read from /proc, apart from the library; the policy is in the config's name (``gunicorn-POLICY.conf.py``).
+    """
+    while not stop.is_set():
+        for proc in psutil.Process().children(recursive=True):
+            try:
+                conf = next((a for a in proc.cmdline() if a.endswith(".conf.py")), "")
+                if "gunicorn" not in " ".join(proc.cmdline()) or not os.path.basename(conf).startswith("gunicorn-"):
+                    continue
+                policy = os.path.basename(conf)[len("gunicorn-"):-len(".conf.py")]
+                seen.setdefault(policy, set()).update(masks(proc.pid).values())
+            except (psutil.Error, OSError):
+                pass
+        stop.wait(0.2)
+
+
 def test_run_app_records_cfs_and_tuna_with_server_timing_that_report_reads(model_env, body, tmp_path):
+    import threading
+
     out = tmp_path / "results"
-    r = cli("run", "--app", "timed_app:application", "--app-dir", USERAPP, "-w", 2, "-t", 2,
-            "--policies", "cfs,tuna-scatter", "--trials", 1, "--requests", 40, "--concurrency", 2,
-            "--body", body, "--out", out, "--json", env=model_env)
+    # The user's config holds the three-line integration, which names tuna-scatter: under cfs it must still
+    # place nothing (the kernel places), and only time the requests.
+    seen, stop = {}, threading.Event()
+    watcher = threading.Thread(target=_watch_worker_masks, args=(seen, stop), daemon=True)
+    watcher.start()
+    try:
+        r = cli("run", "--app", "timed_app:application", "--app-dir", USERAPP, "-w", 2, "-t", 2,
+                "--server-conf", USERAPP / "gunicorn.conf.py",
+                "--policies", "cfs,tuna-scatter", "--trials", 1, "--requests", 40, "--concurrency", 2,
+                "--body", body, "--out", out, "--json", env=model_env)
+    finally:
+        stop.set()
+        watcher.join(10)
     assert r.returncode == 0, r.stderr
+    cell = Path(json.loads(r.stdout)["path"])
+    full = {format_cpulist(json.loads((cell / "manifest.json").read_text())["client_cpus"]["server_cpus"])}
+    assert seen.get("cfs") and seen["cfs"] == full, seen
+    assert seen.get("tuna-scatter") and seen["tuna-scatter"] != full, seen      # the watcher sees pinning
+    threads = pd.read_parquet(cell / "threads.parquet")
+    assert set(threads.loc[threads["policy"].eq("cfs"), "cpus"]) == full, threads[["policy", "role", "cpus"]]
     doc = json.loads(r.stdout)
     assert {row["policy"] for row in doc["summary"]} == {"cfs", "tuna-scatter"}
     assert "Server-Timing" in doc["latency"]

@@ -15,7 +15,10 @@ and say what to apply, in the environment or in the config before that line:
   in a separate process, so neither the master nor a worker loads it).
 
 :func:`configure` sets the same from Python. ``TUNA_LAB_FORCE=1`` applies a
-plan made on another machine.
+plan made on another machine. ``TUNA_LAB_MEASURE_ONLY=1`` places nothing,
+whatever the rest says: the hooks then only time each request (what
+``tuna-lab run --app --server-conf`` sets for ``cfs``, which leaves
+placement to the kernel, when your config holds these hooks).
 
 What each worker does:
 
@@ -117,6 +120,11 @@ def configure(policy=None, threads=None, plan=None, force=False):
         os.environ["TUNA_LAB_THREADS"] = str(threads)
     if force:
         os.environ["TUNA_LAB_FORCE"] = "1"
+
+
+def _measure_only():
+    """Whether ``TUNA_LAB_MEASURE_ONLY=1`` says: place nothing, time the requests only."""
+    return os.environ.get("TUNA_LAB_MEASURE_ONLY") == "1"
 
 
 def _refuse(server, message):
@@ -296,6 +304,8 @@ def post_fork(server, worker):
     from ..live.pools import openmp_loaded
     from ..live.runtimes import openmp_unbound, places_counted
 
+    if _measure_only():
+        return                                         # no slot, no plan, OpenMP's variables left as they are
     kind = getattr(server.cfg, "worker_class_str", "sync")
     if not _supported(server.cfg):
         _refuse(server, f"worker class {kind!r} is not supported: tuna_lab pins 'sync' workers "
@@ -353,6 +363,8 @@ def post_worker_init(worker):
 
     log = worker.log
     time_requests(worker)
+    if _measure_only():
+        return
     plan, slot = _worker["plan"], _worker["slot"]
     pid = os.getpid()
     if plan is None or slot is None:
@@ -424,7 +436,8 @@ def worker_exit(server, worker):
     replacement records its own, or with the server's record at the next
     server's first pin.
     """
-    _give_back(server, _master(worker), {os.getpid()})
+    if not _measure_only():
+        _give_back(server, _master(worker), {os.getpid()})
 
 
 def child_exit(server, worker):
@@ -441,6 +454,8 @@ def child_exit(server, worker):
 
     from ..live.state import hook_dir, hook_dir_problem
 
+    if _measure_only():
+        return                                         # nothing was set, and no slot was taken
     if _owner(server) is None:
         _give_back(server, server.pid, {worker.pid})
     if not _replaced(server):
@@ -475,6 +490,8 @@ def on_exit(server):
 
     from ..live.state import hook_dir, hook_dir_problem
 
+    if _measure_only():
+        return                                         # nothing was set, and no folder made
     if _owner(server) is None:
         _give_back(server, server.pid)
     try:

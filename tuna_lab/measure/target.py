@@ -678,39 +678,40 @@ def _tail(path, lines=3):
     return " | ".join(text[-lines:])
 
 
+#: tuna_lab's Gunicorn hooks and their arguments: the one table every policy's config wraps.
+_HOOKS = (("post_fork", "server, worker"), ("post_worker_init", "worker"), ("child_exit", "server, worker"),
+          ("on_exit", "server"))
+
+
 def _gunicorn_conf(user_conf, hooks, workers, port):
     """A Gunicorn config: the user's own (every setting kept), then the bind, W and tuna_lab's hooks.
 
     A hook the user's config defines is called after ours; one that is ours
     already (the three-line integration) is not called twice. Without hooks
-    (a policy that pins nothing) only the per-request timing is added.
+    (a policy that pins nothing: cfs) the same hooks only measure:
+    ``TUNA_LAB_MEASURE_ONLY=1``, set before the user's config runs, tells
+    them to place nothing - not even by the policy a user's config with the
+    integration names - and to send each request's timing alone (the cfs
+    rows are the baseline every anatomy compares with).
     """
     lines = ["# Written by tuna-lab run --app: the user's config, then the bind, W and tuna_lab's hooks.",
-             "import runpy as _runpy"]
+             "import os as _os", "import runpy as _runpy",
+             # Set (or cleared) in the master before anything else: its workers inherit it.
+             "_os.environ.pop('TUNA_LAB_MEASURE_ONLY', None)" if hooks else
+             "_os.environ['TUNA_LAB_MEASURE_ONLY'] = '1'"]
     if user_conf:
         lines += [f"_user = _runpy.run_path({user_conf!r})",
                   "globals().update({k: v for k, v in _user.items() if not k.startswith('__')})"]
     else:
         lines.append("_user = {}")
-    lines += [f"bind = ['127.0.0.1:{int(port)}']", f"workers = {int(workers)}"]
-    if hooks:
-        lines += ["from tuna_lab.integrations import gunicorn as _tuna"]
-        for hook, args in (("post_fork", "server, worker"), ("post_worker_init", "worker"),
-                           ("child_exit", "server, worker"), ("on_exit", "server")):
-            lines += [f"_user_{hook} = _user.get({hook!r})",
-                      f"def {hook}({args}):",
-                      f"    _tuna.{hook}({args})",
-                      f"    if callable(_user_{hook}) and _user_{hook} is not _tuna.{hook}:",
-                      f"        _user_{hook}({args})"]
-    else:
-        # A policy that pins nothing (cfs) still sends each request's scheduler evidence: without it the
-        # cfs rows, the baseline every anatomy compares with, would hold none.
-        lines += ["from tuna_lab.integrations import gunicorn as _tuna",
-                  "_user_post_worker_init = _user.get('post_worker_init')",
-                  "def post_worker_init(worker):",
-                  "    _tuna.time_requests(worker)",
-                  "    if callable(_user_post_worker_init):",
-                  "        _user_post_worker_init(worker)"]
+    lines += [f"bind = ['127.0.0.1:{int(port)}']", f"workers = {int(workers)}",
+              "from tuna_lab.integrations import gunicorn as _tuna"]
+    for hook, args in _HOOKS:
+        lines += [f"_user_{hook} = _user.get({hook!r})",
+                  f"def {hook}({args}):",
+                  f"    _tuna.{hook}({args})",
+                  f"    if callable(_user_{hook}) and _user_{hook} is not _tuna.{hook}:",
+                  f"        _user_{hook}({args})"]
     return "\n".join(lines) + "\n"
 
 
