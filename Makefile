@@ -20,8 +20,9 @@ NBVAL  := $(PY) -m pytest -q --nbval --nbval-current-env notebooks/
 XDIST  := -n 2 --dist loadfile
 LAB_STAMP := $(VENV)/.installed-lab
 
-# The library and the `tuna-lab` command, nothing else: all that `make demo` needs.
-$(BASE_STAMP): pyproject.toml
+# The library and the `tuna-lab` command, nothing else: all that `make demo` needs. setup.py and the C
+# files: `pip install -e .` compiles the load generator's C loop in place (again when they change).
+$(BASE_STAMP): pyproject.toml setup.py $(wildcard tuna_lab/measure/loadgen/_engine*.[ch])
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) -e .
 	touch $(BASE_STAMP)
