@@ -524,7 +524,7 @@ Eight of those ten pairs were below 1 (0.90-1.05): a saving of 5-14 %, larger wh
 
 `make bench`'s load part (`tuna-lab bench load --doc docs/load-bench.md`), ratios to wrk in the same run,
 with the load average (1 min) before each run. Runs 1-4 are of the first commit of this pass (all of it but
-the `Connection: close` shortcut), 5-7 of the last; the table above is run 7:
+the `Connection: close` shortcut), 5-7 of the last (the table at the top of this page was run 7 then):
 
 ```text
 run  load  closed CPU  closed req/s  open CPU  open req/s
@@ -563,6 +563,63 @@ What is left, and why:
 - Considered and left out: `SO_LINGER` 0 (a reset instead of a FIN on close) would spare the server's
   TIME_WAIT processing, which loopback charges to the generator, but it is not what wrk or a browser does and
   can reset a worker that has not closed yet.
+
+## The third pass: the loop in C (issue 50, 2026-11-29)
+
+What the profiles above left, the interpreter, is gone from the per-request path: the send/receive loop is a C
+extension, `_engine` in `tuna_lab/measure/loadgen/` (`_engine.c`, `_engine_conn.c`, `_engine_http.c`), compiled by
+`pip install` (`setup.py`'s one optional extension: `make setup`, a fresh clone's `pip install -e .`, Binder's
+`pip install .[lab]`). `wire.drive` runs it for every trial when it is built, and the Python loop otherwise
+(`drive(engine="python")` asks for it); which ran, and why when it was not the C one, is kept on the trial's
+recorder (`rec.engine`), and the header of this page says which one the rows above ran on. It is the same loop
+as the Python one, system call for system call: non-blocking sockets on one epoll, the request bytes sent as
+built (a partial send finishes on `EPOLLOUT`), a `timerfd` at each open-loop send time, `SO_RCVLOWAT` against
+a closing server, one resend on a new connection when a kept-alive one turns out closed, times from
+`CLOCK_MONOTONIC` (`time.monotonic`'s clock). The usual response (a status line, `Content-Length` or the
+connection's close, `Connection`, one `Server-Timing`) is framed in C; a rare one (an interim 1xx,
+`Transfer-Encoding`, several `Server-Timing` headers, a malformed status line or length, a close before the
+end) is handed with the bytes received so far to the Python parser (`response.parse_buffer`), so both loops
+give it the same row and the same error text. Each connection's buffer starts at 16 kB, doubles as a
+response needs (up to 1 GiB, past which the request fails), and every read and write is bounds-checked;
+`tests/test_engine.py` holds the two loops to the same rows for every framing and failure, and the C
+framing to the parser at every cut of every test response and on random bytes; those tests and
+`tests/test_load.py` also pass with the extension compiled with AddressSanitizer and UBSan.
+
+CPU per request of the generator thread, the C and the Python loop alternating in one process against one
+lab server (W=2, T=1, small model, batch 10; 4 pairs; closed: 1,200 requests, 8 connections; open: 750
+requests at 250/s, at most 8 in flight), load average 4.9-5.3:
+
+```text
+loop    closed loop            open loop
+C        92 us (85-132)        109 us (106-116)
+Python  198 us (164-205)       194 us (165-224)
+C/Python  0.51x                  0.58x
+```
+
+`make bench`'s load part (`tuna-lab bench load`, run three times one after the other; the table at the top
+is run 3), ratios to wrk in the same run, with the load average (1 min) when its server started:
+
+```text
+run  load  closed CPU  closed req/s  open CPU  open req/s
+1    5.2     0.81x        1.05x        1.18x      0.90x
+2    5.0     0.92x        0.80x        0.85x      0.85x
+3    5.7     0.89x        0.61x        1.07x      0.63x
+median       0.89x        0.80x        1.07x      0.85x
+before (the Python loop, median of three runs, load 3-4): closed 1.31x at 1.03x, open 1.45x at 0.93x
+```
+
+**CPU per request: the target is met** in every run, both loops: the closed loop now costs less than wrk
+(0.81-0.92x), the open loop 0.85-1.18x (its second wake a request, the timer's, is still there).
+**Requests/s: not shown at this load.** The machine was shared with other work (load average 3.7-5.7 on 2
+CPUs over the runs): within run 3 the same server's throughput moved between 114 and 476 requests/s,
+wrk's own between 151 and 476, so a round's ratio is mostly which tool drew the busier seconds (run 3's
+closed loop: 0.61x, 0.46x, 1.73x, 1.35x, 0.59x by round). The generator's side of it is its CPU, which went down by half;
+a quiet machine is what the requests/s check needs. The open loop's requests/s is also its schedule (see
+above): it offers wrk's previous throughput, so it trails whenever that run drew quieter seconds.
+The trivial endpoint's open loop at 1,000/s missed its 1 ms p99 send lag in all three runs (2.4-2.5 ms,
+the floor 2.3-2.4 ms in runs 1 and 3, 0.34 ms in run 2); the two loops alternating at that rate, load 4.3:
+p99 3.8-4.0 ms for the C loop, 4.0-6.0 ms for the Python one (CPU 32-41 against 71-87 us a request), so the
+machine's wake-ups, not the C loop, set it.
 """
 
 
@@ -570,7 +627,7 @@ def _engine_words(engine):
     if not engine:
         return "not recorded"
     if engine["engine"] == "c":
-        return "C (`tuna_lab.measure.loadgen._engine`, built by `pip install`)"
+        return "C (`_engine` in `tuna_lab/measure/loadgen/`, built by `pip install`)"
     return f"Python ({engine['engine_why']})"
 
 
@@ -602,7 +659,7 @@ def _write_doc(path, result, lines):
         "## How the generator keeps its cost down\n\n"
         "`tuna_lab.measure.loadgen.wire` sends every trial from one thread of its own (pinned with `cpus=` / "
         "`--client-cpus`, gone when the trial ends), on one `epoll`, with no event-loop framework, in C "
-        "(`_engine`, compiled by `pip install`; the Python loop where it could not be, which the line above "
+        "(`_engine`, compiled by `pip install`; the Python loop where it could not be, as the header above "
         "and the trial's `rec.engine` say): the request "
         "is built once and sent with one `send` (a new connection per request against Gunicorn's sync "
         "workers, which close after each answer, as wrk's connections see too; kept alive where the server "
