@@ -118,12 +118,10 @@ connect_request(Engine *e, Py_ssize_t i)
     if (e->lowat > 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &e->lowat, sizeof e->lowat);
     int err = 0;
-    while (connect(fd, (struct sockaddr *)&e->addr, e->addrlen) != 0) {
+    if (connect(fd, (struct sockaddr *)&e->addr, e->addrlen) != 0) {
         err = errno;
-        if (err != EINTR)
-            break;
-        err = EINPROGRESS;   /* interrupted: the handshake goes on by itself */
-        break;
+        if (err == EINTR)
+            err = EINPROGRESS;   /* interrupted: the handshake goes on by itself (connect(2)) */
     }
     Conn *c = &e->conns[e->free_slots[--e->nfree]];
     c->in_use = 1;
