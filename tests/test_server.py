@@ -18,6 +18,7 @@ from helpers import cli, main
 from tuna_lab.live.binding import affinity_of, threads_of
 from tuna_lab.placement.policies import POLICIES
 from tuna_lab.server.launch import Server, free_port, status
+from tuna_lab.server.limits import ServerLimits
 
 N_FEATURES_SMALL = 29
 
@@ -153,7 +154,7 @@ def test_replacement_worker_is_repinned_to_the_same_slot(tmp_path):
 
 
 def test_bad_payloads_get_400_or_413_and_the_worker_keeps_serving():
-    with Server(1, 2, model="small", policy="tuna-scatter", max_body_bytes=10_000) as srv:
+    with Server(1, 2, model="small", policy="tuna-scatter", limits=ServerLimits(max_body_bytes=10_000)) as srv:
         bad = [b"{not json", json.dumps({"nope": 1}).encode(), json.dumps({"rows": [[1, 2]]}).encode(),
                json.dumps({"rows": [["a"] * N_FEATURES_SMALL]}).encode()]
         for body in bad:

@@ -27,6 +27,7 @@ from tuna_lab.errors import ServerError
 from tuna_lab.measure.loadgen.load import closed_loop, payload, summary
 from tuna_lab.machine.procfs import start_ticks
 from tuna_lab.server.launch import Server, free_port, remove_stale_state_dirs
+from tuna_lab.server.limits import ServerLimits
 from tuna_lab.server.models import model_cost
 
 #: The module server's bounds: small enough to reach in a second, large enough for its own requests.
@@ -39,8 +40,8 @@ MAX_WAIT = 0.2
 def srv(tmp_path_factory):
     """Two single-threaded workers (one per half-sent connection below), with short bounds."""
     log = tmp_path_factory.mktemp("requests")
-    with Server(2, 1, model="small", policy="cfs", request_log=str(log), read_timeout=READ_TIMEOUT,
-                max_wait=MAX_WAIT, max_work=ROWS_BOUND * model_cost("small")) as server:
+    limits = ServerLimits(read_timeout=READ_TIMEOUT, max_wait=MAX_WAIT, max_work=ROWS_BOUND * model_cost("small"))
+    with Server(2, 1, model="small", policy="cfs", request_log=str(log), limits=limits) as server:
         yield server
 
 

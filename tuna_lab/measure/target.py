@@ -437,8 +437,11 @@ class LabTarget(Target):
         # die_with_parent: a runner killed outright (SIGKILL, a lost cluster worker) leaves no server.
         # the placement made once per cell (a Tuna mapping solved once, a relaxed one said once)
         placed = self._placement(policy)
-        with Server(c.workers, c.threads, model=c.model, policy=placed, wait_policy=c.wait_policy,
-                    spincount=c.spincount, die_with_parent=True, topology=self.topology) as srv:
+        from ..server.openmp import OpenMPEnv
+
+        with Server(c.workers, c.threads, model=c.model, policy=placed,
+                    openmp=OpenMPEnv(wait_policy=c.wait_policy, spincount=c.spincount), die_with_parent=True,
+                    topology=self.topology) as srv:
             self.url = srv.url
             yield _LabLive(srv)
 

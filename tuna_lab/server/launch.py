@@ -32,9 +32,9 @@ from ..machine.procfs import remove_dead_folders, start_ticks
 from ..live.binding import affinity_of, threads_of
 from ..placement.plan import PinnedBy
 from ..live.runtimes import BLAS, single_thread_env
-from .app import READ_TIMEOUT
+from .limits import ServerLimits
 from .models import MODEL_FEATURES, ensure_model
-from .openmp import wait_policy_env
+from .openmp import OpenMPEnv, wait_policy_env
 from .pinning import PLAN_FILE, record_path
 
 __all__ = ["Server", "ServerError", "status", "stop", "free_port", "SERVER_ENV", "SERVER_ID_VAR", "child_setup",
@@ -125,42 +125,23 @@ class Server:
         load generator, see :func:`tuna_lab.machine.reserve.reserve_client_cpus`)
         confines every process of the server to its CPUs (:attr:`cpus`), so
         that even an unbound policy (cfs) stays off the others.
-    max_requests : int
-        Recycle each worker after this many requests (0: never).
     request_log : str, optional
         Directory for the per-request JSON lines (created now if missing).
-    places : {"cores", "threads"}
-        ``OMP_PLACES`` for the ``omp-*`` policies.
-    wait_policy : {"default", "passive", "active"}
-        ``OMP_WAIT_POLICY`` of the workers' OpenMP pools; ``"default"`` removes
-        it from the environment so libgomp's own default applies (spin, then sleep).
-    spincount : int, optional
-        ``GOMP_SPINCOUNT``: how long an idle libgomp thread spins before it sleeps.
+    state_dir : str, optional
+        The server's state folder (see Notes).
     die_with_parent : bool
         Have the kernel send Gunicorn's master SIGTERM (a graceful stop of
         its workers) when the thread that started it ends - also when this
         process is killed outright (``SIGKILL``, a lost Dask worker), when no
         context manager can run. Only for a server stopped by the thread that
         started it (the experiment runner); off for ``tuna-lab serve --detach``.
-    max_work : int, optional
-        The work bound of one request: its rows x the model's cost
-        (:func:`~tuna_lab.server.models.model_cost`); a request over it gets
-        413 before anything is predicted. Default ``TUNA_LAB_MAX_WORK``, else
-        :data:`tuna_lab.server.app.MAX_WORK` (about 3 s of one CPU).
-    max_wait : float, optional
-        The queue bound, in seconds: a ``/predict`` that waited longer for a
-        worker gets 503 with ``Retry-After`` (load shedding). Default
-        ``TUNA_LAB_MAX_WAIT``, else none: the experiment runner's load
-        generator bounds what is in flight itself, and shedding would change
-        what it measures.
-    read_timeout : float
-        Seconds a connection has, once a worker takes it, to send its whole
-        request (and each answer to be written); a slow client is then
-        dropped (408 when its body is missing), so it cannot hold a worker.
-    request_timeout : float, optional
-        The time bound of a request: Gunicorn's worker ``timeout``. A
-        request (or a worker's warm-up) running longer is aborted and the
-        worker replaced. Default ``TUNA_LAB_TIMEOUT``, else 120 s.
+    limits : ServerLimits, optional
+        Worker recycling, the bounds of a request (body, work, queue wait,
+        read and run time) and of the placement's solve:
+        :class:`~tuna_lab.server.limits.ServerLimits` (default ``ServerLimits()``).
+    openmp : OpenMPEnv, optional
+        ``OMP_PLACES``, ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` of the
+        workers: :class:`~tuna_lab.server.openmp.OpenMPEnv` (default ``OpenMPEnv()``).
 
     Notes
     -----
@@ -173,13 +154,21 @@ class Server:
     """
 
     def __init__(self, workers, threads, model="medium", policy="cfs", port=0, pidfile=None,
-                 topology=None, max_requests=0, request_log=None, places="cores", state_dir=None,
-                 max_body_bytes=None, time_limit=60, wait_policy="default", spincount=None,
-                 die_with_parent=False, max_work=None, max_wait=None, read_timeout=READ_TIMEOUT,
-                 request_timeout=None):
+                 topology=None, *, request_log=None, state_dir=None, die_with_parent=False, limits=None,
+                 openmp=None):
         # The policies module is imported here: `tuna-lab status` and `stop` use this module too.
         from ..placement.policies import placement
 
+        limits = ServerLimits() if limits is None else limits
+        openmp = OpenMPEnv() if openmp is None else openmp
+        if not isinstance(limits, ServerLimits):
+            raise ServerError(f"limits must be a ServerLimits, got {type(limits).__name__}")
+        if not isinstance(openmp, OpenMPEnv):
+            raise ServerError(f"openmp must be an OpenMPEnv, got {type(openmp).__name__}")
+        max_requests, max_body_bytes, time_limit = limits.max_requests, limits.max_body_bytes, limits.time_limit
+        max_work, max_wait = limits.max_work, limits.max_wait
+        read_timeout, request_timeout = limits.read_timeout, limits.request_timeout
+        places, wait_policy, spincount = openmp.places, openmp.wait_policy, openmp.spincount
         if model not in MODEL_FEATURES:
             raise ServerError(f"unknown model {model!r}; choose from {', '.join(MODEL_FEATURES)}")
         workers, threads = check_size(workers, threads, ServerError)

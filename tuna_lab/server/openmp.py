@@ -13,10 +13,12 @@ Examples
 ({'OMP_WAIT_POLICY': 'PASSIVE'}, ['GOMP_SPINCOUNT'])
 """
 
+from dataclasses import dataclass
+
 from .._checks import non_negative_int
 from ..errors import CpuAccountingError
 
-__all__ = ["WAIT_POLICIES", "LIBGOMP_DEFAULT_WAIT", "wait_policy_env"]
+__all__ = ["WAIT_POLICIES", "LIBGOMP_DEFAULT_WAIT", "OpenMPEnv", "wait_policy_env"]
 
 #: Wait policies an experiment can ask for; "default" leaves the OpenMP runtime's own.
 WAIT_POLICIES = ("default", "passive", "active")
@@ -24,6 +26,31 @@ WAIT_POLICIES = ("default", "passive", "active")
 #: What "default" means for the wait policy with GNU libgomp (XGBoost's OpenMP runtime on Linux).
 LIBGOMP_DEFAULT_WAIT = ("OMP_WAIT_POLICY unset: an idle thread spins for GOMP_SPINCOUNT iterations "
                         "(300,000 by default, 100 when there are more threads than CPUs), then sleeps")
+
+
+@dataclass(frozen=True)
+class OpenMPEnv:
+    """The OpenMP settings of a :class:`~tuna_lab.server.launch.Server`'s workers: ``Server(..., openmp=...)``.
+
+    Parameters
+    ----------
+    places : {"cores", "threads"}
+        ``OMP_PLACES`` for the ``omp-*`` policies.
+    wait_policy : {"default", "passive", "active"}
+        ``OMP_WAIT_POLICY`` of the workers' OpenMP pools; ``"default"`` removes
+        it from the environment so libgomp's own default applies (spin, then sleep).
+    spincount : int, optional
+        ``GOMP_SPINCOUNT``: how long an idle libgomp thread spins before it sleeps.
+
+    Examples
+    --------
+    >>> OpenMPEnv(wait_policy="passive")
+    OpenMPEnv(places='cores', wait_policy='passive', spincount=None)
+    """
+
+    places: str = "cores"
+    wait_policy: str = "default"
+    spincount: int | None = None
 
 
 def wait_policy_env(wait_policy="default", spincount=None):

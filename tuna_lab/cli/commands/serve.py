@@ -128,6 +128,8 @@ def _cmd_serve(args):
 
     from ..._checks import format_cpulist
     from ...server.launch import Server, signal_on_parent_death
+    from ...server.limits import ServerLimits
+    from ...server.openmp import OpenMPEnv
 
     import sys
 
@@ -135,12 +137,12 @@ def _cmd_serve(args):
     check_cpu_quota(args.workers * args.threads, args.strict, ServerError)
     # The server places on the CPUs left; with client CPUs kept, all of its processes start confined there.
     # In the foreground the server lives no longer than this process, even one killed outright.
+    limits = ServerLimits(max_requests=args.max_requests, max_work=args.max_work, max_wait=args.max_wait,
+                          read_timeout=args.read_timeout, request_timeout=args.timeout)
     server = Server(args.workers, args.threads, model=args.model, policy=args.policy, port=args.port,
-                    pidfile=args.pidfile, max_requests=args.max_requests,
-                    request_log=args.request_log, places=args.places, wait_policy=args.wait_policy,
-                    spincount=args.spincount, topology=client.server, die_with_parent=not args.detach,
-                    max_work=args.max_work, max_wait=args.max_wait, read_timeout=args.read_timeout,
-                    request_timeout=args.timeout)
+                    pidfile=args.pidfile, request_log=args.request_log,
+                    openmp=OpenMPEnv(places=args.places, wait_policy=args.wait_policy, spincount=args.spincount),
+                    topology=client.server, die_with_parent=not args.detach, limits=limits)
     stopping = []
     if not args.detach:
         # SIGTERM, SIGHUP (a closed terminal) and the death of whoever started us all end the wait
