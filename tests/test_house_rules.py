@@ -32,7 +32,6 @@ LONG_FILES = {}
 # TODO (issue 48): functions over MAX_PARAMETERS (``self`` not counted), with their count then.
 MANY_PARAMETERS = {
     "tuna_lab/measure/experiment.py:run": 17,
-    "tuna_lab/measure/tune/tuner.py:tune": 16,
 }
 
 

@@ -246,15 +246,25 @@ def test_library_bad_input_raises_before_any_server():
         tune("50ms", configs=[(1, 1)], policies=["nope"])
     with pytest.raises(TuneError, match="not a duration"):
         tune("soon", configs=[(1, 1)])
-    for bad in ([], ["1x1 cfs"], [Candidate(1, 1, "nope")]):
-        with pytest.raises(TuneError, match="candidates must|unknown policy"):
-            tune("50ms", candidates=bad)
+    with pytest.raises(TuneError, match="unknown policy"):
+        tune("50ms", configs=[Candidate(1, 1, "nope")])
+    with pytest.raises(TuneError, match="W x T pairs or Candidates, not both"):
+        tune("50ms", configs=[Candidate(1, 1, "cfs"), (2, 1)])
+    # The keywords tune() took before TrialSpec and Candidate configs carried them: one line, before anything.
+    with pytest.raises(TuneError, match=r"seed as trial=TrialSpec\(seed=...\)"):
+        tune("50ms", configs=[(1, 1)], seed=1)
+    with pytest.raises(TuneError, match=r"candidates as configs=\[Candidate"):
+        tune("50ms", candidates=[Candidate(1, 1, "cfs")])
+    with pytest.raises(TuneError, match="no option 'round'"):
+        tune("50ms", configs=[(1, 1)], round=2)
+    with pytest.raises(TuneError, match="trial must be a TrialSpec"):
+        tune("50ms", configs=[(1, 1)], trial={"seed": 1})
 
 
 def test_a_head_to_head_races_exactly_the_candidates_given(tmp_path):
     # What bench tune does with two finalists: these two only, every round, nothing dropped.
     finalists = [Candidate(1, 1, "cfs"), Candidate(2, 1, "round-robin")]
-    result = tune("200ms", candidates=finalists, configs=[(4, 4)], policies=["tuna-compact"], model="small",
+    result = tune("200ms", configs=finalists, policies=["tuna-compact"], model="small",
                   batch=10, budget="20s", rounds=1, step_seconds=0.25, exhaustive=True)
     assert list(result.table["candidate"].sort_values()) == ["1x1 cfs", "2x1 round-robin"]
     assert result.winner in finalists and (result.table["rounds"] == 1).all()

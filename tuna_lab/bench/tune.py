@@ -122,8 +122,8 @@ def run_tune_bench(args):
     head = None
     if raced.winner != full.winner:
         say(f"bench tune: head to head, {raced.winner.name} (race) against {full.winner.name} (exhaustive)")
-        head = tune(sla, out=out + "-head-to-head", candidates=[raced.winner, full.winner],
-                    **{**options, "exhaustive": True})
+        head = tune(sla, out=out + "-head-to-head", **{**options, "configs": [raced.winner, full.winner],
+                                                        "exhaustive": True})
         rates = head.table.set_index("candidate")["rate"]
         judged = _share(float(rates[raced.winner.name]), float(rates[full.winner.name]))
         yardstick = (f"head to head {rates[raced.winner.name]:.1f}/s against {rates[full.winner.name]:.1f}/s "

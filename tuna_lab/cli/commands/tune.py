@@ -165,11 +165,12 @@ def _cmd_tune(args):
 
 def _tune(args, sla, budget, configs, target):
     """:func:`~tuna_lab.measure.tune.tuner.tune` with the options, its progress on stderr."""
+    from ...measure.trial_spec import TrialSpec
     from ...measure.tune.tuner import tune
     from ..options import policies_arg
 
     return tune(sla, configs=configs, policies=policies_arg(args.policies),
                 wait_policies=[w for w in args.wait_policies.split(",") if w], model=args.model,
-                batch=args.batch, target=target, budget=budget, out=args.out, client_cpus=args.client_cpus,
-                seed=args.seed, rounds=args.rounds, step_seconds=args.step_seconds, confidence=args.confidence,
+                batch=args.batch, target=target, budget=budget, out=args.out,
+                trial=TrialSpec(seed=args.seed, client_cpus=args.client_cpus), rounds=args.rounds, step_seconds=args.step_seconds, confidence=args.confidence,
                 progress=lambda line: print(line, file=sys.stderr, flush=True))

@@ -34,6 +34,7 @@ from dataclasses import fields
 
 from ..._checks import positive_int
 from ...errors import ExperimentError, TuneError, UnmeetableTargetError
+from ..trial_spec import TrialSpec
 from .race import (START_GUESS, Candidate, RaceRules, Step, TuneResult, auto_configs, check_step_seconds,
                    format_seconds, parse_duration, race, rate_bounds)
 from .records import step_of
@@ -45,18 +46,25 @@ __all__ = ["Candidate", "Step", "TuneResult", "RaceRules", "parse_duration", "au
 #: The race itself (the table, the winner and every round), written beside the records: what `read_tune` reads.
 TUNE_FILE = "tune.json"
 
+# What tune() took as keywords before TrialSpec and Candidate configs carried them: refused at once, in one line.
+_MOVED = {"seed": "trial=TrialSpec(seed=...)", "warmup": "trial=TrialSpec(warmup=...)",
+          "max_error_rate": "trial=TrialSpec(max_error_rate=...)", "client_cpus": "trial=TrialSpec(client_cpus=...)",
+          "candidates": "configs=[Candidate(...), ...]"}
+# The keywords of race() that tune() passes on (beside RaceRules' fields).
+_RACE_KEYWORDS = ("exhaustive", "clock")
+
 
 def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatter"), wait_policies=("default",),
-         model="medium", batch=100, target=None, budget="15m", out=None, client_cpus=None, seed=0, warmup=20,
-         max_error_rate=0.01, progress=None, candidates=None, **race_options):
+         model="medium", batch=100, target=None, budget="15m", out=None, trial=None, progress=None, **race_options):
     """Find the workers x threads x policy serving the most requests per second within a p99 target.
 
     Parameters
     ----------
     sla_p99 : float or str
         The p99 target of the client's latency: seconds, or ``"50ms"``.
-    configs : "auto" or list of (int, int)
-        The W x T pairs (``"auto"``: :func:`auto_configs`); unused for a running server.
+    configs : "auto", list of (int, int) or list of Candidate
+        The W x T pairs (``"auto"``: :func:`auto_configs`); unused for a running server. A list of
+        :class:`Candidate` races exactly those (their policies and wait policies too; not for a running server).
     policies, wait_policies : sequence of str
         Placement policies and OpenMP wait policies; every pair x policy x wait policy is a candidate.
     model, batch, target : str, int, AppTarget or AttachedTarget
@@ -66,10 +74,11 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     out : str, optional
         Folder for the records, one cell folder per W x T x wait policy, each step written as it is
         measured; a folder holding this tune's steps (same settings) is resumed from them.
-    client_cpus, seed, warmup, max_error_rate
-        As for :func:`~tuna_lab.measure.experiment.run`.
-    progress, candidates : callable, list of Candidate, optional
-        Called with one line per run; race exactly these candidates (not for a running server).
+    trial : TrialSpec, optional
+        Seed, warm-up, failures allowed and the load generator's CPUs
+        (:class:`~tuna_lab.measure.trial_spec.TrialSpec`; default ``TrialSpec()``).
+    progress : callable, optional
+        Called with one line per run.
     **race_options
         ``rounds``, ``step_seconds``, ``steps``, ``eta``, ``tolerance``, ... (the fields of
         :class:`~tuna_lab.measure.tune.race.RaceRules`), ``exhaustive``: see :func:`.race`.
@@ -102,12 +111,28 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     from ..experiment import Config, check_policies
     from ..attached import AttachedTarget
 
+    moved = sorted(set(race_options) & set(_MOVED))
+    if moved:
+        raise TuneError(f"tune() takes {moved[0]} as {_MOVED[moved[0]]}")
+    rules = {f.name for f in fields(RaceRules)}
+    unknown = sorted(set(race_options) - rules - set(_RACE_KEYWORDS))
+    if unknown:
+        raise TuneError(f"tune() has no option {unknown[0]!r} (the race's are {', '.join(sorted(rules))}, "
+                        f"{', '.join(_RACE_KEYWORDS)})")
+    trial = TrialSpec() if trial is None else trial
+    if not isinstance(trial, TrialSpec):
+        raise TuneError(f"trial must be a TrialSpec, got {type(trial).__name__}")
+    seed, warmup, max_error_rate, client_cpus = trial.seed, trial.warmup, trial.max_error_rate, trial.client_cpus
     sla = parse_duration(sla_p99, "the p99 target")
     budget = parse_duration(budget, "the budget")
+    candidates = None
+    if not isinstance(configs, str):
+        configs = list(configs)
+        if any(isinstance(c, Candidate) for c in configs):
+            if not all(isinstance(c, Candidate) for c in configs):
+                raise TuneError("configs must be W x T pairs or Candidates, not both")
+            candidates = configs
     if candidates is not None:
-        candidates = list(candidates)
-        if not candidates or not all(isinstance(c, Candidate) for c in candidates):
-            raise TuneError("candidates must be a non-empty list of Candidate")
         candidates = list(dict.fromkeys(candidates))
         if isinstance(target, AttachedTarget):
             raise TuneError("a running server keeps its workers and threads: give it policies, not candidates")
@@ -174,7 +199,6 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
         held.enter_context(lock_cpus(set(split.server.cpus) | set(split.cpus), progress))
         try:
             # The search's rules travel as one RaceRules; the rest (exhaustive, clock) as race's own keywords.
-            rules = {f.name for f in fields(RaceRules)}
             result = race(candidates, lab.evaluate, sla, budget, timeout=timeout, progress=progress, prior=prior,
                           rules=RaceRules(**{k: v for k, v in options.items() if k in rules}),
                           **{k: v for k, v in options.items() if k not in rules})
