@@ -161,6 +161,8 @@ api-docs: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/tuna-lab bench solver --out bench/out/solver.csv --pairwise-limit 60 --doc docs/solver-bench.md
 	$(VENV)/bin/tuna-lab bench load --out bench/out/load.csv --doc docs/load-bench.md
+	@# run --pid's sampler against a loaded lab server: its share of the server's CPU, <= 2% (about 40 s; docs/anatomy.md)
+	$(VENV)/bin/tuna-lab bench sampler --out bench/out/sampler.csv
 	@# tune against an exhaustive search of the same candidates: about 20 minutes on 2 CPUs (docs/tune-bench.md)
 	$(VENV)/bin/tuna-lab bench tune --out bench/out/tune.csv --doc docs/tune-bench.md
 	$(PY) bench/import_bench.py

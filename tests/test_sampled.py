@@ -19,6 +19,8 @@ import pandas as pd
 import pytest
 
 from tuna_lab.errors import CpuAccountingError, TargetError
+from tuna_lab.machine.procfs import SampledThreads
+from tuna_lab.machine.sched import MIGRATIONS_NOTE, thread_sched
 from tuna_lab.measure.sampled import (HOOKED, MAX_HZ, NoSampler, SchedSampler, attribute, check_hz,
                                       sampled_words)
 
@@ -156,6 +158,55 @@ def test_a_workers_counters_go_to_the_requests_it_served_when_the_server_says_wh
     busy = out[["cpu_main", "rq_wait_main"]].sum(axis=1)
     assert busy.iloc[0] > 0.2 * (t1 - t0) and busy.iloc[1] < 0.05 * busy.iloc[0], (busy.tolist(), t1 - t0)
     assert out["last_cpu"].notna().all()
+
+
+def test_the_samplers_reader_reads_what_the_scheduler_says_and_only_what_is_asked():
+    """procfs.SampledThreads against machine.sched's own reading of the same threads (untimed)."""
+    idle_stop, (idle,) = _team(1)
+    ended = threading.Thread(target=lambda: None)
+    ended.start()
+    ended.join()
+    pid, me = os.getpid(), threading.get_native_id()
+    asked = [(pid, me, True), (pid, idle.native_id, False), (pid, 2 ** 22 + 1, True)]
+    try:
+        with SampledThreads(asked, migrations=MIGRATIONS_NOTE is None) as files, \
+                SampledThreads(asked[:2], migrations=False) as by_status:
+            first = files.read()
+            _ = sum(range(300_000))                      # this thread runs; the idle one does not
+            mine, still, gone = files.read()
+            told = thread_sched(pid, idle.native_id)
+            switched = by_status.read()
+    finally:
+        idle_stop.set()
+    assert gone is None and first[2] is None                 # no such thread: no reading, not a made-up one
+    run, wait, vol, invol, mig, cpu = mine
+    assert run > first[0][0] and wait >= first[0][1] and cpu in os.sched_getaffinity(0)
+    # The idle thread: not asked for its last CPU, and the same reading twice (its other files left unread).
+    assert np.isnan(still[5]) and still == first[1]
+    assert still[:4] == (round(told.cpu_seconds * 1e9), round(told.run_delay_seconds * 1e9),
+                         told.voluntary_switches, told.involuntary_switches)
+    assert still[4] == (told.migrations if MIGRATIONS_NOTE is None else -1)
+    # Without sched's counts the switches come from status, and migrations say they are unknown.
+    assert switched[1][2:5] == (told.voluntary_switches, told.involuntary_switches, -1)
+    # The last CPU follows the thread when it is moved (a migration, which the reader watches for).
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        mask = os.sched_getaffinity(me)
+        try:
+            with SampledThreads(asked[:1], migrations=MIGRATIONS_NOTE is None) as files:
+                for cpu in (cpus[0], cpus[1], cpus[0]):
+                    os.sched_setaffinity(me, {cpu})
+                    _ = sum(range(10_000))
+                    assert files.read()[0][5] == cpu == thread_sched(pid, me).last_cpu
+        finally:
+            os.sched_setaffinity(me, mask)
+    # A thread that ended reads as gone, and so does everything once closed.
+    with SampledThreads([(pid, ended.native_id, False)]) as files:
+        assert files.read() == [None]
+    files2 = SampledThreads(asked[:1])
+    assert files2.read()[0] is not None
+    files2.close()
+    assert files2.read() == [None]
 
 
 @pytest.mark.parametrize("hz", [0, -5, MAX_HZ * 2, float("nan"), "fast"])

@@ -7,9 +7,9 @@ with ``run --pid`` has no hook: :class:`SchedSampler` reads, from a
 background thread of the measuring process and at a fixed rate
 (:data:`DEFAULT_HZ`), the same counters of every thread of the server's
 workers (schedstat's on-CPU time and run-queue wait, voluntary and
-involuntary switches, migrations where the kernel has them, the last CPU:
-:class:`~tuna_lab.machine.sched.KeptCounters`), and :func:`attribute` gives
-each interval's deltas to the requests in flight in it.
+involuntary switches, migrations where the kernel has them, the last CPU
+of each worker's main thread: :class:`~tuna_lab.machine.procfs.SampledThreads`),
+and :func:`attribute` gives each interval's deltas to the requests in flight in it.
 
 **The rule.** An interval's deltas go to the requests in flight during it,
 each in proportion to how long it was in flight within that interval: evenly
@@ -44,20 +44,26 @@ import numpy as np
 
 from .._checks import positive_number
 from ..errors import CpuAccountingError, TargetError
-from ..machine.sched import MIGRATIONS_NOTE, KeptCounters
+from ..machine.procfs import SampledThreads
+from ..machine.sched import MIGRATIONS_NOTE
 
 __all__ = ["DEFAULT_HZ", "MAX_HZ", "HOOKED", "sampled_words", "check_hz", "attribute", "SchedSampler",
            "NoSampler"]
 
-#: The default sampling rate, Hz: a 10 ms interval, the order of a request's time on this server.
-DEFAULT_HZ = 100.0
+#: The default sampling rate, Hz: a 20 ms interval. Each sample costs its thread a wake-up and a read per thread
+#: (about 110-140 us on this busy 2-CPU machine, where every system call runs on cold caches), so 100 Hz cost
+#: 1.1-2.0% of one CPU and 2.1-2.9% of a loaded server's CPU (``tuna-lab bench sampler``, docs/anatomy.md), over
+#: issue 50's 2%; 50 Hz halves it. 20 ms is still shorter than the slow requests whose time the anatomy splits
+#: (the attached runs' p99 is 0.3-0.9 s here), and the rule smears within an interval at any rate; a server
+#: whose requests take a few ms wants ``--sample-hz 100`` or more, at the cost docs/anatomy.md gives.
+DEFAULT_HZ = 50.0
 #: The highest rate taken: beyond it the sampler's own CPU (docs/anatomy.md) grows past what it could resolve
 #: (the kernel's schedstat counts in nanoseconds, but the switches of a 1 ms interval are mostly 0).
 MAX_HZ = 1000.0
 #: ``sched_evidence`` of requests whose server sent its own evidence per request.
 HOOKED = "per request (hooked)"
 
-# KeptCounters' reading: (on_cpu_ns, run_queue_ns, voluntary, involuntary, migrations, last_cpu).
+# A reading (SampledThreads.read's tuple): (on_cpu_ns, run_queue_ns, voluntary, involuntary, migrations, last_cpu).
 _RUN, _WAIT, _VOL, _INVOL, _MIG, _CPU = range(6)
 # The quantities attributed, in this order: run-queue wait of every thread / of the main threads, on-CPU time
 # of the main threads / of the others, switches, migrations.
@@ -206,8 +212,8 @@ class SchedSampler:
     times : ndarray, shape (S,)
         ``time.monotonic()`` of each sample.
     counters : ndarray, shape (S, N, 6)
-        Each thread's readings (:meth:`~tuna_lab.machine.sched.KeptCounters.read`'s tuple), NaN where it
-        could not be read.
+        Each thread's readings (:meth:`~tuna_lab.machine.procfs.SampledThreads.read`'s tuple), NaN where it
+        could not be read; ``last_cpu`` (the last column) only of ``"main"`` threads.
     cpu_seconds : float
         CPU time the sampling itself took in this process (its thread's, and the first and last readings').
 
@@ -227,18 +233,16 @@ class SchedSampler:
         self.threads = [dict(t) for t in threads]
         self.cpu_seconds = 0.0
         self.note = ""
-        self._kept = {pid: KeptCounters(pid) for pid in {int(t["pid"]) for t in self.threads}}
-        # Per process: its threads' TIDs and their columns in a sample.
-        self._where = {pid: ([int(t["tid"]) for t in self.threads if int(t["pid"]) == pid],
-                             [k for k, t in enumerate(self.threads) if int(t["pid"]) == pid]) for pid in self._kept}
+        self._workers = sorted({int(t["pid"]) for t in self.threads})
+        self._files = None
         self._times, self._rows = [], []
         self._stop = threading.Event()
         self._thread = None
 
     def _sample(self):
-        # Only the raw readings here, each process's in its own dict: the arrays are built once, after the load
-        # (building one per sample doubled the sampler's CPU on a busy machine).
-        self._rows.append([self._kept[pid].read(tids) for pid, (tids, _) in self._where.items()])
+        # Only the readings here: the arrays are built once, after the load (building one per sample doubled the
+        # sampler's CPU on a busy machine).
+        self._rows.append(self._files.read())
         self._times.append(time.monotonic())
 
     def _timed_sample(self):
@@ -265,7 +269,10 @@ class SchedSampler:
         self.cpu_seconds += time.thread_time() - t0
 
     def start(self):
-        """Take the first sample and start sampling."""
+        """Open the threads' files, take the first sample and start sampling."""
+        # Only a main thread's last CPU is used (_last_cpu): the others' stat is not read (a third of the reads).
+        self._files = SampledThreads([(int(t["pid"]), int(t["tid"]), t.get("role") == "main") for t in self.threads],
+                                     migrations=MIGRATIONS_NOTE is None)
         self._timed_sample()
         self._thread = threading.Thread(target=self._loop, name="tuna-sched-sample", daemon=True)
         self._thread.start()
@@ -278,8 +285,8 @@ class SchedSampler:
             self._thread.join()
             self._thread = None
             self._timed_sample()
-        for kept in self._kept.values():
-            kept.close()
+        if self._files is not None:
+            self._files.close()
 
     def __enter__(self):
         return self.start()
@@ -296,10 +303,9 @@ class SchedSampler:
     def counters(self):
         out = np.full((len(self._rows), len(self.threads), 6), np.nan)
         for i, found in enumerate(self._rows):
-            for (tids, columns), readings in zip(self._where.values(), found):
-                for tid, k in zip(tids, columns):
-                    if tid in readings:
-                        out[i, k] = readings[tid]
+            for k, reading in enumerate(found):
+                if reading is not None:
+                    out[i, k] = reading
         return out
 
     def _deltas(self, counters, columns):
@@ -354,7 +360,7 @@ class SchedSampler:
         ends = origin + frame["scheduled_at"].to_numpy(float) + frame["client_seconds"].to_numpy(float)
         values = np.full((len(frame), len(FILLED)), np.nan)
         pids = frame["pid"].to_numpy()
-        workers = sorted(self._kept)
+        workers = self._workers
         counters = self.counters
         by_worker = len(workers) == 1 or (ok.any() and set(pids[ok].tolist()) <= set(workers))
         if by_worker:

@@ -11,7 +11,8 @@ from ..options import configs_arg, policies_arg
 __all__ = ["add_parser"]
 
 # Where each benchmark writes its CSV unless --out says otherwise.
-_DEFAULT_OUT = {"solver": "bench/out/solver.csv", "load": "bench/out/load.csv", "tune": "bench/out/tune.csv"}
+_DEFAULT_OUT = {"solver": "bench/out/solver.csv", "load": "bench/out/load.csv", "tune": "bench/out/tune.csv",
+                "sampler": "bench/out/sampler.csv"}
 
 
 def add_parser(subparsers, command=None):
@@ -34,16 +35,18 @@ def add_parser(subparsers, command=None):
     """
     b = subparsers.add_parser(
         "bench", help=COMMANDS["bench"].help,
-        description="Three benchmarks, each with its own options (`tuna-lab bench NAME --help`): the solver's "
-                    "times and model sizes, `tune` against an exhaustive search, and tuna_lab's load generator "
-                    "beside Debian's wrk. Each writes a CSV, and with --doc a Markdown report.",
+        description="Four benchmarks, each with its own options (`tuna-lab bench NAME --help`): the solver's "
+                    "times and model sizes, `tune` against an exhaustive search, tuna_lab's load generator "
+                    "beside Debian's wrk, and the CPU `run --pid`'s sampler takes from a loaded server. Each "
+                    "writes a CSV, and with --doc a Markdown report.",
         epilog="examples:\n"
                "  tuna-lab bench solver --quick                a smoke run of a small subset\n"
                "  tuna-lab bench load --doc docs/load-bench.md  tuna_lab's generator vs wrk\n"
-               "  tuna-lab bench tune --doc docs/tune-bench.md  tune vs an exhaustive search (medium, batch 100)\n")
+               "  tuna-lab bench tune --doc docs/tune-bench.md  tune vs an exhaustive search (medium, batch 100)\n"
+               "  tuna-lab bench sampler                        run --pid's sampler: its share of the server's CPU\n")
     which = b.add_subparsers(title="benchmarks", dest="what", required=True, metavar="NAME",
                              help="the benchmark to run", parser_class=type(b))
-    for name, add in (("solver", _add_solver), ("load", _add_load), ("tune", _add_tune)):
+    for name, add in (("solver", _add_solver), ("load", _add_load), ("tune", _add_tune), ("sampler", _add_sampler)):
         sub = add(which)
         sub.add_argument("--out", default=None, metavar="FILE", help=f"the CSV to write (default: {_DEFAULT_OUT[name]})")
         sub.add_argument("--doc", default=None, metavar="FILE", help="also write a Markdown report")
@@ -112,6 +115,29 @@ def _add_tune(which):
     return tune
 
 
+def _add_sampler(which):
+    sampler = which.add_parser(
+        "sampler", help="run --pid's sampler of scheduler counters: its share of a loaded server's CPU",
+        description="The CPU `run --pid`'s sampler of the workers' scheduler counters takes, against a loaded lab "
+                    "server: closed loops with and without it, in alternating rounds; its CPU over the workers' "
+                    "per request, against issue 50's 2% (docs/anatomy.md). About 40 s.",
+        epilog="examples:\n"
+               "  tuna-lab bench sampler                      100 Hz, 3 rounds of 4 s\n"
+               "  tuna-lab bench sampler --sample-hz 200 --rounds 1\n")
+    sampler.add_argument("-w", "--workers", type=int, default=2, metavar="W", help="the server's worker processes")
+    sampler.add_argument("-t", "--threads", type=int, default=1, metavar="T", help="OpenMP threads per worker")
+    sampler.add_argument("--model", default="small", choices=("small", "medium", "large"), metavar="MODEL",
+                         help="the server's model: small, medium or large")
+    sampler.add_argument("--batch", type=int, default=10, metavar="ROWS", help="rows per request")
+    sampler.add_argument("--connections", type=int, default=8, metavar="N", help="requests in flight")
+    sampler.add_argument("--duration", type=float, default=4.0, metavar="S", help="seconds of each run")
+    sampler.add_argument("--rounds", type=int, default=3, metavar="N",
+                         help="rounds of one run with the sampler and one without")
+    sampler.add_argument("--sample-hz", type=float, default=None, metavar="HZ",
+                         help="the sampling rate (default: run --pid's, 100)")
+    return sampler
+
+
 def _cmd_bench(args):
     from ..._files import check_output
 
@@ -147,6 +173,10 @@ def _cmd_bench(args):
         from ...bench.load import run_load_bench
 
         return run_load_bench(args)
+    if args.what == "sampler":
+        from ...bench.sampler import run_sampler_bench
+
+        return run_sampler_bench(args)
     from ...bench.solver import run_solver_bench
 
     return run_solver_bench(args)

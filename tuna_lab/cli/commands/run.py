@@ -84,7 +84,7 @@ def _add_run(subparsers):
     add_target_options(r)
     r.add_argument("--sample-hz", type=positive_float_arg, default=None, metavar="HZ",
                    help="with --pid: how often the workers' counters are sampled, at most 1000 (docs/anatomy.md) "
-                        "(default: 100)")
+                        "(default: 50)")
     r.set_defaults(func=_cmd_run)
     return r
 
