@@ -238,6 +238,8 @@ def test_the_sampler_costs_little_cpu_at_100_hz():
     print(f"sampler: {per_second * 1e3:.2f} ms of CPU per second at 100 Hz over 8 threads "
           f"({len(sampler.times)} samples)")
     assert len(sampler.times) >= 150
-    # docs/anatomy.md: 2.7-4.3% of one CPU on this 2-CPU machine at a load average of 11-12; the bound catches a
-    # reading that went back to opening each file per sample (several times the cost), not the machine's load.
+    # 0.8-1.4% of one CPU on this 2-CPU machine at a load average of 2-5 (idle threads: their schedstat only, the
+    # rest is the wake-up; 2.9-3.6% when every file of every thread was read). The bound catches a reading that
+    # went back to opening each file per sample (several times the cost), not the machine's load; the cost on a
+    # loaded server is `tuna-lab bench sampler`'s (docs/anatomy.md).
     assert per_second < 0.08, per_second

@@ -50,12 +50,12 @@ from ..machine.sched import MIGRATIONS_NOTE
 __all__ = ["DEFAULT_HZ", "MAX_HZ", "HOOKED", "sampled_words", "check_hz", "attribute", "SchedSampler",
            "NoSampler"]
 
-#: The default sampling rate, Hz: a 20 ms interval. Each sample costs its thread a wake-up and a read per thread
-#: (about 110-140 us on this busy 2-CPU machine, where every system call runs on cold caches), so 100 Hz cost
-#: 1.1-2.0% of one CPU and 2.1-2.9% of a loaded server's CPU (``tuna-lab bench sampler``, docs/anatomy.md), over
-#: issue 50's 2%; 50 Hz halves it. 20 ms is still shorter than the slow requests whose time the anatomy splits
-#: (the attached runs' p99 is 0.3-0.9 s here), and the rule smears within an interval at any rate; a server
-#: whose requests take a few ms wants ``--sample-hz 100`` or more, at the cost docs/anatomy.md gives.
+#: The default sampling rate, Hz: a 20 ms interval. Each sample costs a wake-up and a read per thread (110-210 us
+#: on this busy 2-CPU machine, where each system call after a wake-up runs on cold caches), so 100 Hz cost
+#: 1.1-1.7% of one CPU and 2.1-3.6% of the server's CPU (``tuna-lab bench sampler``, docs/anatomy.md), over
+#: issue 50's 2%; 50 Hz cost 1.2-1.6% of the bench server's. 20 ms is still shorter than the slow requests whose
+#: time the anatomy splits (the attached runs' p99 is 0.3-0.9 s here), and the rule smears within an interval at
+#: any rate; a server whose requests take a few ms wants ``--sample-hz 100`` or more, at that cost.
 DEFAULT_HZ = 50.0
 #: The highest rate taken: beyond it the sampler's own CPU (docs/anatomy.md) grows past what it could resolve
 #: (the kernel's schedstat counts in nanoseconds, but the switches of a 1 ms interval are mostly 0).
