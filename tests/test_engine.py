@@ -201,6 +201,7 @@ def test_timeouts_and_refused_connections_are_rows(scripted):
     assert all(e.startswith("connect: ") for e in rec.error) and (rec.status == -1).all()
 
 
+@pytest.mark.alone   # it bounds the send lag (conftest.py)
 def test_the_open_loop_sends_on_its_schedule(scripted):
     at = np.arange(8) * 0.01
     rec = _trial(scripted.url + "/one", "c", n=8, concurrency=8, schedule=at)
