@@ -24,6 +24,10 @@ possible from the server it measures:
   resolution, where epoll's own timeout is rounded to whole milliseconds), so
   the generator neither sleeps past a send time nor spins waiting for it.
 
+The loop described here runs in C (the ``_engine`` extension, :mod:`~tuna_lab.measure.loadgen.native`)
+wherever ``pip install`` could compile it; this module's Python loop is what runs where it could not, or
+when ``drive(engine="python")`` asks for it, and both write the same rows.
+
 :func:`~tuna_lab.measure.loadgen.trivial.trivial_endpoint` starts a server that answers every request at
 once, in a process of its own, to measure the generator rather than a server; the open loop's
 clock is :mod:`tuna_lab.measure.loadgen.clock`.
