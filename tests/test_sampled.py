@@ -203,6 +203,20 @@ def test_the_samplers_reader_reads_what_the_scheduler_says_and_only_what_is_aske
     # A thread that ended reads as gone, and so does everything once closed.
     with SampledThreads([(pid, ended.native_id, False)]) as files:
         assert files.read() == [None]
+    # One that ends between two readings: gone from then on, and the others' readings stay theirs.
+    ending_stop, (ending,) = _team(1)
+    other_stop, (other,) = _team(1)
+    with SampledThreads([(pid, ending.native_id, False), (pid, me, True), (pid, other.native_id, False)]) as files:
+        before = files.read()
+        ending_stop.set()
+        ending.join()
+        _ = sum(range(100_000))
+        after = files.read()
+        told = thread_sched(pid, other.native_id)
+    other_stop.set()
+    assert before[0] is not None and after[0] is None
+    assert after[1][0] > before[1][0] and after[1][5] in os.sched_getaffinity(0)
+    assert after[2][0] == round(told.cpu_seconds * 1e9) and np.isnan(after[2][5])
     files2 = SampledThreads(asked[:1])
     assert files2.read()[0] is not None
     files2.close()

@@ -517,13 +517,13 @@ class SampledThreads:
         ``last_cpu`` is NaN for a thread not asked for it, ``migrations`` -1
         without the kernel's count.
         """
-        pread = os.pread
+        pread, live = os.pread, self._live
         try:
             texts = [pread(fd, 128, 0) for fd in self._schedstat]
         except OSError:
-            texts = self._one_by_one()           # a thread ended: it is found and dropped
+            texts = self._one_by_one()           # a thread ended: it is found and dropped (None in texts)
         raw, last = self._raw, self._last
-        for k, text in zip(self._live, texts):
+        for k, text in zip(live, texts):
             if text is not None and (text != raw[k] or text.startswith(b"0 ")):
                 self._update(k, text)
         return list(last)
