@@ -28,6 +28,7 @@ from ..errors import AnalysisError
 from ..measure.evidence import evidence_rows
 from ..placement import POLICIES
 from . import figures as viz
+from ._no_valid import cells_without_valid_trial  # noqa: F401 - for the report command (the package's own)
 from .anatomy import anatomy_note
 from .mechanism import (
     MECHANISM,

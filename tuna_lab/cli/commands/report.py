@@ -46,8 +46,7 @@ def add_parser(subparsers, command=None):
 
 
 def _cmd_report(args):
-    from ...analysis._no_valid import cells_without_valid_trial
-    from ...analysis.report import check_report_path, write_report
+    from ...analysis.report import cells_without_valid_trial, check_report_path, write_report
     from ...analysis.summary import summarize
     from ...analysis.tables import valid_trials
     from ...measure.store import load_cells, read_sweep_file
