@@ -100,7 +100,8 @@ def _module_name(path, root):
 
 def _is_module(dotted, root):
     where = root.parent / Path(*dotted.split("."))
-    return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+    # or a compiled one, from the C file of its name (loadgen/_engine.c: setup.py builds it, built or not yet)
+    return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file() or where.with_suffix(".c").is_file()
 
 
 def private_imports(root=PACKAGE):
