@@ -282,3 +282,17 @@ def test_the_c_framing_survives_garbage():
         tail = tail.replace(b"\x01", b"\r\n")
         for buf in (tail, head + tail, b"HTTP/1.1 " + tail + b"\r\n\r\n"):
             assert _c(buf, bool(k % 2), False, True) == _python(buf, bool(k % 2), False, True), buf
+
+
+def test_a_trials_load_and_its_row_name_the_loop_that_sent_it(scripted):
+    from tuna_lab.measure.loadgen.load import closed_loop
+    from tuna_lab.measure.loadgen.requests import Send
+    from tuna_lab.measure.trials import _generator_columns
+
+    frame = closed_loop(scripted.url + "/one", b"", requests=4, concurrency=2, send=Send(method="GET", response="any"),
+                        timeout=5)
+    generator = frame.attrs["generator"]
+    assert (generator["engine"], generator["engine_why"]) == ("c", "")
+    assert _generator_columns(generator)["generator_engine"] == "c"
+    assert _generator_columns({**generator, "engine": "python", "engine_why": "asked for"})["generator_engine"] == \
+        "python: asked for"

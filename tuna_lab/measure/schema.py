@@ -224,6 +224,9 @@ CPU_COLUMNS = ("cpu_seconds", "cpu_per_request", "cpu_main_seconds", "cpu_main_p
 #:   :data:`EVIDENCE_COLUMNS`); disjoint from
 #:   ``generator_cpus`` when client CPUs were reserved. ``threads.parquet`` has the same per
 #:   (worker, role) in its ``cpus`` column.
+#:
+#: Beside them, the text column ``generator_engine`` names the loop that sent the load: ``"c"`` (the C
+#: loop, :mod:`tuna_lab.measure.loadgen.native`), or ``"python: "`` and why the C loop did not run.
 GENERATOR_COLUMNS = ("generator_cpu_user", "generator_cpu_sys", "generator_cpu_seconds",
                      "generator_cpu_per_request", "generator_cpus", "generator_processes", "generator_wall_seconds",
                      "server_cpus")

@@ -640,6 +640,9 @@ def _generator_columns(generator, requests=0):
     row = dict.fromkeys(GENERATOR_COLUMNS, float("nan"))
     row["generator_cpus"] = ""
     row["server_cpus"] = format_cpulist((generator or {}).get("server_cpus") or ())
+    # The loop that sent the load (wire.drive's): "c", or "python: why" - a cost figure names its instrument.
+    engine, why = (generator or {}).get("engine", ""), (generator or {}).get("engine_why", "")
+    row["generator_engine"] = f"{engine}: {why}" if engine and why else engine
     if not generator or "cpu_seconds" not in generator:
         return row
     sent = generator.get("requests") or requests

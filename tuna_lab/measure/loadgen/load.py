@@ -111,7 +111,8 @@ __all__ = [
 #: trial: CPU seconds (user, system, their sum) of the generating thread(s)
 #: only, the sorted CPU ids it ran on, how many processes generated load, how
 #: many requests were sent and the trial's wall-clock seconds.
-GENERATOR_KEYS = ("cpu_user", "cpu_sys", "cpu_seconds", "cpus", "processes", "requests", "wall_seconds")
+GENERATOR_KEYS = ("cpu_user", "cpu_sys", "cpu_seconds", "cpus", "processes", "requests", "wall_seconds", "engine",
+                  "engine_why")
 
 # File descriptors left for everything but the trial's sockets.
 _FD_RESERVE = 64
@@ -253,7 +254,9 @@ def _generate(job, cpus):
     user, sys_ = use1.ru_utime - use0.ru_utime, use1.ru_stime - use0.ru_stime
     attrs["generator"] = {"cpu_user": user, "cpu_sys": sys_, "cpu_seconds": user + sys_, "cpus": ran_on,
                           "processes": 1, "requests": int(np.count_nonzero(np.isfinite(rec.sent))),
-                          "wall_seconds": wall1 - wall0}
+                          "wall_seconds": wall1 - wall0,
+                          # which loop sent it: "c", or "python" and why (wire.drive's choice, never silent)
+                          **getattr(rec, "engine", {"engine": "python", "engine_why": "not recorded"})}
     return rec, attrs
 
 
