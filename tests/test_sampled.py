@@ -8,6 +8,7 @@ the sampled columns and whose manifest says the rate - is
 on the running server that module starts already (no server of its own here).
 """
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -75,6 +76,9 @@ def _team(n):
     return stop, team
 
 
+_WORK = bytes(8 << 20)
+
+
 def test_the_sampler_fills_the_request_columns_and_says_it_sampled():
     stop, team = _team(2)
     me = threading.get_native_id()
@@ -85,7 +89,9 @@ def test_the_sampler_fills_the_request_columns_and_says_it_sampled():
         sent, done = [], []
         for _ in range(4):                      # four "requests", one after the other, each doing work
             sent.append(time.monotonic() - origin)
-            _ = sum(range(600_000))
+            # hashlib lets go of the GIL on a large buffer: the sampler thread samples while the work runs on
+            # this thread's CPU (a loop in Python, or sum(), would hold the GIL and keep the sampler from its reads)
+            hashlib.sha256(_WORK).digest()
             done.append(time.monotonic() - origin)
     stop.set()
     n = len(sent)
