@@ -427,6 +427,9 @@ def test_write_report_is_one_self_contained_file(tables, per_trial, tmp_path):
     assert text.count('class="plotly-graph-div"') >= 1 + len(APPS)
     assert "Intel Xeon &lt;8272CL&gt;" in text and "tuna-lab sweep --policies cfs,tuna-scatter" in text
     assert "server died: &lt;worker 3&gt; exited" in text
+    # requests with no per-request scheduler evidence: the anatomy's section says why it shows none
+    assert "Anatomy of the tail</h2>\n<p>Not shown, not recorded: these requests carry no per-request" in text, \
+        text[text.find("Anatomy"):][:300]
     scen = scenario_stats(per_trial).set_index(TRIAL_KEYS[:-1])
     row = scen.loc[(2, 2, CPUS, "medium", 100, "tuna-scatter")]
     cell = f"{row['mean_p99'] * 1e3:.2f} {format_interval(row['ci_low'] * 1e3, row['ci_high'] * 1e3)}"

@@ -207,11 +207,12 @@ class _JsonOnly(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         good = self.headers.get("Content-Type") == "application/json"
         reply = b"{}" if good else b'{"error": "body is not JSON"}'
+        # Recorded before the answer: the client may read the answer and check `seen` before this thread goes on.
+        self.server.seen.append((self.headers.get("Content-Type"), body))
         self.send_response(200 if good else 422)
         self.send_header("Content-Length", str(len(reply)))
         self.end_headers()
         self.wfile.write(reply)
-        self.server.seen.append((self.headers.get("Content-Type"), body))
 
     def log_message(self, *args):
         pass

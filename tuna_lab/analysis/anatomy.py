@@ -265,24 +265,28 @@ def anatomy_line(table):
     return line + "."
 
 
-def anatomy_note(requests, trials=None):
+def anatomy_note(requests, trials=None, say_why=False):
     """:func:`anatomy_line` of results whose requests carry the per-request evidence; ``""`` otherwise.
 
-    For the summaries (``run``'s, ``demo``'s) and the report: results from
-    before issue 50, or of a server that sends no evidence, get no line.
+    For the summaries (``run``'s, ``demo``'s): results from before issue 50,
+    or of a server that sends no evidence, get no line. With ``say_why`` (the
+    report's section) they get one that says why there is no anatomy
+    (:data:`NOT_RECORDED`, or what the analysis refused), never a blank.
 
     Examples
     --------
     >>> anatomy_note(pd.DataFrame({"policy": ["cfs"], "trial": [0], "client_seconds": [0.1]}))
     ''
+    >>> anatomy_note(pd.DataFrame({"policy": ["cfs"], "trial": [0], "client_seconds": [0.1]}), say_why=True)[:53]
+    'Not shown, not recorded: these requests carry no per-'
     """
     if not isinstance(requests, pd.DataFrame) or "rq_wait_main" not in requests.columns \
             or not requests["rq_wait_main"].notna().any():
-        return ""
+        return f"Not shown, {NOT_RECORDED}: a new `tuna-lab run` records it." if say_why else ""
     try:
         line = anatomy_line(anatomy(requests, trials))
-    except AnalysisError:
-        return ""
+    except AnalysisError as exc:
+        return f"Not shown: {exc}" if say_why else ""
     sampled = _sampled(trials)
     if sampled and not line.endswith(f"{NOT_RECORDED}."):
         # A server with no hook (run --pid): its evidence is an estimate, and the line must say how it was got.

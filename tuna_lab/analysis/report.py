@@ -207,8 +207,8 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         *[section for on, rows in _machine_parts(per_trial) for section in _figure_sections(rows, on)],
         ("Latency and CPU cost", [_cpu_table(trials)]),
         ("Scheduler evidence: what each policy did to the threads", _mechanism_items(trials, manifest)),
-        # Issue 50: what the slowest requests themselves waited on (docs/anatomy.md); none without the evidence.
-        *([("Anatomy of the tail", [f"<p>{_esc(line)}</p>"])] if (line := anatomy_note(requests, trials)) else []),
+        # Issue 50: what the slowest requests themselves waited on (docs/anatomy.md), or why it is not shown.
+        ("Anatomy of the tail", [f"<p>{_esc(anatomy_note(requests, trials, say_why=True))}</p>"]),
         ("NUMA locality per worker", [_locality_table(requests, threads)] if threads is not None
          and "numa_locality" in getattr(threads, "columns", ()) else []),
         ("Failed trials", [_failures(requests, trials)]),
