@@ -46,6 +46,7 @@ import time
 from .. import _files
 from .._checks import positive_int, positive_number
 from ..errors import LoadError
+from ._measured import header, measure_and_write
 
 __all__ = ["TARGETS", "TOOLS", "ensure_wrk", "run_wrk", "compare_with_wrk", "format_table", "run_load_bench"]
 
@@ -683,8 +684,6 @@ def run_load_bench(args):
     >>> main(["bench", "load", "--duration", "2", "--rounds", "1"])   # doctest: +SKIP
     0
     """
-    import pandas as pd
-
     # Bad input fails before anything is installed, started or printed.
     for name in ("workers", "threads", "batch", "connections", "rounds"):
         positive_int(name, getattr(args, name), LoadError)
@@ -696,21 +695,11 @@ def run_load_bench(args):
     if wrk is None:
         print("wrk is not installed and could not be installed (apt-get install wrk, as root): "
               "running tuna_lab's side only", flush=True)
-    print(f"# tuna-lab bench load  (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})", flush=True)
-    from ..measure.cpulock import lock_cpus
-
-    # A measurement like run()'s: it waits for (or refuses) another one on these CPUs.
-    with lock_cpus(os.sched_getaffinity(0), lambda line: print(line, flush=True)):
-        result = compare_with_wrk(workers=args.workers, threads=args.threads, model=args.model, batch=args.batch,
-                                  policy=args.policy, connections=args.connections, duration=args.duration,
-                                  requests=args.requests, rounds=args.rounds, wrk=wrk,
-                                  open_duration=args.open_duration, log=lambda line: print(line, flush=True))
-    lines = format_table(result)
-    print("\n" + "\n".join(lines))
-    if args.out:
-        _files.write_atomic(args.out, pd.DataFrame(result["rows"]).to_csv(index=False), parents=True)
-        print(f"\nwrote {args.out}")
-    if args.doc:
-        _write_doc(args.doc, result, lines)
-        print(f"wrote {args.doc}")
+    header("load")
+    measure_and_write(
+        lambda log: compare_with_wrk(workers=args.workers, threads=args.threads, model=args.model, batch=args.batch,
+                                     policy=args.policy, connections=args.connections, duration=args.duration,
+                                     requests=args.requests, rounds=args.rounds, wrk=wrk,
+                                     open_duration=args.open_duration, log=log),
+        format_table, _write_doc, args.out, args.doc)
     return 0

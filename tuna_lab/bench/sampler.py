@@ -38,6 +38,7 @@ import time
 from .. import _files
 from .._checks import positive_int, positive_number
 from ..errors import LoadError
+from ._measured import header, measure_and_write
 
 __all__ = ["TARGET", "measure_sampler", "format_table", "run_sampler_bench"]
 
@@ -243,9 +244,6 @@ def run_sampler_bench(args):
     >>> main(["bench", "sampler", "--rounds", "1"])   # doctest: +SKIP
     0
     """
-    import pandas as pd
-
-    from ..measure.cpulock import lock_cpus
     from ..measure.sampled import check_hz
 
     for name in ("workers", "threads", "batch", "connections", "rounds"):
@@ -253,18 +251,10 @@ def run_sampler_bench(args):
     positive_number("duration", args.duration, LoadError)
     if args.sample_hz is not None:
         check_hz(args.sample_hz)
-    print(f"# tuna-lab bench sampler  (load average {' '.join(f'{x:.2f}' for x in os.getloadavg())})", flush=True)
-    # A measurement like run()'s: it waits for (or refuses) another one on these CPUs.
-    with lock_cpus(os.sched_getaffinity(0), lambda line: print(line, flush=True)):
-        result = measure_sampler(workers=args.workers, threads=args.threads, model=args.model, batch=args.batch,
-                                 connections=args.connections, duration=args.duration, rounds=args.rounds,
-                                 hz=args.sample_hz, log=lambda line: print(line, flush=True))
-    lines = format_table(result)
-    print("\n" + "\n".join(lines))
-    if args.out:
-        _files.write_atomic(args.out, pd.DataFrame(result["rows"]).to_csv(index=False), parents=True)
-        print(f"\nwrote {args.out}")
-    if args.doc:
-        _write_doc(args.doc, result, lines)
-        print(f"wrote {args.doc}")
+    header("sampler")
+    result = measure_and_write(
+        lambda log: measure_sampler(workers=args.workers, threads=args.threads, model=args.model, batch=args.batch,
+                                    connections=args.connections, duration=args.duration, rounds=args.rounds,
+                                    hz=args.sample_hz, log=log),
+        format_table, _write_doc, args.out, args.doc)
     return 0 if result["checks"] else 1

@@ -73,6 +73,16 @@ def _add_solver(which):
     return solver
 
 
+def _add_lab_server(parser, connections):
+    """The lab server the load and sampler benches measure against, and the requests they keep in flight."""
+    parser.add_argument("-w", "--workers", type=int, default=2, metavar="W", help="the server's worker processes")
+    parser.add_argument("-t", "--threads", type=int, default=1, metavar="T", help="OpenMP threads per worker")
+    parser.add_argument("--model", default="small", choices=("small", "medium", "large"), metavar="MODEL",
+                        help="the server's model: small, medium or large")
+    parser.add_argument("--batch", type=int, default=10, metavar="ROWS", help="rows per request")
+    parser.add_argument("--connections", type=int, default=8, metavar="N", help=connections)
+
+
 def _add_load(which):
     load = which.add_parser(
         "load", help="tuna_lab's load generator beside Debian's wrk",
@@ -82,13 +92,8 @@ def _add_load(which):
         epilog="examples:\n"
                "  tuna-lab bench load --doc docs/load-bench.md  tuna_lab's generator vs wrk\n"
                "  tuna-lab bench load --duration 2 --rounds 1   a short run\n")
-    load.add_argument("-w", "--workers", type=int, default=2, metavar="W", help="the server's worker processes")
-    load.add_argument("-t", "--threads", type=int, default=1, metavar="T", help="OpenMP threads per worker")
-    load.add_argument("--model", default="small", choices=("small", "medium", "large"), metavar="MODEL",
-                      help="the server's model: small, medium or large")
-    load.add_argument("--batch", type=int, default=10, metavar="ROWS", help="rows per request")
+    _add_lab_server(load, connections="requests in flight, for both tools")
     load.add_argument("--policy", default="cfs", help="the server's placement policy")
-    load.add_argument("--connections", type=int, default=8, metavar="N", help="requests in flight, for both tools")
     load.add_argument("--duration", type=float, default=5.0, metavar="S",
                       help="seconds of each wrk run; tuna_lab's runs send what the last rate gives in that time")
     load.add_argument("--requests", type=int, default=None, metavar="N",
@@ -122,19 +127,14 @@ def _add_sampler(which):
                     "server: closed loops with and without it, in alternating rounds; its CPU over the workers' "
                     "per request, against issue 50's 2% (docs/anatomy.md). About 40 s.",
         epilog="examples:\n"
-               "  tuna-lab bench sampler                      100 Hz, 3 rounds of 4 s\n"
+               "  tuna-lab bench sampler                      50 Hz, 3 rounds of 4 s\n"
                "  tuna-lab bench sampler --sample-hz 200 --rounds 1\n")
-    sampler.add_argument("-w", "--workers", type=int, default=2, metavar="W", help="the server's worker processes")
-    sampler.add_argument("-t", "--threads", type=int, default=1, metavar="T", help="OpenMP threads per worker")
-    sampler.add_argument("--model", default="small", choices=("small", "medium", "large"), metavar="MODEL",
-                         help="the server's model: small, medium or large")
-    sampler.add_argument("--batch", type=int, default=10, metavar="ROWS", help="rows per request")
-    sampler.add_argument("--connections", type=int, default=8, metavar="N", help="requests in flight")
+    _add_lab_server(sampler, connections="requests in flight")
     sampler.add_argument("--duration", type=float, default=4.0, metavar="S", help="seconds of each run")
     sampler.add_argument("--rounds", type=int, default=3, metavar="N",
                          help="rounds of one run with the sampler and one without")
     sampler.add_argument("--sample-hz", type=float, default=None, metavar="HZ",
-                         help="the sampling rate (default: run --pid's, 100)")
+                         help="the sampling rate (default: run --pid's, 50)")
     return sampler
 
 
