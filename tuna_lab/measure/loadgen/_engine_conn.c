@@ -40,6 +40,17 @@ fail(Engine *e, Conn *c, Py_ssize_t i, const char *what, const char *why)
 
 /* -- connections ------------------------------------------------------------------------ */
 
+/* A connection between requests: nothing read, nothing being framed, nothing left to send
+ * (a new one, one kept alive for the next request, and one closed). */
+static void
+between_requests(Conn *c)
+{
+    c->len = 0;
+    c->need = 0;
+    c->head_valid = 0;
+    c->out_pending = 0;
+}
+
 static int
 watch(Engine *e, Conn *c, int mask)
 {
@@ -66,10 +77,7 @@ conn_close(Engine *e, Conn *c)
     c->in_use = 0;
     c->gen += 1;
     c->mask = 0;
-    c->len = 0;
-    c->need = 0;
-    c->head_valid = 0;
-    c->out_pending = 0;
+    between_requests(c);
     c->served = 0;
     if (c->cap > BUF_KEEP) {
         free(c->buf);
@@ -130,10 +138,7 @@ connect_request(Engine *e, Py_ssize_t i)
     c->reused = 0;
     c->served = 0;
     c->mask = 0;
-    c->len = 0;
-    c->need = 0;
-    c->head_valid = 0;
-    c->out_pending = 0;
+    between_requests(c);
     c->out_off = 0;
     if (err == 0 || err == EINPROGRESS)
         send_request(e, c, 1);
@@ -317,10 +322,7 @@ answered(Engine *e, Conn *c, Parsed *p, int eof)
     c->served += 1;
     if (p->keep && p->end == c->len && !eof && (e->reuse < 0 || c->served < e->reuse)) {
         c->i = -1;
-        c->len = 0;
-        c->need = 0;
-        c->head_valid = 0;
-        c->out_pending = 0;
+        between_requests(c);
         e->idle[e->nidle++] = (int)(c - e->conns);
     }
     else {
