@@ -185,7 +185,7 @@ def _watch_server_threads(stop, seen):
 @pytest.fixture(scope="module")
 def kept(tmp_path_factory):
     """A real run, W=1 T=1, cfs / round-robin / tuna-scatter, with CPU 1 kept for the generator, watched."""
-    from tuna_lab.measure.experiment import Config, run
+    from tuna_lab.measure.experiment import Config, LoadSpec, TrialSpec, run
 
     if len(CPUS) < 2:
         pytest.skip("keeping a CPU for the generator needs two")
@@ -195,8 +195,8 @@ def kept(tmp_path_factory):
     watcher.start()
     lines = []
     try:
-        result = run(Config(1, 1, "small", 10), ["cfs", "round-robin", "tuna-scatter"], trials=1, requests=60,
-                     concurrency=4, client_cpus=str(client), progress=lines.append,
+        result = run(Config(1, 1, "small", 10), ["cfs", "round-robin", "tuna-scatter"], trials=1,
+                     load=LoadSpec(60, concurrency=4), trial=TrialSpec(client_cpus=str(client)), progress=lines.append,
                      out=str(tmp_path_factory.mktemp("kept") / "cell"))
     finally:
         stop.set()
@@ -243,10 +243,11 @@ def test_the_generator_ran_exactly_on_the_client_cpu_and_says_what_it_cost(kept)
 
 @needs_two_cpus
 def test_a_pool_that_no_longer_fits_is_refused_before_any_server_starts():
-    from tuna_lab.measure.experiment import Config, run
+    from tuna_lab.measure.experiment import Config, LoadSpec, TrialSpec, run
 
     with pytest.raises(ExperimentError, match="threads per worker need"):
-        run(Config(1, len(CPUS), "small", 10), ["cfs"], trials=1, requests=5, client_cpus=str(CPUS[-1]))
+        run(Config(1, len(CPUS), "small", 10), ["cfs"], trials=1, load=LoadSpec(5),
+            trial=TrialSpec(client_cpus=str(CPUS[-1])))
 
 
 # ------------------------------------------------------------------ the command line

@@ -15,7 +15,7 @@ from tuna_lab.errors import CpuAccountingError, ExperimentError
 from tuna_lab.measure.cpu import CpuSampler, account, summarize_threads
 from tuna_lab.server.cpuclock import process_thread_cpu, request_cpu, thread_cpu_seconds
 from tuna_lab.server.openmp import wait_policy_env
-from tuna_lab.measure.experiment import Config, load_results, load_thread_cpu, run
+from tuna_lab.measure.experiment import Config, LoadSpec, TrialSpec, load_results, load_thread_cpu, run
 
 # alone: it measures CPU time (tests/conftest.py)
 pytestmark = [pytest.mark.alone, pytest.mark.server]
@@ -112,8 +112,8 @@ def waits(tmp_path_factory):
     out = tmp_path_factory.mktemp("wait")
     results = {}
     for wait in ("passive", "active"):
-        results[wait] = run(Config(1, T, "small", 20, wait_policy=wait), ["cfs"], trials=1, requests=60,
-                            concurrency=1, out=str(out / wait), seed=1)
+        results[wait] = run(Config(1, T, "small", 20, wait_policy=wait), ["cfs"], trials=1,
+                            load=LoadSpec(60, concurrency=1), out=str(out / wait), trial=TrialSpec(seed=1))
     return results, out
 
 

@@ -13,7 +13,7 @@ import pytest
 from tuna_lab import Topology
 from tuna_lab.cli import main
 from tuna_lab.errors import ExperimentError, PolicyError
-from tuna_lab.measure.experiment import Config, check_policies, run
+from tuna_lab.measure.experiment import Config, LoadSpec, TrialSpec, check_policies, run
 from tuna_lab.placement import (POLICIES, PinnedBy, Plan, Policy, get_policy, placement, policy_names, register,
                                 registered_policies, unregister)
 
@@ -91,7 +91,8 @@ def test_run_pins_the_lab_server_with_it(tmp_path):
     # One tiny trial: run() starts the lab server under the policy, which binds every worker thread to the
     # last CPU (the master is not a worker: the policy does not place it).
     threads = min(2, len(os.sched_getaffinity(0)))
-    result = run(Config(1, threads, "small", 10), [NAME], trials=1, requests=5, warmup=2, out=str(tmp_path / "c"))
+    result = run(Config(1, threads, "small", 10), [NAME], trials=1, load=LoadSpec(5), trial=TrialSpec(warmup=2),
+                 out=str(tmp_path / "c"))
     assert (result.trials["policy"] == NAME).all() and (result.trials["trial_status"] == "ok").all()
     last = str(max(os.sched_getaffinity(0)))
     workers = result.threads[result.threads["role"].isin(["main", "pool"])]

@@ -19,7 +19,7 @@ import pytest
 
 from tuna_lab.machine import sched
 from tuna_lab.machine.irqs import irq_counts
-from tuna_lab.measure.experiment import Config, load_results, load_thread_cpu, run
+from tuna_lab.measure.experiment import Config, LoadSpec, TrialSpec, load_results, load_thread_cpu, run
 from tuna_lab.measure.schema import EVIDENCE_COLUMNS, THREAD_EVIDENCE_COLUMNS
 
 # alone: it measures foreign CPU and run-queue wait (tests/conftest.py)
@@ -37,7 +37,8 @@ PER_REQUEST = {"run_delay_per_request": "run_delay_seconds", "migrations_per_req
 
 
 def _measure(out, policies, requests=REQUESTS):
-    return run(CONFIG, policies, trials=1, requests=requests, out=str(out), concurrency=4, seed=1)
+    return run(CONFIG, policies, trials=1, load=LoadSpec(requests, concurrency=4), out=str(out),
+               trial=TrialSpec(seed=1))
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ import pytest
 from helpers import main
 from tuna_lab._checks import format_cpulist
 from tuna_lab.errors import ExperimentError
-from tuna_lab.measure.experiment import Config, grid, load_results, load_thread_cpu, machine_name, run
+from tuna_lab.measure.experiment import (Config, LoadSpec, TrialSpec, grid, load_results, load_thread_cpu, machine_name,
+                                        run)
 from tuna_lab.measure.sweeps.local import ClusterSpec, sweep
 
 CPUS = len(os.sched_getaffinity(0))
@@ -34,8 +35,8 @@ def tiny(tmp_path_factory):
         seen.append((len(kept), len(pd.read_parquet(f"{out}.partial/requests.parquet")), part.trials.iloc[0]["policy"],
                      kept.iloc[-1]["policy"], json.loads(open(f"{out}.partial/manifest.json").read())["partial"]))
 
-    result = run(Config(2, T, "small", 20), ["cfs", "round-robin"], trials=2, requests=50, out=str(out),
-                 concurrency=10, seed=3, on_trial=on_trial)
+    result = run(Config(2, T, "small", 20), ["cfs", "round-robin"], trials=2, load=LoadSpec(50, concurrency=10),
+                 out=str(out), trial=TrialSpec(seed=3), on_trial=on_trial)
     return result, out, seen
 
 
@@ -74,7 +75,7 @@ def test_a_write_error_stops_the_run_with_one_line_and_keeps_the_runs_written(tm
 
     # A server that cannot start (more threads than CPUs) fails its trial at once: a fast run that still writes.
     with pytest.raises(StoreError, match="could not write") as info:
-        run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=3, requests=5, out=str(out), on_trial=block)
+        run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=3, load=LoadSpec(5), out=str(out), on_trial=block)
     assert "\n" not in str(info.value)
     kept = pd.read_parquet(tmp_path / "c.partial" / "trials.parquet")
     assert len(kept) == 1 and not out.exists()
@@ -106,7 +107,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_keeps_the_runs_written(smal
                 fh.flush()
 
     with pytest.raises(StoreError, match="could not write.*No space left on device") as info:
-        run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=3, requests=5, out=str(out), on_trial=fill)
+        run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=3, load=LoadSpec(5), out=str(out), on_trial=fill)
     assert "\n" not in str(info.value)
     kept = pd.read_parquet(small_disk / "c.partial" / "trials.parquet")
     assert len(kept) == 1 and not out.exists()
@@ -234,7 +235,7 @@ def test_sweep_resumes_without_redoing_finished_cells(tmp_path):
 
 def test_a_server_that_cannot_start_marks_the_trial_failed(tmp_path):
     # More threads than CPUs cannot be served here; the trial fails with the reason, the run goes on.
-    result = run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=1, requests=5, out=str(tmp_path / "c"))
+    result = run(Config(1, CPUS + 1, "small", 10), ["cfs"], trials=1, load=LoadSpec(5), out=str(tmp_path / "c"))
     row = result.trials.iloc[0]
     assert row.trial_status == "failed" and "capped" in row.reason
     assert json.load(open(tmp_path / "c" / "manifest.json"))["config"]["threads"] == CPUS + 1
@@ -427,7 +428,7 @@ def test_limits_are_checked_before_any_server_starts(tmp_path, monkeypatch):
         resource.setrlimit(resource.RLIMIT_NOFILE, (200, hard))
         monkeypatch.setenv("TUNA_LAB_MAX_BODY", "1000")
         with pytest.raises(ExperimentError, match=r"body of \d+ bytes \(batch 20 of small\) exceeds .* 1000 bytes"):
-            run(Config(1, 1, "small", 20), ["cfs"], trials=1, requests=300, out=str(out))
+            run(Config(1, 1, "small", 20), ["cfs"], trials=1, load=LoadSpec(300), out=str(out))
         monkeypatch.delenv("TUNA_LAB_MAX_BODY")
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 300
     finally:
@@ -440,7 +441,7 @@ def test_limits_are_checked_before_any_server_starts(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("TUNA_LAB_CACHE", str(tmp_path / "file" / "models"))
     with pytest.raises(ExperimentError, match="not cached and cannot be trained"):
-        run(Config(1, 1, "small", 4), ["cfs"], trials=1, requests=5, out=str(out))
+        run(Config(1, 1, "small", 4), ["cfs"], trials=1, load=LoadSpec(5), out=str(out))
     # Nothing was measured, so nothing was written: no cell, no partial one, no sweep cell.
     assert not out.exists() and not (tmp_path / "c.partial").exists() and not list((tmp_path / "s").glob("w*"))
 
@@ -476,7 +477,7 @@ def test_two_measurements_never_share_a_cpu_and_the_second_waits_or_refuses(tmp_
     try:
         monkeypatch.setenv("TUNA_LAB_CPU_LOCK_WAIT", "0")
         with pytest.raises(ExperimentError, match=f"in use by process {holder.pid}") as info:
-            run(Config(1, 1, "small", 5), ["cfs"], trials=1, requests=5, out=str(tmp_path / "c"))
+            run(Config(1, 1, "small", 5), ["cfs"], trials=1, load=LoadSpec(5), out=str(tmp_path / "c"))
         assert "\n" not in str(info.value) and not (tmp_path / "c").exists()
         if len(mine) > 1:
             with lock_cpus(mine[1:]):            # disjoint CPUs: side by side, as the cluster's taskset workers
@@ -491,7 +492,7 @@ def test_two_measurements_never_share_a_cpu_and_the_second_waits_or_refuses(tmp_
     try:
         t0 = time.monotonic()
         # A server that cannot start (more threads than CPUs) fails its trial at once: only the wait takes time.
-        result = run(Config(1, CPUS + 1, "small", 5), ["cfs"], trials=1, requests=5, progress=lines.append)
+        result = run(Config(1, CPUS + 1, "small", 5), ["cfs"], trials=1, load=LoadSpec(5), progress=lines.append)
         assert time.monotonic() - t0 >= 0.5 and len(result.trials) == 1
         assert lines[0].startswith("waiting up to 30 s") and f"process {holder.pid}" in lines[0]
     finally:

@@ -29,10 +29,9 @@ MAX_PARAMETERS = 12
 
 # TODO (issue 48): files over MAX_LINES on main, with their length then; each may only shrink.
 LONG_FILES = {}
-# TODO (issue 48): functions over MAX_PARAMETERS (``self`` not counted), with their count then.
-MANY_PARAMETERS = {
-    "tuna_lab/measure/experiment.py:run": 17,
-}
+# Functions over MAX_PARAMETERS (``self`` not counted), with their count then: none since issue 48
+# (``experiment.run`` takes LoadSpec and TrialSpec). Kept, empty, so the rule's test reads as the others.
+MANY_PARAMETERS = {}
 
 
 def rel(path):

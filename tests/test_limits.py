@@ -271,15 +271,15 @@ def test_the_library_warns_of_throttling_and_strict_refuses():
 
 def test_run_checks_the_quota_before_anything_runs(quota_of_one_and_a_half, tmp_path):
     from tuna_lab.errors import ExperimentError, ThrottlingWarning
-    from tuna_lab.measure.experiment import Config, run
+    from tuna_lab.measure.experiment import Config, LoadSpec, TrialSpec, run
 
     out = tmp_path / "cell"
     with pytest.raises(ExperimentError, match="CPU quota 1.5 CPUs is below the 4 CPUs"):
-        run(Config(2, 2, "small", 20), ["cfs"], trials=1, requests=10, out=str(out), strict=True)
+        run(Config(2, 2, "small", 20), ["cfs"], trials=1, load=LoadSpec(10), out=str(out), strict=True)
     # Not strict: the warning, then the run goes on - here to a bad client CPU list, before any server starts.
     with pytest.warns(ThrottlingWarning, match="measure CFS throttling"), \
             pytest.raises(ExperimentError, match="client"):
-        run(Config(2, 2, "small", 20), ["cfs"], trials=1, requests=10, client_cpus="99")
+        run(Config(2, 2, "small", 20), ["cfs"], trials=1, load=LoadSpec(10), trial=TrialSpec(client_cpus="99"))
     assert not out.exists()
 
 

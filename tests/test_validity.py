@@ -16,7 +16,7 @@ import pytest
 
 from helpers import main
 from tuna_lab.errors import ExperimentError, StoreError
-from tuna_lab.measure.experiment import Config, Result, load_results, run
+from tuna_lab.measure.experiment import Config, LoadSpec, Result, TrialSpec, load_results, run
 from tuna_lab.measure.store import cell_state, is_finished, lock_folder, no_valid_trial, write_cell
 from tuna_lab.measure.sweeps.local import sweep
 from tuna_lab.server.models import ensure_model
@@ -148,7 +148,7 @@ def small_model():
 def test_a_resume_keeps_the_valid_runs_and_redoes_only_the_missing_ones(tmp_path, small_model):
     out = tmp_path / "w1-t1-small-b10"
     config = Config(1, 1, "small", 10)
-    first = run(config, POLICIES, trials=2, requests=20, out=str(out), seed=5)
+    first = run(config, POLICIES, trials=2, load=LoadSpec(20), out=str(out), trial=TrialSpec(seed=5))
     assert len(first.trials) == 4 and is_finished(str(out))
     # One run made invalid on disk, as a killed worker leaves it: the cell is one run short.
     trials = first.trials.copy()
@@ -157,7 +157,8 @@ def test_a_resume_keeps_the_valid_runs_and_redoes_only_the_missing_ones(tmp_path
     write_cell(str(out), Result(first.requests, trials, first.manifest, threads=first.threads))
     assert cell_state(str(out)).missing == {"cfs": 1}
     lines = []
-    again = run(config, POLICIES, trials=2, requests=20, out=str(out), seed=5, progress=lines.append)
+    again = run(config, POLICIES, trials=2, load=LoadSpec(20), out=str(out), trial=TrialSpec(seed=5),
+                progress=lines.append)
     assert any("keeping 3 valid runs of an earlier attempt, running the 1 missing" in line for line in lines)
     assert sum(" trial " in line for line in lines) == 1                       # one run measured, no more
     redone = again.trials.set_index(["trial", "policy"])
@@ -173,7 +174,7 @@ def test_a_resume_keeps_the_valid_runs_and_redoes_only_the_missing_ones(tmp_path
     assert len(requests) == 4 * 20 and not requests.duplicated(["trial", "policy", "request"]).any()
     # A finished cell run again is measured anew, not resumed.
     lines.clear()
-    run(config, ["cfs"], trials=1, requests=20, out=str(out), seed=5, progress=lines.append)
+    run(config, ["cfs"], trials=1, load=LoadSpec(20), out=str(out), trial=TrialSpec(seed=5), progress=lines.append)
     assert not any("keeping" in line for line in lines)
 
 

@@ -17,10 +17,10 @@ sweep given a Dask client runs its cells on the cluster's machines
 
 Examples
 --------
->>> from tuna_lab.measure.experiment import Config, run
+>>> from tuna_lab.measure.experiment import Config, LoadSpec, run
 >>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
 >>> result = run(Config(2, 2, "small", 100), ["cfs", "tuna-scatter"], trials=2,
-...              requests=50, out="results/x")                        # doctest: +SKIP
+...              load=LoadSpec(requests=50), out="results/x")         # doctest: +SKIP
 >>> result.trials[["policy", "trial", "p99"]]                       # doctest: +SKIP
 """
 
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from .._checks import format_cpulist, non_negative_int, positive_int, positive_number
+from .._checks import format_cpulist, positive_int
 from ..errors import CpuAccountingError, ExperimentError
 from ..machine import host, procfs
 from ..machine.limits import Limits, check_throttling
@@ -50,13 +50,15 @@ from .claims import check_cell_name, check_claim
 from .cpulock import lock_cpus
 # Re-exported: the cell names and CPU columns are defined with the rest of the on-disk schema.
 from .schema import CPU_COLUMNS, cell_key
+# Re-exported: what run() takes for its load and its trials.
+from .trial_spec import LoadSpec, TrialSpec
 # Re-exported: where results are written and read back.
 from .store import (valid_rows, cell_state, check_out, load_results, load_thread_cpu, lock_folder, machine_name,
                     write_cell)
 
 __all__ = ["Config", "Result", "ExperimentError", "run", "grid", "load_results", "ARTICLE_GRID",
            "CPU_COLUMNS", "load_thread_cpu", "cell_key", "write_cell", "machine_name", "check_policies",
-           "check_resources", "scale_pair", "MAX_RECORD_INT"]
+           "check_resources", "scale_pair", "MAX_RECORD_INT", "LoadSpec", "TrialSpec"]
 
 #: The article's server configurations (workers x OpenMP threads on 32 logical cores).
 ARTICLE_GRID = {"workers": (2, 4, 6, 8, 12, 16), "threads": (2, 4, 6, 8, 12, 16), "cpus": 32}
@@ -69,6 +71,10 @@ MAX_RECORD_INT = 2**63 - 1
 #: the cell's factors and load, its seed (so the policy orders), and the machine and CPUs it ran on.
 _SAME_RUN = ("cell", "config", "policies", "trials", "requests", "seed", "concurrency", "warmup", "rate", "duration",
              "max_error_rate", "load_mode", "hostname", "fingerprint", "client_cpus", "requests_sent")
+
+# What run() took as keywords before LoadSpec and TrialSpec carried them: refused at once, in one line.
+_MOVED = {**{k: f"load=LoadSpec({k}=...)" for k in ("requests", "concurrency", "rate", "duration")},
+          **{k: f"trial=TrialSpec({k}=...)" for k in ("seed", "warmup", "max_error_rate", "client_cpus")}}
 
 
 @dataclass(frozen=True)
@@ -184,7 +190,7 @@ def check_resources(target, requests, concurrency=None, rate=None):
     ----------
     target : Target
     requests, concurrency, rate
-        As for :func:`run`.
+        As a :class:`~tuna_lab.measure.trial_spec.LoadSpec` has them (:func:`run`'s ``load``).
 
     Examples
     --------
@@ -287,10 +293,9 @@ def manifest(config, policies, trials, requests, seed, extra=None, target=None):
     }
 
 
-def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, seed=0, warmup=20,
-        progress=None, csv=False, on_trial=None, client_cpus=None, target=None, rate=None, duration=None,
-        max_error_rate=0.01, strict=False):
-    """Measure a target under each policy for ``trials`` trials of ``requests`` requests.
+def run(config, policies, trials=5, *, load=None, trial=None, out=None, csv=False, progress=None, on_trial=None,
+        target=None, strict=False, **moved):
+    """Measure a target under each policy for ``trials`` trials of ``load``.
 
     The policies run in a fresh seeded order every trial; with ``out``, each finished run is on disk
     at once, and a run into an unfinished cell measures only the runs it misses.
@@ -301,24 +306,25 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
         The lab server's cell (W, T, model, batch, wait policy); None with a ``target`` (its W and T).
     policies : list of str
         Registered policy names.
-    trials, requests, concurrency : int
-        Trials per policy; requests per trial; requests in flight (None: all at once).
+    trials : int
+        Trials per policy.
+    load : LoadSpec, optional
+        Each trial's load (:class:`~tuna_lab.measure.trial_spec.LoadSpec`): requests per trial and in
+        flight, or an open loop's rate and duration; default ``LoadSpec()``, 1,000 requests all at once.
+    trial : TrialSpec, optional
+        Seed, warm-up, failures allowed and the load generator's CPUs
+        (:class:`~tuna_lab.measure.trial_spec.TrialSpec`; default ``TrialSpec()``).
     out : str, optional
         The cell folder to write (:mod:`tuna_lab.measure.schema`); None writes nothing.
-    rate, duration : float, optional
-        Open loop: Poisson arrivals at ``rate`` per second for ``duration`` seconds.
-    seed, warmup : int
-        Seeds the policy orders, payload and arrivals; requests discarded after each start or placement.
     progress, on_trial : callable, optional
         Called with one line of text per finished trial; with a :class:`Result` of each run (its rows).
-    client_cpus : str, iterable of int or ClientCpus, optional
-        CPUs kept for the load generator: a cpulist, ``"none"``, or None for the default.
     target : Target, optional
         What is measured (:mod:`tuna_lab.measure.target`); default the lab server of ``config``.
-    max_error_rate : float
-        A trial with a larger share of failed requests (non-2xx, timeouts) is marked failed.
     csv, strict : bool
         Also write CSV tables; refuse rather than warn when the CPU quota would throttle the threads.
+    **moved
+        The keywords ``run`` took before the specs carried them (``requests``, ``seed``, ...): each is
+        refused in one line that names its new place.
 
     Returns
     -------
@@ -343,24 +349,35 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     Examples
     --------
     >>> # skipped: starts lab servers and measures them (tests/test_experiment.py does)
-    >>> result = run(Config(2, 2, "small", 20), ["cfs", "round-robin"], trials=2, requests=50)  # doctest: +SKIP
+    >>> result = run(Config(2, 2, "small", 20), ["cfs", "round-robin"], trials=2,
+    ...              load=LoadSpec(requests=50), trial=TrialSpec(seed=3))          # doctest: +SKIP
+    >>> run(Config(1, 1, "small", 10), ["cfs"], requests=50)
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.ExperimentError: run() takes requests as load=LoadSpec(requests=...)
     """
     from .attached import AttachedTarget
     from .target import LabTarget
     from .trials import TrialPlan, run_trials
 
+    if moved:
+        name = sorted(moved)[0]
+        if name in _MOVED:
+            raise ExperimentError(f"run() takes {name} as {_MOVED[name]}")
+        raise ExperimentError(f"run() has no option {name!r}")
+    load = LoadSpec() if load is None else load
+    trial = TrialSpec() if trial is None else trial
+    if not isinstance(load, LoadSpec):
+        raise ExperimentError(f"load must be a LoadSpec, got {type(load).__name__}")
+    if not isinstance(trial, TrialSpec):
+        raise ExperimentError(f"trial must be a TrialSpec, got {type(trial).__name__}")
+    # Both specs were checked when they were made; run() reads them.
+    requests, concurrency, rate, duration = load.requests, load.concurrency, load.rate, load.duration
+    seed, warmup, max_error_rate, client_cpus = trial.seed, trial.warmup, trial.max_error_rate, trial.client_cpus
     policies = check_policies(policies)
     trials = positive_int("trials", trials, ExperimentError)
-    seed = non_negative_int("seed", seed, ExperimentError)
     if out is not None:
         check_out(out)
-    if rate is None or requests is not None:
-        requests = positive_int("requests", requests, ExperimentError)
-    if not 0 <= float(max_error_rate) < 1:
-        raise ExperimentError(f"max_error_rate must be in [0, 1), got {max_error_rate!r}")
-    if rate is not None:
-        positive_number("rate", rate, ExperimentError)
-        positive_number("duration", duration, ExperimentError)
     if target is None:
         if config is None:
             raise ExperimentError("give a config (the lab server) or a target")
@@ -392,7 +409,7 @@ def run(config, policies, trials=5, requests=1000, out=None, concurrency=None, s
     meta = manifest(config, policies, trials, requests, seed, {
         "concurrency": concurrency, "warmup": warmup, "wait_policy": config.wait_policy,
         "spincount": config.spincount, "rate": rate, "duration": duration, "max_error_rate": max_error_rate,
-        "load_mode": "open" if rate is not None else "closed",
+        "load_mode": load.mode,
         "wait_policy_default": LIBGOMP_DEFAULT_WAIT if config.wait_policy == "default" else None,
         "cpu_accounting": "schedstat" if procfs.schedstat_available() else "stat utime+stime",
         "migrations_note": MIGRATIONS_NOTE,

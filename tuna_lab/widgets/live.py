@@ -196,10 +196,12 @@ class LiveExperiment(Controller):
 
     def _run(self):
         from ..measure.experiment import run
+        from ..measure.trial_spec import LoadSpec, TrialSpec
 
         try:
-            result = run(self.config, self.policies, trials=self.trials, requests=self.requests, out=self.out,
-                         seed=self.seed, progress=self._progress, on_trial=self._trial, target=self.target)
+            result = run(self.config, self.policies, trials=self.trials, load=LoadSpec(requests=self.requests),
+                         trial=TrialSpec(seed=self.seed), out=self.out, progress=self._progress,
+                         on_trial=self._trial, target=self.target)
         except _StopRequested:
             state, error = "stopped", None
             with self._lock:

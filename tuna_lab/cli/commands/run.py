@@ -109,6 +109,7 @@ def _add_demo(subparsers):
 def _cmd_run(args):
     from ...measure.experiment import Config, check_policies, run
     from ...measure.store import check_out
+    from ...measure.trial_spec import LoadSpec, TrialSpec
 
     check_measure_options(args, ExperimentError)
     target = _run_target(args)
@@ -131,11 +132,10 @@ def _cmd_run(args):
     client = client_cpus_of(args, ExperimentError, threads=[config.threads], topology=machine)
     check_cpu_quota(config.workers * config.threads, args.strict, ExperimentError)
     out = os.path.join(args.out, config.key) if args.out else None
-    result = run(config if target is None else None, policies, trials=args.trials, requests=args.requests, out=out,
-                 concurrency=args.concurrency, seed=args.seed, progress=_noted(f"tuna-lab: {client.describe()}"),
-                 csv=args.csv,
-                 client_cpus=client, target=target, rate=args.rate, duration=args.duration,
-                 max_error_rate=args.max_error_rate, strict=args.strict)
+    load = LoadSpec(args.requests, args.concurrency, args.rate, args.duration)
+    trial = TrialSpec(seed=args.seed, max_error_rate=args.max_error_rate, client_cpus=client)
+    result = run(config if target is None else None, policies, trials=args.trials, load=load, trial=trial, out=out,
+                 progress=_noted(f"tuna-lab: {client.describe()}"), csv=args.csv, target=target, strict=args.strict)
     try:
         return _report_run(args, result, config, target, out)
     except TunaError as exc:
@@ -317,6 +317,7 @@ def _cmd_demo(args):
     from ...analysis.summary import demo_opening, scale_note, summarize
     from ...machine import Limits, topology_from
     from ...measure.experiment import Config, run
+    from ...measure.trial_spec import LoadSpec
     from ...model import solve
 
     here = topology_from(None)
@@ -343,8 +344,9 @@ def _cmd_demo(args):
           f"{args.trials} trials x {args.requests} concurrent requests)\n", flush=True)
     out = os.path.join(args.out, "demo")
     config = Config(W, T, "medium", 100)
-    result = run(config, ["cfs", "round-robin", "tuna-scatter"], trials=args.trials, requests=args.requests,
-                 out=os.path.join(out, config.key), progress=lambda line: progress("  " + line))
+    result = run(config, ["cfs", "round-robin", "tuna-scatter"], trials=args.trials,
+                 load=LoadSpec(requests=args.requests), out=os.path.join(out, config.key),
+                 progress=lambda line: progress("  " + line))
     print()
     run_summary = summarize(result)
     _print_summary(run_summary, scale_note(usable))

@@ -66,6 +66,7 @@ from ...machine.reserve import reserve_client_cpus
 from .. import schema
 from ..experiment import Result, check_policies, run
 from ..store import finished_keys, read_manifest, write_cell
+from ..trial_spec import specs_of
 from .machines import describe_machine, machine_folder
 
 __all__ = ["MACHINE_RESOURCE", "WORKER_COMMAND", "connect", "describe_machine", "machine_folder", "sweep_on"]
@@ -240,8 +241,10 @@ def _cell(config, policies, trials, requests, options, topic, attempt):
     # The client CPUs are this machine's to choose (CPU ids are per machine): said once per cell.
     options = {**options, "client_cpus": reserve_client_cpus(options.get("client_cpus"), error=ExperimentError)}
     send(line=options["client_cpus"].describe())
-    result = run(config, policies, trials=trials, requests=requests, progress=progress,
-                 on_trial=lambda part: send(trial=_to_wire(part)), **options)
+    # The options travel as plain values (picklable by any Dask); the specs are made here, on the worker.
+    load, trial, rest = specs_of(requests, options)
+    result = run(config, policies, trials=trials, load=load, trial=trial, progress=progress,
+                 on_trial=lambda part: send(trial=_to_wire(part)), **rest)
     info = describe_machine()
     result.manifest.update(machine=info["machine"], shape=info["shape"], dask_worker=str(worker.name),
                            dask_address=worker.address)
@@ -320,7 +323,8 @@ def sweep_on(client, configs, policies, out, trials=5, requests=1000, progress=N
     worker_wait : float
         Seconds to wait for a first machine, and for one to run the cells left.
     **run_options
-        ``concurrency``, ``seed``, ``warmup``, ``client_cpus``: as for :func:`~tuna_lab.measure.experiment.run`.
+        ``concurrency``, ``seed``, ``warmup``, ``client_cpus``: as for :func:`~tuna_lab.measure.experiment.run`
+        (its :class:`~tuna_lab.measure.trial_spec.LoadSpec` and :class:`~tuna_lab.measure.trial_spec.TrialSpec`).
 
     Returns
     -------
@@ -352,6 +356,8 @@ def sweep_on(client, configs, policies, out, trials=5, requests=1000, progress=N
                               "cell on every machine: choose one")
     configs = list(dict.fromkeys(configs))
     os.makedirs(out, exist_ok=True)
+    # The specs checked here, before any machine is waited for; each worker makes its own from the plain values.
+    specs_of(requests, run_options)
     options = {"trials": trials, "requests": requests, **run_options}
     return _Sweep(client, configs, policies, out, options, progress or (lambda line: None), per_machine,
                   any_machine, worker_wait, csv).run()

@@ -30,6 +30,7 @@ from ..experiment import check_policies, check_resources, run
 from ..claims import check_cell_name, check_claim
 from ..store import SWEEP_FILE, cell_state, check_out, finished_keys, lock_folder, read_sweep_file, write_sweep_file
 from ..target import LabTarget
+from ..trial_spec import specs_of
 
 __all__ = ["sweep", "sweep_settings", "ClusterSpec", "COMPARED_SETTINGS"]
 
@@ -148,8 +149,10 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, cluste
         The design the configs come from (:func:`~tuna_lab.measure.sweeps.article.article_design`): it and
         how it was cut to the budget are recorded in ``sweep.json`` (:func:`sweep_settings`).
     **run_options
-        ``concurrency``, ``seed``, ``warmup``, ``csv``, ``client_cpus``: as for
-        :func:`~tuna_lab.measure.experiment.run`.
+        ``concurrency``, ``rate``, ``duration`` (a :class:`~tuna_lab.measure.trial_spec.LoadSpec`'s),
+        ``seed``, ``warmup``, ``max_error_rate``, ``client_cpus`` (a
+        :class:`~tuna_lab.measure.trial_spec.TrialSpec`'s), ``csv``, ``strict``: as for
+        :func:`~tuna_lab.measure.experiment.run`, which takes them in its specs.
 
     Returns
     -------
@@ -228,6 +231,7 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, cluste
                 # Every cell's limits before the first server starts, not when its turn comes.
                 check_resources(LabTarget(config), requests, run_options.get("concurrency"), run_options.get("rate"))
         run_options["client_cpus"] = split
+        load, trial, rest = specs_of(requests, run_options)
         write_sweep_file(out, settings)
         finished = finished_keys(out)
         done = [c for c in configs if c.key in finished]
@@ -264,9 +268,9 @@ def sweep(configs, policies, out, trials=5, requests=1000, progress=None, cluste
                     continue
             started = time.monotonic()
             # A user's app: its cell is the target's (W, T and label), as run() names it.
-            run(None if target else config, policies, trials=trials, requests=requests,
+            run(None if target else config, policies, trials=trials, load=load, trial=trial,
                 out=os.path.join(out, config.key), progress=progress, target=target(config) if target else None,
-                **run_options)
+                **rest)
             if budget is not None:
                 spent += time.monotonic() - started
                 estimated += estimate(config)
