@@ -12,6 +12,7 @@ cannot.
 
 import os
 import re
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -19,8 +20,8 @@ import psutil
 from ..errors import PinError
 from .pools import loaded_runtimes
 
-__all__ = ["WorkerChoice", "ProcessRole", "ServerRoles", "server_roles", "worker_pids", "check_server",
-           "listening_ports"]
+__all__ = ["WorkerChoice", "ProcessRole", "ServerRoles", "server_roles", "settled_roles", "worker_pids",
+           "check_server", "listening_ports"]
 
 # Children of a master that are no workers, by their command line: uvicorn --workers and MLServer start their
 # workers with multiprocessing's spawn, which first starts a resource tracker (and forkserver, a fork server).
@@ -29,6 +30,16 @@ _HELPER_PROCESSES = (("multiprocessing.resource_tracker", "multiprocessing's res
 
 
 
+# The worker count a server's command line asks for, by program: a master still starting its workers
+# (Gunicorn forks them one by one, 0-0.1 s apart, later on a busy machine) shows fewer than it will run.
+# The command line wins over a config file in both (Gunicorn's settings order, uvicorn's only source).
+_WORKER_OPTIONS = (("gunicorn", ("-w", "--workers")),
+                   ("uvicorn", ("--workers",)))
+
+#: How long a server's workers must stay the same (no worker started or gone) before they are counted.
+SETTLE_SECONDS = 1.0
+#: How long :func:`settled_roles` waits for that at most.
+SETTLE_WAIT_SECONDS = 15.0
 
 # -- finding workers and threads ---------------------------------------------------------------
 
@@ -335,6 +346,101 @@ def server_roles(master, choice=None, force=False):
     return out
 
 
+def _asked_workers(argv):
+    """``(count, "the option as written")`` that command line ``argv`` asks its server for, or None.
+
+    Only the servers of ``_WORKER_OPTIONS``, started as ``gunicorn ...``,
+    ``python -m gunicorn ...`` or ``python /path/bin/gunicorn ...``.
+
+    Examples
+    --------
+    >>> _asked_workers(["/usr/bin/python3", "-m", "gunicorn", "-c", "c.py", "-w", "2", "app:application"])
+    (2, '-w 2')
+    >>> _asked_workers(["/venv/bin/uvicorn", "app:app", "--workers=3"])
+    (3, '--workers=3')
+    >>> _asked_workers(["gunicorn", "-w4", "app:app"]), _asked_workers(["python", "serve.py", "-w", "2"])
+    ((4, '-w4'), None)
+    """
+    argv = [str(a) for a in argv]
+    names = [os.path.basename(a) for a in argv[:3]]
+    head = next((i for i, name in enumerate(names) if name in dict(_WORKER_OPTIONS)
+                 and (i == 0 or argv[i - 1] == "-m" or names[i - 1].startswith("python"))), None)
+    if head is None:
+        return None
+    options = dict(_WORKER_OPTIONS)[names[head]]
+    found = None
+    for i, arg in enumerate(argv[head + 1:], head + 1):
+        for opt in options:
+            if arg == opt and i + 1 < len(argv):
+                value, written = argv[i + 1], f"{arg} {argv[i + 1]}"
+            elif arg.startswith(opt + "=") or (len(opt) == 2 and arg.startswith(opt) and arg[2:].isdigit()):
+                value, written = arg[len(opt):].lstrip("="), arg
+            else:
+                continue
+            if value.isdigit() and int(value) > 0:
+                found = (int(value), written)          # the last one wins, as argparse and click take it
+    return found
+
+
+def settled_roles(master, choice=None, force=False, settle=SETTLE_SECONDS, wait=SETTLE_WAIT_SECONDS):
+    """:func:`server_roles` once the server's workers have stopped changing, or PinError.
+
+    A master that is still starting its workers, or replacing one, shows
+    fewer (or other) workers than it will serve with: a run that counted
+    them then would send too little load and place too few. So the workers
+    are counted when none is younger than ``settle`` seconds, the same
+    workers were read ``settle`` seconds apart, and as many run as the
+    master's command line asks for (``gunicorn -w N``, ``uvicorn --workers
+    N``; not when ``choice`` names them), waiting ``wait`` seconds at most.
+
+    Raises
+    ------
+    PinError
+        What :func:`server_roles` raises, or the workers still changing (or
+        fewer than asked for) after ``wait`` seconds: the message says which.
+    """
+    deadline = time.monotonic() + float(wait)
+    asked = None
+    if not choice:
+        try:
+            asked = _asked_workers(psutil.Process(int(master)).cmdline())
+        except (psutil.Error, ValueError, TypeError):
+            asked = None                         # server_roles says what is wrong with the PID
+    seen, since = None, time.monotonic()
+    while True:
+        roles = server_roles(master, choice, force)
+        pids = tuple(roles.worker_pids)
+        now = time.monotonic()
+        if pids != seen:
+            seen, since = pids, now
+        youngest = _youngest_age(pids)
+        short = asked is not None and len(pids) < asked[0]
+        if not short and youngest >= settle and (now - since >= settle or youngest >= 2 * settle):
+            return roles
+        if now >= deadline:
+            break
+        time.sleep(min(0.2, max(0.0, deadline - now)))
+    if short:
+        raise PinError(f"server {master}'s command line asks for {asked[0]} workers ({asked[1]}) and "
+                       f"{len(pids)} {'is' if len(pids) == 1 else 'are'} running after {wait:g} s (still starting, "
+                       "or failing to start): measure it once all have started, or name the workers with "
+                       "--worker-pids PID,PID")
+    raise PinError(f"server {master}'s workers are still changing after {wait:g} s (one started or exited in the "
+                   f"last {settle:g} s: now {', '.join(map(str, pids))}): measure it once they have settled")
+
+
+def _youngest_age(pids):
+    """Seconds since the youngest of ``pids`` started (0 when one is gone: the set is changing)."""
+    now = time.time()
+    ages = []
+    for pid in pids:
+        try:
+            ages.append(now - psutil.Process(pid).create_time())
+        except psutil.Error:
+            return 0.0
+    return min(ages, default=0.0)
+
+
 def _master_why(master, children, roles):
     """Why the master is what it is: a manager of pre-fork workers, or a front end that parses requests itself."""
     if not master.ports:
@@ -417,7 +523,8 @@ def check_server(master, force=False, choice=None):
     ``force``: its children are the whole system's (or container's)
     services. Any other process is a server's master when :func:`server_roles`
     finds its workers (or ``choice`` names them): a shell whose children are
-    ``sleep`` processes is none. Returns the workers' PIDs.
+    ``sleep`` processes is none. The workers are counted once they have
+    settled (:func:`settled_roles`). Returns the workers' PIDs.
 
     Examples
     --------
@@ -429,5 +536,5 @@ def check_server(master, force=False, choice=None):
     if int(master) == 1 and not force:
         raise PinError("PID 1 is the system's (or container's) first process, not a server's master; "
                        "give --force to pin its children anyway")
-    return worker_pids(master, choice, force)
+    return settled_roles(master, choice, force).worker_pids
 
