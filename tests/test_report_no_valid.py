@@ -67,3 +67,16 @@ def test_report_without_one_valid_trial_exits_1_in_one_line_and_writes_nothing(r
     assert lines[0].startswith(f"tuna-lab: error: no cell under {target} has a valid trial")
     assert (FIRST if where != "read" else "port in use") in lines[0]
     assert not (tmp_path / "r.html").exists()
+
+
+def test_advise_names_each_cell_without_a_valid_trial_it_learns_without(tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(Path(__file__).parent.parent / "notebooks" / "data" / "sweep-2cpu", sweep)
+    _fail(sweep / "w2-t1-small-b100", "server did not start: port in use")
+    p = main("advise", "-w", "2", "-t", "2", "--model", "small", "--results", sweep, "--json", timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert lines == ["tuna-lab: warning: w2-t1-small-b100 has no valid trial and is left out of what advise "
+                     "learns from: all 6 trials failed; the first: server did not start: port in use"], p.stderr
+    assert json.loads(p.stdout)["no_valid_trial"] == {
+        "w2-t1-small-b100": "all 6 trials failed; the first: server did not start: port in use"}

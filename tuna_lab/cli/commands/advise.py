@@ -16,6 +16,7 @@ Examples
 import json
 import math
 import os
+import sys
 
 from ...analysis.advise import DEFAULT_RESULTS
 from . import COMMANDS
@@ -68,6 +69,7 @@ def add_parser(subparsers, command=None):
 def _cmd_advise(args):
     # An AdviseError (a malformed question, unusable results) reaches cli.main: one line, status 2.
     from ...analysis.advise import check_question, train
+    from ...analysis.report import cells_without_valid_trial
     from ...errors import UnreadableCellsError
     from .report import say_left_out, unreadable_status
 
@@ -79,6 +81,11 @@ def _cmd_advise(args):
     except UnreadableCellsError as exc:
         return unreadable_status(exc)
     say_left_out(left_out, args.results)
+    # A cell whose every trial failed teaches the advisor nothing: said, as report says it (issue 46).
+    no_valid = cells_without_valid_trial(args.results) if os.path.isdir(args.results) else {}
+    for cell, why in no_valid.items():
+        print(f"tuna-lab: warning: {cell} has no valid trial and is left out of what advise learns from: {why}",
+              file=sys.stderr)
     rec = advisor.recommend(args.workers, args.threads, args.model, batch=args.batch,
                             wait_policy=args.wait_policy, spincount=args.spincount)
     e = advisor.evaluation.set_index("model")
@@ -90,6 +97,7 @@ def _cmd_advise(args):
                                  rows=int(e.loc["xgboost", "rows"]), scheme=str(e.loc["xgboost", "scheme"]))
         out["results"] = os.fspath(args.results)
         out["left_out"] = {os.path.relpath(c, args.results): why for c, why in left_out.items()}
+        out["no_valid_trial"] = no_valid
         print(json.dumps(out))
         return 0
     print(rec)
