@@ -43,11 +43,14 @@ def test_report_names_each_cell_without_a_valid_trial_on_stderr_in_json_and_in_t
         f"tuna-lab: warning: {FAILED} has no valid trial and is left out of the report: all 6 trials failed; "
         f"the first: {FIRST}",
         "tuna-lab: warning: w2-t1-medium-b100 has no valid trial and is left out of the report: all 7 trials "
-        "failed; the first: server did not start: port in use"], p.stderr
-    assert set(json.loads(p.stdout)["no_valid_trial"]) == {FAILED, "w2-t1-medium-b100"}
+        "failed; the first: server did not start: port in use",
+        # stored as measured: every cfs trial of w2-t2 timed out, so its speedups have no baseline
+        "tuna-lab: warning: w2-t2-medium-b100 (cfs) has no valid trial and is left out of the report: all 2 "
+        "trials failed; the first: 7 of 28 requests failed (25.0%, more than the 1.0% allowed): timeout"], p.stderr
+    assert set(json.loads(p.stdout)["no_valid_trial"]) == {FAILED, "w2-t1-medium-b100", "w2-t2-medium-b100 (cfs)"}
     assert "anatomy" in json.loads(p.stdout)        # docs/anatomy.md and docs/cli.md name it
     html = out.read_text()
-    assert "2 cell(s) have no valid trial and are left out of every figure" in html
+    assert "2 cell(s) and 1 policy(ies) of a cell have no valid trial and are left out of every figure" in html
     assert f"<code>{FAILED}</code>: all 6 trials failed; the first: {FIRST}" in html
 
 
@@ -80,3 +83,20 @@ def test_advise_names_each_cell_without_a_valid_trial_it_learns_without(tmp_path
                      "learns from: all 6 trials failed; the first: server did not start: port in use"], p.stderr
     assert json.loads(p.stdout)["no_valid_trial"] == {
         "w2-t1-small-b100": "all 6 trials failed; the first: server did not start: port in use"}
+
+
+def test_report_names_a_policy_with_no_valid_trial_in_a_cell_whose_others_have_some(results, tmp_path):
+    cell = results / "w2-t1-medium-b100"
+    trials = pd.read_parquet(cell / "trials.parquet")
+    policy = sorted(set(trials["policy"]) - {"cfs"})[0]
+    mine = trials["policy"].eq(policy)
+    trials.loc[mine, "trial_status"] = "failed"
+    trials.loc[mine, "reason"] = "the server answered 500"
+    trials.to_parquet(cell / "trials.parquet")
+    p = main("report", results, "-o", tmp_path / "r.html", "--json", timeout=120)
+    assert p.returncode == 0, p.stderr
+    name = f"w2-t1-medium-b100 ({policy})"
+    assert (f"tuna-lab: warning: {name} has no valid trial and is left out of the report: all {int(mine.sum())} "
+            "trials failed; the first: the server answered 500") in p.stderr.splitlines()
+    assert name in json.loads(p.stdout)["no_valid_trial"]
+    assert f"<code>{name}</code>" in (tmp_path / "r.html").read_text()

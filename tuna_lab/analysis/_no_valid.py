@@ -21,7 +21,9 @@ def cells_without_valid_trial(results, trials=None):
     Two kinds, both left out of every figure: the cells the readers pass
     over (:func:`~tuna_lab.measure.store.passed_over`: their manifest counts
     no valid trial), and cells that were read but of whose rows in
-    ``trials`` (the loaded trials table) none is valid.
+    ``trials`` (the loaded trials table) none is valid. A policy with no
+    valid trial in a cell whose other policies have some is named too, as
+    ``"CELL (POLICY)"``: its speedup is missing from every table.
 
     Parameters
     ----------
@@ -44,8 +46,14 @@ def cells_without_valid_trial(results, trials=None):
         keys = ["machine", "cell"] if "machine" in trials.columns else ["cell"]
         valid = valid_rows(trials).reindex(trials.index, fill_value=False).astype(bool)
         for key, rows in trials.groupby(keys, sort=True, dropna=False):
+            name = "/".join(map(str, key if isinstance(key, tuple) else (key,)))
             if not valid[rows.index].any():
-                out["/".join(map(str, key if isinstance(key, tuple) else (key,)))] = why_no_valid(rows)
+                out[name] = why_no_valid(rows)
+            elif "policy" in rows.columns:
+                # A policy of a cell with others valid: its speedup is missing from every table, so it is named.
+                for policy, mine in rows.groupby("policy", sort=True):
+                    if not valid[mine.index].any():
+                        out[f"{name} ({policy})"] = why_no_valid(mine)
     return dict(sorted(out.items()))
 
 

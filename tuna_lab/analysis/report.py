@@ -795,5 +795,9 @@ def _left_out(left_out, unreadable=True):
         return []
     items = "".join(f"<li><code>{_esc(cell)}</code>: {_esc(why)}</li>" for cell, why in sorted(left_out.items()))
     what = "could not be read" if unreadable else "have no valid trial"
-    return [f"<p><strong>{len(left_out)} cell(s) {what} and are left out of every figure and "
+    # "CELL (POLICY)": one policy of a cell (cells_without_valid_trial).
+    policies = sum(1 for cell in left_out if str(cell).endswith(")"))
+    count = f"{len(left_out) - policies} cell(s)" if not policies else \
+        f"{len(left_out) - policies} cell(s) and {policies} policy(ies) of a cell"
+    return [f"<p><strong>{count} {what} and are left out of every figure and "
             f"average below{' (--skip-unreadable)' * unreadable}:</strong></p><ul>{items}</ul>"]
