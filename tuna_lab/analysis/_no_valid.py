@@ -57,6 +57,18 @@ def cells_without_valid_trial(results, trials=None):
     return dict(sorted(out.items()))
 
 
+def counted(left_out):
+    """How many cells, and policies of a cell (``"CELL (POLICY)"`` keys), ``left_out`` names, in words.
+
+    Examples
+    --------
+    >>> counted({"w1-t1": "...", "w2-t1 (cfs)": "..."}), counted({"w1-t1": "..."})
+    ('1 cell(s) and 1 policy(ies) of a cell', '1 cell(s)')
+    """
+    policies = sum(1 for cell in left_out if str(cell).endswith(")"))
+    return f"{len(left_out) - policies} cell(s)" + f" and {policies} policy(ies) of a cell" * bool(policies)
+
+
 def why_no_valid(trials):
     """Why no row of one cell's ``trials`` is valid, in one line: how many failed, and the first one's reason.
 

@@ -28,7 +28,7 @@ from ..errors import AnalysisError
 from ..measure.evidence import evidence_rows
 from ..placement import POLICIES
 from . import figures as viz
-from ._no_valid import cells_without_valid_trial  # noqa: F401 - for the report command (the package's own)
+from ._no_valid import cells_without_valid_trial, counted  # noqa: F401 - the first for the report command
 from .anatomy import anatomy_note
 from .mechanism import (
     MECHANISM,
@@ -794,10 +794,6 @@ def _left_out(left_out, unreadable=True):
     if not left_out:
         return []
     items = "".join(f"<li><code>{_esc(cell)}</code>: {_esc(why)}</li>" for cell, why in sorted(left_out.items()))
-    what = "could not be read" if unreadable else "have no valid trial"
-    # "CELL (POLICY)": one policy of a cell (cells_without_valid_trial).
-    policies = sum(1 for cell in left_out if str(cell).endswith(")"))
-    count = f"{len(left_out) - policies} cell(s)" if not policies else \
-        f"{len(left_out) - policies} cell(s) and {policies} policy(ies) of a cell"
-    return [f"<p><strong>{count} {what} and are left out of every figure and "
+    return [f"<p><strong>{counted(left_out)} {'could not be read' if unreadable else 'have no valid trial'} and "
+            "are left out of every figure and "
             f"average below{' (--skip-unreadable)' * unreadable}:</strong></p><ul>{items}</ul>"]
