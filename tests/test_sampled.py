@@ -76,6 +76,20 @@ def _team(n):
     return stop, team
 
 
+def _asleep(tid, timeout=10.0):
+    """Wait until thread ``tid`` of this process reads the same twice, 50 ms apart: blocked, not on its way."""
+    deadline = time.monotonic() + timeout
+    before = thread_sched(os.getpid(), tid)
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = thread_sched(os.getpid(), tid)
+        if (now.cpu_seconds, now.voluntary_switches, now.involuntary_switches) == \
+                (before.cpu_seconds, before.voluntary_switches, before.involuntary_switches):
+            return
+        before = now
+    raise AssertionError(f"thread {tid} did not come to rest in {timeout} s")
+
+
 _WORK = bytes(8 << 20)
 
 
@@ -169,6 +183,7 @@ def test_a_workers_counters_go_to_the_requests_it_served_when_the_server_says_wh
 def test_the_samplers_reader_reads_what_the_scheduler_says_and_only_what_is_asked():
     """procfs.SampledThreads against machine.sched's own reading of the same threads (untimed)."""
     idle_stop, (idle,) = _team(1)
+    _asleep(idle.native_id)     # a thread just started may still run on its way into wait(): on a busy machine
     ended = threading.Thread(target=lambda: None)
     ended.start()
     ended.join()
