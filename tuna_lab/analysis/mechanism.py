@@ -591,7 +591,11 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
         text += f" {few} had {TOO_FEW_TRIALS}." if few else ""
         mech = ranked[ranked["measure"].ne("p99") & ranked["separated"].gt(0)]
         if len(mech):
-            text += f" Of the scheduler's evidence, {mech.iloc[0]['label']} separates {int(mech.iloc[0]['separated'])}."
+            # Every quantity that separates, not just the first: a reader looks for the mechanism among them.
+            also = "; also " + ", ".join(f"{r['label']} ({int(r['separated'])})"
+                                         for r in mech.iloc[1:].to_dict("records"))
+            text += (f" Of the scheduler's evidence, {mech.iloc[0]['label']} separates {int(mech.iloc[0]['separated'])}"
+                     + (also if len(mech) > 1 else "") + ".")
         elif not has_evidence(trials):
             text += " The scheduler's evidence was not recorded in these results."
         return text
