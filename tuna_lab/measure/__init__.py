@@ -17,13 +17,15 @@
 
 import lazy_loader as _lazy
 
-__all__ = ["Config", "Result", "run", "sweep", "grid", "article_design", "load_results", "load_thread_cpu", "cell_key",
-           "payload", "closed_loop", "open_loop", "summary"]
+__all__ = ["Config", "Result", "run", "LoadSpec", "TrialSpec", "sweep", "grid", "article_design", "load_results",
+           "load_thread_cpu", "cell_key", "payload", "closed_loop", "open_loop", "summary"]
 
 __getattr__, __dir__, _ = _lazy.attach(
-    __name__, submodules=["loadgen", "sweeps", "tune", "cpu", "experiment", "store", "schema", "target"],
+    __name__, submodules=["loadgen", "sweeps", "tune", "cpu", "experiment", "store", "schema", "target", "trial_spec"],
     submod_attrs={
         "experiment": ["Config", "Result", "run", "grid"],
+        # run's load and trial settings (measure/trial_spec.py, light: no pandas).
+        "trial_spec": ["LoadSpec", "TrialSpec"],
         "sweeps": ["sweep", "article_design"],
         "store": ["load_results", "load_thread_cpu"],
         "loadgen": ["payload", "closed_loop", "open_loop", "summary"],
