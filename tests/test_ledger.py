@@ -239,13 +239,24 @@ def _wait_pinned(master, state, timeout=60):
     return helpers.wait_until(pinned, timeout, f"a pin of server {master}")
 
 
+def _from_a_terminal():
+    """The signals' default actions, as a command started from a shell has them.
+
+    A test run started under ``nohup`` (or another runner that ignores SIGHUP) passes SIG_IGN on to its
+    children, and the ledger leaves a signal that is not at its default as the caller set it: SIGHUP would
+    then be ignored, as the user who ran ``nohup`` asked, and the test would wait for nothing.
+    """
+    for name in ("SIGHUP", "SIGUSR1", "SIGTERM", "SIGINT"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sig", ["SIGHUP", "SIGUSR1", "SIGTERM"])
 def test_a_signal_during_pin_watch_leaves_no_mask_behind(state, server, sig):
     proc, _ = server
     before = all_masks(proc.pid)
     watch = subprocess.Popen([sys.executable, "-m", "tuna_lab", "pin", "--pid", str(proc.pid), "-t", "1",
                               "--policy", "round-robin", "--watch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+                             text=True, preexec_fn=_from_a_terminal)
     try:
         _wait_pinned(proc.pid, state)
         watch.send_signal(getattr(signal, sig))
@@ -263,7 +274,7 @@ def test_sighup_during_run_pid_leaves_no_mask_behind(state, server, tmp_path):
     run = subprocess.Popen([sys.executable, "-m", "tuna_lab", "run", "--pid", str(proc.pid), "--url",
                             f"http://127.0.0.1:{port}/", "-t", "1", "--policies", "round-robin,tuna-scatter",
                             "--trials", "3", "--requests", "2000", "--out", str(tmp_path / "out")],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_from_a_terminal)
     try:
         _wait_pinned(proc.pid, state, timeout=120)
         run.send_signal(signal.SIGHUP)
