@@ -64,3 +64,20 @@ def test_the_specs_travel_to_a_worker_and_split_a_sweeps_options():
     # The defaults are run()'s before the specs: 1,000 requests all at once, seed 0, warm-up 20, 1% failures.
     assert specs_of(1000, {})[:2] == (LoadSpec(), TrialSpec())
     assert (LoadSpec().requests, LoadSpec().concurrency, TrialSpec().warmup) == (1000, None, 20)
+
+
+def test_every_spec_taking_function_refuses_another_type_in_one_way():
+    # One rule (_checks.spec_or_default) for run(), tune(), race() and Server: the type named, nothing started.
+    from tuna_lab.errors import ServerError, TuneError
+    from tuna_lab.measure.tune import race
+    from tuna_lab.measure.tune.tuner import tune
+    from tuna_lab.server.launch import Server
+
+    with pytest.raises(ServerError, match=r"^limits must be a ServerLimits, got dict$"):
+        Server(1, 1, limits={"max_requests": 5})
+    with pytest.raises(ServerError, match=r"^openmp must be an OpenMPEnv, got str$"):
+        Server(1, 1, openmp="passive")
+    with pytest.raises(TuneError, match=r"^rules must be a RaceRules, got int$"):
+        race.race([race.Candidate(1, 1, "cfs", "default")], None, 1.0, 60.0, rules=3)
+    with pytest.raises(TuneError, match=r"^trial must be a TrialSpec, got int$"):
+        tune("1s", configs=[(1, 1)], budget="1m", trial=7)

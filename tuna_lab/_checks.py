@@ -23,7 +23,7 @@ from .errors import TopologyError, TunaError
 
 __all__ = ["positive_int", "non_negative_int", "positive_number", "parse_cpulist", "parse_cpumask",
            "format_cpulist", "one_line", "shorten", "MAX_CPU_ID", "MAX_LOGICAL_CPUS", "MAX_THREADS", "check_size",
-           "check_cpus"]
+           "check_cpus", "spec_or_default"]
 
 
 def _is_int(value):
@@ -63,6 +63,21 @@ MAX_LOGICAL_CPUS = 4096
 #: Most threads of one server, workers x threads per worker (W x T). A mapping's local search holds
 #: (W*T)^2 matrices of floats: about 1.3 GB at this size.
 MAX_THREADS = 8192
+
+
+def spec_or_default(name, value, cls, error=TunaError):
+    """``value``, or a default ``cls()`` for None; raise ``error`` for an object of another type.
+
+    A spec (``LoadSpec``, ``ServerLimits``...) checks its own fields when it is made, so the function
+    that takes one only has to know it got one: a dict or a keyword left over from an older signature is
+    refused in one line that names the type expected.
+    """
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise error(f"{name} must be {article} {cls.__name__}, got {type(value).__name__}")
+    return value
 
 
 def check_size(workers, threads, error=TunaError):

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
-from .._checks import format_cpulist, positive_int
+from .._checks import format_cpulist, positive_int, spec_or_default
 from ..errors import CpuAccountingError, ExperimentError
 from ..machine import host, procfs
 from ..machine.limits import Limits, check_throttling
@@ -365,12 +365,8 @@ def run(config, policies, trials=5, *, load=None, trial=None, out=None, csv=Fals
         if name in _MOVED:
             raise ExperimentError(f"run() takes {name} as {_MOVED[name]}")
         raise ExperimentError(f"run() has no option {name!r}")
-    load = LoadSpec() if load is None else load
-    trial = TrialSpec() if trial is None else trial
-    if not isinstance(load, LoadSpec):
-        raise ExperimentError(f"load must be a LoadSpec, got {type(load).__name__}")
-    if not isinstance(trial, TrialSpec):
-        raise ExperimentError(f"trial must be a TrialSpec, got {type(trial).__name__}")
+    load = spec_or_default("load", load, LoadSpec, ExperimentError)
+    trial = spec_or_default("trial", trial, TrialSpec, ExperimentError)
     # Both specs were checked when they were made; run() reads them.
     requests, concurrency, rate, duration = load.requests, load.concurrency, load.rate, load.duration
     seed, warmup, max_error_rate, client_cpus = trial.seed, trial.warmup, trial.max_error_rate, trial.client_cpus

@@ -24,7 +24,7 @@ import time
 import psutil
 
 from .. import _files
-from .._checks import check_size, non_negative_int, positive_int, positive_number, shorten
+from .._checks import check_size, non_negative_int, positive_int, positive_number, shorten, spec_or_default
 from ..errors import CpuAccountingError, ServerError, TunaError
 from ..machine.limits import check_throttling
 from ..machine import procfs
@@ -159,12 +159,8 @@ class Server:
         # The policies module is imported here: `tuna-lab status` and `stop` use this module too.
         from ..placement.policies import placement
 
-        limits = ServerLimits() if limits is None else limits
-        openmp = OpenMPEnv() if openmp is None else openmp
-        if not isinstance(limits, ServerLimits):
-            raise ServerError(f"limits must be a ServerLimits, got {type(limits).__name__}")
-        if not isinstance(openmp, OpenMPEnv):
-            raise ServerError(f"openmp must be an OpenMPEnv, got {type(openmp).__name__}")
+        limits = spec_or_default("limits", limits, ServerLimits, ServerError)
+        openmp = spec_or_default("openmp", openmp, OpenMPEnv, ServerError)
         max_requests, max_body_bytes, time_limit = limits.max_requests, limits.max_body_bytes, limits.time_limit
         max_work, max_wait = limits.max_work, limits.max_wait
         read_timeout, request_timeout = limits.read_timeout, limits.request_timeout

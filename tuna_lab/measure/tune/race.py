@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..._checks import positive_int, positive_number
+from ..._checks import positive_int, positive_number, spec_or_default
 from ...errors import TuneError
 
 __all__ = ["Candidate", "Step", "TuneResult", "RaceRules", "START_GUESS", "MIN_STEP_SECONDS", "parse_duration",
@@ -486,9 +486,7 @@ def race(candidates, evaluate, sla_p99, budget, *, rules=None, timeout=None, exh
     """
     if not candidates:
         raise TuneError("no candidates to race")
-    rules = RaceRules() if rules is None else rules
-    if not isinstance(rules, RaceRules):
-        raise TuneError(f"rules must be a RaceRules, got {type(rules).__name__}")
+    rules = spec_or_default("rules", rules, RaceRules, TuneError)
     rounds, step_seconds, steps, eta = rules.rounds, rules.step_seconds, rules.steps, rules.eta
     tolerance, confidence, low, high, start_rate = (rules.tolerance, rules.confidence, rules.low, rules.high,
                                                     rules.start_rate)

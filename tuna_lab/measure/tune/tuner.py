@@ -32,7 +32,7 @@ Examples
 import os
 from dataclasses import fields
 
-from ..._checks import positive_int
+from ..._checks import positive_int, spec_or_default
 from ...errors import ExperimentError, TuneError, UnmeetableTargetError
 from ..trial_spec import TrialSpec
 from .race import (START_GUESS, Candidate, RaceRules, Step, TuneResult, auto_configs, check_step_seconds,
@@ -119,9 +119,7 @@ def tune(sla_p99, *, configs="auto", policies=("cfs", "round-robin", "tuna-scatt
     if unknown:
         raise TuneError(f"tune() has no option {unknown[0]!r} (the race's are {', '.join(sorted(rules))}, "
                         f"{', '.join(_RACE_KEYWORDS)})")
-    trial = TrialSpec() if trial is None else trial
-    if not isinstance(trial, TrialSpec):
-        raise TuneError(f"trial must be a TrialSpec, got {type(trial).__name__}")
+    trial = spec_or_default("trial", trial, TrialSpec, TuneError)
     seed, warmup, max_error_rate, client_cpus = trial.seed, trial.warmup, trial.max_error_rate, trial.client_cpus
     sla = parse_duration(sla_p99, "the p99 target")
     budget = parse_duration(budget, "the budget")
