@@ -178,6 +178,16 @@ def test_a_chunked_body_is_read_whole_trailers_included(srv):
     assert status == 400
 
 
+def test_a_chunk_size_line_longer_than_any_real_one_is_400_at_once(srv):
+    # Handed to Gunicorn's parser, it would read on for up to 8190 bytes and hold the worker read_timeout.
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=10) as conn:
+        conn.sendall(head + b"1" * 2000)
+        status, _, out = raw_response(conn)
+    assert status == 400 and b"chunk-size line longer than" in out and time.monotonic() - t0 < READ_TIMEOUT
+
+
 def test_a_declared_body_over_the_cap_is_413_unread_and_at_once(srv):
     head = (b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % (1 << 40))
@@ -503,6 +513,7 @@ def test_a_failed_start_leaves_no_state_folder(own_tmp):
     (b"POST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"3\r\nabc\r\n0\r\n\r\n", "whole"),
     (b"POST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"3\r\nabc\r\n0\r\nX: 1\r\n", "more"),
     (b"POST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"ffff\r\n" + b"a" * 2000, "too large"),
+    (b"POST /p HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"1" * 1100, "bad chunk"),   # no line so long
     (b"POST /p HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", b"", "handover"),
     (b"GET /p HTTP/1.1\r\nX: " + b"a" * 300, b"", "handover"),                      # headers past the cap
 ])

@@ -73,7 +73,7 @@ _SMALL = 1 << 16
 _ACCEPTS_PER_TURN = 16
 #: How long, after its answer, a connection is drained before it is closed (Gunicorn lingers up to 2 s).
 _DRAIN_SECONDS = 0.25
-#: Bytes of a chunk-size line (hex size and extensions) beyond which the framing is left to Gunicorn to refuse.
+#: Bytes of a chunk-size line (hex size and extensions) beyond which the worker refuses the request (400).
 _CHUNK_LINE = 1024
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
@@ -193,7 +193,9 @@ class _Pending:
     :meth:`feed` answers one of ``"more"`` (wait for bytes), ``"whole"``
     (hand it over), ``"handover"`` (hand it over now: framing or headers
     Gunicorn's parser should judge, or a ``Content-Length`` the app refuses
-    unread) or ``"too large"`` (a chunked body past the cap).
+    unread), ``"too large"`` (a chunked body past the cap) or ``"bad chunk"``
+    (a chunk-size line longer than any real one: Gunicorn's parser would
+    wait for up to 8190 bytes of it, holding the worker).
     """
 
     __slots__ = ("sock", "addr", "listener", "deadline", "buf", "head_end", "length", "chunk_pos", "expect",
@@ -234,7 +236,9 @@ class _Pending:
         while True:
             eol = buf.find(b"\r\n", pos)
             if eol < 0:
-                return "handover" if len(buf) - pos > _CHUNK_LINE else "more"
+                # Handed over, an unfinished line would have Gunicorn's parser read on (up to its 8190 bytes),
+                # blocking this worker for read_timeout: a slowloris by chunk line.
+                return "bad chunk" if len(buf) - pos > _CHUNK_LINE else "more"
             try:
                 size = int(bytes(buf[pos:eol]).split(b";", 1)[0].strip(), 16)
             except ValueError:
@@ -343,7 +347,8 @@ class LabWorker(SyncWorker):
         The sync worker took no connection it would not serve; these were
         accepted, so they are answered here rather than reset. No new ones are
         taken: they wait in the listening socket for the other workers or the
-        replacement. At most ``read_timeout``, under Gunicorn's ``graceful_timeout``.
+        replacement. Each gets ``read_timeout`` of the worker's reading (its time serving the others is
+        not counted), all of it under Gunicorn's ``graceful_timeout``, which ends the worker.
         """
         for listener in self.sockets:
             self._sel.unregister(listener)
@@ -416,6 +421,9 @@ class LabWorker(SyncWorker):
             state = p.feed(data, self._head_cap, self._body_cap)
             if state == "too large":
                 self._refuse(p, 413, f"body exceeds the limit of {self._body_cap} bytes")
+                return
+            if state == "bad chunk":
+                self._refuse(p, 400, f"chunk-size line longer than {_CHUNK_LINE} bytes")
                 return
             if state != "more":
                 self._serve(p)
