@@ -51,6 +51,8 @@ def sweep(tmp_path):
     """A copy of the stored sweep, with the settings file a sweep writes today."""
     folder = tmp_path / "sweep"
     shutil.copytree(SWEEP, folder)
+    if (folder / "sweep.json").exists():        # the stored sweep was measured with one
+        return folder
     configs = sorted(d.name for d in folder.iterdir() if d.is_dir())
     write_sweep_file(folder, {"configs": configs, "policies": ["cfs", "round-robin", "tuna-scatter"], "trials": 2,
                               "requests": 100, "seed": 0, "concurrency": None, "wait_policies": ["default"],
@@ -113,6 +115,48 @@ def test_advise_names_a_cell_it_cannot_read_and_exits_1(sweep):
     assert CELL in line and "w1-t2-small-b100" in line
 
 
+def test_a_cell_reached_by_a_link_is_named_and_never_read_through_it(sweep, tmp_path):
+    # Another user's folder linked into a shared results folder, at a cell's name and as a machine's folder.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(sweep / CELL, elsewhere / "w9-t1-small-b100")
+    (sweep / "w9-t1-small-b100").symlink_to(elsewhere / "w9-t1-small-b100")
+    line = _refused(main("report", sweep, "-o", tmp_path / "r.html", timeout=60), code=1)
+    assert "w9-t1-small-b100" in line and "is a link" in line and not (tmp_path / "r.html").exists()
+    p = main("report", sweep, "-o", tmp_path / "r.html", "--json", "--skip-unreadable", timeout=60)
+    assert p.returncode == 0 and "w9-t1-small-b100" in p.stderr, p.stderr
+    assert "is a link" in json.loads(p.stdout)["left_out"]["w9-t1-small-b100"]
+    # A link is named even where its target is no cell: nothing under the folder is passed over in silence.
+    (sweep / "w9-t1-small-b100").unlink()
+    (sweep / "machine-x").symlink_to(elsewhere)
+    line = _refused(main("advise", "-w", "2", "-t", "2", "--model", "small", "--results", sweep, timeout=60), code=1)
+    assert "machine-x" in line and "is a link" in line
+
+
+def test_a_table_swapped_for_a_fifo_after_it_was_looked_at_is_refused_not_waited_on(sweep, monkeypatch):
+    from tuna_lab.measure import readable
+
+    # The lstat check passed (as for a name swapped between the look and the open): the open itself refuses.
+    monkeypatch.setattr(readable, "table_file_problem", lambda path, required=True: None)
+    (sweep / CELL / "trials.parquet").unlink()
+    os.mkfifo(sweep / CELL / "trials.parquet")
+    frame, why = readable.read_table(str(sweep / CELL / "trials.parquet"), "trials")
+    assert frame is None and why == "trials.parquet is a FIFO, not a table file"
+    (sweep / CELL / "trials.parquet").unlink()
+    (sweep / CELL / "trials.parquet").symlink_to(sweep / CELL / "requests.parquet")
+    frame, why = readable.read_table(str(sweep / CELL / "trials.parquet"), "trials")
+    assert frame is None and why.startswith("trials.parquet cannot be opened")
+
+
+def test_a_table_of_more_rows_than_a_cell_may_have_is_refused_before_it_is_read(sweep, monkeypatch):
+    from tuna_lab.measure import readable
+
+    rows = len(pd.read_parquet(sweep / CELL / "requests.parquet"))
+    monkeypatch.setattr(readable, "MAX_TABLE_ROWS", rows - 1)
+    frame, why = readable.read_table(str(sweep / CELL / "requests.parquet"), "requests")
+    assert frame is None and why == f"requests.parquet holds {rows:,} rows, more than the {rows - 1:,} a cell's " \
+                                    "table may have"
+
+
 def test_skip_unreadable_goes_on_and_says_which_cells_were_left_out(sweep, tmp_path):
     _spoil(sweep / CELL, "requests empty")
     p = main("report", sweep, "-o", tmp_path / "r.html", "--json", "--skip-unreadable", timeout=60)
@@ -155,6 +199,7 @@ def test_run_and_tune_never_replace_a_sweeps_cells(sweep, args):
 def test_a_cell_of_an_older_sweep_without_a_settings_file_is_not_replaced_by_run(tmp_path):
     folder = tmp_path / "old"
     shutil.copytree(SWEEP, folder)
+    (folder / "sweep.json").unlink(missing_ok=True)     # as sweeps wrote before they kept their settings
     before = _digest(folder)
     line = _refused(main("run", "-w", "2", "-t", "2", "--model", "small", "--out", folder, timeout=60))
     assert "measured by `sweep`" in line

@@ -76,13 +76,14 @@ def test_advise_names_each_cell_without_a_valid_trial_it_learns_without(tmp_path
     sweep = tmp_path / "sweep"
     shutil.copytree(Path(__file__).parent.parent / "notebooks" / "data" / "sweep-2cpu", sweep)
     _fail(sweep / "w2-t1-small-b100", "server did not start: port in use")
+    n = len(pd.read_parquet(sweep / "w2-t1-small-b100" / "trials.parquet"))
     p = main("advise", "-w", "2", "-t", "2", "--model", "small", "--results", sweep, "--json", timeout=120)
     assert p.returncode == 0, p.stderr
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert lines == ["tuna-lab: warning: w2-t1-small-b100 has no valid trial and is left out of what advise "
-                     "learns from: all 6 trials failed; the first: server did not start: port in use"], p.stderr
+                     f"learns from: all {n} trials failed; the first: server did not start: port in use"], p.stderr
     assert json.loads(p.stdout)["no_valid_trial"] == {
-        "w2-t1-small-b100": "all 6 trials failed; the first: server did not start: port in use"}
+        "w2-t1-small-b100": f"all {n} trials failed; the first: server did not start: port in use"}
 
 
 def test_report_names_a_policy_with_no_valid_trial_in_a_cell_whose_others_have_some(results, tmp_path):
@@ -100,3 +101,13 @@ def test_report_names_a_policy_with_no_valid_trial_in_a_cell_whose_others_have_s
             "trials failed; the first: the server answered 500") in p.stderr.splitlines()
     assert name in json.loads(p.stdout)["no_valid_trial"]
     assert f"<code>{name}</code>" in (tmp_path / "r.html").read_text()
+
+
+def test_a_planted_reason_reaches_the_terminal_as_one_short_line_without_escapes(results, tmp_path):
+    # A trials file is another user's to write: its reason may hold terminal escapes, line breaks, a megabyte.
+    _fail(results / "w2-t1-medium-b100", "port\x1b[2J\r\nin use " + "x" * 100_000)
+    p = main("report", results, "-o", tmp_path / "r.html", "--json", timeout=120)
+    assert p.returncode == 0, p.stderr
+    warned = [line for line in p.stderr.splitlines() if "w2-t1-medium-b100" in line]
+    assert len(warned) == 1 and "\x1b" not in p.stderr and "\r" not in p.stderr and len(warned[0]) < 600
+    assert "the first: port?[2J? in use xxx" in warned[0] and warned[0].endswith("...")

@@ -77,3 +77,35 @@ def test_workers_still_missing_after_the_wait_are_refused_with_the_count_asked_f
             settled_roles(srv.master, wait=1)
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("argv, asked", [
+    (["gunicorn", "-w", "2", "app:app"], (2, "-w 2")),
+    (["gunicorn", "-w", "\u00b2", "app:app"], None),            # a digit to str.isdigit, not to int
+    (["gunicorn", "-w\u00b2", "app:app"], None),
+    (["gunicorn", "-w", "9" * 4000, "app:app"], None),           # no server runs so many; no 4,000-digit message
+    (["gunicorn", "--workers=0"], None), (["gunicorn", "-w", "-3"], None), (["gunicorn", "-w"], None),
+    (["uvicorn", "app:app", "--workers", "abc"], None),
+])
+def test_only_a_count_a_server_would_take_is_waited_for(argv, asked):
+    from tuna_lab.live.roles import _asked_workers
+
+    assert _asked_workers(argv) == asked
+
+
+def test_a_named_worker_that_exits_while_the_server_is_read_is_refused_not_left_without_a_slot(monkeypatch):
+    import os
+    import subprocess
+
+    from tuna_lab.live import roles
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        real = roles._facts
+        # Gone between being named (a live child) and being read, as a worker that exits at that moment.
+        monkeypatch.setattr(roles, "_facts", lambda p: None if p.pid == child.pid else real(p))
+        with pytest.raises(PinError, match=f"^worker {child.pid} named by --worker-pids exited while server"):
+            roles.server_roles(os.getpid(), roles.WorkerChoice(pids=(child.pid,)))
+    finally:
+        child.kill()
+        child.wait()

@@ -23,7 +23,7 @@ from .errors import TopologyError, TunaError
 
 __all__ = ["positive_int", "non_negative_int", "positive_number", "parse_cpulist", "parse_cpumask",
            "format_cpulist", "one_line", "shorten", "MAX_CPU_ID", "MAX_LOGICAL_CPUS", "MAX_THREADS", "check_size",
-           "check_cpus", "spec_or_default"]
+           "check_cpus", "spec_or_default", "printable"]
 
 
 def _is_int(value):
@@ -199,6 +199,21 @@ def format_cpulist(cpus):
         out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
         i = j + 1
     return ",".join(out)
+
+
+def printable(text, limit=300):
+    """:func:`shorten` of ``text`` with every character a terminal would act on written as ``?``.
+
+    For what is read from another user's files (a folder's name, a recorded
+    reason) and printed: an escape sequence or a carriage return in it would
+    reach the reader's terminal.
+
+    Examples
+    --------
+    >>> printable("cell\x1b[2J\rfine")
+    'cell?[2J?fine'
+    """
+    return shorten("".join(c if c.isprintable() or c in " \t\n" else "?" for c in str(text)), limit)
 
 
 def one_line(exc):

@@ -10,6 +10,7 @@ import os
 
 import pandas as pd
 
+from .._checks import printable
 from ..measure import schema
 from ..measure.readable import read_table
 from ..measure.store import passed_over, valid_rows
@@ -41,19 +42,19 @@ def cells_without_valid_trial(results, trials=None):
     out = {}
     for cell in passed_over(results):
         table, unreadable = read_table(os.path.join(cell, schema.TRIALS), "trials")
-        out[_name(cell, results)] = why_no_valid(table) if unreadable is None else unreadable
+        out[_name(cell, results)] = why_no_valid(table) if unreadable is None else printable(unreadable)
     if trials is not None and len(trials) and "cell" in trials.columns:
         keys = ["machine", "cell"] if "machine" in trials.columns else ["cell"]
         valid = valid_rows(trials).reindex(trials.index, fill_value=False).astype(bool)
         for key, rows in trials.groupby(keys, sort=True, dropna=False):
-            name = "/".join(map(str, key if isinstance(key, tuple) else (key,)))
+            name = printable("/".join(map(str, key if isinstance(key, tuple) else (key,))), 200)
             if not valid[rows.index].any():
                 out[name] = why_no_valid(rows)
             elif "policy" in rows.columns:
                 # A policy of a cell with others valid: its speedup is missing from every table, so it is named.
                 for policy, mine in rows.groupby("policy", sort=True):
                     if not valid[mine.index].any():
-                        out[f"{name} ({policy})"] = why_no_valid(mine)
+                        out[f"{name} ({printable(policy, 100)})"] = why_no_valid(mine)
     return dict(sorted(out.items()))
 
 
@@ -85,7 +86,8 @@ def why_no_valid(trials):
     failed = status is not None and status.ne("ok").all()
     head = f"all {len(trials)} trials failed" if failed and len(trials) > 1 else \
         "its one trial failed" if failed else f"no trial is valid ({len(trials)} trial{'s' * (len(trials) > 1)})"
-    return f"{head}; the first: {_first_reason(trials, status)}"
+    # The reason is what a trials file holds: another user's file may hold terminal escapes or a megabyte.
+    return f"{head}; the first: {printable(_first_reason(trials, status))}"
 
 
 def _first_reason(trials, status):
@@ -110,4 +112,4 @@ def _first_reason(trials, status):
 def _name(cell, results):
     """A cell as ``report`` names cells: relative to the results folder (its own name when it is that folder)."""
     name = os.path.relpath(cell, results)
-    return os.path.basename(os.path.normpath(cell)) if name == "." else name
+    return printable(os.path.basename(os.path.normpath(cell)) if name == "." else name, 200)

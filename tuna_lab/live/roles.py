@@ -326,6 +326,11 @@ def server_roles(master, choice=None, force=False):
                                f"not named by {how}" + ("" if roles[f.pid][0] == "worker" else
                                                          f"; {roles[f.pid][1]}"), f.command)
                    for f in facts if f.pid not in picked]
+        gone = [p for p in picked if p not in by_pid]
+        if gone:
+            # Named, then exited before it was read: a plan for the others would leave its slot to nobody.
+            raise PinError(f"worker {gone[0]} named by {how} exited while server {master} was read; "
+                           "name the workers it runs now")
         order = {f.pid: f.started for f in by_pid.values()}
         return ServerRoles(head, tuple(sorted(workers, key=lambda w: (order[w.pid], w.pid))), tuple(helpers))
     workers = [f for f in facts if roles[f.pid][0] == "worker"]
@@ -339,11 +344,21 @@ def server_roles(master, choice=None, force=False):
                                   for f in sorted(workers, key=lambda f: (f.started, f.pid))), tuple(helpers))
     if not out.workers:
         name = os.path.basename(master_facts.command.split(" ")[0]) if master_facts.command else "?"
+        # A command line is the process owner's to write: no terminal escapes or line breaks into the message.
+        name = "".join(c if c.isprintable() else "?" for c in name)[:64]
         raise PinError(f"PID {master} ({name}) is not a recognised pre-fork server: none of its "
                        f"{len(facts)} child process{'' if len(facts) == 1 else 'es'} serves requests (holds a TCP "
                        f"socket or runs an inference runtime): {out.left_out()}; name the workers with --worker-pids "
                        "PID,PID or --worker-match REGEX, or give --force to take every child")
     return out
+
+
+def _count(text):
+    """Whether ``text`` is a worker count as a server's option parser takes one: 1 to 6 ASCII digits, not 0.
+
+    ``str.isdigit`` alone takes "²" (which ``int`` refuses) and 4,000 digits (a command line anyone may write).
+    """
+    return text.isascii() and text.isdigit() and len(text) <= 6 and int(text) > 0
 
 
 def _asked_workers(argv):
@@ -373,13 +388,21 @@ def _asked_workers(argv):
         for opt in options:
             if arg == opt and i + 1 < len(argv):
                 value, written = argv[i + 1], f"{arg} {argv[i + 1]}"
-            elif arg.startswith(opt + "=") or (len(opt) == 2 and arg.startswith(opt) and arg[2:].isdigit()):
+            elif arg.startswith(opt + "=") or (len(opt) == 2 and arg.startswith(opt) and _count(arg[2:])):
                 value, written = arg[len(opt):].lstrip("="), arg
             else:
                 continue
-            if value.isdigit() and int(value) > 0:
+            if _count(value):
                 found = (int(value), written)          # the last one wins, as argparse and click take it
     return found
+
+
+def _born(pid):
+    """The start time of process ``pid`` (psutil's ``create_time``), or None when it is gone."""
+    try:
+        return psutil.Process(int(pid)).create_time()
+    except psutil.Error:
+        return None
 
 
 def settled_roles(master, choice=None, force=False, settle=SETTLE_SECONDS, wait=SETTLE_WAIT_SECONDS):
@@ -400,15 +423,21 @@ def settled_roles(master, choice=None, force=False, settle=SETTLE_SECONDS, wait=
         fewer than asked for) after ``wait`` seconds: the message says which.
     """
     deadline = time.monotonic() + float(wait)
-    asked = None
-    if not choice:
-        try:
-            asked = _asked_workers(psutil.Process(int(master)).cmdline())
-        except (psutil.Error, ValueError, TypeError):
-            asked = None                         # server_roles says what is wrong with the PID
+    asked = born = None
+    try:
+        proc = psutil.Process(int(master))
+        born = proc.create_time()
+        asked = None if choice else _asked_workers(proc.cmdline())
+    except (psutil.Error, ValueError, TypeError):
+        pass                                     # server_roles says what is wrong with the PID
     seen, since = None, time.monotonic()
     while True:
         roles = server_roles(master, choice, force)
+        now_born = _born(master) if born is not None else None
+        if born is not None and now_born != born:
+            # The master exited (and its PID may have gone to another process): its workers are no server's.
+            raise PinError(f"server {master} exited while its workers were counted"
+                           + (f" (PID {master} is now another process's)" if now_born is not None else ""))
         pids = tuple(roles.worker_pids)
         now = time.monotonic()
         if pids != seen:

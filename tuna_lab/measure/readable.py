@@ -28,8 +28,10 @@ from pandas.api.types import infer_dtype, is_numeric_dtype
 from .._files import file_kind
 from . import schema
 
-__all__ = ["TEXT_COLUMNS", "NUMBER_COLUMNS", "column_problem", "table_file_problem", "read_table"]
+__all__ = ["TEXT_COLUMNS", "NUMBER_COLUMNS", "MAX_TABLE_ROWS", "column_problem", "table_file_problem", "read_table"]
 
+#: Most rows a cell's table may hold: a cell of 100 trials of 100,000 requests under 3 policies has 30 million.
+MAX_TABLE_ROWS = 50_000_000
 #: Per table, the columns that hold text (a name, a status, a reason); missing values allowed.
 TEXT_COLUMNS = {
     "trials": ("cell", "policy", "model", "wait_policy", "trial_status", "latency", "machine", "generator_cpus",
@@ -114,10 +116,28 @@ def read_table(path, table, required=True):
         return None, why
     if not os.path.lexists(path):
         return None, None
+    name = os.path.basename(path)
     try:
-        frame = pd.read_parquet(path)
-    except Exception as exc:  # pyarrow raises many types for a damaged file
-        return None, f"{os.path.basename(path)} does not parse ({type(exc).__name__})"
+        # Opened without following a link and without blocking, then checked again by what was opened:
+        # the name may have been swapped for a FIFO or a link since it was looked at.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return None, f"{name} cannot be opened ({exc.strerror or exc})"
+    with open(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            return None, f"{name} is {file_kind(mode)}, not a table file"
+        try:
+            import pyarrow.parquet as pq
+
+            rows = pq.ParquetFile(f).metadata.num_rows
+            if rows > MAX_TABLE_ROWS:
+                # A few kilobytes of dictionary-encoded rows can expand to more memory than the machine has.
+                return None, f"{name} holds {rows:,} rows, more than the {MAX_TABLE_ROWS:,} a cell's table may have"
+            f.seek(0)
+            frame = pd.read_parquet(f)
+        except Exception as exc:  # pyarrow raises many types for a damaged file
+            return None, f"{name} does not parse ({type(exc).__name__})"
     why = column_problem(frame, table)
     if why:
         return None, f"{os.path.basename(path)}: {why}"

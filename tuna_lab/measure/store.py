@@ -15,7 +15,7 @@ every cell with a valid trial, and a corrupt manifest is refused with one line.
 Examples
 --------
 >>> from tuna_lab.measure.store import load_results
->>> requests, trials, manifests = load_results("notebooks/data/sweep-2cpu")   # the sweep notebook 06 reads
+>>> requests, trials, manifests = load_results("notebooks/data/sweep-2cpu")   # the sweep notebook 08 reads
 >>> len(manifests), sorted(trials["policy"].unique())
 (18, ['cfs', 'round-robin', 'tuna-scatter'])
 """
@@ -32,6 +32,7 @@ import pandas as pd
 
 # Re-exported: manifests, sweep.json and tune.json are written whole or not at all, never through a link.
 from .. import _files
+from .._checks import printable
 from .._files import file_kind, read_json, write_json
 from ..errors import ExperimentError, StoreError, UnreadableCellsError
 from . import schema
@@ -330,10 +331,19 @@ def machine_name(info):
 
 
 def _cell_folders(path):
-    """The sub-folders of ``path`` that may be cells or machines: no temporary or partial ones."""
-    return [os.path.join(path, d) for d in os.listdir(path)
-            if os.path.isdir(os.path.join(path, d)) and ".tmp-" not in d and ".old-" not in d
-            and not d.endswith(schema.PARTIAL_SUFFIX)]
+    """The sub-folders of ``path`` that may be cells or machines, and its links to folders; no partial ones.
+
+    A link to a folder is listed, never read through: the readers name it as a cell they refuse
+    (:func:`_state`), for another user may have planted it in a shared results folder. (Whether it
+    points to a folder is a ``stat``, which opens nothing.)
+    """
+    try:
+        with os.scandir(path) as entries:
+            found = [e for e in entries if e.is_dir(follow_symlinks=False) or (e.is_symlink() and e.is_dir())]
+    except OSError as exc:
+        raise ExperimentError(f"cannot read the results folder {path}: {exc.strerror or exc}") from None
+    return [e.path for e in found if ".tmp-" not in e.name and ".old-" not in e.name
+            and not e.name.endswith(schema.PARTIAL_SUFFIX)]
 
 
 def _int(value, least=0):
@@ -566,11 +576,20 @@ def _cells_under(path):
         return [(path, None)]
     cells = []
     for folder in sorted(_cell_folders(path)):
-        if _is_cell(folder):
+        if os.path.islink(folder) or _is_cell(folder):
             cells.append((folder, None))
         else:
-            cells += [(cell, os.path.basename(folder)) for cell in sorted(_cell_folders(folder)) if _is_cell(cell)]
+            cells += [(cell, os.path.basename(folder)) for cell in sorted(_cell_folders(folder))
+                      if os.path.islink(cell) or _is_cell(cell)]
     return cells
+
+
+def _state(cell, path):
+    """:func:`cell_state` of a cell found under ``path``; one reached by a link there is refused, not read."""
+    if cell != path and os.path.islink(cell):
+        return CellState(cell, "corrupt", f"{cell} is a link: results are not read through a link, which "
+                                          "another user may have planted; copy the cell here to read it")
+    return cell_state(cell)
 
 
 def finished_cells(path, skip_unreadable=False, left_out=None):
@@ -595,7 +614,7 @@ def finished_cells(path, skip_unreadable=False, left_out=None):
         raise ExperimentError(f"no results folder at {path}")
     cells, bad = [], {}
     for cell, machine in _cells_under(path):
-        state = cell_state(cell)
+        state = _state(cell, path)
         if state.status == "corrupt":
             bad[cell] = state.reason
         elif state.readable:
@@ -616,7 +635,9 @@ def _unreadable(path, bad, skip, left_out, none_left=False):
     if left_out is not None:
         left_out.update(bad)
     if not skip or none_left:
-        names = {(os.path.relpath(c, path) if c != path else c): why for c, why in bad.items()}
+        # Folder names and reasons are another user's to write: nothing a terminal would act on is printed.
+        names = {printable(os.path.relpath(c, path) if c != path else c, 200): printable(why)
+                 for c, why in bad.items()}
         if len(names) == 1:
             (name, why), = names.items()
             raise UnreadableCellsError(f"{name} under {path} is not a readable tuna-lab result ({why}), and "
@@ -668,7 +689,7 @@ def no_valid_trial(source, keys=None):
     for cell, _ in _cells_under(path):
         if keys is not None and os.path.basename(os.path.normpath(cell)) not in keys:
             continue
-        state = cell_state(cell)
+        state = _state(cell, path)
         if state.status == "corrupt":
             raise ExperimentError(state.reason)
         if state.without_valid:
@@ -681,7 +702,7 @@ def passed_over(path):
 
     :func:`finished_cells` reads none of them; ``report`` names each, so that none is dropped in silence.
     """
-    states = [cell_state(cell) for cell, _ in _cells_under(path)]
+    states = [_state(cell, path) for cell, _ in _cells_under(path)]
     return [s.path for s in states if s.status == "incomplete" and not s.readable]
 
 

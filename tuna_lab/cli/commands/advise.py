@@ -82,7 +82,13 @@ def _cmd_advise(args):
         return unreadable_status(exc)
     say_left_out(left_out, args.results)
     # A cell whose every trial failed teaches the advisor nothing: said, as report says it (issue 46).
-    no_valid = cells_without_valid_trial(args.results) if os.path.isdir(args.results) else {}
+    # Both kinds: cells passed over (their manifest counts no valid trial) and cells read whose trials hold
+    # none (a manifest that says otherwise); the second needs the trials read, once more (under a second).
+    no_valid = {}
+    if os.path.isdir(args.results):
+        from ...measure import load_results
+
+        no_valid = cells_without_valid_trial(args.results, load_results(args.results, True, {})[1])
     for cell, why in no_valid.items():
         print(f"tuna-lab: warning: {cell} has no valid trial and is left out of what advise learns from: {why}",
               file=sys.stderr)

@@ -97,8 +97,10 @@ def _cmd_plan(args):
         from ...live.roles import check_server, server_roles
         from ...live.pin import server_threads
 
-        check_server(args.pid)                          # PID 1, or a process that serves nothing: refused
-        roles = server_roles(args.pid, worker_choice_of(args))
+        choice = worker_choice_of(args)
+        # PID 1, or a process that serves nothing, refused; the workers the user named, or found, once settled.
+        check_server(args.pid, choice=choice)
+        roles = server_roles(args.pid, choice)
         activity = traffic_of(args, args.pid)
         # Every worker of the server gets a slot: a plan with fewer slots has no CPUs for some.
         count = len(roles.workers)

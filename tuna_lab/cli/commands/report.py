@@ -113,5 +113,7 @@ def _no_valid_status(no_valid, results):
 def say_left_out(left_out, results):
     """With ``--skip-unreadable``: one line naming the cells left out, so that no average changes in silence."""
     if left_out:
-        names = "; ".join(f"{os.path.relpath(c, results)}: {why}" for c, why in left_out.items())
+        from ..._checks import printable
+
+        names = "; ".join(printable(f"{os.path.relpath(c, results)}: {why}") for c, why in left_out.items())
         print(f"tuna-lab: warning: {len(left_out)} cell(s) left out (--skip-unreadable): {names}", file=sys.stderr)
