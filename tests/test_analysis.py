@@ -692,7 +692,12 @@ def test_summarize_a_stored_cell_gives_what_run_prints():
     from tuna_lab.analysis import RunSummary, summarize
     from tuna_lab.measure.experiment import load_results
 
+    # The first two trials of a stored cell, one fewer than an interval needs; the whole cell has one.
     requests, trials, _ = load_results(SWEEP_2CPU / "w3-t2-medium-b100")
+    whole = summarize(requests, trials).speedups.set_index("policy")
+    assert (whole["ci_low"] < whole["speedup"]).all() and (whole["speedup"] < whole["ci_high"]).all()
+    trials = trials[trials["trial"] < MIN_INTERVAL_TRIALS - 1]
+    requests = requests[requests["trial"] < MIN_INTERVAL_TRIALS - 1]
     s = summarize(requests, trials)
     assert isinstance(s, RunSummary)
     ok = trials[trials["trial_status"] == "ok"]
@@ -707,7 +712,8 @@ def test_summarize_a_stored_cell_gives_what_run_prints():
     assert sp["speedup"].to_dict() == pytest.approx((means["cfs"] / means).drop("cfs").to_dict(), rel=1e-9)
     assert sp[["ci_low", "ci_high"]].isna().all(axis=None)         # 2 trials per policy: too few for one
     lines = s.to_text().splitlines()
-    assert lines[-1].endswith("p99 speedup 3.89x (too few trials for an interval)")
+    assert lines[-1].endswith(f"p99 speedup {means['cfs'] / means['tuna-scatter']:.2f}x (too few trials for an "
+                              "interval)")
     # The header, a row per policy, the CPU columns said in words once, a line per speedup.
     assert lines[0].split()[:3] == ["policy", "p50", "ms"] and len(lines) == 1 + 3 + 1 + 2
     assert lines[4].startswith("(CPU ms/req: CPU time per request - server: the workers' threads")
@@ -764,7 +770,7 @@ def test_terminal_report_table_and_figure_show_one_interval(tmp_path):
     from tuna_lab.analysis.figures import speedup_bars
     from tuna_lab.measure.experiment import load_results
 
-    # A cell of 3 trials per policy (sweep-2cpu's have 2: too few for an interval).
+    # A stored cell of 5 trials per policy.
     requests, trials, _ = load_results(SWEEP_2CPU.parent / "sched-2cpu" / "w2-t2-medium-b100")
     run = summarize(requests, trials)
     text = run.to_text()

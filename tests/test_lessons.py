@@ -81,9 +81,15 @@ def test_three_trials_give_an_interval():
 def test_a_run_summary_says_too_few_trials_in_words():
     from tuna_lab.analysis import summarize
 
-    requests, trials, _ = load_results(NOTEBOOKS / "data" / "sweep-2cpu" / "w3-t2-medium-b100")   # 2 trials
-    text = summarize(requests, trials).to_text()
-    assert "tuna-scatter vs cfs: p99 speedup 3.89x (too few trials for an interval)" in text
+    # The first two trials of a stored cell: one fewer than an interval needs.
+    requests, trials, _ = load_results(NOTEBOOKS / "data" / "sweep-2cpu" / "w3-t2-medium-b100")
+    two = trials["trial"] < MIN_INTERVAL_TRIALS - 1
+    requests = requests[requests["trial"] < MIN_INTERVAL_TRIALS - 1]
+    ok = trials[two & trials["trial_status"].eq("ok")]
+    p99 = ok.groupby("policy")["p99"].mean()
+    text = summarize(requests, trials[two]).to_text()
+    assert f"tuna-scatter vs cfs: p99 speedup {p99['cfs'] / p99['tuna-scatter']:.2f}x (too few trials for an " \
+           "interval)" in text
     assert "(95% interval)" not in text
 
 

@@ -210,7 +210,7 @@ def printable(text, limit=300):
 
     Examples
     --------
-    >>> printable("cell\x1b[2J\rfine")
+    >>> printable("cell\\x1b[2J\\rfine")
     'cell?[2J?fine'
     """
     return shorten("".join(c if c.isprintable() or c in " \t\n" else "?" for c in str(text)), limit)

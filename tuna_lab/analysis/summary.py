@@ -14,10 +14,10 @@ effect.
 Examples
 --------
 >>> from tuna_lab.measure import load_results
->>> requests, trials, _ = load_results("notebooks/data/sweep-2cpu")   # the sweep notebook 06 reads
+>>> requests, trials, _ = load_results("notebooks/data/sweep-2cpu")   # the sweep notebook 08 reads
 >>> summarize(requests, trials).headline[["baseline", "policy", "applications"]].values.tolist()
-[['cfs', 'round-robin', 18], ['cfs', 'tuna-scatter', 18],
- ['round-robin', 'cfs', 18], ['round-robin', 'tuna-scatter', 18]]
+[['cfs', 'round-robin', 10], ['cfs', 'tuna-scatter', 10],
+ ['round-robin', 'cfs', 10], ['round-robin', 'tuna-scatter', 10]]
 """
 
 from dataclasses import dataclass, field

@@ -17,7 +17,7 @@ Examples
 >>> from tuna_lab.measure.store import load_results
 >>> requests, trials, manifests = load_results("notebooks/data/sweep-2cpu")   # the sweep notebook 08 reads
 >>> len(manifests), sorted(trials["policy"].unique())
-(18, ['cfs', 'round-robin', 'tuna-scatter'])
+(10, ['cfs', 'round-robin', 'tuna-scatter'])
 """
 
 import contextlib
