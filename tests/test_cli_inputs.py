@@ -160,7 +160,7 @@ def test_a_run_whose_every_trial_fails_exits_1(tmp_path):
 @pytest.mark.parametrize("where", ["/proc/version", "folder"])
 def test_report_to_a_path_that_cannot_be_written_is_one_line(tmp_path, where):
     out = str(tmp_path) if where == "folder" else where
-    line = assert_one_line(tuna_lab_cli("report", str(SWEEP_2CPU), "-o", out, timeout=60), 2)
+    line = assert_one_line(tuna_lab_cli("report", str(SWEEP_2CPU / "w2-t1-small-b100"), "-o", out, timeout=60), 2)
     # /proc/version holds data that is no report: refused as such before any write is tried (issue 46)
     assert f"cannot write {out}" in line or f"{out} is a file that is no tuna-lab report" in line
 
@@ -169,7 +169,7 @@ def test_report_through_a_link_replaces_the_link_not_its_target(tmp_path):
     victim = tmp_path / "victim"
     victim.write_text("keep")
     (tmp_path / "r.html").symlink_to(victim)
-    p = tuna_lab_cli("report", str(SWEEP_2CPU), "-o", str(tmp_path / "r.html"), timeout=60)
+    p = tuna_lab_cli("report", str(SWEEP_2CPU / "w2-t1-small-b100"), "-o", str(tmp_path / "r.html"), timeout=60)
     assert p.returncode == 0, p.stderr
     assert victim.read_text() == "keep" and not (tmp_path / "r.html").is_symlink()
 

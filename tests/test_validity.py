@@ -248,7 +248,7 @@ def test_worker_balance_reads_requests_where_the_server_names_the_worker_else_cp
 def test_the_report_counts_trials_that_left_a_worker_out_apart(tmp_path):
     from tuna_lab.analysis.report import write_report
 
-    requests, trials, _ = load_results("notebooks/data/sweep-2cpu")
+    requests, trials, _ = load_results("notebooks/data/sweep-2cpu/w2-t1-small-b100")     # one cell of 15 trials
     trials = trials.assign(worker_share=1.0)
     first = trials.index[0]
     trials.loc[first, ["trial_status", "reason", "worker_share"]] = ["failed", "a worker left out of the load", 0.05]
