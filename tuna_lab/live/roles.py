@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from .._checks import printable
 from ..errors import PinError
 from .pools import loaded_runtimes
 
@@ -345,7 +346,7 @@ def server_roles(master, choice=None, force=False):
     if not out.workers:
         name = os.path.basename(master_facts.command.split(" ")[0]) if master_facts.command else "?"
         # A command line is the process owner's to write: no terminal escapes or line breaks into the message.
-        name = "".join(c if c.isprintable() else "?" for c in name)[:64]
+        name = printable(name, 64)
         raise PinError(f"PID {master} ({name}) is not a recognised pre-fork server: none of its "
                        f"{len(facts)} child process{'' if len(facts) == 1 else 'es'} serves requests (holds a TCP "
                        f"socket or runs an inference runtime): {out.left_out()}; name the workers with --worker-pids "
@@ -433,8 +434,8 @@ def settled_roles(master, choice=None, force=False, settle=SETTLE_SECONDS, wait=
     seen, since = None, time.monotonic()
     while True:
         roles = server_roles(master, choice, force)
-        now_born = _born(master) if born is not None else None
-        if born is not None and now_born != born:
+        now_born = None if born is None else _born(master)
+        if now_born != born:
             # The master exited (and its PID may have gone to another process): its workers are no server's.
             raise PinError(f"server {master} exited while its workers were counted"
                            + (f" (PID {master} is now another process's)" if now_born is not None else ""))
