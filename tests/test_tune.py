@@ -393,3 +393,17 @@ def test_a_policy_the_budget_never_reached_is_not_called_failed(fails, says, cap
     assert says in err, err
     # Said once, and the one that never ran is not called failed.
     assert "round-robin: every trial failed" not in err and "of cfs, round-robin" not in err
+
+
+def test_halving_says_why_it_drops_a_candidate_at_a_higher_rate_than_the_leader():
+    # As in the stored tune (notebooks/data/tune-2cpu, 2x1 after round 3): a bracket passed at 18/s but
+    # failed only at 64/s ranks below one passed at 16/s whose p99 crosses the target nearer 26/s.
+    from tuna_lab.measure.tune.race import _drop, _Entry
+
+    leader, other = _Entry(Candidate(2, 1, "tuna-scatter")), _Entry(Candidate(2, 1, "round-robin"))
+    leader.steps = [Step(16.0, 8.0, 200, 0, 0.10), Step(26.0, 8.0, 200, 10, 0.21)]
+    other.steps = [Step(18.0, 8.0, 200, 0, 0.149), Step(64.0, 8.0, 200, 100, math.inf)]
+    _drop([leader, other], 2, 4, 2, 0.1, 0.9, 1.0, False, sla_p99=0.15)
+    assert (leader.status, other.status) == ("in race", "dropped")
+    assert other.reason == ("halving after round 3: 18.0/s, rank 2 of 2 (leader 16.0/s; a higher rate than the "
+                            "leader's, ranked below it by where its p99 crosses the target (18.2/s against 21.5/s))")

@@ -57,7 +57,7 @@ import tempfile
 
 from .errors import UnsafeFileError
 
-__all__ = ["MAX_FILE_BYTES", "MAX_JSON_DEPTH", "read_bytes", "read_text", "read_json", "loads_json",
+__all__ = ["MAX_FILE_BYTES", "MAX_JSON_DEPTH", "open_regular", "read_bytes", "read_text", "read_json", "loads_json",
            "write_atomic", "write_json", "open_new", "trusted_dir", "private_dir", "file_kind", "check_path",
            "safe_dir", "check_output"]
 
@@ -106,23 +106,8 @@ def read_bytes(path, limit=MAX_FILE_BYTES, follow=True, error=UnsafeFileError):
     >>> read_bytes("/proc/self/comm", limit=64).endswith(b"\\n")
     True
     """
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = open_regular(path, follow, error)
     try:
-        # Looked at before it is opened: opening some devices does something (a watchdog arms itself).
-        # What is opened is checked again below: the name may have changed in between.
-        mode = (os.stat if follow else os.lstat)(path).st_mode
-        if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
-            fd = os.open(path, flags)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise error(f"{path} {_reason(exc)}") from None
-    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-        raise error(f"{path} is not a regular file ({file_kind(mode)}); refusing to read it")
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise error(f"{path} is not a regular file ({file_kind(mode)}); refusing to read it")
         chunks, size = [], 0
         while True:
             try:
@@ -138,6 +123,45 @@ def read_bytes(path, limit=MAX_FILE_BYTES, follow=True, error=UnsafeFileError):
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def open_regular(path, follow=True, error=UnsafeFileError, name=None):
+    """A read-only descriptor of the regular file ``path``, checked by what was opened.
+
+    Opened without blocking (a FIFO planted at the name cannot hang the
+    reader) and, with ``follow`` False, without following a link. The name
+    is looked at before it is opened, because opening some devices does
+    something (a watchdog arms itself), and what was opened is checked
+    again, because the name may have been swapped in between. The caller
+    closes the descriptor. ``name`` is how the file is called in the error
+    (default ``path``); ``FileNotFoundError`` is raised as itself.
+
+    Examples
+    --------
+    >>> fd = open_regular("/proc/self/comm")
+    >>> os.close(fd)
+    >>> open_regular("/dev/null")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.UnsafeFileError: /dev/null is not a regular file (a character device); refusing to read it
+    """
+    name = path if name is None else name
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        mode = (os.stat if follow else os.lstat)(path).st_mode
+        if stat.S_ISREG(mode) or stat.S_ISLNK(mode):
+            fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise error(f"{name} {_reason(exc)}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise error(f"{name} is not a regular file ({file_kind(mode)}); refusing to read it")
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise error(f"{name} is not a regular file ({file_kind(mode)}); refusing to read it")
+    return fd
 
 
 def read_text(path, limit=MAX_FILE_BYTES, follow=True, error=UnsafeFileError):

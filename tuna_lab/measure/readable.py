@@ -25,10 +25,14 @@ import stat
 import pandas as pd
 from pandas.api.types import infer_dtype, is_numeric_dtype
 
-from .._files import file_kind
+from .._files import file_kind, open_regular
 from . import schema
 
 __all__ = ["TEXT_COLUMNS", "NUMBER_COLUMNS", "MAX_TABLE_ROWS", "column_problem", "table_file_problem", "read_table"]
+
+class _Refused(Exception):
+    """A table file that is not a regular file, said in :func:`read_table`'s words."""
+
 
 #: Most rows a cell's table may hold: a cell of 100 trials of 100,000 requests under 3 policies has 30 million.
 MAX_TABLE_ROWS = 50_000_000
@@ -118,15 +122,12 @@ def read_table(path, table, required=True):
         return None, None
     name = os.path.basename(path)
     try:
-        # Opened without following a link and without blocking, then checked again by what was opened:
-        # the name may have been swapped for a FIFO or a link since it was looked at.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        return None, f"{name} cannot be opened ({exc.strerror or exc})"
+        # The name may have been swapped for a FIFO or a link since it was looked at: opened without
+        # following a link or blocking, and checked again by what was opened.
+        fd = open_regular(path, follow=False, error=_Refused, name=name)
+    except (OSError, _Refused) as exc:
+        return None, str(exc) if isinstance(exc, _Refused) else f"{name} cannot be opened ({exc.strerror or exc})"
     with open(fd, "rb") as f:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            return None, f"{name} is {file_kind(mode)}, not a table file"
         try:
             import pyarrow.parquet as pq
 

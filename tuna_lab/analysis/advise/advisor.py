@@ -61,7 +61,8 @@ NO_TAIL_FEATURES = ("the tail's shares are not features here: the results' reque
                     "learns from the features it had before")
 
 
-def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1, skip_unreadable=False, left_out=None):
+def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1, skip_unreadable=False, left_out=None,
+          name=None):
     """Train an :class:`Advisor` on sweep results and evaluate it on held-out configurations.
 
     Parameters
@@ -80,6 +81,8 @@ def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1, skip_unread
     skip_unreadable, left_out : bool, dict, optional
         With a folder: learn without the cells that cannot be read, adding them to ``left_out``
         (``{cell: why}``), rather than raise (see :func:`~tuna_lab.measure.store.load_results`).
+    name : str, optional
+        With frames: what they were read from, for the errors (default "the results").
 
     Returns
     -------
@@ -99,7 +102,7 @@ def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1, skip_unread
     >>> advisor = train("results/sweep")       # doctest: +SKIP
     >>> advisor.evaluation                     # doctest: +SKIP
     """
-    where = "the results"
+    where = "the results" if name is None else os.fspath(name)
     if isinstance(results, (str, os.PathLike)):
         from ...measure import load_results
 

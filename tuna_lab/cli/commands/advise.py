@@ -75,20 +75,23 @@ def _cmd_advise(args):
 
     # Check the question before learning from the results: a typo should not cost a training.
     check_question(args.workers, args.threads, args.model, args.batch, args.wait_policy, args.spincount)
-    left_out = {}
+    left_out, no_valid = {}, {}
     try:
-        advisor = train(args.results, skip_unreadable=args.skip_unreadable, left_out=left_out)
+        if os.path.isdir(args.results):
+            from ...measure import load_results
+
+            # Read once: the advisor learns from these frames, and the cells without a valid trial are
+            # found in the same trials (issue 46): cells passed over (their manifest counts no valid trial)
+            # and cells read whose trials hold none (a manifest that says otherwise).
+            frames = load_results(args.results, args.skip_unreadable, left_out)
+            advisor = train(frames, name=args.results)
+            no_valid = cells_without_valid_trial(args.results, frames[1])
+        else:
+            advisor = train(args.results)     # says there is no results folder there, and how to make one
     except UnreadableCellsError as exc:
         return unreadable_status(exc)
     say_left_out(left_out, args.results)
-    # A cell whose every trial failed teaches the advisor nothing: said, as report says it (issue 46).
-    # Both kinds: cells passed over (their manifest counts no valid trial) and cells read whose trials hold
-    # none (a manifest that says otherwise); the second needs the trials read, once more (under a second).
-    no_valid = {}
-    if os.path.isdir(args.results):
-        from ...measure import load_results
-
-        no_valid = cells_without_valid_trial(args.results, load_results(args.results, True, {})[1])
+    # A cell whose every trial failed teaches the advisor nothing: said, as report says it.
     for cell, why in no_valid.items():
         print(f"tuna-lab: warning: {cell} has no valid trial and is left out of what advise learns from: {why}",
               file=sys.stderr)

@@ -732,14 +732,19 @@ def _drop(entries, rnd, rounds, eta, tolerance, confidence, low, exhaustive, sla
         return
     # Two stay until the round before the last: halving to one on short steps would crown a lucky step.
     keep = max(2 if rnd + 2 < rounds else 1, math.ceil(len(alive) / eta))
-    lead = rows[id(alive[0])]["rate"]
+    lead, lead_cross = rows[id(alive[0])]["rate"], cross[id(alive[0])]
     for rank, e in enumerate(alive[keep:], keep + 1):
         rate = rows[id(e)]["rate"]
         e.status = "dropped"
-        # A candidate as fast as the leader is dropped by the order's tie-breaks (crossing, lower bound):
-        # say so, rather than a bare rank that reads as slower.
-        tie = ", tied with the leader on rate and ranked below it by the p99 crossing and lower bound" \
-            if rate >= lead else ""
+        # A candidate at or above the leader's rate is dropped by the order's estimate (where the p99
+        # crosses the target) or its tie-break (the lower bound): say which, with the figures, rather than
+        # a bare rank that reads as slower.
+        tie = ""
+        if rate >= lead:
+            how = "tied with the leader on rate" if rate == lead else "a higher rate than the leader's"
+            by = (f"by where its p99 crosses the target ({cross[id(e)]:.1f}/s against {lead_cross:.1f}/s)"
+                  if cross[id(e)] < lead_cross else "by its lower bound, at an equal crossing")
+            tie = f"; {how}, ranked below it {by}"
         e.reason = (f"halving after round {rnd + 1}: {rate:.1f}/s, rank {rank} of {len(alive)} (leader "
                     f"{lead:.1f}/s{tie})")
 
@@ -779,8 +784,11 @@ def _result(entries, history, sla_p99, budget, elapsed, confidence, ran_out):
                 sure = (f"sure: its lower bound {top['rate_low']:.1f}/s is at or above every other candidate's "
                         f"upper bound ({confidence:.0%} one-sided)")
             elif not math.isfinite(rival["rate_high"]):
-                sure = (f"not sure: nothing bounds what {rival['candidate']} may serve (its steps never missed "
-                        f"the target), above the winner's lower bound {top['rate_low']:.1f}/s")
+                # No upper bound: none of its steps was over the target often enough to show, at this
+                # confidence, that more than 1% of requests are (one over in a short step is not enough).
+                sure = (f"not sure: nothing bounds what {rival['candidate']} may serve (no step of it was over "
+                        f"the target often enough to bound its rate, {confidence:.0%} one-sided), above the "
+                        f"winner's lower bound {top['rate_low']:.1f}/s")
             else:
                 sure = (f"not sure: {rival['candidate']} may serve up to {rival['rate_high']:.1f}/s, above the "
                         f"winner's lower bound {top['rate_low']:.1f}/s ({confidence:.0%} one-sided)")
