@@ -1,6 +1,7 @@
 """``report`` names every cell it leaves out for having no valid trial (issue 46: nothing dropped without a word).
 
-Built from stored data, no server: notebooks/data/tune-2cpu holds a real cell,
+Built from stored data, no server: tests/data/tune-loaded (the 4-minute tune notebook 09
+read until it was re-measured, made while a test run loaded the machine) holds a real cell,
 w1-t2-medium-b100, whose 6 trials all failed (too many requests timed out);
 its manifest counts no valid trial, so the readers pass over it. Another
 cell's trials are marked failed by hand (a manifest that still counts them
@@ -15,7 +16,7 @@ import pandas as pd
 import pytest
 from helpers import main
 
-TUNE = Path(__file__).parent.parent / "notebooks" / "data" / "tune-2cpu"
+TUNE = Path(__file__).parent / "data" / "tune-loaded"
 FAILED = "w1-t2-medium-b100"
 FIRST = "11 of 28 requests failed (39.3%, more than the 1.0% allowed): timeout"
 

@@ -396,7 +396,7 @@ def test_a_policy_the_budget_never_reached_is_not_called_failed(fails, says, cap
 
 
 def test_halving_says_why_it_drops_a_candidate_at_a_higher_rate_than_the_leader():
-    # As in the stored tune (notebooks/data/tune-2cpu, 2x1 after round 3): a bracket passed at 18/s but
+    # As in a tune of the lab server on 2 CPUs (2x1, after round 3): a bracket passed at 18/s but
     # failed only at 64/s ranks below one passed at 16/s whose p99 crosses the target nearer 26/s.
     from tuna_lab.measure.tune.race import _drop, _Entry
 

@@ -35,7 +35,7 @@ def cells_without_valid_trial(results, trials=None):
 
     Examples
     --------
-    >>> cells_without_valid_trial("notebooks/data/tune-2cpu")    # doctest: +ELLIPSIS
+    >>> cells_without_valid_trial("tests/data/tune-loaded")    # doctest: +ELLIPSIS
     {'w1-t2-medium-b100': 'all 6 trials failed; the first: 11 of 28 requests failed (39.3%, ...): timeout'}
     """
     results = os.fspath(results)

@@ -78,9 +78,10 @@ _GROWTH = 4.0
 # A step carries at least this many requests (its duration grows at low rates, up to 4 x the round's).
 _MIN_REQUESTS = 20
 #: The shortest step that measures a rate (seconds). The open loop's sends lag their Poisson schedule by up
-#: to about 5 ms (the p99 of ``send_lag`` in notebooks/data/tune-2cpu, 6.6 ms at most), and a request
-#: takes milliseconds: a step of ten times that is the shortest whose offered rate is the rate asked to
-#: within about 10%. Shorter ones (``--step-seconds 1e-9``) sent one request each and "met" every rate.
+#: to about 5 ms (the p99 of ``send_lag`` in tests/data/tune-loaded, a tune on a loaded 2-CPU machine:
+#: 6.6 ms at most), and a request takes milliseconds: a step of ten times that is the shortest whose
+#: offered rate is the rate asked to within about 10%. Shorter ones (``--step-seconds 1e-9``) sent one
+#: request each and "met" every rate.
 MIN_STEP_SECONDS = 0.05
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
