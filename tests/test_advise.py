@@ -379,7 +379,7 @@ def test_spin_count_and_cpu_columns_from_newer_results():
     rec = advisor.recommend(4, 2, "small", spincount=1000, topology=TOPOLOGY)
     assert rec.covered and rec.evidence.iloc[0]["cell"] == "w4-t2-small-b100-spin1000"
     unset = advisor.recommend(4, 2, "small", topology=TOPOLOGY)
-    assert unset.coverage == ["spin count unset was not measured (measured: 1000)"]
+    assert unset.coverage == ["spin count default was not measured (measured: 1000)"]
     with pytest.raises(AdviseError, match="spincount must be"):
         advisor.recommend(4, 2, "small", spincount=-3, topology=TOPOLOGY)
 

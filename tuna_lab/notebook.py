@@ -96,6 +96,8 @@ def _spend_the_solver_banner():
 
 # The operator's parts of a progress line: the countdown, and a wait for another measurement's CPUs.
 _COUNTDOWN = re.compile(r"\s*\[~\d+ s left\]|; ~\d+ s left")
+# The operator's next step in machine.reserve's note: a command-line flag, not the lesson's business.
+_OPERATOR_HINT = "; reserve some with --client-cpus LIST"
 _LOCK_WAIT = "waiting up to "
 
 
@@ -105,20 +107,23 @@ def lesson_progress(line):
     ``run(..., progress=print)`` stores in the notebook what the command line
     tells its operator - ``[~547 s left]`` beside a lesson's "about a
     minute", ``waiting up to 3600 s (TUNA_LAB_CPU_LOCK_WAIT) ...`` - numbers
-    that say how busy the machine was the day the notebook was run. The wait
-    goes to the ``tuna_lab`` logger instead (not stored unless the reader
-    asks for it); the rest of the line is printed as it came.
+    that say how busy the machine was the day the notebook was run, and the
+    command-line flag to pass next time (``reserve some with --client-cpus``).
+    The wait goes to the ``tuna_lab`` logger instead (not stored unless the
+    reader asks for it); the rest of the line is printed as it came.
 
     Examples
     --------
     >>> lesson_progress("w2-t2 trial 1/2 cfs  p99 160.8 ms  ok  [~547 s left]  CPU/req: server 54.73 ms")
     w2-t2 trial 1/2 cfs  p99 160.8 ms  ok  CPU/req: server 54.73 ms
     >>> lesson_progress("waiting up to 3600 s (TUNA_LAB_CPU_LOCK_WAIT): CPUs 0-1 in use by process 42")
+    >>> lesson_progress("its own CPU use is recorded; reserve some with --client-cpus LIST")
+    its own CPU use is recorded
     """
     if line.startswith(_LOCK_WAIT):
         logging.getLogger("tuna_lab").info(line)
         return
-    print(_COUNTDOWN.sub("", line))
+    print(_COUNTDOWN.sub("", line).replace(_OPERATOR_HINT, ""))
 
 
 def milliseconds(frame, columns):

@@ -63,11 +63,16 @@ def counted(left_out):
 
     Examples
     --------
-    >>> counted({"w1-t1": "...", "w2-t1 (cfs)": "..."}), counted({"w1-t1": "..."})
-    ('1 cell(s) and 1 policy(ies) of a cell', '1 cell(s)')
+    >>> counted({"w1-t1": "...", "w2-t1 (cfs)": "..."}), counted({"w1-t1": "...", "w2-t1": "..."})
+    ('1 cell and 1 policy of a cell', '2 cells')
+    >>> counted({"w2-t1 (cfs)": "...", "w2-t2 (cfs)": "..."})
+    '2 policies of a cell'
     """
     policies = sum(1 for cell in left_out if str(cell).endswith(")"))
-    return f"{len(left_out) - policies} cell(s)" + f" and {policies} policy(ies) of a cell" * bool(policies)
+    cells = len(left_out) - policies
+    parts = [f"{cells} cell{'s' * (cells != 1)}"] * bool(cells or not policies)
+    parts += [f"{policies} polic{'ies' if policies != 1 else 'y'} of a cell"] * bool(policies)
+    return " and ".join(parts)
 
 
 def why_no_valid(trials):

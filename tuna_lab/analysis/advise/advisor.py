@@ -586,11 +586,14 @@ class Advisor:
                                                      "wait_policy", "spincount", "oversubscription"]
         measured = [c for c in configs.columns if c.startswith("measured ")]
         out = near[columns + measured].assign(distance=distance.iloc[index].to_numpy())
+        # -1 is the features' code for an unset GOMP_SPINCOUNT; a reader (and --json) sees "default",
+        # the word every table of the lab uses for a setting left alone.
+        out["spincount"] = [_spin_text(v) if v < 0 else int(v) for v in out["spincount"]]
         return out[columns + ["distance"] + measured].reset_index(drop=True)
 
 
 def _spin_text(spincount):
-    return "unset" if spincount < 0 else str(spincount)
+    return "default" if spincount < 0 else str(spincount)
 
 
 def _asked_shape(topology):

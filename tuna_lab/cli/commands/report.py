@@ -116,4 +116,5 @@ def say_left_out(left_out, results):
         from ..._checks import printable
 
         names = "; ".join(printable(f"{os.path.relpath(c, results)}: {why}") for c, why in left_out.items())
-        print(f"tuna-lab: warning: {len(left_out)} cell(s) left out (--skip-unreadable): {names}", file=sys.stderr)
+        print(f"tuna-lab: warning: {len(left_out)} cell{'s' * (len(left_out) != 1)} left out (--skip-unreadable): "
+              f"{names}", file=sys.stderr)
