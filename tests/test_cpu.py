@@ -162,8 +162,9 @@ def _marked(mark):
     return [p.pid for p in psutil.process_iter(["environ"]) if (p.info["environ"] or {}).get(name) == value]
 
 
-def test_sigterm_stops_a_run_and_its_servers(tmp_path):
-    """`kill` of a running `tuna-lab run` unwinds like Ctrl-C: no Gunicorn is left behind."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP"])
+def test_sigterm_stops_a_run_and_its_servers(tmp_path, sig):
+    """`kill` of a running `tuna-lab run`, or its terminal closing, unwinds like Ctrl-C: no Gunicorn is left behind."""
     import signal
     import subprocess
     import sys
@@ -186,7 +187,7 @@ def test_sigterm_stops_a_run_and_its_servers(tmp_path):
         while len(marked := _marked(mark)) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(marked) >= 2
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(getattr(signal, sig))
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()

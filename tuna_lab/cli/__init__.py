@@ -170,8 +170,9 @@ def _command_in(argv):
 
 
 def _terminate_as_interrupt(signum, frame):
-    # SIGTERM (kill, a CI timeout) unwinds like Ctrl-C, so every server the
-    # command started is stopped by its context manager instead of orphaned.
+    # SIGTERM (kill, a CI timeout) and SIGHUP (a closed terminal, a dropped ssh session) unwind like
+    # Ctrl-C, so every server the command started is stopped by its context manager, its pins given
+    # back and its finished trials kept, instead of the process dying where it stood.
     raise KeyboardInterrupt
 
 
@@ -239,7 +240,7 @@ def main(argv=None):
     0 on success, 1 when something ran but some policy has no valid trial,
     nothing ran, or stdout could not take the output (a full disk; one line
     on stderr), 2 on bad input (one line on stderr), 130 when interrupted
-    (Ctrl-C or SIGTERM).
+    (Ctrl-C, SIGTERM, or SIGHUP unless it is ignored, as under ``nohup``).
 
     Examples
     --------
@@ -287,9 +288,12 @@ def _main(argv):
     # Only the module of the command run is imported (a start in a tenth of a second); an unknown or
     # missing command gets the list of them all, as `tuna-lab --help` shows it.
     args = _parser({_command_in(argv)}).parse_args(argv)
-    previous = None
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        # Not where SIGHUP is ignored: `nohup tuna-lab sweep ...` asked to outlive its terminal.
+        if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _terminate_as_interrupt)
     shown = warnings.showwarning
 
     def one_line(message, category, filename, lineno, file=None, line=None):
@@ -324,5 +328,5 @@ def _main(argv):
         print("tuna-lab: interrupted", file=sys.stderr)
         return 130
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

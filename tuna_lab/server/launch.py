@@ -472,16 +472,16 @@ def child_setup(die_with_parent, cpus):
 
 @contextlib.contextmanager
 def _interrupts_held():
-    """Hold SIGINT and SIGTERM back while the body runs, then deliver them.
+    """Hold SIGINT, SIGTERM and SIGHUP back while the body runs, then deliver them.
 
     A KeyboardInterrupt raised inside :class:`subprocess.Popen` after its fork
     would leave a Gunicorn that no one knows the PID of. Only signals with a
-    Python handler are held (SIGINT's KeyboardInterrupt, the CLI's SIGTERM);
+    Python handler are held (SIGINT's KeyboardInterrupt, the CLI's SIGTERM and SIGHUP);
     handlers can only be set in the main thread, the only one Python runs them in.
     """
     held, previous = [], {}
     if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if callable(signal.getsignal(sig)):
                 previous[sig] = signal.signal(sig, lambda signum, frame: held.append(signum))
     try:
