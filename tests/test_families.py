@@ -15,6 +15,7 @@ import pytest
 
 from reference import ALL_KEYS, feasible_mask, objective_parts
 from tuna_lab import Topology, TunaModel
+from tuna_lab.errors import ModelError
 from tuna_lab.model.families import (DEFAULT_FAMILIES, FAMILY_TYPES, Family, LogicalBalance,
                                      MainIndicator, MainLoadCap, MainSpread, PhysicalBalance,
                                      PhysicalMainLoadCap, SingleCore, UniqueRankCores,
@@ -59,11 +60,13 @@ def test_single_core_accepts_every_valid_position():
 
 def test_single_core_flags_unassigned_and_out_of_range_threads():
     i = inst(2, 2)
-    viol = check_consistent(SingleCore(), arr([[0, -1], [4, 2]]), i)
-    assert [v.index for v in viol] == [(0, 1), (1, 0)]
-    assert [v.amount for v in viol] == [1.0, 1.0]
+    # -1 is the mark of an unassigned thread: (1)'s violation. A position past the topology's cores is
+    # no assignment at all, refused before any family looks at it.
+    viol = check_consistent(SingleCore(), arr([[0, -1], [1, 2]]), i)
+    assert [v.index for v in viol] == [(0, 1)] and [v.amount for v in viol] == [1.0]
     assert viol[0].message == "thread 1 of worker 0 is not on a core of this topology"
-    assert viol[1].message == "thread 0 of worker 1 is not on a core of this topology"
+    with pytest.raises(ModelError, match="got 4 for thread 0 of worker 1"):
+        SingleCore().violations(arr([[0, 1], [4, 2]]), i)
 
 
 # -- (2) ----------------------------------------------------------------------------

@@ -9,6 +9,10 @@ from .instance import Instance
 
 __all__ = ["Mapping", "Relaxed"]
 
+#: Why a mapping of a model without objective terms shows no certificate (describe() and to_dict() say it).
+_NO_CERTIFICATE = ("the model maximises no objective term ((4-5) and (6-7) left out), so any mapping "
+                   "meeting its constraints is optimal")
+
 
 @dataclass(frozen=True)
 class Relaxed:
@@ -73,7 +77,8 @@ class Mapping:
         What proves :attr:`bound` (JSON-able; empty when nothing does):
         ``certifies`` - the objective terms its bound is on (:attr:`objective_terms`;
         empty for a model without objective terms, whose certificate proves nothing
-        about :attr:`objective` and is not shown by :meth:`describe`);
+        about :attr:`objective` and is not shown by :meth:`describe`, ``repr``
+        or :meth:`to_dict`);
         ``name`` - ``"highs"`` (HiGHS's dual bound), or the combinatorial
         bound's name (``"counting"``, pattern bounds such as
         ``"sibling-pattern+domain-pattern"``), or ``"none"``; ``proven``;
@@ -238,7 +243,22 @@ class Mapping:
         })
 
     def to_dict(self):
-        """The ``tuna-lab solve --json`` object (a stable interface)."""
+        """The ``tuna-lab solve --json`` object (a stable interface).
+
+        ``certificate`` is :attr:`certificate`, or ``None`` where it certifies
+        nothing (a model without objective terms; ``no_certificate`` then
+        says why, as :meth:`describe` does; ``None`` otherwise).
+
+        Examples
+        --------
+        >>> from tuna_lab import solve
+        >>> d = solve(4, 4, "xeon-8272cl").to_dict()
+        >>> d["certificate"]["certifies"], d["no_certificate"]
+        (['f_main', 'f_mode'], None)
+        >>> d = solve(4, 4, "xeon-8272cl", families=["1"]).to_dict()
+        >>> d["certificate"], d["no_certificate"].split(",")[0]
+        (None, 'the model maximises no objective term ((4-5) and (6-7) left out)')
+        """
         inst = self.instance
         return {
             "workers": inst.W,
@@ -263,7 +283,10 @@ class Mapping:
             "families": [f.key for f in self.families],
             "violations": [v.message for v in self.verify()],
             "notes": list(self.notes),
-            "certificate": dict(self.certificate),
+            # As describe() and repr: a certificate of a model with no objective term certifies nothing,
+            # and a "proven": true beside "objective": 1500 would read as a claim about that number.
+            "certificate": dict(self.certificate) if self.certificate and self.objective_terms else None,
+            "no_certificate": None if self.objective_terms or not self.certificate else _NO_CERTIFICATE,
             "relaxed": [{"family": r.family, "amount": r.amount, "message": r.message} for r in self.relaxed],
         }
 
@@ -283,9 +306,7 @@ class Mapping:
             lines.append(f"  certificate: {self._certificate_text()}")
         elif self.certificate:
             # A bound of 0 on an objective of 0 certifies nothing a reader of objective=... cares about.
-            lines.append("  no certificate: the model maximises no objective term ((4-5) and (6-7) left out), so "
-                         "any mapping meeting its constraints is optimal; f_main and f_mode above are measured, "
-                         "not optimised")
+            lines.append(f"  no certificate: {_NO_CERTIFICATE}; f_main and f_mode above are measured, not optimised")
         lines += [f"  relaxed: {r}" for r in self.relaxed]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)

@@ -81,8 +81,30 @@ def _pair(inst, physical, time_limit, changes=None):
                        time_limit=time_limit) for mode in ("scatter", "compact"))
 
 
+def _fewer(n, least):
+    """``n // 2, n // 4, ...`` down to ``least``: a few sizes below ``n``, so that a search stays cheap."""
+    k = n // 2
+    while k >= least:
+        yield k
+        k //= 2
+
+
 def _candidates(inst, physical):
-    """Changes that can make the modes differ, as ``(words, changes)``, the smallest first."""
+    """Changes that can make the modes differ, as ``(words, changes)``, the smallest first.
+
+    One change at a time first, then fewer threads or workers with the
+    physical-core balance off too. Fewer threads (or workers) come from
+    halving, a handful of sizes: where the workers fill the machine
+    (``1 x 32`` on 32 cores) every placement spreads them alike, and only
+    a smaller ``W x T`` leaves the modes a choice.
+
+    Examples
+    --------
+    >>> from tuna_lab.model.instance import Instance
+    >>> from tuna_lab import Topology
+    >>> [words for words, _ in _candidates(Instance(1, 8, Topology.preset("epyc-7313p")), True)][:4]
+    ['the physical-core balance off (toggle_physical())', 'W x T above P = 16 (e.g. 1 x 17)', '1 x 4 (fewer threads)', '1 x 2 (fewer threads)']
+    """
     W, T, P = inst.W, inst.T, inst.P
     base, said = {}, ""
     if T == 1:
@@ -96,6 +118,15 @@ def _candidates(inst, physical):
         more = -(-(P + 1) // W)             # the fewest threads with W x T above P
         if more * W <= inst.C:
             yield f"W x T above P = {P} (e.g. {W} x {more})", {"threads": more}
+    # Fewer threads, then fewer workers (threads first: a worker's own threads are what f_mode weighs).
+    smaller = [(f"{W} x {t} (fewer threads)", {"threads": t}) for t in _fewer(T, 2)]
+    smaller += [(f"{w} x {T} (fewer workers)", {**base, "workers": w}) for w in _fewer(W, 1)]
+    yield from smaller
+    if physical:
+        # Every thread on a physical core of its own may leave them alike (one L3 for all):
+        # sharing physical cores again is the second half of the change.
+        for words, changes in smaller:
+            yield f"{words} with the physical-core balance off", {**changes, "physical": False}
     if inst.topology.name != EXAMPLE["topology"]:
         yield f"{said}a machine with several L3s ({EXAMPLE['topology']})", {**base, "topology": EXAMPLE["topology"]}
 
@@ -109,7 +140,8 @@ def _remedy(inst, physical, time_limit):
             continue                        # a change the families refuse (ModelError is a ValueError)
         if differ(scatter, compact):
             return f"{words} makes them differ (spread {spread(scatter):g} vs {spread(compact):g})"
-    return "no small change tried (physical balance off, more threads, several L3s) makes them differ"
+    return ("no small change tried (physical balance off, more or fewer threads, fewer workers, several L3s) "
+            "makes them differ")
 
 
 def why_same(scatter, compact, physical=True, time_limit=5.0):
