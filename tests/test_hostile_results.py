@@ -164,7 +164,7 @@ def test_skip_unreadable_goes_on_and_says_which_cells_were_left_out(sweep, tmp_p
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr and CELL in p.stderr and "left out" in p.stderr
     assert json.loads(p.stdout)["left_out"] == {CELL: "requests.parquet is empty"}
-    assert "could not be read and are left out" in (tmp_path / "r.html").read_text()
+    assert "1 cell could not be read and is left out" in (tmp_path / "r.html").read_text()
     assert json.loads(p.stdout)["cells"] == len(KEPT) - 1
 
 

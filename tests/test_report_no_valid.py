@@ -51,7 +51,7 @@ def test_report_names_each_cell_without_a_valid_trial_on_stderr_in_json_and_in_t
     assert set(json.loads(p.stdout)["no_valid_trial"]) == {FAILED, "w2-t1-medium-b100", "w2-t2-medium-b100 (cfs)"}
     assert "anatomy" in json.loads(p.stdout)        # docs/anatomy.md and docs/cli.md name it
     html = out.read_text()
-    assert "2 cell(s) and 1 policy(ies) of a cell have no valid trial and are left out of every figure" in html
+    assert "2 cells and 1 policy of a cell have no valid trial and are left out of every figure" in html
     assert f"<code>{FAILED}</code>: all 6 trials failed; the first: {FIRST}" in html
 
 

@@ -61,8 +61,8 @@ from ..placement import POLICIES
 from .stats import MACHINE, format_interval, scenario_stats
 from .tables import APPLICATION, sort_table, valid_trials
 
-__all__ = ["PARTS", "TAIL", "MEDIAN", "NOT_RECORDED", "anatomy", "what_moves", "anatomy_line", "anatomy_note",
-           "probe_cost"]
+__all__ = ["PARTS", "TAIL", "MEDIAN", "NOT_RECORDED", "anatomy", "what_moves", "anatomy_line", "anatomy_lines",
+           "anatomy_note", "anatomy_notes", "probe_cost"]
 
 #: The parts of a request's latency: column -> label. ``rest`` is what the other three leave.
 PARTS = {"cpu_wait": "waiting for a CPU", "running": "running", "backlog": "waiting in the backlog",
@@ -220,8 +220,25 @@ def what_moves(table):
 
 
 def _pct(share, low, high):
+    """A share and its interval, both in percent and to the same precision.
+
+    :func:`~tuna_lab.analysis.stats.format_interval` keeps two significant
+    digits of a side below 0.5 (a positive bound never reads as 0): the share
+    gets the same rule, or 0.19% would read "0% [0.16, 0.22]".
+
+    Examples
+    --------
+    >>> _pct(0.19, 0.16, 0.23), _pct(0.0019, 0.0016, 0.0022)
+    ('19% [16, 23]', '0.19% [0.16, 0.22]')
+    """
     interval = format_interval(low * 100, high * 100, digits=0)
-    return f"{share * 100:.0f}% {interval}"
+    return f"{_percent(share)}% {interval}"
+
+
+def _percent(share):
+    """A share as a number of percent: whole, or two significant digits below 0.5% (as the intervals)."""
+    value = share * 100
+    return f"{value:.2g}" if 0 < abs(value) < 0.5 else f"{value:.0f}"
 
 
 def anatomy_line(table):
@@ -246,8 +263,62 @@ def anatomy_line(table):
     if keys:
         first = tail[keys].drop_duplicates()
         if len(first) > 1:
+            # The report's section draws every application's line (anatomy_lines): this claim is kept true there.
             more = f" (the first of {len(first)} applications; the report has all)"
         tail = tail.merge(first.iloc[:1], on=keys)
+    return _line(tail, more)
+
+
+def anatomy_lines(table):
+    """:func:`anatomy_line` of every application, each naming its application (the report's section).
+
+    Returns
+    -------
+    list of str
+        One line per application (in the table's order); a table of one
+        application, or without the application's columns, gives
+        ``[anatomy_line(table)]``.
+
+    Examples
+    --------
+    >>> t = pd.DataFrame({"workers": np.repeat([2, 4], 8), "threads": 1, "cpus": 2, "model": "medium",
+    ...     "batch": 100, "policy": ["cfs", "tuna-scatter"] * 8, "group": TAIL,
+    ...     "part": np.tile(np.repeat(list(PARTS), 2), 2), "label": "", "trials": 2, "requests": 3,
+    ...     "share": 0.25, "ci_low": np.nan, "ci_high": np.nan, "note": ""})
+    >>> [line[:50] for line in anatomy_lines(t)]
+    ['Anatomy of the slowest 1% at 2x1, model medium, ba', 'Anatomy of the slowest 1% at 4x1, model medium, ba']
+    """
+    tail = table[table["group"] == TAIL]
+    keys = [c for c in tail.columns if c in (MACHINE, *APPLICATION)]
+    if not keys or not len(tail) or tail[keys].drop_duplicates().shape[0] < 2:
+        return [anatomy_line(table)]
+    lines = []
+    for key, one in tail.groupby(keys, sort=False, observed=True, dropna=False):
+        app = dict(zip(keys, key if isinstance(key, tuple) else (key,), strict=True))
+        if one["share"].isna().all():
+            lines.append(f"Anatomy of the slowest 1% at {_application(app)}: {NOT_RECORDED}.")
+        else:
+            lines.append(_line(one, f" at {_application(app)}"))
+    return lines
+
+
+def _application(app):
+    """``"2x1, model medium, batch 100"`` (and the wait settings and machine where they are not the default)."""
+    words = []
+    if "workers" in app and "threads" in app:
+        words.append(f"{app['workers']}x{app['threads']}")
+    words += [f"{k} {app[k]}" for k in ("model", "batch") if k in app]
+    if app.get("wait_policy") not in (None, "default"):
+        words.append(f"wait {app['wait_policy']}")
+    if app.get("spincount") not in (None, -1):
+        words.append(f"spincount {app['spincount']}")
+    if app.get(MACHINE) is not None:
+        words.append(f"machine {app[MACHINE]}")
+    return ", ".join(map(str, words)) or "this application"
+
+
+def _line(tail, more):
+    """The line of one application's slowest 1% (``more``: what follows "the slowest 1%" in it)."""
     per = []
     for policy in [p for p in POLICIES if p in set(tail["policy"])] + sorted(set(tail["policy"]) - set(POLICIES)):
         one = tail[tail["policy"] == policy].set_index("part")["share"]
@@ -293,6 +364,32 @@ def anatomy_note(requests, trials=None, say_why=False):
         line = (f"{line[:-1]}; the scheduler's counters {sampled} and split among the requests in flight "
                 "(a server with no per-request hook).")
     return line
+
+
+def anatomy_notes(requests, trials=None):
+    """The report's anatomy: :func:`anatomy_lines` (one per application), or the one line saying why there is none.
+
+    :func:`anatomy_note` with ``say_why``, but every application's line: the
+    summaries show the first and say "the report has all"; here they are.
+
+    Examples
+    --------
+    >>> anatomy_notes(pd.DataFrame({"policy": ["cfs"], "trial": [0], "client_seconds": [0.1]}))[0][:26]
+    'Not shown, not recorded: t'
+    """
+    if not isinstance(requests, pd.DataFrame) or "rq_wait_main" not in requests.columns \
+            or not requests["rq_wait_main"].notna().any():
+        return [anatomy_note(requests, trials, say_why=True)]
+    try:
+        lines = anatomy_lines(anatomy(requests, trials))
+    except AnalysisError as exc:
+        return [f"Not shown: {exc}"]
+    sampled = _sampled(trials)
+    if sampled:
+        # As anatomy_note: an estimate must say how it was got (once, after the lines).
+        lines.append(f"The scheduler's counters were {sampled} and split among the requests in flight (a server "
+                     "with no per-request hook).")
+    return lines
 
 
 def _sampled(trials):

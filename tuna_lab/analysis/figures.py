@@ -220,7 +220,10 @@ def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None, wait_
     plotly.graph_objects.Figure
         Grouped bars: x = the five stages, one bar trace per policy whose
         heights are the mean over valid trials of the stage p99 (error bars:
-        standard deviation over trials).
+        standard deviation over trials, drawn only for a bar of at least
+        :data:`~tuna_lab.analysis.stats.MIN_INTERVAL_TRIALS` trials; a bar of
+        fewer draws none, and its hover says
+        :data:`~tuna_lab.analysis.stats.TOO_FEW_TRIALS`).
 
     Raises
     ------
@@ -237,6 +240,8 @@ def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None, wait_
     >>> fig = stage_p99_bars(trials, 4, 4)
     >>> [t.name for t in fig.data], fig.data[1].y.round(1).tolist()
     (['cfs', 'tuna-scatter'], [1.0, 1.0, 10.0, 20.0, 40.0])
+    >>> fig.data[0].customdata[0]       # one trial per bar: no error bar, and the hover says why
+    '1 trial: too few trials for an interval'
     """
     stage_columns = [f"{s}_p99" for s in STAGES]
     check_table(trials_stats, "trials_stats", ("workers", "threads", "cpus", "model", "batch", "policy",
@@ -251,21 +256,32 @@ def stage_p99_bars(trials_stats, workers, threads, model=None, batch=None, wait_
     if len(cpus) > 1:
         raise AnalysisError(f"{workers}x{threads} was run with several core counts {cpus}: filter the table")
     long = data.melt(id_vars=["policy"], value_vars=stage_columns, var_name="stage", value_name="seconds")
-    summary = long.groupby(["policy", "stage"], sort=False, observed=True)["seconds"].agg(["mean", "std"]) * _MS
+    summary = long.groupby(["policy", "stage"], sort=False, observed=True)["seconds"].agg(["mean", "std", "count"])
+    summary[["mean", "std"]] *= _MS
+    # The project's rule for every interval: none below MIN_INTERVAL_TRIALS trials. The standard deviation of
+    # two trials is a bar as sure-looking as any other, drawn from almost nothing (NaN draws no bar).
+    summary["std"] = summary["std"].where(summary["count"].ge(MIN_INTERVAL_TRIALS))
     policies = ordered(data["policy"].unique(), POLICIES)
     colors = _colors(policies)
 
     fig = go.Figure()
     for policy in policies:
         rows = summary.loc[policy].reindex(stage_columns)
+        counts = rows["count"].fillna(0).astype(int)
+        spread = [f"± {sd:.2f} ms (std over {n} trials)" if np.isfinite(sd) else f"{n} trial{'s' * (n != 1)}: "
+                  f"{TOO_FEW_TRIALS}" for sd, n in zip(rows["std"], counts, strict=True)]
         fig.add_trace(go.Bar(
             x=list(STAGES), y=rows["mean"], name=policy, marker_color=colors[policy],
-            error_y={"type": "data", "array": rows["std"].fillna(0), "visible": True},
-            hovertemplate=f"{policy}<br>%{{x}}: mean p99 %{{y:.2f}} ms<extra></extra>"))
+            error_y={"type": "data", "array": rows["std"], "visible": True}, customdata=spread,
+            hovertemplate=f"{policy}<br>%{{x}}: mean p99 %{{y:.2f}} ms<br>%{{customdata}}<extra></extra>"))
+    few = summary["count"].lt(MIN_INTERVAL_TRIALS).any()
+    caption = (f"<br><sup>error bars: std over trials; none where fewer than {MIN_INTERVAL_TRIALS} trials "
+               f"({TOO_FEW_TRIALS})</sup>") if few else "<br><sup>error bars: std over trials</sup>"
     state = "oversubscribed" if workers * threads > cpus[0] else "undersubscribed"
     fig.update_layout(
         template=_TEMPLATE, barmode="group",
-        title=f"Per-stage p99 - {workers}x{threads} ({state}, {cpus[0]} cores), model {model}, batch {batch}{wait}",
+        title=f"Per-stage p99 - {workers}x{threads} ({state}, {cpus[0]} cores), model {model}, batch {batch}{wait}"
+              f"{caption}",
         xaxis={"title": "pipeline stage"},
         yaxis={"title": "mean p99 over trials (ms)", "rangemode": "tozero"},
         legend={"title": "policy"},

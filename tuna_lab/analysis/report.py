@@ -13,7 +13,6 @@ PosixPath('out/report.html')
 
 from __future__ import annotations
 
-import html
 import json
 import shlex
 from collections.abc import Mapping
@@ -28,8 +27,12 @@ from ..errors import AnalysisError
 from ..measure.evidence import evidence_rows
 from ..placement import POLICIES
 from . import figures as viz
+from ._failures import failures
+from ._html import esc as _esc
+from ._html import fmt as _fmt
+from ._html import table as _table
 from ._no_valid import cells_without_valid_trial, counted  # noqa: F401 - the first for the report command
-from .anatomy import anatomy_note
+from .anatomy import anatomy_notes
 from .mechanism import (
     MECHANISM,
     NOT_RECORDED,
@@ -50,8 +53,8 @@ from .stats import (
     speedup_summary,
     trial_stats,
 )
-from .summary import ARTICLE_MIN_CPUS, balance_note, fault_note, front_note, scale_note
-from .tables import APPLICATION, check_table, ordered, shown_defaults, sort_table, valid_trials
+from .summary import ARTICLE_MIN_CPUS, front_note, scale_note
+from .tables import APPLICATION, check_table, ordered, sort_table, valid_trials
 
 __all__ = ["write_report", "check_report_path"]
 
@@ -157,6 +160,8 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
         subscription, model and batch with their intervals, the p99 over the
         configurations and the stage breakdown at its 4x4 and 16x16 (scaled);
         on fewer than 16 CPUs, a plain note that this is the tiny version.
+        Those figures are not drawn again in the report's own figure sections
+        (a note there says so).
     left_out : mapping, optional
         ``{cell: why}`` of the cells that could not be read and were left out
         (``report --skip-unreadable``): said first, since every average lacks them.
@@ -198,25 +203,29 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
 
     finest = summary[summary["group"].eq("subscription+model+batch") & summary["speedup"].notna()]
     single = _applications(scenarios) == 1
+    if article is not None and not isinstance(article, Mapping):
+        raise AnalysisError(f"article must be a mapping (a sweep's design), not {type(article).__name__}")
+    # The article's section draws its p99 and per-stage figures first: the sections below leave those out
+    # rather than draw the same figure twice.
+    article_parts, drawn = _article_sections(per_trial, scenarios, article) if article is not None else ([], set())
     sections = [
         ("Scenarios: mean p99 server time (ms)", [_scenario_table(scenarios)]),
         *(_machine_sections(per_trial, scenarios, machines) if MACHINE in per_trial.columns else []),
         ("Policy comparisons", [_comparisons(scenarios, single)]),
         *([] if single else [(f"Average speedup over {b}", [_speedup_table(summary, b)]) for b in _BASELINES]),
         ("Speedup by subscription, model and batch", [viz.speedup_bars(finest)] if not finest.empty else []),
-        *[section for on, rows in _machine_parts(per_trial) for section in _figure_sections(rows, on)],
+        *[section for on, rows in _machine_parts(per_trial)
+          for section in _figure_sections(rows, on, drawn if on is None else set())],
         ("Latency and CPU cost", [_cpu_table(trials)]),
         ("Scheduler evidence: what each policy did to the threads", _mechanism_items(trials, manifest)),
         # Issue 50: what the slowest requests themselves waited on (docs/anatomy.md), or why it is not shown.
-        ("Anatomy of the tail", [f"<p>{_esc(anatomy_note(requests, trials, say_why=True))}</p>"]),
+        # Every application's line: the one-line summaries show the first and say the report has all.
+        ("Anatomy of the tail", [f"<p>{_esc(line)}</p>" for line in anatomy_notes(requests, trials)]),
         ("NUMA locality per worker", [_locality_table(requests, threads)] if threads is not None
          and "numa_locality" in getattr(threads, "columns", ()) else []),
-        ("Failed trials", [_failures(requests, trials)]),
+        ("Failed trials", [failures(requests, trials)]),
     ]
-    if article is not None:
-        if not isinstance(article, Mapping):
-            raise AnalysisError(f"article must be a mapping (a sweep's design), not {type(article).__name__}")
-        sections = _article_sections(per_trial, scenarios, article) + sections
+    sections = article_parts + sections
     # The article's section says it at length; any other report of a small machine says it in one line.
     small = scale_note(int(per_trial["cpus"].max())) if article is None else ""
     # What the trials can tell first (issue 49), then what they were.
@@ -248,22 +257,6 @@ def _render(sections):
                 inlined = True
             html_parts.append(item)
     return html_parts
-
-
-def _esc(value):
-    return html.escape(str(value))
-
-
-def _fmt(values, digits=2):
-    """Numbers as fixed-point strings, ``"-"`` where missing."""
-    values = pd.Series(values, dtype=float)
-    return values.map(lambda v: f"{v:.{digits}f}" if np.isfinite(v) else "-")
-
-
-def _table(frame, note=None):
-    # Every unset setting reads "default" in every table (spincount is stored as -1: tables.with_defaults).
-    body = shown_defaults(frame).to_html(index=False, na_rep="-", border=0, escape=True)
-    return body + (f'<p class="note">{_esc(note)}</p>' if note else "")
 
 
 def _header(manifest):
@@ -347,7 +340,16 @@ def _verdict(requests, trials, scenarios):
 
 
 def _article_sections(per_trial, scenarios, design):
-    """The article's figures from a sweep of its design, each with the article's number or finding beside it."""
+    """The article's figures from a sweep of its design, each with the article's number or finding beside it.
+
+    Returns
+    -------
+    sections : list
+        ``(heading, items)`` pairs, as :func:`_render` takes them.
+    drawn : set
+        The keys (:func:`_figure_sections`'s) of the p99 and per-stage figures drawn here, of every machine's
+        trials together: the later sections do not draw them again.
+    """
     cpus = int(design.get("cpus") or per_trial["cpus"].max())
     pairs = [tuple(p) for p in design.get("pairs", ())]
     intro = [f'<p>This sweep ran the article\'s design on {cpus} CPUs: {len(pairs)} configurations '
@@ -369,6 +371,7 @@ def _article_sections(per_trial, scenarios, design):
               "not as a reproduction.</p>")
     sections = [("The article's experiment on this machine", intro),
                 ("Speedups beside the article's", [_article_speedups(scenarios)])]
+    drawn = set()
     stage_trials, wp, sc = _one_wait(per_trial)
     valid = stage_trials[valid_trials(stage_trials)]
     present = set(valid[["model", "batch"]].drop_duplicates().itertuples(index=False, name=None))
@@ -378,18 +381,20 @@ def _article_sections(per_trial, scenarios, design):
         sections.append((f"p99 over the configurations ({model} model, batch {batch})",
                          [viz.p99_by_configuration(stage_trials, model=model, batch=batch, wait_policy=wp,
                                                    spincount=sc), note]))
+        drawn.add(("p99", model, batch, wp, sc))
         have = set(valid[valid["model"].eq(model) & valid["batch"].eq(batch)][["workers", "threads"]]
                    .itertuples(index=False, name=None))
         stages = [tuple(p) for p in design.get("stage_pairs", ()) if tuple(p) in have]
         names = dict(zip(stages, ("4x4", "16x16"))) if len(stages) == 2 else {}
         figures = [viz.stage_p99_bars(stage_trials, w, t, model=model, batch=batch, wait_policy=wp, spincount=sc)
                    for w, t in stages]
+        drawn.update(("stages", w, t, model, batch, wp, sc) for w, t in stages)
         scaled = ", ".join(f"{w}x{t} for the article's {names[(w, t)]}" for w, t in stages if (w, t) in names)
         note = (f'<p class="note">{_esc(scaled)}. ' if scaled else '<p class="note">') + \
             f'The article: {_esc(_ARTICLE_FINDINGS["stages"])}</p>'
         sections.append(("Per-stage p99 at the article's 4x4 and 16x16 (scaled)", figures + [note] if figures else
                          ['<p class="note">The stage cells were not run (see the budget above).</p>']))
-    return sections
+    return sections, drawn
 
 
 def _article_speedups(scenarios):
@@ -432,19 +437,39 @@ def _machine_parts(per_trial):
     return [(name, rows) for name, rows in per_trial.groupby(MACHINE, sort=True, observed=True)]
 
 
-def _figure_sections(per_trial, machine):
-    """The p99-by-configuration and per-stage sections of one machine's trials (or of all, ``machine`` None)."""
+def _figure_sections(per_trial, machine, drawn=frozenset()):
+    """The p99-by-configuration and per-stage sections of one machine's trials (or of all, ``machine`` None).
+
+    ``drawn`` holds the keys (``("p99", model, batch, wait_policy, spincount)``, ``("stages", W, T, model,
+    batch, wait_policy, spincount)``) of figures of these same trials drawn earlier (the article's section):
+    they are not drawn again, and a note says where they are.
+    """
     on = "" if machine is None else f" - machine {machine}"
     # Per-stage bars for one wait policy: the runtime's default when it was measured.
     stage_trials, wp, sc = _one_wait(per_trial)
+    p99, stages, p99_above, stages_above = [], [], 0, 0
+    for m, b, w, s in _model_batches(per_trial):
+        if ("p99", m, b, w, s) in drawn:
+            p99_above += 1
+        else:
+            p99.append(viz.p99_by_configuration(per_trial, model=m, batch=b, wait_policy=w, spincount=s))
+    for w, t, m, b in _stage_configurations(stage_trials):
+        if ("stages", w, t, m, b, wp, sc) in drawn:
+            stages_above += 1
+        else:
+            stages.append(viz.stage_p99_bars(stage_trials, w, t, model=m, batch=b, wait_policy=wp, spincount=sc))
     return [
-        (f"p99 by configuration{on}", [viz.p99_by_configuration(per_trial, model=m, batch=b, wait_policy=wp,
-                                                                spincount=sc)
-                                       for m, b, wp, sc in _model_batches(per_trial)]),
-        (f"Per-stage p99{on}", [viz.stage_p99_bars(stage_trials, w, t, model=m, batch=b, wait_policy=wp,
-                                                   spincount=sc)
-                                for w, t, m, b in _stage_configurations(stage_trials)]),
+        (f"p99 by configuration{on}", p99 + _drawn_above(p99_above)),
+        (f"Per-stage p99{on}", stages + _drawn_above(stages_above)),
     ]
+
+
+def _drawn_above(count):
+    """The note of a section that leaves out ``count`` figures the article's section drew (``[]`` for none)."""
+    if not count:
+        return []
+    return [f'<p class="note">{_n(count, "figure")} of this section {"is" if count == 1 else "are"} drawn above, '
+            "in the article's section, and not drawn twice.</p>"]
 
 
 def _machine_sections(per_trial, scenarios, machines):
@@ -711,31 +736,6 @@ def _slot_names(slots, workers):
     return slots.map(lambda v: str(int(v)) if pd.notna(v) else "/".join(map(str, roles)) or "not a worker")
 
 
-def _failures(requests, trials):
-    failed = trials[trials["trial_status"].ne("ok")]
-    keep = [c for c in (MACHINE, "policy", "workers", "threads", "model", "batch", "trial", "n", "ok", "failed",
-                        "trial_status", "workers_replaced", "master_restarted", "worker_share", "reason")
-            if c in failed.columns]
-    parts = [_table(sort_table(failed[keep], keep)) if not failed.empty
-             else '<p class="note">No failed trials.</p>']
-    note = fault_note(trials)
-    if note:
-        # Said apart from the table: such a trial's latencies include a replacement's start-up.
-        parts.insert(0, f'<p class="note">{html.escape(note)}</p>')
-    note = balance_note(trials)
-    if note:
-        # Counted apart too (issue 47): such a trial measured fewer workers than the server has.
-        parts.insert(0, f'<p class="note">{html.escape(note)}</p>')
-    bad = requests[~(requests["status"].ge(200) & requests["status"].lt(300))]
-    if not bad.empty:
-        errors = bad.assign(error=bad["error"] if "error" in bad.columns else "")
-        errors = (errors.groupby(["policy", "status", "error"], dropna=False, observed=True).size()
-                  .rename("requests").reset_index())
-        parts.append("<h3>Failed requests by error</h3>")
-        parts.append(_table(sort_table(errors, ["policy", "status"])))
-    return "\n".join(parts)
-
-
 def check_report_path(path):
     """Refuse (:class:`AnalysisError`, one line) a report path that would replace something not a report of ours.
 
@@ -794,6 +794,8 @@ def _left_out(left_out, unreadable=True):
     if not left_out:
         return []
     items = "".join(f"<li><code>{_esc(cell)}</code>: {_esc(why)}</li>" for cell, why in sorted(left_out.items()))
-    return [f"<p><strong>{counted(left_out)} {'could not be read' if unreadable else 'have no valid trial'} and "
-            "are left out of every figure and "
+    one = len(left_out) == 1
+    has, are = ("has", "is") if one else ("have", "are")
+    return [f"<p><strong>{counted(left_out)} {'could not be read' if unreadable else f'{has} no valid trial'} and "
+            f"{are} left out of every figure and "
             f"average below{' (--skip-unreadable)' * unreadable}:</strong></p><ul>{items}</ul>"]
