@@ -28,9 +28,7 @@ from ..measure.evidence import evidence_rows
 from ..placement import POLICIES
 from . import figures as viz
 from ._failures import failures
-from ._html import esc as _esc
-from ._html import fmt as _fmt
-from ._html import table as _table
+from ._html import esc as _esc, fmt as _fmt, table as _table
 from ._no_valid import cells_without_valid_trial, counted  # noqa: F401 - the first for the report command
 from .anatomy import anatomy_notes
 from .mechanism import (

@@ -176,6 +176,11 @@ def _terminate_as_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
+# live.ledger.signals_give_back takes over a handler so marked (and leaves a caller's own alone):
+# under `pin --watch` a SIGHUP gives every mask back rather than unwinding as Ctrl-C, which keeps them.
+_terminate_as_interrupt.unwinds_as_interrupt = True
+
+
 class _Unwritable(BaseException):
     """stdout could not take what a command printed (a full disk, ``> /dev/full``).
 

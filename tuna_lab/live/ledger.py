@@ -571,7 +571,9 @@ def signals_give_back(names=FATAL_SIGNALS):
     KeyboardInterrupt) in the main thread, so that the caller's ``finally`` gives the masks back; the
     handlers before are restored after.
 
-    A signal whose handler is not the default (a caller's own) is left as it is.
+    A signal whose handler is not the default (a caller's own) is left as it is, but for SIGTERM and a
+    handler that itself only unwinds (the CLI's, marked ``unwinds_as_interrupt``): those give the masks
+    back like the rest.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -584,7 +586,8 @@ def signals_give_back(names=FATAL_SIGNALS):
     for name in names:
         sig = getattr(signal, name)
         handler = signal.getsignal(sig)
-        if handler in (signal.SIG_DFL, signal.default_int_handler) or name == "SIGTERM":
+        if (handler in (signal.SIG_DFL, signal.default_int_handler) or name == "SIGTERM"
+                or getattr(handler, "unwinds_as_interrupt", False)):
             previous[sig] = signal.signal(sig, interrupt)
     try:
         yield
