@@ -4,8 +4,8 @@ A Binder link needs the repository's public GitHub path (``owner/name``),
 which a checkout does not know by itself. Once ``[project.urls]`` has a
 ``Repository`` (or ``Source``/``Homepage``) on github.com, this script
 writes the badge between the ``<!-- binder-badge -->`` markers of both files;
-until then it writes a plain sentence saying that the badge is missing and
-why, rather than a link to a placeholder that leads nowhere.
+until then it writes nothing there (the to-do is in docs/maintainers.md),
+rather than a link to a placeholder that leads nowhere.
 
     python binder/badge.py           # rewrite both files
     python binder/badge.py --check   # exit 1 when a file is not what pyproject.toml says (make binder-check)
@@ -36,10 +36,10 @@ def github_path(pyproject=ROOT / "pyproject.toml"):
 
 
 def badge(path):
-    """The Markdown between the markers: the badge for ``path`` (``owner/name``), or a comment pointing to the to-do."""
+    """The Markdown between the markers: the badge for ``path`` (``owner/name``), or nothing without one."""
     if path is None:
-        # A maintainer's to-do, not a reader's: said in docs/maintainers.md, invisible on the first screen.
-        return "<!-- no Binder badge yet: docs/maintainers.md says how to add one -->\n"
+        # A maintainer's to-do, not a reader's: it lives in docs/maintainers.md, not in the README's source.
+        return ""
     return (f"[![Binder](https://mybinder.org/badge_logo.svg)]"
             f"(https://mybinder.org/v2/gh/{path}/HEAD?urlpath=lab/tree/notebooks)\n")
 

@@ -226,9 +226,9 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     sections = article_parts + sections
     # The article's section says it at length; any other report of a small machine says it in one line.
     small = scale_note(int(per_trial["cpus"].max())) if article is None else ""
-    # What the trials can tell first (issue 49), then what they were.
-    parts = [f"<h1>{_esc(title)}</h1>", _header(manifest), *_left_out(left_out), *_left_out(no_valid, False),
-             *_verdict(requests, trials, scenarios), _overview(requests, per_trial, scenarios),
+    # What the trials can tell first (issue 49), then what was left out of them, then what they were.
+    parts = [f"<h1>{_esc(title)}</h1>", *_verdict(requests, trials, scenarios), *_left_out(left_out),
+             *_left_out(no_valid, False), _header(manifest), _overview(requests, per_trial, scenarios),
              *([f"<p><strong>{_esc(small)}</strong></p>"] if small else []), *_render(sections)]
     document = ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
                 f"{_GENERATOR}\n<title>{_esc(title)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
