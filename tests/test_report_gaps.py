@@ -87,3 +87,16 @@ def test_article_report_draws_each_figure_once(tmp_path):
     titles = re.findall(r'"title":\{"text":"((?:p99 server time per configuration|Per-stage p99)[^"]*)"', text)
     assert len(titles) == 3 and len(set(titles)) == 3, titles
     assert text.count("not drawn twice") == 2
+
+
+def test_a_tunes_report_says_its_steps_mix_offered_rates():
+    # A tune's steps are trials at the rates its race chose per candidate: a p99 averaged over them is no
+    # like-for-like comparison of policies, and the first sentence says so (notebooks/data/tune-2cpu).
+    from tuna_lab.analysis import scenario_stats, speedup_summary, trial_stats
+    from tuna_lab.analysis.summary import scope_sentence
+    from tuna_lab.measure import load_results
+
+    requests, trials, _ = load_results(str(Path(__file__).parent.parent / "notebooks" / "data" / "tune-2cpu"))
+    speedups = speedup_summary(scenario_stats(trial_stats(requests, trials)), baselines=("cfs",), by=(None,))
+    said = scope_sentence(trials, speedups)
+    assert "These are a tune's open-loop steps at 2.5-40 requests/s" in said and "unlike loads" in said

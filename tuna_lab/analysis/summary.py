@@ -373,7 +373,7 @@ def scope_sentence(trials, speedups, baseline=_BASELINE):
     bounded = np.isfinite(low) & np.isfinite(high) & (low > 0)
     if not bounded.any():
         return (f"{head}: too few for an interval (it takes {MIN_INTERVAL_TRIALS} trials of a policy), so they "
-                f"cannot tell whether any policy differed from {baseline}.")
+                f"cannot tell whether any policy differed from {baseline}." + _mixed_rates(valid))
     enough = []
     evidence = _separated_evidence(trials, baseline)
     if evidence:
@@ -391,7 +391,27 @@ def scope_sentence(trials, speedups, baseline=_BASELINE):
     row = speedups[bounded].iloc[i]
     said = (f"too few to separate p99s closer than {closer} (the narrowest p99 speedup interval is "
             f"{format_interval(row['ci_low'], row['ci_high'])})")
-    return f"{head}: " + "; ".join([*enough, said]) + "."
+    return f"{head}: " + "; ".join([*enough, said]) + "." + _mixed_rates(valid)
+
+
+def _mixed_rates(valid):
+    """A caveat for a tune's steps read as trials: each policy's p99 mixes the offered rates its race chose.
+
+    Examples
+    --------
+    >>> _mixed_rates(pd.DataFrame({"step": [0, 1], "rate": [5.0, 80.0]}))  # doctest: +ELLIPSIS
+    " These are a tune's open-loop steps at 5-80 requests/s, ..."
+    >>> _mixed_rates(pd.DataFrame({"rate": [20.0, 20.0]}))
+    ''
+    """
+    if "step" not in valid.columns or "rate" not in valid.columns:
+        return ""
+    rates = pd.to_numeric(valid["rate"], errors="coerce").dropna()
+    if rates.nunique() < 2:
+        return ""
+    return (f" These are a tune's open-loop steps at {rates.min():g}-{rates.max():g} requests/s, chosen per "
+            "candidate by its race: a policy's p99 here mixes those loads, so a speedup compares unlike loads; "
+            "the tune's own table (tuna_lab.measure.tune.tuner.read_tune, notebook 09) rates each candidate.")
 
 
 def _verdict(speedups):
