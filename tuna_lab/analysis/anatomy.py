@@ -351,13 +351,10 @@ def anatomy_note(requests, trials=None, say_why=False):
     >>> anatomy_note(pd.DataFrame({"policy": ["cfs"], "trial": [0], "client_seconds": [0.1]}), say_why=True)[:53]
     'Not shown, not recorded: these requests carry no per-'
     """
-    if not isinstance(requests, pd.DataFrame) or "rq_wait_main" not in requests.columns \
-            or not requests["rq_wait_main"].notna().any():
-        return f"Not shown, {NOT_RECORDED}: a new `tuna-lab run` records it." if say_why else ""
-    try:
-        line = anatomy_line(anatomy(requests, trials))
-    except AnalysisError as exc:
-        return f"Not shown: {exc}" if say_why else ""
+    table, why = _recorded(requests, trials)
+    if why:
+        return why if say_why else ""
+    line = anatomy_line(table)
     sampled = _sampled(trials)
     if sampled and not line.endswith(f"{NOT_RECORDED}."):
         # A server with no hook (run --pid): its evidence is an estimate, and the line must say how it was got.
@@ -377,19 +374,27 @@ def anatomy_notes(requests, trials=None):
     >>> anatomy_notes(pd.DataFrame({"policy": ["cfs"], "trial": [0], "client_seconds": [0.1]}))[0][:26]
     'Not shown, not recorded: t'
     """
-    if not isinstance(requests, pd.DataFrame) or "rq_wait_main" not in requests.columns \
-            or not requests["rq_wait_main"].notna().any():
-        return [anatomy_note(requests, trials, say_why=True)]
-    try:
-        lines = anatomy_lines(anatomy(requests, trials))
-    except AnalysisError as exc:
-        return [f"Not shown: {exc}"]
+    table, why = _recorded(requests, trials)
+    if why:
+        return [why]
+    lines = anatomy_lines(table)
     sampled = _sampled(trials)
     if sampled:
         # As anatomy_note: an estimate must say how it was got (once, after the lines).
         lines.append(f"The scheduler's counters were {sampled} and split among the requests in flight (a server "
                      "with no per-request hook).")
     return lines
+
+
+def _recorded(requests, trials):
+    """``(anatomy table, "")`` of requests that carry the per-request evidence, or ``(None, why there is none)``."""
+    if not isinstance(requests, pd.DataFrame) or "rq_wait_main" not in requests.columns \
+            or not requests["rq_wait_main"].notna().any():
+        return None, f"Not shown, {NOT_RECORDED}: a new `tuna-lab run` records it."
+    try:
+        return anatomy(requests, trials), ""
+    except AnalysisError as exc:
+        return None, f"Not shown: {exc}"
 
 
 def _sampled(trials):

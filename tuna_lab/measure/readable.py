@@ -125,8 +125,10 @@ def read_table(path, table, required=True):
         # The name may have been swapped for a FIFO or a link since it was looked at: opened without
         # following a link or blocking, and checked again by what was opened.
         fd = open_regular(path, follow=False, error=_Refused, name=name)
-    except (OSError, _Refused) as exc:
-        return None, str(exc) if isinstance(exc, _Refused) else f"{name} cannot be opened ({exc.strerror or exc})"
+    except _Refused as exc:
+        return None, str(exc)
+    except OSError as exc:
+        return None, f"{name} cannot be opened ({exc.strerror or exc})"
     with open(fd, "rb") as f:
         try:
             import pyarrow.parquet as pq
