@@ -231,6 +231,11 @@ def test_the_samplers_reader_reads_what_the_scheduler_says_and_only_what_is_aske
         before = files.read()
         ending_stop.set()
         ending.join()
+        # join() returns when Python's thread has finished, a moment before the kernel's task is gone: wait
+        # (briefly) for /proc to say so, as a sampler meets it a sample later (a CI check once read it still there).
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{pid}/task/{ending.native_id}") and time.monotonic() < deadline:
+            time.sleep(0.01)
         _ = sum(range(100_000))
         after = files.read()
         told = thread_sched(pid, other.native_id)
