@@ -10,7 +10,7 @@ PIP    := $(PY) -m pip install --quiet --disable-pip-version-check
 BASE_STAMP := $(VENV)/.installed-base
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-e2e test-fast bench faults field setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check
+.PHONY: demo test test-e2e test-fast bench faults field setup sysdeps clean notebooks notebooks-refresh lab docs api-docs test-ui binder-check device-wheelhouse
 
 # The notebooks are tests too: nbval runs each in a fresh kernel of this venv and
 # compares every output except those of cells tagged nbval-ignore-output.
@@ -169,6 +169,20 @@ bench: $(STAMP)
 	$(VENV)/bin/tuna-lab run -w 2 -t 2 --model medium --batch 100 --policies cfs,round-robin,tuna-scatter \
 	    --trials 5 --requests 1000 --out bench/out/experiment
 	$(VENV)/bin/tuna-lab report bench/out/experiment -o bench/out/experiment/report.html
+
+# The wheels the article's grid needs on the tool library's 16-CPU `device` machine (bench/device_grid.sh;
+# docs/maintainers.md): what its Python 3.12 image lacks, at the versions tested here, about 15 MB (its
+# carry limit is 64 MiB with the tracked tree). plotly (the report) and sparsediffpy (cvxpy's
+# differentiation) are left out: the sweep imports neither; the report is made here from what comes back.
+DEVICE_PY ?= 3.12
+DEVICE_WHEELS := cvxpy-base gunicorn highspy qdldl xgboost-cpu
+device-wheelhouse: $(BASE_STAMP)
+	rm -rf .whl && mkdir -p .whl
+	$(PY) -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+	    --python-version $(DEVICE_PY) --implementation cp --platform manylinux_2_28_x86_64 \
+	    --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+	    $$(for n in $(DEVICE_WHEELS); do $(PY) -m pip show $$n | awk -v n=$$n '/^Version:/ {print n "==" $$2}'; done)
+	@du -sh .whl
 
 # The fault test with more seeds: a SIGKILL of the sweep, its Gunicorn master or a worker at a random
 # point of a small sweep, then a resume, FAULT_SEEDS times (a third of each kind); about 15 s a seed
