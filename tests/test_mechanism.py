@@ -265,3 +265,37 @@ def test_a_stored_run_of_this_machine_reports_its_evidence(tmp_path):
     assert "scheduler evidence per policy" in text and "vs p99: " in text
     report = write_report(requests, trials, tmp_path / "r.html", manifest=manifests[0]).read_text("utf-8")
     assert "Scheduler evidence: what each policy did to the threads" in report and "Spearman rho vs p99" in report
+
+
+# -- what separates, said first -----------------------------------------------------------------------
+
+
+def test_where_p99_cannot_separate_the_quantity_that_can_leads_with_its_intervals_and_p99_follows():
+    from tuna_lab.analysis.mechanism import lead_sentence
+    from tuna_lab.measure import load_results
+
+    _, trials, manifests = load_results(STORED)
+    notes = evidence_notes(manifests)
+    # 2 x 1, a CPU per worker: every p99 interval holds 1; the migrations separate, and they come first.
+    one = lead_sentence(trials[trials["threads"].eq(1)], notes=notes)
+    assert one.startswith("migrations per request separates 2 of 2 policy comparisons with cfs: "
+                          "round-robin 0.00 [0.00, 0.00] against cfs 0.0016 [0.00066, 0.0039]"), one
+    assert one.index("migrations") < one.index("p99 does not: its speedup intervals hold 1 in 2 of 2 (round-robin")
+    # Both cells: the migrations separate 4 of 4, p99 2 of 4; every other quantity that separates is named.
+    both = lead_sentence(trials, notes=notes)
+    assert both.startswith("migrations per request separates 4 of 4 policy comparisons with cfs: "), both
+    assert "Also separating: run-queue wait per request (2 of 4)" in both
+    assert both.index("Also separating") < both.index(" p99 separates only 2 of 4 (")
+    assert "p99 speedup 1.24x [1.15, 1.33]" in both
+
+
+def test_where_p99_separates_most_it_leads_and_nothing_separating_says_so():
+    from tuna_lab.analysis.mechanism import lead_sentence
+
+    two = lead_sentence(make_trials())
+    assert two.startswith("p99 separates 2 of 2 policy comparisons with cfs: "), two
+    assert "Of the scheduler's evidence, run-queue wait per request separates 2" in two
+    alike = make_trials().assign(p99=0.03, run_delay_per_request=0.002, involuntary_per_request=3.0,
+                                 foreign_cpu_share=0.02, irqs_per_request=7.0)
+    alike["p99"] += np.random.default_rng(2).uniform(-0.005, 0.005, len(alike))
+    assert lead_sentence(alike).startswith("Nothing measured here separates the policies from cfs")

@@ -547,10 +547,12 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
     -------
     str
         Led by p99 where p99 separates at least as many comparisons as any
-        quantity of the evidence; else by the quantity that separates most
-        (:func:`separation`), with p99's speedups and intervals after it; or
-        that nothing measured here separates them. Never more than the
-        intervals show.
+        quantity of the evidence, with the quantities that separate after it;
+        else led by the quantity that separates most (:func:`separation`),
+        its estimates and intervals against the baseline's, then the other
+        quantities that separate, then p99's speedups and intervals; or that
+        nothing measured here separates them. Never more than the intervals
+        show.
 
     Examples
     --------
@@ -560,7 +562,7 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
     ...     "p99": [0.030, 0.020, 0.032, 0.022, 0.031, 0.021],
     ...     "migrations_per_request": [0.1, 0.2, 0.15, 0.0, 0.0, 0.0]})
     >>> print(lead_sentence(trials))
-    p99 does not separate the policies from cfs (its speedup intervals hold 1 in 1 of 1: tuna-scatter p99 speedup 1.11x [0.66, 1.86]); migrations per request does: tuna-scatter 0.00 [0.00, 0.00] against cfs 0.15 [0.07, 0.34].
+    migrations per request separates 1 of 1 policy comparisons with cfs: tuna-scatter 0.00 [0.00, 0.00] against cfs 0.15 [0.07, 0.34]. p99 does not: its speedup intervals hold 1 in 1 of 1 (tuna-scatter p99 speedup 1.11x [0.66, 1.86]).
     """
     sep = separation(trials, baseline, notes, confidence)
     if sep.empty:
@@ -602,9 +604,17 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
     if best["separated"] == 0:
         return (f"Nothing measured here separates the policies from {baseline}: no p99 speedup interval excludes 1 "
                 f"({p99_said}), and no interval of the scheduler's evidence excludes {baseline}'s.")
-    holds = int(p99["state"].eq(OVERLAP).sum())
-    lead = (f"p99 does not separate the policies from {baseline} (its speedup intervals hold 1 in {holds} of "
-            f"{len(p99)}: {p99_said})" if not p99_sep else
-            f"p99 separates only {p99_sep} of {len(p99)} policy comparisons with {baseline} ({p99_said})")
+    # The quantity that separates most leads, with its intervals; the others that separate, then p99, follow.
     shown = sep[sep["measure"].eq(best["measure"]) & sep["state"].eq(SEPARATED)]
-    return f"{lead}; {best['label']} does: {listed(shown, True)}."
+    text = (f"{best['label']} separates {int(best['separated'])} of {int(best['compared'])} policy comparisons "
+            f"with {baseline}: {listed(shown, True)}.")
+    others = ranked[ranked["measure"].ne("p99") & ranked["measure"].ne(best["measure"]) & ranked["separated"].gt(0)]
+    if len(others):
+        text += " Also separating: " + ", ".join(f"{r['label']} ({int(r['separated'])} of {int(r['compared'])})"
+                                                 for r in others.to_dict("records")) + "."
+    holds, few = int(p99["state"].eq(OVERLAP).sum()), int(p99["state"].eq(TOO_FEW_TRIALS).sum())
+    if p99_sep:
+        text += f" p99 separates only {p99_sep} of {len(p99)} ({p99_said})."
+    else:
+        text += f" p99 does not: its speedup intervals hold 1 in {holds} of {len(p99)} ({p99_said})."
+    return text + (f" {few} p99 comparisons had {TOO_FEW_TRIALS}." if few else "")
