@@ -84,11 +84,38 @@ def test_the_physical_core_analogues_are_a_toggle_of_their_own():
     keys = {f.key for f in ex.mapping.families}
     assert {"8p", "11p-12p"} <= keys and ex.physical
     effect = ex.physical_effect()
-    assert "\n" not in effect and "physical loads 1..1" in effect and "without them: 0..2" in effect
+    assert "\n" not in effect and "in compact (shown), without them 8 threads sit beside their own worker" in effect
+    assert "a physical core holds 0..2 threads (1..1 with them)" in effect
     assert ex.toggle_physical() and not ex.physical and ex.mode == "compact"
     assert not {"8p", "11p-12p"} & {f.key for f in ex.mapping.families}
     assert ex.mapping.physical_loads.max() == 2
     assert ex.set_physical("yes") is False and "physical must be True or False" in ex.error and not ex.physical
+
+
+@pytest.mark.parametrize("spec, threads", [("xeon-8260-2s", 49), ("epyc-7313p", 17), ("epyc-9654", 97)])
+def test_a_thread_that_moves_between_equal_spreads_is_said_to_move(spec, threads):
+    ex = ModeExplorer(spec, workers=1, threads=threads)          # 1 x (P + 1), the physical balance on
+    line, moved = ex.difference(), ex.moved()
+    assert not ex.differ() and len(moved) == 1 and "\n" not in line
+    # before: "give the same spread ...: the constraints leave scatter and compact no different choice here"
+    # beside a moved() that shows one thread on another cpu
+    assert "same spread" not in line and "no different choice" not in line
+    w, t, s, c = (int(moved.iloc[0][k]) for k in ("worker", "thread", "scatter_cpu", "compact_cpu"))
+    assert line.startswith(f"scatter and compact: 1 thread moves (thread {t} of worker {w}: cpu {s} in scatter, "
+                           f"{c} in compact), but every worker's spread is equal")
+    assert "makes them differ" in line
+
+
+def test_the_physical_line_says_what_the_toggle_changes_in_both_modes():
+    ex = ModeExplorer()                 # the default screen: scatter, where the analogues change nothing
+    line = ex.physical_effect()
+    # before: "in scatter, with them or without, the mapping is alike" and no word of compact, where
+    # they matter; in compact, "without them: 0..2, 8, f_mode -832" without units
+    assert "\n" not in line and "in scatter (shown) they change nothing (1..1 threads per physical core" in line
+    assert ("in compact, without them 8 threads sit beside their own worker on one physical core (0 with them) "
+            "and a physical core holds 0..2 threads (1..1 with them)") in line
+    assert "f_mode -832 (-1200 with them; summed cache distance)" in line
+    assert ex.toggle_mode() and "in compact (shown), without them 8 threads" in ex.physical_effect()
 
 
 def test_the_view_shows_the_line_the_terms_and_the_physical_toggle():

@@ -412,3 +412,76 @@ def test_controllers_have_readable_reprs_and_figures(xeon):
     with pytest.raises(ValueError, match="kind must be"):
         dv.figure("pie")
     assert ct.figure().data and ex.figure().data and PolicyComparison(2, 2, xeon, ["omp-close"]).figure().data
+
+
+# -- the audit of issue 49: setters refuse what they cannot take; outputs stay the controller's ----------
+
+@pytest.mark.parametrize("bad", [None, 5, "abc", [1.5], [True], b"\x01"])
+def test_highlight_takes_cpu_ids_or_a_mapping_and_refuses_the_rest(bad):
+    from tuna_lab.errors import ModelError
+
+    dv = DistanceView("epyc-7313p", [0])
+    # before: TypeError for None and 5, "invalid literal for int()" for "abc", and [1.5] highlighted cpu 1
+    assert dv.highlight(bad) is False and dv.highlighted == {0}
+    assert dv.error.startswith("highlighted: cpu ids (ints) or a Mapping, got ")
+    with pytest.raises(ModelError, match=r"highlighted: cpu ids \(ints\) or a Mapping"):
+        dv.highlighted = bad
+    assert dv.highlighted == {0}
+    assert dv.highlight(np.array([1, 2])) and dv.highlighted == {1, 2} and dv.error is None
+    assert dv.highlight(ModeExplorer("epyc-7313p", 1, 2).mapping) and len(dv.highlighted) == 2
+
+
+def test_policies_are_refused_unless_they_are_names(xeon):
+    pc = PolicyComparison(2, 2, xeon, ["omp-close"])
+    # before: set_policies(5) raised TypeError ('int' object is not iterable)
+    for bad in (5, [5], b"numa"):
+        assert pc.set_policies(bad) is False and pc.error.startswith("policies: policy names (str), got")
+    assert pc.policies == ("omp-close",) and list(pc.loads.columns) == ["omp-close"]
+    assert pc.set_policies("numa") and pc.policies == ("numa",)
+
+
+@pytest.mark.parametrize("make", [lambda: ModeExplorer("xeon-8272cl", 2, 2),
+                                  lambda: ConstraintToggles(2, 2, "xeon-8272cl"),
+                                  lambda: PolicyComparison(2, 2, "xeon-8272cl", ["omp-close"])],
+                         ids=["ModeExplorer", "ConstraintToggles", "PolicyComparison"])
+def test_time_limit_is_an_input_checked_when_it_is_given(make):
+    from tuna_lab.errors import ModelError
+
+    ctl = make()
+    # before: "x" was stored, and the next set_workers refused with a message about the time limit
+    with pytest.raises(ModelError, match="time_limit must be a positive finite number, got 'x'"):
+        ctl.time_limit = "x"
+    assert ctl.time_limit == 10.0 and ctl.set_time_limit(0) is False and "got 0" in ctl.error
+    ctl.time_limit = 3
+    assert ctl.time_limit == 3.0 and ctl.error is None and "time_limit" not in repr(ctl)
+    if isinstance(ctl, ConstraintToggles):
+        assert ctl.set_enabled("11-12", False) and ctl.error is None
+    else:
+        assert ctl.set_workers(3) and ctl.error is None
+    args = ("xeon-8272cl", 2, 2) if isinstance(ctl, ModeExplorer) else (2, 2, "xeon-8272cl")
+    with pytest.raises(ModelError, match="time_limit must be a positive finite number, got None"):
+        type(ctl)(*args, time_limit=None)
+
+
+def test_error_and_a_runs_progress_are_outputs_a_user_cannot_assign(xeon):
+    ex = ModeExplorer(xeon, workers=2, threads=2)
+    assert ex.set_workers(0) is False
+    # before: ex.error = "x" was accepted, and a view showed a refusal nobody made
+    with pytest.raises(AttributeError, match="ModeExplorer.error is read-only: it says why the controller refused"):
+        ex.error = None
+    assert "positive integer" in ex.error
+    live = LiveExperiment(1, 1, policies=["cfs"], trials=1, requests=20)
+    # before: live.state = "running" said a run was on with nothing running, and lines took any list
+    for name, value in (("state", "running"), ("lines", ["x"]), ("result", None), ("error", "x")):
+        with pytest.raises(AttributeError, match=f"LiveExperiment.{name} is read-only"):
+            setattr(live, name, value)
+    assert live.state == "idle" and live.lines == [] and live.error is None and not live.running()
+
+
+@pytest.mark.parametrize("family, on", [("8", "yes"), ("11-12", None), ("11-12", 0), ("11-12", "False")])
+def test_a_toggle_takes_true_or_false(xeon, family, on):
+    ct = ConstraintToggles(4, 4, xeon)
+    # before: "yes" was read as True and None as False (bool(on)): ("11-12", None) dropped the family
+    assert ct.set_enabled(family, on) is False
+    assert ct.error == f"on must be True or False, got {on!r}" and all(ct.enabled.values())
+    assert ct.set_enabled("11-12", np.bool_(False)) and not ct.enabled["11-12"]

@@ -4,14 +4,44 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..errors import ModelError
 from .families import DEFAULT_FAMILIES, Family, loads, main_counts, pair_sums, resolve_family, worker_counts
 from .instance import Instance
 
-__all__ = ["Mapping", "Relaxed"]
+__all__ = ["Mapping", "Relaxed", "NoCertificate"]
 
 #: Why a mapping of a model without objective terms shows no certificate (describe() and to_dict() say it).
 _NO_CERTIFICATE = ("the model maximises no objective term ((4-5) and (6-7) left out), so any mapping "
                    "meeting its constraints is optimal")
+
+
+class NoCertificate(dict):
+    """:attr:`Mapping.certificate` of a model without objective terms: the solver's numbers, certifying nothing.
+
+    Still the dict the solve wrote (``certifies`` is ``[]``; a relaxed
+    mapping's ``relaxation`` proof is in it), so code that reads keys keeps
+    working; its repr says that it certifies nothing, where a plain dict's
+    ``'proven': True`` beside ``'objective': 0.0`` would read as a claim about
+    the mapping's objective.
+
+    Examples
+    --------
+    >>> from tuna_lab import solve
+    >>> solve(2, 2, "xeon-8272cl", families=["1"]).certificate
+    NoCertificate(certifies nothing: the model maximises no objective term ((4-5) and (6-7) left out), so any mapping meeting its constraints is optimal)
+    """
+
+    def __repr__(self):
+        return f"NoCertificate(certifies nothing: {_NO_CERTIFICATE})"
+
+
+def _iterable(value):
+    """Whether ``value`` can be iterated (a list, a set, a generator ...)."""
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -77,8 +107,8 @@ class Mapping:
         What proves :attr:`bound` (JSON-able; empty when nothing does):
         ``certifies`` - the objective terms its bound is on (:attr:`objective_terms`;
         empty for a model without objective terms, whose certificate proves nothing
-        about :attr:`objective` and is not shown by :meth:`describe`, ``repr``
-        or :meth:`to_dict`);
+        about :attr:`objective`: it is then a :class:`NoCertificate`, whose repr
+        says so, and is not shown by :meth:`describe`, ``repr`` or :meth:`to_dict`);
         ``name`` - ``"highs"`` (HiGHS's dual bound), or the combinatorial
         bound's name (``"counting"``, pattern bounds such as
         ``"sibling-pattern+domain-pattern"``), or ``"none"``; ``proven``;
@@ -124,7 +154,9 @@ class Mapping:
         object.__setattr__(self, "relaxed", tuple(self.relaxed))
         if self.certificate:
             # What the bound is on: the objective terms the model maximised ([] - it certifies nothing).
-            object.__setattr__(self, "certificate", {**self.certificate, "certifies": list(self.objective_terms)})
+            terms = list(self.objective_terms)
+            kind = dict if terms else NoCertificate
+            object.__setattr__(self, "certificate", kind({**self.certificate, "certifies": terms}))
 
     # -- basic facts -----------------------------------------------------------
     @property
@@ -183,16 +215,18 @@ class Mapping:
 
         Parameters
         ----------
-        families : family or iterable of families, optional
+        families : family or list of families, optional
             Default: the families the mapping was solved under. Each is named
             as :meth:`TunaModel.with_ <tuna_lab.model.TunaModel.with_>` and
             ``without`` take them: a key (``"11-12"``), an equation number, a
-            class name, a class or an instance.
+            class name, a class or an instance. A list, tuple, set or other
+            iterable holds several; anything else names one.
 
         Raises
         ------
         ModelError
-            A name no family goes by.
+            A name no family goes by (``3.5``, ``object()``), or bytes
+            (``b"8"`` is not read as the key ``"8"``, nor as the numbers 56).
 
         Examples
         --------
@@ -202,7 +236,11 @@ class Mapping:
         """
         if families is None:
             families = self.families
-        elif isinstance(families, (str, int, Family, type)):
+        elif isinstance(families, (bytes, bytearray, memoryview)):
+            # Iterated, bytes are numbers: b"8" would ask for family 56.
+            raise ModelError(f"verify: a family is named by a str key such as '8', not bytes: got {families!r}")
+        elif isinstance(families, (str, int, Family, type)) or not _iterable(families):
+            # One family, resolved as with_() and without() resolve theirs (a ModelError if no family has that name).
             families = [families]
         fams = [resolve_family(f, self.families) for f in families]
         pos = self.positions

@@ -10,7 +10,10 @@ model to the pipeline of :mod:`~tuna_lab.model.pipeline`, which owns the
 search of that solve.
 """
 
+import numpy as np
+
 from ..errors import ModelError
+from .assignment import checked_assignment
 from .route.bounds import objective_granularity
 from .caps import Caps
 from .route.construct import local_search
@@ -197,19 +200,34 @@ class TunaModel:
         """A mapping at least as good as ``start`` (positions ``(W, T)``), by local search.
 
         See :func:`~tuna_lab.model.route.construct.local_search`; the result is
-        checked against every family and ``start`` is kept if it fails or is
-        not better (or if a family contributes no caps).
+        checked against every family and ``start`` itself is returned if it
+        fails or is not better (or if a family contributes no caps).
+
+        Raises
+        ------
+        ModelError
+            ``start`` is not a ``(W, T)`` array of this topology's core
+            positions (:func:`~tuna_lab.model.assignment.checked_assignment`),
+            or leaves a thread unassigned (``-1``): the search moves threads of
+            a complete mapping.
         """
         inst = self.instance
-        if start is None or not self.caps.understood:
+        if start is None:
+            return start
+        # One ModelError line for a start that is not a mapping (numpy would raise its own, or index out of range).
+        positions = checked_assignment(start, inst)
+        if (positions < 0).any():
+            w, t = (int(i) for i in np.argwhere(positions < 0)[0])
+            raise ModelError(f"improve starts from a complete mapping: thread {t} of worker {w} is unassigned (-1)")
+        if not self.caps.understood:
             return start
         try:
-            better = local_search(start, self.caps, time_limit=time_limit)
+            better = local_search(positions, self.caps, time_limit=time_limit)
         except ModelError:
             return start
         if any(f.violations(better, inst) for f in self.families):
             return start
-        if self.value(better) <= self.value(start) + 1e-9:
+        if self.value(better) <= self.value(positions) + 1e-9:
             return start
         return ordered(better, self.caps)
 

@@ -1,9 +1,9 @@
 """What every controller shares: change notification and the refuse-and-keep-state rule."""
 
-from .._checks import one_line
-from ..errors import TunaError
+from .._checks import one_line, positive_number
+from ..errors import ModelError, TunaError
 
-__all__ = ["Controller", "SizedController"]
+__all__ = ["Controller", "SizedController", "TimedController", "checked_time_limit"]
 
 # What a user can get wrong; anything else is a bug and should be seen as one.
 BAD_INPUT = (TunaError, ValueError, OSError)
@@ -20,6 +20,8 @@ class Controller:
     (``mapping``, ``distance`` ...), and anything worked out on request is a
     method (``grid()``, ``table()``, ``violated()`` ...). Assigning a name the
     controller does not have (``dv.cpus = ...``) is refused, not stored unread.
+    ``error`` is an output of every controller: the controller says why it
+    refused the last change, and an assigned ``ex.error = None`` would hide that.
     """
 
     #: input name -> the method that sets it (assigning the attribute calls it)
@@ -46,10 +48,13 @@ class Controller:
         elif name in self._inputs:
             if not getattr(self, self._inputs[name])(value):
                 raise self._refused
+        elif name == "error":
+            raise AttributeError(f"{type(self).__name__}.error is read-only: it says why the controller refused "
+                                 "the last change, and the next accepted change clears it")
         elif name in self._outputs:
             cls = type(self).__name__
-            how = (f"assign one of its inputs ({', '.join(self._inputs)})" if self._inputs else
-                   self._fixed or f"build a new {cls}")
+            inputs = f"assign one of its inputs ({', '.join(self._inputs)})" if self._inputs else ""
+            how = "; ".join(filter(None, (self._fixed, inputs))) or f"build a new {cls}"
             raise AttributeError(f"{cls}.{name} is read-only: {how}")
         elif name.startswith("_") or name in self.__dict__:
             object.__setattr__(self, name, value)
@@ -57,8 +62,14 @@ class Controller:
             # A new public name is a typo or a guess (dv.cpus = [0, 1] for highlighted): kept, it would be
             # silently ignored, which is exactly what a setter must not do.
             cls = type(self).__name__
-            inputs = f"its inputs are {', '.join(self._inputs)}" if self._inputs else self._fixed
-            raise AttributeError(f"{cls} has no member {name!r} to assign: {inputs or 'it takes no inputs'}")
+            inputs = f"its inputs are {', '.join(self._inputs)}" if self._inputs else ""
+            how = "; ".join(filter(None, (self._fixed, inputs))) or "it takes no inputs"
+            raise AttributeError(f"{cls} has no member {name!r} to assign: {how}")
+
+    def _put(self, **state):
+        """Write outputs from the controller's own code outside :meth:`_attempt` (a run's thread, say)."""
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
     def subscribe(self, callback):
         """Call ``callback(controller)`` after every change, accepted or refused; returns ``callback``."""
@@ -93,6 +104,8 @@ class Controller:
         """``name=value`` parts for :meth:`__repr__`, inputs first."""
         parts = []
         for name in self._inputs:
+            if name == "time_limit":
+                continue            # how long the solver may take, not what the controller shows
             value = getattr(self, name)
             # A topology by its name: its own repr lists every core.
             parts.append(f"{name}={(value.name if name == 'topology' else value)!r}")
@@ -105,7 +118,29 @@ class Controller:
         return f"{type(self).__name__}({', '.join(parts)})"
 
 
-class SizedController(Controller):
+def checked_time_limit(value):
+    """``value`` as the seconds a controller's solves may take, or :class:`ModelError`.
+
+    Checked when it is given, not at the next solve: ``ex.time_limit = "x"``
+    accepted would make the next ``set_workers`` refuse with a message about
+    a time limit nobody asked it to change.
+    """
+    return positive_number("time_limit", value, ModelError)
+
+
+class TimedController(Controller):
+    """A controller whose solves take at most ``time_limit`` seconds each: an input like the others.
+
+    Assigning it re-solves (a mapping that stopped at the old limit may be
+    better given more time), through the subclass's :meth:`_change`.
+    """
+
+    def set_time_limit(self, seconds):
+        """Give every solve at most ``seconds`` (a positive number) and re-solve; False and ``.error`` if refused."""
+        return self._change(time_limit=seconds)
+
+
+class SizedController(TimedController):
     """A controller of W workers x T threads on a machine: the setters, over the subclass's ``_change``."""
 
     _inputs = {"topology": "set_topology", "workers": "set_workers", "threads": "set_threads"}

@@ -20,6 +20,8 @@ Examples
 (False, True, 'xeon-8272cl')
 """
 
+import numbers
+import reprlib
 from types import MappingProxyType
 
 import networkx as nx
@@ -32,7 +34,7 @@ from ..model import DEFAULT_FAMILIES, TunaModel, solve
 from ..model.families import resolve_family
 from ..model.instance import MODES
 from . import teaching
-from ._base import Controller, SizedController
+from ._base import Controller, SizedController, TimedController, checked_time_limit
 from .live import LiveExperiment
 from .teaching import EXAMPLE
 
@@ -59,6 +61,22 @@ def compared_policies():
     from ..placement.policies import registered_policies
 
     return tuple(p.name for p in registered_policies() if p.pinned_by is not PinnedBy.NONE)
+
+
+def _iterable(value):
+    """Whether ``value`` can be iterated (a list, a set, a range, an array ...)."""
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _checked_bool(name, value):
+    """``value`` as a bool, or :class:`ModelError`: ``"yes"`` or ``None`` for a switch is a slip, not a wish."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ModelError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 # -- the machine drawn as a grid of cores -------------------------------------------
@@ -159,8 +177,9 @@ class ModeExplorer(SizedController):
 
     Attributes
     ----------
-    topology, workers, threads, mode, physical
-        The inputs: assigning one re-solves (or raises what refused it).
+    topology, workers, threads, mode, physical, time_limit
+        The inputs: assigning one re-solves (or raises what refused it;
+        ``time_limit`` must be a positive number of seconds).
     mapping : Mapping
         The solution in ``mode``.
     other : Mapping
@@ -168,7 +187,7 @@ class ModeExplorer(SizedController):
     scatter, compact : Mapping
         The two solutions by mode (each is ``mapping`` or ``other``).
     error : str or None
-        Why the last change was refused.
+        Why the last change was refused (read-only, as every output is).
 
     Examples
     --------
@@ -185,25 +204,25 @@ class ModeExplorer(SizedController):
     (True, None)
     """
 
-    _inputs = {**SizedController._inputs, "mode": "set_mode", "physical": "set_physical"}
+    _inputs = {**SizedController._inputs, "mode": "set_mode", "physical": "set_physical",
+               "time_limit": "set_time_limit"}
     _outputs = ("mapping", "other", "scatter", "compact")
 
     def __init__(self, topology=EXAMPLE["topology"], workers=EXAMPLE["workers"], threads=EXAMPLE["threads"],
                  mode="scatter", physical=True, *, time_limit=10.0):
         super().__init__()
-        self.time_limit = time_limit
-        self._solve(topology_from(topology), workers, threads, mode, physical)
+        self._solve(topology_from(topology), workers, threads, mode, physical, time_limit)
         self._seal()
 
-    def _solve(self, topology, workers, threads, mode, physical):
+    def _solve(self, topology, workers, threads, mode, physical, time_limit):
+        time_limit = checked_time_limit(time_limit)
         if mode not in MODES:
             raise ModelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if not isinstance(physical, (bool, np.bool_)):
-            raise ModelError(f"physical must be True or False, got {physical!r}")
-        fams = teaching.families(bool(physical))
-        mapping, other = (solve(workers, threads, topology, m, families=fams, time_limit=self.time_limit)
+        physical = _checked_bool("physical", physical)
+        fams = teaching.families(physical)
+        mapping, other = (solve(workers, threads, topology, m, families=fams, time_limit=time_limit)
                           for m in (mode, MODES[1 - MODES.index(mode)]))
-        self.topology, self.mode, self.physical = topology, mode, bool(physical)
+        self.topology, self.mode, self.physical, self.time_limit = topology, mode, physical, time_limit
         self.workers, self.threads = mapping.workers, mapping.threads   # ints, even from numpy
         # What difference() and physical_effect() said, kept until the next change (they solve more).
         self.mapping, self.other, self._said, self._physical_said = mapping, other, None, None
@@ -211,8 +230,9 @@ class ModeExplorer(SizedController):
 
     def _change(self, **changes):
         def compute():
-            new = {k: changes.get(k, getattr(self, k)) for k in ("topology", "workers", "threads", "mode", "physical")}
-            self._solve(topology_from(new["topology"]), new["workers"], new["threads"], new["mode"], new["physical"])
+            new = {k: changes.get(k, getattr(self, k)) for k in self._inputs}
+            self._solve(topology_from(new["topology"]), new["workers"], new["threads"], new["mode"], new["physical"],
+                        new["time_limit"])
         return self._attempt(compute)
 
     def set_mode(self, mode):
@@ -293,13 +313,25 @@ class ModeExplorer(SizedController):
         return out
 
     def physical_effect(self):
-        """One line: what the physical-core analogues change in the current mode (solves the other setting once)."""
+        """One line: what the physical-core analogues change in each mode, the current one marked
+        (solves both modes with the other setting, once per change).
+
+        On the default screen (scatter) they change nothing, in compact they
+        keep a worker's threads off each other's physical core: a line about
+        the current mode alone said "nothing" where the toggle matters.
+
+        Examples
+        --------
+        >>> print(ModeExplorer("xeon-8272cl", 4, 4).physical_effect().split(": ", 1)[1].split(";")[0])
+        in scatter (shown) they change nothing (1..1 threads per physical core with them or without)
+        """
         if self._physical_said is None:
             fams = teaching.families(not self.physical)
-            flipped = solve(self.workers, self.threads, self.topology, self.mode, families=fams,
-                            time_limit=self.time_limit)
-            pair = (self.mapping, flipped) if self.physical else (flipped, self.mapping)
-            self._physical_said = teaching.physical_effect(*pair)
+            flipped = [solve(self.workers, self.threads, self.topology, mode, families=fams,
+                             time_limit=self.time_limit) for mode in MODES]
+            current = [self.mapping if mode == self.mode else self.other for mode in MODES]
+            pair = (current, flipped) if self.physical else (flipped, current)
+            self._physical_said = teaching.physical_effect(*pair, shown=self.mode)
         return self._physical_said
 
     def grid(self):
@@ -419,10 +451,23 @@ class DistanceView(Controller):
         self._set(topology_from(topology), cpus)
         self._seal()
 
-    def _set(self, topology, cpus):
+    @staticmethod
+    def _cpu_ids(cpus):
+        """The cpu ids ``cpus`` names (an iterable of ints, or a Mapping's), or :class:`ModelError`."""
         if hasattr(cpus, "assignment"):
-            cpus = np.ravel(cpus.assignment)
-        cpus = frozenset(int(c) for c in cpus)
+            return frozenset(np.ravel(cpus.assignment).tolist())
+        if isinstance(cpus, (str, bytes, bytearray)) or not _iterable(cpus):
+            raise ModelError(f"highlighted: cpu ids (ints) or a Mapping, got {reprlib.repr(cpus)}")
+        cpus = list(cpus)
+        # int(1.5) would highlight cpu 1, and int("1") guess at a string: only integers name a cpu.
+        odd = [c for c in cpus if not isinstance(c, numbers.Integral) or isinstance(c, (bool, np.bool_))]
+        if odd:
+            raise ModelError(f"highlighted: cpu ids (ints) or a Mapping, got {reprlib.repr(odd[0])} "
+                             f"in {reprlib.repr(cpus)}")
+        return frozenset(int(c) for c in cpus)
+
+    def _set(self, topology, cpus):
+        cpus = self._cpu_ids(cpus)
         ids = list(topology.cpus)
         level = np.full((len(ids),) * 2, "none", dtype=object)
         # Outermost level first, so that a closer shared level overwrites it (as Topology.distance does).
@@ -445,9 +490,11 @@ class DistanceView(Controller):
         return self._attempt(lambda: self._set(topology_from(spec), self.highlighted))
 
     def highlight(self, cpus):
-        """Highlight these cpus; ids not in the topology are ignored.
+        """Highlight these cpus (an iterable of int ids); ids not in the topology are ignored.
 
-        A Mapping highlights the cpus it uses, on its own topology.
+        A Mapping highlights the cpus it uses, on its own topology. Anything
+        else (``None``, ``5``, ``"abc"``, ``[1.5]``) is refused: False, and
+        ``.error`` says what it takes.
         """
         return self._attempt(lambda: self._set(getattr(cpus, "topology", self.topology), cpus))
 
@@ -489,7 +536,7 @@ class DistanceView(Controller):
 
 # -- ConstraintToggles ----------------------------------------------------------------
 
-class ConstraintToggles(Controller):
+class ConstraintToggles(TimedController):
     """Switch constraint families on and off and see what the mapping does without them.
 
     Parameters
@@ -502,6 +549,9 @@ class ConstraintToggles(Controller):
 
     Attributes
     ----------
+    time_limit : float
+        The one input besides the toggles: assigning it re-solves both mappings
+        (or raises what :meth:`set_time_limit` refused).
     enabled : dict of str to bool
         Family key -> whether it is in the model.
     reference : Mapping
@@ -527,6 +577,7 @@ class ConstraintToggles(Controller):
     """
 
     # No setters for the instance: a new instance is a new ConstraintToggles (the reference is re-solved).
+    _inputs = {"time_limit": "set_time_limit"}
     _outputs = ("workers", "threads", "topology", "mode", "families", "enabled", "reference", "mapping",
                 "changed", "violations")
     _fixed = ("set_enabled() or toggle() put a family in or out; another instance is a new "
@@ -535,37 +586,52 @@ class ConstraintToggles(Controller):
     def __init__(self, workers, threads, topology=None, mode="scatter", *, time_limit=10.0):
         super().__init__()
         self.topology = topology_from(topology)
-        self.time_limit = time_limit
+        self.time_limit = checked_time_limit(time_limit)
         self.families = DEFAULT_FAMILIES
-        self.reference = TunaModel(workers, threads, self.topology, mode).solve(time_limit=time_limit)
-        self.workers, self.threads, self.mode = self.reference.workers, self.reference.threads, mode
-        self._commit(self.reference, {f.key: True for f in self.families})
+        reference = TunaModel(workers, threads, self.topology, mode).solve(time_limit=self.time_limit)
+        self.workers, self.threads, self.mode = reference.workers, reference.threads, mode
+        self._commit(reference, reference, {f.key: True for f in self.families})
         self._seal()
 
     def _key(self, family):
         return resolve_family(family, self.families).key
 
-    def _commit(self, mapping, enabled):
-        ref, cur = self.reference.assignment, mapping.assignment
+    def _solve(self, enabled, time_limit):
+        """The mapping with the ``enabled`` families, solved within ``time_limit`` seconds."""
+        families = [f for f in self.families if enabled[f.key]]
+        model = TunaModel(self.workers, self.threads, self.topology, self.mode, families=families)
+        return model.solve(time_limit=time_limit)
+
+    def _change(self, time_limit):
+        """Re-solve the reference and the current mapping within ``time_limit`` seconds (see :meth:`set_time_limit`)."""
+        def compute():
+            limit = checked_time_limit(time_limit)
+            reference = TunaModel(self.workers, self.threads, self.topology, self.mode).solve(time_limit=limit)
+            mapping = reference if all(self.enabled.values()) else self._solve(self.enabled, limit)
+            self._commit(reference, mapping, self.enabled)
+            self.time_limit = limit
+        return self._attempt(compute)
+
+    def _commit(self, reference, mapping, enabled):
+        ref, cur = reference.assignment, mapping.assignment
         w, t = np.nonzero(ref != cur)
         self.changed = pd.DataFrame({"worker": w, "thread": t, "role": np.where(t == 0, "main", "openmp"),
                                      "reference_cpu": ref[w, t], "cpu": cur[w, t]})
         self.violations = mapping.verify(DEFAULT_FAMILIES)
         # Read-only: a family goes in or out through set_enabled, which re-solves.
-        self.mapping, self.enabled = mapping, MappingProxyType(dict(enabled))
+        self.reference, self.mapping, self.enabled = reference, mapping, MappingProxyType(dict(enabled))
 
     def set_enabled(self, family, on=True):
         """Put ``family`` (key, equation number or class name) in or out of the model and re-solve.
 
         A refused toggle (a family another one needs, an infeasible model, a
-        solver without a solution) sets ``.error`` and changes nothing.
+        solver without a solution, an ``on`` that is not True or False) sets
+        ``.error`` and changes nothing.
         """
         def compute():
             enabled = dict(self.enabled)
-            enabled[self._key(family)] = bool(on)
-            families = [f for f in self.families if enabled[f.key]]
-            model = TunaModel(self.workers, self.threads, self.topology, self.mode, families=families)
-            self._commit(model.solve(time_limit=self.time_limit), enabled)
+            enabled[self._key(family)] = _checked_bool("on", on)
+            self._commit(self.reference, self._solve(enabled, self.time_limit), enabled)
         return self._attempt(compute)
 
     def toggle(self, family):
@@ -610,6 +676,23 @@ class ConstraintToggles(Controller):
 
 # -- PolicyComparison --------------------------------------------------------------
 
+def _policy_names(policies):
+    """``policies`` as a tuple of names (``None``: :func:`compared_policies`), or :class:`ModelError`."""
+    if policies is None:
+        return compared_policies()
+    if isinstance(policies, str):
+        policies = [policies]
+    elif isinstance(policies, (bytes, bytearray)) or not _iterable(policies):
+        raise ModelError(f"policies: policy names (str), got {reprlib.repr(policies)}")
+    policies = tuple(policies)
+    odd = [p for p in policies if not isinstance(p, str)]
+    if odd:
+        raise ModelError(f"policies: policy names (str), got {reprlib.repr(odd[0])} among them")
+    if not policies:
+        raise ModelError("policies: name at least one policy to compare")
+    return policies
+
+
 class PolicyComparison(SizedController):
     """The placements of several policies side by side, with the expected load of every core.
 
@@ -626,8 +709,9 @@ class PolicyComparison(SizedController):
     ----------
     placements : dict of str to Placement
         One entry per policy.
-    topology, workers, threads, policies
-        The inputs: assigning one recomputes (or raises what refused it).
+    topology, workers, threads, policies, time_limit
+        The inputs: assigning one recomputes (or raises what refused it:
+        ``policies`` are names, ``time_limit`` a positive number of seconds).
     loads : pandas.DataFrame
         Expected threads per logical core (index ``cpu``), one column per policy;
         each column sums to ``workers * threads``.
@@ -641,35 +725,32 @@ class PolicyComparison(SizedController):
     2.0
     """
 
-    _inputs = {**SizedController._inputs, "policies": "set_policies"}
+    _inputs = {**SizedController._inputs, "policies": "set_policies", "time_limit": "set_time_limit"}
     _outputs = ("placements", "loads")
 
     def __init__(self, workers, threads, topology=None, policies=None, *, time_limit=10.0):
         super().__init__()
-        self.time_limit = time_limit
-        self._compute(workers, threads, topology_from(topology), policies)
+        self._compute(workers, threads, topology_from(topology), policies, time_limit)
         self._seal()
 
-    def _compute(self, workers, threads, topology, policies):
+    def _compute(self, workers, threads, topology, policies, time_limit):
         from ..placement.policies import compare, placement
 
-        policies = compared_policies() if policies is None else \
-            tuple([policies] if isinstance(policies, str) else policies)
-        if not policies:
-            raise ModelError("policies: name at least one policy to compare")
-        placements = {p: placement(p, workers, threads, topology, time_limit=self.time_limit)
-                      for p in policies}
-        summary = compare(workers, threads, topology, policies, time_limit=self.time_limit)
+        time_limit = checked_time_limit(time_limit)
+        policies = _policy_names(policies)
+        placements = {p: placement(p, workers, threads, topology, time_limit=time_limit) for p in policies}
+        summary = compare(workers, threads, topology, policies, time_limit=time_limit)
         loads = pd.DataFrame({p: pl.expected_loads() for p, pl in placements.items()},
                              index=pd.Index(topology.cpus, name="cpu"))
         self.placements, self._summary, self.loads = placements, summary, loads
         self.workers, self.threads, self.topology, self.policies = int(workers), int(threads), topology, policies
+        self.time_limit = time_limit
 
     def _change(self, **changes):
         def compute():
             self._compute(changes.get("workers", self.workers), changes.get("threads", self.threads),
                           topology_from(changes.get("topology", self.topology)),
-                          changes.get("policies", self.policies))
+                          changes.get("policies", self.policies), changes.get("time_limit", self.time_limit))
         return self._attempt(compute)
 
     def set_policies(self, policies):

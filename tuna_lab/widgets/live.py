@@ -60,6 +60,11 @@ class LiveExperiment(Controller):
         Progress lines so far.
     result : Result or None
         The experiment's result, once finished.
+    error : str or None
+        Why the run failed or a start was refused.
+
+    These, like the settings, are read-only: :meth:`start` and :meth:`stop`
+    change them (``live.state = "running"`` would start nothing).
 
     Notes
     -----
@@ -108,9 +113,10 @@ class LiveExperiment(Controller):
         return [cell, f"policies={self.policies}", f"trials={self.trials}", f"requests={self.requests}",
                 f"state={self.state!r}", f"finished_trials={len(self._rows)}"]
 
-    # The settings are fixed for the controller's life: a different run is a new LiveExperiment.
-    _outputs = ("target", "config", "policies", "trials", "requests", "out", "seed")
-    _fixed = "another run is a new LiveExperiment(...)"
+    # The settings are fixed for the controller's life: a different run is a new LiveExperiment. The run's
+    # progress is the runner's to write: an assigned state would say "running" with nothing running.
+    _outputs = ("target", "config", "policies", "trials", "requests", "out", "seed", "state", "lines", "result")
+    _fixed = "start() and stop() run it; another run is a new LiveExperiment(...)"
 
     def running(self):
         """Whether a run is in progress (its thread alive)."""
@@ -119,13 +125,13 @@ class LiveExperiment(Controller):
     def start(self):
         """Start the run in a background thread; False (and ``.error``) if one is running."""
         if self.running():
-            self.error = "an experiment is already running"
+            self._put(error="an experiment is already running")
             self._notify()
             return False
         self._stop.clear()
         with self._lock:
-            self.lines, self._rows, self.result = [], [], None
-        self.state, self.error = "running", None
+            self._put(lines=[], _rows=[], result=None)
+        self._put(state="running", error=None)
         self._thread = threading.Thread(target=self._run, name="tuna-lab-live-experiment", daemon=True)
         _RUNNING.add(self)
         self._thread.start()
@@ -140,7 +146,7 @@ class LiveExperiment(Controller):
         if self.running():
             self._stop.set()
             if self.state == "running":
-                self.state = "stopping"
+                self._put(state="stopping")
                 self._notify()
             if wait:
                 self._thread.join(timeout)
@@ -213,9 +219,8 @@ class LiveExperiment(Controller):
         else:
             state, error = "finished", None
             with self._lock:
-                self.result = result
-                self._rows = result.trials[_RESULT_COLUMNS].to_dict("records")
+                self._put(result=result, _rows=result.trials[_RESULT_COLUMNS].to_dict("records"))
         finally:
             _RUNNING.discard(self)
-        self.state, self.error = state, error
+        self._put(state=state, error=error)
         self._notify()

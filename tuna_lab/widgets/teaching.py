@@ -169,16 +169,44 @@ def why_same(scatter, compact, physical=True, time_limit=5.0):
                 f"physical core of its own, and all physical cores of {name} share the last cache level: "
                 f"every two threads of a worker are equally far apart (d = {apart[0] if len(apart) else 0:g}) "
                 f"whichever cores they get; {fix}")
-    return (f"the constraints leave scatter and compact no different choice here: both spread each worker's "
-            f"threads {spread(scatter):g} apart in all; {fix}")
+    # "no different choice" would be false where a thread moves: the choice left is among equal spreads.
+    return (f"the constraints leave scatter and compact no placement of a different spread here: both spread "
+            f"each worker's threads {spread(scatter):g} apart in all; {fix}")
+
+
+def _moves_among_equals(scatter, compact, moved):
+    """What moves between two mappings of equal spread, in words: the one thread, or how many."""
+    if moved == 1:
+        w, t = (int(i) for i in np.argwhere(scatter.assignment != compact.assignment)[0])
+        what = (f"1 thread moves (thread {t} of worker {w}: cpu {scatter.assignment[w, t]} in scatter, "
+                f"{compact.assignment[w, t]} in compact)")
+    else:
+        what = f"{moved} of {scatter.assignment.size} threads move"
+    alike = np.allclose(np.abs(worker_terms(scatter)), np.abs(worker_terms(compact)))
+    whose = "every worker's spread is equal" if alike else "the workers' spreads add up to the same"
+    return f"{what}, but {whose} ({spread(scatter):g}), a choice among equals"
 
 
 def difference(scatter, compact, physical=True, time_limit=5.0):
-    """One line: what differs between the two modes' mappings, or :func:`why_same` prefixed by what is equal."""
+    """One line: what differs between the two modes' mappings, or :func:`why_same` prefixed by what is equal.
+
+    Where the spreads are equal but the solver placed some threads
+    differently (``1 x 17`` on ``epyc-7313p``: one thread moves), the line
+    says so rather than that the mappings are the same.
+
+    Examples
+    --------
+    >>> from tuna_lab import solve
+    >>> s, c = (solve(1, 17, "epyc-7313p", m) for m in ("scatter", "compact"))
+    >>> print(difference(s, c).split("; the constraints")[0])
+    scatter and compact: 1 thread moves (thread 16 of worker 0: cpu 20 in scatter, 17 in compact), but every worker's spread is equal (22954), a choice among equals
+    """
     why = why_same(scatter, compact, physical, time_limit)
+    moved = int((scatter.assignment != compact.assignment).sum())
+    if why is not None and moved:
+        return f"scatter and compact: {_moves_among_equals(scatter, compact, moved)}; {why}"
     if why is not None:
         return f"scatter and compact give the same spread ({spread(scatter):g}): {why}"
-    moved = int((scatter.assignment != compact.assignment).sum())
     parts = [f"scatter and compact differ: {moved} of {scatter.assignment.size} threads sit on other cores"]
     level, s_span = domains_spanned(scatter)
     _, c_span = domains_spanned(compact)
@@ -191,16 +219,44 @@ def difference(scatter, compact, physical=True, time_limit=5.0):
     return "; ".join(parts)
 
 
-def physical_effect(with_physical, without_physical):
-    """One line: what the physical-core analogues (8+), (11+-12+) change in one mode's mapping."""
-    w, wo = with_physical, without_physical
+def _mode_effect(w, wo, shown):
+    """What the physical-core analogues change in one mode: ``w`` solved with them, ``wo`` without."""
     pw, pwo = w.physical_loads, wo.physical_loads
-    head = ("the physical-core analogues spread threads over physical cores as (8) and (11-12) spread them over "
-            f"logical ones; in {w.mode}, with them")
-    if np.array_equal(w.assignment, wo.assignment) or (
-            np.array_equal(np.sort(pw), np.sort(pwo)) and own_siblings(w) == own_siblings(wo)
-            and np.isclose(w.f_mode, wo.f_mode)):
-        return f"{head} or without, the mapping is alike (physical loads {pw.min()}..{pw.max()})"
-    return (f"{head}: physical loads {pw.min()}..{pw.max()}, {own_siblings(w)} threads beside their own "
-            f"worker on a physical core, f_mode {w.f_mode:+g}; without them: {pwo.min()}..{pwo.max()}, "
-            f"{own_siblings(wo)}, f_mode {wo.f_mode:+g}")
+    mode = f"{w.mode} (shown)" if w.mode == shown else w.mode
+    if np.array_equal(w.assignment, wo.assignment):
+        return f"in {mode} they change nothing ({pw.min()}..{pw.max()} threads per physical core with them or without)"
+    if np.array_equal(np.sort(pw), np.sort(pwo)) and own_siblings(w) == own_siblings(wo) \
+            and np.isclose(w.f_mode, wo.f_mode):
+        # other cores, the same counts: the solver's choice among equals, not the families' doing
+        return (f"in {mode} they change neither the loads nor f_mode ({pw.min()}..{pw.max()} threads per "
+                f"physical core with them or without)")
+    return (f"in {mode}, without them {own_siblings(wo)} threads sit beside their own worker on one physical core "
+            f"({own_siblings(w)} with them) and a physical core holds {pwo.min()}..{pwo.max()} threads "
+            f"({pw.min()}..{pw.max()} with them), f_mode {wo.f_mode:+g} ({w.f_mode:+g} with them; summed cache "
+            f"distance)")
+
+
+def physical_effect(with_physical, without_physical, shown=None):
+    """One line: what the physical-core analogues (8+), (11+-12+) change, in each mode given.
+
+    Parameters
+    ----------
+    with_physical, without_physical : Mapping or sequence of Mapping
+        The mappings solved with and without them: one, or one per mode
+        (in the same order in both).
+    shown : str, optional
+        The mode on screen, marked ``(shown)`` in the line.
+
+    Examples
+    --------
+    >>> from tuna_lab import solve
+    >>> pair = [[solve(4, 4, "xeon-8272cl", m, families=families(on)) for m in ("scatter", "compact")]
+    ...         for on in (True, False)]
+    >>> print(physical_effect(*pair, shown="scatter").split(": ", 1)[1])
+    in scatter (shown) they change nothing (1..1 threads per physical core with them or without); in compact, without them 8 threads sit beside their own worker on one physical core (0 with them) and a physical core holds 0..2 threads (1..1 with them), f_mode -832 (-1200 with them; summed cache distance)
+    """
+    withs = [with_physical] if hasattr(with_physical, "assignment") else list(with_physical)
+    withouts = [without_physical] if hasattr(without_physical, "assignment") else list(without_physical)
+    parts = [_mode_effect(w, wo, shown) for w, wo in zip(withs, withouts)]
+    return ("the physical-core analogues (8+), (11+-12+) spread threads over physical cores as (8), (11-12) "
+            "spread them over logical ones: " + "; ".join(parts))

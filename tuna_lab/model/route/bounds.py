@@ -52,6 +52,24 @@ class Certificate:
         Per level, the bound that gave its part (``"counting"``,
         ``"sibling-pattern"`` - the single-core and physical-core levels
         together, reported on the first - or ``"domain-pattern"``).
+    detail : dict
+        The parts' own numbers (``counting_bound``, a fragment program's ...).
+    certifies : tuple of str
+        The objective terms ``bound`` is on: ``"f_main"`` with (4-5) in the
+        model, ``"f_mode"`` with (6-7); empty for a model without objective
+        terms, whose bound of 0 proves nothing about a mapping.
+    step : float
+        The lattice step of the objective values
+        (:func:`objective_granularity`; 0 if unknown): a mapping less than one
+        step below ``bound`` is optimal.
+
+    Examples
+    --------
+    >>> from tuna_lab import TunaModel
+    >>> TunaModel(4, 4, "xeon-8272cl").certificate()
+    Certificate(counting: certifies f_main + f_mode, bound=1500, step=46)
+    >>> TunaModel(4, 4, "xeon-8272cl", families=["1"]).certificate()
+    Certificate(counting: certifies nothing (the model has no objective term), bound=0)
     """
 
     name: str
@@ -60,6 +78,18 @@ class Certificate:
     levels: tuple = ()
     sources: tuple = ()
     detail: dict = field(default_factory=dict)
+    certifies: tuple = ()
+    step: float = 0.0
+
+    def __repr__(self):
+        # One line a reader checks the claim by; the parts are in as_dict().
+        if not self.certifies:
+            return (f"Certificate({self.name}: certifies nothing (the model has no objective term), "
+                    f"bound={self.bound:g})")
+        missing = [t for t in ("f_main", "f_mode") if t not in self.certifies]
+        what = " + ".join(self.certifies) + (f" only ({', '.join(missing)} not in the model)" if missing else "")
+        step = f", step={self.step:g}" if self.step else ""
+        return f"Certificate({self.name}: certifies {what}, bound={self.bound:.10g}{step})"
 
     def as_dict(self):
         """The certificate as plain JSON-able values."""
@@ -214,14 +244,17 @@ def bound_certificate(caps, chain, patterns=True, target=None):
     const, levels = _level_terms(caps, chain)
     sources = ["counting"] * len(levels)
     counting = const + sum(levels)
+    step = objective_granularity(caps, chain)
+    # What the bound is on: the objective terms the rules maximise (Mapping.objective_terms' names).
+    certifies = tuple(term for term, on in (("f_main", caps.spread_main), ("f_mode", caps.sign != 0)) if on)
 
     def certificate(levels, sources):
         bound = const + sum(levels)
         used = [name for name in ("sibling-pattern", "domain-pattern") if name in sources]
         return Certificate("+".join(used) or "counting", float(bound), float(const), tuple(map(float, levels)),
-                           tuple(sources), {"counting_bound": float(counting)})
+                           tuple(sources), {"counting_bound": float(counting)}, certifies, step)
 
-    if target is not None and bound_closes(counting, target, objective_granularity(caps, chain)):
+    if target is not None and bound_closes(counting, target, step):
         return certificate(levels, sources)
     if patterns:
         first = 0

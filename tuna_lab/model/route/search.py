@@ -139,7 +139,8 @@ class FragmentSearch:
                                    {**cert.detail, "fragment_levels": list(covered),
                                     "fragment_bound": float(sol.bound),
                                     "fragment_columns": len(sol.program.columns),
-                                    "fragment_partitions": len(sol.program.partitions)})
+                                    "fragment_partitions": len(sol.program.partitions)},
+                                   cert.certifies, cert.step)
         return best
 
 
