@@ -25,6 +25,7 @@ import argparse
 import errno
 import importlib
 import os
+import re
 import sys
 import textwrap
 
@@ -64,7 +65,9 @@ class _HelpFormatter(argparse.HelpFormatter):
                  and not (isinstance(default, (str, list, tuple)) and not default)
                  and "(default" not in help and "%(default)" not in help)
         if shown and (action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE)):
-            help += " (default: %(default)s)"
+            # A float as a number is written (5, not 5.0): one way of writing a default.
+            value = f"{default:g}" if isinstance(default, float) else str(default)
+            help += f" (default: {value.replace('%', '%%')})"
         return help
 
     def _format_action_invocation(self, action):
@@ -108,17 +111,47 @@ class _HelpFormatter(argparse.HelpFormatter):
         return "\n".join(lines)
 
 
+#: A value that looks like a negative number or duration (-1, -1m, -.5s): argparse would take it for an option.
+_SIGNED = re.compile(r"-\.?[0-9]")
+#: argparse's "argument -w/--workers: " before a message that names its option itself.
+_NAMED = re.compile(r"^argument [^ :]+: (?=--?[a-z])")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line (not usage + error) and exit status 2.
 
     Every parser shows defaults and keeps its examples as written (:class:`_HelpFormatter`).
+    No option is taken by a prefix of its name (``--model`` is not ``--models``), and an
+    option's value may start with a minus (``--budget -1m`` is refused as a value, not
+    read as an unknown option). Every error starts ``tuna-lab: error:``, as those of the
+    commands themselves do.
     """
 
-    def __init__(self, *args, formatter_class=_HelpFormatter, **kwargs):
-        super().__init__(*args, formatter_class=formatter_class, **kwargs)
+    def __init__(self, *args, formatter_class=_HelpFormatter, allow_abbrev=False, **kwargs):
+        super().__init__(*args, formatter_class=formatter_class, allow_abbrev=allow_abbrev, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(None if args is None else self._signed_values(list(args)), namespace)
+
+    def _signed_values(self, args):
+        """``--opt -1m`` as ``--opt=-1m`` where ``--opt`` takes one value: the value is the option's to judge."""
+        out, i = [], 0
+        while i < len(args):
+            word = args[i]
+            if word == "--":
+                return out + args[i:]
+            action = self._option_string_actions.get(word)
+            if (action is not None and action.nargs is None and i + 1 < len(args)
+                    and isinstance(args[i + 1], str) and _SIGNED.match(args[i + 1])):
+                out.append(f"{word}={args[i + 1]}")
+                i += 2
+                continue
+            out.append(word)
+            i += 1
+        return out
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"tuna-lab: error: {_NAMED.sub('', message)}\n")
 
 
 _EPILOG = """\

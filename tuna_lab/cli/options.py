@@ -27,12 +27,15 @@ __all__ = ["add_topology_options", "topology_of", "add_size_options", "positive_
            "add_strict_families_option", "check_measure_options", "target_of", "target_spec_of", "no_valid_status",
            "SIZE_BOUND_HELP", "TOPOLOGY_BOUND_HELP", "add_front_cpus_option", "front_cpus_of", "add_worker_options",
            "worker_choice_of", "add_traffic_options", "traffic_of", "plan_for", "add_target_options", "MEASURE_HELP",
-           "no_valid_status_of", "progress", "print_json"]
+           "no_valid_status_of", "progress", "print_json", "THREADS_HELP", "WAIT_DEFAULT", "SPINCOUNT_HELP",
+           "TIME_LIMIT_HELP", "check_duration", "add_renamed", "worker_count_arg", "add_request_options",
+           "requests_of"]
 
 # The options of the commands that act on a running server live beside these (cli/server_options.py);
 # every command finds them here, loaded on first use: `tuna-lab topology` imports no more than it did.
 _SERVER_OPTIONS = ("add_front_cpus_option", "front_cpus_of", "add_worker_options", "worker_choice_of",
-                   "add_traffic_options", "traffic_of")
+                   "add_traffic_options", "traffic_of", "add_renamed", "worker_count_arg", "add_request_options",
+                   "requests_of")
 
 
 def __getattr__(name):
@@ -47,6 +50,14 @@ def __getattr__(name):
 #: that they agree).
 SIZE_BOUND_HELP = "W x T at most 8192"
 TOPOLOGY_BOUND_HELP = "at most 4096 logical CPUs, ids up to 65535"
+
+#: ``-t/--threads``, said one way: T counts every thread of a worker's team, its main thread included.
+THREADS_HELP = "threads per worker: its main thread and a pool of T-1"
+#: The OpenMP runtime's own wait, which ``--wait-policy default`` and ``--spincount`` unset leave.
+WAIT_DEFAULT = "(default: the runtime's own, spin then sleep)"
+SPINCOUNT_HELP = "GOMP_SPINCOUNT, spins before an idle thread sleeps (default: the runtime's)"
+#: ``--time-limit`` of the commands that may solve (solve, plan).
+TIME_LIMIT_HELP = "the solver's time limit in seconds, for the tuna-* policies (default: no limit)"
 
 #: Help of the options that several measuring commands (``run``, ``sweep``, ``demo``) share.
 MEASURE_HELP = {
@@ -73,21 +84,19 @@ def add_topology_options(parser):
     'epyc-7313p'
     """
     g = parser.add_argument_group(
-        "the machine", f"One of these, else this machine (the CPUs this process may use); any: {TOPOLOGY_BOUND_HELP}.")
+        "the machine (docs/cli.md)", f"One of these, else this machine (the CPUs this process may use); "
+                                     f"{TOPOLOGY_BOUND_HELP}.")
     g = g.add_mutually_exclusive_group()
     g.add_argument("--preset", metavar="NAME",
                    # written out rather than read from machine.synthetic.PRESETS, which imports numpy;
                    # tests/test_cli.py checks that the two agree
-                   help="a machine preset: xeon-8272cl, xeon-8260-2s, epyc-7313p, epyc-9654, "
-                        "epyc-9654-2s, epyc-9965-2s")
-    g.add_argument("--hwloc-xml", metavar="FILE", help="a machine from the XML `lstopo --of xml` writes")
-    g.add_argument("--synthetic", metavar="SPEC",
-                   help='a machine from an hwloc synthetic spec, e.g. "pack:2 l3:2 core:4 pu:2"')
-    g.add_argument("--fsroot", metavar="DIR",
-                   help="a Linux filesystem root copied from a machine (DIR/sys, DIR/proc), as `lstopo --input`")
+                   help="a preset: xeon-8272cl, xeon-8260-2s, epyc-7313p, epyc-9654, epyc-9654-2s, epyc-9965-2s")
+    g.add_argument("--hwloc-xml", metavar="FILE", help="the XML `lstopo --of xml` writes")
+    g.add_argument("--synthetic", metavar="SPEC", help='an hwloc synthetic spec, e.g. "pack:2 core:4 pu:2"')
+    g.add_argument("--fsroot", metavar="DIR", help="a Linux root copied from a machine (DIR/sys, DIR/proc)")
 
 
-def add_size_options(parser, required=True):
+def add_size_options(parser, required=True, pids=False):
     """Add ``-w/--workers`` and ``-t/--threads``, the size of a server, to ``parser``.
 
     Examples
@@ -99,10 +108,12 @@ def add_size_options(parser, required=True):
     >>> args.workers, args.threads
     (4, 2)
     """
-    parser.add_argument("-w", "--workers", type=int, required=required, metavar="W",
+    from .server_options import worker_count_arg
+
+    # Where the command also takes --worker-pids (plan), a list of PIDs given to -w gets the pointer to it.
+    parser.add_argument("-w", "--workers", type=worker_count_arg if pids else int, required=required, metavar="W",
                         help=f"worker processes, a count ({SIZE_BOUND_HELP})")
-    parser.add_argument("-t", "--threads", type=int, required=required, metavar="T",
-                        help="OpenMP threads per worker: its main thread + pool")
+    parser.add_argument("-t", "--threads", type=int, required=required, metavar="T", help=THREADS_HELP)
 
 
 def topology_of(args):
@@ -212,10 +223,8 @@ def add_wait_options(parser):
     from ..server.openmp import WAIT_POLICIES
 
     parser.add_argument("--wait-policy", choices=WAIT_POLICIES, default="default", metavar="POLICY",
-                        help=f"OMP_WAIT_POLICY of the workers: {', '.join(WAIT_POLICIES)} (default: the "
-                             "runtime's own, spin then sleep)")
-    parser.add_argument("--spincount", type=non_negative_int_arg, default=None, metavar="N",
-                        help="GOMP_SPINCOUNT, spins before an idle thread sleeps (default: the runtime's)")
+                        help=f"OMP_WAIT_POLICY of the workers: {', '.join(WAIT_POLICIES)} {WAIT_DEFAULT}")
+    parser.add_argument("--spincount", type=non_negative_int_arg, default=None, metavar="N", help=SPINCOUNT_HELP)
 
 
 def add_strict_option(parser):
@@ -234,7 +243,7 @@ def add_strict_option(parser):
 
 
 def add_client_cpus_option(parser):
-    """Add ``--client-cpus LIST``: CPUs for the load generator, kept free of the server's placement.
+    """Add ``--client-cpus CPULIST``: CPUs for the load generator, kept free of the server's placement.
 
     :func:`client_cpus_of` turns it into the split (``run``, ``sweep`` and ``serve`` share it).
 
@@ -246,7 +255,7 @@ def add_client_cpus_option(parser):
     >>> parser.parse_args(["--client-cpus", "6-7"]).client_cpus, parser.parse_args([]).client_cpus
     ('6-7', None)
     """
-    parser.add_argument("--client-cpus", metavar="LIST", default=None,
+    parser.add_argument("--client-cpus", metavar="CPULIST", default=None,
                         help="CPUs kept for the load generator, e.g. 6-7 or none (default: none below 8 CPUs, "
                              "else one core)")
 
@@ -587,7 +596,8 @@ def target_spec_of(args, error, sweep=False):
         if getattr(args, "python", None):
             raise error("--python is for --app (a server tuna_lab starts); a running server keeps its interpreter")
         if url is None or args.threads is None:
-            raise error("--pid needs --url (where the running server answers) and -t (its pool threads per worker)")
+            raise error("--pid needs --url (where the running server answers) and -t (its threads per worker, "
+                        "the main thread included)")
         if getattr(args, "workers", None) is not None:
             raise error("a running server keeps its workers: leave out -w (they are counted)")
         front = getattr(args, "front_cpus", None)
@@ -642,42 +652,76 @@ def plan_for(policy, workers, threads, topology, time_limit=None, on_infeasible=
     return placement(policy, workers, threads, topology, time_limit=time_limit, on_infeasible=on_infeasible).plan()
 
 
-def add_target_options(parser, running=True):
-    """Add the options that name the user's own server and requests (``run``; ``sweep`` has all but ``--url``).
+#: The "your own server" group of ``run``, ``sweep`` and ``tune``: a synopsis here, each option in docs/cli.md.
+_TARGET_SYNOPSIS = {
+    "run": "  --app MODULE:APP [--app-dir DIR] [--server NAME] [--server-conf FILE]\n"
+           "    [--python PATH]: your app, started per policy and trial (with -w, -t)\n"
+           "  --pid MASTER --url URL -t T [--force] [--front-cpus CPULIST]\n"
+           "    [--sample-hz HZ]: a server already running, never restarted\n",
+    "sweep": "  --app MODULE:APP [--app-dir DIR] [--server NAME] [--server-conf FILE]\n"
+             "    [--python PATH]: your app, started per cell, policy and trial\n",
+    "tune": "  --app MODULE:APP [--app-dir DIR] [--server NAME] [--server-conf FILE]\n"
+            "    [--python PATH]: your app, started per candidate run\n"
+            "  --pid MASTER --url URL -t T [--force]: one already running (policies only)\n",
+}
 
-    :func:`target_of` reads them.
+
+def add_target_options(parser, command="run"):
+    """Add the options that name the user's own server and its requests (:func:`target_of` reads them).
+
+    ``command``: ``"run"`` (an app, or a running server with ``--pid``), ``"sweep"``
+    (an app; ``--pid`` is refused, a running server keeps its W and T) or
+    ``"tune"`` (as run, ``-t`` among them, no ``--front-cpus``). They are said
+    once, in docs/cli.md ("Your own server"); the help shows them as one
+    short group that points there.
     """
-    t = parser.add_argument_group("your own server (see docs/measure-your-server.md)")
-    t.add_argument("--app", default=None, metavar="MODULE:APP",
-                   help="your WSGI/ASGI app, started per policy and trial (with -w, -t)"
-                   if running else "your WSGI/ASGI app, started per cell, policy and trial")
-    t.add_argument("--app-dir", default=None, metavar="DIR", help="the folder --app's module is in (default: here)")
-    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn", metavar="NAME",
-                   help="gunicorn or uvicorn, serving --app (default: gunicorn)")
-    t.add_argument("--server-conf", default=None, metavar="FILE",
-                   help="your gunicorn.conf.py (tuna_lab adds bind, -w, hooks)")
-    t.add_argument("--python", default=None, metavar="PATH",
-                   help="with --app: the interpreter (default: tuna-lab's own)")
-    t.add_argument("--pid", type=int, default=None, metavar="MASTER",
-                   help="a server already running: its master's PID (with --url and -t); never restarted"
-                   if running else "not for a sweep: a running server keeps its W and T (use `run --pid`)")
-    if running:
+    hidden = argparse.SUPPRESS
+    t = parser.add_argument_group(
+        "your own server (each option: docs/cli.md, docs/measure-your-server.md)",
+        "Instead of tuna_lab's own server:\n" + _TARGET_SYNOPSIS[command]
+        + "  requests: [--path PATH] [--method METHOD] [--header NAME:VALUE]...\n"
+          "    [--body FILE] [--bodies FILE.jsonl] [--server-timing NAME] [--label NAME]\n")
+    t.add_argument("--app", default=None, metavar="MODULE:APP", help=hidden)
+    t.add_argument("--app-dir", default=None, metavar="DIR", help=hidden)
+    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn", metavar="NAME", help=hidden)
+    t.add_argument("--server-conf", default=None, metavar="FILE", help=hidden)
+    t.add_argument("--python", default=None, metavar="PATH", help=hidden)
+    t.add_argument("--pid", type=int, default=None, metavar="MASTER", help=hidden)
+    if command != "sweep":
+        t.add_argument("--url", default=None, metavar="URL", help=hidden)
+        t.add_argument("--force", action="store_true", help=hidden)
+    if command == "run":
         from .server_options import add_front_cpus_option
 
-        t.add_argument("--url", default=None, help="with --pid: where the requests go (a loopback URL)")
-        t.add_argument("--force", action="store_true",
-                       help="with --pid: measure the children of PID 1 or of no recognised pre-fork master")
-        add_front_cpus_option(t, help="with --pid: CPUs (e.g. 0) for the master, helpers and front ends; the "
-                                      "workers get the rest (docs/cli.md)")
-    t.add_argument("--path", default="/", help="with --app: the path the requests go to (default: /)")
-    t.add_argument("--method", default=None, help="HTTP method (default: POST with a body, else GET)")
-    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header; repeatable")
-    t.add_argument("--body", default=None, metavar="FILE", help="the body of every request")
-    t.add_argument("--bodies", default=None, metavar="FILE.jsonl", help="bodies, one JSON document a line, in turn")
-    t.add_argument("--server-timing", default=None, metavar="NAME",
-                   help="the Server-Timing metric taken as the server's time (default: the first with a "
-                        "duration)")
-    t.add_argument("--label", default=None, help="name in the results (default: module, pid<MASTER>)")
+        add_front_cpus_option(t, help=hidden)
+    if command == "tune":
+        t.add_argument("-t", "--threads", type=int, default=None, metavar="T", help=hidden)
+    t.add_argument("--path", default="/", metavar="PATH", help=hidden)
+    t.add_argument("--method", default=None, metavar="METHOD", help=hidden)
+    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help=hidden)
+    t.add_argument("--body", default=None, metavar="FILE", help=hidden)
+    t.add_argument("--bodies", default=None, metavar="FILE.jsonl", help=hidden)
+    t.add_argument("--server-timing", default=None, metavar="NAME", help=hidden)
+    t.add_argument("--label", default=None, metavar="NAME", help=hidden)
+
+
+def check_duration(text, option, error=TunaError):
+    """Seconds of a duration option (``--budget 10m``, ``--sla-p99 50ms``); a negative one is said as such.
+
+    Examples
+    --------
+    >>> check_duration("90s", "--budget")
+    90.0
+    >>> check_duration("-1m", "--budget")
+    Traceback (most recent call last):
+    ...
+    tuna_lab.errors.TunaError: --budget must be positive, got '-1m'
+    """
+    from ..measure.tune.tuner import parse_duration
+
+    if str(text).strip().startswith("-"):
+        raise error(f"{option} must be positive, got {text!r}")
+    return parse_duration(text, option, error)
 
 
 def no_valid_status_of(source, keys=None):

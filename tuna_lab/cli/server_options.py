@@ -8,7 +8,8 @@ Only the standard library is imported here at module level (:mod:`tuna_lab.cli.o
 import argparse
 
 __all__ = ["add_front_cpus_option", "front_cpus_of", "add_worker_options", "worker_choice_of",
-           "add_traffic_options", "traffic_of"]
+           "add_traffic_options", "traffic_of", "add_renamed", "worker_count_arg", "add_request_options",
+           "requests_of"]
 
 #: Where the help of these options points for what they do in full (said once, there).
 CLI_DOCS = "docs/cli.md"
@@ -49,8 +50,9 @@ def front_cpus_of(args, cpus):
         raise PlanError(f"--front-cpus names no CPU: {text!r}")
     stray = sorted(set(front) - set(cpus))
     if stray:
-        raise PlanError(f"--front-cpus: CPU {format_cpulist(stray)} is not one of the server's CPUs "
-                        f"{format_cpulist(sorted(cpus))}")
+        which = (f"CPU {format_cpulist(stray)} is not one of" if len(stray) == 1 else
+                 f"CPUs {format_cpulist(stray)} are not among")
+        raise PlanError(f"--front-cpus: {which} the server's CPUs {format_cpulist(sorted(cpus))}")
     if set(cpus) <= set(front):
         raise PlanError(f"--front-cpus {format_cpulist(front)} leaves no CPU for the workers (the server's CPUs "
                         f"are {format_cpulist(sorted(cpus))})")
@@ -58,16 +60,56 @@ def front_cpus_of(args, cpus):
 
 
 class _Renamed(argparse.Action):
-    """``--workers`` where it used to be a list of worker PIDs: refused in one line (exit 2), pointing to
-    ``--worker-pids``, for one release; then it is an unknown option like any other."""
+    """An option's old spelling, refused in one line (exit 2) that names the new one, for one release; then it
+    is an unknown option like any other. ``message`` is that line (``tuna-lab: error:`` is added)."""
 
-    def __init__(self, option_strings, dest, **kwargs):
+    def __init__(self, option_strings, dest, message="", **kwargs):
         super().__init__(option_strings, dest=argparse.SUPPRESS, nargs=argparse.OPTIONAL, default=argparse.SUPPRESS,
                          help=argparse.SUPPRESS)
+        self.message = message
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.error(f"{option_string} is a worker count; a list of worker PIDs is --worker-pids "
-                     f"(renamed in {RENAMED_IN})")
+        parser.error(self.message)
+
+
+def add_renamed(parser, *old, new, what=None):
+    """Refuse ``old`` (an option's spelling before 0.1.0) with a pointer to ``new``: ``what`` it is.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_renamed(p, "--connections", new="--concurrency", what="requests in flight")
+    >>> p.parse_args(["--connections", "8"])  # doctest: +SKIP
+    error: --connections is --concurrency (requests in flight), renamed in 0.1.0
+    """
+    message = (what if what and what.startswith(old[-1]) else
+               f"{old[-1]} is {new}" + (f" ({what})" if what else "") + f", renamed in {RENAMED_IN}")
+    parser.add_argument(*old, action=_Renamed, message=message)
+
+
+#: The one line that refuses ``--workers`` (or ``-w``) as a list of worker PIDs.
+WORKERS_POINTER = f"--workers is a worker count; a list of worker PIDs is --worker-pids (renamed in {RENAMED_IN})"
+
+
+def worker_count_arg(text):
+    """An argparse ``type``: ``-w/--workers W``, a count; a list of PIDs (``12,13``) gets the pointer to
+    ``--worker-pids`` (``plan``, which has both).
+
+    Examples
+    --------
+    >>> worker_count_arg("4")
+    4
+    >>> worker_count_arg("123,456")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: --workers is a worker count; a list of worker PIDs is --worker-pids (renamed in 0.1.0)
+    """
+    if "," in text:
+        raise argparse.ArgumentTypeError(WORKERS_POINTER)
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
 
 
 def add_worker_options(parser, renamed=True):
@@ -93,7 +135,7 @@ def add_worker_options(parser, renamed=True):
     which.add_argument("--worker-match", default=None, metavar="REGEX",
                        help="the workers: the processes under the master whose command line REGEX matches")
     if renamed:
-        parser.add_argument("--workers", action=_Renamed)
+        add_renamed(parser, "-w", "--workers", new="--worker-pids", what=WORKERS_POINTER)
 
 
 def worker_choice_of(args):
@@ -102,6 +144,31 @@ def worker_choice_of(args):
 
     choice = WorkerChoice.parse(getattr(args, "worker_pids", None), getattr(args, "worker_match", None))
     return choice or None
+
+
+#: The requests' options, said one way wherever a command sends requests (pin, plan, status, run, sweep, tune).
+REQUEST_HELP = {"method": "the HTTP method (default: POST with a body, else GET)",
+                "header": "a request header, e.g. Content-Type:application/json; repeatable",
+                "body": "the body of every request, read from FILE ('-': stdin)",
+                "bodies": "bodies, one JSON document a line, sent in turn"}
+
+
+def add_request_options(group, bodies=False):
+    """Add ``--method``, ``--header`` and ``--body`` (and, ``bodies``, ``--bodies``) to ``group``, in one wording.
+
+    Examples
+    --------
+    >>> import argparse
+    >>> p = argparse.ArgumentParser()
+    >>> add_request_options(p)
+    >>> p.parse_args(["--header", "A: b", "--body", "-"]).body
+    '-'
+    """
+    group.add_argument("--method", default=None, metavar="METHOD", help=REQUEST_HELP["method"])
+    group.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help=REQUEST_HELP["header"])
+    group.add_argument("--body", default=None, metavar="FILE", help=REQUEST_HELP["body"])
+    if bodies:
+        group.add_argument("--bodies", default=None, metavar="FILE.jsonl", help=REQUEST_HELP["bodies"])
 
 
 def add_traffic_options(parser):
@@ -117,18 +184,30 @@ def add_traffic_options(parser):
     ('http://127.0.0.1:8000/', None, ['A: b', 'C:d'])
     """
     g = parser.add_argument_group(f"finding pool threads by their activity (see {CLI_DOCS})")
-    g.add_argument("--url", default=None, help="a loopback URL that runs the model, e.g. http://127.0.0.1:8000/predict")
-    g.add_argument("--method", default=None, help="the HTTP method (default: POST with --body, else GET)")
-    g.add_argument("--header", action="append", default=[], metavar="K:V", help="a request header; repeatable")
-    g.add_argument("--body", default=None, metavar="FILE", help="the request body, read from FILE ('-': stdin)")
+    g.add_argument("--url", default=None, metavar="URL",
+                   help="a loopback URL that runs the model, e.g. http://127.0.0.1:8000/predict")
+    add_request_options(g)
 
 
-def traffic_of(args, master):
+def requests_of(args):
+    """The :class:`~tuna_lab.measure.loadgen.requests.Requests` the traffic options describe, checked (a
+    malformed header, an unreadable body); None without ``--url``. Read before any process is looked at."""
+    from ..errors import PinError
+    from ..measure.loadgen.requests import Requests
+
+    if args.url is None:
+        if args.method or args.header or args.body:
+            raise PinError("--method, --header and --body describe the requests of --url: give --url too")
+        return None
+    # The one recipe of run and tune: --body - is read from stdin there too, and the headers are theirs.
+    return Requests.from_options(args.url, args.method, args.header, args.body)
+
+
+def traffic_of(args, master, requests=None):
     """The :class:`~tuna_lab.live.traffic.Activity` of ``--url`` requests to ``master``; None without ``--url``.
 
-    The requests are built as ``run`` builds its own
-    (:meth:`~tuna_lab.measure.loadgen.requests.Requests.from_options`): a body goes
-    as ``application/json`` unless a ``--header Content-Type:...`` says otherwise;
+    The requests are built as ``run`` builds its own (:func:`requests_of`, or ``requests`` built by it
+    already): a body goes as ``application/json`` unless a ``--header Content-Type:...`` says otherwise;
     and sent by the load generator (:func:`~tuna_lab.measure.loadgen.rounds.round_sender`).
 
     Raises
@@ -139,15 +218,11 @@ def traffic_of(args, master):
         A malformed header, or an unreadable body file.
     """
     from ..errors import PinError
-    from ..measure.loadgen.requests import Requests
     from ..measure.loadgen.rounds import round_sender
 
-    if args.url is None:
-        if args.method or args.header or args.body:
-            raise PinError("--method, --header and --body describe the requests of --url: give --url too")
+    requests = requests if requests is not None else requests_of(args)
+    if requests is None:
         return None
-    # The one recipe of run and tune: --body - is read from stdin there too, and the headers are theirs.
-    requests = Requests.from_options(args.url, args.method, args.header, args.body)
     send = round_sender(requests, error=PinError)
     from ..live.traffic import serve_requests
 

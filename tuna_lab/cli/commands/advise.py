@@ -11,8 +11,11 @@ Examples
 >>> _ = add_parser(parser.add_subparsers(dest="command"))
 >>> parser.parse_args(["advise", "-w", "2", "-t", "2", "--model", "small"]).results
 'results/sweep'
+>>> parser.parse_args(["advise", "results/myapp", "-w", "2", "-t", "2", "--model", "myapp"]).results
+'results/myapp'
 """
 
+import argparse
 import json
 import math
 import os
@@ -48,20 +51,24 @@ def add_parser(subparsers, command=None):
                     "it does not advise pinning on the model's word.",
         epilog="examples:\n"
                "  tuna-lab advise -w 2 -t 2 --model medium\n"
-               "  tuna-lab advise -w 4 -t 1 --model small --batch 500 --results results/sweep --json\n"
-               "  tuna-lab advise -w 2 -t 1 --model myapp --results results/myapp    after `sweep --app myapp:app`\n")
+               "  tuna-lab advise results/sweep -w 4 -t 1 --model small --batch 500 --json\n"
+               "  tuna-lab advise results/myapp -w 2 -t 1 --model myapp    after `sweep --app myapp:app`\n")
     add_size_options(a)
-    a.add_argument("--model", required=True,
-                   help="small, medium or large; or your app's label in the results (`sweep --app`)")
-    a.add_argument("--batch", type=int, default=None,
+    # The results' model column: the lab server's model, or the name `sweep --app` recorded (its --label).
+    a.add_argument("--model", required=True, metavar="MODEL",
+                   help="small, medium or large; for results of `sweep --app`, the --label they were recorded "
+                        "under")
+    a.add_argument("--batch", type=int, default=None, metavar="ROWS",
                    help="rows per request; none for your app, whose requests are its own (default: 100)")
     add_wait_options(a)
-    a.add_argument("--results", default=DEFAULT_RESULTS, metavar="DIR",
-                   help=f"sweep results to learn from (default: {DEFAULT_RESULTS})")
+    # The folder read is a positional, as report's; --results DIR, its spelling before 0.1.0, is still read
+    # (scripts and notebooks use it) but no longer shown.
+    a.add_argument("results", nargs="?", default=DEFAULT_RESULTS, metavar="RESULTS",
+                   help=f"the sweep results to learn from (default: {DEFAULT_RESULTS})")
+    a.add_argument("--results", dest="results_option", default=None, metavar="RESULTS", help=argparse.SUPPRESS)
     a.add_argument("--json", action="store_true", help="print one JSON object")
     a.add_argument("--skip-unreadable", action="store_true",
-                   help="learn without the cells that cannot be read, naming each on stderr (without it: "
-                        "exit 1)")
+                   help="skip the cells that cannot be read, naming each on stderr; else they end it with exit 1")
     a.set_defaults(func=_cmd_advise)
     return a
 
@@ -73,6 +80,12 @@ def _cmd_advise(args):
     from ...errors import UnreadableCellsError
     from .report import say_left_out, unreadable_status
 
+    from ...errors import AdviseError
+
+    if args.results_option is not None:
+        if args.results != DEFAULT_RESULTS:
+            raise AdviseError("give the results folder once: RESULTS (or its older spelling, --results RESULTS)")
+        args.results = args.results_option
     # Check the question before learning from the results: a typo should not cost a training.
     check_question(args.workers, args.threads, args.model, args.batch, args.wait_policy, args.spincount)
     left_out, no_valid = {}, {}

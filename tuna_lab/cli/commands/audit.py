@@ -5,7 +5,7 @@ wait and migrations per second over ``--interval``), then the findings of
 :func:`tuna_lab.live.audit.findings`, each with its evidence and what to
 do. Exit status 0: clean; 1: findings; 2: bad input. ``audit`` changes nothing
 unless ``--isolate --apply``, which moves other processes' threads and IRQs off
-the serving CPUs and records it for ``tuna-lab unpin --isolation``.
+the serving CPUs and records it for ``tuna-lab unpin --isolate``.
 """
 
 import json
@@ -46,7 +46,7 @@ def add_parser(subparsers, command=None):
                "where\n"
                "  tuna-lab audit --pid MASTER --isolate              print the commands that move other load off "
                "the serving CPUs\n"
-               "  tuna-lab audit --pid MASTER --isolate --apply      do it; `tuna-lab unpin --isolation` puts it "
+               "  tuna-lab audit --pid MASTER --isolate --apply      do it; `tuna-lab unpin --isolate` puts it "
                "back\n"
                "exit status: 0 clean, 1 findings, 2 bad input\n")
     a.add_argument("--pid", type=int, default=None, metavar="MASTER",
@@ -109,7 +109,7 @@ def _cmd_audit(args):
                 # why names a thread's comm, which its owner sets to anything (a newline too): one comment line
                 print(("applied: " if args.apply else "") + m.command() + f"   # {comment_text(m.why)}")
             if args.apply and moves:
-                print("recorded: `tuna-lab unpin --isolation` puts back what was changed")
+                print("recorded: `tuna-lab unpin --isolate` puts back what was changed")
     # irqbalance undoes IRQ moves: said whether or not --apply made any (a later apply would be undone too).
     for line in failed + (audit.isolation_warnings(snap.serving) if args.isolate else []):
         print(f"tuna-lab: warning: {line}", file=sys.stderr)

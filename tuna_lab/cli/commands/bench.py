@@ -6,7 +6,7 @@ lists ``bench`` after the experiment commands, as it always has.
 """
 
 from . import COMMANDS
-from ..options import configs_arg, policies_arg
+from ..options import THREADS_HELP, add_renamed, configs_arg, policies_arg
 
 __all__ = ["add_parser"]
 
@@ -30,7 +30,7 @@ def add_parser(subparsers, command=None):
     >>> args.what, args.quick, args.out
     ('solver', True, None)
     >>> args = parser.parse_args(["bench", "load", "--duration", "2", "--rounds", "1"])
-    >>> args.what, args.connections, args.duration, args.model
+    >>> args.what, args.connections, args.duration, args.model       # --concurrency, kept as the bench reads it
     ('load', 8, 2.0, 'small')
     """
     b = subparsers.add_parser(
@@ -65,7 +65,7 @@ def _add_solver(which):
                "  tuna-lab bench solver --pairwise-limit 60 --doc docs/solver-bench.md\n")
     solver.add_argument("--quick", action="store_true", help="a small subset (smoke run)")
     solver.add_argument("--pairwise-limit", type=float, default=0.0, metavar="S",
-                        help="also the literal encoding on small models, with this time limit (0: skip)")
+                        help="seconds for the literal encoding on small models too; 0 leaves it out")
     solver.add_argument("--scale-only", "--scale", dest="scale_only", action="store_true",
                         help="only the scale cases; with --doc, replace only their section")
     solver.add_argument("--relaxed-only", action="store_true",
@@ -73,14 +73,16 @@ def _add_solver(which):
     return solver
 
 
-def _add_lab_server(parser, connections):
-    """The lab server the load and sampler benches measure against, and the requests they keep in flight."""
-    parser.add_argument("-w", "--workers", type=int, default=2, metavar="W", help="the server's worker processes")
-    parser.add_argument("-t", "--threads", type=int, default=1, metavar="T", help="OpenMP threads per worker")
+def _add_lab_server(parser, concurrency):
+    """The lab server the load and sampler benches measure against, and the requests they keep in flight
+    (``--concurrency``, as ``run`` and ``sweep`` call them; read by the benches as ``args.connections``)."""
+    parser.add_argument("-w", "--workers", type=int, default=2, metavar="W", help="worker processes, a count")
+    parser.add_argument("-t", "--threads", type=int, default=1, metavar="T", help=THREADS_HELP)
     parser.add_argument("--model", default="small", choices=("small", "medium", "large"), metavar="MODEL",
                         help="the server's model: small, medium or large")
     parser.add_argument("--batch", type=int, default=10, metavar="ROWS", help="rows per request")
-    parser.add_argument("--connections", type=int, default=8, metavar="N", help=connections)
+    parser.add_argument("--concurrency", dest="connections", type=int, default=8, metavar="N", help=concurrency)
+    add_renamed(parser, "--connections", new="--concurrency", what="requests in flight, as in run and sweep")
 
 
 def _add_load(which):
@@ -92,14 +94,14 @@ def _add_load(which):
         epilog="examples:\n"
                "  tuna-lab bench load --doc docs/load-bench.md  tuna_lab's generator vs wrk\n"
                "  tuna-lab bench load --duration 2 --rounds 1   a short run\n")
-    _add_lab_server(load, connections="requests in flight, for both tools")
-    load.add_argument("--policy", default="cfs", help="the server's placement policy")
-    load.add_argument("--duration", type=float, default=5.0, metavar="S",
+    _add_lab_server(load, concurrency="requests in flight, for both tools")
+    load.add_argument("--policy", default="cfs", metavar="POLICY", help="the server's placement policy")
+    load.add_argument("--duration", type=float, default=5, metavar="S",
                       help="seconds of each wrk run; tuna_lab's runs send what the last rate gives in that time")
     load.add_argument("--requests", type=int, default=None, metavar="N",
                       help="a fixed number of requests for tuna_lab's runs instead")
     load.add_argument("--rounds", type=int, default=5, metavar="N", help="rounds of both tools, in alternating order")
-    load.add_argument("--open-duration", type=float, default=3.0, metavar="S",
+    load.add_argument("--open-duration", type=float, default=3, metavar="S",
                       help="seconds of the open loop at 1,000 requests/s against a trivial endpoint")
     load.add_argument("--no-install", action="store_true", help="do not apt-get install wrk if it is missing")
     return load
@@ -112,8 +114,12 @@ def _add_tune(which):
                     "lab server, medium model, batch 100, a p99 target twice the best single-request latency "
                     "(docs/tune-bench.md).",
         epilog="example:\n  tuna-lab bench tune --doc docs/tune-bench.md\n")
-    tune.add_argument("--race-rounds", type=int, default=4, metavar="N", help="rounds of both searches")
-    tune.add_argument("--step-seconds", type=float, default=1.0, metavar="S", help="the first round's step length")
+    # --rounds as tune's (read by the bench as args.race_rounds).
+    tune.add_argument("--rounds", dest="race_rounds", type=int, default=4, metavar="N",
+                      help="most rounds of both searches (at least 1); round k's steps last --step-seconds x 2^k")
+    add_renamed(tune, "--race-rounds", new="--rounds", what="as tune's")
+    tune.add_argument("--step-seconds", type=float, default=1, metavar="S",
+                      help="the first round's step length, in seconds")
     tune.add_argument("--configs", default="auto", metavar="WxT,...", help="the candidates' W x T pairs, or auto")
     tune.add_argument("--policies", default="cfs,round-robin,tuna-scatter", metavar="LIST",
                       help="the candidates' policies")
@@ -125,16 +131,16 @@ def _add_sampler(which):
         "sampler", help="run --pid's sampler of scheduler counters: its share of a loaded server's CPU",
         description="The CPU `run --pid`'s sampler of the workers' scheduler counters takes, against a loaded lab "
                     "server: closed loops with and without it, in alternating rounds; its CPU over the workers' "
-                    "per request, against issue 50's 2% (docs/anatomy.md). About 40 s.",
+                    "per request, against the 2% of it the sampler may take (docs/anatomy.md). About 40 s.",
         epilog="examples:\n"
                "  tuna-lab bench sampler                      50 Hz, 3 rounds of 4 s\n"
                "  tuna-lab bench sampler --sample-hz 200 --rounds 1\n")
-    _add_lab_server(sampler, connections="requests in flight")
-    sampler.add_argument("--duration", type=float, default=4.0, metavar="S", help="seconds of each run")
+    _add_lab_server(sampler, concurrency="requests in flight")
+    sampler.add_argument("--duration", type=float, default=4, metavar="S", help="seconds of each run")
     sampler.add_argument("--rounds", type=int, default=3, metavar="N",
                          help="rounds of one run with the sampler and one without")
     sampler.add_argument("--sample-hz", type=float, default=None, metavar="HZ",
-                         help="the sampling rate (default: run --pid's, 50)")
+                         help="samples a second (default: run --pid's, 50)")
     return sampler
 
 
@@ -163,6 +169,10 @@ def _cmd_bench(args):
                 read_text(args.doc, follow=False)
     if args.what == "tune":
         from ...bench.tune import run_tune_bench
+        from ...errors import TuneError
+
+        if args.race_rounds < 1:                        # as tune refuses it
+            raise TuneError(f"--rounds must be at least 1, got {args.race_rounds}")
 
         # Parsed here: the bench (in measure/) takes lists, not the command line's text.
         if args.configs != "auto":

@@ -10,12 +10,14 @@ still the one it set. Only the server's workers are pinned
 ``status --pid`` (in :mod:`tuna_lab.cli.commands.serve`) shows what is bound.
 """
 
+import argparse
 import json
 import sys
 
 from . import COMMANDS
-from ..options import (add_front_cpus_option, add_strict_families_option, add_traffic_options, add_worker_options,
-                      front_cpus_of, plan_for, policies_help, traffic_of, worker_choice_of)
+from ..options import (THREADS_HELP, add_front_cpus_option, add_strict_families_option, add_traffic_options,
+                      add_worker_options, front_cpus_of, plan_for, policies_help, requests_of, traffic_of,
+                      worker_choice_of)
 
 __all__ = ["add_parser"]
 
@@ -56,7 +58,7 @@ def _add_pin(subparsers):
                "a few requests\n")
     n.add_argument("--pid", type=int, required=True, metavar="MASTER", help="the server's master process")
     n.add_argument("-t", "--threads", type=int, default=None, metavar="T",
-                   help="OpenMP threads per worker (with --policy; the workers are counted)")
+                   help=f"with --policy: {THREADS_HELP}; the workers are counted")
     n.add_argument("--policy", default=None, metavar="POLICY", help=policies_help())
     n.add_argument("--plan", default=None, metavar="FILE", help="a plan from `tuna-lab plan` instead of --policy/-t")
     n.add_argument("--force", action="store_true",
@@ -81,13 +83,16 @@ def _add_unpin(subparsers):
     u = subparsers.add_parser(
         "unpin", help=COMMANDS["unpin"].help,
         description="Give the threads `pin --pid` bound the CPU masks they had before the pin, where a mask is "
-                    "still the one tuna_lab set (one someone changed since is left, and said); with --isolation, "
+                    "still the one tuna_lab set (one someone changed since is left, and said); with --isolate, "
                     "also put back what `audit --isolate --apply` moved. Nothing else is touched.",
-        epilog="examples:\n  tuna-lab unpin --pid MASTER\n  tuna-lab unpin --isolation\n")
+        epilog="examples:\n  tuna-lab unpin --pid MASTER\n  tuna-lab unpin --isolate\n")
     u.add_argument("--pid", type=int, default=None, metavar="MASTER", help="the server's master process")
-    u.add_argument("--isolation", action="store_true",
+    # As --pid undoes `pin --pid`, --isolate undoes `audit --isolate`: one name. --isolation, its spelling
+    # before 0.1.0, is still read (scripts use it) but no longer shown.
+    u.add_argument("--isolate", dest="isolation", action="store_true",
                    help="put back the masks and IRQ affinities `audit --isolate --apply` changed (those still as "
                         "it set them)")
+    u.add_argument("--isolation", dest="isolation", action="store_true", help=argparse.SUPPRESS)
     u.add_argument("--force", action="store_true",
                    help="unpin the children of a process that is not recognised as a pre-fork server's master")
     u.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -115,30 +120,48 @@ def _plan_of(args, workers):
         allowed = sorted(set(allowed) - set(front))
     here = Topology.from_sysfs(allowed=allowed)
     if args.plan:
-        if args.policy or args.threads:
-            raise PlanError("give either --plan or --policy/-t, not both")
         plan = Plan.read(args.plan)
         if front is not None:
             check_front_cpus(plan, front)          # said as such, before the fingerprint of the CPUs left
         return plan.check_machine(here, force=args.force), front
-    if not args.policy or not args.threads:
-        raise PlanError("say what to apply: --policy POLICY -t THREADS, or --plan FILE")
     return plan_for(args.policy, len(workers), args.threads, here, on_infeasible=args.on_infeasible), front
+
+
+def _check_pin(args):
+    """``pin``'s options checked together, before the process is looked at: what is wrong is said as such."""
+    from ..._checks import positive_int
+    from ...errors import PinError, PlanError
+
+    if args.enforce and not args.watch:
+        raise PinError("--enforce puts back, while --watch runs, masks someone else changed: give --watch too")
+    if args.plan:
+        if args.policy or args.threads is not None:
+            raise PlanError("give either --plan or --policy/-t, not both")
+        return
+    if not args.policy and args.threads is None:
+        raise PlanError("say what to apply: --policy POLICY -t T, or --plan FILE")
+    if not args.policy:
+        raise PlanError("-t needs --policy POLICY (the placement of those threads), or give --plan FILE")
+    if args.threads is None:
+        raise PlanError(f"--policy needs -t T ({THREADS_HELP}); the workers are counted")
+    positive_int("-t", args.threads, PlanError)
+    from ...placement.policies import get_policy
+
+    get_policy(args.policy)                # an unknown name, with the list of the known ones
 
 
 def _cmd_pin(args):
     import threading
 
-    from ...errors import PinError
     from ...live.roles import check_server
     from ...live.pin import pin_server, watch_server
 
-    if args.enforce and not args.watch:
-        raise PinError("--enforce puts back, while --watch runs, masks someone else changed: give --watch too")
+    _check_pin(args)
+    requests = requests_of(args)           # a malformed header or an unreadable body, said first too
     choice = worker_choice_of(args)
     plan, front = _plan_of(args, check_server(args.pid, force=args.force, choice=choice))
     # Measured before anything is bound: a request that fails leaves every mask as it was.
-    activity = traffic_of(args, args.pid)
+    activity = traffic_of(args, args.pid, requests)
     if not args.watch or args.dry_run:
         _show(pin_server(args.pid, plan, dry_run=args.dry_run, activity=activity, choice=choice, front_cpus=front),
               args.json)
@@ -200,7 +223,7 @@ def _cmd_unpin(args):
     if args.pid is None and not args.isolation:
         from ...errors import PinError
 
-        raise PinError("say what to unpin: --pid MASTER, or --isolation")
+        raise PinError("say what to unpin: --pid MASTER, or --isolate")
     if args.pid is not None:
         check_server(args.pid, force=args.force, choice=worker_choice_of(args))
     given = _undo_isolation() if args.isolation else None
@@ -227,7 +250,7 @@ def _cmd_unpin(args):
 
 
 def _undo_isolation():
-    """``unpin --isolation``: what ``audit --isolate --apply`` changed, given back
+    """``unpin --isolate``: what ``audit --isolate --apply`` changed, given back
     (:func:`~tuna_lab.live.audit.undo_isolation`)."""
     from ...live.audit import undo_isolation
 

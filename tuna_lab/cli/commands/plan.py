@@ -14,9 +14,9 @@ import sys
 from . import COMMANDS
 # The one table of formats, from the tiny names module (not placement/plan.py, which this start need not load).
 from ...placement.names import FORMATS
-from ..options import (add_front_cpus_option, add_size_options, add_strict_families_option, add_topology_options,
-                      add_traffic_options, add_worker_options, front_cpus_of, plan_for, policies_help,
-                      positive_float_arg, topology_of, traffic_of, worker_choice_of)
+from ..options import (TIME_LIMIT_HELP, add_front_cpus_option, add_size_options, add_strict_families_option,
+                      add_topology_options, add_traffic_options, add_worker_options, front_cpus_of, plan_for,
+                      policies_help, positive_float_arg, requests_of, topology_of, traffic_of, worker_choice_of)
 
 __all__ = ["add_parser"]
 
@@ -51,7 +51,7 @@ def add_parser(subparsers, command=None):
                "  tuna-lab plan -w 2 -t 2 --policy round-robin --format taskset --pid MASTER\n"
                "  tuna-lab plan -w 2 -t 2 --format taskset --pid MASTER --url http://127.0.0.1:8000/predict "
                "--body req.json   pools found by their activity\n")
-    add_size_options(p)
+    add_size_options(p, pids=True)
     p.add_argument("--policy", default="tuna-scatter", metavar="POLICY",
                    help=policies_help())
     p.add_argument("--format", choices=FORMATS, default="json", metavar="FORMAT",
@@ -65,8 +65,7 @@ def add_parser(subparsers, command=None):
     add_front_cpus_option(p)
     # With --pid, pools that wait in libc (ONNX Runtime's) are found by their activity, as `pin` finds them.
     add_traffic_options(p)
-    p.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S",
-                   help="the solver's time limit, for the policies that need it (tuna-*)")
+    p.add_argument("--time-limit", type=positive_float_arg, default=None, metavar="S", help=TIME_LIMIT_HELP)
     add_strict_families_option(p)
     add_topology_options(p)
     p.set_defaults(func=_cmd_plan)
@@ -86,6 +85,8 @@ def _cmd_plan(args):
     if args.worker_class is not None and args.format != "gunicorn":
         raise PlanError(f"--worker-class is a Gunicorn setting for --format gunicorn; --format {args.format} "
                         "has none")
+    # The requests' options checked with the rest, before the running server is looked at.
+    requests = requests_of(args) if args.pid is not None else None
     topology = topology_of(args)
     front = front_cpus_of(args, topology.cpus)
     if front is not None:
@@ -101,7 +102,7 @@ def _cmd_plan(args):
         # PID 1, or a process that serves nothing, refused; the workers the user named, or found, once settled.
         check_server(args.pid, choice=choice)
         roles = server_roles(args.pid, choice)
-        activity = traffic_of(args, args.pid)
+        activity = traffic_of(args, args.pid, requests)
         # Every worker of the server gets a slot: a plan with fewer slots has no CPUs for some.
         count = len(roles.workers)
         if count != plan.workers:

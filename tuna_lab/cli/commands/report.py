@@ -5,7 +5,7 @@ import sys
 
 from ...errors import ExperimentError, TunaError, UnreadableCellsError
 from . import COMMANDS
-from ..options import print_json
+from ..options import add_renamed, print_json
 
 __all__ = ["add_parser"]
 
@@ -22,7 +22,7 @@ def add_parser(subparsers, command=None):
     >>> parser = argparse.ArgumentParser(prog="tuna-lab")
     >>> _ = add_parser(parser.add_subparsers(dest="command"))
     >>> args = parser.parse_args(["report", "results/sweep", "--json"])
-    >>> args.results, args.output, args.json
+    >>> args.results, args.out, args.json
     ('results/sweep', 'report.html', True)
     """
     rp = subparsers.add_parser(
@@ -33,14 +33,15 @@ def add_parser(subparsers, command=None):
         epilog="examples:\n"
                "  tuna-lab report results/sweep -o report.html\n"
                "  tuna-lab report results/ --json\n")
-    rp.add_argument("results", help="a results folder written by `run --out` or `sweep --out`")
-    rp.add_argument("-o", "--output", default="report.html", metavar="FILE", help="the HTML file to write")
+    rp.add_argument("results", metavar="RESULTS", help="a results folder written by `run --out` or `sweep --out`")
+    rp.add_argument("-o", "--out", default="report.html", metavar="FILE", help="the HTML file to write")
+    add_renamed(rp, "--output", new="-o/--out", what="the HTML file to write")
     rp.add_argument("--json", action="store_true",
                     help="print one JSON object: the report's path and the average speedups over cfs and "
                          "round-robin")
     rp.add_argument("--skip-unreadable", action="store_true",
-                    help="go on without the cells that cannot be read, naming each on stderr and in the "
-                         "report (without it: exit 1)")
+                    help="skip the cells that cannot be read, naming each on stderr and in the report; else "
+                         "they end it with exit 1")
     rp.set_defaults(func=_cmd_report)
     return rp
 
@@ -52,7 +53,7 @@ def _cmd_report(args):
     from ...measure.store import load_cells, read_sweep_file
 
     # Before the results are read: a path that would replace a measurement is refused at once.
-    check_report_path(args.output)
+    check_report_path(args.out)
     try:
         requests, trials, manifests, threads, left_out = load_cells(args.results, args.skip_unreadable)
     except UnreadableCellsError as exc:
@@ -77,11 +78,11 @@ def _cmd_report(args):
     # A sweep of the article's design (sweep --grid article): the report sets its figures beside the article's.
     settings = read_sweep_file(args.results) if os.path.isdir(args.results) else None
     try:
-        path = write_report(requests, trials, args.output, title=f"tuna_lab: {args.results}",
+        path = write_report(requests, trials, args.out, title=f"tuna_lab: {args.results}",
                             threads=threads if len(threads) else None, manifest=header, machines=machines,
                             article=(settings or {}).get("design"), left_out=left_out, no_valid=no_valid)
     except OSError as exc:      # a folder, /proc, no such parent: what _files.write_atomic refused, one line
-        raise ExperimentError(f"-o {args.output}: {exc.strerror or exc}" if not isinstance(exc, TunaError)
+        raise ExperimentError(f"--out {args.out}: {exc.strerror or exc}" if not isinstance(exc, TunaError)
                               else str(exc)) from None
     if args.json:
         summary = summarize(requests, trials).to_dict()

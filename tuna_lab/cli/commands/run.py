@@ -4,6 +4,7 @@ Results (tables, the ``--json`` object, the paths written) go to stdout;
 progress (one line per trial) goes to stderr.
 """
 
+import argparse
 import os
 import sys
 
@@ -56,9 +57,9 @@ def _add_run(subparsers):
                "  tuna-lab run --pid MASTER --url http://127.0.0.1:8000/predict -t 2 --body req.json "
                "--policies cfs,round-robin,tuna-scatter\n")
     add_size_options(r, required=False)
-    r.add_argument("--model", default="medium", help=MEASURE_HELP["model"])
+    r.add_argument("--model", default="medium", metavar="MODEL", help=MEASURE_HELP["model"])
     r.add_argument("--batch", type=int, default=100, metavar="ROWS", help=MEASURE_HELP["batch"])
-    r.add_argument("--policies", default="cfs,round-robin,tuna-scatter",
+    r.add_argument("--policies", default="cfs,round-robin,tuna-scatter", metavar="LIST",
                    help=policies_help("comma-separated placement policies"))
     r.add_argument("--trials", type=int, default=5, metavar="N", help=MEASURE_HELP["trials"])
     r.add_argument("--requests", type=int, default=None, metavar="N",
@@ -82,9 +83,8 @@ def _add_run(subparsers):
     add_strict_option(r)
     add_client_cpus_option(r)
     add_target_options(r)
-    r.add_argument("--sample-hz", type=positive_float_arg, default=None, metavar="HZ",
-                   help="with --pid: how often the workers' counters are sampled, at most 1000 (docs/anatomy.md) "
-                        "(default: 50)")
+    # One of the "your own server" group (said in docs/cli.md with the rest of it).
+    r.add_argument("--sample-hz", type=positive_float_arg, default=None, metavar="HZ", help=argparse.SUPPRESS)
     r.set_defaults(func=_cmd_run)
     return r
 

@@ -10,7 +10,7 @@ from ...errors import ServerError
 from . import COMMANDS
 from ..options import (add_client_cpus_option, add_size_options, add_strict_option, add_traffic_options,
                       add_wait_options, add_worker_options, check_cpu_quota, client_cpus_of, policies_help,
-                      positive_float_arg, traffic_of, worker_choice_of)
+                      positive_float_arg, requests_of, traffic_of, worker_choice_of)
 
 #: `serve`'s queue bound: seconds a request may wait for a worker before it is shed with 503.
 DEFAULT_MAX_WAIT = 2.0
@@ -58,12 +58,13 @@ def _add_serve(subparsers):
                "  tuna-lab serve -w 3 -t 2 --client-cpus 7 --detach   server off CPU 7: run your load "
                "generator there\n")
     add_size_options(v)
-    v.add_argument("--model", choices=("small", "medium", "large"), default="medium",
-                   help="the XGBoost model served: 29, 155 or 784 features; trained once on first use")
+    v.add_argument("--model", choices=("small", "medium", "large"), default="medium", metavar="MODEL",
+                   help="the XGBoost model served: small, medium or large, of 29, 155 or 784 features")
     v.add_argument("--policy", default="tuna-scatter", metavar="POLICY",
                    help=policies_help())
-    v.add_argument("--places", choices=("cores", "threads"), default="cores", help="OMP_PLACES for omp-*")
-    v.add_argument("--port", type=int, default=8000, help="TCP port on 127.0.0.1; 0 picks a free one")
+    v.add_argument("--places", choices=("cores", "threads"), default="cores", metavar="PLACES",
+                   help="OMP_PLACES for omp-*: cores or threads")
+    v.add_argument("--port", type=int, default=8000, metavar="PORT", help="TCP port on 127.0.0.1; 0 picks a free one")
     v.add_argument("--pidfile", default=None, metavar="FILE",
                    help="the master's PID, for `status` and `stop` (default: in a fresh temporary folder, printed)")
     v.add_argument("--max-requests", type=int, default=0, metavar="N",
@@ -221,8 +222,9 @@ def _status_of_pid(args):
     from ...placement.plan import Plan
 
     plan = Plan.read(args.plan) if args.plan else None
+    requests = requests_of(args)           # checked, as the plan is, before the server is looked at
     roles = server_roles(args.pid, worker_choice_of(args))
-    activity = traffic_of(args, args.pid)
+    activity = traffic_of(args, args.pid, requests)
     report = PinReport(args.pid, plan, server_threads(args.pid, plan, activity, roles=roles),
                        roles=roles).add_activity(activity)
     from ...live.threads import threading_lines

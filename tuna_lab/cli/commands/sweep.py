@@ -10,8 +10,8 @@ import sys
 
 from ...errors import ExperimentError
 from . import COMMANDS
-from ..options import (MEASURE_HELP, add_client_cpus_option, add_strict_option, add_target_options, check_cpu_quota,
-                      check_measure_options, client_cpus_of, configs_arg, list_arg, no_valid_status_of,
+from ..options import (MEASURE_HELP, SPINCOUNT_HELP, WAIT_DEFAULT, add_client_cpus_option, add_strict_option,
+                      add_target_options, check_cpu_quota, check_measure_options, client_cpus_of, configs_arg, list_arg, no_valid_status_of,
                       non_negative_int_arg, policies_arg, policies_help, positive_float_arg, print_json, progress,
                       target_of)
 
@@ -67,14 +67,13 @@ def add_parser(subparsers, command=None):
     sw.add_argument("--out", required=True, metavar="DIR", help="the sweep's folder: a cell folder per configuration")
     sw.add_argument("--json", action="store_true", help="print one JSON object: the cells run, skipped, not run")
     sw.add_argument("--wait-policies", default="default", metavar="LIST",
-                    help="comma-separated OMP_WAIT_POLICY values to sweep: default, passive, active "
-                         "(default: default)")
+                    help=f"OMP_WAIT_POLICY values to sweep: default, passive, active {WAIT_DEFAULT}")
     sw.add_argument("--spincount", type=non_negative_int_arg, default=None, metavar="N",
-                    help="GOMP_SPINCOUNT for every cell")
+                    help=SPINCOUNT_HELP.replace("GOMP_SPINCOUNT", "GOMP_SPINCOUNT of every cell"))
     add_strict_option(sw)
     add_client_cpus_option(sw)
     _add_cluster_options(sw)
-    add_target_options(sw, running=False)
+    add_target_options(sw, "sweep")
     sw.set_defaults(func=_cmd_sweep)
     return sw
 
@@ -108,9 +107,9 @@ def _cmd_sweep(args):
     check_measure_options(args, ExperimentError)
     budget = None
     if args.budget is not None:
-        from ...measure.tune.tuner import parse_duration
+        from ..options import check_duration
 
-        budget = parse_duration(args.budget, "--budget", ExperimentError)
+        budget = check_duration(args.budget, "--budget", ExperimentError)
         if args.cluster is not None:
             raise ExperimentError("--budget is kept on this machine: sweep on a cluster without it")
     if args.grid == "article" and args.app is not None:

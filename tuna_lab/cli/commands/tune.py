@@ -29,7 +29,8 @@ def add_parser(subparsers, command=None):
     >>> args.sla_p99, args.configs, args.budget
     ('50ms', '1x1,2x1', '90s')
     """
-    from ..options import add_client_cpus_option, policies_help, positive_float_arg
+    from ..options import (WAIT_DEFAULT, add_client_cpus_option, add_target_options, policies_help,
+                           positive_float_arg)
 
     p = subparsers.add_parser(
         "tune", help=COMMANDS["tune"].help,
@@ -51,40 +52,21 @@ def add_parser(subparsers, command=None):
     p.add_argument("--policies", default="cfs,round-robin,tuna-scatter", metavar="LIST",
                    help=policies_help("comma-separated policies"))
     p.add_argument("--wait-policies", default="default", metavar="LIST",
-                   help="comma-separated OMP_WAIT_POLICY values: default, passive, active (default: default)")
+                   help=f"OMP_WAIT_POLICY values to race: default, passive, active {WAIT_DEFAULT}")
     p.add_argument("--budget", default="15m", metavar="DURATION", help="wall time of the search: 90s, 15m")
-    p.add_argument("--model", default="medium", help="the lab server's model: small, medium, large")
+    p.add_argument("--model", default="medium", metavar="MODEL", help="the lab server's model: small, medium or large")
     p.add_argument("--batch", type=int, default=100, metavar="ROWS", help="the lab server's rows per request")
     p.add_argument("--out", default=None, metavar="DIR", help="folder for the records (a cell folder per W x T)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the arrivals and payloads")
-    p.add_argument("--rounds", type=int, default=4, metavar="N", help="most rounds; round k's steps last STEP x 2^k")
-    p.add_argument("--step-seconds", type=positive_float_arg, default=2.0, metavar="STEP",
+    p.add_argument("--rounds", type=int, default=4, metavar="N",
+                   help="most rounds (at least 1); round k's steps last --step-seconds x 2^k")
+    p.add_argument("--step-seconds", type=positive_float_arg, default=2.0, metavar="S",
                    help="the first round's step length, in seconds")
     p.add_argument("--confidence", type=float, default=0.9, metavar="P",
                    help="one-sided confidence of the rate bounds")
     add_client_cpus_option(p)
-    t = p.add_argument_group("your own server (as for run; see docs/measure-your-server.md)")
-    t.add_argument("--app", default=None, metavar="MODULE:APP", help="your WSGI/ASGI app, started per candidate run")
-    t.add_argument("--app-dir", default=None, metavar="DIR", help="the folder --app's module is in")
-    t.add_argument("--server", choices=("gunicorn", "uvicorn"), default="gunicorn", metavar="NAME",
-                   help="gunicorn or uvicorn, serving --app (default: gunicorn)")
-    t.add_argument("--server-conf", default=None, metavar="FILE", help="your gunicorn.conf.py")
-    t.add_argument("--python", default=None, metavar="PATH",
-                   help="with --app: the interpreter (default: tuna-lab's own)")
-    t.add_argument("--pid", type=int, default=None, metavar="MASTER",
-                   help="a server already running (with --url and -t): only the policies are searched")
-    t.add_argument("--url", default=None, help="with --pid: where the requests go (a loopback URL)")
-    t.add_argument("--force", action="store_true",
-                   help="with --pid: search the children of PID 1 or of no recognised pre-fork master")
-    t.add_argument("-t", "--threads", type=int, default=None, metavar="T", help="with --pid: pool threads per worker")
-    t.add_argument("--path", default="/", help="with --app: the requests' path")
-    t.add_argument("--method", default=None, help="HTTP method (default: POST with a body, else GET)")
-    t.add_argument("--header", action="append", default=[], metavar="NAME:VALUE", help="a request header; repeatable")
-    t.add_argument("--body", default=None, metavar="FILE", help="the body of every request")
-    t.add_argument("--bodies", default=None, metavar="FILE.jsonl", help="bodies, one per line, sent in turn")
-    t.add_argument("--server-timing", default=None, metavar="NAME", help="the Server-Timing metric to read")
-    t.add_argument("--label", default=None, help="the name of your server in the records")
+    add_target_options(p, "tune")
     p.set_defaults(func=_cmd_tune)
     return p
 
@@ -135,12 +117,11 @@ def _unmeasured_status(result):
 
 def _cmd_tune(args):
     from ...errors import TuneError, UnmeetableTargetError
-    from ...measure.tune.tuner import parse_duration
-    from ..options import check_measure_options, configs_arg
+    from ..options import check_duration, check_measure_options, configs_arg
 
     check_measure_options(args, TuneError)
-    sla = parse_duration(args.sla_p99, "--sla-p99")
-    budget = parse_duration(args.budget, "--budget")
+    sla = check_duration(args.sla_p99, "--sla-p99", TuneError)
+    budget = check_duration(args.budget, "--budget", TuneError)
     if not 0 < args.confidence < 1:
         raise TuneError(f"--confidence must be in (0, 1), got {args.confidence}")
     if args.rounds < 1:
