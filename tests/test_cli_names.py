@@ -21,6 +21,11 @@ import pytest
 
 from helpers import cli
 from helpers import main as run
+from tuna_lab.cli.options import THREADS_HELP
+from tuna_lab.cli.server_options import REQUEST_HELP, worker_count_arg
+
+#: The one line that refuses a list of worker PIDs given as -w/--workers.
+POINTER = "tuna-lab: error: --workers is a worker count; a list of worker PIDs is --worker-pids (renamed in 0.1.0)"
 
 #: The commands whose ``--workers`` was a list of worker PIDs until it was renamed ``--worker-pids``.
 RENAMED = ("pin", "unpin", "status", "audit")
@@ -106,7 +111,7 @@ def test_workers_is_a_count_wherever_it_is_an_option():
             refused.append(name.split(" ", 1)[1])
             continue
         assert action.option_strings == ["-w", "--workers"] and action.dest == "workers", name
-        assert action.type is int and action.metavar == "W", name
+        assert action.type in (int, worker_count_arg) and action.metavar == "W", name
         counts.append(name.split(" ", 1)[1])
     assert {"solve", "plan", "serve", "run", "advise", "bench load"} <= set(counts)
     assert sorted(refused) == sorted(RENAMED)
@@ -161,8 +166,7 @@ def test_the_old_spelling_of_worker_pids_is_refused_with_a_pointer(command, spel
     lines = r.stderr.splitlines()
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    assert lines[0] == (f"tuna-lab {command}: error: --workers is a worker count; a list of worker PIDs is "
-                        "--worker-pids (renamed in 0.1.0)"), lines[0]
+    assert lines[0] == POINTER, lines[0]
 
 
 def test_the_old_spelling_is_refused_by_the_installed_command_too():
@@ -177,3 +181,141 @@ def test_plans_pid_list_is_worker_pids_and_its_workers_a_count():
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "--worker-pids and --worker-match name the workers of --pid" in r.stderr, r.stderr
     assert "--workers" not in r.stderr
+
+
+# ------------------------------------------------------------ the audit of issue 49: bad input, one way
+
+
+@pytest.mark.parametrize("argv", [["pin", "--pid", "1", "-w", "123,456"], ["unpin", "--pid", "1", "-w", "123,456"],
+                                  ["status", "--pid", "1", "-w", "123,456"], ["audit", "--pid", "1", "-w", "123,456"],
+                                  ["plan", "--pid", "1", "--workers", "123,456", "-t", "1"],
+                                  ["plan", "--pid", "1", "-w", "123,456", "-t", "1"]])
+def test_a_list_of_pids_given_as_workers_gets_the_one_pointer(argv):
+    r = run(*argv)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.splitlines() == [POINTER], r.stderr
+
+
+def test_no_option_is_taken_by_a_prefix_of_its_name():
+    # `sweep --model small` once started a sweep of --models small.
+    for name, parser in PARSERS.items():
+        assert parser.allow_abbrev is False, name
+    r = run("sweep", "--out", "never-made", "--model", "small")
+    assert r.returncode == 2 and r.stderr == "tuna-lab: error: unrecognized arguments: --model small\n", r.stderr
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["bench", "load", "--connections", "4"], "--connections is --concurrency (requests in flight, as in run and "
+                                              "sweep), renamed in 0.1.0"),
+    (["bench", "sampler", "--connections", "4"], "--connections is --concurrency"),
+    (["bench", "tune", "--race-rounds", "2"], "--race-rounds is --rounds (as tune's), renamed in 0.1.0"),
+    (["report", "results", "--output", "r.html"], "--output is -o/--out (the HTML file to write), renamed in 0.1.0"),
+])
+def test_an_old_spelling_is_refused_with_a_pointer_to_the_one_name(argv, line):
+    r = run(*argv)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"tuna-lab: error: {line}"), r.stderr
+
+
+def test_the_one_names_parse():
+    parse = PARSERS["tuna-lab"].parse_args
+    assert parse(["bench", "load", "--concurrency", "4"]).connections == 4
+    assert parse(["bench", "tune", "--rounds", "2"]).race_rounds == 2
+    assert parse(["report", "r", "--out", "x.html"]).out == parse(["report", "r", "-o", "x.html"]).out == "x.html"
+    assert parse(["advise", "res", "-w", "1", "-t", "1", "--model", "small"]).results == "res"
+    assert parse(["unpin", "--isolate"]).isolation and parse(["unpin", "--isolation"]).isolation
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["bench", "tune", "--rounds", "0", "--out", "never.csv"], "--rounds must be at least 1, got 0"),
+    (["tune", "--sla-p99", "50ms", "--rounds", "0"], "--rounds must be at least 1, got 0"),
+    (["tune", "--sla-p99", "50ms", "--budget", "-1m"], "--budget must be positive, got '-1m'"),
+    (["tune", "--sla-p99", "-5ms"], "--sla-p99 must be positive, got '-5ms'"),
+    (["sweep", "--out", "never-made", "--budget", "-1m"], "--budget must be positive, got '-1m'"),
+    (["plan", "-w", "1", "-t", "1", "--front-cpus", "2-99", "--synthetic", "core:2 pu:1"],
+     "--front-cpus: CPUs 2-99 are not among the server's CPUs 0-1"),
+    (["plan", "-w", "1", "-t", "1", "--front-cpus", "3", "--synthetic", "core:2 pu:1"],
+     "--front-cpus: CPU 3 is not one of the server's CPUs 0-1"),
+])
+def test_bad_values_are_said_as_such(argv, line, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = run(*argv)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr == f"tuna-lab: error: {line}\n", r.stderr
+
+
+@pytest.mark.parametrize("options, line", [
+    (["-t", "0", "--policy", "cfs"], "-t must be a positive integer, got 0"),
+    (["--policy", "cfs"], "--policy needs -t T"),
+    (["-t", "2"], "-t needs --policy POLICY"),
+    (["--policy", "bogus", "-t", "2"], "unknown policy 'bogus'"),
+    ([], "say what to apply: --policy POLICY -t T, or --plan FILE"),
+])
+def test_pin_says_what_is_wrong_with_its_options_before_it_looks_at_the_process(options, line):
+    # This test's own process is no pre-fork server, and PID 1 is refused: neither is looked at first.
+    import os
+
+    for pid in (os.getpid(), 1):
+        r = run("pin", "--pid", pid, "--force", *options)
+        assert r.returncode == 2 and r.stdout == "", r.stderr
+        assert r.stderr.startswith(f"tuna-lab: error: {line}") and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_every_error_starts_the_same_way():
+    for argv in (["pin"], ["solve", "-w", "x", "-t", "1"], ["nope"], ["solve", "--bogus"], ["plan", "--format", "x"]):
+        r = run(*argv)
+        assert r.returncode == 2 and r.stderr.startswith("tuna-lab: error: ") and r.stderr.count("\n") == 1, r.stderr
+
+
+#: Options that mean one thing but whose value is, by design, of two kinds (a results folder, a file).
+_TWO_KINDS = {"--out", "--plan", "--model"}
+
+
+def test_one_metavar_per_option():
+    seen = {}
+    for name, parser in COMMANDS.items():
+        for action in parser._actions:
+            # Every option a command takes, the hidden ones too, but the old spellings it refuses.
+            if action.option_strings and action.nargs != 0 and action.dest != argparse.SUPPRESS:
+                for option in action.option_strings:
+                    seen.setdefault(option, {}).setdefault(str(action.metavar), []).append(name)
+    odd = {o: m for o, m in seen.items() if len(m) > 1 and o not in _TWO_KINDS}
+    assert not odd, odd
+    # Lists of CPUs are CPULIST, comma lists of anything else LIST, seconds S.
+    assert seen["--client-cpus"].keys() == seen["--front-cpus"].keys() == {"CPULIST"}
+    assert seen["--step-seconds"].keys() == {"S"} and seen["--policies"].keys() == {"LIST"}
+    assert seen["--batch"].keys() == {"ROWS"} and seen["--concurrency"].keys() == {"N"}
+
+
+def test_threads_and_requests_are_described_one_way():
+    for name, parser in COMMANDS.items():
+        for action in _options(parser):
+            text = _help_text(parser, action)
+            if "--threads" in action.option_strings:
+                assert THREADS_HELP in text, (name, text)
+            for option in ("method", "header", "body", "bodies"):
+                if f"--{option}" in action.option_strings:
+                    assert text == REQUEST_HELP[option], (name, text)
+    assert "pool threads per worker" not in "".join(p.format_help() for p in COMMANDS.values())
+
+
+def test_defaults_have_no_second_form():
+    odd = []
+    for name, parser in PARSERS.items():
+        text = " ".join(parser.format_help().split())
+        for pattern in (r"\) \(default", r"\(default: -?[0-9]+\.0\)", r"\(without it", r"\(0: ",
+                        r"\(default: default\)", r"\bissue [0-9]+"):
+            odd += [f"{name}: {m}" for m in re.findall(f".{{30}}{pattern}.{{0,20}}", text)]
+    assert not odd, "\n".join(odd)
+
+
+def test_shared_blocks_are_said_once_in_the_docs():
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    for heading in ("## Your own server", "## The machine"):
+        assert heading in doc, heading
+    for option in ("--app-dir", "--server-conf", "--python", "--server-timing", "--bodies", "--label", "--hwloc-xml",
+                   "--fsroot", "--sample-hz"):
+        assert f"`{option}" in doc, option
+    for name in ("run", "sweep", "tune"):
+        help_text = COMMANDS[f"tuna-lab {name}"].format_help()
+        assert "your own server (each option: docs/cli.md" in help_text and "--app-dir DIR" in help_text
