@@ -263,7 +263,7 @@ def test_run_says_once_that_the_generator_shares_the_servers_cpus(measured):
     said = [line for line in p.stderr.splitlines() if "load generator" in line]
     assert said == ["tuna-lab: the load generator shares the server's CPUs "
                     f"({len(os.sched_getaffinity(0))} usable CPUs, fewer than 8); its own CPU use is recorded; "
-                    "reserve some with --client-cpus LIST"]
+                    "reserve some with --client-cpus CPULIST"]
     assert json.loads(p.stdout)["client_cpus"]["cpus"] == []
     assert sum("load generator" in line for line in s.stderr.splitlines()) == 1      # a sweep says it once too
 

@@ -97,7 +97,7 @@ def _spend_the_solver_banner():
 # The operator's parts of a progress line: the countdown, and a wait for another measurement's CPUs.
 _COUNTDOWN = re.compile(r"\s*\[~\d+ s left\]|; ~\d+ s left")
 # The operator's next step in machine.reserve's note: a command-line flag, not the lesson's business.
-_OPERATOR_HINT = "; reserve some with --client-cpus LIST"
+_OPERATOR_HINT = "; reserve some with --client-cpus CPULIST"
 _LOCK_WAIT = "waiting up to "
 
 
@@ -117,7 +117,7 @@ def lesson_progress(line):
     >>> lesson_progress("w2-t2 trial 1/2 cfs  p99 160.8 ms  ok  [~547 s left]  CPU/req: server 54.73 ms")
     w2-t2 trial 1/2 cfs  p99 160.8 ms  ok  CPU/req: server 54.73 ms
     >>> lesson_progress("waiting up to 3600 s (TUNA_LAB_CPU_LOCK_WAIT): CPUs 0-1 in use by process 42")
-    >>> lesson_progress("its own CPU use is recorded; reserve some with --client-cpus LIST")
+    >>> lesson_progress("its own CPU use is recorded; reserve some with --client-cpus CPULIST")
     its own CPU use is recorded
     """
     if line.startswith(_LOCK_WAIT):

@@ -93,13 +93,13 @@ class ClientCpus:
         --------
         >>> print(reserve_client_cpus(topology=Topology.synthetic("core:2 pu:1")).describe())
         the load generator shares the server's CPUs (2 usable CPUs, fewer than 8); its own CPU use is recorded; \
-reserve some with --client-cpus LIST
+reserve some with --client-cpus CPULIST
         """
         server = format_cpulist(self.server.cpus)
         if self.how == "default" and not self.reserved:
             return (f"the load generator shares the server's CPUs ({self.usable} usable CPU"
                     f"{'' if self.usable == 1 else 's'}, fewer than {MIN_CPUS_TO_RESERVE}); its own CPU use is "
-                    f"recorded; reserve some with --client-cpus LIST")
+                    f"recorded; reserve some with --client-cpus CPULIST")
         if self.how == "none":
             return "the load generator shares the server's CPUs (--client-cpus none); its own CPU use is recorded"
         why = (f"one physical core, reserved by default on {MIN_CPUS_TO_RESERVE}+ usable CPUs; "

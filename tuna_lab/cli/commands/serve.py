@@ -158,7 +158,7 @@ def _cmd_serve(args):
         print(f"tuna-lab: {client.describe()}", file=sys.stderr, flush=True)
     else:
         print(f"tuna-lab: the server may use CPUs {format_cpulist(client.server.cpus)}, all this process may; "
-              "--client-cpus LIST keeps some free for a load generator", file=sys.stderr, flush=True)
+              "--client-cpus CPULIST keeps some free for a load generator", file=sys.stderr, flush=True)
     server.start(ready_timeout=args.ready_timeout)
     print(f"serving {server.url} (policy {args.policy}, {args.workers} workers x {args.threads} threads, "
           f"model {args.model}); pidfile {server.pidfile}", flush=True)
