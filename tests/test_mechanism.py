@@ -285,8 +285,23 @@ def test_where_p99_cannot_separate_the_quantity_that_can_leads_with_its_interval
     both = lead_sentence(trials, notes=notes)
     assert both.startswith("migrations per request separates 4 of 4 policy comparisons with cfs: "), both
     assert "Also separating: run-queue wait per request (2 of 4)" in both
-    assert both.index("Also separating") < both.index(" p99 separates only 2 of 4 (")
-    assert "p99 speedup 1.24x [1.15, 1.33]" in both
+    # p99 after them: the comparisons it separates by name, the others by their count.
+    assert both.index("Also separating") < both.index(" p99 separates only 2 of 4: round-robin at 2x2 p99 speedup "
+                                                      "1.24x [1.15, 1.33]; tuna-scatter at 2x2 p99 speedup 1.23x")
+    assert both.endswith("; in the other 2 its interval holds 1.")
+
+
+def test_a_place_names_the_model_where_the_models_differ():
+    from tuna_lab.analysis.mechanism import lead_sentence
+    from tuna_lab.measure import load_results
+
+    # notebooks/data/sweep-2cpu: ten cells, two models; 2x2 is two places.
+    _, trials, _ = load_results(STORED.parent / "sweep-2cpu")
+    text = lead_sentence(trials)
+    assert text.startswith("migrations per request separates 17 of 20 policy comparisons with cfs: "
+                           "round-robin at 1x2 medium 0.00 [0.00, 0.00]"), text
+    assert ("p99 separates only 4 of 20: round-robin at 2x2 medium p99 speedup 1.19x [1.10, 1.28]; "
+            "tuna-scatter at 2x2 medium p99 speedup 1.17x [1.06, 1.28]") in text
 
 
 def test_where_p99_separates_most_it_leads_and_nothing_separating_says_so():

@@ -528,8 +528,14 @@ def _rank(sep):
     return counts.sort_values(["separated", "_o"], ascending=[False, True]).drop(columns="_o")
 
 
-def _at(row, keys, several):
-    return f" at {row['workers']}x{row['threads']}" if several and {"workers", "threads"} <= set(keys) else ""
+def _at(row, keys, varies):
+    """Where a comparison was made (`` at 2x2 medium``): W x T, then the model, batch and wait policy where
+    they vary, and the machine of a cluster sweep where it does."""
+    if not varies or not {"workers", "threads"} <= set(keys):
+        return ""
+    place = f" at {row['workers']}x{row['threads']}" + "".join(
+        f" {row[k]}" for k in ("model", "batch", "wait_policy") if k in varies)
+    return place + (f" on {row[MACHINE]}" if MACHINE in varies else "")
 
 
 def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
@@ -568,7 +574,9 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
     if sep.empty:
         return f"No application has both {baseline} and another policy: nothing to compare."
     keys = [c for c in _keys(sep) if c in sep.columns]
-    several = len(sep[keys].drop_duplicates()) > 1
+    # The keys that differ between the applications compared: a place names W x T, and the model and batch
+    # where those differ too (two models at 2x2 are two places).
+    varies = {k for k in keys if sep[k].nunique() > 1}
     ranked = _rank(sep)
     p99 = sep[sep["measure"].eq("p99")]
     p99_sep = int(p99["state"].eq(SEPARATED).sum())
@@ -578,7 +586,7 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
                 f"(fewer than {MIN_INTERVAL_TRIALS} valid trials of a policy).")
 
     def listed(rows, with_base):
-        said = [f"{r['policy']}{_at(r, keys, several)} " + (f"{r['policy_estimate']} against {r['baseline']} "
+        said = [f"{r['policy']}{_at(r, keys, varies)} " + (f"{r['policy_estimate']} against {r['baseline']} "
                                                            f"{r['baseline_estimate']}" if with_base
                                                            else r["policy_estimate"])
                 for r in rows.to_dict("records")]
@@ -614,7 +622,9 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
                                                  for r in others.to_dict("records")) + "."
     holds, few = int(p99["state"].eq(OVERLAP).sum()), int(p99["state"].eq(TOO_FEW_TRIALS).sum())
     if p99_sep:
-        text += f" p99 separates only {p99_sep} of {len(p99)} ({p99_said})."
+        # The comparisons p99 does separate, by name; the others by their count.
+        text += (f" p99 separates only {p99_sep} of {len(p99)}: " + listed(p99[p99["state"].eq(SEPARATED)], False)
+                 + (f"; in the other {holds} its interval holds 1" if holds else "") + ".")
     else:
         text += f" p99 does not: its speedup intervals hold 1 in {holds} of {len(p99)} ({p99_said})."
     return text + (f" {few} p99 comparisons had {TOO_FEW_TRIALS}." if few else "")
