@@ -134,7 +134,7 @@ def test_a_verdict_is_never_from_the_value_alone(speedup, low, high, word):
 
 def test_verdict_text_says_what_the_intervals_show_and_no_more():
     held = verdict_text(_summary((0.5, 1.3)).assign(ci_low=[0.5, 0.9]))
-    assert held == "No policy differed from cfs: all 2 speedup intervals hold 1."
+    assert held == "No policy's p99 differed from cfs's: both intervals hold 1."
     one = verdict_text(_summary((0.5, 1.3)))
     assert one.startswith("tuna-scatter faster than cfs at over: 1.60x [1.20, 2.10].")
     assert "No difference shown in the other 1 of 2" in one

@@ -70,8 +70,9 @@ PARTS = {"cpu_wait": "waiting for a CPU", "running": "running", "backlog": "wait
 #: The groups of requests, per trial: its slowest 1% (at or above its p99) and its median requests.
 TAIL, MEDIAN = "slowest 1%", "median"
 #: Why a share is missing: the requests carry no per-request scheduler evidence.
-NOT_RECORDED = ("not recorded: these requests carry no per-request scheduler evidence (results from before "
-                "issue 50, or a server that sends none in its Server-Timing header)")
+NOT_RECORDED = ("not recorded: these requests carry no per-request scheduler evidence (results recorded before "
+                "the lab server sent its threads' counters with each answer, or a server that sends none in its "
+                "Server-Timing header)")
 # The median requests: those between these quantiles of their trial's latency.
 _MEDIAN_BAND = (0.45, 0.55)
 _TAIL_Q = 0.99
@@ -192,8 +193,9 @@ def what_moves(table):
     pandas.DataFrame
         One row per application and group: ``part``, ``label``, ``low`` and
         ``high`` (the policies with the smallest and largest share), their
-        shares and ``apart`` (their intervals do not overlap; False without
-        intervals). Empty when fewer than two policies have shares.
+        shares and ``apart`` (their intervals do not overlap and the shares
+        differ as written, to the percent; False without intervals). Empty
+        when fewer than two policies have shares.
     """
     keys = [c for c in table.columns if c in (MACHINE, *APPLICATION)]
     rows = []
@@ -204,13 +206,14 @@ def what_moves(table):
             if one["policy"].nunique() < 2:
                 continue
             lo, hi = one.loc[one["share"].idxmin()], one.loc[one["share"].idxmax()]
+            # Apart only where the intervals are and the shares read differently: never 100% vs 100% "apart".
+            apart = bool(lo["ci_high"] < hi["ci_low"]) and _percent(lo["share"]) != _percent(hi["share"])
             spread = hi["share"] - lo["share"]
             if best is None or spread > best[0]:
-                best = (spread, part, lo, hi)
+                best = (spread, part, lo, hi, apart)
         if best is None:
             continue
-        spread, part, lo, hi = best
-        apart = bool(lo["ci_high"] < hi["ci_low"])
+        spread, part, lo, hi, apart = best
         key = key if isinstance(key, tuple) else (key,)
         rows.append((*key, part, PARTS[part], lo["policy"], lo["share"], lo["ci_low"], lo["ci_high"],
                      hi["policy"], hi["share"], hi["ci_low"], hi["ci_high"], apart))
@@ -251,9 +254,10 @@ def anatomy_line(table):
     ...     "requests": 3, "share": [0.4, 0.1, 0.3, 0.5, 0.1, 0.1, 0.2, 0.3], "ci_low": np.nan,
     ...     "ci_high": np.nan, "note": ""})
     >>> print(anatomy_line(t))   # doctest: +NORMALIZE_WHITESPACE
-    Anatomy of the slowest 1% (share of latency: waiting for a CPU / running / backlog / rest): cfs 40/30/10/20%,
-    tuna-scatter 10/50/10/30%; moves most between policies: waiting for a CPU (tuna-scatter 10% (too few trials
-    for an interval) vs cfs 40% (too few trials for an interval)).
+    Anatomy of the slowest 1% (share of latency: waiting for a CPU / running / backlog, from the send until a worker
+    starts the request / rest): cfs 40/30/10/20%, tuna-scatter 10/50/10/30%; no share shown to differ between
+    policies: the largest gap, waiting for a CPU (tuna-scatter 10% (too few trials for an interval) vs cfs 40% (too
+    few trials for an interval)), lies within what the trials can tell.
     """
     tail = table[table["group"] == TAIL]
     if not len(tail) or tail["share"].isna().all():
@@ -324,25 +328,41 @@ def _line(tail, more):
         one = tail[tail["policy"] == policy].set_index("part")["share"]
         per.append(f"{policy} " + "/".join("-" if np.isnan(one.get(p, np.nan)) else f"{one[p] * 100:.0f}"
                                             for p in PARTS) + "%")
-    line = (f"Anatomy of the slowest 1%{more} (share of latency: waiting for a CPU / running / backlog / rest): "
-            + ", ".join(per))
+    line = (f"Anatomy of the slowest 1%{more} (share of latency: waiting for a CPU / running / backlog, from the "
+            "send until a worker starts the request / rest): " + ", ".join(per))
     moved = what_moves(tail)
     if len(moved):
         m = moved.iloc[0]
-        line += (f"; moves most between policies: {m['label']} ({m['low']} "
-                 f"{_pct(m['low_share'], m['low_ci_low'], m['low_ci_high'])} vs {m['high']} "
-                 f"{_pct(m['high_share'], m['high_ci_low'], m['high_ci_high'])}"
-                 + (", intervals apart" if m["apart"] else "") + ")")
+        low = _pct(m["low_share"], m["low_ci_low"], m["low_ci_high"])
+        high = _pct(m["high_share"], m["high_ci_low"], m["high_ci_high"])
+        if m["apart"]:
+            return line + (f"; moves most between policies: {m['label']} ({m['low']} {low} vs {m['high']} {high}, "
+                           "intervals apart).")
+        if _percent(m["low_share"]) == _percent(m["high_share"]):
+            return line + ("; no share differs between policies: each reads the same, to the percent, under every "
+                           "policy.")
+        gap = f"{m['label']} ({m['low']} {low} vs {m['high']} {high})"
+        # A smaller gap may still be apart: said, or the line would claim that nothing differs.
+        apart = [r for part in PARTS for r in what_moves(tail[tail["part"].eq(part)]).to_dict("records")
+                 if r["apart"]]
+        if not apart:
+            return line + (f"; no share shown to differ between policies: the largest gap, {gap}, lies within what "
+                           "the trials can tell.")
+        r = max(apart, key=lambda r: r["high_share"] - r["low_share"])
+        line += (f"; the largest gap, {gap}, lies within what the trials can tell, but {r['label']} differs between "
+                 f"policies ({r['low']} {_pct(r['low_share'], r['low_ci_low'], r['low_ci_high'])} vs {r['high']} "
+                 f"{_pct(r['high_share'], r['high_ci_low'], r['high_ci_high'])}, intervals apart)")
     return line + "."
 
 
 def anatomy_note(requests, trials=None, say_why=False):
     """:func:`anatomy_line` of results whose requests carry the per-request evidence; ``""`` otherwise.
 
-    For the summaries (``run``'s, ``demo``'s): results from before issue 50,
-    or of a server that sends no evidence, get no line. With ``say_why`` (the
-    report's section) they get one that says why there is no anatomy
-    (:data:`NOT_RECORDED`, or what the analysis refused), never a blank.
+    For the summaries (``run``'s, ``demo``'s): results recorded before the
+    requests carried the evidence, or of a server that sends none, get no
+    line. With ``say_why`` (the report's section) they get one that says why
+    there is no anatomy (:data:`NOT_RECORDED`, or what the analysis refused),
+    never a blank.
 
     Examples
     --------

@@ -49,6 +49,7 @@ from plotly.colors import qualitative
 from ..errors import AnalysisError
 from ..placement import POLICIES
 from ..server.models import STAGES
+from ._verdicts import p99_counts
 from .stats import MIN_INTERVAL_TRIALS, TOO_FEW_TRIALS, format_interval, scenario_stats, speedup_summary
 from .tables import APPLICATION, MODELS, check_table, ordered, valid_trials, with_defaults
 
@@ -476,8 +477,12 @@ def verdict_text(table, baseline=None):
         Which policy was faster or slower than which baseline where, with
         its speedup and interval; how many showed no difference (their
         interval holds 1) and how many had too few trials. When every
-        interval holds 1 it says that no policy differed. With many
-        comparisons it recalls that about 1 in 20 clears 1 by chance.
+        interval holds 1 it says that no policy's p99 differed (it speaks of
+        p99, never of the policies as a whole: another quantity may still
+        separate them). With five or more intervals it recalls that about 1
+        in 20 clears 1 by chance, counting only the comparisons that have an
+        interval (:func:`~tuna_lab.analysis._verdicts.p99_counts`, the count
+        the first sentence uses too).
 
     Examples
     --------
@@ -487,9 +492,9 @@ def verdict_text(table, baseline=None):
     >>> verdict_text(t)
     'tuna-scatter faster than cfs at 2x2: 1.50x [1.20, 1.90]. No difference shown in the other 1 of 2 (interval holds 1).'
     >>> verdict_text(t.assign(ci_low=0.9))
-    'No policy differed from cfs: all 2 speedup intervals hold 1.'
+    "No policy's p99 differed from cfs's: both intervals hold 1."
     >>> verdict_text(t.assign(ci_low=0.9).head(1))
-    'No policy differed from cfs: its one speedup interval holds 1.'
+    "No policy's p99 differed from cfs's: its interval holds 1."
     """
     check_table(table, "speedups", ("baseline", "policy", "speedup"), numeric=("speedup",))
     if baseline is not None:
@@ -502,7 +507,7 @@ def verdict_text(table, baseline=None):
     words = [verdict(s, lo, hi) for s, lo, hi in zip(table["speedup"], low, high, strict=True)]
     table = table.assign(_verdict=words, _low=low, _high=high)
     where_columns = [c for c in table.columns if c in APPLICATION + ("subscription", "machine")]
-    bases = " and ".join(map(str, pd.unique(table["baseline"])))
+    bases = " and ".join(f"{b}'s" for b in map(str, pd.unique(table["baseline"])))
     n = len(table)
     counts = table["_verdict"].value_counts()
     no_diff, few = int(counts.get(NO_DIFFERENCE, 0)), int(counts.get(TOO_FEW_TRIALS, 0))
@@ -510,11 +515,13 @@ def verdict_text(table, baseline=None):
         return (f"No verdict: {TOO_FEW_TRIALS} (fewer than {MIN_INTERVAL_TRIALS} trials of a policy) "
                 + ("in the one speedup." if n == 1 else f"in all {n} speedups."))
     if no_diff + few == n:
-        held = "its one speedup interval holds 1." if n == 1 else f"all {n} speedup intervals hold 1."
-        text = f"No policy differed from {bases}: " + (held if not few else
-                                                       f"{no_diff} of {n} speedup intervals "
-                                                       f"{'holds' if no_diff == 1 else 'hold'} 1, "
-                                                       f"and {few} had {TOO_FEW_TRIALS}.")
+        # Of p99 only: the first sentence may have just said that migrations separate the same policies.
+        held = ("its interval holds 1." if n == 1 else "both intervals hold 1." if n == 2
+                else f"all {n} intervals hold 1.")
+        text = f"No policy's p99 differed from {bases}: " + (held if not few else
+                                                             f"{no_diff} of {n} intervals "
+                                                             f"{'holds' if no_diff == 1 else 'hold'} 1, "
+                                                             f"and {few} had {TOO_FEW_TRIALS}.")
         return text
     said = []
     for row in table[table["_verdict"].isin([FASTER, SLOWER])].to_dict("records"):
@@ -529,12 +536,14 @@ def verdict_text(table, baseline=None):
     if few:
         rest.append(f"{few} had {TOO_FEW_TRIALS}")
     text = shown + ((" " + "; ".join(rest) + ".") if rest else "")
-    if n >= 5:
+    k, m, _ = p99_counts(low, high)
+    if m >= 5:
         # How often chance alone (every policy the same, each interval missing 1 with probability 5%)
         # gives at least this many: a rough guard against reading the one interval in twenty that misses.
-        k = len(said)
-        chance = sum(math.comb(n, i) * 0.05**i * 0.95 ** (n - i) for i in range(k, n + 1))
-        text += (f" At 95% each, chance alone clears 1 about once in 20: {k} of {n} would happen by chance "
+        # Only the comparisons with an interval can clear 1 (one count with the first sentence's).
+        chance = sum(math.comb(m, i) * 0.05**i * 0.95 ** (m - i) for i in range(k, m + 1))
+        of = f"{k} of {m}" if m == n else f"{k} of the {m} with an interval"
+        text += (f" At 95% each, chance alone clears 1 about once in 20: {of} would happen by chance "
                  f"{chance:.0%} of the time" + (", so read them with care." if chance > 0.05 else "."))
     return text
 

@@ -30,6 +30,17 @@ from . import figures as viz
 from ._failures import failures
 from ._html import esc as _esc, fmt as _fmt, table as _table
 from ._no_valid import cells_without_valid_trial, counted  # noqa: F401 - the first for the report command
+from ._report_tables import (
+    BASELINES as _BASELINES,
+    comparisons,
+    cpu_table,
+    estimate,
+    locality_table,
+    one_row_per_cell,
+    scenario_table,
+    speedup_table,
+)
+from ._verdicts import configuration_verdict, stage_verdict
 from .anatomy import anatomy_notes
 from .mechanism import (
     MECHANISM,
@@ -41,17 +52,8 @@ from .mechanism import (
     mechanism_correlations,
     mechanism_table,
 )
-from .stats import (
-    INTERVALS,
-    MACHINE,
-    compare_policies,
-    cpu_cost,
-    format_interval,
-    scenario_stats,
-    speedup_summary,
-    trial_stats,
-)
-from .summary import ARTICLE_MIN_CPUS, front_note, scale_note
+from .stats import INTERVALS, MACHINE, scenario_stats, speedup_summary, trial_stats
+from .summary import ARTICLE_MIN_CPUS, scale_note
 from .tables import APPLICATION, check_table, ordered, sort_table, valid_trials
 
 __all__ = ["write_report", "check_report_path"]
@@ -63,7 +65,6 @@ _OLD_START = '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\
 # The files that make a folder a cell (or a cell being written): a report is never written among them.
 _CELL_FILES = ("manifest.json", "trials.parquet", "requests.parquet")
 
-_BASELINES = ("cfs", "round-robin")
 # The article profiles its stages on 4x4 (undersubscribed) and 16x16 (oversubscribed).
 _ARTICLE_STAGE_CONFIGS = ((4, 4), (16, 16))
 _MAX_STAGE_FIGURES = 6
@@ -207,19 +208,21 @@ def write_report(requests, trials, path, title="tuna_lab experiment", manifest=N
     # rather than draw the same figure twice.
     article_parts, drawn = _article_sections(per_trial, scenarios, article) if article is not None else ([], set())
     sections = [
-        ("Scenarios: mean p99 server time (ms)", [_scenario_table(scenarios)]),
+        # An application: one configuration (W x T), model and batch (and wait setting) - what a results cell holds.
+        ("Mean p99 server time (ms) of each application under each policy", [scenario_table(scenarios)]),
         *(_machine_sections(per_trial, scenarios, machines) if MACHINE in per_trial.columns else []),
-        ("Policy comparisons", [_comparisons(scenarios, single)]),
-        *([] if single else [(f"Average speedup over {b}", [_speedup_table(summary, b)]) for b in _BASELINES]),
-        ("Speedup by subscription, model and batch", [viz.speedup_bars(finest)] if not finest.empty else []),
+        ("Policy comparisons", [comparisons(scenarios, single)]),
+        *([] if single else [(f"Average speedup over {b}", [_averages(summary, b, article)]) for b in _BASELINES]),
+        ("Speedup by subscription, model and batch",
+         [viz.speedup_bars(finest), *_said(_speedup_verdict(finest))] if not finest.empty else []),
         *[section for on, rows in _machine_parts(per_trial)
           for section in _figure_sections(rows, on, drawn if on is None else set())],
-        ("Latency and CPU cost", [_cpu_table(trials)]),
+        ("Latency and CPU cost", [cpu_table(trials)]),
         ("Scheduler evidence: what each policy did to the threads", _mechanism_items(trials, manifest)),
         # Issue 50: what the slowest requests themselves waited on (docs/anatomy.md), or why it is not shown.
         # Every application's line: the one-line summaries show the first and say the report has all.
         ("Anatomy of the tail", [f"<p>{_esc(line)}</p>" for line in anatomy_notes(requests, trials)]),
-        ("NUMA locality per worker", [_locality_table(requests, threads)] if threads is not None
+        ("NUMA locality per worker", [locality_table(requests, threads)] if threads is not None
          and "numa_locality" in getattr(threads, "columns", ()) else []),
         ("Failed trials", [failures(requests, trials)]),
     ]
@@ -257,6 +260,46 @@ def _render(sections):
     return html_parts
 
 
+def _said(text):
+    """The verdict under a figure, in words from its data (issue 49); ``[]`` when there is nothing to say."""
+    return [f"<p><strong>What it shows.</strong> {_esc(text)}</p>"] if text else []
+
+
+def _speedup_verdict(rows):
+    """:func:`~tuna_lab.analysis.figures.verdict_text` of the speedups a figure draws (``""`` if it refuses)."""
+    from ..errors import TunaError
+
+    # cfs against round-robin is said once, the other way (as the comparisons table does).
+    rows = rows[~(rows["baseline"].eq("round-robin") & rows["policy"].eq("cfs"))]
+    try:
+        return viz.verdict_text(rows)
+    except TunaError:
+        return ""
+
+
+def _averages(summary, baseline, article):
+    """:func:`speedup_table`, or a note where every row it keeps is in the article's table above already."""
+    if article is not None:
+        rows = summary[summary["baseline"].eq(baseline)]
+        label = rows[[c for c in ("subscription", "model", "batch") if c in rows.columns]].astype("string")
+        kept = one_row_per_cell(rows, label.fillna("").agg(" / ".join, axis=1))[0]
+        if kept["group"].isin(["all", "subscription", "model", "batch"]).all():
+            return (f'<p class="note">Every average over {_esc(baseline)} is in the table beside the article\'s '
+                    "numbers above: not shown twice.</p>")
+    return speedup_table(summary, baseline)
+
+
+def _shown_manifest(value, key=None):
+    """The manifest as the tables show it: an unset wait setting (null, or a spin count of -1) reads "default"."""
+    if isinstance(value, Mapping):
+        return {k: _shown_manifest(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shown_manifest(v) for v in value]
+    if key in ("spincount", "wait_policy") and value in (None, -1):
+        return "default"
+    return value
+
+
 def _header(manifest):
     if not manifest:
         return '<p class="note">No manifest.</p>'
@@ -275,9 +318,10 @@ def _header(manifest):
     if isinstance(client, dict) and client.get("note"):
         # Where the load generator ran: on CPUs of its own, or sharing the server's.
         rows.append(f"<dt>load generator</dt><dd>{_esc(client['note'])}</dd>")
-    full = json.dumps(dict(manifest), indent=2, default=str, sort_keys=True)
+    full = json.dumps(_shown_manifest(dict(manifest)), indent=2, default=str, sort_keys=True)
     return (f'<dl class="manifest">{"".join(rows)}</dl>'
-            f"<details><summary>Full manifest</summary><pre>{_esc(full)}</pre></details>")
+            f"<details><summary>Full manifest</summary><p class=\"note\">A wait setting left unset reads "
+            f"\"default\" (the runtime's own), as in the tables.</p><pre>{_esc(full)}</pre></details>")
 
 
 def _overview(requests, per_trial, scenarios):
@@ -290,7 +334,9 @@ def _overview(requests, per_trial, scenarios):
     return (f'<p class="note">{_n(len(requests), "request")} ({ok} ok) in {_n(len(per_trial), "trial")}; '
             f"{_n(scenarios['policy'].nunique(), 'policy', 'policies')}; {_n(apps, 'application')} on {cpus} "
             f"logical cores{machines}; {valid} valid trial{'' if counts.max() == 1 else 's'} per policy and "
-            f"application. {_esc(INTERVALS)}</p>")
+            "application. An application is one configuration of W workers x T threads with its model, batch and "
+            f"wait settings (what one results cell holds). {_esc(INTERVALS)} (value */ factor: from the value "
+            "divided by a factor to the value times it.)</p>")
 
 
 def _applications(scenarios):
@@ -378,14 +424,17 @@ def _article_sections(per_trial, scenarios, design):
         note = f'<p class="note">The article: {_esc(_ARTICLE_FINDINGS["p99"])}</p>'
         sections.append((f"p99 over the configurations ({model} model, batch {batch})",
                          [viz.p99_by_configuration(stage_trials, model=model, batch=batch, wait_policy=wp,
-                                                   spincount=sc), note]))
+                                                   spincount=sc),
+                          *_said(configuration_verdict(stage_trials, model, batch, wp, sc)), note]))
         drawn.add(("p99", model, batch, wp, sc))
         have = set(valid[valid["model"].eq(model) & valid["batch"].eq(batch)][["workers", "threads"]]
                    .itertuples(index=False, name=None))
         stages = [tuple(p) for p in design.get("stage_pairs", ()) if tuple(p) in have]
         names = dict(zip(stages, ("4x4", "16x16"))) if len(stages) == 2 else {}
-        figures = [viz.stage_p99_bars(stage_trials, w, t, model=model, batch=batch, wait_policy=wp, spincount=sc)
-                   for w, t in stages]
+        figures = [item for w, t in stages
+                   for item in (viz.stage_p99_bars(stage_trials, w, t, model=model, batch=batch, wait_policy=wp,
+                                                   spincount=sc),
+                                *_said(stage_verdict(stage_trials, w, t, model, batch, wp, sc)))]
         drawn.update(("stages", w, t, model, batch, wp, sc) for w, t in stages)
         scaled = ", ".join(f"{w}x{t} for the article's {names[(w, t)]}" for w, t in stages if (w, t) in names)
         note = (f'<p class="note">{_esc(scaled)}. ' if scaled else '<p class="note">') + \
@@ -404,7 +453,8 @@ def _article_speedups(scenarios):
     summary = speedup_summary(scenarios, baselines=baselines, by=(None, "subscription", "model", "batch"))
     rows = []
     label = summary[[c for c in ("subscription", "model", "batch") if c in summary.columns]].astype("string")
-    summary = _one_row_per_cell(summary, label.fillna("").agg(" / ".join, axis=1))[0]
+    summary = one_row_per_cell(summary, label.fillna("").agg(" / ".join, axis=1))[0]
+    quoted = set()
     for r in summary[summary["speedup"].notna()].itertuples(index=False):
         if r.baseline == "round-robin" and r.policy == "cfs":
             continue                                    # cfs against round-robin is shown once, the other way
@@ -415,9 +465,12 @@ def _article_speedups(scenarios):
             finding = _ARTICLE_FINDINGS["all"].format(speedup=_ARTICLE_SPEEDUP[r.baseline], baseline=r.baseline)
         else:
             finding = _ARTICLE_FINDINGS[r.group]
+        if finding != "-" and finding in quoted:
+            finding = "(as above)"                      # the article's words once, not on every row
+        quoted.add(finding)
         rows.append({"baseline": r.baseline, "policy": r.policy, "group": r.group,
                      "value": "all" if column is None else str(getattr(r, column)),
-                     "speedup here [95% interval]": f"{_estimate(r.speedup, r.ci_low, r.ci_high)} (n={r.n})",
+                     "speedup here [95% interval]": f"{estimate(r.speedup, r.ci_low, r.ci_high)} (n={r.n})",
                      "the article": finding})
     return _table(pd.DataFrame(rows), "Speedup: mean over applications of (baseline mean p99) / (policy mean p99), "
                                       "above 1 the policy is faster; the interval is from the trials' spread "
@@ -450,12 +503,14 @@ def _figure_sections(per_trial, machine, drawn=frozenset()):
         if ("p99", m, b, w, s) in drawn:
             p99_above += 1
         else:
-            p99.append(viz.p99_by_configuration(per_trial, model=m, batch=b, wait_policy=w, spincount=s))
+            p99 += [viz.p99_by_configuration(per_trial, model=m, batch=b, wait_policy=w, spincount=s),
+                    *_said(configuration_verdict(per_trial, m, b, w, s))]
     for w, t, m, b in _stage_configurations(stage_trials):
         if ("stages", w, t, m, b, wp, sc) in drawn:
             stages_above += 1
         else:
-            stages.append(viz.stage_p99_bars(stage_trials, w, t, model=m, batch=b, wait_policy=wp, spincount=sc))
+            stages += [viz.stage_p99_bars(stage_trials, w, t, model=m, batch=b, wait_policy=wp, spincount=sc),
+                       *_said(stage_verdict(stage_trials, w, t, m, b, wp, sc))]
     return [
         (f"p99 by configuration{on}", p99 + _drawn_above(p99_above)),
         (f"Per-stage p99{on}", stages + _drawn_above(stages_above)),
@@ -547,124 +602,6 @@ def _stage_configurations(per_trial):
     return [(w, t, model, batch) for w, t in chosen]
 
 
-def _scenario_table(scenarios):
-    cell = _interval(scenarios["mean_p99"] * 1e3, scenarios["ci_low"] * 1e3, scenarios["ci_high"] * 1e3)
-    label = scenarios["workers"].astype(str) + "x" + scenarios["threads"].astype(str)
-    table = scenarios.assign(configuration=label, cell=cell.to_numpy())
-    index = [MACHINE] * (MACHINE in scenarios.columns) + ["model", "batch", "configuration", "cpus", "subscription",
-                                                          "wait_policy", "spincount"]
-    wide = table.pivot_table(index=index, columns="policy", values="cell", aggfunc="first", sort=False)
-    wide = wide[ordered(wide.columns, POLICIES)].reset_index()
-    wide.columns.name = None
-    return _table(wide, "Mean over valid trials of each trial's p99 of server-side runtime; "
-                        "[95% interval, on the log scale: never below zero]; '-' where a policy was not run.")
-
-
-def _comparisons(scenarios, single=False):
-    """Every policy against each baseline present: p99 ratio and speedup (``single``: of one application)."""
-    present = ordered(scenarios["policy"].unique(), POLICIES)
-    rows = []
-    for baseline in (b for b in _BASELINES if b in present):
-        earlier = _BASELINES[:_BASELINES.index(baseline)]   # e.g. cfs vs round-robin is shown once
-        for policy in (p for p in present if p != baseline and p not in earlier):
-            try:
-                r = compare_policies(scenarios, baseline, policy)
-            except AnalysisError:
-                continue
-            rows.append({"policy": policy, "baseline": baseline, "applications": r["n_applications"],
-                         "p99 ratio": r["ratio"], "ratio low": r["ci_low"], "ratio high": r["ci_high"],
-                         "speedup": r["speedup"], "speedup low": r["speedup_ci_low"],
-                         "speedup high": r["speedup_ci_high"]})
-    if not rows:
-        return '<p class="note">No policy ran alongside cfs or round-robin.</p>'
-    table = pd.DataFrame(rows)
-    out = table[["policy", "baseline", "applications"]].assign(**{
-        "p99 ratio (policy / baseline)": _interval(table["p99 ratio"], table["ratio low"],
-                                                   table["ratio high"]),
-        "speedup": _interval(table["speedup"], table["speedup low"], table["speedup high"]),
-    })
-    return _table(out, "Ratio of the policy's mean p99 to the baseline's, each averaged over the applications both "
-                       "ran (the slowest weigh most), and the speedup (its reciprocal); [95% interval from the "
-                       "trials' spread, on the log scale: the speedup's is the reciprocal of the ratio's]."
-                       + (" With one application, these speedups are also the averages over applications, so no "
-                          "table of averages follows." if single else " The averages below take each "
-                          "application's speedup first, as the article does: the two may differ, even in direction."))
-
-
-def _estimate(value, low, high, digits=2):
-    """``"v [lo, hi]"``: the value and :func:`~tuna_lab.analysis.stats.format_interval`; ``"v"`` without one."""
-    if not np.isfinite(value):
-        return "-"
-    interval = format_interval(low, high, digits)
-    return f"{value:.{digits}f}" + (f" {interval}" if interval else "")
-
-
-def _interval(value, low, high, digits=2):
-    """:func:`_estimate` of every row."""
-    return pd.Series([_estimate(v, lo, hi, digits) for v, lo, hi in zip(value, low, high, strict=True)],
-                     index=getattr(value, "index", None), dtype=object)
-
-
-def _speedup_table(summary, baseline):
-    rows = summary[summary["baseline"].eq(baseline)]
-    if rows.empty or rows["speedup"].notna().sum() == 0:
-        return (f'<p class="note">No speedups over {_esc(baseline)}: '
-                "it did not run alongside another policy.</p>")
-    columns = [c for c in ("subscription", "model", "batch") if c in rows.columns]
-    label = rows[columns].astype("string").fillna("").agg(" / ".join, axis=1).str.strip(" /")
-    rows, label = _one_row_per_cell(rows, label)
-    cell = _interval(rows["speedup"], rows["ci_low"], rows["ci_high"]) + " (n=" + rows["n"].astype(str) + ")"
-    table = rows.assign(grouping=rows["group"], group_value=label.replace("", "all"), cell=cell.to_numpy())
-    wide = table.pivot_table(index=["grouping", "group_value"], columns="policy", values="cell",
-                             aggfunc="first", sort=False)
-    wide = wide[ordered(wide.columns, POLICIES)].reset_index().rename(columns={"group_value": "group"})
-    wide.columns.name = None
-    return _table(wide, f"Mean over applications of ({baseline} mean p99) / (policy mean p99) [95% interval]; "
-                        "above 1 the policy is faster; n = applications averaged. A grouping whose applications "
-                        "all share one value is not shown: its row is the row 'all'.")
-
-
-def _one_row_per_cell(rows, label):
-    """``rows`` (and labels) less the groupings of one value: each averages what "all" does, the same row again."""
-    values = label.groupby(rows["group"]).transform("nunique")
-    keep = rows["group"].eq("all") | values.gt(1)
-    return rows[keep], label[keep]
-
-
-def _cpu_table(trials):
-    try:
-        cost = cpu_cost(trials)
-    except AnalysisError:
-        return '<p class="note">No CPU accounting in these results (they were recorded before it was added).</p>'
-    label = cost["workers"].astype(str) + "x" + cost["threads"].astype(str)
-    table = pd.DataFrame({
-        **({"machine": cost[MACHINE]} if MACHINE in cost.columns else {}),
-        "model": cost["model"], "batch": cost["batch"], "configuration": label, "wait_policy": cost["wait_policy"],
-        "spincount": cost["spincount"],
-        "policy": cost["policy"], "p99 ms": _fmt(cost["p99"] * 1e3, 1),
-        "server CPU ms/req": _fmt(cost["cpu_per_request"] * 1e3, 2),
-        # The master's, helpers' and front ends', where the trials recorded it (newer results).
-        **({"front CPU ms/req": _fmt(cost["front_cpu_per_request"] * 1e3, 2)}
-           if cost["front_cpu_per_request"].notna().any() else {}),
-        "generator CPU ms/req": _fmt(cost["generator_cpu_per_request"] * 1e3, 2),
-        "main CPU ms/req": _fmt(cost["cpu_main_per_request"] * 1e3, 2),
-        "OpenMP CPU ms/req": _fmt(cost["cpu_openmp_per_request"] * 1e3, 2),
-        "main idle share": _fmt(cost["idle_cpu_share_main"], 2),
-        "OpenMP idle share": _fmt(cost["idle_cpu_share_openmp"], 2),
-        "cores busy": _fmt(cost["cores_busy"], 2), "trials": cost["trials"]})
-    note = front_note(trials)
-    return _table(table, "Server CPU: CPU time of every worker thread per ok request, sampled during the load "
-                         "(schedstat, else utime+stime). Front CPU: the same for the master, its helpers and "
-                         "front ends (the server's CPU that is not its workers'; the whole server's is the sum). "
-                         "Generator CPU: the load generator's own CPU time (user + "
-                         "sys) per request sent - what measuring cost; on CPUs shared with the server it was "
-                         "taken from the policy under test ('-': recorded before it was measured). Idle share: the part of a role's CPU time spent while its worker had "
-                         "no request in flight - OpenMP threads spinning between requests, or the main thread "
-                         "in Gunicorn's accept/parse/write loop. Cores busy: server CPU-seconds per second of "
-                         "load. A lower p99 bought with many more busy cores only burns them.") + (
-        f'\n<p class="note"><strong>{_esc(note)}</strong></p>' if note else "")
-
-
 def _mechanism_items(trials, manifest):
     """The scheduler evidence per policy (a table and a figure), then how each quantity relates to p99."""
     notes = evidence_notes(manifest)
@@ -686,7 +623,7 @@ def _mechanism_items(trials, manifest):
     wide = wide[ordered(wide.columns, POLICIES)].reset_index()
     wide.columns.name = None
     correlations = mechanism_correlations(trials, notes)
-    rho = [_estimate(r.rho, r.ci_low, r.ci_high) if np.isfinite(r.rho) else "-"
+    rho = [estimate(r.rho, r.ci_low, r.ci_high) if np.isfinite(r.rho) else "-"
            for r in correlations.itertuples(index=False)]
     related = correlations[keys + ["label", "trials"]].assign(**{"Spearman rho vs p99": rho,
                                                                   "what it says": correlations["sentence"]})
@@ -695,7 +632,8 @@ def _mechanism_items(trials, manifest):
                      "measured over the trial's load: run-queue wait (schedstat: time runnable but not running), "
                      "migrations (moves between CPUs), involuntary switches (preemptions); foreign CPU share: "
                      "the share of the serving CPUs' time used by anything else (other processes, the load "
-                     "generator where it shares them, interrupts); IRQs on the serving CPUs. "
+                     "generator where it shares them, interrupts); IRQs (interrupt requests: the interrupts the serving "
+                     "CPUs handled, from devices and the kernel). "
                      "Mean over valid trials [95% interval, on the log scale, as the p99's]; 'not recorded' "
                      "says why a quantity is missing - it is never a 0."),
         viz.mechanism_bars(table),
@@ -705,33 +643,6 @@ def _mechanism_items(trials, manifest):
                "holds 0 or there are too few trials; a strong one says they move together in these trials, "
                "not that one causes the other."),
     ]
-
-
-def _locality_table(requests, threads):
-    machine = [MACHINE] if MACHINE in threads.columns and MACHINE in requests.columns else []
-    run = machine + ["cell", "policy", "trial", "pid"]
-    workers = threads.drop_duplicates(run)
-    ok = requests[requests["status"].eq(200)]
-    p99 = (ok.groupby(run, observed=True)["server_seconds"].quantile(0.99)
-           .rename("worker_p99").reset_index()) if "cell" in ok.columns else None
-    if p99 is not None:
-        workers = workers.merge(p99, on=run, how="left")
-    else:
-        workers = workers.assign(worker_p99=np.nan)
-    table = (workers.groupby(machine + ["cell", "policy", "slot"], dropna=False, observed=True)
-             .agg(node=("numa_node", "first"), locality=("numa_locality", "mean"),
-                  worker_p99=("worker_p99", "mean"), trials=("trial", "nunique")).reset_index())
-    table = table.assign(locality=_fmt(table["locality"], 3), worker_p99=_fmt(table["worker_p99"] * 1e3, 1),
-                         slot=_slot_names(table["slot"], workers))
-    return _table(table.rename(columns={"slot": "worker", "worker_p99": "worker p99 ms"}),
-                  "Locality: share of a worker's resident pages (/proc/PID/numa_maps) on the NUMA node its "
-                  "main thread runs on, read after the load; 1 on a single-node machine.")
-
-
-def _slot_names(slots, workers):
-    """A worker by its slot number (``0``, not ``0.0``); a process of no slot (the master) by its role."""
-    roles = workers.loc[workers["slot"].isna(), "role"].dropna().unique() if "role" in workers.columns else []
-    return slots.map(lambda v: str(int(v)) if pd.notna(v) else "/".join(map(str, roles)) or "not a worker")
 
 
 def check_report_path(path):

@@ -15,7 +15,7 @@ Examples
 --------
 >>> from tuna_lab.measure import load_results
 >>> requests, trials, _ = load_results("notebooks/data/sweep-2cpu")   # the sweep notebook 08 reads
->>> summarize(requests, trials).headline[["baseline", "policy", "applications"]].values.tolist()
+>>> summarize(requests, trials).headline[["baseline", "policy", "applications"]].values.tolist()  # doctest: +NORMALIZE_WHITESPACE
 [['cfs', 'round-robin', 10], ['cfs', 'tuna-scatter', 10],
  ['round-robin', 'cfs', 10], ['round-robin', 'tuna-scatter', 10]]
 """
@@ -26,10 +26,11 @@ import numpy as np
 import pandas as pd
 
 from ..errors import AnalysisError, TunaError
+from ._verdicts import p99_counts
 from .anatomy import anatomy_note
 from .mechanism import evidence_notes, has_evidence, mechanism_correlations, mechanism_lines, mechanism_table
-from .stats import (MIN_INTERVAL_TRIALS, compare_policies, cpu_cost, format_interval, scenario_stats, speedup_summary,
-                    trial_stats)
+from .stats import (MIN_INTERVAL_TRIALS, TOO_FEW_TRIALS, compare_policies, cpu_cost, format_interval, scenario_stats,
+                    speedup_summary, trial_stats)
 from .tables import APPLICATION, valid_trials
 
 __all__ = ["RunSummary", "summarize", "scope_sentence", "fault_note", "balance_note", "front_note", "scale_note",
@@ -380,9 +381,11 @@ def scope_sentence(trials, speedups, baseline=_BASELINE):
         label, k, m = evidence
         enough.append(f"enough to separate {label} from {baseline}'s ({k} of {m} policies)" if apps == 1 else
                       f"enough to separate {label} from {baseline}'s ({k} of {m} comparisons)")
-    apart = int(((low > 1) | (high < 1))[bounded].sum())
+    # One count with the verdict's (figures.verdict_text): of every comparison, saying those without an interval.
+    apart, with_interval, total = p99_counts(low, high)
     if apart:
-        enough.append(f"enough to separate p99 in {apart} of {int(bounded.sum())} comparisons")
+        enough.append(f"enough to separate p99 in {apart} of {total} comparisons"
+                      + (f" ({total - with_interval} of them with {TOO_FEW_TRIALS})" if with_interval < total else ""))
     # An interval is value */ factor (stats.INTERVALS): a speedup within the factor of 1 cannot exclude 1.
     factor = np.sqrt(high[bounded] / low[bounded])
     i = int(np.argmin(factor))
@@ -411,7 +414,7 @@ def _mixed_rates(valid):
         return ""
     return (f" These are a tune's open-loop steps at {rates.min():g}-{rates.max():g} requests/s, chosen per "
             "candidate by its race: a policy's p99 here mixes those loads, so a speedup compares unlike loads; "
-            "the tune's own table (tuna_lab.measure.tune.tuner.read_tune, notebook 09) rates each candidate.")
+            "the tune's own race table (what `tuna-lab tune` printed; notebook 09 reads it) rates each candidate.")
 
 
 def _verdict(speedups):
@@ -429,6 +432,12 @@ def _verdict(speedups):
 def demo_opening(cpus, trials=None, requests=None):
     """The demo's first sentence: what it runs and what that can and cannot tell, before it runs anything.
 
+    From the design, not from any result: a pinning policy keeps each thread
+    on its CPUs, so migrations per request separate it from cfs on any
+    machine with an interval; p99 needs CPUs to spare, and on fewer than
+    :data:`ARTICLE_MIN_CPUS` every placement keeps them all busy, so the
+    sentence leads with migrations and says p99 may not separate the policies.
+
     Parameters
     ----------
     cpus : int
@@ -439,24 +448,28 @@ def demo_opening(cpus, trials=None, requests=None):
     Examples
     --------
     >>> print(demo_opening(2, 3, 200))  # doctest: +NORMALIZE_WHITESPACE
-    What this demo can tell: the Tuna mapping of this machine and of the article's; then cfs,
-    round-robin and tuna-scatter measured here, 3 trials x 200 requests each - enough for an interval, which says
-    whether a policy differed from cfs on this machine. On 2 CPUs it cannot show the article's speedups
-    (32 logical CPUs): it shows the method at work.
+    What this demo can tell: the Tuna mapping of this machine and of the article's; then cfs, round-robin and
+    tuna-scatter measured here, 3 trials x 200 requests each - enough for an interval on migrations per request
+    (moves of a thread between CPUs: the pinned policies' threads stay put, cfs's move). On 2 CPUs every
+    placement keeps every CPU busy, so p99 may not separate the policies, and the article's speedups
+    (32 logical CPUs) cannot show: it shows the method at work.
     >>> print(demo_opening(2))
     What this demo can tell: the Tuna mapping of this machine and of the article's (--offline: nothing is measured).
     """
     head = "What this demo can tell: the Tuna mapping of this machine and of the article's"
     if trials is None:
         return head + " (--offline: nothing is measured)."
-    size = f"{trials} trial{'' if trials == 1 else 's'} x {requests} request{'' if requests == 1 else 's'} each"
-    tell = ("enough for an interval, which says whether a policy differed from cfs on this machine"
-            if trials >= MIN_INTERVAL_TRIALS else
-            f"too few trials for an interval (it takes {MIN_INTERVAL_TRIALS}), so no verdict on any policy")
+    size = f"{_counted(trials, 'trial')} x {_counted(requests, 'request')} each"
+    small = cpus < ARTICLE_MIN_CPUS
+    tell = (f"too few trials for an interval (it takes {MIN_INTERVAL_TRIALS}), so no verdict on any policy"
+            if trials < MIN_INTERVAL_TRIALS else
+            "enough for an interval on migrations per request (moves of a thread between CPUs: the pinned "
+            "policies' threads stay put, cfs's move)" + ("" if small else " and on p99, which say whether a "
+                                                          "policy differed from cfs on this machine"))
     text = f"{head}; then cfs, round-robin and tuna-scatter measured here, {size} - {tell}."
-    if cpus < ARTICLE_MIN_CPUS:
-        text += (f" On {cpus} CPU{'' if cpus == 1 else 's'} it cannot show the article's speedups (32 logical CPUs): "
-                 "it shows the method at work.")
+    if small:
+        text += (f" On {_counted(cpus, 'CPU')} every placement keeps every CPU busy, so p99 may not separate the "
+                 "policies, and the article's speedups (32 logical CPUs) cannot show: it shows the method at work.")
     return text
 
 
