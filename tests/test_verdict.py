@@ -99,7 +99,7 @@ def test_run_says_in_words_that_no_policy_differed_when_every_interval_holds_1(c
     requests, trials = cell
     s = summarize(requests, trials)
     assert ((s.speedups["ci_low"] < 1) & (s.speedups["ci_high"] > 1)).all()
-    assert s.verdict == "No policy differed from cfs: all 2 speedup intervals hold 1."
+    assert s.verdict == "No policy's p99 differed from cfs's: both intervals hold 1."
     assert s.verdict == verdict_text(s.speedups, "cfs")              # the one helper, not a second wording
     assert s.to_dict()["verdict"] == s.verdict                          # run --json has it too
 
@@ -115,7 +115,7 @@ def test_a_policy_whose_interval_clears_1_is_named_faster(cell):
     assert row["ci_low"] > 1
     assert s.verdict.startswith(f"tuna-scatter faster than cfs: {row['speedup']:.2f}x "
                                 f"{format_interval(row['ci_low'], row['ci_high'])}")
-    assert "No policy differed" not in s.verdict
+    assert "No policy's p99 differed" not in s.verdict
 
 
 def test_the_stored_oversubscribed_cell_names_both_pinned_policies_faster_with_the_waiting_that_moved():
@@ -139,7 +139,7 @@ def test_the_report_of_one_cell_says_its_verdict_and_shows_each_speedup_once(cel
     assert "1 applications" not in page and "3-3 valid" not in page
     said = page.split("<strong>What these results can tell.</strong> ", 1)[1].split("</p>", 1)[0]
     scope = scope_sentence(trials, verdict_table(scenario_stats(trial_stats(requests, trials))))
-    assert said.startswith(scope) and "No policy differed from cfs: all 2 speedup intervals hold 1." in said
+    assert said.startswith(scope) and "No policy's p99 differed from cfs's: both intervals hold 1." in said
     # The verdict comes before the first table.
     assert page.index("What these results can tell.") < page.index("<table")
     # One cell's speedup once: not five rows "(n=1)", nor a table of averages repeating the comparisons' speedups
@@ -203,7 +203,7 @@ def test_the_verdict_counts_in_words_one_speedup_or_many():
     one = pd.DataFrame({"baseline": "cfs", "policy": ["tuna-scatter"], "speedup": [1.1], "ci_low": [0.8],
                         "ci_high": [1.5]})
     # not "all 1 speedup intervals hold 1"
-    assert verdict_text(one) == "No policy differed from cfs: its one speedup interval holds 1."
+    assert verdict_text(one) == "No policy's p99 differed from cfs's: its interval holds 1."
     few = one.assign(ci_low=np.nan, ci_high=np.nan)
     assert verdict_text(few).endswith("(fewer than 3 trials of a policy) in the one speedup.")
     assert verdict_text(pd.concat([few] * 3)).endswith("in all 3 speedups.")                # was "in all 3."
@@ -246,11 +246,48 @@ def test_the_demos_first_sentence_says_what_its_size_can_tell():
     from tuna_lab.analysis.summary import demo_opening
 
     three = demo_opening(2, 3, 200)
-    assert "3 trials x 200 requests each - enough for an interval" in three
-    assert "On 2 CPUs it cannot show the article's speedups" in three
+    # Few CPUs: it leads with what the design separates (migrations) and says p99 may not separate the policies,
+    # not "enough for an interval, which says whether a policy differed" (the 2-CPU demo's was [0.40, 3.34]).
+    assert "3 trials x 200 requests each - enough for an interval on migrations per request" in three
+    assert "On 2 CPUs every placement keeps every CPU busy, so p99 may not separate the policies" in three
+    assert "whether a policy differed" not in three
+    big = demo_opening(32, 3, 200)
+    assert "migrations per request" in big and "and on p99" in big and "may not separate" not in big
     two = demo_opening(32, 2, 1)
     assert "2 trials x 1 request each - too few trials for an interval (it takes 3), so no verdict" in two
     assert "article's speedups" not in two                          # 32 CPUs: the article's scale
+    assert "On 1 CPU every" in demo_opening(1, 3, 200)
+
+
+@pytest.mark.parametrize("bad, said", [
+    (["--trials", "0"], "trials must be a positive integer, got 0"),
+    (["--requests", "-1"], "requests must be a positive integer, got -1"),
+    (["--out", "/proc/tuna-lab-demo"], "--out /proc/tuna-lab-demo: cannot create"),
+])
+def test_the_demo_refuses_bad_input_before_it_prints_anything(bad, said):
+    # Once: the 36 lines of the offline phase on stdout, then the error (and the opening promised -1 requests).
+    from helpers import main
+
+    p = main("demo", *bad, timeout=60)
+    assert p.returncode == 2 and p.stdout == "", p.stdout[:500]
+    assert said in p.stderr
+
+
+def test_the_demo_says_why_scatter_and_compact_are_one_mapping():
+    # On 2 CPUs (or any machine whose cores are all equally far apart) the two mappings print alike: say why,
+    # in the ModeExplorer's words (widgets.teaching.difference), not a second copy of them.
+    from tuna_lab.cli.commands.run import _modes_alike
+    from tuna_lab.machine.topology import Topology
+    from tuna_lab.model import solve
+    from tuna_lab.widgets.teaching import difference
+
+    s, c = (solve(4, 8, "xeon-8272cl", m, time_limit=30) for m in ("scatter", "compact"))
+    assert _modes_alike(s, c) is None                                   # they differ: nothing to explain
+    two = Topology.preset("xeon-8272cl").restrict([0, 1])               # the demo's 2 CPUs: 2 x 2 alike
+    s, c = (solve(2, 2, two, m, time_limit=30) for m in ("scatter", "compact"))
+    line = _modes_alike(s, c)
+    assert line == f"  why scatter and compact are one mapping here: {difference(s, c)}"
+    assert "equally far apart" in line
 
 
 def test_the_demo_names_the_report_and_the_command_that_writes_it_again():

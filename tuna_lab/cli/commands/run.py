@@ -312,6 +312,38 @@ def _next_steps(report, out):
     return "\n".join(line for line in lines if line is not None)
 
 
+# What the scheduler's quantities mean, said once before the demo prints them (the report explains them too).
+_DEMO_GLOSS = ("(run-queue wait: time a thread was ready to run but waited for a CPU; migrations: moves of a thread "
+               "between CPUs; involuntary switches: a thread taken off its CPU before it was done; foreign CPU "
+               "share: the serving CPUs' time used by anything else; IRQs: interrupts those CPUs handled; "
+               "Spearman: rank correlation with the trial's p99, -1 to 1, weak where its interval holds 0)")
+
+
+def _check_demo(args):
+    """Refuse bad --trials, --requests or --out (:class:`ExperimentError`) before the demo prints anything."""
+    from ...measure.store import check_out
+
+    check_measure_options(args, ExperimentError)
+    if not args.offline:
+        folder = os.path.join(args.out, "demo")
+        check_out(folder, "--out")
+        try:
+            os.makedirs(folder, exist_ok=True)      # as the run would, minutes later: a folder /proc refuses now
+        except OSError as exc:
+            raise ExperimentError(f"--out {args.out}: cannot create {folder}: {exc.strerror or exc}") from None
+
+
+def _modes_alike(scatter, compact):
+    """The line the demo prints where scatter and compact are one mapping: why (``None`` where they differ)."""
+    import numpy as np
+
+    if not np.array_equal(scatter.assignment, compact.assignment):
+        return None
+    from ...widgets.teaching import difference      # the ModeExplorer's own words, not a second copy
+
+    return f"  why scatter and compact are one mapping here: {difference(scatter, compact)}"
+
+
 def _cmd_demo(args):
     from ...analysis.report import write_report
     from ...analysis.summary import demo_opening, scale_note, summarize
@@ -320,6 +352,7 @@ def _cmd_demo(args):
     from ...measure.trial_spec import LoadSpec
     from ...model import solve
 
+    _check_demo(args)                       # bad input: one line on stderr, nothing on stdout
     here = topology_from(None)
     C = here.n_logical
     # Sized to what this process may really use (a CPU quota caps it): one worker per
@@ -334,9 +367,13 @@ def _cmd_demo(args):
                               ("The article's machine, Azure D32ds_v4 (xeon-8272cl)",
                                topology_from("xeon-8272cl"), 4, 8)):
         print(f"-- {title}: {_topology_words(topo)}")
+        mappings = []
         for mode in ("scatter", "compact"):
-            mapping = solve(w, t, topo, mode, time_limit=60)
-            print(_mapping_words(mapping, mapping.verify()) + "\n")
+            mappings.append(solve(w, t, topo, mode, time_limit=60))
+            print(_mapping_words(mappings[-1], mappings[-1].verify()) + "\n")
+        alike = _modes_alike(*mappings)
+        if alike:
+            print(alike + "\n")
     if args.offline:
         print(_next_steps(None, None))
         return 0
@@ -351,6 +388,7 @@ def _cmd_demo(args):
     run_summary = summarize(result)
     _print_summary(run_summary, scale_note(usable))
     if run_summary.mechanism_text():
+        print(_DEMO_GLOSS)
         print(run_summary.mechanism_text())
     # As run prints them: on a loaded machine a trial may fail, and the table alone would not say why.
     for failure in run_summary.failed.itertuples(index=False):
