@@ -450,7 +450,7 @@ def _cli(argv, capsys):
 
 
 def test_cli_advises_as_text_and_json(sweep_dir, capsys):
-    code, out, err = _cli(["advise", "-w", "4", "-t", "1", "--model", "small", "--results", str(sweep_dir)],
+    code, out, err = _cli(["advise", "-w", "4", "-t", "1", "--model", "small", str(sweep_dir)],
                           capsys)
     assert code == 0 and err == ""
     assert out.startswith("Should I pin? W=4 x T=1, model small, batch 100")
@@ -458,7 +458,7 @@ def test_cli_advises_as_text_and_json(sweep_dir, capsys):
     # The yardstick is shown beside the regressors, with the very numbers of the evaluation.
     e = train(sweep_dir).evaluation.set_index("model")
     assert f"constant MAE {e.loc['constant', 'mae']:.3f}" in out and f"xgboost MAE {e.loc['xgboost', 'mae']:.3f}" in out
-    code, out, err = _cli(["advise", "-w", "4", "-t", "1", "--model", "small", "--results", str(sweep_dir),
+    code, out, err = _cli(["advise", "-w", "4", "-t", "1", "--model", "small", str(sweep_dir),
                            "--json"], capsys)
     info = json.loads(out)
     assert code == 0 and info["model"] == "small" and info["evaluation"]["configurations"] == 8
@@ -466,16 +466,17 @@ def test_cli_advises_as_text_and_json(sweep_dir, capsys):
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--results", "{missing}"], "no results folder at"),
+    (["RESULTS", "{missing}"], "no results folder at"),
     (["--model", "huge"], "unknown model 'huge'"),
     (["-w", "0"], "workers must be a positive integer"),
 ])
 def test_cli_bad_input_is_one_line_and_status_2(sweep_dir, tmp_path, capsys, argv, match):
     argv = [a.format(missing=tmp_path / "missing") for a in argv]
-    base = {"-w": "2", "-t": "1", "--model": "small", "--results": str(sweep_dir)}
+    base = {"-w": "2", "-t": "1", "--model": "small", "RESULTS": str(sweep_dir)}
     for i in range(0, len(argv), 2):
         base[argv[i]] = argv[i + 1]
-    code, out, err = _cli(["advise", *[x for kv in base.items() for x in kv]], capsys)
+    results = base.pop("RESULTS")      # the folder is a positional
+    code, out, err = _cli(["advise", results, *[x for kv in base.items() for x in kv]], capsys)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and match in err
 
@@ -493,8 +494,8 @@ def test_cli_wired_into_tuna_lab(sweep_dir, capsys):
 
     with pytest.raises(SystemExit) as exc:
         cli.build_parser().parse_args(["advise", "-h"])
-    assert exc.value.code == 0 and "--results" in capsys.readouterr().out
-    assert cli.main(["advise", "-w", "2", "-t", "1", "--model", "huge", "--results", str(sweep_dir)]) == 2
+    assert exc.value.code == 0 and "RESULTS" in capsys.readouterr().out
+    assert cli.main(["advise", "-w", "2", "-t", "1", "--model", "huge", str(sweep_dir)]) == 2
     assert "unknown model 'huge'" in capsys.readouterr().err
 
 

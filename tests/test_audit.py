@@ -141,13 +141,13 @@ def test_a_busy_foreign_process_on_a_serving_cpu_is_named_and_isolate_moves_it_b
     done = cli("audit", "--pid", confined.master, "--interval", 0.5, "--isolate")
     assert f"taskset -p -c {CPUS[0]} {spinner.pid}" in done.stdout, done.stdout
     assert cpus_of(spinner.pid) == [CPUS[-1]]
-    # --apply moves it and records it; unpin --isolation puts back exactly that.
+    # --apply moves it and records it; unpin --isolate puts back exactly that.
     done = cli("audit", "--pid", confined.master, "--interval", 0.5, "--isolate", "--apply")
     assert done.returncode == 1 and cpus_of(spinner.pid) == [CPUS[0]], (done.stdout, done.stderr)
     record = json.loads(Path(audit.isolation_record_path()).read_text())
     moved = [m for m in record["entries"] if m["kind"] == "thread"]
     assert {m["pid"] for m in moved} >= {spinner.pid}
-    done = cli("unpin", "--isolation")
+    done = cli("unpin", "--isolate")
     assert done.returncode == 0, done.stderr
     assert cpus_of(spinner.pid) == [CPUS[-1]]
     assert not Path(audit.isolation_record_path()).exists()
@@ -208,7 +208,7 @@ def test_an_irq_on_the_serving_cpu_is_named_and_isolation_restores_its_affinity(
         assert any(f["kind"] == "irq" and f["evidence"]["name"] == name for f in faults), faults
         done = cli("audit", "--pid", confined.master, "--interval", 1.0, "--isolate", "--apply")
         assert irqs.irq_affinity(name) == frozenset({CPUS[0]}), done.stdout
-        assert cli("unpin", "--isolation").returncode == 0
+        assert cli("unpin", "--isolate").returncode == 0
         assert irqs.irq_affinity(name) == frozenset({CPUS[-1]})
     finally:
         stop.set()
@@ -333,7 +333,7 @@ def test_a_planted_isolation_record_is_refused_in_one_line(plant, tmp_path):
             os.mkfifo(record)
         else:
             record.write_text("[" * 100_000)
-    done = helpers.cli("unpin", "--isolation", env=env, timeout=60)
+    done = helpers.cli("unpin", "--isolate", env=env, timeout=60)
     if plant == "link":
         assert done.returncode == 0 and "nothing to put back" in done.stdout, (done.stdout, done.stderr)
         assert folder.is_symlink() and "Traceback" not in done.stderr

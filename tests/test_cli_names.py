@@ -209,6 +209,9 @@ def test_no_option_is_taken_by_a_prefix_of_its_name():
     (["bench", "sampler", "--connections", "4"], "--connections is --concurrency"),
     (["bench", "tune", "--race-rounds", "2"], "--race-rounds is --rounds (as tune's), renamed in 0.1.0"),
     (["report", "results", "--output", "r.html"], "--output is -o/--out (the HTML file to write), renamed in 0.1.0"),
+    (["advise", "--results", "res", "-w", "1", "-t", "1", "--model", "small"],
+     "--results DIR is now the positional RESULTS, as in report"),
+    (["unpin", "--isolation"], "--isolation is --isolate"),
 ])
 def test_an_old_spelling_is_refused_with_a_pointer_to_the_one_name(argv, line):
     r = run(*argv)
@@ -222,7 +225,7 @@ def test_the_one_names_parse():
     assert parse(["bench", "tune", "--rounds", "2"]).race_rounds == 2
     assert parse(["report", "r", "--out", "x.html"]).out == parse(["report", "r", "-o", "x.html"]).out == "x.html"
     assert parse(["advise", "res", "-w", "1", "-t", "1", "--model", "small"]).results == "res"
-    assert parse(["unpin", "--isolate"]).isolation and parse(["unpin", "--isolation"]).isolation
+    assert parse(["unpin", "--isolate"]).isolation
 
 
 @pytest.mark.parametrize("argv, line", [

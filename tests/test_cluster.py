@@ -138,7 +138,7 @@ def test_report_and_advise_read_the_multi_machine_tree(spread, tmp_path):
     assert "<h2>Machines</h2>" in text and all(text.count(m) >= 3 for m in machines)
     assert "p99 by configuration - machine " + machines[0] in text
     # Two configurations are too few to learn from: one clear line, exit 2.
-    p, _ = _cli("advise", "-w", "1", "-t", "1", "--model", "small", "--results", out)
+    p, _ = _cli("advise", "-w", "1", "-t", "1", "--model", "small", out)
     assert p.returncode == 2 and p.stdout == ""
     assert len(p.stderr.strip().splitlines()) == 1 and "at least 4" in p.stderr
 

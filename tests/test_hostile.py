@@ -251,7 +251,7 @@ def test_hostile_input_is_one_line(args, hazards, shell, tmp_path):
 def test_a_corrupt_manifest_is_one_line(cell, tmp_path, how, command):
     folder = _corrupt(cell, tmp_path, how)
     args = ["report", str(folder), "-o", str(tmp_path / "r.html")] if command == "report" else \
-        ["advise", "-w", "1", "-t", "1", "--model", "small", "--batch", "10", "--results", str(folder)]
+        ["advise", "-w", "1", "-t", "1", "--model", "small", "--batch", "10", str(folder)]
     assert_refused(cli(*args), codes=(1, 2))
 
 

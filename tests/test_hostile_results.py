@@ -112,7 +112,7 @@ def test_report_names_a_cell_it_cannot_read_and_exits_1(sweep, tmp_path, how):
 def test_advise_names_a_cell_it_cannot_read_and_exits_1(sweep):
     _spoil(sweep / CELL, "requests fifo")
     _spoil(sweep / "w1-t2-small-b100", "trials folder")
-    line = _refused(main("advise", "-w", "2", "-t", "2", "--model", "small", "--results", sweep, timeout=60), code=1)
+    line = _refused(main("advise", "-w", "2", "-t", "2", "--model", "small", sweep, timeout=60), code=1)
     assert CELL in line and "w1-t2-small-b100" in line
 
 
@@ -129,7 +129,7 @@ def test_a_cell_reached_by_a_link_is_named_and_never_read_through_it(sweep, tmp_
     # A link is named even where its target is no cell: nothing under the folder is passed over in silence.
     (sweep / "w9-t1-small-b100").unlink()
     (sweep / "machine-x").symlink_to(elsewhere)
-    line = _refused(main("advise", "-w", "2", "-t", "2", "--model", "small", "--results", sweep, timeout=60), code=1)
+    line = _refused(main("advise", "-w", "2", "-t", "2", "--model", "small", sweep, timeout=60), code=1)
     assert "machine-x" in line and "is a link" in line
 
 

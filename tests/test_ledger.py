@@ -143,7 +143,7 @@ def test_a_reused_tid_is_never_moved_by_unpin_isolation(state):
         entry["target"] = str(other.pid)                   # the TID, now another process's thread
         record_file().write_text(json.dumps(saved))
         os.sched_setaffinity(other.pid, [CPUS[0]])         # on tuna_lab's mask: only the thread's identity differs
-        done = cli("unpin", "--isolation")
+        done = cli("unpin", "--isolate")
         assert cpus_of(other.pid) == [CPUS[0]], done.stderr  # never touched
         assert done.returncode == 0 and "thread ended" in done.stderr, (done.stdout, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
@@ -163,7 +163,7 @@ def test_a_malformed_entry_hides_no_good_one(state):
                                                                      "set": [0]}]
         saved["entries"][1:1] = bad                         # among the good ones
         record_file().write_text(json.dumps(saved))
-        done = cli("unpin", "--isolation", "--json")
+        done = cli("unpin", "--isolate", "--json")
         # Both good entries given back; the malformed ones said (one line each), kept, and the exit is 1.
         assert [cpus_of(p.pid) for p in procs] == [CPUS] * 2, done.stderr
         assert done.returncode == 1, (done.stdout, done.stderr)
@@ -181,7 +181,7 @@ def test_a_malformed_entry_hides_no_good_one(state):
 
 def test_unpin_isolation_and_pid_print_one_json_object(state, server):
     proc, _ = server
-    done = cli("unpin", "--isolation", "--pid", proc.pid, "--json")
+    done = cli("unpin", "--isolate", "--pid", proc.pid, "--json")
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)                           # one document: json.loads refuses two
     assert "isolation" in out and out["master"] == proc.pid
@@ -199,7 +199,7 @@ def test_a_planted_state_folder_is_passed_over(state):
         assert audit.apply_isolation([move]) == []
         assert not any(planted.iterdir())
         assert str(record_file()).startswith(os.path.expanduser("~"))
-        done = cli("unpin", "--isolation")
+        done = cli("unpin", "--isolate")
         assert done.returncode == 0 and cpus_of(p.pid) == CPUS, done.stderr
     finally:
         p.kill()

@@ -78,7 +78,7 @@ def test_advise_names_each_cell_without_a_valid_trial_it_learns_without(tmp_path
     shutil.copytree(Path(__file__).parent.parent / "notebooks" / "data" / "sweep-2cpu", sweep)
     _fail(sweep / "w2-t1-small-b100", "server did not start: port in use")
     n = len(pd.read_parquet(sweep / "w2-t1-small-b100" / "trials.parquet"))
-    p = main("advise", "-w", "2", "-t", "2", "--model", "small", "--results", sweep, "--json", timeout=120)
+    p = main("advise", "-w", "2", "-t", "2", "--model", "small", sweep, "--json", timeout=120)
     assert p.returncode == 0, p.stderr
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert lines == ["tuna-lab: warning: w2-t1-small-b100 has no valid trial and is left out of what advise "

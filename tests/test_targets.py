@@ -223,11 +223,11 @@ def test_sweep_app_runs_each_cell_resumes_and_report_and_advise_read_it(model_en
     again = json.loads(cli(*argv, env=model_env).stdout)
     assert again["done"] == [] and len(again["skipped"]) == 4
     assert cli("report", out, "-o", tmp_path / "r.html", env=model_env).returncode == 0
-    advice = cli("advise", "-w", 2, "-t", 1, "--model", "timed_app", "--results", out, "--json", env=model_env)
+    advice = cli("advise", "-w", 2, "-t", 1, "--model", "timed_app", out, "--json", env=model_env)
     assert advice.returncode == 0, advice.stderr
     rec = json.loads(advice.stdout)
     assert rec["model"] == "timed_app" and rec["batch"] == 0 and rec["best_policy"] == "tuna-scatter"
-    unknown = cli("advise", "-w", 2, "-t", 1, "--model", "other_app", "--results", out, env=model_env)
+    unknown = cli("advise", "-w", 2, "-t", 1, "--model", "other_app", out, env=model_env)
     assert unknown.returncode == 2 and "no app of that label (measured: timed_app)" in unknown.stderr
 
 

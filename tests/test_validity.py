@@ -77,7 +77,7 @@ def test_a_corrupt_manifest_is_not_finished_and_every_reader_says_so_in_one_line
             read(str(tmp_path / "sweep"))
         assert why in str(info.value) and "\n" not in str(info.value)
     for command in (["report", str(tmp_path / "sweep")],
-                    ["advise", "--results", str(tmp_path / "sweep"), "-w", "1", "-t", "1", "--model", "small"]):
+                    ["advise", str(tmp_path / "sweep"), "-w", "1", "-t", "1", "--model", "small"]):
         p = main(*command)
         # 1: the cell is named as unreadable and left out of nothing (issue 46: report and advise exit non-zero)
         assert p.returncode == 1 and len(p.stderr.strip().splitlines()) == 1, p.stderr

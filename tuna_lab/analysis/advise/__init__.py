@@ -58,7 +58,7 @@ import lazy_loader as _lazy
 __all__ = ["Advisor", "Recommendation", "train", "check_question", "feature_table", "grouped_folds",
            "DEFAULT_RESULTS", "MIN_CONFIGURATIONS"]
 
-#: Where ``tuna-lab advise`` looks for results unless given ``--results``: the
+#: Where ``tuna-lab advise`` looks for results unless given a RESULTS folder: the
 #: folder the README's sweep command writes (``--out results/sweep``).
 DEFAULT_RESULTS = os.path.join("results", "sweep")
 

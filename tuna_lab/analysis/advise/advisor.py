@@ -110,7 +110,7 @@ def train(results=DEFAULT_RESULTS, n_splits=None, seed=0, nthread=1, skip_unread
         if not os.path.isdir(where):
             raise AdviseError(f"no results folder at {where}: the advisor learns from a sweep; make one with "
                               f"`tuna-lab sweep --policies cfs,round-robin,tuna-scatter --out {where}` "
-                              "(or point --results at one)")
+                              "(or give advise the folder of one: `tuna-lab advise DIR ...`)")
         requests, trials, manifests = load_results(where, skip_unreadable, left_out)
     elif isinstance(results, (tuple, list)) and len(results) in (2, 3):
         requests, trials, *rest = results

@@ -24,6 +24,7 @@ import sys
 from ...analysis.advise import DEFAULT_RESULTS
 from . import COMMANDS
 from ..options import add_size_options, add_wait_options
+from ..server_options import RENAMED_IN, add_renamed
 
 __all__ = ["add_parser"]
 
@@ -61,11 +62,13 @@ def add_parser(subparsers, command=None):
     a.add_argument("--batch", type=int, default=None, metavar="ROWS",
                    help="rows per request; none for your app, whose requests are its own (default: 100)")
     add_wait_options(a)
-    # The folder read is a positional, as report's; --results DIR, its spelling before 0.1.0, is still read
-    # (scripts and notebooks use it) but no longer shown.
+    # The folder read is a positional, as report's; --results DIR, its spelling before 0.1.0, is refused
+    # with a pointer for one release.
     a.add_argument("results", nargs="?", default=DEFAULT_RESULTS, metavar="RESULTS",
                    help=f"the sweep results to learn from (default: {DEFAULT_RESULTS})")
-    a.add_argument("--results", dest="results_option", default=None, metavar="RESULTS", help=argparse.SUPPRESS)
+    add_renamed(a, "--results", new="RESULTS",
+                what=f"--results DIR is now the positional RESULTS, as in report: tuna-lab advise DIR -w W -t T "
+                     f"(renamed in {RENAMED_IN})")
     a.add_argument("--json", action="store_true", help="print one JSON object")
     a.add_argument("--skip-unreadable", action="store_true",
                    help="skip the cells that cannot be read, naming each on stderr; else they end it with exit 1")
@@ -80,12 +83,6 @@ def _cmd_advise(args):
     from ...errors import UnreadableCellsError
     from .report import say_left_out, unreadable_status
 
-    from ...errors import AdviseError
-
-    if args.results_option is not None:
-        if args.results != DEFAULT_RESULTS:
-            raise AdviseError("give the results folder once: RESULTS (or its older spelling, --results RESULTS)")
-        args.results = args.results_option
     # Check the question before learning from the results: a typo should not cost a training.
     check_question(args.workers, args.threads, args.model, args.batch, args.wait_policy, args.spincount)
     left_out, no_valid = {}, {}

@@ -18,6 +18,7 @@ from . import COMMANDS
 from ..options import (THREADS_HELP, add_front_cpus_option, add_strict_families_option, add_traffic_options,
                       add_worker_options, front_cpus_of, plan_for, policies_help, requests_of, traffic_of,
                       worker_choice_of)
+from ..server_options import add_renamed
 
 __all__ = ["add_parser"]
 
@@ -88,11 +89,11 @@ def _add_unpin(subparsers):
         epilog="examples:\n  tuna-lab unpin --pid MASTER\n  tuna-lab unpin --isolate\n")
     u.add_argument("--pid", type=int, default=None, metavar="MASTER", help="the server's master process")
     # As --pid undoes `pin --pid`, --isolate undoes `audit --isolate`: one name. --isolation, its spelling
-    # before 0.1.0, is still read (scripts use it) but no longer shown.
+    # before 0.1.0, is refused with a pointer for one release.
     u.add_argument("--isolate", dest="isolation", action="store_true",
                    help="put back the masks and IRQ affinities `audit --isolate --apply` changed (those still as "
                         "it set them)")
-    u.add_argument("--isolation", dest="isolation", action="store_true", help=argparse.SUPPRESS)
+    add_renamed(u, "--isolation", new="--isolate", what="what `audit --isolate --apply` changed")
     u.add_argument("--force", action="store_true",
                    help="unpin the children of a process that is not recognised as a pre-fork server's master")
     u.add_argument("--json", action="store_true", help="print the report as JSON")
