@@ -136,8 +136,9 @@ def test_each_figure_has_its_verdict_in_words_from_the_data(sched_page):
     assert "tuna-scatter: no difference shown between configurations" in p99
     stages = _section(sched_page, "Per-stage p99")
     assert stages.count("<strong>What it shows.</strong>") == 2           # one under each of the two figures
-    assert "No stage's p99 is shown to differ between policies: in every stage their intervals overlap" in stages
-    assert "the convert stage moves most: cfs 5.8 ms [5.3, 6.4] against round-robin 9.3 ms [8.2, 10.6]" in stages
+    # Each names its configuration: the two sentences, one "no stage" and one "convert moves", are not a contradiction.
+    assert "At 2x1, no stage's p99 is shown to differ between policies: in every stage their intervals overlap" in stages
+    assert "At 2x2, between policies, the convert stage moves most: cfs 5.8 ms [5.3, 6.4] against round-robin 9.3 ms [8.2, 10.6]" in stages
 
 
 def test_figure_verdicts_say_too_few_trials_rather_than_judge():
@@ -147,7 +148,7 @@ def test_figure_verdicts_say_too_few_trials_rather_than_judge():
     per_trial = trial_stats(requests, trials)
     two = per_trial[per_trial["trial"] < 2]
     assert configuration_verdict(two).startswith(f"Between configurations: {TOO_FEW_TRIALS}")
-    assert stage_verdict(two, 2, 2).startswith(f"Between policies: {TOO_FEW_TRIALS}")
+    assert stage_verdict(two, 2, 2).startswith(f"At 2x2, between policies: {TOO_FEW_TRIALS}")
 
 
 def test_no_grouping_repeats_a_coarser_ones_rows(sched_page, tmp_path_factory):

@@ -179,7 +179,7 @@ def stage_verdict(per_trial, workers, threads, model=None, batch=None, wait_poli
     ...     "policy": ["cfs"] * 3 + ["tuna-scatter"] * 3, "trial": [0, 1, 2] * 2, "p99": 0.1,
     ...     **{f"{s}_p99": 0.001 for s in STAGES[:-1]}, "shap_p99": [0.06, 0.061, 0.06, 0.03, 0.031, 0.03]})
     >>> print(stage_verdict(t, 2, 2))  # doctest: +NORMALIZE_WHITESPACE
-    Between policies, the shap stage moves most: tuna-scatter 30.3 ms [28.9, 31.8] against cfs 60.3 ms
+    At 2x2, between policies, the shap stage moves most: tuna-scatter 30.3 ms [28.9, 31.8] against cfs 60.3 ms
     [58.9, 61.8] (intervals apart).
     """
     columns = [f"{s}_p99" for s in STAGES]
@@ -189,6 +189,8 @@ def stage_verdict(per_trial, workers, threads, model=None, batch=None, wait_poli
     data = data[data["workers"].eq(workers) & data["threads"].eq(threads)]
     if data.empty or data["policy"].nunique() < 2:
         return ""
+    # Which configuration the sentence is about: a report draws one per-stage figure per configuration.
+    at = f"{workers}x{threads}"
     best, largest, few = None, None, False
     for stage, column in zip(STAGES, columns, strict=True):
         rows = scenario_stats(data.assign(p99=data[column]))
@@ -201,11 +203,11 @@ def stage_verdict(per_trial, workers, threads, model=None, batch=None, wait_poli
             largest = (hi["mean_p99"] / lo["mean_p99"], stage, lo, hi)
     if best is not None:
         _, stage, lo, hi = best
-        return (f"Between policies, the {stage} stage moves most: {lo['policy']} "
+        return (f"At {at}, between policies, the {stage} stage moves most: {lo['policy']} "
                 f"{_ms(lo['mean_p99'], lo['ci_low'], lo['ci_high'])} against {hi['policy']} "
                 f"{_ms(hi['mean_p99'], hi['ci_low'], hi['ci_high'])} (intervals apart).")
     if few and all(scenario_stats(data.assign(p99=data[c]))["ci_low"].isna().all() for c in columns):
-        return (f"Between policies: {TOO_FEW_TRIALS} (fewer than {MIN_INTERVAL_TRIALS} trials of a policy), so no "
+        return (f"At {at}, between policies: {TOO_FEW_TRIALS} (fewer than {MIN_INTERVAL_TRIALS} trials of a policy), so no "
                 "stage can be said to move.")
     gap = ""
     if largest is not None:
@@ -213,4 +215,4 @@ def stage_verdict(per_trial, workers, threads, model=None, batch=None, wait_poli
         gap = (f" (the largest gap, {stage}: {lo['policy']} {_ms(lo['mean_p99'], lo['ci_low'], lo['ci_high'])} "
                f"against {hi['policy']} {_ms(hi['mean_p99'], hi['ci_low'], hi['ci_high'])})")
     why = "their intervals overlap or some have too few trials" if few else "their intervals overlap"
-    return f"No stage's p99 is shown to differ between policies: in every stage {why}{gap}."
+    return f"At {at}, no stage's p99 is shown to differ between policies: in every stage {why}{gap}."
