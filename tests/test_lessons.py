@@ -169,11 +169,16 @@ def test_the_race_verdict_separates_only_when_the_bounds_do():
 def test_the_stored_runs_lead_with_what_separates_in_each_configuration():
     # notebooks/data/sched-2cpu: 5 trials x 1,000 requests per policy, on a quiet machine (notebook 10).
     _, trials, manifests = load_results(NOTEBOOKS / "data" / "sched-2cpu")
-    assert text_starts(lead_sentence(trials), "p99 separates only 2 of 4 policy comparisons with cfs (")
+    # Both configurations: p99 separates 2 of 4, the migrations 4 of 4, so the migrations lead and p99 follows.
+    both = lead_sentence(trials)
+    assert text_starts(both, "migrations per request separates 4 of 4 policy comparisons with cfs: round-robin at 2x1 "
+                             "0.00 [0.00, 0.00] against cfs 0.0016 [0.00066, 0.0039]")
+    assert "p99 separates only 2 of 4: round-robin at 2x2 p99 speedup 1.24x [1.15, 1.33]" in both
     # 2 x 1, a CPU per worker: p99 does not separate, the migrations do, and they lead.
     one = lead_sentence(trials[trials["threads"].eq(1)])
-    assert text_starts(one, "p99 does not separate the policies from cfs (its speedup intervals hold 1 in 2 of 2")
-    assert "; migrations per request does: round-robin 0.00 [0.00, 0.00] against cfs 0.0016 [0.00066, 0.0039]" in one
+    assert text_starts(one, "migrations per request separates 2 of 2 policy comparisons with cfs: round-robin 0.00 "
+                            "[0.00, 0.00] against cfs 0.0016 [0.00066, 0.0039]")
+    assert "p99 does not: its speedup intervals hold 1 in 2 of 2 (round-robin p99 speedup 1.09x [0.82, 1.45]" in one
     # 2 x 2, oversubscribed: p99 separates, and every quantity of the evidence that does is named after it.
     two = lead_sentence(trials[trials["threads"].eq(2)])
     assert text_starts(two, "p99 separates 2 of 2 policy comparisons with cfs: round-robin p99 speedup 1.24x [1.15, 1.33]")
