@@ -407,3 +407,22 @@ def test_halving_says_why_it_drops_a_candidate_at_a_higher_rate_than_the_leader(
     assert (leader.status, other.status) == ("in race", "dropped")
     assert other.reason == ("halving after round 3: 18.0/s, rank 2 of 2 (leader 16.0/s; a higher rate than the "
                             "leader's, ranked below it by where its p99 crosses the target (18.2/s against 21.5/s))")
+
+
+def test_the_bench_page_names_no_temporary_folder_and_both_clocks(tmp_path):
+    # docs/tune-bench.md once printed the bench's /tmp records folder, which no reader can open.
+    from dataclasses import replace
+
+    from tuna_lab.bench.tune import _write_doc
+
+    candidates, rates = _candidates()
+    sim = Simulated(rates, seed=4)
+    raced = replace(race(candidates, sim.evaluate, SLA, 3600, clock=sim.clock,
+                         rules=RaceRules(rounds=2, step_seconds=1.0)), out="/tmp/tb/tune-race")
+    full = replace(raced, out="/tmp/tb/tune-exhaustive", elapsed=raced.elapsed * 4)
+    page = tmp_path / "tune-bench.md"
+    _write_doc(str(page), {(1, 1): 0.01}, {(1, 1): 0.01}, SLA, raced, full, None, raced.elapsed + 1,
+               full.elapsed + 1, "summary", [(0.1, 0.1, 0.1), (0.2, 0.2, 0.2)])
+    text = page.read_text()
+    assert "/tmp/tb" not in text and text.count("records: a folder of the bench run's own") == 2
+    assert f"starts inside the search: {raced.elapsed:.0f} s and {full.elapsed:.0f} s" in text

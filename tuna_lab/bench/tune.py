@@ -156,6 +156,17 @@ def _share(rate, best):
     return rate / best if best > 0 else float("nan")
 
 
+def _listing(result):
+    """A search's listing for the page: its records' folder is the bench run's own (a temporary folder), not a
+    path a reader of the page could open, so it is named as such."""
+    text = result.to_text()
+    if result.out is not None:
+        text = text.replace(f"records: {result.out}; `tuna-lab report {result.out} -o report.html` reads them",
+                            "records: a folder of the bench run's own (`tuna-lab report FOLDER -o report.html` "
+                            "reads them)")
+    return text
+
+
 def _write_doc(path, single, medians, sla, raced, full, head, race_seconds, full_seconds, summary, loads):
     from ..machine import host
 
@@ -165,7 +176,7 @@ def _write_doc(path, single, medians, sla, raced, full, head, race_seconds, full
 ## Head to head
 
 ```
-{head.to_text()}
+{_listing(head)}
 ```
 """
     lat = ", ".join(f"{w}x{t} {s * 1e3:.1f} ms (median {medians[(w, t)] * 1e3:.1f})"
@@ -189,18 +200,21 @@ many noisy estimates, biased upward, and the two searches ran minutes apart.
 | race | {race_seconds:.0f} | {race_seconds / full_seconds:.0%} |
 | exhaustive | {full_seconds:.0f} | 100% |
 
+(Seconds: the bench's clock around each whole search. Each listing below ends with the search's own
+clock, which starts inside the search: {raced.elapsed:.0f} s and {full.elapsed:.0f} s.)
+
 **{summary}**
 
 ## The race
 
 ```
-{raced.to_text()}
+{_listing(raced)}
 ```
 
 ## The exhaustive search
 
 ```
-{full.to_text()}
+{_listing(full)}
 ```
 {heads}"""
     _files.write_atomic(path, text, parents=True)           # never through a link, whole or not at all
