@@ -94,6 +94,6 @@ def test_the_mode_explorer_proposes_fewer_threads_where_one_worker_fills_the_mac
 def test_fewer_workers_are_tried_too():
     ex = ModeExplorer("epyc-7313p", 32, 1)
     assert not ex.differ() and "makes them differ" in ex.why_same()
-    from tuna_lab.widgets.teaching import _candidates
+    from tuna_lab.model.modes import _candidates
     words = [w for w, _ in _candidates(ex.mapping.instance, True)]
     assert "16 x 2 (fewer workers)" in words and "1 x 2 (fewer workers)" in words

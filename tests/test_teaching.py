@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tuna_lab.widgets import ModeExplorer
-from tuna_lab.widgets import teaching
+from tuna_lab.model import modes
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
@@ -56,7 +56,7 @@ def test_the_article_machine_at_4x4_says_why_the_toggle_changes_nothing_and_what
     assert ex.difference().startswith("scatter and compact give the same spread")
     # The change it names does separate them.
     assert ex.toggle_physical() and ex.differ() and ex.why_same() is None
-    assert teaching.own_siblings(ex.compact) > 0 == teaching.own_siblings(ex.scatter)
+    assert modes.own_siblings(ex.compact) > 0 == modes.own_siblings(ex.scatter)
     assert "share a physical core with their own worker" in ex.difference()
 
 
@@ -75,7 +75,7 @@ def test_where_nothing_can_differ_the_line_names_a_change_that_does(spec, worker
 ])
 def test_why_same_is_given_exactly_when_the_modes_spread_a_worker_alike(spec, workers, threads):
     ex = ModeExplorer(spec, workers=workers, threads=threads)
-    alike = teaching.spread(ex.scatter) == pytest.approx(teaching.spread(ex.compact))
+    alike = modes.spread(ex.scatter) == pytest.approx(modes.spread(ex.compact))
     assert (ex.why_same() is not None) == alike == (not ex.differ())
 
 

@@ -275,11 +275,11 @@ def test_the_demo_refuses_bad_input_before_it_prints_anything(bad, said):
 
 def test_the_demo_says_why_scatter_and_compact_are_one_mapping():
     # On 2 CPUs (or any machine whose cores are all equally far apart) the two mappings print alike: say why,
-    # in the ModeExplorer's words (widgets.teaching.difference), not a second copy of them.
+    # in the ModeExplorer's words (model.modes.difference), not a second copy of them.
     from tuna_lab.cli.commands.run import _modes_alike
     from tuna_lab.machine.topology import Topology
     from tuna_lab.model import solve
-    from tuna_lab.widgets.teaching import difference
+    from tuna_lab.model.modes import difference
 
     s, c = (solve(4, 8, "xeon-8272cl", m, time_limit=30) for m in ("scatter", "compact"))
     assert _modes_alike(s, c) is None                                   # they differ: nothing to explain

@@ -24,7 +24,7 @@ VIEWS = ("mode_explorer", "distance_view", "constraint_toggles", "policy_compari
 __all__ = ["ModeExplorer", "DistanceView", "ConstraintToggles", "PolicyComparison", "LiveExperiment",
            "core_grid", "topology_from", "TOPOLOGY_CHOICES", "compared_policies", "VIEWS"]
 
-__getattr__, _lazy_dir, _ = _lazy.attach(__name__, submodules=["controllers", "figures", "live", "teaching", "views"],
+__getattr__, _lazy_dir, _ = _lazy.attach(__name__, submodules=["controllers", "figures", "live", "views"],
                                        submod_attrs={
     "controllers": ["TOPOLOGY_CHOICES", "ConstraintToggles", "DistanceView", "LiveExperiment",
                     "ModeExplorer", "PolicyComparison", "compared_policies", "core_grid", "topology_from"],

@@ -33,10 +33,10 @@ from ..machine import PRESETS, THIS_MACHINE, Topology, topology_from
 from ..model import DEFAULT_FAMILIES, TunaModel, solve
 from ..model.families import resolve_family
 from ..model.instance import MODES
-from . import teaching
+from ..model import modes
 from ._base import Controller, SizedController, TimedController, checked_time_limit
 from .live import LiveExperiment
-from .teaching import EXAMPLE
+from ..model.modes import EXAMPLE
 
 __all__ = ["ModeExplorer", "DistanceView", "ConstraintToggles", "PolicyComparison", "LiveExperiment",
            "core_grid", "topology_from", "TOPOLOGY_CHOICES", "compared_policies"]
@@ -150,7 +150,7 @@ class ModeExplorer(SizedController):
     """The Tuna mapping of ``workers`` x ``threads`` in both modes, re-solved on every change.
 
     It opens on an example where scatter and compact differ visibly
-    (:data:`~tuna_lab.widgets.teaching.EXAMPLE`: ``epyc-7313p``, 4 x 4, where
+    (:data:`~tuna_lab.model.modes.EXAMPLE`: ``epyc-7313p``, 4 x 4, where
     scatter spreads a worker over four L3s and compact packs it into one), and
     says in one line what the toggle changes - or, where nothing can differ,
     why and which change would make it (:meth:`difference`).
@@ -219,7 +219,7 @@ class ModeExplorer(SizedController):
         if mode not in MODES:
             raise ModelError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         physical = _checked_bool("physical", physical)
-        fams = teaching.families(physical)
+        fams = modes.families(physical)
         mapping, other = (solve(workers, threads, topology, m, families=fams, time_limit=time_limit)
                           for m in (mode, MODES[1 - MODES.index(mode)]))
         self.topology, self.mode, self.physical, self.time_limit = topology, mode, physical, time_limit
@@ -253,12 +253,12 @@ class ModeExplorer(SizedController):
 
     def differ(self):
         """Whether scatter and compact place the threads of a worker at a different total distance."""
-        return teaching.differ(self.scatter, self.compact)
+        return modes.differ(self.scatter, self.compact)
 
     def why_same(self):
         """Why scatter and compact give the same mapping here, in one line naming the change that separates
-        them; ``None`` where they differ (see :func:`~tuna_lab.widgets.teaching.why_same`)."""
-        return teaching.why_same(self.scatter, self.compact, self.physical, min(self.time_limit, 5.0))
+        them; ``None`` where they differ (see :func:`~tuna_lab.model.modes.why_same`)."""
+        return modes.why_same(self.scatter, self.compact, self.physical, min(self.time_limit, 5.0))
 
     def difference(self):
         """One line: what the mode toggle changes here, or why it changes nothing and what would.
@@ -269,7 +269,7 @@ class ModeExplorer(SizedController):
         scatter and compact differ: 12 of 16 threads sit on other cores; a worker spans 4 L3 domains in scatter, 1 in compact; f_mode +4800 vs -1200
         """
         if self._said is None:
-            self._said = teaching.difference(self.scatter, self.compact, self.physical,
+            self._said = modes.difference(self.scatter, self.compact, self.physical,
                                                          min(self.time_limit, 5.0))
         return self._said
 
@@ -292,7 +292,7 @@ class ModeExplorer(SizedController):
         rows = [f"worker {w}" for w in range(self.workers)] + ["f_mode", "f_main", "objective"]
         cols = {}
         for name, m in (("scatter", self.scatter), ("compact", self.compact)):
-            cols[name] = [*teaching.worker_terms(m).tolist(), m.f_mode, m.f_main, m.objective]
+            cols[name] = [*modes.worker_terms(m).tolist(), m.f_mode, m.f_main, m.objective]
         return pd.DataFrame(cols, index=pd.Index(rows, name="term"))
 
     def pair_distances(self, worker=0):
@@ -326,12 +326,12 @@ class ModeExplorer(SizedController):
         in scatter (shown) they change nothing (1..1 threads per physical core with them or without)
         """
         if self._physical_said is None:
-            fams = teaching.families(not self.physical)
+            fams = modes.families(not self.physical)
             flipped = [solve(self.workers, self.threads, self.topology, mode, families=fams,
                              time_limit=self.time_limit) for mode in MODES]
             current = [self.mapping if mode == self.mode else self.other for mode in MODES]
             pair = (current, flipped) if self.physical else (flipped, current)
-            self._physical_said = teaching.physical_effect(*pair, shown=self.mode)
+            self._physical_said = modes.physical_effect(*pair, shown=self.mode)
         return self._physical_said
 
     def grid(self):

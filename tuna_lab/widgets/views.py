@@ -29,7 +29,7 @@ except ImportError:
 from ..model.instance import MODES
 from .controllers import (TOPOLOGY_CHOICES, ConstraintToggles, DistanceView, LiveExperiment,
                           ModeExplorer, PolicyComparison)
-from .teaching import EXAMPLE
+from ..model.modes import EXAMPLE
 
 __all__ = ["View", "mode_explorer", "distance_view", "constraint_toggles", "policy_comparison", "live_experiment"]
 

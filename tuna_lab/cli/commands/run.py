@@ -339,7 +339,7 @@ def _modes_alike(scatter, compact):
 
     if not np.array_equal(scatter.assignment, compact.assignment):
         return None
-    from ...widgets.teaching import difference      # the ModeExplorer's own words, not a second copy
+    from ...model.modes import difference      # the mode explorer's own words, not a second copy
 
     return f"  why scatter and compact are one mapping here: {difference(scatter, compact)}"
 

@@ -1,4 +1,7 @@
-"""What the scatter/compact toggle changes, in words: the logic behind :class:`ModeExplorer`'s lines.
+"""What the scatter/compact toggle changes, in words: the logic behind the mode explorer's lines and the demo's.
+
+It lives with the model, not the widgets: the demo (``tuna-lab demo``) says in these words why its
+scatter and compact mappings are one, and the command line may not import the widgets.
 
 Plain Python over two mappings of one instance, one per mode. Scatter
 maximises and compact minimises the same sum - the cache distance between
@@ -20,8 +23,8 @@ with the physical-core balance (8+) on, W x T = 16 <= P = 16 gives every thread 
 
 import numpy as np
 
-from ..model import DEFAULT_FAMILIES, solve
-from ..model.families import pair_sums, worker_counts
+from .families import DEFAULT_FAMILIES, pair_sums, worker_counts
+from .tuna import solve
 
 __all__ = ["PHYSICAL_KEYS", "families", "differ", "spread", "worker_terms", "own_siblings", "domains_spanned",
            "why_same", "difference", "physical_effect", "EXAMPLE"]
