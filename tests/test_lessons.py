@@ -171,12 +171,12 @@ def test_the_stored_runs_lead_with_what_separates_in_each_configuration():
     _, trials, manifests = load_results(NOTEBOOKS / "data" / "sched-2cpu")
     # Both configurations: p99 separates 2 of 4, the migrations 4 of 4, so the migrations lead and p99 follows.
     both = lead_sentence(trials)
-    assert text_starts(both, "migrations per request separates 4 of 4 policy comparisons with cfs: round-robin at 2x1 "
+    assert text_starts(both, "Migrations per request separates 4 of 4 policy comparisons with cfs: round-robin at 2x1 "
                              "0.00 [0.00, 0.00] against cfs 0.0016 [0.00066, 0.0039]")
     assert "p99 separates only 2 of 4: round-robin at 2x2 p99 speedup 1.24x [1.15, 1.33]" in both
     # 2 x 1, a CPU per worker: p99 does not separate, the migrations do, and they lead.
     one = lead_sentence(trials[trials["threads"].eq(1)])
-    assert text_starts(one, "migrations per request separates 2 of 2 policy comparisons with cfs: round-robin 0.00 "
+    assert text_starts(one, "Migrations per request separates 2 of 2 policy comparisons with cfs: round-robin 0.00 "
                             "[0.00, 0.00] against cfs 0.0016 [0.00066, 0.0039]")
     assert "p99 does not: its speedup intervals hold 1 in 2 of 2 (round-robin p99 speedup 1.09x [0.82, 1.45]" in one
     # 2 x 2, oversubscribed: p99 separates, and every quantity of the evidence that does is named after it.
@@ -197,7 +197,7 @@ def test_p99_leads_where_it_separates():
     trials = trials_table({"cfs": [0.030, 0.031, 0.032], "tuna-scatter": [0.020, 0.021, 0.0205]},
                           {"migrations_per_request": {"cfs": [0.1, 0.2, 0.15], "tuna-scatter": [0.0] * 3}})
     text = lead_sentence(trials)
-    assert text.startswith("p99 separates 1 of 1 policy comparisons with cfs: tuna-scatter p99 speedup 1.51x")
+    assert text.startswith("p99 separates 1 of 1 policy comparison with cfs: tuna-scatter p99 speedup 1.51x")
     assert "Of the scheduler's evidence, migrations per request separates 1." in text
 
 

@@ -278,12 +278,12 @@ def test_where_p99_cannot_separate_the_quantity_that_can_leads_with_its_interval
     notes = evidence_notes(manifests)
     # 2 x 1, a CPU per worker: every p99 interval holds 1; the migrations separate, and they come first.
     one = lead_sentence(trials[trials["threads"].eq(1)], notes=notes)
-    assert one.startswith("migrations per request separates 2 of 2 policy comparisons with cfs: "
+    assert one.startswith("Migrations per request separates 2 of 2 policy comparisons with cfs: "
                           "round-robin 0.00 [0.00, 0.00] against cfs 0.0016 [0.00066, 0.0039]"), one
-    assert one.index("migrations") < one.index("p99 does not: its speedup intervals hold 1 in 2 of 2 (round-robin")
+    assert one.index("Migrations") < one.index("p99 does not: its speedup intervals hold 1 in 2 of 2 (round-robin")
     # Both cells: the migrations separate 4 of 4, p99 2 of 4; every other quantity that separates is named.
     both = lead_sentence(trials, notes=notes)
-    assert both.startswith("migrations per request separates 4 of 4 policy comparisons with cfs: "), both
+    assert both.startswith("Migrations per request separates 4 of 4 policy comparisons with cfs: "), both
     assert "Also separating: run-queue wait per request (2 of 4)" in both
     # p99 after them: the comparisons it separates by name, the others by their count.
     assert both.index("Also separating") < both.index(" p99 separates only 2 of 4: round-robin at 2x2 p99 speedup "
@@ -298,7 +298,7 @@ def test_a_place_names_the_model_where_the_models_differ():
     # notebooks/data/sweep-2cpu: ten cells, two models; 2x2 is two places.
     _, trials, _ = load_results(STORED.parent / "sweep-2cpu")
     text = lead_sentence(trials)
-    assert text.startswith("migrations per request separates 17 of 20 policy comparisons with cfs: "
+    assert text.startswith("Migrations per request separates 17 of 20 policy comparisons with cfs: "
                            "round-robin at 1x2 medium 0.00 [0.00, 0.00]"), text
     assert ("p99 separates only 4 of 20: round-robin at 2x2 medium p99 speedup 1.19x [1.10, 1.28]; "
             "tuna-scatter at 2x2 medium p99 speedup 1.17x [1.06, 1.28]") in text

@@ -128,7 +128,8 @@ def _section(page, heading):
 def test_each_figure_has_its_verdict_in_words_from_the_data(sched_page):
     # Before: the three figures came with no sentence at all.
     speed = _section(sched_page, "Speedup by subscription, model and batch")
-    assert "<strong>What it shows.</strong> round-robin faster than cfs at over medium 100: 1.24x [1.15, 1.33]" in speed
+    assert ("<strong>What it shows.</strong> round-robin faster than cfs at oversubscribed, model medium, batch 100: "
+            "1.24x [1.15, 1.33]") in speed
     assert "cfs slower than round-robin" not in speed                   # said once, the other way
     p99 = _section(sched_page, "p99 by configuration")
     assert ("cfs's p99 differs: 105.1 ms [87.2, 126.7] at 2x1 against 173.5 ms [161.9, 185.9] at 2x2 "
@@ -204,3 +205,19 @@ def test_the_first_sentence_and_the_verdict_count_p99_one_way(tune):
     assert "enough to separate p99 in 1 of 10 comparisons (5 of them with too few trials for an interval)" in scope
     assert "No difference shown in the other 4 of 10 (interval holds 1); 5 had too few trials" in said
     assert "1 of the 5 with an interval would happen by chance 23% of the time" in said
+
+
+def test_a_stage_verdict_of_results_without_stage_timings_is_empty_not_an_error():
+    # Your own app's results carry the stage columns, all empty: the report once stopped on them
+    # ("Encountered all NA values", tests/test_targets.py in make test-e2e).
+    from tuna_lab.analysis._verdicts import stage_verdict
+
+    requests, trials, _ = load_results(str(DATA / "sched-2cpu"))
+    per_trial = trial_stats(requests, trials)
+    from tuna_lab.server.models import STAGES
+
+    stages = [f"{s}_p99" for s in STAGES]
+    assert stages and stage_verdict(per_trial.assign(**{c: float("nan") for c in stages}), 2, 2) == ""
+    # One stage timed, the others not: the sentence speaks of the timed one only.
+    one = per_trial.assign(**{c: float("nan") for c in stages[1:]})
+    assert stages[0].removesuffix("_p99") in stage_verdict(one, 2, 2)

@@ -192,8 +192,14 @@ def stage_verdict(per_trial, workers, threads, model=None, batch=None, wait_poli
     # Which configuration the sentence is about: a report draws one per-stage figure per configuration.
     at = f"{workers}x{threads}"
     best, largest, few = None, None, False
-    for stage, column in zip(STAGES, columns, strict=True):
-        rows = scenario_stats(data.assign(p99=data[column]))
+    timed = [(stage, column) for stage, column in zip(STAGES, columns, strict=True) if data[column].notna().any()]
+    if not timed:
+        # Your own app's results: the stage columns are there, but nothing timed the lab server's stages.
+        return ""
+    for stage, column in timed:
+        rows = scenario_stats(data.assign(p99=data[column])).dropna(subset=["mean_p99"])
+        if rows.empty:
+            continue
         few = few or rows["ci_low"].isna().any()
         pair = _widest_apart(rows)
         if pair is not None and (best is None or pair[1]["mean_p99"] / pair[0]["mean_p99"] > best[0]):
@@ -206,7 +212,7 @@ def stage_verdict(per_trial, workers, threads, model=None, batch=None, wait_poli
         return (f"At {at}, between policies, the {stage} stage moves most: {lo['policy']} "
                 f"{_ms(lo['mean_p99'], lo['ci_low'], lo['ci_high'])} against {hi['policy']} "
                 f"{_ms(hi['mean_p99'], hi['ci_low'], hi['ci_high'])} (intervals apart).")
-    if few and all(scenario_stats(data.assign(p99=data[c]))["ci_low"].isna().all() for c in columns):
+    if few and all(scenario_stats(data.assign(p99=data[c]))["ci_low"].isna().all() for _, c in timed):
         return (f"At {at}, between policies: {TOO_FEW_TRIALS} (fewer than {MIN_INTERVAL_TRIALS} trials of a policy), so no "
                 "stage can be said to move.")
     gap = ""

@@ -450,13 +450,17 @@ def verdict_table(scenarios, baseline="cfs"):
     return out
 
 
+#: How a factor's value is named in a verdict: each part says what it is ("batch 100", not a bare "100").
+_NAMED = {"model": "model {}", "batch": "batch {}", "subscription": "{}subscribed", "machine": "on {}"}
+
+
 def _where(row, columns):
-    """``"2x2 small 100"``: an application (or a summary's group) in a few words."""
+    """``"2x2, model small, batch 100"``: an application (or a summary's group) in a few words."""
     parts = [f"{row['workers']}x{row['threads']}"] if {"workers", "threads"} <= set(columns) else []
-    parts += [str(row[c]) for c in columns if c not in ("workers", "threads", "cpus", "wait_policy", "spincount")
-              and c in row and pd.notna(row[c])]
-    parts += [f"wait {row['wait_policy']}"] if row.get("wait_policy", "default") not in ("default", None) else []
-    return " ".join(parts) or "all"
+    parts += [_NAMED.get(c, "{}").format(row[c]) for c in columns
+              if c not in ("workers", "threads", "cpus", "wait_policy", "spincount") and c in row and pd.notna(row[c])]
+    parts += [f"wait policy {row['wait_policy']}"] if row.get("wait_policy", "default") not in ("default", None) else []
+    return ", ".join(parts) or "all"
 
 
 def verdict_text(table, baseline=None):

@@ -363,14 +363,29 @@ def format_evidence(value, low, high, evidence, unit=True):
     '12.30 [10.00, 15.00] ms'
     >>> format_evidence(0.0011, 1.5e-05, 0.08, MECHANISM[1])
     '0.0011 [1.5e-05, 0.08]'
+    >>> format_evidence(0.0066, 0.0022, 0.0098, MECHANISM[1])     # not '0.01 [0.0022, 0.01]'
+    '0.007 [0.002, 0.010]'
     >>> format_evidence(0.0123, float("nan"), float("nan"), MECHANISM[0])
     '12.30 ms (too few trials for an interval)'
     """
     value, scale = value * evidence.scale, evidence.scale
-    interval = format_interval(low * scale, high * scale)
-    text = f"{value:.2g}" if 0 < abs(value) < 0.005 else f"{value:.2f}"
+    low, high = low * scale, high * scale
+    digits = 2
+    # One more decimal while the value would read as equal to a bound it is not equal to ("0.01 [0.0022,
+    # 0.01]" for 0.0065 [0.0022, 0.0098]): a reader takes such a value for one at the edge of its interval.
+    while digits < 6 and any(np.isfinite(b) and not np.isclose(b, value, rtol=1e-9, atol=0)
+                             and _decimals(b, digits) == _decimals(value, digits) for b in (low, high)):
+        digits += 1
+    interval = format_interval(low, high, digits)
+    text = _decimals(value, digits)
     unit = f" {evidence.unit}" if unit and evidence.unit else ""
     return text + (f"{unit} {interval}" if np.isnan(low) or np.isnan(high) else f" {interval}{unit}")
+
+
+def _decimals(value, digits):
+    """``value`` with ``digits`` decimals, or two significant digits where those would write a positive value
+    as 0 (:func:`~tuna_lab.analysis.stats.format_interval`'s rule for its sides)."""
+    return f"{value:.2g}" if 0 < abs(value) < 0.5 * 10.0**-digits else f"{value:.{digits}f}"
 
 
 def mechanism_lines(table, correlations=None):
@@ -568,7 +583,7 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
     ...     "p99": [0.030, 0.020, 0.032, 0.022, 0.031, 0.021],
     ...     "migrations_per_request": [0.1, 0.2, 0.15, 0.0, 0.0, 0.0]})
     >>> print(lead_sentence(trials))
-    migrations per request separates 1 of 1 policy comparisons with cfs: tuna-scatter 0.00 [0.00, 0.00] against cfs 0.15 [0.07, 0.34]. p99 does not: its speedup intervals hold 1 in 1 of 1 (tuna-scatter p99 speedup 1.11x [0.66, 1.86]).
+    Migrations per request separates 1 of 1 policy comparison with cfs: tuna-scatter 0.00 [0.00, 0.00] against cfs 0.15 [0.07, 0.34]. p99 does not: its speedup intervals hold 1 in 1 of 1 (tuna-scatter p99 speedup 1.11x [0.66, 1.86]).
     """
     sep = separation(trials, baseline, notes, confidence)
     if sep.empty:
@@ -594,7 +609,7 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
 
     p99_said = listed(p99, False)
     if best["measure"] == "p99" and p99_sep:
-        text = (f"p99 separates {p99_sep} of {len(p99)} policy comparisons with {baseline}: "
+        text = (f"p99 separates {p99_sep} of {len(p99)} {_comparisons(len(p99))} with {baseline}: "
                 + listed(p99[p99["state"].eq(SEPARATED)], False) + ".")
         holds, few = int(p99["state"].eq(OVERLAP).sum()), int(p99["state"].eq(TOO_FEW_TRIALS).sum())
         text += f" In {holds} more the interval holds 1." if holds else ""
@@ -614,8 +629,8 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
                 f"({p99_said}), and no interval of the scheduler's evidence excludes {baseline}'s.")
     # The quantity that separates most leads, with its intervals; the others that separate, then p99, follow.
     shown = sep[sep["measure"].eq(best["measure"]) & sep["state"].eq(SEPARATED)]
-    text = (f"{best['label']} separates {int(best['separated'])} of {int(best['compared'])} policy comparisons "
-            f"with {baseline}: {listed(shown, True)}.")
+    text = (f"{_capital(best['label'])} separates {int(best['separated'])} of {int(best['compared'])} "
+            f"{_comparisons(int(best['compared']))} with {baseline}: {listed(shown, True)}.")
     others = ranked[ranked["measure"].ne("p99") & ranked["measure"].ne(best["measure"]) & ranked["separated"].gt(0)]
     if len(others):
         text += " Also separating: " + ", ".join(f"{r['label']} ({int(r['separated'])} of {int(r['compared'])})"
@@ -627,4 +642,15 @@ def lead_sentence(trials, baseline="cfs", notes=None, confidence=0.95):
                  + (f"; in the other {holds} its interval holds 1" if holds else "") + ".")
     else:
         text += f" p99 does not: its speedup intervals hold 1 in {holds} of {len(p99)} ({p99_said})."
-    return text + (f" {few} p99 comparisons had {TOO_FEW_TRIALS}." if few else "")
+    return text + (f" {few} p99 {'comparison' if few == 1 else 'comparisons'} had {TOO_FEW_TRIALS}." if few else "")
+
+
+def _comparisons(n):
+    """``policy comparison`` or ``policy comparisons``, to agree with ``n``."""
+    return "policy comparison" if n == 1 else "policy comparisons"
+
+
+def _capital(label):
+    """A label that opens a sentence, capitalised (``Migrations per request``); ``p99`` and the like stay as
+    they are written."""
+    return label if label[:1].lower() == "p" and label[1:2].isdigit() else label[:1].upper() + label[1:]
