@@ -138,8 +138,8 @@ def test_each_figure_has_its_verdict_in_words_from_the_data(sched_page):
     stages = _section(sched_page, "Per-stage p99")
     assert stages.count("<strong>What it shows.</strong>") == 2           # one under each of the two figures
     # Each names its configuration: the two sentences, one "no stage" and one "convert moves", are not a contradiction.
-    assert "At 2x1, no stage's p99 is shown to differ between policies: in every stage their intervals overlap" in stages
-    assert "At 2x2, between policies, the convert stage moves most: cfs 5.8 ms [5.3, 6.4] against round-robin 9.3 ms [8.2, 10.6]" in stages
+    assert "At 2x1, model medium, batch 100, no stage's p99 is shown to differ between policies: in every stage their intervals overlap" in stages
+    assert "At 2x2, model medium, batch 100, between policies, the convert stage moves most: cfs 5.8 ms [5.3, 6.4] against round-robin 9.3 ms [8.2, 10.6]" in stages
 
 
 def test_figure_verdicts_say_too_few_trials_rather_than_judge():

@@ -92,6 +92,14 @@ def _select(per_trial, model, batch, wait_policy, spincount):
     return data
 
 
+def _scope(model, batch, wait_policy):
+    """``"model small, batch 100"``: the figure's selection, so that two figures' sentences tell which is which."""
+    parts = [f"model {model}"] if model is not None else []
+    parts += [f"batch {batch}"] if batch is not None else []
+    parts += [f"wait policy {wait_policy}"] if wait_policy not in (None, "default") else []
+    return ", ".join(parts)
+
+
 def configuration_verdict(per_trial, model=None, batch=None, wait_policy=None, spincount=None):
     """The sentence under a p99-by-configuration figure: whether a policy's p99 differs between configurations.
 
@@ -157,7 +165,9 @@ def configuration_verdict(per_trial, model=None, batch=None, wait_policy=None, s
     if not differs and not same and few:
         return (f"Between configurations: {TOO_FEW_TRIALS} (fewer than {MIN_INTERVAL_TRIALS} trials of a policy "
                 f"at a configuration), so no verdict on {' and '.join(few)}.")
-    return "Between configurations, " + "; ".join(said) + "."
+    scope = _scope(model, batch, wait_policy)
+    return (f"{scope[:1].upper()}{scope[1:]}: between configurations, " if scope else "Between configurations, ") \
+        + "; ".join(said) + "."
 
 
 def stage_verdict(per_trial, workers, threads, model=None, batch=None, wait_policy=None, spincount=None):
@@ -190,7 +200,7 @@ def stage_verdict(per_trial, workers, threads, model=None, batch=None, wait_poli
     if data.empty or data["policy"].nunique() < 2:
         return ""
     # Which configuration the sentence is about: a report draws one per-stage figure per configuration.
-    at = f"{workers}x{threads}"
+    at = ", ".join(filter(None, (f"{workers}x{threads}", _scope(model, batch, wait_policy))))
     best, largest, few = None, None, False
     timed = [(stage, column) for stage, column in zip(STAGES, columns, strict=True) if data[column].notna().any()]
     if not timed:

@@ -464,8 +464,8 @@ def demo_opening(cpus, trials=None, requests=None):
     tell = (f"too few trials for an interval (it takes {MIN_INTERVAL_TRIALS}), so no verdict on any policy"
             if trials < MIN_INTERVAL_TRIALS else
             "enough for an interval on migrations per request (moves of a thread between CPUs: the pinned "
-            "policies' threads stay put, cfs's move)" + ("" if small else " and on p99, which say whether a "
-                                                          "policy differed from cfs on this machine"))
+            "policies' threads stay put, cfs's move)" + ("" if small else " and on p99, which say whether this "
+                                                          "run can tell a policy's p99 from cfs's"))
     text = f"{head}; then cfs, round-robin and tuna-scatter measured here, {size} - {tell}."
     if small:
         text += (f" On {_counted(cpus, 'CPU')} every placement keeps every CPU busy, so p99 may not separate the "

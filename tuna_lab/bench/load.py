@@ -653,7 +653,7 @@ def _write_doc(path, result, lines):
         "CPU per request is each generator's own CPU time (user + system) divided by its requests: wrk's "
         "rusage as a child process, and for tuna_lab `frame.attrs[\"generator\"]` (the generator thread's "
         "`RUSAGE_THREAD`). Latency is from send to full response (the open loop's: from the scheduled send). "
-        "The targets are issue 50's: CPU per request at most 1.25x wrk's at 95 % or more of its requests/s, "
+        "The targets: CPU per request at most 1.25x wrk's at 95 % or more of its requests/s, "
         "for both loops. The generator and the server share "
         "the machine's CPUs, so every microsecond the generator spends is taken from the server.\n\n"
         "```text\n" + "\n".join(lines) + "\n```\n\n"

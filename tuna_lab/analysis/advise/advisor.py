@@ -57,7 +57,7 @@ __all__ = ["Advisor", "train", "check_question", "tail_note", "MIN_CONFIGURATION
 MIN_CONFIGURATIONS = 4
 #: :attr:`Advisor.tail_note` of results whose requests carry no per-request scheduler evidence.
 NO_TAIL_FEATURES = ("the tail's shares are not features here: the results' requests carry no per-request "
-                    "scheduler columns (rq_wait_main, backlog_seconds: recorded since issue 50), so the advisor "
+                    "scheduler columns (the wait for a CPU and the backlog, which tuna_lab 0.1.0 records per request), so the advisor "
                     "learns from the features it had before")
 
 

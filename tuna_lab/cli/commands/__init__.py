@@ -26,7 +26,7 @@ COMMANDS = {
     "plan": Command("plan", "print a placement plan: JSON, OMP_PLACES, OpenMP environment, ONNX Runtime "
                             "affinities, taskset lines or a Gunicorn config snippet"),
     "pin": Command("pin", "pin every worker thread of a running pre-fork server by its master's PID"),
-    "unpin": Command("pin", "give the threads `pin --pid` bound their masks from before the pin back, where the "
+    "unpin": Command("pin", "give the threads `pin --pid` pinned back the CPU masks they had before, where the "
                             "mask is still the one it set"),
     "serve": Command("serve", "start the Gunicorn + XGBoost server with every thread pinned"),
     "status": Command("serve", "a running server's master, helpers and workers (with the reason for each), and "

@@ -27,8 +27,8 @@ def add_parser(subparsers, command=None):
     """
     rp = subparsers.add_parser(
         "report", help=COMMANDS["report"].help,
-        description="The article's analysis of the results of `run` or `sweep`: p99 per scenario with "
-                    "confidence intervals, average speedups over cfs and round-robin (overall and by "
+        description="The article's analysis of the results of `run` or `sweep`: p99 per application and policy "
+                    "with confidence intervals, average speedups over cfs and round-robin (overall and by "
                     "subscription, model and batch), figures, CPU cost and failures, in one HTML file.",
         epilog="examples:\n"
                "  tuna-lab report results/sweep -o report.html\n"
