@@ -201,6 +201,7 @@ INTEGER = re.compile(r"(?<![\w.,])(?:\d{1,3}(?:,\d{3})+|\d{2,})(?![\w]|[.,]\d)")
 # Integers the prose may quote though only an ignored output prints them: sizes of machines, not measurements.
 NOT_MEASURED = {
     ("06_sweep_and_analysis", "16"): "a machine of 16 or more CPUs, where the article's design fits",
+    ("06_sweep_and_analysis", "36"): "the article's 36 server configurations (its live sweep may print a 36 too)",
     ("08_should_i_pin", "32"): "the article's 32-core machine, a preset the advisor is asked about",
 }
 
