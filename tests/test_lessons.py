@@ -136,7 +136,7 @@ def test_verdict_text_says_what_the_intervals_show_and_no_more():
     held = verdict_text(_summary((0.5, 1.3)).assign(ci_low=[0.5, 0.9]))
     assert held == "No policy's p99 differed from cfs's: both intervals hold 1."
     one = verdict_text(_summary((0.5, 1.3)))
-    assert one.startswith("tuna-scatter faster than cfs at over: 1.60x [1.20, 2.10].")
+    assert one.startswith("tuna-scatter faster than cfs at oversubscribed: 1.60x [1.20, 2.10].")
     assert "No difference shown in the other 1 of 2" in one
     assert verdict_text(_summary((0.6, 0.9))).startswith("round-robin slower than cfs")
     few = verdict_text(_summary((float("nan"),) * 2).assign(ci_low=np.nan, ci_high=np.nan))
