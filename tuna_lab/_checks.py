@@ -21,9 +21,24 @@ import re
 
 from .errors import TopologyError, TunaError
 
-__all__ = ["positive_int", "non_negative_int", "positive_number", "parse_cpulist", "parse_cpumask",
+__all__ = ["iterable", "positive_int", "non_negative_int", "positive_number", "parse_cpulist", "parse_cpumask",
            "format_cpulist", "one_line", "shorten", "MAX_CPU_ID", "MAX_LOGICAL_CPUS", "MAX_THREADS", "check_size",
            "check_cpus", "spec_or_default", "printable"]
+
+
+def iterable(value):
+    """Whether ``value`` can be iterated (a list, a set, a range, an array, a generator ...).
+
+    Examples
+    --------
+    >>> iterable([1, 2]), iterable(3.5)
+    (True, False)
+    """
+    try:
+        iter(value)
+    except TypeError:
+        return False
+    return True
 
 
 def _is_int(value):

@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._checks import iterable
 from ..errors import ModelError
 from .families import DEFAULT_FAMILIES, Family, loads, main_counts, pair_sums, resolve_family, worker_counts
 from .instance import Instance
@@ -33,15 +34,6 @@ class NoCertificate(dict):
 
     def __repr__(self):
         return f"NoCertificate(certifies nothing: {_NO_CERTIFICATE})"
-
-
-def _iterable(value):
-    """Whether ``value`` can be iterated (a list, a set, a generator ...)."""
-    try:
-        iter(value)
-    except TypeError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -239,7 +231,7 @@ class Mapping:
         elif isinstance(families, (bytes, bytearray, memoryview)):
             # Iterated, bytes are numbers: b"8" would ask for family 56.
             raise ModelError(f"verify: a family is named by a str key such as '8', not bytes: got {families!r}")
-        elif isinstance(families, (str, int, Family, type)) or not _iterable(families):
+        elif isinstance(families, (str, int, Family, type)) or not iterable(families):
             # One family, resolved as with_() and without() resolve theirs (a ModelError if no family has that name).
             families = [families]
         fams = [resolve_family(f, self.families) for f in families]

@@ -28,6 +28,7 @@ import networkx as nx
 import numpy as np
 import pandas as pd
 
+from .._checks import iterable
 from ..errors import ModelError
 from ..machine import PRESETS, THIS_MACHINE, Topology, topology_from
 from ..model import DEFAULT_FAMILIES, TunaModel, solve
@@ -61,15 +62,6 @@ def compared_policies():
     from ..placement.policies import registered_policies
 
     return tuple(p.name for p in registered_policies() if p.pinned_by is not PinnedBy.NONE)
-
-
-def _iterable(value):
-    """Whether ``value`` can be iterated (a list, a set, a range, an array ...)."""
-    try:
-        iter(value)
-    except TypeError:
-        return False
-    return True
 
 
 def _checked_bool(name, value):
@@ -456,7 +448,7 @@ class DistanceView(Controller):
         """The cpu ids ``cpus`` names (an iterable of ints, or a Mapping's), or :class:`ModelError`."""
         if hasattr(cpus, "assignment"):
             return frozenset(np.ravel(cpus.assignment).tolist())
-        if isinstance(cpus, (str, bytes, bytearray)) or not _iterable(cpus):
+        if isinstance(cpus, (str, bytes, bytearray)) or not iterable(cpus):
             raise ModelError(f"highlighted: cpu ids (ints) or a Mapping, got {reprlib.repr(cpus)}")
         cpus = list(cpus)
         # int(1.5) would highlight cpu 1, and int("1") guess at a string: only integers name a cpu.
@@ -682,7 +674,7 @@ def _policy_names(policies):
         return compared_policies()
     if isinstance(policies, str):
         policies = [policies]
-    elif isinstance(policies, (bytes, bytearray)) or not _iterable(policies):
+    elif isinstance(policies, (bytes, bytearray)) or not iterable(policies):
         raise ModelError(f"policies: policy names (str), got {reprlib.repr(policies)}")
     policies = tuple(policies)
     odd = [p for p in policies if not isinstance(p, str)]
